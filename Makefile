@@ -5,10 +5,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-SPHINX := $(PY) -m sphinx -b html -W --keep-going -j auto . _build/html
+# -W: a Sphinx warning is an error; --keep-going: report all of them, then fail;
+# -T: a failing tutorial cell prints its cell and traceback (not only a path to a log file).
+SPHINXOPTS ?= -j auto
+SPHINX := $(PY) -m sphinx -b html -W --keep-going -T $(SPHINXOPTS) . _build/html -d _build/doctrees
 CHROMIUM ?= /usr/bin/chromium
 export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
 .PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint
 
@@ -19,15 +23,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-## html: build the site, executing every tutorial (cached: unchanged tutorials are not re-run)
+## html: build the site, executing the tutorials through jupyter-cache (an unchanged tutorial is not re-run)
 html: $(STAMP)
-	$(SPHINX)
+	NB_EXECUTION_MODE=cache $(SPHINX)
 	@echo "open _build/html/index.html"
 
-## test: unit, property and error tests, doctests, the site build (every tutorial executed), browser tests
+## test: what CI runs. Any failing step fails it:
+##   1. unit, property and error tests, the site meta-tests (a broken cell, a Sphinx warning and a
+##      failing doctest each fail), and every docstring example (--doctest-modules);
+##   2. the site, rebuilt from scratch (-E) with every notebook executed (force);
+##   3. the browser tests: Chromium against the built site.
 test: $(STAMP) chromium
-	$(PY) -m pytest -m "not browser" -p no:cacheprovider tests unitscale --doctest-modules
-	NB_EXECUTION_MODE=force $(SPHINX)
+	$(call step,1/3: tests and doctests)
+	$(PY) -m pytest -m "not browser" -p no:cacheprovider --doctest-modules tests unitscale
+	$(call step,2/3: site build from scratch with every notebook executed)
+	NB_EXECUTION_MODE=force $(SPHINX) -E
+	$(call step,3/3: browser tests)
 	$(PY) -m pytest -m browser -p no:cacheprovider tests
 
 unit: $(STAMP)
@@ -37,7 +48,7 @@ doctest: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider --doctest-modules unitscale
 
 site: $(STAMP)
-	NB_EXECUTION_MODE=force $(SPHINX)
+	NB_EXECUTION_MODE=force $(SPHINX) -E
 
 browser: $(STAMP) chromium
 	$(PY) -m pytest -m browser tests
@@ -46,12 +57,15 @@ bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 serve: $(STAMP)
-	$(PY) -m sphinx_autobuild --host 127.0.0.1 --port 8000 --watch unitscale . _build/html
+	$(PY) -m sphinx_autobuild --host 127.0.0.1 --port 8000 --watch unitscale . _build/html -d _build/doctrees
 
+## notebooks: every tutorial as notebooks/NN_name.ipynb (jupytext)
 notebooks: $(STAMP)
-	mkdir -p notebooks
-	$(VENV)/bin/jupytext --to ipynb --output-dir notebooks tutorials/*.md 2>/dev/null || \
-	  for f in tutorials/*.md; do $(VENV)/bin/jupytext --to ipynb -o notebooks/$$(basename $${f%.md}).ipynb $$f; done
+	@mkdir -p notebooks
+	@for f in tutorials/*.md; do \
+	  $(VENV)/bin/jupytext --quiet --to ipynb --update-metadata '{"jupytext": null}' \
+	    -o notebooks/$$(basename $${f%.md}).ipynb $$f || exit 1; done
+	@ls notebooks/*.ipynb
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check unitscale tests benchmarks

@@ -1,10 +1,18 @@
 """Sphinx configuration. The source root is the repository root; the pages live in
-``docs/`` (guides, reference) and ``tutorials/`` (MyST notebooks executed at build time)."""
+``docs/`` (guides, reference) and ``tutorials/`` (MyST notebooks executed at build time).
+
+No network at build time: there is no intersphinx, so references to other packages' objects
+(torch, numpy, the standard library) are deliberately ignored below; references to
+``unitscale`` objects stay strict (``nitpicky``).
+"""
 
 import os
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.abspath("."))
+ROOT = Path(__file__).resolve().parent  # not the cwd: tests reuse this file from other projects
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 project = "unitscale"
 author = "the unitscale developers"
@@ -20,8 +28,12 @@ extensions = [
     "sphinx.ext.doctest",
     "sphinx_copybutton",
     "sphinx_design",
+    # ours, in docs/_ext
+    "api_reference",
+    "notebook_download",
 ]
 
+templates_path = ["docs/_templates"]
 exclude_patterns = [
     ".venv",
     "_build",
@@ -36,9 +48,13 @@ exclude_patterns = [
     ".hypothesis",
     "**/.ipynb_checkpoints",
     "shared",
+    "docs/_ext",
+    "docs/_templates",
+    "docs/_extra",
 ]
 
 # MyST and MyST-NB: every tutorial is executed; a failing cell fails the build.
+# `cache` (jupyter-cache) locally: an unchanged notebook is not re-run. `force` under `make test`/CI.
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath"]
 nb_execution_mode = os.environ.get("NB_EXECUTION_MODE", "force" if os.environ.get("CI") else "cache")
 nb_execution_raise_on_error = True
@@ -46,22 +62,38 @@ nb_execution_show_tb = True
 nb_execution_timeout = 300
 nb_merge_streams = True
 
-# API reference.
+# API reference: docs/api.md lists every name in `unitscale.__all__` (api_reference extension).
 autosummary_generate = True
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
+autodoc_inherit_docstrings = False  # torch's docstrings (autograd.Function.forward, ...) are not ours
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+
+# Every reference must resolve. Objects of other packages cannot (no intersphinx: no network),
+# so those, and only those, are ignored.
+nitpicky = True
+_external = r"(_?torch|nn|fx|F|numpy|np|matplotlib|einops|pygments|typing|typing_extensions|collections|types|enum|abc|dataclasses|pathlib|functools|contextlib|builtins|fractions|numbers|os)(\..+)?"
+# resnet18's return type, a class unitscale.models does not list in its __all__ (the lead's file).
+nitpick_ignore = [("py:class", "unitscale.models.ResNet")]
+_builtin = r"(int|float|complex|str|bytes|bool|None|NoneType|object|type|tuple|list|dict|set|frozenset|slice|range|Ellipsis|callable|Callable|Any|Sequence|Mapping|Iterable|Iterator|Optional|Union|Literal|any|Argument|Target|Exception|ValueError|TypeError|RuntimeError|KeyError|IndexError|LookupError|NotImplementedError|AttributeError|optional|Tensor|Module|GraphModule|Node|Graph|Figure|Axes|T|(.*\.)?T_destination)"
+nitpick_ignore_regex = [
+    (r"py:.*", _external),
+    (r"py:.*", _builtin),
+]
 
 # Theme.
 html_theme = "sphinx_book_theme"
 html_title = "unitscale"
-html_context = {"default_mode": "light"}
+html_extra_path = ["docs/_extra"]  # index.html at the site root: a redirect to docs/index.html
+html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
 html_theme_options = {
     "use_download_button": True,
     "use_fullscreen_button": False,
     "show_toc_level": 2,
 }
 
+# Copy buttons on code (tutorial inputs, code blocks, doctests), never on cell outputs.
+copybutton_selector = "div[class*='highlight-']:not(.output) > div.highlight > pre"
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True

@@ -1,8 +1,26 @@
 """unitscale: see and shape what happens inside PyTorch models with torch.fx."""
 
+from unitscale import functional
+from unitscale.analysis import ScaleTrackingInterpreter, analyse_module, record_scales, track_scales
+from unitscale.constraints import amean, gmean, hmean, to_grad_input_scale, to_output_scale
 from unitscale.models import MLP, TinyGPT, resnet18
-from unitscale.tracers import DeepTracer, ModulePathTracer
+from unitscale.report import ScaleReport
+from unitscale.rewrite import NotInvertibleError, inline, invert, register_inverse
+from unitscale.scale import ScalePair, ScaleTracker
+from unitscale.stages import StagePlan, partition, run_pipeline
+from unitscale.tracers import (
+    DeepTracer,
+    ExecOrder,
+    ExecOrderTracer,
+    LeafTracer,
+    ModulePathTracer,
+    TaggingTracer,
+    trace_exec_order,
+)
 
+# Submodules used as namespaces (``import unitscale.functional as U``, ``from unitscale import nn as unn``)
+# are imported but not in __all__: their op names mirror torch's, and ``from unitscale import *``
+# must not shadow ``torch.nn``.
 __all__ = [
     # models
     "MLP",
@@ -11,4 +29,33 @@ __all__ = [
     # tracers
     "DeepTracer",
     "ModulePathTracer",
+    "LeafTracer",
+    "TaggingTracer",
+    "ExecOrderTracer",
+    "ExecOrder",
+    "trace_exec_order",
+    # rewrite
+    "inline",
+    "invert",
+    "register_inverse",
+    "NotInvertibleError",
+    # scale
+    "ScalePair",
+    "ScaleTracker",
+    # stages
+    "partition",
+    "StagePlan",
+    "run_pipeline",
+    # analysis
+    "ScaleTrackingInterpreter",
+    "record_scales",
+    "analyse_module",
+    "track_scales",
+    "ScaleReport",
+    # constraints
+    "gmean",
+    "hmean",
+    "amean",
+    "to_output_scale",
+    "to_grad_input_scale",
 ]

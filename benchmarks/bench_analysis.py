@@ -1,0 +1,84 @@
+"""analyse_module time / plain forward+backward time, on TinyGPT (4 layers, d=256, seq 128, batch 8).
+
+The ratio is the cost of scale tracking: interpreting, one std per tensor in forward and
+backward, and one read of all stds at the end; the trace is cached per module, and the
+"first call" row adds tracing. Target: <= 1.15x. If
+Graphcore's ``unit-scaling`` package is importable, its ``analyse_module`` ratio on
+the same model is printed beside ours.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from unitscale import _trace_cache, analyse_module
+from unitscale.models import TinyGPT
+
+
+def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best wall time of each function over ``repeats`` rounds, after one warm-up.
+
+    The functions take turns within each round, so a busy machine slows them alike;
+    the best time is the least disturbed one.
+    """
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def main(quick: bool = False) -> list[dict]:
+    """Time plain forward+backward and ``analyse_module`` on TinyGPT; print and return the rows."""
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    layers, d, seq, batch = (2, 128, 64, 4) if quick else (4, 256, 128, 8)
+    repeats = 3 if quick else 7
+    model = TinyGPT(vocab_size=64, d_model=d, n_layers=layers, n_heads=4, seq_len=seq)
+    idx = torch.randint(0, 64, (batch, seq))
+    grad = torch.randn(batch, seq, 64)
+
+    def plain() -> None:
+        model(idx).backward(grad)
+        model.zero_grad(set_to_none=True)
+
+    def ours() -> None:
+        analyse_module(model, idx, grad, syntax_highlight=False)
+
+    def ours_fresh() -> None:
+        _trace_cache._cache.clear()  # as on the first call: trace, then track
+        ours()
+
+    fns: dict[str, Callable[[], object]] = {
+        "plain forward+backward": plain,
+        "unitscale.analyse_module": ours,
+        "  ... first call (tracing)": ours_fresh,
+    }
+    try:
+        from unit_scaling.analysis import analyse_module as theirs  # type: ignore[import-not-found]
+    except ImportError:
+        theirs = None
+    if theirs is not None:
+        fns["unit_scaling.analyse_module"] = lambda: theirs(model, idx, grad, syntax_highlight=False)
+    best = _best_times(fns, repeats)
+    base = best["plain forward+backward"]
+    rows = [{"what": name, "seconds": seconds, "ratio": seconds / base} for name, seconds in best.items()]
+    print(f"TinyGPT(n_layers={layers}, d_model={d}), batch {batch} x seq {seq}, 2 threads, best of {repeats}")
+    print(f"{'what':<30} {'ms':>9} {'ratio':>7}")
+    for row in rows:
+        print(f"{row['what']:<30} {row['seconds'] * 1e3:>9.1f} {row['ratio']:>6.2f}x")
+    if theirs is None:
+        print("(unit-scaling is not installed: no side-by-side row)")
+    return rows
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)

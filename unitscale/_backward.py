@@ -1,0 +1,106 @@
+"""The backward pass of scale tracking: which outputs, which gradients.
+
+A model may return a tensor, or tuples, lists and dicts of them. Every floating-point
+tensor that requires grad takes part in the backward pass. Its gradient is the one the
+caller gave (a tensor, or a structure shaped like the output), else 1 for a one-element
+output (a scalar loss) and unit-normal noise otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from unitscale.errors import BackwardShapeError, NoFloatOutputError
+
+__all__ = ["flatten_tensors", "float_outputs", "gradients_for", "run_backward"]
+
+
+def flatten_tensors(value: Any, path: str = "output") -> list[tuple[str, torch.Tensor]]:
+    """Every tensor inside nested tuples, lists and dicts, with a path naming it.
+
+    >>> [p for p, _ in flatten_tensors({"a": torch.ones(1), "b": (torch.ones(1), 3)})]
+    ["output['a']", "output['b'][0]"]
+    """
+    if isinstance(value, torch.Tensor):
+        return [(path, value)]
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in flatten_tensors(v, f"{path}[{i}]")]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in flatten_tensors(v, f"{path}[{k!r}]")]
+    return []
+
+
+def float_outputs(output: Any, model_name: str) -> list[tuple[str, torch.Tensor]]:
+    """The floating-point tensors of a model's output, with their paths.
+
+    Raises:
+        NoFloatOutputError: if there is none.
+    """
+    tensors = flatten_tensors(output)
+    floats = [(p, t) for p, t in tensors if t.is_floating_point()]
+    if not floats:
+        got = ", ".join(f"{p}: {t.dtype}" for p, t in tensors) or type(output).__name__
+        raise NoFloatOutputError(
+            f"{model_name} returned no floating-point tensor (got {got}); scale tracking needs a "
+            "float output to take the backward pass from. Return the logits or the loss as a float tensor."
+        )
+    return floats
+
+
+def gradients_for(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any) -> list[torch.Tensor]:
+    """One gradient per output: from ``backward`` if given, else 1 (scalar) or ``randn``.
+
+    ``backward`` is ``None``, a tensor (when there is exactly one float output), or a
+    tuple/list/dict shaped like the model's output.
+
+    Raises:
+        BackwardShapeError: a gradient is missing, not a tensor, or of the wrong shape.
+    """
+    if backward is None:
+        return [torch.ones_like(t) if t.numel() == 1 else torch.randn_like(t) for _, t in outputs]
+    if isinstance(backward, torch.Tensor):
+        if len(outputs) != 1:
+            names = ", ".join(p for p, _ in outputs)
+            raise BackwardShapeError(
+                f"backward is one tensor but the model has {len(outputs)} float outputs ({names}); "
+                "pass a tuple, list or dict of gradients shaped like the output, or None"
+            )
+        given = {outputs[0][0]: backward}
+    elif isinstance(backward, (tuple, list, dict)):
+        given = dict(flatten_tensors(backward))
+    else:
+        raise BackwardShapeError(
+            f"backward must be a tensor, a tuple/list/dict of tensors, or None; got {type(backward).__name__}"
+        )
+    grads = []
+    for path, t in outputs:
+        if path not in given:
+            raise BackwardShapeError(
+                f"backward has no gradient for {path} (shape {tuple(t.shape)}); "
+                f"give one at the same place in the structure (got {', '.join(given) or 'nothing'})"
+            )
+        grad = given[path]
+        if grad.shape != t.shape:
+            raise BackwardShapeError(
+                f"backward for {path} has shape {tuple(grad.shape)} but {path} has shape {tuple(t.shape)}; "
+                "pass a gradient of the output's shape, or None for a unit-normal one"
+            )
+        grads.append(grad.to(device=t.device, dtype=t.dtype))
+    return grads
+
+
+def run_backward(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any, leaves: Sequence[torch.Tensor]) -> None:
+    """Backpropagate gradients for ``outputs`` without touching any ``.grad`` of the model.
+
+    Gradients are taken with :func:`torch.autograd.grad` with respect to ``leaves`` (the
+    detached inputs and the parameters) and dropped: tensor hooks along the way see them.
+    """
+    grads = gradients_for(outputs, backward)
+    pairs = [(t, g) for (_, t), g in zip(outputs, grads, strict=True) if t.requires_grad]
+    inputs = [leaf for leaf in leaves if leaf.requires_grad]
+    if not pairs or not inputs:
+        return
+    torch.autograd.grad([t for t, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)

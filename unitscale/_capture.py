@@ -1,0 +1,301 @@
+"""Capture a module's forward with TorchDynamo and run graph transforms over it.
+
+A transform here is a function from a captured :class:`torch.fx.GraphModule` to a
+new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule` that,
+on the first call with a new input signature, captures the module's forward with
+TorchDynamo (``torch.compile`` with a custom backend, ``fullgraph=True``) and runs
+every transform over the captured graph, in order. Transforms nest because a
+transformed module only collects transforms: ``simulate_fp8(unit_scale(model))``
+captures once and runs the unit-scaling transform, then the FP8 one.
+
+The result is a plain ``nn.Module`` whose forward runs the transformed graph: it
+trains eagerly, compiles with ``torch.compile`` and traces with a
+:class:`~unitscale.tracers.DeepTracer` (after one real call, which does the capture).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from unitscale.errors import CaptureError, TraceError
+
+__all__ = ["GraphTransform", "TransformedModule"]
+
+GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
+
+
+@dataclass
+class _Captured:
+    """One captured and transformed graph, with how to feed it and rebuild the output."""
+
+    graph_module: fx.GraphModule
+    input_positions: list[int]
+    output_plan: list[tuple[str, Any]]
+    output_spec: pytree.TreeSpec
+
+    def run(self, leaves: list[Any]) -> Any:
+        inputs = [leaves[i] for i in self.input_positions]
+        if any(isinstance(x, fx.Proxy) for x in inputs):
+            outs = _ProxyInliner(self.graph_module).run(*inputs)
+        else:
+            outs = self.graph_module.forward(*inputs)
+        rebuilt = [outs[v] if kind == "graph" else leaves[v] if kind == "input" else v for kind, v in self.output_plan]
+        return pytree.tree_unflatten(rebuilt, self.output_spec)
+
+
+class _ProxyInliner(fx.Interpreter):
+    """Replays a graph into the tracer that is tracing the caller, one node per node.
+
+    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled
+    functions (their names live in the generated code's globals, which a tracer's
+    autowrapping does not patch); replaying keeps each as one node. Parameters are
+    read through ``getattr``, which the tracer turns into ``get_attr`` nodes of its root.
+    """
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self._node: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        self._node = n
+        return super().run_node(n)
+
+    def _emit(self, kind: str, target: Any, args: Any, kwargs: Any) -> Any:
+        proxies = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, fx.Proxy)]
+        if not proxies:
+            return getattr(super(), kind)(target, args, kwargs)
+        tracer = proxies[0].tracer
+        node = self._node
+        name = None if node is None else node.name
+        path = None if node is None else _module_path(node)
+        if path is None or not hasattr(tracer, "current_module_path"):
+            return tracer.create_proxy(kind, target, args, kwargs, name=name)
+        outer = tracer.current_module_path
+        tracer.current_module_path = path
+        try:
+            return tracer.create_proxy(kind, target, args, kwargs, name=name)
+        finally:
+            tracer.current_module_path = outer
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return self._emit("call_function", target, args, kwargs)
+
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return self._emit("call_method", target, args, kwargs)
+
+
+def _module_path(node: fx.Node) -> str | None:
+    """``module.<path>`` of the module a TorchDynamo node came from (``None`` if not recorded)."""
+    stack = node.meta.get("nn_module_stack")
+    if stack is None:
+        return None
+    if not stack:
+        return "module"
+    source = re.sub(r"^L\['[^']*'\]", "", str(list(stack.values())[-1][0]))
+    return ".".join(["module", *(name for name in re.findall(r"\w+", source) if name != "_modules")])
+
+
+class TransformedModule(nn.Module):
+    """A module whose forward runs ``module``'s TorchDynamo graph after ``transforms``.
+
+    Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
+    ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and
+    ``.to()`` work as usual. The graph is captured once per input signature (shapes,
+    dtypes, non-tensor values, training mode).
+
+    Attributes:
+        module: the module whose forward is captured.
+        transforms: the graph transforms, applied in order.
+        graph_module: the latest transformed graph (``None`` before the first call).
+        unscaled_ops: ops :func:`unit_scale` left as they were, one line each.
+    """
+
+    def __init__(self, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> None:
+        super().__init__()
+        self.module = module
+        self.transforms = tuple(transforms)
+        self._captured: dict[Any, _Captured] = {}
+        self._latest: _Captured | None = None
+        self.unscaled_ops: list[str] = []
+
+    @property
+    def graph_module(self) -> fx.GraphModule | None:
+        return None if self._latest is None else self._latest.graph_module
+
+    @classmethod
+    def wrap(cls, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> TransformedModule:
+        """A ``TransformedModule`` whose ``forward`` has the parameter names of ``module.forward``.
+
+        ``torch.fx`` reads the names from the class's ``forward``; with them the traced
+        placeholders are called ``x`` or ``idx`` rather than one ``*args``.
+        """
+        return _class_for(module)(module, transforms)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, _ = pytree.tree_flatten((args, kwargs))
+        if any(isinstance(leaf, fx.Proxy) for leaf in leaves):
+            if self._latest is None:
+                raise TraceError(
+                    f"{type(self.module).__name__} was transformed but never called: call it once on real "
+                    f"inputs (which captures its graph) before tracing it with torch.fx"
+                )
+            return self._latest.run(leaves)
+        key = (self.training, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
+        captured = self._captured.get(key)
+        if captured is None:
+            captured = self._capture(args, kwargs, leaves, key)
+        return captured.run(leaves)
+
+    @torch._dynamo.disable
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any) -> _Captured:
+        captured = _capture(self.module, args, kwargs, leaves, self.transforms)
+        self._captured[key] = captured
+        self._latest = captured
+        self.unscaled_ops = list(captured.graph_module.meta.get("unscaled_ops", []))
+        return captured
+
+    def extra_repr(self) -> str:
+        return "transforms=[" + ", ".join(getattr(t, "__name__", type(t).__name__) for t in self.transforms) + "]"
+
+
+_CLASSES: dict[tuple[str, ...], type[TransformedModule]] = {}
+
+
+def _class_for(module: nn.Module) -> type[TransformedModule]:
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return TransformedModule
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = tuple(p.name for p in params)
+    if any(p.kind not in plain or p.default is not inspect.Parameter.empty for p in params) or "self" in names:
+        return TransformedModule
+    if names not in _CLASSES:
+        namespace: dict[str, Any] = {}
+        arglist = ", ".join(names)
+        exec(f"def forward(self, {arglist}):\n    return TransformedModule.forward(self, {arglist})\n", {"TransformedModule": TransformedModule}, namespace)
+        _CLASSES[names] = type("TransformedModule", (TransformedModule,), {"forward": namespace["forward"], "__module__": __name__})
+    return _CLASSES[names]
+
+
+def _signature(leaf: Any) -> Any:
+    """What a captured graph is specialised on: a tensor's shape, dtype and device, a plain value."""
+    if isinstance(leaf, torch.Tensor):
+        return (tuple(leaf.shape), leaf.dtype, leaf.device)
+    if leaf is None or isinstance(leaf, (bool, int, float, str)):
+        return (type(leaf), leaf)
+    return (type(leaf), id(leaf))
+
+
+def _capture_error(module: nn.Module, exc: Exception) -> CaptureError:
+    where = ""
+    stack = getattr(exc, "real_stack", None)
+    if stack:
+        frame = stack[-1]
+        where = f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return CaptureError(
+        f"TorchDynamo could not capture {type(module).__name__}.forward in one graph{where}: {reason}. "
+        f"Rewrite that line without data-dependent Python control flow or calls TorchDynamo cannot trace "
+        f"(print, .item(), .tolist(), numpy)"
+    )
+
+
+@contextmanager
+def _no_torch_function_modes() -> Iterator[None]:
+    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures."""
+    modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
+    try:
+        yield
+    finally:
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def _capture(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], transforms: tuple[GraphTransform, ...]
+) -> _Captured:
+    record: dict[str, Any] = {}
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        record["gm"], record["inputs"] = gm, list(example_inputs)
+
+        def run(*inputs: Any) -> Any:
+            record["outputs"] = gm(*inputs)
+            return record["outputs"]
+
+        return run
+
+    def call(*a: Any, **k: Any) -> Any:
+        return module(*a, **k)
+
+    try:
+        with _no_torch_function_modes():
+            result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
+    except torch._dynamo.exc.TorchDynamoException as exc:
+        raise _capture_error(module, exc) from None
+    finally:
+        # Each capture compiles a fresh frame; drop its cache entry so repeated captures
+        # never reach TorchDynamo's recompile limit.
+        torch._dynamo.reset_code(call.__code__)
+    gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
+    for transform in transforms:
+        gm = transform(gm)
+    out_leaves, out_spec = pytree.tree_flatten(result)
+    graph_outputs = {id(t): i for i, t in enumerate(record.get("outputs", ()))}
+    input_ids = {id(leaf): i for i, leaf in enumerate(leaves)}
+    plan: list[tuple[str, Any]] = []
+    for leaf in out_leaves:
+        if id(leaf) in graph_outputs:
+            plan.append(("graph", graph_outputs[id(leaf)]))
+        elif id(leaf) in input_ids:
+            plan.append(("input", input_ids[id(leaf)]))
+        elif isinstance(leaf, torch.Tensor):
+            raise CaptureError(
+                f"{type(module).__name__}.forward returns a tensor that is neither computed by its graph nor an "
+                f"input (a parameter or a global?); return a computed tensor instead"
+            )
+        else:
+            plan.append(("const", leaf))
+    positions = gm.meta["input_positions"]
+    return _Captured(gm, positions, plan, out_spec)
+
+
+def _to_standalone(module: nn.Module, gm: fx.GraphModule, example_inputs: list[Any], leaves: list[Any]) -> fx.GraphModule:
+    """Turn TorchDynamo's graph (parameters lifted to inputs) into one that reads them as attributes."""
+    names: dict[int, tuple[str, torch.Tensor]] = {}
+    for name, tensor in [*module.named_buffers(), *module.named_parameters()]:
+        names.setdefault(id(tensor), (name, tensor))
+    leaf_position = {id(leaf): i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
+    graph = gm.graph
+    graph.owning_module = None  # rebuilt below, on a root that holds the attributes
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    first_op = next(n for n in graph.nodes if n.op != "placeholder")
+    positions: list[int] = []
+    attrs: dict[str, torch.Tensor] = {}
+    for node, value in zip(placeholders, example_inputs, strict=True):
+        if id(value) in leaf_position:
+            positions.append(leaf_position[id(value)])
+            continue
+        # A tensor that is neither an input nor module state (a global) becomes a constant.
+        target, _ = names.get(id(value), (f"_captured_constant_{len(attrs)}", value))
+        attrs[target] = value
+        with graph.inserting_before(first_op):
+            attr = graph.get_attr(target)
+        attr.meta = dict(node.meta)
+        node.replace_all_uses_with(attr)
+        graph.erase_node(node)
+    for node in graph.nodes:
+        node.meta.pop("grapharg", None)
+    out = fx.GraphModule(attrs, graph, class_name=f"{type(module).__name__}Graph")
+    out.meta["input_positions"] = positions
+    return out

@@ -1,0 +1,261 @@
+"""Contiguous min-max partitioning of a sequence of costs, exact and heuristic.
+
+A partition of ``n`` costs into ``k`` stages is given by its ``k + 1`` *bounds*
+``[0, b1, ..., n]``: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``. The
+bottleneck of a partition is its largest stage sum. :func:`optimal_bounds`
+finds a partition with the smallest possible bottleneck exactly; the other
+functions are the well-known heuristics it is compared against.
+
+Stage sums are always differences of one prefix-sum array, so the exact search
+and every check compare the very same floating-point numbers.
+
+>>> optimal_bounds([1, 2, 3, 4, 5], 2)
+[0, 3, 5]
+>>> bottleneck([1, 2, 3, 4, 5], [0, 3, 5])
+9.0
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Sequence
+
+__all__ = [
+    "optimal_bounds",
+    "bottleneck",
+    "stage_sums",
+    "equal_count_bounds",
+    "greedy_threshold_bounds",
+    "block_partition_bounds",
+    "max_min_bounds",
+    "brute_force_bottleneck",
+]
+
+
+def _prefix(costs: Sequence[float]) -> list[float]:
+    return [0.0, *itertools.accumulate(float(c) for c in costs)]
+
+
+def stage_sums(costs: Sequence[float], bounds: Sequence[int]) -> list[float]:
+    """Sum of the costs in each stage (computed from prefix sums).
+
+    >>> stage_sums([1, 2, 3], [0, 1, 3])
+    [1.0, 5.0]
+    """
+    prefix = _prefix(costs)
+    return [prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds)]
+
+
+def bottleneck(costs: Sequence[float], bounds: Sequence[int]) -> float:
+    """The largest stage sum of the partition ``bounds``.
+
+    >>> bottleneck([4, 1, 1], [0, 1, 3])
+    4.0
+    """
+    return max(stage_sums(costs, bounds))
+
+
+def _greedy(prefix: list[float], k: int, limit: float) -> tuple[list[int] | None, float]:
+    """Greedy probe: fill each stage as far as it stays ``<= limit``.
+
+    Returns ``(bounds, next_limit)``: the bounds when at most ``k`` stages
+    suffice (else ``None``), and the smallest limit above ``limit`` at which
+    some stage of this greedy run would grow (``inf`` if none). Every limit in
+    ``[limit, next_limit)`` gives the same greedy run, so when ``limit`` is
+    infeasible, so is everything below ``next_limit``.
+    """
+    n = len(prefix) - 1
+    bounds = [0]
+    next_limit = math.inf
+    start = 0
+    for _ in range(k):
+        base = prefix[start]
+        end = bisect.bisect_right(prefix, limit, lo=start, key=lambda p, base=base: p - base) - 1
+        if end < n:
+            next_limit = min(next_limit, prefix[end + 1] - base)
+        if end == start:  # not even one item fits
+            return None, next_limit
+        bounds.append(end)
+        start = end
+        if start == n:
+            return bounds, next_limit
+    return None, next_limit
+
+
+def _fill_to(prefix: list[float], bounds: list[int], k: int) -> list[int]:
+    """Split the costliest stages (at their balance point) until there are exactly ``k``.
+
+    Splitting a stage never raises the bottleneck, so optimality is kept; splitting
+    the heaviest ones first keeps the extra stages useful rather than empty-ish.
+    """
+    bounds = list(bounds)
+    while len(bounds) < k + 1:
+        splittable = [s for s in range(len(bounds) - 1) if bounds[s + 1] - bounds[s] > 1]
+        s = max(splittable, key=lambda s: prefix[bounds[s + 1]] - prefix[bounds[s]])
+        a, b = bounds[s], bounds[s + 1]
+        half = prefix[a] + (prefix[b] - prefix[a]) / 2
+        mid = min(max(bisect.bisect_left(prefix, half, lo=a + 1, hi=b), a + 1), b - 1)
+        # the better of the two cuts around the middle
+        if mid - 1 > a and max(prefix[mid - 1] - prefix[a], prefix[b] - prefix[mid - 1]) < max(
+            prefix[mid] - prefix[a], prefix[b] - prefix[mid]
+        ):
+            mid -= 1
+        bounds.insert(s + 1, mid)
+    return bounds
+
+
+def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
+    """Exact min-max contiguous partition of ``costs`` into exactly ``k`` non-empty stages.
+
+    Bisection on the bottleneck with a greedy feasibility probe, where every
+    infeasible probe also moves the lower end up to the next stage sum the probe
+    could reach; the search therefore only ever lands on achievable stage sums and
+    stops at the optimum exactly. Each probe costs ``O(k log n)``.
+
+    Args:
+        costs: non-negative cost per item, in order.
+        k: number of stages, ``1 <= k <= len(costs)``.
+
+    Returns:
+        The ``k + 1`` bounds of an optimal partition.
+
+    >>> optimal_bounds([5, 1, 1, 1, 1, 1], 2)
+    [0, 1, 6]
+    """
+    n = len(costs)
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be between 1 and len(costs)={n}")
+    prefix = _prefix(costs)
+    # a hair under total / k: a true lower bound despite rounding in the prefix sums
+    lo = prefix[n] / k * (1 - 1e-9)
+    best = [0, n]
+    hi = prefix[n]
+    while lo < hi:
+        mid = lo + (hi - lo) / 2
+        if not lo <= mid < hi:
+            mid = lo
+        bounds, next_limit = _greedy(prefix, k, mid)
+        if bounds is None:
+            lo = next_limit
+        else:
+            best = bounds
+            hi = max(prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds))
+    return _fill_to(prefix, best, k)
+
+
+def equal_count_bounds(n: int, k: int) -> list[int]:
+    """Megatron-style split: the same number of items per stage (earlier stages get the remainder).
+
+    >>> equal_count_bounds(7, 3)
+    [0, 3, 5, 7]
+    """
+    q, r = divmod(n, k)
+    bounds = [0]
+    for s in range(k):
+        bounds.append(bounds[-1] + q + (1 if s < r else 0))
+    return bounds
+
+
+def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:
+    """Greedy size-threshold split: close a stage once it reaches ``total / k``.
+
+    Items stay in order; a stage is also closed when only as many items remain as
+    stages still to fill, so there are always exactly ``k`` non-empty stages.
+
+    >>> greedy_threshold_bounds([1, 2, 4, 1, 2], 3)  # stage sums 7, 1, 2; the optimum is 3, 4, 3
+    [0, 3, 4, 5]
+    """
+    n = len(costs)
+    threshold = sum(float(c) for c in costs) / k
+    bounds = [0]
+    acc = 0.0
+    for i, c in enumerate(costs):
+        acc += float(c)
+        stages_left = k - len(bounds)  # stages still to open after the current one
+        if stages_left == 0:
+            break
+        if acc >= threshold or n - (i + 1) == stages_left:
+            bounds.append(i + 1)
+            acc = 0.0
+    bounds.append(n)
+    return bounds
+
+
+def block_partition_bounds(costs: Sequence[float], k: int) -> list[int]:
+    """Local search in the style of torchgpipe's block partition.
+
+    Start from equal item counts and move one item at a time off the heaviest
+    stage onto a neighbour while that lowers the heavier of the two; stop when no
+    move helps. Fast and usually close to optimal, but it can get stuck.
+
+    >>> block_partition_bounds([1, 1, 1, 1, 4], 2)
+    [0, 4, 5]
+    """
+    n = len(costs)
+    prefix = _prefix(costs)
+    bounds = equal_count_bounds(n, k)
+
+    def s(i: int) -> float:
+        return prefix[bounds[i + 1]] - prefix[bounds[i]]
+
+    for _ in range(4 * n * k):
+        heavy = max(range(k), key=s)
+        moved = False
+        for nb in (heavy - 1, heavy + 1):
+            if not 0 <= nb < k:
+                continue
+            cut = heavy if nb < heavy else heavy + 1
+            step = 1 if nb < heavy else -1
+            new = bounds[cut] + step
+            if not bounds[cut - 1] < new < bounds[cut + 1]:
+                continue
+            before = max(s(heavy), s(nb))
+            bounds[cut] = new
+            if max(s(heavy), s(nb)) < before:
+                moved = True
+                break
+            bounds[cut] = new - step
+        if not moved:
+            break
+    return bounds
+
+
+def max_min_bounds(costs: Sequence[float], k: int) -> list[int]:
+    """Maximise the *smallest* stage sum by dynamic programming (``O(n^2 k)``, small ``n`` only).
+
+    A common stand-in for balance; it is not the same objective as the bottleneck.
+
+    >>> max_min_bounds([3, 1, 1, 3], 2)
+    [0, 2, 4]
+    """
+    n = len(costs)
+    prefix = _prefix(costs)
+    neg = -math.inf
+    # best[j][i]: best smallest stage over the first i items in j stages
+    best = [[neg] * (n + 1) for _ in range(k + 1)]
+    arg = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = math.inf
+    for j in range(1, k + 1):
+        for i in range(j, n + 1):
+            for m in range(j - 1, i):
+                v = min(best[j - 1][m], prefix[i] - prefix[m])
+                if v > best[j][i]:
+                    best[j][i], arg[j][i] = v, m
+    bounds = [n]
+    for j in range(k, 0, -1):
+        bounds.append(arg[j][bounds[-1]])
+    return bounds[::-1]
+
+
+def brute_force_bottleneck(costs: Sequence[float], k: int) -> float:
+    """Smallest bottleneck over every partition into ``k`` non-empty stages (tiny inputs only).
+
+    >>> brute_force_bottleneck([1, 2, 3, 4, 5], 3)
+    6.0
+    """
+    n = len(costs)
+    return min(
+        bottleneck(costs, [0, *cuts, n]) for cuts in itertools.combinations(range(1, n), k - 1)
+    )

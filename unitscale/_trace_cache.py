@@ -1,0 +1,144 @@
+"""Trace once, track many times: a cache of scale-tracking traces per module.
+
+Tracing a transformer costs about as much as a tenth of its forward and backward pass,
+so re-tracing on every call of :func:`unitscale.track_scales` would dominate its
+overhead. A trace is reused while the module's *fingerprint* is unchanged: the identity
+and type of every submodule, its ``forward``, its ``training`` flag and other plain
+attributes (``int``, ``float``, ``bool``, ``str``, ``None``), and its parameter and
+buffer names. Those are what a trace can depend on without reading tensor values.
+The cache holds modules weakly.
+"""
+
+from __future__ import annotations
+
+import traceback
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx, nn
+
+from unitscale.errors import TraceError
+from unitscale.tracers import DeepTracer, ModulePathTracer
+
+__all__ = ["ScaleTracer", "Trace", "trace_for_scales"]
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+class ScaleTracer(ModulePathTracer, DeepTracer):
+    """A :class:`~unitscale.tracers.DeepTracer` that also records module paths.
+
+    >>> from unitscale.models import MLP
+    >>> graph = ScaleTracer().trace(MLP(4))
+    >>> [(n.name, n.meta["module_path"]) for n in graph.nodes if n.op == "call_function"]
+    [('linear', 'fc1'), ('relu', 'act'), ('linear_1', 'fc2')]
+    """
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A traced graph, the callables to pass after the inputs, and the graph's code."""
+
+    graph: fx.Graph
+    extra_inputs: tuple[Any, ...]
+    code: str
+
+
+def _fingerprint(module: nn.Module) -> tuple[Any, ...]:
+    parts = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        state = vars(m)
+        plain = tuple((k, v) for k, v in state.items() if isinstance(v, _PLAIN))
+        parts.append(
+            (
+                name,
+                id(m),
+                type(m),
+                id(getattr(type(m), "forward", None)),
+                id(state.get("forward")),
+                plain,
+                tuple((k, v is None) for k, v in m._parameters.items()),
+                tuple((k, v is None) for k, v in m._buffers.items()),
+            )
+        )
+    return tuple(parts)
+
+
+def _graph_code(graph: fx.Graph) -> str:
+    # Type annotations (``x : _torch_Tensor_``) are noise here: hide them while
+    # generating, then put them back, so the graph is left as it was.
+    saved = [(n, n.type) for n in graph.nodes]
+    try:
+        for n, _ in saved:
+            n.type = None
+        return graph.python_code(root_module="self").src
+    finally:
+        for n, t in saved:
+            n.type = t
+
+
+def _user_frame(exc: BaseException) -> str:
+    """``file:line (`code`)`` of the innermost frame of the traceback outside torch and unitscale."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "/torch/" not in f.filename and "/unitscale/" not in f.filename.replace("\\", "/")
+    ]
+    if not frames:
+        return "an unknown line"
+    f = frames[-1]
+    return f"{f.filename}:{f.lineno} (`{(f.line or '').strip()}`)"
+
+
+_cache: weakref.WeakKeyDictionary[nn.Module, tuple[Any, Trace | str]] = weakref.WeakKeyDictionary()
+
+
+def trace_for_scales(
+    module: nn.Module,
+    recurse_modules: bool = True,
+    autowrap_modules: tuple[types.ModuleType, ...] | None = None,
+    autowrap_functions: tuple[Callable[..., Any], ...] = (),
+) -> Trace:
+    """Trace ``module`` with a :class:`ScaleTracer`, reusing a cached trace when valid.
+
+    A ``GraphModule`` is not re-traced: its own graph is used.
+
+    Raises:
+        TraceError: torch.fx cannot trace the module; the message names the line.
+
+    >>> from unitscale.models import MLP
+    >>> model = MLP(4)
+    >>> trace_for_scales(model) is trace_for_scales(model)
+    True
+    """
+    if isinstance(module, fx.GraphModule):
+        return Trace(module.graph, (), _graph_code(module.graph))
+    key = (
+        recurse_modules,
+        None if autowrap_modules is None else tuple(autowrap_modules),
+        tuple(autowrap_functions),
+        _fingerprint(module),
+    )
+    cached = _cache.get(module)
+    if cached is None or cached[0] != key:
+        tracer = ScaleTracer(
+            recurse_modules=recurse_modules, autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions
+        )
+        try:
+            graph = tracer.trace(module)
+            result: Trace | str = Trace(graph, tuple(tracer.callable_args.values()), _graph_code(graph))
+        except Exception as e:
+            result = f"{_user_frame(e)}: {type(e).__name__}: {e}"
+        cached = (key, result)
+        _cache[module] = cached
+    result = cached[1]
+    if isinstance(result, str):
+        raise TraceError(
+            f"torch.fx could not trace {type(module).__name__} at {result}. Use capture='eager' "
+            "(or 'auto') to record the ops as they run, or make that line independent of tensor "
+            "values (e.g. pass the value as a Python constant)."
+        )
+    return result

@@ -1,0 +1,243 @@
+"""Floating-point formats for simulating low-precision training in float32.
+
+An :class:`FPFormat` rounds float32 values to the nearest value (or, with
+``rounding="stochastic"``, to one of the two neighbours with probability by
+distance) representable with a sign bit, ``exponent_bits`` and ``mantissa_bits``,
+including subnormals. It is bit-exact against torch's own casts:
+
+- ``FP8_E4M3`` equals ``x.to(torch.float8_e4m3fn)`` (the "fn" variant: no
+  infinities, one NaN pattern, largest value 448);
+- ``FP8_E5M2``, ``FP16`` and ``BF16`` equal ``x.to(torch.float8_e5m2)``,
+  ``x.half()`` and ``x.bfloat16()`` for every value in range, and for every value
+  at all with ``saturate=False``.
+
+Overflow: with ``saturate=True`` (the default of every format here) values whose
+rounding would leave the range, infinities included, become ``±max_value``, as
+FP8 training recipes do and as torch's ``float8_e4m3fn`` cast does. With
+``saturate=False`` they become ``±inf`` (or NaN for a format without
+infinities), as torch's ``float8_e5m2``, ``float16`` and ``bfloat16`` casts do.
+NaN stays NaN either way.
+
+>>> import torch
+>>> FP8_E4M3.quantise(torch.tensor([0.3, 500.0, -1e-3, 1e-4])).tolist()
+[0.3125, 448.0, -0.001953125, 0.0]
+>>> FP8_E5M2.max_value, FP8_E4M3.max_value
+(57344.0, 448.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from unitscale.errors import FormatError
+
+__all__ = ["FPFormat", "FP8_E4M3", "FP8_E5M2", "FP16", "BF16"]
+
+_ROUNDING_MODES = ("nearest", "stochastic")
+
+
+@dataclasses.dataclass(frozen=True)
+class FPFormat:
+    """A sign/exponent/mantissa floating-point format, simulated in float32.
+
+    Args:
+        exponent_bits: exponent width, 2 to 8 (float32's range bounds what can be simulated).
+        mantissa_bits: stored mantissa width (without the implicit bit), 0 to 23.
+        rounding: ``"nearest"`` (ties to even, as hardware casts) or ``"stochastic"``.
+        infinities: ``True`` for IEEE-style formats whose top exponent holds inf and NaN;
+            ``False`` for "fn" formats (such as E4M3) that use it for finite values and keep
+            only the all-ones pattern for NaN.
+        saturate: clamp out-of-range results to ``±max_value`` (``True``) or overflow to
+            ``±inf`` / NaN like an IEEE cast (``False``).
+
+    Raises:
+        FormatError: for bit counts outside the ranges above, a non-integer count, an
+            unknown rounding mode, or an "fn" format with no mantissa bits.
+
+    >>> fmt = FPFormat(4, 3, infinities=False)
+    >>> fmt == FP8_E4M3, fmt.max_value, fmt.min_normal, fmt.min_subnormal
+    (True, 448.0, 0.015625, 0.001953125)
+    >>> FPFormat(9, 2)
+    Traceback (most recent call last):
+    ...
+    unitscale.errors.FormatError: FPFormat: exponent_bits=9 is outside 2..8; float32 simulates formats with at most 8 exponent bits and 23 mantissa bits
+    """
+
+    exponent_bits: int
+    mantissa_bits: int
+    rounding: str = "nearest"
+    infinities: bool = True
+    saturate: bool = True
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (
+            ("exponent_bits", self.exponent_bits, 2, 8),
+            ("mantissa_bits", self.mantissa_bits, 0, 23),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise FormatError(f"FPFormat: {name}={value!r} must be an int")
+            if not low <= value <= high:
+                raise FormatError(
+                    f"FPFormat: {name}={value} is outside {low}..{high}; "
+                    f"float32 simulates formats with at most 8 exponent bits and 23 mantissa bits"
+                )
+        if self.rounding not in _ROUNDING_MODES:
+            raise FormatError(f"FPFormat: rounding={self.rounding!r} is unknown; use 'nearest' or 'stochastic'")
+        if not self.infinities and self.mantissa_bits == 0:
+            raise FormatError(
+                "FPFormat: infinities=False needs mantissa_bits >= 1 (the top exponent would hold only NaN)"
+            )
+
+    def __repr__(self) -> str:
+        extras = "" if self.rounding == "nearest" else f", rounding={self.rounding!r}"
+        extras += "" if self.infinities else ", infinities=False"
+        extras += "" if self.saturate else ", saturate=False"
+        return f"FPFormat({self.exponent_bits}, {self.mantissa_bits}{extras})"
+
+    @property
+    def bias(self) -> int:
+        """The exponent bias, ``2**(exponent_bits - 1) - 1``."""
+        return 2 ** (self.exponent_bits - 1) - 1
+
+    @property
+    def max_value(self) -> float:
+        """The largest finite value (448 for E4M3, 57344 for E5M2, 65504 for FP16)."""
+        top = 2**self.exponent_bits - 1 - self.bias
+        if self.infinities:
+            return 2.0 ** (top - 1) * (2 - 2.0**-self.mantissa_bits)
+        return 2.0**top * (2 - 2.0 ** (1 - self.mantissa_bits))
+
+    @property
+    def min_normal(self) -> float:
+        """The smallest positive normal value, ``2**(1 - bias)``."""
+        return 2.0 ** (1 - self.bias)
+
+    @property
+    def min_subnormal(self) -> float:
+        """The smallest positive value, ``2**(1 - bias - mantissa_bits)``."""
+        return 2.0 ** (1 - self.bias - self.mantissa_bits)
+
+    def replace(self, **changes: Any) -> FPFormat:
+        """A copy with some fields changed.
+
+        >>> FP8_E5M2.replace(saturate=False)
+        FPFormat(5, 2, saturate=False)
+        """
+        return dataclasses.replace(self, **changes)
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """Round values to this format (no autograd semantics; see :meth:`quantise`).
+
+        The arithmetic is done in float32 (float64 stays float64) and the result is
+        returned in the input's dtype.
+
+        >>> FP16.round(torch.tensor([1 + 2**-11, 1 + 3 * 2**-11])).tolist()
+        [1.0, 1.001953125]
+        """
+        if not x.is_floating_point():
+            raise FormatError(f"{self!r}: can only quantise floating-point tensors, got dtype {x.dtype}")
+        work = x if x.dtype == torch.float64 else x.float()
+        _, exp = torch.frexp(work)
+        # frexp's exponent is floor(log2|x|) + 1; below the normal range the spacing stays fixed.
+        exp = torch.clamp(exp - 1, min=1 - self.bias)
+        ulp = torch.ldexp(torch.ones_like(work), exp - self.mantissa_bits)
+        scaled = work / ulp
+        if self.rounding == "stochastic":
+            scaled = torch.floor(scaled + torch.rand_like(scaled))
+        else:
+            scaled = torch.round(scaled)
+        out = scaled * ulp
+        limit = self.max_value
+        if self.saturate:
+            out = torch.clamp(out, -limit, limit)
+        elif self.infinities:
+            out = torch.where(out.abs() > limit, torch.copysign(torch.full_like(out, float("inf")), work), out)
+        else:
+            out = torch.where(out.abs() > limit, torch.full_like(out, float("nan")), out)
+        return out.to(x.dtype)
+
+    def _op_args(self) -> tuple[int, int, bool, bool, bool]:
+        return (self.exponent_bits, self.mantissa_bits, self.infinities, self.saturate, self.rounding == "stochastic")
+
+    def quantise(self, x: torch.Tensor) -> torch.Tensor:
+        """Round ``x`` in the forward pass and its gradient in the backward pass.
+
+        >>> x = torch.tensor([0.1], requires_grad=True)
+        >>> y = FP8_E4M3.quantise(x)
+        >>> y.backward(torch.tensor([0.1]))
+        >>> y.item(), x.grad.item()
+        (0.1015625, 0.1015625)
+        """
+        return self.quantise_bwd(self.quantise_fwd(x))
+
+    def quantise_fwd(self, x: torch.Tensor) -> torch.Tensor:
+        """Round ``x`` in the forward pass; pass the gradient through unchanged (straight-through).
+
+        A graph node calling the custom op ``torch.ops.unitscale.quantise_fwd``, so that
+        TorchDynamo, ``torch.compile`` and ``torch.fx`` see one opaque op.
+
+        >>> x = torch.tensor([0.1], requires_grad=True)
+        >>> FP8_E4M3.quantise_fwd(x).backward(torch.tensor([0.1]))
+        >>> x.grad.item() == torch.tensor(0.1).item()
+        True
+        """
+        return torch.ops.unitscale.quantise_fwd(x, *self._op_args())
+
+    def quantise_bwd(self, x: torch.Tensor) -> torch.Tensor:
+        """Return ``x`` unchanged; round its gradient in the backward pass.
+
+        >>> x = torch.tensor([0.1], requires_grad=True)
+        >>> y = FP8_E5M2.quantise_bwd(x)
+        >>> y.backward(torch.tensor([0.1]))
+        >>> y.item() == torch.tensor(0.1).item(), x.grad.item()
+        (True, 0.09375)
+        """
+        return torch.ops.unitscale.quantise_bwd(x, *self._op_args())
+
+
+def _format_of(exponent_bits: int, mantissa_bits: int, infinities: bool, saturate: bool, stochastic: bool) -> FPFormat:
+    rounding = "stochastic" if stochastic else "nearest"
+    return FPFormat(exponent_bits, mantissa_bits, rounding, infinities, saturate)
+
+
+# Custom ops rather than autograd.Functions: one opaque node for TorchDynamo, torch.compile and fx
+# symbolic tracing alike, with the format passed as plain numbers.
+@torch.library.custom_op("unitscale::quantise_fwd", mutates_args=())
+def _quantise_fwd(x: torch.Tensor, e: int, m: int, infinities: bool, saturate: bool, stochastic: bool) -> torch.Tensor:
+    return _format_of(e, m, infinities, saturate, stochastic).round(x)
+
+
+@torch.library.custom_op("unitscale::quantise_bwd", mutates_args=())
+def _quantise_bwd(x: torch.Tensor, e: int, m: int, infinities: bool, saturate: bool, stochastic: bool) -> torch.Tensor:
+    return x.clone()
+
+
+@_quantise_fwd.register_fake
+@_quantise_bwd.register_fake
+def _quantise_fake(x: torch.Tensor, e: int, m: int, infinities: bool, saturate: bool, stochastic: bool) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _save_format(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    ctx.format_args = inputs[1:]
+
+
+def _straight_through(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    return (grad, None, None, None, None, None)
+
+
+def _round_grad(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    return (_format_of(*ctx.format_args).round(grad), None, None, None, None, None)
+
+
+_quantise_fwd.register_autograd(_straight_through, setup_context=_save_format)
+_quantise_bwd.register_autograd(_round_grad, setup_context=_save_format)
+
+
+FP8_E4M3 = FPFormat(4, 3, infinities=False)
+FP8_E5M2 = FPFormat(5, 2)
+FP16 = FPFormat(5, 10)
+BF16 = FPFormat(8, 7)
