@@ -51,6 +51,7 @@ exclude_patterns = [
     "docs/_ext",
     "docs/_templates",
     "docs/_extra",
+    "docs/_static",
 ]
 
 # MyST and MyST-NB: every tutorial is executed; a failing cell fails the build.
@@ -85,6 +86,7 @@ nitpick_ignore_regex = [
 # Theme.
 html_theme = "sphinx_book_theme"
 html_title = "unitscale"
+html_favicon = "docs/_static/favicon.svg"  # without one, browsers ask for /favicon.ico and log a 404
 html_extra_path = ["docs/_extra"]  # index.html at the site root: a redirect to docs/index.html
 html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
 html_theme_options = {
@@ -94,6 +96,7 @@ html_theme_options = {
 }
 
 # Copy buttons on code (tutorial inputs, code blocks, doctests), never on cell outputs.
-copybutton_selector = "div[class*='highlight-']:not(.output) > div.highlight > pre"
+# (double quotes inside: sphinx-copybutton pastes this into a single-quoted JavaScript string)
+copybutton_selector = 'div[class*="highlight-"]:not(.output) > div.highlight > pre'
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True

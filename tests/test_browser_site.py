@@ -36,7 +36,10 @@ CHROMIUM_ARGS = [
 # External hosts a page may ask for; offline they get an empty answer (see the module docstring).
 ALLOWED_EXTERNAL_HOSTS = {"cdn.jsdelivr.net"}
 
-PAGES = sorted(str(p.relative_to(SITE)) for p in SITE.rglob("*.html")) if SITE.is_dir() else []
+# every page a reader can reach (not the theme's template macros copied into _static)
+PAGES = sorted(
+    str(p.relative_to(SITE)) for p in SITE.rglob("*.html") if SITE.is_dir() and p.relative_to(SITE).parts[0] != "_static"
+)
 TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
 
 
@@ -73,14 +76,19 @@ def browser():
 
 
 class Visit:
-    """A fresh page that records console errors, page errors, failed and external requests."""
+    """A browser tab that records console errors, page errors, failed and external requests.
+
+    Every navigation starts with empty ``localStorage``, as a first visit does (the theme's
+    light/dark mode lives there), so one tab can visit many pages quickly.
+    """
 
     def __init__(self, browser):
         self.context = browser.new_context()
+        self.context.add_init_script("window.localStorage.clear()")
+        self.context.route("**/*", self._route)
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.external: set[str] = set()
-        self.context.route("**/*", self._route)
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         self.page.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url} {r.failure}"))
@@ -94,27 +102,37 @@ class Visit:
             route.fulfill(status=200, body="", content_type="text/javascript")
 
     def goto(self, url):
+        self.errors.clear()
+        self.external.clear()
         response = self.page.goto(url, wait_until="load")
         assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
-        self.page.wait_for_load_state("networkidle")
-        return self.page
+        return self
 
     def close(self):
         self.context.close()
 
 
-@pytest.fixture
-def visit(browser):
-    visits = []
+@pytest.fixture(scope="module")
+def tab(browser):
+    visit = Visit(browser)
+    yield visit
+    visit.close()
 
-    def open_(url):
+
+@pytest.fixture
+def visit(tab, browser):
+    """``visit(url)`` opens ``url`` in the shared tab (``fresh_context=True``: in a new one)."""
+    fresh = []
+
+    def open_(url, fresh_context=False):
+        if not fresh_context:
+            return tab.goto(url)
         v = Visit(browser)
-        visits.append(v)
-        v.goto(url)
-        return v
+        fresh.append(v)
+        return v.goto(url)
 
     yield open_
-    for v in visits:
+    for v in fresh:
         v.close()
 
 
@@ -173,16 +191,16 @@ def test_search_finds_a_tutorial_word(visit, base_url):
 
 
 def test_dark_mode_toggle_changes_the_theme(visit, base_url):
-    page = visit(f"{base_url}/docs/index.html").page
+    page = visit(f"{base_url}/docs/index.html", fresh_context=True).page
     html = page.locator("html")
     assert html.get_attribute("data-theme") == "light"
-    page.locator(".theme-switch-button:visible").first.click()
-    page.wait_for_function("document.documentElement.dataset.theme === 'dark'")
-    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
-    page.locator(".theme-switch-button:visible").first.click()
-    page.locator(".theme-switch-button:visible").first.click()  # dark -> auto -> light
-    page.wait_for_function("document.documentElement.dataset.theme === 'light'")
-    assert page.evaluate("getComputedStyle(document.body).backgroundColor") != background
+    light = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    page.locator(".theme-switch-button:visible").first.click()  # opens the light/dark/system menu
+    page.locator(".theme-change-button[data-mode=dark]:visible").first.click()
+    assert html.get_attribute("data-theme") == "dark"
+    assert page.evaluate("getComputedStyle(document.body).backgroundColor") != light
+    page.reload()
+    assert html.get_attribute("data-theme") == "dark", "the choice did not survive a reload"
 
 
 @pytest.mark.parametrize("tutorial", TUTORIALS)

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unitscale
-from unitscale.constraints import CONSTRAINTS, amean, gmean, hmean, resolve_constraint, to_grad_input_scale, to_output_scale
+from unitscale.constraints import (
+    CONSTRAINTS,
+    amean,
+    gmean,
+    hmean,
+    resolve_constraint,
+    to_grad_input_scale,
+    to_output_scale,
+)
 from unitscale.errors import UnknownConstraintError
 
 scales = st.floats(min_value=1e-4, max_value=1e4, allow_nan=False, allow_infinity=False)
@@ -71,7 +79,9 @@ def test_unknown_constraint_name_lists_the_valid_names():
 
 
 def test_constraint_of_the_wrong_type_is_rejected():
-    with pytest.raises(UnknownConstraintError, match=r"^constraint must be a name, a callable or None, not int 3; use one of 'gmean'"):
+    with pytest.raises(
+        UnknownConstraintError, match=r"^constraint must be a name, a callable or None, not int 3; use one of 'gmean'"
+    ):
         resolve_constraint(3)  # type: ignore[arg-type]
 
 

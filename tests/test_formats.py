@@ -27,7 +27,9 @@ def _probe_values(fmt: FPFormat) -> torch.Tensor:
     grid = (1 + torch.arange(0, steps + 1) / steps)[None, :] * torch.exp2(exps.float())[:, None]
     grid = grid.flatten()
     mids = (grid[1:] + grid[:-1]) / 2
-    near = torch.cat([torch.nextafter(mids, torch.zeros_like(mids)), torch.nextafter(mids, torch.full_like(mids, 1e38))])
+    near = torch.cat(
+        [torch.nextafter(mids, torch.zeros_like(mids)), torch.nextafter(mids, torch.full_like(mids, 1e38))]
+    )
     rand = torch.exp2(torch.empty(20_000).uniform_(-2 - fmt.bias - fmt.mantissa_bits, fmt.bias + 3))
     values = torch.cat([grid, mids, near, rand, torch.tensor([0.0, 1e30, 3e38])])
     values = values[torch.isfinite(values)]
@@ -75,7 +77,9 @@ def test_e4m3_without_saturation_overflows_to_nan_and_keeps_448() -> None:
         (BF16, torch.finfo(torch.bfloat16).max, 2.0**-126, 2.0**-133),
     ],
 )
-def test_range_properties_match_the_formats(fmt: FPFormat, max_value: float, min_normal: float, min_subnormal: float) -> None:
+def test_range_properties_match_the_formats(
+    fmt: FPFormat, max_value: float, min_normal: float, min_subnormal: float
+) -> None:
     assert (fmt.max_value, fmt.min_normal, fmt.min_subnormal) == (max_value, min_normal, min_subnormal)
 
 
@@ -126,7 +130,10 @@ def test_quantise_keeps_the_input_dtype() -> None:
         ({"exponent_bits": 4, "mantissa_bits": 24}, "mantissa_bits=24 is outside 0..23"),
         ({"exponent_bits": 4, "mantissa_bits": -1}, "mantissa_bits=-1 is outside 0..23"),
         ({"exponent_bits": 4.0, "mantissa_bits": 3}, "exponent_bits=4.0 must be an int"),
-        ({"exponent_bits": 4, "mantissa_bits": 3, "rounding": "up"}, "rounding='up' is unknown; use 'nearest' or 'stochastic'"),
+        (
+            {"exponent_bits": 4, "mantissa_bits": 3, "rounding": "up"},
+            "rounding='up' is unknown; use 'nearest' or 'stochastic'",
+        ),
         ({"exponent_bits": 4, "mantissa_bits": 0, "infinities": False}, "infinities=False needs mantissa_bits >= 1"),
     ],
 )

@@ -9,11 +9,13 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 import unitscale.functional as U
 from unitscale import _softmax_stats
 from unitscale.constraints import CONSTRAINTS
-from unitscale.errors import InputError, UnknownConstraintError
+from unitscale.errors import InputError, PredicateError, UnknownConstraintError
 from unitscale.tracers import DeepTracer
 
 TOL = 0.15
@@ -87,7 +89,13 @@ def test_linear_is_unit_scaled_for_any_shape(batch, k, n):
 
 @pytest.mark.parametrize(
     "left,right",
-    [((8, 32, 64), (8, 64, 16)), ((32, 128), (128, 64)), ((4, 32, 64), (64, 32)), ((64,), (4, 64, 256)), ((64, 32, 256), (256,))],
+    [
+        ((8, 32, 64), (8, 64, 16)),
+        ((32, 128), (128, 64)),
+        ((4, 32, 64), (64, 32)),
+        ((64,), (4, 64, 256)),
+        ((64, 32, 256), (256,)),
+    ],
 )
 def test_matmul_is_unit_scaled_without_constraint(left, right):
     out, (grad_left, grad_right) = stds(U.matmul, left, right, constraint=None)
@@ -272,7 +280,12 @@ def test_attention_is_unit_scaled_without_constraint(shape, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_attention_with_more_keys_than_queries_is_unit_scaled(is_causal):
     out, grads = stds(
-        U.scaled_dot_product_attention, (4, 4, 32, 32), (4, 4, 128, 32), (4, 4, 128, 32), is_causal=is_causal, constraint=None
+        U.scaled_dot_product_attention,
+        (4, 4, 32, 32),
+        (4, 4, 128, 32),
+        (4, 4, 128, 32),
+        is_causal=is_causal,
+        constraint=None,
     )
     assert_unit(out)
     for grad in grads:
@@ -389,6 +402,8 @@ def test_every_twin_accepts_its_torch_functions_arguments():
         (F.gelu, (x,), {"approximate": "tanh"}),
         (F.softmax, (x, -1), {}),
         (torch.softmax, (x,), {"dim": 1}),
+        (torch.softmax, (x, 1, torch.float64), {}),
+        (F.softmax, (x, -1), {"_stacklevel": 5}),
         (torch.add, (x, x), {"alpha": 2}),
         (operator.add, (x, x), {}),
         (F.layer_norm, (x, (8,)), {"eps": 1e-6}),
@@ -398,7 +413,44 @@ def test_every_twin_accepts_its_torch_functions_arguments():
         (F.scaled_dot_product_attention, (x, x, x), {"is_causal": True}),
     ]
     for fn, args, kwargs in calls:
-        assert U.torch_map[fn](*args, **kwargs).shape == fn(*args, **kwargs).shape, fn
+        expected, out = fn(*args, **kwargs), U.torch_map[fn](*args, **kwargs)
+        assert (out.shape, out.dtype) == (expected.shape, expected.dtype), fn
+
+
+class SwapToTwins(TorchFunctionMode):
+    """Runs every torch function that has a twin as its twin, with the arguments torch passed."""
+
+    def __init__(self):
+        super().__init__()
+        self.swapped = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        twin = U.torch_map.get(func)
+        if twin is None:
+            return func(*args, **(kwargs or {}))
+        self.swapped.append(func)
+        return twin(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "module,inputs",
+    [
+        (nn.Linear(8, 3), lambda: (torch.randn(2, 4, 8),)),
+        (nn.Softmax(dim=-1), lambda: (torch.randn(2, 4, 8),)),
+        (nn.GELU(approximate="tanh"), lambda: (torch.randn(2, 4, 8),)),
+        (nn.Dropout(0.1), lambda: (torch.randn(2, 4, 8),)),
+        (nn.LayerNorm(8), lambda: (torch.randn(2, 4, 8),)),
+        (nn.Embedding(10, 8, padding_idx=0), lambda: (torch.randint(0, 10, (2, 4)),)),
+        (nn.CrossEntropyLoss(label_smoothing=0.1), lambda: (torch.randn(4, 10), torch.randint(0, 10, (4,)))),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else "",
+)
+def test_twins_accept_the_arguments_torch_modules_pass(module, inputs):
+    args = inputs()
+    with SwapToTwins() as mode:
+        out = module(*args)
+    assert mode.swapped, f"{module} called no function that has a twin"
+    assert out.shape == module(*args).shape
 
 
 def test_deep_tracer_keeps_unit_scaled_ops_as_single_nodes():
@@ -446,14 +498,19 @@ def test_ops_compile_in_one_graph_and_match_eager():
     ],
 )
 def test_unknown_constraint_names_are_rejected_by_every_op(call):
-    with pytest.raises(UnknownConstraintError, match=r"^unknown constraint 'geo'; use one of 'gmean', 'hmean', 'amean'"):
+    with pytest.raises(
+        UnknownConstraintError, match=r"^unknown constraint 'geo'; use one of 'gmean', 'hmean', 'amean'"
+    ):
         call()
 
 
 @pytest.mark.parametrize("tau", [0, 1, -0.5, 1.5, True, "0.5", None])
 def test_residual_ops_reject_tau_outside_the_open_unit_interval(tau):
     x = torch.randn(3)
-    for op, call in (("residual_split", lambda: U.residual_split(x, tau)), ("residual_add", lambda: U.residual_add(x, x, tau))):
+    for op, call in (
+        ("residual_split", lambda: U.residual_split(x, tau)),
+        ("residual_add", lambda: U.residual_add(x, x, tau)),
+    ):
         message = (
             f"{op}: tau={tau!r} is not a number strictly between 0 and 1; it is the share of the output variance "
             "the residual branch carries (e.g. 0.01 for attention, 0.5 for an MLP)"
@@ -464,7 +521,9 @@ def test_residual_ops_reject_tau_outside_the_open_unit_interval(tau):
 
 @pytest.mark.parametrize("p", [-0.1, 1.5, "x"])
 def test_dropout_rejects_a_p_that_is_not_a_probability(p):
-    with pytest.raises(InputError, match=f"^{re.escape(f'dropout: p={p!r} is not a probability; pass a number in [0, 1]')}$"):
+    with pytest.raises(
+        InputError, match=f"^{re.escape(f'dropout: p={p!r} is not a probability; pass a number in [0, 1]')}$"
+    ):
         U.dropout(torch.randn(3), p)
 
 
@@ -473,3 +532,22 @@ def test_attention_rejects_dropping_every_weight():
     message = "scaled_dot_product_attention: dropout_p=1 drops every weight; pass a value below 1"
     with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
         U.scaled_dot_product_attention(q, q, q, dropout_p=1.0)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), "1", None])
+def test_a_constraint_returning_no_positive_number_is_reported(value):
+    def broken(output_scale, *grad_scales):
+        return value
+
+    message = (
+        f"constraint 'broken' returned {value!r} for the scales (0.125, 0.25); "
+        "a constraint must return one positive, finite number"
+    )
+    with pytest.raises(PredicateError, match=f"^{re.escape(message)}$"):
+        U.linear(torch.randn(2, 64), torch.randn(16, 64), constraint=broken)
+
+
+def test_softmax_requires_an_explicit_dim():
+    message = "softmax: dim=None; pass the dimension to normalise over, e.g. dim=-1"
+    with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
+        U.softmax(torch.randn(3))

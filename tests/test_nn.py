@@ -70,7 +70,9 @@ def test_elementwise_modules_compute_their_functional_op(module, op):
     assert torch.allclose(module(x), op(x))
 
 
-@pytest.mark.parametrize("module", [unn.GELU(constraint=None), unn.Softmax(-1, constraint=None), unn.LayerNorm(64), unn.Dropout(0.3)])
+@pytest.mark.parametrize(
+    "module", [unn.GELU(constraint=None), unn.Softmax(-1, constraint=None), unn.LayerNorm(64), unn.Dropout(0.3)]
+)
 def test_elementwise_modules_are_unit_scaled(module):
     out, grad = stds(module, 2048, 64)
     assert_unit(out, tol=0.05)

@@ -25,7 +25,12 @@ costs_and_k = st.lists(
 
 
 def _is_valid(bounds: list[int], n: int, k: int) -> bool:
-    return len(bounds) == k + 1 and bounds[0] == 0 and bounds[-1] == n and all(a < b for a, b in itertools.pairwise(bounds))
+    return (
+        len(bounds) == k + 1
+        and bounds[0] == 0
+        and bounds[-1] == n
+        and all(a < b for a, b in itertools.pairwise(bounds))
+    )
 
 
 @settings(max_examples=200, deadline=None)

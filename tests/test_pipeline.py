@@ -50,7 +50,9 @@ def test_worker_failure_surfaces_as_pipeline_error_in_the_caller() -> None:
 
 def test_fewer_rows_than_microbatches_is_refused_before_starting_workers() -> None:
     plan = partition(MLP(4), 2, torch.randn(2, 4))
-    with pytest.raises(InputError, match=r"^pipeline input 0 has batch size 2 \(dim 0\), fewer than num_microbatches=4"):
+    with pytest.raises(
+        InputError, match=r"^pipeline input 0 has batch size 2 \(dim 0\), fewer than num_microbatches=4"
+    ):
         run_pipeline(plan, torch.randn(2, 4), 4)
 
 

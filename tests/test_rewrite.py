@@ -91,7 +91,9 @@ def test_inline_works_on_tinygpt():
 
 
 def test_inline_rejects_bad_input():
-    with pytest.raises(NotAModuleError, match=re.escape("inline() got list [1, 2]; pass an nn.Module or fx.GraphModule")):
+    with pytest.raises(
+        NotAModuleError, match=re.escape("inline() got list [1, 2]; pass an nn.Module or fx.GraphModule")
+    ):
         inline([1, 2])
     with pytest.raises(PredicateError, match=re.escape("inline(predicate=...) got str 'all'")):
         inline(MLP(2), "all")
@@ -101,9 +103,14 @@ def test_inline_predicate_that_raises_names_the_module():
     def pick(m, name):
         raise RuntimeError("oops")
 
-    with pytest.raises(PredicateError, match=re.escape("the inline predicate raised RuntimeError: oops on module 'fc1' (Linear)")):
+    with pytest.raises(
+        PredicateError, match=re.escape("the inline predicate raised RuntimeError: oops on module 'fc1' (Linear)")
+    ):
         inline(MLP(2), pick)
-    with pytest.raises(PredicateError, match=re.escape("the inline predicate returned 1 for module 'fc1' (Linear); it must return True or False")):
+    with pytest.raises(
+        PredicateError,
+        match=re.escape("the inline predicate returned 1 for module 'fc1' (Linear); it must return True or False"),
+    ):
         inline(MLP(2), lambda m, name: 1)
 
 
@@ -114,7 +121,9 @@ class Flaky(nn.Module):
 
 def test_inline_reports_outputs_that_differ():
     torch.manual_seed(0)
-    with pytest.raises(TraceError, match=r"the inlined module's output 0 differs from the original's by up to .*call \.eval\(\) first"):
+    with pytest.raises(
+        TraceError, match=r"the inlined module's output 0 differs from the original's by up to .*call \.eval\(\) first"
+    ):
         inline(nn.Sequential(Flaky()), example_inputs=(torch.randn(64),))
 
 
@@ -124,8 +133,13 @@ class DataDependent(nn.Module):
 
 
 def test_inline_of_an_untraceable_module_says_how_to_skip_it():
-    gm = fx.GraphModule(nn.Sequential(DataDependent()), unitscale.LeafTracer(leaf_types=(DataDependent,)).trace(nn.Sequential(DataDependent())))
-    with pytest.raises(TraceError, match=re.escape("cannot inline module '0' (DataDependent): torch.fx could not trace DataDependent")):
+    gm = fx.GraphModule(
+        nn.Sequential(DataDependent()),
+        unitscale.LeafTracer(leaf_types=(DataDependent,)).trace(nn.Sequential(DataDependent())),
+    )
+    with pytest.raises(
+        TraceError, match=re.escape("cannot inline module '0' (DataDependent): torch.fx could not trace DataDependent")
+    ):
         inline(gm)
     assert _call_modules(inline(gm, lambda m, name: False)) == ["0"]
 
@@ -255,7 +269,10 @@ def test_register_inverse_teaches_invert_a_new_function():
     def f(x):
         return cube(x) + 1
 
-    with pytest.raises(NotInvertibleError, match=re.escape("cannot invert node 'cube' (test_rewrite.cube) in function f: no inverse is registered")):
+    with pytest.raises(
+        NotInvertibleError,
+        match=re.escape("cannot invert node 'cube' (test_rewrite.cube) in function f: no inverse is registered"),
+    ):
         invert(f)
     register_inverse(cube, cube_root)
     x = torch.tensor([-2.0, 0.5, 3.0])
@@ -264,7 +281,9 @@ def test_register_inverse_teaches_invert_a_new_function():
 
 
 def test_register_inverse_rejects_non_callables():
-    with pytest.raises(NotAModuleError, match=re.escape("register_inverse(g=...) got str 'log'; pass a function of one tensor")):
+    with pytest.raises(
+        NotAModuleError, match=re.escape("register_inverse(g=...) got str 'log'; pass a function of one tensor")
+    ):
         register_inverse(torch.exp, "log")
 
 
@@ -313,16 +332,63 @@ def with_eps(x):
 
 
 NOT_INVERTIBLE = [
-    (relu_then_exp, "cannot invert node 'relu' (torch.relu) in function relu_then_exp: no inverse is registered for torch.relu. If it is one-to-one on your inputs, register one with unitscale.register_inverse(f, g); an op that is not (relu, abs) cannot be inverted"),
-    (two_tensors, "cannot invert function two_tensors: node 'mul' (operator.mul) combines 2 values computed from the input (sin, x); only ops of one tensor and constants can be inverted"),
-    (branch, "cannot invert function branch: node 'add' (operator.add) combines 2 values computed from the input (sin, cos); only ops of one tensor and constants can be inverted"),
-    (two_outputs, "cannot invert function two_outputs: it returns 2 values (tuple); invert needs a function with exactly one tensor output"),
-    (two_inputs, "cannot invert function two_inputs: it takes 2 inputs (x, y); invert needs a function of exactly one tensor"),
+    (
+        relu_then_exp,
+        (
+            "cannot invert node 'relu' (torch.relu) in function relu_then_exp: no inverse is registered for "
+            "torch.relu. If it is one-to-one on your inputs, register one with unitscale.register_inverse(f, g); "
+            "an op that is not (relu, abs) cannot be inverted"
+        ),
+    ),
+    (
+        two_tensors,
+        (
+            "cannot invert function two_tensors: node 'mul' (operator.mul) combines 2 values computed from the "
+            "input (sin, x); only ops of one tensor and constants can be inverted"
+        ),
+    ),
+    (
+        branch,
+        (
+            "cannot invert function branch: node 'add' (operator.add) combines 2 values computed from the input "
+            "(sin, cos); only ops of one tensor and constants can be inverted"
+        ),
+    ),
+    (
+        two_outputs,
+        (
+            "cannot invert function two_outputs: it returns 2 values (tuple); invert needs a function with "
+            "exactly one tensor output"
+        ),
+    ),
+    (
+        two_inputs,
+        "cannot invert function two_inputs: it takes 2 inputs (x, y); invert needs a function of exactly one tensor",
+    ),
     (times_zero, "cannot invert node 'mul' (operator.mul): it multiplies by 0, which loses the input"),
-    (in_place, "cannot invert function in_place: node 'mul_' (Tensor.mul_) changes its input in place; use the out-of-place op"),
+    (
+        in_place,
+        (
+            "cannot invert function in_place: node 'mul_' (Tensor.mul_) changes its input in place; use the "
+            "out-of-place op"
+        ),
+    ),
     (constant, "cannot invert function constant: its output does not depend on its input"),
-    (python_branch, "cannot invert function python_branch: it cannot be traced (symbolically traced variables cannot be used as inputs to control flow); control flow that depends on the input (a Python if on a tensor) is not invertible as one chain"),
-    (with_eps, "cannot invert node 'logit' (torch.logit) in function with_eps: it is called with extra arguments () {'eps': 1e-06}; its registered inverse takes one tensor"),
+    (
+        python_branch,
+        (
+            "cannot invert function python_branch: it cannot be traced (symbolically traced variables cannot be "
+            "used as inputs to control flow); control flow that depends on the input (a Python if on a tensor) "
+            "is not invertible as one chain"
+        ),
+    ),
+    (
+        with_eps,
+        (
+            "cannot invert node 'logit' (torch.logit) in function with_eps: it is called with extra arguments () "
+            "{'eps': 1e-06}; its registered inverse takes one tensor"
+        ),
+    ),
 ]
 
 
@@ -383,7 +449,7 @@ def test_random_chains_of_invertible_ops_invert_within_1e5_on_their_domain(chain
     ops = [CHAIN_OPS[name][0][spelling % len(CHAIN_OPS[name][0])] for name, spelling in chain]
     x = torch.tensor([start, start / 2 + 0.1, start / 3 - 0.2], dtype=torch.float64)
     v = x
-    for (name, _), op in zip(chain, ops):
+    for (name, _), op in zip(chain, ops, strict=True):
         assume(bool(CHAIN_OPS[name][1](v)))
         v = op(v)
         assume(bool(torch.isfinite(v).all()) and bool(v.abs().max() < 1e4))

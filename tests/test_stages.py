@@ -192,7 +192,9 @@ def test_zero_stages_is_refused() -> None:
 
 
 def test_more_stages_than_nodes_is_refused() -> None:
-    with pytest.raises(StageCountError, match=r"^num_stages=4 is more than the 3 pieces MLP can be cut into; use num_stages <= 3$"):
+    with pytest.raises(
+        StageCountError, match=r"^num_stages=4 is more than the 3 pieces MLP can be cut into; use num_stages <= 3$"
+    ):
         partition(MLP(4), 4, torch.randn(2, 4))
 
 
@@ -204,7 +206,9 @@ def test_more_stages_than_module_boundaries_is_refused(gpt: tuple[TinyGPT, torch
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan")])
 def test_negative_or_nan_cost_is_refused_naming_the_node(bad: float) -> None:
-    with pytest.raises(CostError, match=rf"^the cost callable returned {bad} for node 'fc1' \(.*\); costs must be finite and >= 0$"):
+    with pytest.raises(
+        CostError, match=rf"^the cost callable returned {bad} for node 'fc1' \(.*\); costs must be finite and >= 0$"
+    ):
         partition(MLP(4), 2, torch.randn(2, 4), cost=lambda n: bad)
 
 
@@ -271,7 +275,9 @@ class RandomDAG(nn.Module):
 
 
 spec_strategy = st.lists(
-    st.tuples(st.sampled_from(["linear", "add", "mul", "tanh"]), st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=9
+    st.tuples(st.sampled_from(["linear", "add", "mul", "tanh"]), st.integers(0, 50), st.integers(0, 50)),
+    min_size=1,
+    max_size=9,
 )
 
 
@@ -281,7 +287,9 @@ def _name_cost(node: fx.Node) -> float:
 
 @settings(max_examples=25, deadline=None)
 @given(spec=spec_strategy, data=st.data())
-def test_plan_is_contiguous_optimal_and_exact_on_random_dags(spec: list[tuple[str, int, int]], data: st.DataObject) -> None:
+def test_plan_is_contiguous_optimal_and_exact_on_random_dags(
+    spec: list[tuple[str, int, int]], data: st.DataObject
+) -> None:
     torch.manual_seed(0)
     model, x = RandomDAG(spec), torch.randn(2, 3)
     num_nodes = len(partition(model, 1, x).node_costs)

@@ -91,7 +91,10 @@ def test_deep_tracer_traces_batchnorm_models_and_leaves_them_unchanged():
 
 def test_deep_tracer_without_recursion_makes_every_submodule_a_leaf():
     graph = DeepTracer(recurse_modules=False).trace(nn.Sequential(MLP(2), nn.ReLU()))
-    assert [(n.op, n.target) for n in graph.nodes if n.op == "call_module"] == [("call_module", "0"), ("call_module", "1")]
+    assert [(n.op, n.target) for n in graph.nodes if n.op == "call_module"] == [
+        ("call_module", "0"),
+        ("call_module", "1"),
+    ]
 
 
 def test_tracers_proxy_buffers_so_tinygpt_traces():
@@ -118,7 +121,14 @@ def test_leaf_tracer_keeps_chosen_types_as_leaves():
     graph = LeafTracer(leaf_types=(MLP,)).trace(model)
     assert [n.target for n in graph.nodes if n.op == "call_module"] == ["0", "1"]
     graph = LeafTracer().trace(model)
-    assert [n.target for n in graph.nodes if n.op == "call_module"] == ["0.fc1", "0.act", "0.fc2", "1.fc1", "1.act", "1.fc2"]
+    assert [n.target for n in graph.nodes if n.op == "call_module"] == [
+        "0.fc1",
+        "0.act",
+        "0.fc2",
+        "1.fc1",
+        "1.act",
+        "1.fc2",
+    ]
 
 
 def test_leaf_predicate_decides_before_types_and_none_falls_back():
@@ -141,17 +151,27 @@ def test_leaf_predicate_that_raises_names_the_module():
             raise KeyError("no rule")
         return None
 
-    with pytest.raises(PredicateError, match=re.escape("the is_leaf predicate raised KeyError: 'no rule' on module 'act' (ReLU); make it return True, False or None for every module")):
+    with pytest.raises(
+        PredicateError,
+        match=re.escape(
+            "the is_leaf predicate raised KeyError: 'no rule' on module 'act' (ReLU); make it return True, False "
+            "or None for every module"
+        ),
+    ):
         LeafTracer(is_leaf=is_leaf).trace(MLP(2))
 
 
 def test_leaf_predicate_returning_a_non_bool_is_rejected():
-    with pytest.raises(PredicateError, match=re.escape("the is_leaf predicate returned 'yes' for module 'fc1' (Linear)")):
+    with pytest.raises(
+        PredicateError, match=re.escape("the is_leaf predicate returned 'yes' for module 'fc1' (Linear)")
+    ):
         LeafTracer(is_leaf=lambda m, name: "yes").trace(MLP(2))
 
 
 def test_leaf_tracer_rejects_bad_configuration():
-    with pytest.raises(NotAModuleError, match=re.escape("LeafTracer(leaf_types=...) holds 'ReLU', which is not an nn.Module subclass")):
+    with pytest.raises(
+        NotAModuleError, match=re.escape("LeafTracer(leaf_types=...) holds 'ReLU', which is not an nn.Module subclass")
+    ):
         LeafTracer(leaf_types=("ReLU",))
     with pytest.raises(PredicateError, match=re.escape("LeafTracer(is_leaf=...) got bool True; pass a function")):
         LeafTracer(is_leaf=True)
@@ -184,7 +204,9 @@ def test_tag_fn_that_raises_names_the_node():
             raise ValueError("bad node")
         return 0
 
-    with pytest.raises(PredicateError, match=re.escape("the tag_fn raised ValueError: bad node on node 'fc1' (call_module fc1)")):
+    with pytest.raises(
+        PredicateError, match=re.escape("the tag_fn raised ValueError: bad node on node 'fc1' (call_module fc1)")
+    ):
         TaggingTracer(tag_fn=tag).trace(MLP(2))
     with pytest.raises(PredicateError, match=re.escape("TaggingTracer(tag_fn=...) got str 'x'")):
         TaggingTracer(tag_fn="x")
@@ -210,7 +232,9 @@ def test_tracers_compose_module_path_tagging_and_leaf_choice():
     assert relu.meta["tag"] == "layer1"
     assert nodes["fc"].meta["tag"] == "fc"
     assert nodes["x"].meta["tag"] == nodes["output"].meta["tag"] == "stem"
-    assert not [n for n in nodes.values() if n.op == "call_module" and isinstance(model.get_submodule(n.target), nn.ReLU)]
+    assert not [
+        n for n in nodes.values() if n.op == "call_module" and isinstance(model.get_submodule(n.target), nn.ReLU)
+    ]
 
 
 def test_exec_order_tracer_composes_with_leaf_choice():
@@ -247,7 +271,13 @@ class DataDependent(nn.Module):
 
 @pytest.mark.parametrize("tracer_cls", ALL_TRACERS)
 def test_data_dependent_control_flow_raises_a_typed_trace_error(tracer_cls):
-    with pytest.raises(TraceError, match=re.escape("torch.fx could not trace DataDependent: symbolically traced variables cannot be used as inputs to control flow")):
+    with pytest.raises(
+        TraceError,
+        match=re.escape(
+            "torch.fx could not trace DataDependent: symbolically traced variables cannot be used as inputs to "
+            "control flow"
+        ),
+    ):
         tracer_cls().trace(DataDependent())
 
 

@@ -120,7 +120,9 @@ def test_unscaled_ops_are_logged_and_listed(caplog) -> None:
 
 
 def test_strict_raises_unscaled_ops_error_naming_the_op() -> None:
-    with pytest.raises(UnscaledOpsError, match=r"left 1 op\(s\) unscaled: torch.nn.functional.relu \(node relu\) at models.py:38"):
+    with pytest.raises(
+        UnscaledOpsError, match=r"left 1 op\(s\) unscaled: torch.nn.functional.relu \(node relu\) at models.py:38"
+    ):
         unit_scale(MLP(8), strict=True)(torch.randn(4, 8))
 
 
@@ -165,7 +167,10 @@ def test_graph_break_raises_capture_error_naming_the_line() -> None:
                 return x * 2
             return x
 
-    with pytest.raises(CaptureError, match=r"could not capture Branchy.forward in one graph at .*test_transforms.py:\d+ \(if x.sum\(\) > 0:\)"):
+    with pytest.raises(
+        CaptureError,
+        match=r"could not capture Branchy.forward in one graph at .*test_transforms.py:\d+ \(if x.sum\(\) > 0:\)",
+    ):
         unit_scale(Branchy())(torch.randn(2, 2))
 
 
@@ -217,7 +222,7 @@ def test_track_scales_sees_unit_scaled_ops_as_single_nodes(gpt) -> None:
     _, scaled, idx = gpt
     report = track_scales(scaled, idx)
     rows = {row.node: row for row in report}
-    assert rows["residual_split"].module_path == "module"
+    assert rows["x_residual"].module_path == "module.blocks.0"
     assert rows["linear"].module_path == "module.blocks.0.attn.qkv"
     assert rows["linear_8"].scale.forward == pytest.approx(1.0, abs=0.2)
     assert "mul" not in rows

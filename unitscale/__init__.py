@@ -1,8 +1,10 @@
 """unitscale: see and shape what happens inside PyTorch models with torch.fx."""
 
-from unitscale import functional
+from unitscale import functional, nn
 from unitscale.analysis import ScaleTrackingInterpreter, analyse_module, record_scales, track_scales
 from unitscale.constraints import amean, gmean, hmean, to_grad_input_scale, to_output_scale
+from unitscale.data import MarkovSource
+from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
 from unitscale.models import MLP, TinyGPT, resnet18
 from unitscale.report import ScaleReport
 from unitscale.rewrite import NotInvertibleError, inline, invert, register_inverse
@@ -17,6 +19,7 @@ from unitscale.tracers import (
     TaggingTracer,
     trace_exec_order,
 )
+from unitscale.transforms import apply_transform, simulate_format, simulate_fp8, unit_scale
 
 # Submodules used as namespaces (``import unitscale.functional as U``, ``from unitscale import nn as unn``)
 # are imported but not in __all__: their op names mirror torch's, and ``from unitscale import *``
@@ -58,4 +61,17 @@ __all__ = [
     "amean",
     "to_output_scale",
     "to_grad_input_scale",
+    # formats
+    "FPFormat",
+    "FP8_E4M3",
+    "FP8_E5M2",
+    "FP16",
+    "BF16",
+    # transforms
+    "unit_scale",
+    "simulate_format",
+    "simulate_fp8",
+    "apply_transform",
+    # data
+    "MarkovSource",
 ]

@@ -182,8 +182,14 @@ def _class_for(module: nn.Module) -> type[TransformedModule]:
     if names not in _CLASSES:
         namespace: dict[str, Any] = {}
         arglist = ", ".join(names)
-        exec(f"def forward(self, {arglist}):\n    return TransformedModule.forward(self, {arglist})\n", {"TransformedModule": TransformedModule}, namespace)
-        _CLASSES[names] = type("TransformedModule", (TransformedModule,), {"forward": namespace["forward"], "__module__": __name__})
+        exec(
+            f"def forward(self, {arglist}):\n    return TransformedModule.forward(self, {arglist})\n",
+            {"TransformedModule": TransformedModule},
+            namespace,
+        )
+        _CLASSES[names] = type(
+            "TransformedModule", (TransformedModule,), {"forward": namespace["forward"], "__module__": __name__}
+        )
     return _CLASSES[names]
 
 
@@ -222,7 +228,11 @@ def _no_torch_function_modes() -> Iterator[None]:
 
 
 def _capture(
-    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], transforms: tuple[GraphTransform, ...]
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    leaves: list[Any],
+    transforms: tuple[GraphTransform, ...],
 ) -> _Captured:
     record: dict[str, Any] = {}
 
@@ -270,7 +280,9 @@ def _capture(
     return _Captured(gm, positions, plan, out_spec)
 
 
-def _to_standalone(module: nn.Module, gm: fx.GraphModule, example_inputs: list[Any], leaves: list[Any]) -> fx.GraphModule:
+def _to_standalone(
+    module: nn.Module, gm: fx.GraphModule, example_inputs: list[Any], leaves: list[Any]
+) -> fx.GraphModule:
     """Turn TorchDynamo's graph (parameters lifted to inputs) into one that reads them as attributes."""
     names: dict[int, tuple[str, torch.Tensor]] = {}
     for name, tensor in [*module.named_buffers(), *module.named_parameters()]:

@@ -34,7 +34,9 @@ COMPUTE_OPS = ("call_function", "call_method", "call_module")
 def trace_for_stages(module: nn.Module) -> fx.GraphModule:
     """Trace a deep copy of ``module`` with :class:`ModulePathTracer`."""
     if not isinstance(module, nn.Module):
-        raise NotAModuleError(f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself")
+        raise NotAModuleError(
+            f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
+        )
     name = type(module).__name__
     root = copy.deepcopy(module)
     tracer = ModulePathTracer()
@@ -106,14 +108,16 @@ def _check_inputs(module: fx.GraphModule, inputs: Sequence[Any]) -> None:
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args]
     if not len(required) <= len(inputs) <= len(placeholders):
-        names = ", ".join(n.target for n in placeholders)  # type: ignore[misc]
+        names = ", ".join(str(n.target) for n in placeholders)
         raise InputError(
             f"{type(module).__name__}.forward takes {len(required)} input(s) ({names}) but {len(inputs)} example "
             "input(s) were given; pass example_inputs as a tuple matching forward's arguments"
         )
 
 
-def run_profiler(module: fx.GraphModule, inputs: Sequence[Any], count_flops: bool = False, repeats: int = 0) -> NodeProfiler:
+def run_profiler(
+    module: fx.GraphModule, inputs: Sequence[Any], count_flops: bool = False, repeats: int = 0
+) -> NodeProfiler:
     """Run :class:`NodeProfiler` on cloned ``inputs``, turning failures into :class:`InputError`."""
     _check_inputs(module, inputs)
     cloned = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
@@ -178,8 +182,7 @@ def _checked(n: fx.Node, value: Any) -> float:
         ) from exc
     if math.isnan(cost) or cost < 0 or math.isinf(cost):
         raise CostError(
-            f"the cost callable returned {cost} for node {n.name!r} ({n.format_node()}); costs must be finite "
-            "and >= 0"
+            f"the cost callable returned {cost} for node {n.name!r} ({n.format_node()}); costs must be finite and >= 0"
         )
     return cost
 
@@ -202,4 +205,6 @@ def node_costs(
         return [profiler.seconds.get(n, 0.0) for n in nodes]
     if cost == "memory":
         return [float(output_bytes(n.meta.get("tensor_meta"))) for n in nodes]
-    raise CostError(f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float")
+    raise CostError(
+        f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float"
+    )

@@ -16,14 +16,13 @@ from unitscale.tracers import LeafTracer
 
 __all__ = ["inline"]
 
-InlinePredicate = Callable[[nn.Module, str], bool]
 INLINED_FROM_KEY = "inlined_from"
 
 
 class _Inliner:
     """Copies a graph into a new one, splicing module bodies in through ``Proxy`` objects."""
 
-    def __init__(self, root: fx.GraphModule, predicate: InlinePredicate | None) -> None:
+    def __init__(self, root: fx.GraphModule, predicate: Callable[[nn.Module, str], bool] | None) -> None:
         self.root = root
         self.predicate = predicate
         self.graph = fx.Graph()
@@ -135,7 +134,7 @@ def _check_same_outputs(original: nn.Module, inlined: fx.GraphModule, example_in
 
 def inline(
     gm: nn.Module,
-    predicate: InlinePredicate | None = None,
+    predicate: Callable[[nn.Module, str], bool] | None = None,
     *,
     example_inputs: tuple[Any, ...] | None = None,
 ) -> fx.GraphModule:

@@ -72,7 +72,11 @@ def _greedy(prefix: list[float], k: int, limit: float) -> tuple[list[int] | None
     start = 0
     for _ in range(k):
         base = prefix[start]
-        end = bisect.bisect_right(prefix, limit, lo=start, key=lambda p, base=base: p - base) - 1
+
+        def since_start(p: float, base: float = base) -> float:
+            return p - base
+
+        end = bisect.bisect_right(prefix, limit, lo=start, key=since_start) - 1
         if end < n:
             next_limit = min(next_limit, prefix[end + 1] - base)
         if end == start:  # not even one item fits
@@ -256,6 +260,4 @@ def brute_force_bottleneck(costs: Sequence[float], k: int) -> float:
     6.0
     """
     n = len(costs)
-    return min(
-        bottleneck(costs, [0, *cuts, n]) for cuts in itertools.combinations(range(1, n), k - 1)
-    )
+    return min(bottleneck(costs, [0, *cuts, n]) for cuts in itertools.combinations(range(1, n), k - 1))

@@ -40,6 +40,10 @@ _PRELOAD = ["torch", "torch.distributed", "torch.distributed.pipelining", "units
 class PipelineResult:
     """What a training run of :func:`run_pipeline` returns.
 
+    >>> import torch
+    >>> PipelineResult(torch.zeros(2), torch.tensor(0.5), {}).loss.item()
+    0.5
+
     Attributes:
         output: the model output for the whole batch (microbatches concatenated).
         loss: mean of the per-microbatch losses.
@@ -116,7 +120,9 @@ def _check_args(inputs: tuple[Any, ...], num_microbatches: int, schedule: str, n
         raise InputError(f"num_microbatches={num_microbatches!r} must be an int >= 1")
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor):
-            raise InputError(f"pipeline input {i} is a {type(x).__name__}; run_pipeline needs tensor inputs (split on dim 0)")
+            raise InputError(
+                f"pipeline input {i} is a {type(x).__name__}; run_pipeline needs tensor inputs (split on dim 0)"
+            )
         if x.dim() == 0 or x.shape[0] < num_microbatches:
             raise InputError(
                 f"pipeline input {i} has batch size {x.shape[0] if x.dim() else 0} (dim 0), fewer than "
@@ -157,7 +163,10 @@ def _collect(procs: list[Any], results: Any, timeout: float) -> dict[int, dict[s
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             missing = [r for r in range(len(procs)) if r not in done]
-            raise PipelineError(f"pipeline timed out after {timeout:g} s waiting for stage(s) {missing}; raise timeout= or check the model")
+            raise PipelineError(
+                f"pipeline timed out after {timeout:g} s waiting for stage(s) {missing}; "
+                "raise timeout= or check the model"
+            )
         try:
             kind, rank, data, when = results.get(timeout=min(0.2, remaining))
         except queue_module.Empty:
@@ -166,7 +175,9 @@ def _collect(procs: list[Any], results: Any, timeout: float) -> dict[int, dict[s
                 time.sleep(0.5)  # a dying worker's last message may still be in flight
                 if results.empty():
                     r = dead[0]
-                    raise PipelineError(f"stage {r} worker exited with code {procs[r].exitcode} without a result") from None
+                    raise PipelineError(
+                        f"stage {r} worker exited with code {procs[r].exitcode} without a result"
+                    ) from None
             continue
         if kind == "error":
             raise _first_failure(results, [(when, rank, data)])
@@ -176,7 +187,14 @@ def _collect(procs: list[Any], results: Any, timeout: float) -> dict[int, dict[s
 
 @overload
 def run_pipeline(
-    plan: StagePlan, inputs: Any, num_microbatches: int, schedule: str = ..., *, loss_fn: None = ..., target: None = ..., timeout: float = ...
+    plan: StagePlan,
+    inputs: Any,
+    num_microbatches: int,
+    schedule: str = ...,
+    *,
+    loss_fn: None = ...,
+    target: None = ...,
+    timeout: float = ...,
 ) -> Any: ...
 
 
@@ -264,7 +282,10 @@ def run_pipeline(
     ]
     try:
         for p in procs:
-            p.start()
+            try:
+                p.start()
+            except Exception as exc:
+                raise PipelineError(f"could not start the stage worker processes: {type(exc).__name__}: {exc}") from exc
         done = _collect(procs, results, timeout)
     finally:
         started = [p for p in procs if p.pid is not None]

@@ -63,14 +63,14 @@ def _owner_and_name(root: nn.Module, target: str) -> tuple[nn.Module, str]:
 def _move_get_attrs(split: fx.GraphModule) -> None:
     """Move each root ``get_attr`` into every submodule that uses it (shared ones into each)."""
     for attr_node in [n for n in split.graph.nodes if n.op == "get_attr"]:
-        owner, name = _owner_and_name(split, attr_node.target)  # type: ignore[arg-type]
+        owner, name = _owner_and_name(split, attr_node.target)
         value = getattr(owner, name)
         for user in list(attr_node.users):
-            sub = split.get_submodule(user.target)  # type: ignore[arg-type]
+            sub = split.get_submodule(user.target)
             assert isinstance(sub, fx.GraphModule)
             position = user.args.index(attr_node)
             placeholder = [n for n in sub.graph.nodes if n.op == "placeholder"][position]
-            local = attr_node.target.replace(".", "_")  # type: ignore[union-attr]
+            local = attr_node.target.replace(".", "_")
             while hasattr(sub, local):
                 local += "_"
             if isinstance(value, nn.Parameter):
@@ -128,12 +128,12 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
             for arg in node.all_input_nodes:
                 if arg.op == "get_attr" and arg not in env:
                     env[arg] = g.node_copy(arg)
-            env[node] = g.node_copy(node, lambda x: env[x])
+            env[node] = g.node_copy(node, env.__getitem__)
         if s == num_stages - 1:
             for arg in output.all_input_nodes:
                 if arg.op == "get_attr" and arg not in env:
                     env[arg] = g.node_copy(arg)
-            g.output(fx.graph.map_arg(output.args[0], lambda x: env[x]))
+            g.output(fx.graph.map_arg(output.args[0], env.__getitem__))
         else:
             outs = [env[v] for v in live[s]]
             g.output(outs[0] if len(outs) == 1 else tuple(outs))

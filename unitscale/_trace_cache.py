@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import traceback
 import types
+import typing
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from torch import fx, nn
 from unitscale.errors import TraceError
 from unitscale.tracers import DeepTracer, ModulePathTracer
 
-__all__ = ["ScaleTracer", "Trace", "trace_for_scales"]
+__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason"]
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -31,11 +32,31 @@ _PLAIN = (bool, int, float, str, type(None))
 class ScaleTracer(ModulePathTracer, DeepTracer):
     """A :class:`~unitscale.tracers.DeepTracer` that also records module paths.
 
+    Type annotations that are strings (a module written with ``from __future__ import
+    annotations``) are resolved to types, or dropped when they cannot be: fx would put
+    the string into the code's globals, and the ``GraphModule`` would not pickle.
+
     >>> from unitscale.models import MLP
     >>> graph = ScaleTracer().trace(MLP(4))
     >>> [(n.name, n.meta["module_path"]) for n in graph.nodes if n.op == "call_function"]
     [('linear', 'fc1'), ('relu', 'act'), ('linear_1', 'fc2')]
+    >>> [n.type for n in graph.nodes if n.op == "placeholder"]
+    [<class 'torch.Tensor'>]
     """
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        graph = super().trace(root, concrete_args)
+        if any(isinstance(n.type, str) for n in graph.nodes):
+            fn = root.forward if isinstance(root, nn.Module) else root
+            try:
+                hints = typing.get_type_hints(fn)
+            except Exception:
+                hints = {}
+            for n in graph.nodes:
+                if isinstance(n.type, str):
+                    key = "return" if n.op == "output" else n.target
+                    n.type = hints.get(key) if isinstance(hints.get(key), type) else None
+        return graph
 
 
 @dataclass(frozen=True)
@@ -80,40 +101,45 @@ def _graph_code(graph: fx.Graph) -> str:
             n.type = t
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from, innermost last."""
+    chain = [exc]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and cause not in chain:
+        chain.append(cause)
+    return chain
+
+
 def _user_frame(exc: BaseException) -> str:
-    """``file:line (`code`)`` of the innermost frame of the traceback outside torch and unitscale."""
-    frames = [
-        f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if "/torch/" not in f.filename and "/unitscale/" not in f.filename.replace("\\", "/")
-    ]
-    if not frames:
-        return "an unknown line"
-    f = frames[-1]
-    return f"{f.filename}:{f.lineno} (`{(f.line or '').strip()}`)"
+    """``file:line (`code`)`` of the innermost frame outside torch and unitscale.
+
+    Looks through the exceptions ``exc`` was raised from, innermost first: a wrapped
+    trace failure keeps the user's line in its cause's traceback.
+    """
+    for e in reversed(_chain(exc)):
+        frames = [
+            f
+            for f in traceback.extract_tb(e.__traceback__)
+            if "/torch/" not in f.filename and "/unitscale/" not in f.filename.replace("\\", "/")
+        ]
+        if frames:
+            f = frames[-1]
+            # A notebook cell's "file" is a temporary name that tells the reader nothing.
+            cell = "ipykernel_" in f.filename or f.filename.startswith("<")
+            where = f"line {f.lineno} of a notebook cell" if cell else f"{f.filename}:{f.lineno}"
+            return f"{where} (`{(f.line or '').strip()}`)"
+    return "an unknown line"
 
 
 _cache: weakref.WeakKeyDictionary[nn.Module, tuple[Any, Trace | str]] = weakref.WeakKeyDictionary()
 
 
-def trace_for_scales(
+def trace_or_reason(
     module: nn.Module,
     recurse_modules: bool = True,
     autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
-) -> Trace:
-    """Trace ``module`` with a :class:`ScaleTracer`, reusing a cached trace when valid.
-
-    A ``GraphModule`` is not re-traced: its own graph is used.
-
-    Raises:
-        TraceError: torch.fx cannot trace the module; the message names the line.
-
-    >>> from unitscale.models import MLP
-    >>> model = MLP(4)
-    >>> trace_for_scales(model) is trace_for_scales(model)
-    True
-    """
+) -> Trace | str:
+    """The (cached) trace of ``module``, or why torch.fx cannot trace it (``"file:line (`code`): why"``)."""
     if isinstance(module, fx.GraphModule):
         return Trace(module.graph, (), _graph_code(module.graph))
     key = (
@@ -131,10 +157,40 @@ def trace_for_scales(
             graph = tracer.trace(module)
             result: Trace | str = Trace(graph, tuple(tracer.callable_args.values()), _graph_code(graph))
         except Exception as e:
-            result = f"{_user_frame(e)}: {type(e).__name__}: {e}"
+            result = f"{_user_frame(e)}: {_chain(e)[-1]}"
         cached = (key, result)
         _cache[module] = cached
-    result = cached[1]
+    return cached[1]
+
+
+def trace_for_scales(
+    module: nn.Module,
+    recurse_modules: bool = True,
+    autowrap_modules: tuple[types.ModuleType, ...] | None = None,
+    autowrap_functions: tuple[Callable[..., Any], ...] = (),
+) -> Trace:
+    """Trace ``module`` with a :class:`ScaleTracer`, reusing a cached trace when valid.
+
+    A ``GraphModule`` is not re-traced: its own graph is used.
+
+    Args:
+        module: the model.
+        recurse_modules: trace into submodules.
+        autowrap_modules: modules whose functions stay single nodes (``None``: the default).
+        autowrap_functions: functions that stay single nodes.
+
+    Returns:
+        The :class:`Trace`.
+
+    Raises:
+        TraceError: torch.fx cannot trace the module; the message names the line.
+
+    >>> from unitscale.models import MLP
+    >>> model = MLP(4)
+    >>> trace_for_scales(model) is trace_for_scales(model)
+    True
+    """
+    result = trace_or_reason(module, recurse_modules, autowrap_modules, autowrap_functions)
     if isinstance(result, str):
         raise TraceError(
             f"torch.fx could not trace {type(module).__name__} at {result}. Use capture='eager' "

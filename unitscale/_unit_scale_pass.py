@@ -171,13 +171,27 @@ def unit_init_(gm: fx.GraphModule) -> None:
             param = getattr(param, atom)
         if not isinstance(param, torch.nn.Parameter):
             continue
-        roles = {_argument_name(user, node) if not _is_add(user) and user.target is not U.add else "bias" for user in node.users}
+        roles = {
+            _argument_name(user, node) if not _is_add(user) and user.target is not U.add else "bias"
+            for user in node.users
+        }
         if "bias" in roles:
             param.zero_()
         elif "weight" in roles and any(_member(user.target, _NORM_FUNCTIONS) for user in node.users):
             param.fill_(1.0)
         else:
             param.normal_()
+
+
+def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, like: fx.Node, value: Any) -> fx.Node:
+    """Insert ``fn(*args)`` after ``where``, attributed to the module ``like`` came from."""
+    with where.graph.inserting_after(where):
+        node = where.graph.create_node("call_function", fn, args, {}, name=name)
+    for key in ("nn_module_stack", "stack_trace"):
+        if key in like.meta:
+            node.meta[key] = like.meta[key]
+    node.meta["example_value"] = value
+    return node
 
 
 class UnitScalePass:
@@ -255,12 +269,10 @@ class UnitScalePass:
                 continue
             body = {n for n in ancestors[branch] | {branch} if skip in ancestors[n]}
             tau = 0.01 if any(_member(_function_of(n), _ATTENTION) for n in body) else 0.5
-            with graph.inserting_after(skip):
-                split = graph.call_function(U.residual_split, (skip, tau))
-            with graph.inserting_after(split):
-                to_branch = graph.call_function(operator.getitem, (split, 0))
-            with graph.inserting_after(to_branch):
-                to_skip = graph.call_function(operator.getitem, (split, 1))
+            value = skip.meta.get("example_value")
+            split = _insert_after(skip, U.residual_split, (skip, tau), f"{skip.name}_split", node, (value, value))
+            to_branch = _insert_after(split, operator.getitem, (split, 0), f"{skip.name}_residual", node, value)
+            to_skip = _insert_after(to_branch, operator.getitem, (split, 1), f"{skip.name}_skip", node, value)
             for user in list(skip.users):
                 if user in body:
                     user.replace_input_with(skip, to_branch)

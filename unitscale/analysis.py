@@ -24,8 +24,8 @@ from torch import fx, nn
 
 import unitscale.functional
 from unitscale._backward import float_outputs, run_backward
-from unitscale._trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales
-from unitscale.errors import InputError, NotAModuleError, TraceError
+from unitscale._trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
+from unitscale.errors import InputError, NotAModuleError
 from unitscale.op_capture import Captured, op_name, record_ops
 from unitscale.report import ScaleReport, ScaleRow
 from unitscale.scale import ScalePair, ScaleRecord, read_records
@@ -177,13 +177,18 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
     except Exception as e:
         interp.captured.remove_hooks()
         n = interp.current_node
-        where = f" at node '{n.name}' ({n.format_node()})" if n is not None else ""
+        where = f" at node '{n.name}' ({n.op} {_target(n)})" if n is not None else ""
+        reason = str(e).split("\n\nWhile executing")[0]  # fx appends the node's repr
         raise InputError(
-            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. "
+            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. "
             "Check that the inputs have the shapes and dtypes the model expects."
         ) from e
     interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
     return interp.captured
+
+
+def _target(n: fx.Node) -> str:
+    return n.target if isinstance(n.target, str) else op_name(n.target)
 
 
 def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> Captured:
@@ -228,7 +233,7 @@ def _annotate(trace: Trace, scales: dict[str, ScalePair]) -> str:
 
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     width = max([len(r.node) for r in rows] + [4])
-    lines = [f"# {model}: ops recorded as they ran (torch.fx could not trace it: {failure})"]
+    lines = [f"# {model}: ops recorded as they ran; torch.fx could not trace it at {failure}"]
     for r in rows:
         where = f" in {r.module_path}" if r.module_path else ""
         lines.append(f"{r.node.ljust(width)}  # {r.scale}  {r.op}{where}")
@@ -287,13 +292,11 @@ def track_scales(
     model = type(module).__name__
     failure = ""
     trace = None
-    if capture != "eager":
-        try:
-            trace = trace_for_scales(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
-        except TraceError as e:
-            if capture == "fx":
-                raise
-            failure = str(e)
+    if capture == "fx":
+        trace = trace_for_scales(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
+    elif capture == "auto":
+        result = trace_or_reason(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
+        trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
     if trace is not None:
         captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
     else:

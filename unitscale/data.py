@@ -51,7 +51,9 @@ class MarkovSource:
             raise InputError(f"MarkovSource: concentration={concentration!r} must be positive")
         self.vocab_size = vocab_size
         gen = torch.Generator().manual_seed(seed)
-        gamma = torch._standard_gamma(torch.full((vocab_size, vocab_size, vocab_size), float(concentration)).double(), gen)
+        gamma = torch._standard_gamma(
+            torch.full((vocab_size, vocab_size, vocab_size), float(concentration)).double(), gen
+        )
         self.probs = gamma / gamma.sum(-1, keepdim=True)
         self.pair_probs = self._stationary_pairs()
 
@@ -101,4 +103,5 @@ class MarkovSource:
         return out
 
     def __repr__(self) -> str:
-        return f"MarkovSource(vocab_size={self.vocab_size}, entropy_rate={self.entropy_rate:.4f} nats, max {math.log(self.vocab_size):.4f})"
+        rate, most = self.entropy_rate, math.log(self.vocab_size)
+        return f"MarkovSource(vocab_size={self.vocab_size}, entropy_rate={rate:.4f} nats of at most {most:.4f})"

@@ -35,6 +35,7 @@ from unitscale import errors as _errors
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import torch
     from torch import Tensor
 
 __all__ = [
@@ -95,7 +96,7 @@ def scale(input: Tensor, fwd_scale: float, bwd_scale: float) -> Tensor:
         # TorchDynamo instantiates autograd.Function while tracing one, which raises a
         # DeprecationWarning; these plain ops give the same values and gradients, fused.
         return input * bwd_scale + (input * (fwd_scale - bwd_scale)).detach()
-    return _ScaleFwdBwd.apply(input, float(fwd_scale), float(bwd_scale))  # type: ignore[no-any-return]
+    return _ScaleFwdBwd.apply(input, float(fwd_scale), float(bwd_scale))
 
 
 _scale = scale  # for scaled_dot_product_attention, whose torch-mirroring ``scale`` argument shadows the op
@@ -108,8 +109,14 @@ def _constrain(
     fn = _constraints.resolve_constraint(constraint)
     if fn is None:
         return (output_scale, *grad_input_scales)
-    chosen = float(fn(output_scale, *grad_input_scales))
-    return (chosen,) * (1 + len(grad_input_scales))
+    chosen = fn(output_scale, *grad_input_scales)
+    if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not 0 < chosen < _math.inf:
+        scales = ", ".join(f"{s:.4g}" for s in (output_scale, *grad_input_scales))
+        raise _errors.PredicateError(
+            f"constraint {getattr(fn, '__name__', fn)!r} returned {chosen!r} for the scales ({scales}); "
+            f"a constraint must return one positive, finite number"
+        )
+    return (float(chosen),) * (1 + len(grad_input_scales))
 
 
 def _inv_sqrt(count: float) -> float:
@@ -117,7 +124,9 @@ def _inv_sqrt(count: float) -> float:
     return count**-0.5 if count > 0 else 1.0
 
 
-def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: str | Callable[..., float] | None = "gmean") -> Tensor:
+def linear(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: str | Callable[..., float] | None = "gmean"
+) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.linear`.
 
     For ``input (..., k)`` and ``weight (n, k)``: output × ``k**-0.5``, input
@@ -137,6 +146,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
 
     Raises:
         UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
@@ -157,12 +167,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
     fan_out, fan_in = weight.shape[0], weight.shape[-1]
     weight_grad_scale = _inv_sqrt(input.numel() / fan_in)
     output_scale, grad_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
-    # The output's backward scale reaches both input and weight; undo it for the weight.
-    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
-    out = scale(_F.linear(input, weight), output_scale, grad_scale)
+    # Scale the weight (usually smaller than the output) in the forward pass; its forward
+    # scale also reaches the input gradient, so the input only needs the remaining factor.
+    weight = scale(weight, output_scale, weight_grad_scale)
+    input = scale(input, 1.0, grad_scale / output_scale)
     if bias is not None:
-        out = out + scale(bias, 1.0, weight_grad_scale)
-    return out
+        bias = scale(bias, 1.0, weight_grad_scale)
+    return _F.linear(input, weight, bias)
 
 
 def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
@@ -178,10 +189,10 @@ def matmul(input: Tensor, other: Tensor, constraint: str | Callable[..., float] 
     """Unit-scaled :func:`torch.matmul`.
 
     For ``(m, k) @ (k, n)`` (with any batch dims): output × ``k**-0.5``; each
-    operand's gradient × (number of terms summed into it)``**-0.5`` (``n`` for
-    ``input``, ``m`` × broadcast batch for ``other``). The constraint reconciles
-    all three, since either operand may be an activation (use :func:`linear` for
-    weights).
+    operand's gradient × ``count**-0.5``, where ``count`` is the number of terms
+    summed into each of its elements (``n`` for ``input``; ``m`` times the
+    broadcast batch for ``other``). The constraint reconciles all three, since
+    either operand may be an activation (use :func:`linear` for weights).
 
     Args:
         input: left operand.
@@ -193,6 +204,7 @@ def matmul(input: Tensor, other: Tensor, constraint: str | Callable[..., float] 
 
     Raises:
         UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
@@ -207,8 +219,10 @@ def matmul(input: Tensor, other: Tensor, constraint: str | Callable[..., float] 
         _inv_sqrt(out_numel * inner / input.numel()),
         _inv_sqrt(out_numel * inner / other.numel()),
     )
-    other = scale(other, 1.0, right_scale / left_scale)
-    return scale(_torch.matmul(input, other), output_scale, left_scale)
+    # As in linear: the forward scale rides on ``other`` and reaches the gradient of ``input``.
+    other = scale(other, output_scale, right_scale)
+    input = scale(input, 1.0, left_scale / output_scale)
+    return _torch.matmul(input, other)
 
 
 # Std of GELU(x) and of GELU'(x) for x ~ N(0, 1), by quadrature on [-12, 12]
@@ -233,6 +247,7 @@ def gelu(input: Tensor, approximate: str = "none", constraint: str | Callable[..
 
     Raises:
         UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
@@ -244,9 +259,13 @@ def gelu(input: Tensor, approximate: str = "none", constraint: str | Callable[..
 
 
 def softmax(
-    input: Tensor, dim: int, dtype: _torch.dtype | None = None, constraint: str | Callable[..., float] | None = "gmean"
+    input: Tensor,
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: torch.dtype | None = None,
+    constraint: str | Callable[..., float] | None = "gmean",
 ) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.softmax`.
+    """Unit-scaled :func:`torch.nn.functional.softmax` (also the twin of :func:`torch.softmax`).
 
     A softmax over ``n`` elements of ``N(0, 1)`` logits has output std about
     ``1.31 / n`` and input-gradient std about ``1.64 / n`` (for large ``n``), so
@@ -254,7 +273,8 @@ def softmax(
 
     Args:
         input: logits.
-        dim: the dimension to normalise over.
+        dim: the dimension to normalise over (required, unlike torch's deprecated implicit choice).
+        _stacklevel: ignored; accepted because ``torch.nn.Softmax`` passes it.
         dtype: optional dtype to compute in, as in torch.
         constraint: a name from ``unitscale.constraints``, a callable, or ``None``.
 
@@ -262,19 +282,28 @@ def softmax(
         ``softmax(input, dim)``, scaled.
 
     Raises:
+        InputError: ``dim`` is ``None``.
         UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
     >>> round(softmax(torch.randn(1000, 64), dim=-1, constraint=None).std().item(), 1)
     1.0
     """
+    if dim is None:
+        raise _errors.InputError("softmax: dim=None; pass the dimension to normalise over, e.g. dim=-1")
+    if isinstance(_stacklevel, _torch.dtype):  # torch.softmax(input, dim, dtype) passes dtype third
+        dtype = _stacklevel
     output_scale, grad_scale = _constrain(constraint, *_stats.softmax_scales(input.shape[dim]))
     return scale(_F.softmax(input, dim, dtype=dtype), output_scale, grad_scale)
 
 
 def add(
-    input: Tensor | float, other: Tensor | float, alpha: float = 1, constraint: str | Callable[..., float] | None = "gmean"
+    input: Tensor | float,
+    other: Tensor | float,
+    alpha: float = 1,
+    constraint: str | Callable[..., float] | None = "gmean",
 ) -> Tensor:
     """Unit-scaled :func:`torch.add`: ``input + alpha * other``.
 
@@ -296,6 +325,7 @@ def add(
 
     Raises:
         UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
@@ -308,7 +338,7 @@ def add(
     if not (isinstance(input, _torch.Tensor) and isinstance(other, _torch.Tensor)) or not (
         input.is_floating_point() or other.is_floating_point()
     ):
-        return input + other if alpha == 1 else input + alpha * other  # type: ignore[return-value,operator]
+        return input + other if alpha == 1 else input + alpha * other  # type: ignore[return-value]
     output_scale, grad_scale, _ = _constrain(constraint, (1 + alpha**2) ** -0.5, 1.0, 1.0)
     # A broadcast operand's gradient sums over the broadcast elements.
     out_numel = _math.prod(_torch.broadcast_shapes(input.shape, other.shape))
@@ -384,7 +414,7 @@ def residual_add(residual: Tensor, skip: Tensor, tau: float = 0.5) -> Tensor:
 
 def layer_norm(
     input: Tensor,
-    normalized_shape: list[int] | tuple[int, ...] | _torch.Size,
+    normalized_shape: list[int] | tuple[int, ...] | torch.Size,
     weight: Tensor | None = None,
     bias: Tensor | None = None,
     eps: float = 1e-5,
@@ -591,6 +621,7 @@ def scaled_dot_product_attention(
     Raises:
         InputError: ``dropout_p`` is not in ``[0, 1)``.
         UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
@@ -619,7 +650,14 @@ def scaled_dot_product_attention(
     query = _scale(query, 1.0, query_scale / value_scale)
     key = _scale(key, 1.0, key_scale / value_scale)
     out = _F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
     )
     return _scale(out, output_scale, value_scale)
 

@@ -26,8 +26,6 @@ from unitscale.functional import _check_p, _check_tau
 
 __all__ = ["Linear", "GELU", "Softmax", "LayerNorm", "Embedding", "Dropout", "MLP", "MHSA", "TransformerLayer"]
 
-ConstraintArg = str | Callable[..., float] | None
-
 
 class Linear(nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)``, no bias by default.
@@ -47,7 +45,13 @@ class Linear(nn.Linear):
     1.0
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, constraint: ConstraintArg = "gmean") -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        constraint: str | Callable[..., float] | None = "gmean",
+    ) -> None:
         resolve_constraint(constraint)
         self.constraint = constraint
         super().__init__(in_features, out_features, bias=bias)
@@ -77,7 +81,7 @@ class GELU(nn.GELU):
     1.0
     """
 
-    def __init__(self, approximate: str = "none", constraint: ConstraintArg = "gmean") -> None:
+    def __init__(self, approximate: str = "none", constraint: str | Callable[..., float] | None = "gmean") -> None:
         resolve_constraint(constraint)
         super().__init__(approximate=approximate)
         self.constraint = constraint
@@ -104,7 +108,7 @@ class Softmax(nn.Softmax):
 
     dim: int
 
-    def __init__(self, dim: int, constraint: ConstraintArg = "gmean") -> None:
+    def __init__(self, dim: int, constraint: str | Callable[..., float] | None = "gmean") -> None:
         resolve_constraint(constraint)
         super().__init__(dim=dim)
         self.constraint = constraint
@@ -129,7 +133,11 @@ class LayerNorm(nn.LayerNorm):
     """
 
     def __init__(
-        self, normalized_shape: int | list[int] | tuple[int, ...], eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True
+        self,
+        normalized_shape: int | list[int] | tuple[int, ...],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
     ) -> None:
         super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias)
 
@@ -197,7 +205,9 @@ class MLP(nn.Module):
     1.0
     """
 
-    def __init__(self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = "gmean") -> None:
+    def __init__(
+        self, hidden_size: int, expansion_factor: int = 4, constraint: str | Callable[..., float] | None = "gmean"
+    ) -> None:
         super().__init__()
         inner = expansion_factor * hidden_size
         self.linear_1 = Linear(hidden_size, inner, constraint=constraint)
@@ -241,11 +251,18 @@ class MHSA(nn.Module):
     """
 
     def __init__(
-        self, hidden_size: int, heads: int, is_causal: bool = False, dropout_p: float = 0.0, constraint: ConstraintArg = "gmean"
+        self,
+        hidden_size: int,
+        heads: int,
+        is_causal: bool = False,
+        dropout_p: float = 0.0,
+        constraint: str | Callable[..., float] | None = "gmean",
     ) -> None:
         super().__init__()
         if heads < 1 or hidden_size % heads:
-            raise InputError(f"MHSA: hidden_size={hidden_size} is not divisible by heads={heads}; pick heads dividing hidden_size")
+            raise InputError(
+                f"MHSA: hidden_size={hidden_size} is not divisible by heads={heads}; pick heads dividing hidden_size"
+            )
         if _check_p("MHSA", dropout_p, "dropout_p") == 1:
             raise InputError("MHSA: dropout_p=1 drops every attention weight; pass a value below 1")
         resolve_constraint(constraint)
@@ -304,7 +321,7 @@ class TransformerLayer(nn.Module):
         dropout_p: float = 0.0,
         attn_tau: float = 0.01,
         mlp_tau: float = 0.5,
-        constraint: ConstraintArg = "gmean",
+        constraint: str | Callable[..., float] | None = "gmean",
     ) -> None:
         super().__init__()
         self.attn_tau = _check_tau("TransformerLayer", attn_tau, "attn_tau")

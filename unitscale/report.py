@@ -133,7 +133,8 @@ class ScaleReport:
             for row in self.rows:
                 if row.node == key:
                     return row
-            raise KeyError(f"no tensor named {key!r} in this report; names: {', '.join(r.node for r in self.rows)}")
+            names = ", ".join(r.node for r in self.rows[:8]) + (", ..." if len(self.rows) > 8 else "")
+            raise KeyError(f"no tensor named {key!r} in this report; its names are {names}")
         return self.rows[key]
 
     def __repr__(self) -> str:
@@ -158,9 +159,10 @@ class ScaleReport:
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
         """Plot ``log2`` of each tensor's forward and backward std, over format ranges.
 
-        Each format in ``formats`` is drawn as a horizontal band from its smallest
-        subnormal to its largest normal value (see :data:`FORMAT_RANGES`); a point
-        outside a band would underflow or overflow in that format.
+        Each format in ``formats`` is drawn as dashed lines at its smallest subnormal
+        and largest normal value (see :data:`FORMAT_RANGES`), with the magnitudes
+        outside that window shaded: a point in a shaded band would underflow or
+        overflow in that format. Parameters are hollow markers.
 
         Args:
             ax: axes to draw on (default: a new figure).
@@ -177,7 +179,7 @@ class ScaleReport:
         import matplotlib.pyplot as plt
 
         if ax is None:
-            fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(self.rows) + 3), 4.5))
+            fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(self.rows) + 5), 4.5))
         else:
             fig = ax.figure
         x = list(range(len(self.rows)))
@@ -187,25 +189,44 @@ class ScaleReport:
 
         fwd = log2([r.forward for r in self.rows])
         bwd = log2([r.backward for r in self.rows])
-        ax.plot(x, fwd, "o-", ms=3, lw=1, label="forward", color="C0")
-        ax.plot(x, bwd, "s-", ms=3, lw=1, label="backward", color="C3")
+        # Activations are joined by lines (the path through the model); parameters are
+        # hollow markers off that path.
+        is_param = [r.op in ("parameter", "buffer") for r in self.rows]
+        for values, colour, marker, label in ((fwd, "C0", "o", "forward"), (bwd, "C3", "s", "backward")):
+            path = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if not p]
+            params = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if p]
+            ax.plot([i for i, _ in path], [v for _, v in path], marker=marker, ms=3, lw=1, color=colour, label=label)
+            if params:
+                ax.plot(
+                    [i for i, _ in params],
+                    [v for _, v in params],
+                    ls="none",
+                    marker=marker,
+                    ms=4,
+                    mfc="none",
+                    color=colour,
+                    alpha=0.6,
+                )
         seen = [v for v in fwd + bwd if not math.isnan(v)] or [0.0]
-        lo, hi = min(min(seen), -10.0) - 2, max(max(seen), 10.0) + 2
-        colours = {"BF16": "0.85", "FP16": "C2", "FP8 E5M2": "C1", "FP8 E4M3": "C4"}
+        lo, hi = min(min(seen), -25.0) - 1, max(max(seen), 17.0) + 1  # FP8 and FP16 in view
+        colours = {"BF16": "0.5", "FP16": "C2", "FP8 E5M2": "C1", "FP8 E4M3": "C4"}
         for name in formats:
+            colour = colours.get(name, "0.5")
             low, high = (math.log2(v) for v in FORMAT_RANGES[name])
-            ax.axhspan(low, high, color=colours.get(name, "0.7"), alpha=0.12, lw=0)
+            # Shade below the smallest subnormal (underflow) and above the largest normal
+            # (overflow); the window between stays clear.
+            ax.axhspan(-1e4, low, color=colour, alpha=0.08, lw=0)
+            ax.axhspan(high, 1e4, color=colour, alpha=0.08, lw=0)
             for edge in (low, high):
                 if lo <= edge <= hi:
-                    ax.axhline(edge, color=colours.get(name, "0.7"), lw=0.8, ls="--")
-            label = f"{name} [2^{low:.0f}, 2^{high:.1f}]"
-            ax.plot([], [], color=colours.get(name, "0.7"), lw=6, alpha=0.4, label=label)
+                    ax.axhline(edge, color=colour, lw=1, ls="--")
+            ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range [2^{low:.0f}, 2^{high:.1f}]")
         ax.set_ylim(lo, hi)
         ax.set_xlim(-0.5, max(len(x), 1) - 0.5)
         ticks = x if len(x) <= 40 else x[:: math.ceil(len(x) / 40)]
         ax.set_xticks(ticks, [self.rows[i].node for i in ticks], rotation=90, fontsize=7)
         ax.set_ylabel("log2(std)")
         ax.set_title(f"Scales through {self.model} (forward and backward)")
-        ax.legend(fontsize=7, loc="best", ncols=2)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         fig.tight_layout()
         return fig

@@ -104,8 +104,9 @@ def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
         t = t.float()
     if n == 1:
         return torch.zeros((), dtype=t.dtype, device=t.device)
-    # Two passes (mean, then the norm of the deviations) are exact for constant tensors
-    # and several times faster than torch.std's Welford kernel on CPU.
+    # Two passes (mean, then the norm of the deviations) stay accurate when the mean
+    # dwarfs the std, unlike a one-pass sum of squares, and are about 3x faster than
+    # torch.std's Welford kernel on CPU.
     return torch.linalg.vector_norm(t - t.mean()) / math.sqrt(n - 1)
 
 

@@ -40,7 +40,7 @@ from unitscale.errors import CostError, InputError, StageCountError
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["partition", "StagePlan", "StageReport", "run_pipeline", "PipelineResult", "bubble_fraction"]
+__all__ = ["partition", "StagePlan", "StageReport", "StageRow", "run_pipeline", "PipelineResult", "bubble_fraction"]
 
 METHODS = ("optimal", "equal_count", "greedy_threshold")
 
@@ -56,7 +56,13 @@ def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
 
 @dataclass
 class StageRow:
-    """One stage of a :class:`StageReport`."""
+    """One stage of a :class:`StageReport`: its size, cost, parameters and what it sends on.
+
+    ``sends`` lists ``(node name, shape, bytes)`` for each tensor passed to the next stage.
+
+    >>> StageRow(0, 3, "fc1", "fc2", 10.0, 0.5, 76, [("fc2", (2, 4), 32)]).bytes_out
+    32
+    """
 
     stage: int
     nodes: int
@@ -75,7 +81,16 @@ class StageRow:
 
 @dataclass
 class StageReport:
-    """Per-stage summary of a :class:`StagePlan`; ``str()`` gives a table."""
+    """Per-stage summary of a :class:`StagePlan` (from :meth:`StagePlan.report`); ``str()`` gives a table.
+
+    >>> import torch
+    >>> from unitscale.models import MLP
+    >>> print(partition(MLP(4, 8), 2, torch.randn(2, 4)).report(num_microbatches=2))
+    stage nodes    cost (params)  share    params  sends
+        0     2               40  52.6%        40  act[2, 8] (64 B)
+        1     1               36  47.4%        36  -
+    bubble with 2 microbatches: (p-1)/(m+p-1) = 1/3 = 0.333
+    """
 
     rows: list[StageRow]
     cost: str
@@ -89,8 +104,8 @@ class StageReport:
             sends = ", ".join(f"{n}{list(shape)}" for n, shape, _ in r.sends) or "-"
             sent = f" ({r.bytes_out:,} B)" if r.sends else ""
             lines.append(f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  {sends}{sent}")
-        p = len(self.rows)
-        lines.append(f"bubble with {self.num_microbatches} microbatches: (p-1)/(m+p-1) = {p - 1}/{self.num_microbatches + p - 1} = {self.bubble:.3f}")
+        p, m = len(self.rows), self.num_microbatches
+        lines.append(f"bubble with {m} microbatches: (p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {self.bubble:.3f}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -113,6 +128,9 @@ class StagePlan:
         assignment: node name -> stage index (contiguous, starting at 0).
         stage_costs: total cost of each stage.
         bounds: node-index bounds, stage ``s`` holds ``node_costs[bounds[s]:bounds[s + 1]]``.
+        pieces: node-index bounds of the pieces between the places a cut is allowed
+            (every node is a piece unless ``boundary_depth`` or a non-tensor value
+            joins neighbours); ``bounds`` is a subsequence of ``pieces``.
     """
 
     def __init__(
@@ -122,13 +140,17 @@ class StagePlan:
         bounds: list[int],
         cost: str,
         example_inputs: tuple[Any, ...],
+        pieces: list[int] | None = None,
     ) -> None:
         self.module = module
+        self.pieces = pieces if pieces is not None else list(range(len(node_costs) + 1))
         self.node_costs = node_costs
         self.bounds = bounds
         self.cost = cost
         self.num_stages = len(bounds) - 1
-        self.assignment = {name: s for s, (a, b) in enumerate(itertools.pairwise(bounds)) for name, _ in node_costs[a:b]}
+        self.assignment = {
+            name: s for s, (a, b) in enumerate(itertools.pairwise(bounds)) for name, _ in node_costs[a:b]
+        }
         self.stage_costs = _partition.stage_sums([c for _, c in node_costs], bounds)
         self._example_inputs = example_inputs
 
@@ -209,7 +231,10 @@ class StagePlan:
         reference = outputs[0]
         return all(
             len(out) == len(reference)
-            and all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(out, reference, strict=True))
+            and all(
+                torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                for a, b in zip(out, reference, strict=True)
+            )
             for out in outputs[1:]
         )
 
@@ -230,7 +255,10 @@ class StagePlan:
             a, b = self.bounds[s], self.bounds[s + 1]
             sends = []
             if s < self.num_stages - 1:
-                sends = [(v.name, _meta_shapes(v.meta.get("tensor_meta")), output_bytes(v.meta.get("tensor_meta"))) for v in live[s]]
+                sends = [
+                    (v.name, _meta_shapes(v.meta.get("tensor_meta")), output_bytes(v.meta.get("tensor_meta")))
+                    for v in live[s]
+                ]
             rows.append(
                 StageRow(
                     stage=s,
@@ -363,11 +391,17 @@ def partition(
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
         raise StageCountError(f"num_stages={num_stages!r} must be an int >= 1")
     if not callable(cost) and cost not in COST_MODELS:
-        raise CostError(f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float")
+        raise CostError(
+            f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float"
+        )
     if method not in METHODS:
         raise CostError(f"unknown method {method!r}; use one of {', '.join(map(repr, METHODS))}")
-    if boundary_depth is not None and (isinstance(boundary_depth, bool) or not isinstance(boundary_depth, int) or boundary_depth < 1):
-        raise StageCountError(f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)")
+    if boundary_depth is not None and (
+        isinstance(boundary_depth, bool) or not isinstance(boundary_depth, int) or boundary_depth < 1
+    ):
+        raise StageCountError(
+            f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
+        )
     gm = trace_for_stages(module)
     inputs = _as_tuple(example_inputs)
     profiler = run_profiler(gm, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
@@ -394,4 +428,6 @@ def partition(
         chosen = _partition.greedy_threshold_bounds(unit_costs, num_stages)
     bounds = [unit_bounds[i] for i in chosen]
     cost_name = cost if isinstance(cost, str) else "callable"
-    return StagePlan(gm, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs)
+    return StagePlan(
+        gm, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs, unit_bounds
+    )

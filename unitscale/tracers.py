@@ -227,9 +227,6 @@ class DeepTracer(_Tracer):
         return super().trace(root, concrete_args)
 
 
-LeafPredicate = Callable[[nn.Module, str], "bool | None"]
-
-
 class LeafTracer(_Tracer):
     """A tracer where the caller chooses which modules are leaves.
 
@@ -271,7 +268,7 @@ class LeafTracer(_Tracer):
         *args: Any,
         leaf_types: tuple[type[nn.Module], ...] = (),
         trace_types: tuple[type[nn.Module], ...] = (),
-        is_leaf: LeafPredicate | None = None,
+        is_leaf: Callable[[nn.Module, str], bool | None] | None = None,
         **kwargs: Any,
     ) -> None:
         for arg_name, types_ in (("leaf_types", leaf_types), ("trace_types", trace_types)):

@@ -65,7 +65,9 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"apply_transform: expected an nn.Module, got {type(module).__name__}")
     if not callable(transform):
-        raise NotAModuleError(f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}")
+        raise NotAModuleError(
+            f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
+        )
     if isinstance(module, TransformedModule):
         return TransformedModule.wrap(module.module, (*module.transforms, transform))
     return TransformedModule.wrap(module, (transform,))
@@ -75,10 +77,14 @@ def _check_replace(replace: Any) -> dict[Any, Callable[..., Any]]:
     if replace is None:
         return {}
     if not isinstance(replace, Mapping):
-        raise ReplaceMapError(f"unit_scale: replace must be a mapping (torch function -> replacement), got {type(replace).__name__}")
+        raise ReplaceMapError(
+            f"unit_scale: replace must be a mapping (torch function -> replacement), got {type(replace).__name__}"
+        )
     for key, value in replace.items():
         if not callable(key):
-            raise ReplaceMapError(f"unit_scale: replace key {key!r} is not callable; keys are the torch functions to replace")
+            raise ReplaceMapError(
+                f"unit_scale: replace key {key!r} is not callable; keys are the torch functions to replace"
+            )
         if not callable(value):
             raise ReplaceMapError(
                 f"unit_scale: replace[{getattr(key, '__name__', key)!r}] = {value!r} is not callable; "
@@ -87,7 +93,9 @@ def _check_replace(replace: Any) -> dict[Any, Callable[..., Any]]:
     return dict(replace)
 
 
-def unit_scale(module: nn.Module, replace: Mapping[Any, Callable[..., Any]] | None = None, strict: bool = False) -> TransformedModule:
+def unit_scale(
+    module: nn.Module, replace: Mapping[Any, Callable[..., Any]] | None = None, strict: bool = False
+) -> TransformedModule:
     """Unit-scale a model: swap every torch op for its unit-scaled twin, as a TorchDynamo backend.
 
     On the first call the forward is captured with TorchDynamo, whether the model is

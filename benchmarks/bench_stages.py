@@ -1,0 +1,164 @@
+"""Pipeline-stage balance: the exact min-max split against the usual heuristics.
+
+1. Model zoo (TinyGPT at several depths, ResNet-18, an MLP with uneven widths), N = 2, 4, 8
+   stages, FLOPs per node, cuts at module boundaries: the bottleneck (largest stage) of equal
+   layer counts and of a greedy size-threshold split, as ratios to the optimum that
+   ``unitscale.partition`` finds (1.000 by definition).
+2. Random instances (log-normal costs): mean and worst ratio to the optimum of equal counts,
+   greedy threshold, block partition (local search, torchgpipe style) and max-min DP.
+3. Time to partition a 20,000-node graph: the search alone, and ``partition()`` end to end
+   (trace, shape propagation, costs, search).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import fx, nn
+
+from unitscale import _partition as P
+from unitscale import partition
+from unitscale.models import TinyGPT, resnet18
+
+Heuristic = Callable[[Sequence[float], int], list[int]]
+
+HEURISTICS: dict[str, Heuristic] = {
+    "equal count": lambda c, k: P.equal_count_bounds(len(c), k),
+    "greedy threshold": P.greedy_threshold_bounds,
+    "block partition": P.block_partition_bounds,
+    "max-min DP": P.max_min_bounds,
+}
+
+
+def _uneven_mlp() -> nn.Sequential:
+    widths = [32, 512, 16, 256, 64, 1024, 8, 128, 32]
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def _zoo(quick: bool) -> list[tuple[str, nn.Module, torch.Tensor, int | None]]:
+    torch.manual_seed(0)
+    depths = (6,) if quick else (2, 6, 12, 24)
+    zoo: list[tuple[str, nn.Module, torch.Tensor, int | None]] = [
+        (
+            f"TinyGPT-{n}",
+            TinyGPT(vocab_size=64, d_model=64, n_layers=n, n_heads=4, seq_len=32),
+            torch.randint(0, 64, (4, 32)),
+            2,
+        )
+        for n in depths
+    ]
+    zoo.append(("ResNet-18 (w=16)", resnet18(num_classes=10, width=16), torch.randn(4, 3, 32, 32), 2))
+    zoo.append(("MLP (uneven)", _uneven_mlp(), torch.randn(4, 32), 1))
+    return zoo
+
+
+def _ratios(costs: Sequence[float], k: int) -> dict[str, float]:
+    best = P.bottleneck(costs, P.optimal_bounds(costs, k))
+    row = {"ours": 1.0}
+    for label, heuristic in HEURISTICS.items():
+        row[label] = P.bottleneck(costs, heuristic(costs, k)) / best
+    return row
+
+
+def model_zoo(quick: bool) -> list[dict]:
+    """Bottleneck ratios to the optimum on real models (FLOPs per node, module-boundary cuts)."""
+    rows = []
+    for name, model, x, depth in _zoo(quick):
+        plan = partition(model, 1, x, cost="flops", boundary_depth=depth)
+        pieces = P.stage_sums([c for _, c in plan.node_costs], plan.pieces)
+        for k in (2, 4, 8):
+            if k <= len(pieces):
+                rows.append(
+                    {"benchmark": "model zoo (FLOPs)", "case": f"{name}, {len(pieces)} pieces", "N": k}
+                    | _ratios(pieces, k)
+                )
+    return rows
+
+
+def random_instances(quick: bool) -> list[dict]:
+    """Mean and worst ratio to the optimum of each heuristic on random log-normal chains."""
+    rng = random.Random(0)
+    count = 300 if quick else 2000
+    samples = []
+    for _ in range(count):
+        n, k = rng.randint(16, 48), rng.choice((2, 4, 8))
+        samples.append(_ratios([rng.lognormvariate(0.0, 1.0) for _ in range(n)], k))
+    case = f"{count} chains, n=16..48"
+    return [
+        {"benchmark": "random chains, mean", "case": case, "N": "2/4/8"}
+        | {label: statistics.fmean(r[label] for r in samples) for label in samples[0]},
+        {"benchmark": "random chains, worst", "case": case, "N": "2/4/8"}
+        | {label: max(r[label] for r in samples) for label in samples[0]},
+    ]
+
+
+class _Chain(nn.Module):
+    """``n`` alternating adds and multiplies: a graph of ``n`` compute nodes."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.n):
+            x = x + 1.0 if i % 2 else x * 0.5
+        return x
+
+
+def _name_cost(node: fx.Node) -> float:
+    return float(len(node.name) % 7 + 1)
+
+
+def large_graph(quick: bool) -> list[dict]:
+    """Seconds to partition a 20,000-node graph (search only, and end to end)."""
+    n = 20_000
+    rng = random.Random(0)
+    costs = [rng.lognormvariate(0.0, 1.0) for _ in range(n)]
+    rows = []
+    for k in (2, 8, 64):
+        start = time.perf_counter()
+        P.optimal_bounds(costs, k)
+        rows.append(
+            {"benchmark": "20,000-node graph", "case": "search only", "N": k, "seconds": time.perf_counter() - start}
+        )
+    start = time.perf_counter()
+    partition(_Chain(n), 8, torch.randn(2), cost=_name_cost)
+    seconds = time.perf_counter() - start
+    rows.append({"benchmark": "20,000-node graph", "case": "partition() end to end", "N": 8, "seconds": seconds})
+    return rows
+
+
+def _table(rows: list[dict], title: str) -> None:
+    print(f"\n{title}")
+    keys = list(rows[0])
+    widths = {
+        k: max(len(k), *(len(f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k])) for r in rows)) for k in keys
+    }
+    print("  ".join(f"{k:>{widths[k]}}" for k in keys))
+    for row in rows:
+        cells = [f"{row[k]:>{widths[k]}.3f}" if isinstance(row[k], float) else f"{row[k]!s:>{widths[k]}}" for k in keys]
+        print("  ".join(cells))
+
+
+def main(quick: bool = False) -> list[dict]:
+    """Run the three parts, print a table for each, and return all rows."""
+    torch.set_num_threads(2)
+    zoo = model_zoo(quick)
+    _table(zoo, "Bottleneck / optimal bottleneck on a model zoo (FLOPs per node, module-boundary cuts)")
+    rand = random_instances(quick)
+    _table(rand, "Bottleneck / optimal bottleneck on random log-normal chains (mean and worst)")
+    big = large_graph(quick)
+    _table(big, "Seconds to partition a 20,000-node graph")
+    return zoo + rand + big
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)

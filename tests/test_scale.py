@@ -1,0 +1,122 @@
+"""ScalePair printing, std recording on the device, ScaleTracker, format ranges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unitscale import ScalePair, ScaleTracker
+from unitscale.report import FORMAT_RANGES, format_range
+from unitscale.scale import ScaleRecord, read_records, tensor_abs_max, tensor_std
+
+
+@pytest.mark.parametrize(
+    ("pair", "text"),
+    [
+        (ScalePair(1.0, 0.23649), "(-> 1.0, <- 0.236)"),
+        (ScalePair(0.5776, 0.2041), "(-> 0.578, <- 0.204)"),
+        (ScalePair(123456.0, 1.5e-7), "(-> 123000.0, <- 1.5e-07)"),
+        (ScalePair(None, 2.0), "(-> n/a, <- 2.0)"),
+        (ScalePair(), "(-> n/a, <- n/a)"),
+        (ScalePair(math.inf, math.nan), "(-> inf, <- nan)"),
+    ],
+)
+def test_scale_pair_prints_three_significant_digits_and_na(pair: ScalePair, text: str) -> None:
+    assert repr(pair) == text
+    assert str(pair) == text
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    scale=st.floats(1e-3, 1e3),
+    shift=st.floats(-10, 10),
+    seed=st.integers(0, 2**16),
+)
+def test_tensor_std_matches_torch_std(shape: list[int], scale: float, shift: float, seed: int) -> None:
+    torch.manual_seed(seed)
+    x = torch.randn(shape, dtype=torch.float64) * scale + shift
+    got = tensor_std(x)
+    if x.numel() == 1:
+        assert got is not None and got.item() == 0.0
+    else:
+        assert got is not None
+        torch.testing.assert_close(got, torch.std(x), rtol=1e-9, atol=1e-12)
+
+
+def test_tensor_std_stays_accurate_when_the_mean_dwarfs_the_std() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(100_000) * 1e-3 + 1e3  # a sum of squares would lose every digit here
+    got = tensor_std(x)
+    assert got is not None
+    assert got.item() == pytest.approx(torch.std(x.double()).item(), rel=1e-2)
+    assert tensor_std(torch.full((1000,), 3.7)).item() < 1e-6
+
+
+def test_tensor_std_of_empty_is_none_and_of_one_element_is_zero() -> None:
+    assert tensor_std(torch.empty(0, 3)) is None
+    assert tensor_abs_max(torch.empty(0)) is None
+    assert tensor_std(torch.tensor([[2.5]])).item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_std_of_low_precision_is_computed_in_float32(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    x = (torch.randn(4096) * 300).to(dtype)  # squares overflow float16
+    got = tensor_std(x)
+    assert got is not None and got.dtype == torch.float32
+    torch.testing.assert_close(got, x.float().std())
+
+
+def test_tensor_abs_max_is_the_largest_magnitude() -> None:
+    assert tensor_abs_max(torch.tensor([1.0, -7.0, 3.0])).item() == 7.0
+
+
+def test_scale_tracker_records_forward_and_gradient_std() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 8, requires_grad=True)
+    record = ScaleRecord()
+    y = ScaleTracker.apply(x, record)
+    grad = torch.randn(64, 8) * 3
+    y.backward(grad)
+    forward, backward, _ = read_records([record])[0]
+    assert forward == pytest.approx(x.std().item(), rel=1e-6)
+    assert backward == pytest.approx(grad.std().item(), rel=1e-6)
+    torch.testing.assert_close(x.grad, grad)  # identity in both directions
+
+
+def test_read_records_reads_every_value_with_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    records = []
+    for i in range(5):
+        r = ScaleRecord()
+        r.record_forward(torch.arange(4.0) * i, abs_max=True)
+        r.record_backward(torch.arange(3.0, dtype=torch.float64))
+        records.append(r)
+    expected = 2 * torch.arange(4.0).std().item()
+    calls = []
+    original = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or original(self))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("item() syncs once per tensor"))
+    values = read_records(records)
+    assert len(calls) == 2  # one per (device, dtype): float32 forward stds, float64 grads
+    assert values[2] == (pytest.approx(expected), 1.0, 6.0)
+
+
+def test_format_ranges_match_torch_finfo() -> None:
+    for name, dtype in [
+        ("FP16", torch.float16),
+        ("BF16", torch.bfloat16),
+        ("FP8 E4M3", torch.float8_e4m3fn),
+        ("FP8 E5M2", torch.float8_e5m2),
+    ]:
+        info = torch.finfo(dtype)
+        low, high = FORMAT_RANGES[name]
+        assert high == info.max
+        mantissa_bits = round(-math.log2(info.eps))
+        assert low == info.smallest_normal * 2.0**-mantissa_bits
+    assert format_range(4, 3, ieee=False) == (2.0**-9, 448.0)
+    assert format_range(5, 2) == (2.0**-16, 57344.0)
