@@ -31,6 +31,7 @@ extensions = [
     # ours, in docs/_ext
     "api_reference",
     "notebook_download",
+    "page_dependencies",
 ]
 
 templates_path = ["docs/_templates"]
@@ -62,6 +63,10 @@ nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 nb_execution_timeout = 300
 nb_merge_streams = True
+nb_render_markdown_format = "myst"  # Markdown outputs (the Benchmarks page's tables) get tables
+# The Benchmarks page runs benchmarks/bench_*.py: re-read (and, by its front matter, re-run) it
+# when they change, so its numbers are never the cached numbers of older scripts.
+page_dependencies = {"docs/benchmarks": ["benchmarks/bench_*.py"]}
 
 # API reference: docs/api.md lists every name in `unitscale.__all__` (api_reference extension).
 autosummary_generate = True
@@ -74,19 +79,30 @@ napoleon_numpy_docstring = False
 # Every reference must resolve. Objects of other packages cannot (no intersphinx: no network),
 # so those, and only those, are ignored.
 nitpicky = True
-_external = r"(_?torch|nn|fx|F|numpy|np|matplotlib|einops|pygments|typing|typing_extensions|collections|types|enum|abc|dataclasses|pathlib|functools|contextlib|builtins|fractions|numbers|os)(\..+)?"
-# resnet18's return type, a class unitscale.models does not list in its __all__ (the lead's file).
-nitpick_ignore = [("py:class", "unitscale.models.ResNet")]
-_builtin = r"(int|float|complex|str|bytes|bool|None|NoneType|object|type|tuple|list|dict|set|frozenset|slice|range|Ellipsis|callable|Callable|Any|Sequence|Mapping|Iterable|Iterator|Optional|Union|Literal|any|Argument|Target|Exception|ValueError|TypeError|RuntimeError|KeyError|IndexError|LookupError|NotImplementedError|AttributeError|optional|Tensor|Module|GraphModule|Node|Graph|Figure|Axes|T|(.*\.)?T_destination)"
+_external_packages = [
+    "_?torch", "nn", "fx", "F", "numpy", "np", "matplotlib", "einops", "pygments",
+    "typing", "typing_extensions", "collections", "types", "enum", "abc", "dataclasses", "pathlib",
+    "functools", "contextlib", "builtins", "fractions", "numbers", "os",
+]
+# builtins, typing names and the short names docstrings use for torch/matplotlib types
+_external_names = [
+    "int", "float", "complex", "str", "bytes", "bool", "None", "NoneType", "object", "type", "tuple",
+    "list", "dict", "set", "frozenset", "slice", "range", "Ellipsis", "callable", "Callable", "Any",
+    "Sequence", "Mapping", "Iterable", "Iterator", "Optional", "Union", "Literal", "any", "optional",
+    "Exception", "ValueError", "TypeError", "RuntimeError", "KeyError", "IndexError", "LookupError",
+    "NotImplementedError", "AttributeError",
+    "Argument", "Target", "Tensor", "Module", "GraphModule", "Node", "Graph", "Figure", "Axes", "T",
+    r"(.*\.)?T_destination",
+]
 nitpick_ignore_regex = [
-    (r"py:.*", _external),
-    (r"py:.*", _builtin),
+    (r"py:.*", rf"({'|'.join(_external_packages)})(\..+)?"),
+    (r"py:.*", rf"({'|'.join(_external_names)})"),
 ]
 
 # Theme.
 html_theme = "sphinx_book_theme"
 html_title = "unitscale"
-html_favicon = "docs/_static/favicon.svg"  # without one, browsers ask for /favicon.ico and log a 404
+html_static_path = ["docs/_static"]
 html_extra_path = ["docs/_extra"]  # index.html at the site root: a redirect to docs/index.html
 html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
 html_theme_options = {
@@ -100,3 +116,8 @@ html_theme_options = {
 copybutton_selector = 'div[class*="highlight-"]:not(.output) > div.highlight > pre'
 copybutton_prompt_text = r">>> |\.\.\. |\$ "
 copybutton_prompt_is_regexp = True
+
+
+def setup(app):
+    # without an icon, browsers ask for /favicon.ico and log a 404 in the console
+    app.add_css_file("favicon.svg", rel="icon", type="image/svg+xml")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -62,3 +65,16 @@ def test_unknown_schedule_and_unpicklable_loss_are_refused() -> None:
         run_pipeline(plan, torch.randn(2, 4), 1, schedule="zb")
     with pytest.raises(PipelineError, match=r"^loss_fn cannot be pickled for the worker processes"):
         run_pipeline(plan, torch.randn(2, 4), 1, loss_fn=lambda o, t: o.sum(), target=torch.randn(2, 4))
+
+
+def test_loss_defined_in_a_notebook_main_is_refused_with_advice(monkeypatch: pytest.MonkeyPatch) -> None:
+    notebook_main = types.ModuleType("__main__")  # like a Jupyter kernel's: no __file__
+    monkeypatch.setitem(sys.modules, "__main__", notebook_main)
+
+    def my_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (output - target).pow(2).mean()
+
+    my_loss.__module__ = "__main__"
+    plan = partition(MLP(4), 2, torch.randn(2, 4))
+    with pytest.raises(PipelineError, match=r"^loss_fn 'test_loss.*my_loss' is defined in __main__ \(a notebook"):
+        run_pipeline(plan, torch.randn(2, 4), 1, loss_fn=my_loss, target=torch.randn(2, 4))

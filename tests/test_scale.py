@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitscale import ScalePair, ScaleTracker
-from unitscale.report import FORMAT_RANGES, format_range
+from unitscale.report import FORMAT_RANGES
 from unitscale.scale import ScaleRecord, read_records, tensor_abs_max, tensor_std
 
 
@@ -118,5 +118,5 @@ def test_format_ranges_match_torch_finfo() -> None:
         assert high == info.max
         mantissa_bits = round(-math.log2(info.eps))
         assert low == info.smallest_normal * 2.0**-mantissa_bits
-    assert format_range(4, 3, ieee=False) == (2.0**-9, 448.0)
-    assert format_range(5, 2) == (2.0**-16, 57344.0)
+    assert FORMAT_RANGES["FP8 E4M3"] == (2.0**-9, 448.0)
+    assert FORMAT_RANGES["FP8 E5M2"] == (2.0**-16, 57344.0)

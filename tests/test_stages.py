@@ -15,6 +15,7 @@ from torch import fx, nn
 
 from unitscale import StagePlan, partition
 from unitscale._partition import brute_force_bottleneck
+from unitscale._split import live_values
 from unitscale.errors import CostError, InputError, StageCountError, TraceError
 from unitscale.models import MLP, TinyGPT, resnet18
 
@@ -144,6 +145,18 @@ def test_stage_modules_pass_skip_values_through_middle_stages() -> None:
     stages = plan.stage_modules()
     assert [[n.name for n in s.graph.nodes if n.op == "placeholder"] for s in stages] == [["x"], ["x", "a"], ["x", "b"]]
     assert plan.verify(x)
+
+
+def test_cuts_only_ever_send_tensors(gpt: tuple[TinyGPT, torch.Tensor]) -> None:
+    # TinyGPT's attention reads ``x.shape`` into ints; no cut may separate those from their use
+    model, idx = gpt
+    plan = partition(model, 1, idx)
+    most = len(plan.pieces) - 1
+    assert most < len(plan.node_costs)
+    plan = partition(model, most, idx, cost=lambda n: 1.0)
+    live = live_values(plan.module.graph, plan.assignment, plan.num_stages)
+    assert all(issubclass(v.meta["type"], torch.Tensor) for values in live for v in values)
+    assert plan.verify(idx)
 
 
 def test_partition_leaves_the_users_module_untouched() -> None:

@@ -1,6 +1,7 @@
 """unitscale: see and shape what happens inside PyTorch models with torch.fx."""
 
-from unitscale import functional, nn
+from unitscale import functional as functional
+from unitscale import nn as nn
 from unitscale.analysis import ScaleTrackingInterpreter, analyse_module, record_scales, track_scales
 from unitscale.constraints import amean, gmean, hmean, to_grad_input_scale, to_output_scale
 from unitscale.data import MarkovSource

@@ -10,7 +10,7 @@ captures once and runs the unit-scaling transform, then the FP8 one.
 
 The result is a plain ``nn.Module`` whose forward runs the transformed graph: it
 trains eagerly, compiles with ``torch.compile`` and traces with a
-:class:`~unitscale.tracers.DeepTracer` (after one real call, which does the capture).
+:class:`~unitscale.DeepTracer` (after one real call, which does the capture).
 """
 
 from __future__ import annotations

@@ -130,6 +130,20 @@ def _check_args(inputs: tuple[Any, ...], num_microbatches: int, schedule: str, n
             )
 
 
+def _check_importable(what: str, value: Any) -> None:
+    """Workers import ``__main__`` only when it is a file; a notebook's or ``-c``'s objects cannot travel."""
+    import sys
+
+    owner = value if callable(value) and not isinstance(value, torch.nn.Module) else type(value)
+    main = sys.modules.get("__main__")
+    if getattr(owner, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise PipelineError(
+            f"{what} {getattr(owner, '__qualname__', owner)!r} is defined in __main__ (a notebook or python -c), "
+            "which the worker processes cannot import; define it in a module, or use a torch loss such as "
+            "nn.CrossEntropyLoss()"
+        )
+
+
 def _pickled(what: str, value: Any) -> bytes:
     try:
         return pickle.dumps(value)
@@ -229,6 +243,11 @@ def run_pipeline(
     the pipeline (gradients scaled by ``1 / num_microbatches``, which matches a
     mean-reduced loss over the whole batch).
 
+    Workers start from a ``forkserver``: it works from a notebook, and a script
+    must guard its top level with ``if __name__ == "__main__":`` (as for any
+    ``multiprocessing`` code). A ``loss_fn`` must be importable by the workers: a
+    torch loss module, or a function in a module (not one defined in a notebook).
+
     Args:
         plan: the :class:`~unitscale.StagePlan` (its :meth:`~unitscale.StagePlan.stage_modules` are run).
         inputs: a tensor or tuple of tensors, the model's inputs.
@@ -262,6 +281,8 @@ def run_pipeline(
     _check_args(args, num_microbatches, schedule, plan.num_stages)
     if (loss_fn is None) != (target is None):
         raise InputError("pass both loss_fn and target for a training step, or neither for a forward pass")
+    if loss_fn is not None:
+        _check_importable("loss_fn", loss_fn)
     stages = plan.stage_modules()
     world = len(stages)
     job = {"schedule": schedule, "num_microbatches": num_microbatches, "loss_fn": loss_fn, "target": None, "inputs": ()}

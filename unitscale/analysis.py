@@ -1,10 +1,10 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
-The model is traced with a :class:`~unitscale.tracers.DeepTracer` that also records
+The model is traced with a :class:`~unitscale.DeepTracer` that also records
 module paths, run by a :class:`ScaleTrackingInterpreter` that records every
 floating-point node output, and backpropagated once. Stds stay on the device until one
 read at the end. When ``torch.fx`` cannot trace the model (data-dependent control flow)
-the ops are recorded as they run instead (:mod:`unitscale.op_capture`).
+the ops are recorded as they run instead (``unitscale.op_capture``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         graph: the graph to run (default: ``module.graph``).
         abs_max: also record each tensor's largest magnitude.
 
-    After :meth:`run`, ``captured`` holds the rows, records, leaves and hooks; call
+    After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
     ``captured.remove_hooks()`` after the backward pass.
 
     >>> from unitscale.models import MLP
@@ -82,8 +82,9 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return out
         if n.op == "placeholder":
-            out = out.detach().requires_grad_()
-            self.captured.leaves.append(out)
+            leaf = out.detach().requires_grad_()
+            self.captured.leaves.append(leaf)
+            out = leaf.clone()  # not a leaf: the model may modify its input in place
         elif n.op == "get_attr" and out.requires_grad and out.is_leaf:
             self.captured.leaves.append(out)
         # A reshape or transpose holds the same numbers as its input, and when it is the
@@ -321,6 +322,12 @@ def record_scales(module: nn.Module, inputs: Any, backward: Any = None) -> dict[
     Returns:
         The scales, in execution order.
 
+    Raises:
+        TraceError: torch.fx cannot trace the module (use :func:`track_scales`, which
+            falls back to recording ops as they run).
+        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
+            :func:`track_scales`.
+
     >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Identity()))
     >>> record_scales(gm, torch.tensor([1.0, 3.0]), backward=torch.tensor([1.0, -1.0]))
     {'input_1': (-> 1.41, <- 1.41), '_0': (-> 1.41, <- 1.41)}
@@ -334,6 +341,16 @@ class AnnotatedCode(str):
     ``print()`` shows ANSI-highlighted code in a terminal (plain text elsewhere), a
     notebook shows HTML-highlighted code, and ``repr`` (doctests, the REPL) shows the
     plain text. Set ``highlight=False`` for plain text everywhere.
+
+    Args:
+        text: the code.
+        highlight: highlight with pygments where the reader supports it.
+
+    >>> code = AnnotatedCode("y = f(x)  # (-> 1.0, <- 0.5)")
+    >>> code
+    y = f(x)  # (-> 1.0, <- 0.5)
+    >>> "<span" in code._repr_html_()
+    True
     """
 
     highlight: bool

@@ -61,7 +61,13 @@ class PredicateError(UnitscaleError, RuntimeError):
 
 
 class NotInvertibleError(UnitscaleError, ValueError):
-    """A graph contains an op with no registered inverse (or is not a chain)."""
+    """A graph contains an op with no registered inverse (or is not a chain).
+
+    >>> import torch, unitscale
+    >>> unitscale.invert(lambda x: torch.relu(x))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.NotInvertibleError: cannot invert node 'relu' (torch.relu) in function <lambda>: ...
+    """
 
 
 class StageCountError(UnitscaleError, ValueError):

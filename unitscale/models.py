@@ -4,8 +4,6 @@ They are written to trace with ``torch.fx`` (no data-dependent control flow) and
 to capture with TorchDynamo in one graph.
 """
 
-from __future__ import annotations
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -112,13 +110,13 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
-        self.register_buffer("positions", torch.arange(seq_len), persistent=False)
         self.blocks = nn.Sequential(*[Block(d_model, n_heads) for _ in range(n_layers)])
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok_emb(idx) + self.pos_emb(self.positions[: idx.shape[1]])
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(positions)
         x = self.blocks(x)
         return self.head(self.ln_f(x))
 

@@ -53,8 +53,8 @@ class Linear(nn.Linear):
         constraint: str | Callable[..., float] | None = "gmean",
     ) -> None:
         resolve_constraint(constraint)
-        self.constraint = constraint
         super().__init__(in_features, out_features, bias=bias)
+        self.constraint = constraint
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.weight)
@@ -63,6 +63,9 @@ class Linear(nn.Linear):
 
     def forward(self, input: Tensor) -> Tensor:
         return U.linear(input, self.weight, self.bias, constraint=self.constraint)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
 class GELU(nn.GELU):
@@ -88,6 +91,9 @@ class GELU(nn.GELU):
 
     def forward(self, input: Tensor) -> Tensor:
         return U.gelu(input, approximate=self.approximate, constraint=self.constraint)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
 class Softmax(nn.Softmax):
@@ -115,6 +121,9 @@ class Softmax(nn.Softmax):
 
     def forward(self, input: Tensor) -> Tensor:
         return U.softmax(input, self.dim, constraint=self.constraint)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
 class LayerNorm(nn.LayerNorm):

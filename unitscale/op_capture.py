@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from unitscale.report import ScaleRow
 from unitscale.scale import ScaleRecord
 
-__all__ = ["Captured", "OpScaleRecorder", "record_ops", "op_name"]
+__all__ = ["Captured", "OpScaleRecorder", "record_ops"]
 
 
 @dataclass
@@ -34,6 +34,14 @@ class Captured:
         entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
         handles: gradient hooks to remove once the backward pass is done.
+
+    >>> captured = Captured()
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
+    >>> captured.entries[0][0]
+    ScaleRow(node='y', module_path='', op='mul', shape=(3,), dtype='float32', forward=None, backward=None, abs_max=None)
+    >>> captured.remove_hooks(); captured.handles
+    []
     """
 
     output: Any = None
@@ -79,7 +87,8 @@ def op_name(func: Any) -> str:
     ('linear', 'Tensor.reshape', 'Tensor.add')
     """
     name = getattr(func, "__name__", None) or type(func).__name__
-    name = name.strip("_") or name
+    if name.startswith("__") and name.endswith("__") and len(name) > 4:
+        name = name[2:-2]  # Tensor.__add__ -> add; in-place mul_ keeps its underscore
     owner = getattr(func, "__objclass__", None)
     if owner is not None and issubclass(owner, torch._C.TensorBase):
         return f"Tensor.{name}"
@@ -97,6 +106,12 @@ class OpScaleRecorder(TorchFunctionMode):
         captured: where rows, records and hooks go.
         abs_max: also record each tensor's largest magnitude.
         module_names: ``module -> qualified name`` for the module-path column.
+
+    >>> captured = Captured()
+    >>> with OpScaleRecorder(captured, abs_max=False, module_names={}):
+    ...     y = torch.ones(4).mul(3.0).sum()
+    >>> [row.node for row, _ in captured.entries]
+    ['ones', 'mul', 'sum']
     """
 
     def __init__(self, captured: Captured, abs_max: bool, module_names: dict[nn.Module, str]) -> None:
@@ -168,8 +183,9 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     args = []
     for i, value in enumerate(inputs):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
-            value = value.detach().requires_grad_()
-            captured.leaves.append(value)
+            leaf = value.detach().requires_grad_()
+            captured.leaves.append(leaf)
+            value = leaf.clone()  # not a leaf: the model may modify its input in place
             captured.track(value, names[i] if i < len(names) else f"input_{i}", "", "input", abs_max)
         args.append(value)
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)

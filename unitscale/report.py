@@ -11,48 +11,21 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
+from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
 from unitscale.scale import ScalePair
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["ScaleRow", "ScaleReport", "FORMAT_RANGES", "format_range"]
+__all__ = ["ScaleRow", "ScaleReport", "FORMAT_RANGES"]
 
 
-def format_range(exponent_bits: int, mantissa_bits: int, ieee: bool = True) -> tuple[float, float]:
-    """Smallest subnormal and largest normal magnitude of a binary float format.
-
-    Args:
-        exponent_bits: width of the exponent field.
-        mantissa_bits: width of the mantissa (fraction) field.
-        ieee: ``True`` if the all-ones exponent is reserved for inf/NaN (FP16, BF16,
-            FP8 E5M2); ``False`` for the "fn" style of FP8 E4M3, where only the
-            all-ones bit pattern is NaN, so its top exponent holds finite values.
-
-    Returns:
-        ``(min_subnormal, max_normal)``.
-
-    >>> format_range(5, 10)  # FP16
-    (5.960464477539063e-08, 65504.0)
-    >>> format_range(4, 3, ieee=False)  # FP8 E4M3: max 448
-    (0.001953125, 448.0)
-    """
-    bias = 2 ** (exponent_bits - 1) - 1
-    min_subnormal = 2.0 ** (1 - bias - mantissa_bits)
-    if ieee:
-        max_normal = 2.0 ** (2**exponent_bits - 2 - bias) * (2 - 2.0**-mantissa_bits)
-    else:
-        max_normal = 2.0 ** (2**exponent_bits - 1 - bias) * (2 - 2.0 ** (1 - mantissa_bits))
-    return min_subnormal, max_normal
-
-
-#: ``name -> (min_subnormal, max_normal)`` of the formats drawn by :meth:`ScaleReport.plot`.
+#: ``name -> (smallest subnormal, largest normal)`` of the formats drawn by
+#: :meth:`ScaleReport.plot`, from the bit layouts in ``unitscale.formats``.
 FORMAT_RANGES: dict[str, tuple[float, float]] = {
-    "BF16": format_range(8, 7),
-    "FP16": format_range(5, 10),
-    "FP8 E5M2": format_range(5, 2),
-    "FP8 E4M3": format_range(4, 3, ieee=False),
+    name: (fmt.min_subnormal, fmt.max_value)
+    for name, fmt in (("BF16", BF16), ("FP16", FP16), ("FP8 E5M2", FP8_E5M2), ("FP8 E4M3", FP8_E4M3))
 }
 
 
@@ -181,7 +154,7 @@ class ScaleReport:
         if ax is None:
             fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(self.rows) + 5), 4.5))
         else:
-            fig = ax.figure
+            fig = ax.get_figure(root=True)  # type: ignore[assignment]
         x = list(range(len(self.rows)))
 
         def log2(values: list[float | None]) -> list[float]:

@@ -131,6 +131,14 @@ class StagePlan:
         pieces: node-index bounds of the pieces between the places a cut is allowed
             (every node is a piece unless ``boundary_depth`` or a non-tensor value
             joins neighbours); ``bounds`` is a subsequence of ``pieces``.
+
+    >>> import torch
+    >>> from unitscale.models import MLP
+    >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
+    >>> plan
+    StagePlan(MLP, 2 stages by params: [40, 36])
+    >>> [type(m).__name__ for m in plan.stage_modules()], plan.split().submod_1.fc2
+    (['MLPStage0', 'MLPStage1'], Linear(in_features=8, out_features=4, bias=True))
     """
 
     def __init__(

@@ -404,6 +404,14 @@ class ExecOrder:
         module_to_param_usage_infos: for each called module, the parameter groups it
             used, in execution order (a module called again keeps its last call's).
         root: the traced module, used to name things.
+
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    >>> order = trace_exec_order(model)
+    >>> order.module_forward_order == [model, model[0], model[1]]
+    True
+    >>> order
+    ExecOrder(3 module calls, 2 parameters: 0.weight, 0.bias)
     """
 
     module_forward_order: list[nn.Module]

@@ -224,7 +224,7 @@ def simulate_format(module: nn.Module, fwd_format: FPFormat, bwd_format: FPForma
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
-        FormatError: a format is not an :class:`~unitscale.formats.FPFormat`.
+        FormatError: a format is not an :class:`~unitscale.FPFormat`.
 
     >>> import torch
     >>> from unitscale.formats import FP8_E4M3, FP16

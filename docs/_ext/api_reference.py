@@ -1,9 +1,10 @@
 """The API reference lists every public name of ``unitscale``, with no hand-kept list.
 
-``{unitscale-api}`` renders an autosummary table of ``unitscale.<name>`` for each name in
-``unitscale.__all__``; ``{unitscale-api} supporting`` does the same for the names that public
+``.. unitscale-api::`` renders an autosummary table of ``unitscale.<name>`` for each name in
+``unitscale.__all__``; ``.. unitscale-api:: supporting`` does the same for the names that public
 modules list in their own ``__all__`` without the package re-exporting them (the row type a
-report yields, a type alias a tracer accepts), documented as ``unitscale.<module>.<name>``.
+report yields, a type alias a tracer accepts), documented as ``unitscale.<module>.<name>``; ``.. unitscale-api:: modules`` lists the public
+modules (their docstrings say what each holds).
 At ``builder-inited`` the stub pages for all of them are generated into ``docs/generated``
 (stale stubs of names no longer public are removed, so they cannot leave orphan pages).
 
@@ -39,15 +40,23 @@ def exported_names() -> list[str]:
     return list(importlib.import_module(PACKAGE).__all__)
 
 
+def public_modules() -> list[str]:
+    """``unitscale.<module>`` for every module without a leading underscore."""
+    package = importlib.import_module(PACKAGE)
+    return [
+        f"{PACKAGE}.{info.name}"
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
+        if not info.name.startswith("_") and info.name not in SEPARATELY_DOCUMENTED
+    ]
+
+
 def documented_objects() -> dict[str, object]:
     """Every documented name (``unitscale.X`` first, then ``unitscale.module.X``) -> its object."""
     package = importlib.import_module(PACKAGE)
     documented = {f"{PACKAGE}.{name}": getattr(package, name) for name in package.__all__}
     seen = {id(obj) for obj in documented.values()}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if info.name.startswith("_") or info.name in SEPARATELY_DOCUMENTED:
-            continue
-        module = importlib.import_module(f"{PACKAGE}.{info.name}")
+    for module_name in public_modules():
+        module = importlib.import_module(module_name)
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
             if id(obj) not in seen:
@@ -62,13 +71,19 @@ def supporting_names() -> list[str]:
 
 
 class UnitscaleApi(SphinxDirective):
-    """An autosummary table (with stub pages) of unitscale's exported or supporting names."""
+    """An autosummary table (with stub pages) of unitscale's exported or supporting names.
+
+    Use it from reStructuredText (in MyST: an ``{eval-rst}`` block): autosummary writes its
+    table cells as reStructuredText roles.
+    """
 
     optional_arguments = 1
 
     def run(self) -> list[nodes.Node]:
         if self.arguments and self.arguments[0] == "supporting":
             names = supporting_names()
+        elif self.arguments and self.arguments[0] == "modules":
+            names = public_modules()
         else:
             names = [f"{PACKAGE}.{name}" for name in exported_names()]
         directive = Autosummary(
@@ -88,7 +103,7 @@ class UnitscaleApi(SphinxDirective):
 def generate_stubs(app: Sphinx) -> None:
     out = Path(app.srcdir) / STUB_DIR
     out.mkdir(parents=True, exist_ok=True)
-    names = list(documented_objects())
+    names = [*documented_objects(), *public_modules()]
     wanted = {f"{name}.rst" for name in names}
     for stale in out.glob("*.rst"):
         if stale.name not in wanted:
