@@ -246,6 +246,17 @@ def test_a_model_may_modify_its_input_in_place() -> None:
     assert torch.equal(x, original)  # the caller's tensor is not modified
 
 
+def test_tracking_works_under_no_grad_and_on_inference_tensors() -> None:
+    torch.manual_seed(0)
+    model = MLP(8)
+    with torch.inference_mode():
+        x = torch.randn(4, 8)
+    with torch.no_grad():
+        report = track_scales(model, x)
+        assert not torch.is_grad_enabled()  # the caller's mode is restored
+    assert all(row.backward is not None for row in report)
+
+
 def test_the_model_and_inputs_are_left_untouched() -> None:
     torch.manual_seed(0)
     model, x = MLP(8), torch.randn(4, 8)

@@ -120,3 +120,17 @@ def test_format_ranges_match_torch_finfo() -> None:
         assert low == info.smallest_normal * 2.0**-mantissa_bits
     assert FORMAT_RANGES["FP8 E4M3"] == (2.0**-9, 448.0)
     assert FORMAT_RANGES["FP8 E5M2"] == (2.0**-16, 57344.0)
+
+
+def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
+    from unitscale import scale
+
+    torch.manual_seed(0)
+    tensors = [torch.randn(50, 30).t(), torch.randn(7), torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(2000)]
+    with scale.scratch_space():
+        got = [tensor_std(t) for t in tensors]
+        assert scale._scratch.buffer.numel() == 2000
+    for t, g in zip(tensors, got, strict=True):
+        assert g is not None
+        torch.testing.assert_close(g, torch.std(t).to(g.dtype))
+    assert getattr(scale._scratch, "buffer", None) is None

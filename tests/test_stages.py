@@ -100,9 +100,20 @@ def test_split_moves_parameters_and_buffers_into_the_stage_that_uses_them(gpt: t
     split = partition(model, 2, idx, boundary_depth=2).split()
     assert [n.op for n in split.graph.nodes] == ["placeholder", "call_module", "call_module", "output"]
     assert list(split.named_parameters(recurse=False)) == [] and list(split.named_buffers(recurse=False)) == []
-    assert "positions" in dict(split.submod_0.named_buffers())
     assert sum(p.numel() for p in split.parameters()) == sum(p.numel() for p in model.parameters())
     assert torch.equal(split(idx), model(idx))
+
+
+def test_split_moves_batchnorm_buffers_into_their_stage() -> None:
+    torch.manual_seed(0)
+    model = resnet18(num_classes=3, width=4).eval()
+    x = torch.randn(1, 3, 32, 32)
+    split = partition(model, 2, x).split()
+    assert list(split.named_buffers(recurse=False)) == []
+    stage_buffers = [dict(getattr(split, f"submod_{i}").named_buffers()) for i in range(2)]
+    assert any(name.endswith("running_mean") for name in stage_buffers[0])
+    assert sum(b.numel() for b in split.buffers()) == sum(b.numel() for b in model.buffers())
+    assert torch.equal(split(x), model(x))
 
 
 class Tied(nn.Module):

@@ -8,10 +8,12 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import unitscale.functional as U
-from unitscale.analysis import track_scales
+from unitscale.analysis import analyse_module, track_scales
 from unitscale.errors import CaptureError, FormatError, NotAModuleError, ReplaceMapError, TraceError, UnscaledOpsError
 from unitscale.formats import FP8_E4M3, FP8_E5M2
 from unitscale.models import MLP, TinyGPT
@@ -62,6 +64,16 @@ def test_unit_scale_gives_unit_output_and_grad_std_for_module_and_functional_sty
     out, grad = _std_out_and_grad(unit_scale(model), x)
     assert plain_out < 0.5
     # GELU's output has mean 0.48 after unit scaling, so the last matmul's output std is sqrt(1 + 0.23).
+    assert 0.9 < out < 1.25
+    assert 0.85 < grad < 1.15
+
+
+@settings(max_examples=5, deadline=None)
+@given(d=st.sampled_from([32, 64, 128]), hidden=st.sampled_from([64, 256, 512]), bias=st.booleans())
+def test_unit_scaled_mlps_of_any_width_keep_unit_scale(d: int, hidden: int, bias: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(d, hidden, bias=bias), nn.GELU(), nn.Linear(hidden, d, bias=bias))
+    out, grad = _std_out_and_grad(unit_scale(model), torch.randn(256, d))
     assert 0.9 < out < 1.25
     assert 0.85 < grad < 1.15
 
@@ -226,8 +238,26 @@ def test_track_scales_sees_unit_scaled_ops_as_single_nodes(gpt) -> None:
     assert rows["linear"].module_path == "module.blocks.0.attn.qkv"
     assert rows["linear_8"].scale.forward == pytest.approx(1.0, abs=0.2)
     assert "mul" not in rows
+    code = analyse_module(scaled, idx, syntax_highlight=False)
+    assert "unitscale_functional_residual_add(linear_1, x_skip, 0.01)" in code
 
 
 def test_tracing_a_transformed_module_before_its_first_call_raises_trace_error() -> None:
     with pytest.raises(TraceError, match="was transformed but never called: call it once on real inputs"):
         DeepTracer().trace(unit_scale(MLP(4)))
+
+
+def test_output_structure_inputs_and_constants_pass_through() -> None:
+    class Structured(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, scale: float) -> dict:
+            return {"y": self.fc(x) * scale, "x": x, "n": 3}
+
+    x = torch.randn(2, 4)
+    out = simulate_fp8(Structured())(x, 2.0)
+    assert set(out) == {"y", "x", "n"} and out["x"] is x and out["n"] == 3
+    assert out["y"].shape == (2, 4)
+    assert torch.equal(unit_scale(nn.Identity())(x), x)

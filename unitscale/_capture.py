@@ -110,16 +110,17 @@ class TransformedModule(nn.Module):
     Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
     ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and
     ``.to()`` work as usual. The graph is captured once per input signature (shapes,
-    dtypes, non-tensor values, training mode).
+    dtypes, non-tensor values, training mode). A capture runs eagerly: under
+    ``torch.compile`` a call with a new signature breaks the graph once, so for
+    ``fullgraph=True`` call the module once eagerly first.
 
     Attributes:
         module: the module whose forward is captured.
         transforms: the graph transforms, applied in order.
-        graph_module: the latest transformed graph (``None`` before the first call).
         unscaled_ops: ops :func:`unit_scale` left as they were, one line each.
     """
 
-    def __init__(self, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> None:
+    def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:
         super().__init__()
         self.module = module
         self.transforms = tuple(transforms)
@@ -129,14 +130,22 @@ class TransformedModule(nn.Module):
 
     @property
     def graph_module(self) -> fx.GraphModule | None:
+        """The transformed graph of the latest capture (``None`` before the first call)."""
         return None if self._latest is None else self._latest.graph_module
 
     @classmethod
-    def wrap(cls, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> TransformedModule:
+    def wrap(
+        cls, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]
+    ) -> TransformedModule:
         """A ``TransformedModule`` whose ``forward`` has the parameter names of ``module.forward``.
 
         ``torch.fx`` reads the names from the class's ``forward``; with them the traced
         placeholders are called ``x`` or ``idx`` rather than one ``*args``.
+
+        >>> import torch
+        >>> wrapped = TransformedModule.wrap(torch.nn.Linear(2, 2), ())
+        >>> type(wrapped).forward.__code__.co_varnames[:2], wrapped(torch.ones(1, 2)).shape
+        (('self', 'input'), torch.Size([1, 2]))
         """
         return _class_for(module)(module, transforms)
 
@@ -257,6 +266,11 @@ def _capture(
         # Each capture compiles a fresh frame; drop its cache entry so repeated captures
         # never reach TorchDynamo's recompile limit.
         torch._dynamo.reset_code(call.__code__)
+    if "gm" not in record:
+        raise CaptureError(
+            f"TorchDynamo found no tensor ops in {type(module).__name__}.forward, so there is no graph to "
+            f"transform; apply the transform to a module that computes something"
+        )
     gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
     for transform in transforms:
         gm = transform(gm)
@@ -284,9 +298,9 @@ def _to_standalone(
     module: nn.Module, gm: fx.GraphModule, example_inputs: list[Any], leaves: list[Any]
 ) -> fx.GraphModule:
     """Turn TorchDynamo's graph (parameters lifted to inputs) into one that reads them as attributes."""
-    names: dict[int, tuple[str, torch.Tensor]] = {}
+    names: dict[int, str] = {}
     for name, tensor in [*module.named_buffers(), *module.named_parameters()]:
-        names.setdefault(id(tensor), (name, tensor))
+        names.setdefault(id(tensor), name)
     leaf_position = {id(leaf): i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
     graph = gm.graph
     graph.owning_module = None  # rebuilt below, on a root that holds the attributes
@@ -299,7 +313,7 @@ def _to_standalone(
             positions.append(leaf_position[id(value)])
             continue
         # A tensor that is neither an input nor module state (a global) becomes a constant.
-        target, _ = names.get(id(value), (f"_captured_constant_{len(attrs)}", value))
+        target = names.get(id(value), f"_captured_constant_{len(attrs)}")
         attrs[target] = value
         with graph.inserting_before(first_op):
             attr = graph.get_attr(target)

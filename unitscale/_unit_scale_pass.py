@@ -97,12 +97,16 @@ def _is_add(node: fx.Node) -> bool:
 
 
 def _op_name(fn: Any) -> str:
+    """``torch.conv2d``, ``torch.nn.functional.relu``, ``Tensor.mul``, ``operator.mul``."""
     if isinstance(fn, str):
         return f"Tensor.{fn}"
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    if module.startswith("torch._C") or module == "torch._VariableFunctions":
+    if "<locals>" in name:  # a wrapper such as F.max_pool2d's dispatcher carries the public name
+        name = getattr(fn, "__name__", name)
+    if module.startswith("torch._C") or module.startswith("torch._VariableFunctions"):
         module = "torch"
+    name = name.removeprefix("_VariableFunctionsClass.").removeprefix("TensorBase.")
     if module == "_operator":
         module = "operator"
     return f"{module}.{name}" if module and module != "builtins" else name
@@ -220,10 +224,8 @@ class UnitScalePass:
                 self._retarget(node, user_fn, {})
                 done.add(node)
         residuals = self._residual_adds(graph, ancestors, done)
-        before_last = set()
-        if residuals:
-            last = max(residuals, key=lambda n: list(graph.nodes).index(n))
-            before_last = ancestors[last] | {last}
+        # Residual adds are found in graph order: the last one found is the last one run.
+        before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
         for node in list(graph.nodes):
             if node in done or node.op not in ("call_function", "call_method"):
                 continue

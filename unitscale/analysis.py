@@ -26,9 +26,9 @@ import unitscale.functional
 from unitscale._backward import float_outputs, run_backward
 from unitscale._trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
 from unitscale.errors import InputError, NotAModuleError
-from unitscale.op_capture import Captured, op_name, record_ops
+from unitscale.op_capture import Captured, input_leaf, op_name, record_ops
 from unitscale.report import ScaleReport, ScaleRow
-from unitscale.scale import ScalePair, ScaleRecord, read_records
+from unitscale.scale import ScalePair, ScaleRecord, read_records, scratch_space
 
 __all__ = [
     "AnnotatedCode",
@@ -82,9 +82,8 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return out
         if n.op == "placeholder":
-            leaf = out.detach().requires_grad_()
+            leaf, out = input_leaf(out)
             self.captured.leaves.append(leaf)
-            out = leaf.clone()  # not a leaf: the model may modify its input in place
         elif n.op == "get_attr" and out.requires_grad and out.is_leaf:
             self.captured.leaves.append(out)
         # A reshape or transpose holds the same numbers as its input, and when it is the
@@ -298,11 +297,13 @@ def track_scales(
     elif capture == "auto":
         result = trace_or_reason(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
         trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
-    if trace is not None:
-        captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
-    else:
-        captured = _capture_eager(module, inputs, abs_max)
-    rows = _finish(captured, backward, model)
+    # A caller's no_grad() would leave nothing to backpropagate.
+    with torch.enable_grad(), scratch_space():
+        if trace is not None:
+            captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
+        else:
+            captured = _capture_eager(module, inputs, abs_max)
+        rows = _finish(captured, backward, model)
     if trace is not None:
         return ScaleReport(rows, model, _annotate(trace, {r.node: r.scale for r in rows}), "fx")
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)

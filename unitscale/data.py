@@ -70,7 +70,10 @@ class MarkovSource:
 
     @property
     def entropy_rate(self) -> float:
-        """Entropy per token in nats: ``sum_ab pi(a, b) H(probs[a, b])``."""
+        """The entropy per token in nats.
+
+        It is ``sum_ab pi(a, b) H(probs[a, b])``, with ``pi`` the stationary pair distribution.
+        """
         row_entropy = -(self.probs * self.probs.clamp_min(1e-300).log()).sum(-1)
         return float((self.pair_probs * row_entropy).sum())
 

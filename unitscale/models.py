@@ -25,7 +25,9 @@ class MLP(nn.Module):
     torch.Size([2, 8])
     """
 
-    def __init__(self, d: int, hidden: int | None = None, d_out: int | None = None, activation: nn.Module | None = None) -> None:
+    def __init__(
+        self, d: int, hidden: int | None = None, d_out: int | None = None, activation: nn.Module | None = None
+    ) -> None:
         super().__init__()
         hidden = 4 * d if hidden is None else hidden
         self.fc1 = nn.Linear(d, hidden)
@@ -106,7 +108,9 @@ class TinyGPT(nn.Module):
     torch.Size([3, 8, 11])
     """
 
-    def __init__(self, vocab_size: int = 64, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, seq_len: int = 64) -> None:
+    def __init__(
+        self, vocab_size: int = 64, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, seq_len: int = 64
+    ) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
@@ -149,7 +153,9 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """torchvision's ResNet with :class:`BasicBlock`, module names unchanged."""
 
-    def __init__(self, layers: tuple[int, int, int, int] = (2, 2, 2, 2), num_classes: int = 1000, width: int = 64) -> None:
+    def __init__(
+        self, layers: tuple[int, int, int, int] = (2, 2, 2, 2), num_classes: int = 1000, width: int = 64
+    ) -> None:
         super().__init__()
         self.inplanes = width
         self.conv1 = nn.Conv2d(3, width, kernel_size=7, stride=2, padding=3, bias=False)

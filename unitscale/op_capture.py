@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from unitscale.report import ScaleRow
 from unitscale.scale import ScaleRecord
 
-__all__ = ["Captured", "OpScaleRecorder", "record_ops"]
+__all__ = ["Captured", "OpScaleRecorder", "input_leaf", "record_ops"]
 
 
 @dataclass
@@ -93,6 +93,21 @@ def op_name(func: Any) -> str:
     if owner is not None and issubclass(owner, torch._C.TensorBase):
         return f"Tensor.{name}"
     return name
+
+
+def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A leaf that requires grad for a model input, and the copy of it to run the model on.
+
+    The leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
+    stay untouched); the model gets a non-leaf copy, so it may modify its input in place.
+    Tensors made under ``torch.inference_mode`` are copied into ordinary ones first.
+
+    >>> leaf, value = input_leaf(torch.ones(2))
+    >>> leaf.requires_grad, leaf.is_leaf, value.is_leaf
+    (True, True, False)
+    """
+    leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
+    return leaf, leaf.clone()
 
 
 class OpScaleRecorder(TorchFunctionMode):
@@ -183,9 +198,8 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     args = []
     for i, value in enumerate(inputs):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
-            leaf = value.detach().requires_grad_()
+            leaf, value = input_leaf(value)
             captured.leaves.append(leaf)
-            value = leaf.clone()  # not a leaf: the model may modify its input in place
             captured.track(value, names[i] if i < len(names) else f"input_{i}", "", "input", abs_max)
         args.append(value)
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)

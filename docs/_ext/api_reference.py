@@ -3,8 +3,8 @@
 ``.. unitscale-api::`` renders an autosummary table of ``unitscale.<name>`` for each name in
 ``unitscale.__all__``; ``.. unitscale-api:: supporting`` does the same for the names that public
 modules list in their own ``__all__`` without the package re-exporting them (the row type a
-report yields, a type alias a tracer accepts), documented as ``unitscale.<module>.<name>``; ``.. unitscale-api:: modules`` lists the public
-modules (their docstrings say what each holds).
+report yields, a type alias a tracer accepts), documented as ``unitscale.<module>.<name>``;
+``.. unitscale-api:: modules`` lists the public modules (their docstrings say what each holds).
 At ``builder-inited`` the stub pages for all of them are generated into ``docs/generated``
 (stale stubs of names no longer public are removed, so they cannot leave orphan pages).
 
@@ -13,13 +13,15 @@ by identity: a type hint that autodoc writes with the defining module
 (``unitscale._pipeline.PipelineResult``) resolves to where that object is documented
 (``unitscale.stages.PipelineResult``), and a bare name in a docstring (``Raises: InputError``)
 (or ``ScaleReport.plot``) to the one documented ``unitscale`` object of that name. A class's private helper bases are
-replaced by their public ancestors, and a NamedTuple's fields are left to its docstring.
+replaced by their public ancestors, and a member that the class docstring's ``Attributes:``
+already describes (a NamedTuple field, a property) is not described a second time.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import tempfile
 from pathlib import Path
 
@@ -184,9 +186,29 @@ def public_bases(app: Sphinx, name: str, obj: type, options: dict, bases: list[t
     bases[:] = list(dict.fromkeys(b for base in bases for b in public(base))) or [object]
 
 
-def skip_tuple_fields(app: Sphinx, what: str, name: str, obj: object, skip: bool, options: dict) -> bool | None:
-    """A NamedTuple's fields are described by its docstring's ``Attributes:``, not twice."""
-    return True if type(obj).__name__ == "_tuplegetter" else None
+_described_attributes: set[str] = set()  # of the class autodoc is documenting right now
+
+
+def note_described_attributes(app: Sphinx, what: str, name: str, obj: object, options: dict, lines: list[str]) -> None:
+    """Remember the attributes a class docstring's ``Attributes:`` section describes.
+
+    Runs after napoleon, which has turned that section into ``.. attribute::`` directives.
+    autodoc processes a class's docstring right before it filters the class's members.
+    """
+    if what == "class":
+        _described_attributes.clear()
+        _described_attributes.update(m.group(1) for line in lines if (m := _ATTRIBUTE.match(line)))
+
+
+_ATTRIBUTE = re.compile(r"^\s*\.\. attribute:: (\w+)")
+
+
+def skip_described_members(app: Sphinx, what: str, name: str, obj: object, skip: bool, options: dict) -> bool | None:
+    """Describe a member once: a NamedTuple's fields and the attributes (and properties) a class
+    docstring's ``Attributes:`` section describes are not documented again as members."""
+    if what == "class" and (name in _described_attributes or type(obj).__name__ == "_tuplegetter"):
+        return True
+    return None
 
 
 def setup(app: Sphinx) -> dict:
@@ -194,5 +216,6 @@ def setup(app: Sphinx) -> dict:
     app.connect("builder-inited", generate_stubs)
     app.connect("missing-reference", resolve_documented)
     app.connect("autodoc-process-bases", public_bases)
-    app.connect("autodoc-skip-member", skip_tuple_fields)
+    app.connect("autodoc-process-docstring", note_described_attributes, priority=600)
+    app.connect("autodoc-skip-member", skip_described_members)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
