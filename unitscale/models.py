@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MLP", "TinyGPT", "resnet18"]
+__all__ = ["MLP", "TinyGPT", "ResNet", "resnet18"]
 
 
 class MLP(nn.Module):
@@ -151,7 +151,17 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-    """torchvision's ResNet with :class:`BasicBlock`, module names unchanged."""
+    """torchvision's ResNet of basic blocks, module names unchanged; build one with :func:`resnet18`.
+
+    Args:
+        layers: basic blocks in each of the four stages (``layer1`` ... ``layer4``).
+        num_classes: width of the final ``fc`` layer.
+        width: channels of the first stage.
+
+    >>> import torch
+    >>> ResNet((1, 1, 1, 1), num_classes=5, width=4)(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2, 5])
+    """
 
     def __init__(
         self, layers: tuple[int, int, int, int] = (2, 2, 2, 2), num_classes: int = 1000, width: int = 64
