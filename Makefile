@@ -29,11 +29,15 @@ html: $(STAMP)
 	@echo "open _build/html/index.html"
 
 ## test: what CI runs. Any failing step fails it:
+##   0. lint: ruff and mypy over the package, tests and benchmarks;
 ##   1. unit, property and error tests, the site meta-tests (a broken cell, a Sphinx warning and a
 ##      failing doctest each fail), and every docstring example (--doctest-modules);
 ##   2. the site, rebuilt from scratch (-E) with every notebook executed (force);
 ##   3. the browser tests: Chromium against the built site.
 test: $(STAMP) chromium
+	$(call step,0/3: lint (ruff and mypy))
+	$(VENV)/bin/ruff check unitscale tests benchmarks
+	$(VENV)/bin/mypy
 	$(call step,1/3: tests and doctests)
 	$(PY) -m pytest -m "not browser" -p no:cacheprovider --doctest-modules tests unitscale
 	$(call step,2/3: site build from scratch with every notebook executed)

@@ -4,8 +4,9 @@ Serves the built site (``_build/html``, or ``$UNITSCALE_SITE``) on 127.0.0.1 fro
 checks what a reader sees: every page loads without console errors, every executed figure
 renders, search finds the API, the dark-mode toggle works, code cells (not outputs) have copy
 buttons, and each tutorial's ``.ipynb`` download is a valid notebook. Run after the site build
-(``make test`` does). Requests that leave the loopback server (the MathJax CDN on pages with
-maths) are answered empty and recorded, since the machine running the tests has no network.
+(``make test`` does). The site needs nothing from outside: a request that leaves the loopback
+server is answered empty, recorded, and fails the page's test, since a reader of a local build
+may have no network.
 """
 
 import functools
@@ -33,8 +34,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-# External hosts a page may ask for; offline they get an empty answer (see the module docstring).
-ALLOWED_EXTERNAL_HOSTS = {"cdn.jsdelivr.net"}
+# External hosts a page may ask for: none (see the module docstring).
+ALLOWED_EXTERNAL_HOSTS: set[str] = set()
 
 # every page a reader can reach (not the theme's template macros copied into _static)
 PAGES = sorted(
