@@ -261,3 +261,32 @@ def test_output_structure_inputs_and_constants_pass_through() -> None:
     assert set(out) == {"y", "x", "n"} and out["x"] is x and out["n"] == 3
     assert out["y"].shape == (2, 4)
     assert torch.equal(unit_scale(nn.Identity())(x), x)
+
+
+def test_simulate_format_rounds_the_unit_scaled_operands_of_a_unit_scaled_matmul() -> None:
+    # The fan-in scale must act on the matmul's result, not be folded into the weight:
+    # otherwise the rounded weight sits at std 1/sqrt(fan_in), among a format's subnormals.
+    from unitscale import nn as unn
+
+    torch.manual_seed(0)
+    layer = unn.Linear(256, 64)
+    x = torch.randn(128, 256, requires_grad=True)
+    simulated = simulate_format(layer, FP8_E4M3, FP8_E5M2)
+    simulated(x)
+    seen: dict[str, list[float]] = {"fwd": [], "bwd": []}
+    quantise_fwd, quantise_bwd = torch.ops.unitscale.quantise_fwd, torch.ops.unitscale.quantise_bwd
+
+    class Record(torch.fx.Interpreter):
+        def call_function(self, target, args, kwargs):  # type: ignore[no-untyped-def]
+            out = super().call_function(target, args, kwargs)
+            if target == quantise_fwd:
+                seen["fwd"].append(args[0].std().item())
+            if target == quantise_bwd and out.requires_grad:
+                out.register_hook(lambda g: seen["bwd"].append(g.std().item()))
+            return out
+
+    (y,) = Record(simulated.graph_module).run(x)
+    y.backward(torch.randn_like(y))
+    assert len(seen["fwd"]) == 2 and all(0.9 < s < 1.1 for s in seen["fwd"]), seen
+    # the gradient that reaches the input's rounding point is the unit-scaled one (constraint: gmean)
+    assert seen["bwd"] and 0.5 < seen["bwd"][0] < 2.0, seen

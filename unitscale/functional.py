@@ -167,13 +167,13 @@ def linear(
     fan_out, fan_in = weight.shape[0], weight.shape[-1]
     weight_grad_scale = _inv_sqrt(input.numel() / fan_in)
     output_scale, grad_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
-    # Scale the weight (usually smaller than the output) in the forward pass; its forward
-    # scale also reaches the input gradient, so the input only needs the remaining factor.
-    weight = scale(weight, output_scale, weight_grad_scale)
-    input = scale(input, 1.0, grad_scale / output_scale)
-    if bias is not None:
-        bias = scale(bias, 1.0, weight_grad_scale)
-    return _F.linear(input, weight, bias)
+    # The matmul itself sees unit-scaled operands (which is where a low-precision format is
+    # simulated) and the scales act on its result: forward the output scale, backward the
+    # input-gradient scale, so the input's gradient is unit-scaled as it leaves the matmul;
+    # the weight takes the remaining factor of its own gradient scale.
+    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
+    output = scale(_F.linear(input, weight), output_scale, grad_scale)
+    return output if bias is None else output + scale(bias, 1.0, weight_grad_scale)
 
 
 def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
@@ -219,10 +219,9 @@ def matmul(input: Tensor, other: Tensor, constraint: str | Callable[..., float] 
         _inv_sqrt(out_numel * inner / input.numel()),
         _inv_sqrt(out_numel * inner / other.numel()),
     )
-    # As in linear: the forward scale rides on ``other`` and reaches the gradient of ``input``.
-    other = scale(other, output_scale, right_scale)
-    input = scale(input, 1.0, left_scale / output_scale)
-    return _torch.matmul(input, other)
+    # As in linear: unit-scaled operands, scales on the result; ``other`` takes the rest of its own.
+    other = scale(other, 1.0, right_scale / left_scale)
+    return scale(_torch.matmul(input, other), output_scale, left_scale)
 
 
 # Std of GELU(x) and of GELU'(x) for x ~ N(0, 1), by quadrature on [-12, 12]
