@@ -12,7 +12,7 @@ from torch.fx.proxy import GraphAppendingTracer
 from torch.utils import _pytree
 
 from unitscale.errors import NotAModuleError, PredicateError, TraceError
-from unitscale.tracers import LeafTracer
+from unitscale.tracers import LeafTracer, ask_module_predicate
 
 __all__ = ["inline"]
 
@@ -32,19 +32,17 @@ class _Inliner:
         if self.predicate is None:
             return True
         module = self.root.get_submodule(qualname)
-        where = f"module '{qualname}' ({type(module).__name__})"
-        try:
-            decision = self.predicate(module, qualname)
-        except Exception as e:
-            raise PredicateError(
-                f"the inline predicate raised {type(e).__name__}: {e} on {where}; "
-                "make it return True (inline) or False (keep) for every module"
-            ) from e
-        if not isinstance(decision, bool):
-            raise PredicateError(
-                f"the inline predicate returned {decision!r:.60} for {where}; it must return True or False"
+        return bool(
+            ask_module_predicate(
+                self.predicate,
+                "inline",
+                module,
+                qualname,
+                allow_none=False,
+                make_it="True (inline) or False (keep)",
+                must="True or False",
             )
-        return decision
+        )
 
     def proxy(self, value: Any) -> Any:
         def wrap(n: fx.Node) -> Any:

@@ -227,6 +227,30 @@ class DeepTracer(_Tracer):
         return super().trace(root, concrete_args)
 
 
+def ask_module_predicate(
+    predicate: Callable[[nn.Module, str], Any],
+    role: str,
+    module: nn.Module,
+    qualname: str,
+    *,
+    allow_none: bool,
+    make_it: str,
+    must: str,
+) -> bool | None:
+    """Call a user's ``predicate(module, qualname)``; a raise or a non-bool answer becomes a
+    :class:`~unitscale.errors.PredicateError` naming the module (``role`` names the predicate)."""
+    where = f"module '{qualname}' ({type(module).__name__})"
+    try:
+        decision = predicate(module, qualname)
+    except Exception as e:
+        raise PredicateError(
+            f"the {role} predicate raised {type(e).__name__}: {e} on {where}; make it return {make_it} for every module"
+        ) from e
+    if not (isinstance(decision, bool) or (allow_none and decision is None)):
+        raise PredicateError(f"the {role} predicate returned {decision!r:.60} for {where}; it must return {must}")
+    return decision
+
+
 class LeafTracer(_Tracer):
     """A tracer where the caller chooses which modules are leaves.
 
@@ -290,19 +314,15 @@ class LeafTracer(_Tracer):
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if self.is_leaf is not None:
-            where = f"module '{module_qualified_name}' ({type(m).__name__})"
-            try:
-                decision = self.is_leaf(m, module_qualified_name)
-            except Exception as e:
-                raise PredicateError(
-                    f"the is_leaf predicate raised {type(e).__name__}: {e} on {where}; "
-                    "make it return True, False or None for every module"
-                ) from e
-            if decision is not None and not isinstance(decision, bool):
-                raise PredicateError(
-                    f"the is_leaf predicate returned {decision!r:.60} for {where}; "
-                    "it must return True (leaf), False (trace through) or None (default)"
-                )
+            decision = ask_module_predicate(
+                self.is_leaf,
+                "is_leaf",
+                m,
+                module_qualified_name,
+                allow_none=True,
+                make_it="True, False or None",
+                must="True (leaf), False (trace through) or None (default)",
+            )
             if decision is not None:
                 return decision
         if isinstance(m, self.leaf_types):
