@@ -42,7 +42,8 @@ def main(quick: bool = False) -> list[dict]:
     """Time plain forward+backward and ``analyse_module`` on TinyGPT; print and return the rows."""
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    layers, d, seq, batch = 4, 256, 128, 8  # the same model in quick mode: a smaller one would overstate the fixed costs
+    # the same model in quick mode: a smaller one would overstate the fixed per-node costs
+    layers, d, seq, batch = 4, 256, 128, 8
     repeats = 3 if quick else 7
     model = TinyGPT(vocab_size=64, d_model=d, n_layers=layers, n_heads=4, seq_len=seq)
     idx = torch.randint(0, 64, (batch, seq))
