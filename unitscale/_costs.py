@@ -2,8 +2,8 @@
 
 :func:`trace_for_stages` traces a *copy* of the model with
 :class:`~unitscale.tracers.ModulePathTracer` (so nodes know their module path and
-the user's module is never touched). :class:`NodeProfiler` is a
-:class:`~torch.fx.passes.shape_prop.ShapeProp` that, while it propagates shapes,
+the user's module is never touched). :class:`NodeProfiler` is an
+interpreter that records each node's output shapes (as ``ShapeProp`` does) and
 also counts FLOPs or times each node. :func:`node_costs` turns either into one
 number per node.
 """
@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
+from torch.fx.node import map_aggregate
+from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
@@ -66,12 +67,30 @@ def output_bytes(meta: Any) -> int:
     return 0
 
 
-class NodeProfiler(ShapeProp):
+def _tensor_meta(result: Any) -> Any:
+    """``result`` with every tensor replaced by its metadata, or None if it holds no tensor."""
+    found = False
+
+    # ShapeProp's extraction also probes memory formats and quantisation, which costs more
+    # than running a small node; shapes, dtypes and strides are all the plan needs.
+    def meta(value: Any) -> Any:
+        nonlocal found
+        if not isinstance(value, torch.Tensor):
+            return value
+        found = True
+        return TensorMetadata(value.shape, value.dtype, value.requires_grad, value.stride(), None, False, {})
+
+    extracted = map_aggregate(result, meta)
+    return extracted if found else None
+
+
+class NodeProfiler(fx.Interpreter):
     """Shape propagation that also counts FLOPs and/or times every node.
 
-    After :meth:`propagate`, each node has ``meta["tensor_meta"]`` (from
-    :class:`ShapeProp`) and this profiler holds ``flops[node]`` and
-    ``seconds[node]`` (median of ``repeats`` runs) when asked for.
+    After :meth:`propagate`, each node has ``meta["tensor_meta"]`` (as from
+    ``torch.fx.passes.shape_prop.ShapeProp``, without memory formats) and this
+    profiler holds ``flops[node]`` and ``seconds[node]`` (median of ``repeats``
+    runs) when asked for.
 
     Args:
         module: the traced model.
@@ -100,8 +119,17 @@ class NodeProfiler(ShapeProp):
             with FlopCounterMode(display=False) as counter:
                 result = super().run_node(n)
             self.flops[n] = float(counter.get_total_flops())
-            return result
-        return super().run_node(n)
+        else:
+            result = super().run_node(n)
+        meta = _tensor_meta(result)
+        if meta is not None:
+            n.meta["tensor_meta"] = meta
+        n.meta["type"] = type(result)
+        return result
+
+    def propagate(self, *args: Any) -> Any:
+        """Run the module on ``args``, recording every node's output metadata."""
+        return self.run(*args)
 
 
 def _check_inputs(module: fx.GraphModule, inputs: Sequence[Any]) -> None:
