@@ -32,8 +32,12 @@ COST_MODELS = ("params", "flops", "time", "memory")
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
 
 
-def trace_for_stages(module: nn.Module) -> fx.GraphModule:
-    """Trace a deep copy of ``module`` with :class:`ModulePathTracer`."""
+def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
+    """Trace a deep copy of ``module`` with :class:`ModulePathTracer`; return the copy and its graph.
+
+    No :class:`torch.fx.GraphModule` is made here: generating its code costs as much as the
+    trace on a large graph, and costing and partitioning only need the graph.
+    """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(
             f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
@@ -52,7 +56,7 @@ def trace_for_stages(module: nn.Module) -> fx.GraphModule:
         # ``from __future__ import annotations`` leaves string types, which fx cannot pickle
         if isinstance(node.type, str):
             node.type = None
-    return fx.GraphModule(tracer.root, graph, name)
+    return tracer.root, graph
 
 
 def output_bytes(meta: Any) -> int:
@@ -98,8 +102,10 @@ class NodeProfiler(fx.Interpreter):
         repeats: time each node this many times (0: do not time).
     """
 
-    def __init__(self, module: fx.GraphModule, count_flops: bool = False, repeats: int = 0) -> None:
-        super().__init__(module)
+    def __init__(
+        self, module: nn.Module, graph: fx.Graph | None = None, count_flops: bool = False, repeats: int = 0
+    ) -> None:
+        super().__init__(module, graph=graph)
         self.count_flops = count_flops
         self.repeats = repeats
         self.flops: dict[fx.Node, float] = {}
@@ -132,8 +138,8 @@ class NodeProfiler(fx.Interpreter):
         return self.run(*args)
 
 
-def _check_inputs(module: fx.GraphModule, inputs: Sequence[Any]) -> None:
-    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+def _check_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> None:
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args]
     if not len(required) <= len(inputs) <= len(placeholders):
         names = ", ".join(str(n.target) for n in placeholders)
@@ -144,12 +150,13 @@ def _check_inputs(module: fx.GraphModule, inputs: Sequence[Any]) -> None:
 
 
 def run_profiler(
-    module: fx.GraphModule, inputs: Sequence[Any], count_flops: bool = False, repeats: int = 0
+    module: nn.Module, graph: fx.Graph, inputs: Sequence[Any], count_flops: bool = False, repeats: int = 0
 ) -> NodeProfiler:
-    """Run :class:`NodeProfiler` on cloned ``inputs``, turning failures into :class:`InputError`."""
-    _check_inputs(module, inputs)
+    """Run :class:`NodeProfiler` over ``graph`` (traced from ``module``) on cloned ``inputs``,
+    turning failures into :class:`InputError`."""
+    _check_inputs(module, graph, inputs)
     cloned = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-    profiler = NodeProfiler(module, count_flops=count_flops, repeats=repeats)
+    profiler = NodeProfiler(module, graph, count_flops=count_flops, repeats=repeats)
     try:
         with torch.no_grad():
             profiler.propagate(*cloned)
@@ -163,7 +170,7 @@ def run_profiler(
     return profiler
 
 
-def _params_per_node(module: fx.GraphModule, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:
+def _params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:
     seen: set[int] = set()
     costs: dict[fx.Node, float] = {}
     for n in nodes:
@@ -216,7 +223,7 @@ def _checked(n: fx.Node, value: Any) -> float:
 
 
 def node_costs(
-    module: fx.GraphModule,
+    module: nn.Module,
     nodes: Sequence[fx.Node],
     profiler: NodeProfiler,
     cost: str | Callable[[fx.Node], float],

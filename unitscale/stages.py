@@ -22,6 +22,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,7 +122,8 @@ class StagePlan:
     """A contiguous split of a traced model into stages, made by :func:`partition`.
 
     Attributes:
-        module: the traced copy of the model (a :class:`torch.fx.GraphModule`).
+        module: the traced copy of the model (a :class:`torch.fx.GraphModule`, made on first use).
+        graph: its :class:`torch.fx.Graph`.
         num_stages: number of stages.
         cost: the cost model's name (``"callable"`` for a function).
         node_costs: ``(node name, cost)`` for every compute node, in execution order.
@@ -143,14 +145,16 @@ class StagePlan:
 
     def __init__(
         self,
-        module: fx.GraphModule,
+        root: nn.Module,
+        graph: fx.Graph,
         node_costs: list[tuple[str, float]],
         bounds: list[int],
         cost: str,
         example_inputs: tuple[Any, ...],
         pieces: list[int] | None = None,
     ) -> None:
-        self.module = module
+        self._root = root
+        self.graph = graph
         self.pieces = pieces if pieces is not None else list(range(len(node_costs) + 1))
         self.node_costs = node_costs
         self.bounds = bounds
@@ -162,9 +166,18 @@ class StagePlan:
         self.stage_costs = _partition.stage_sums([c for _, c in node_costs], bounds)
         self._example_inputs = example_inputs
 
+    @functools.cached_property
+    def module(self) -> fx.GraphModule:
+        """The traced copy of the model as a :class:`torch.fx.GraphModule`.
+
+        Made on first use: its code generation costs as much as the trace on a large graph,
+        and partitioning needs only the graph.
+        """
+        return fx.GraphModule(self._root, self.graph, type(self._root).__name__)
+
     def __repr__(self) -> str:
         costs = ", ".join(f"{c:.4g}" for c in self.stage_costs)
-        return f"StagePlan({type(self.module).__name__}, {self.num_stages} stages by {self.cost}: [{costs}])"
+        return f"StagePlan({type(self._root).__name__}, {self.num_stages} stages by {self.cost}: [{costs}])"
 
     @property
     def bottleneck(self) -> float:
@@ -256,7 +269,7 @@ class StagePlan:
             A :class:`StageReport`; print it for a table.
         """
         total = sum(self.stage_costs) or 1.0
-        live = live_values(self.module.graph, self.assignment, self.num_stages)
+        live = live_values(self.graph, self.assignment, self.num_stages)
         names = [name for name, _ in self.node_costs]
         rows = []
         for s, stage in enumerate(self.stage_modules()):
@@ -410,14 +423,14 @@ def partition(
         raise StageCountError(
             f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
         )
-    gm = trace_for_stages(module)
+    root, graph = trace_for_stages(module)
     inputs = _as_tuple(example_inputs)
-    profiler = run_profiler(gm, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
-    nodes = [n for n in gm.graph.nodes if n.op in COMPUTE_OPS]
+    profiler = run_profiler(root, graph, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
+    nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     name = type(module).__name__
     if not nodes:
         raise StageCountError(f"{name} has no compute nodes to split into num_stages={num_stages}")
-    costs = node_costs(gm, nodes, profiler, cost)
+    costs = node_costs(root, nodes, profiler, cost)
     allowed = _allowed_cuts(nodes, boundary_depth)
     unit_bounds = [0, *[i for i in range(1, len(nodes)) if allowed[i]], len(nodes)]
     units = len(unit_bounds) - 1
@@ -437,5 +450,5 @@ def partition(
     bounds = [unit_bounds[i] for i in chosen]
     cost_name = cost if isinstance(cost, str) else "callable"
     return StagePlan(
-        gm, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs, unit_bounds
+        root, graph, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs, unit_bounds
     )
