@@ -118,6 +118,15 @@ class TransformedModule(nn.Module):
         module: the module whose forward is captured.
         transforms: the graph transforms, applied in order.
         unscaled_ops: ops :func:`unit_scale` left as they were, one line each.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from unitscale import unit_scale
+    >>> scaled = unit_scale(nn.Sequential(nn.Linear(8, 8), nn.GELU()))
+    >>> scaled.graph_module is None  # nothing captured before the first call
+    True
+    >>> scaled(torch.randn(4, 8)).shape, scaled.unscaled_ops
+    (torch.Size([4, 8]), [])
     """
 
     def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:

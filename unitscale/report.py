@@ -41,6 +41,12 @@ class ScaleRow(NamedTuple):
         forward: std of the tensor (``None``: empty tensor).
         backward: std of its gradient (``None``: no gradient reached it).
         abs_max: largest magnitude (``None``: not recorded or empty).
+
+    >>> import torch
+    >>> from unitscale import MLP, track_scales
+    >>> row = next(iter(track_scales(MLP(4), torch.randn(8, 4))))
+    >>> row.node, row.op, row.shape
+    ('x', 'input', (8, 4))
     """
 
     node: str
