@@ -44,7 +44,7 @@ def main(quick: bool = False) -> list[dict]:
     torch.manual_seed(0)
     # the same model in quick mode: a smaller one would overstate the fixed per-node costs
     layers, d, seq, batch = 4, 256, 128, 8
-    repeats = 3 if quick else 7
+    repeats = 3 if quick else 21
     model = TinyGPT(vocab_size=64, d_model=d, n_layers=layers, n_heads=4, seq_len=seq)
     idx = torch.randint(0, 64, (batch, seq))
     grad = torch.randn(batch, seq, 64)

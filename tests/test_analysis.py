@@ -444,12 +444,20 @@ def test_unknown_capture_raises_input_error() -> None:
 def test_track_scales_reads_all_stds_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model, x = MLP(8), torch.randn(4, 8)
+    on_cpu = track_scales(model, x, backward=torch.ones(4, 8))
+    # What an accelerator's device does, here on the CPU: values stay tensors until the end.
+    monkeypatch.setattr("unitscale.scale.reads_at_once", lambda device: False)
     calls = []
     original = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(self.shape) or original(self))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("item() syncs once per tensor"))
-    report = track_scales(model, x)
+    report = track_scales(model, x, backward=torch.ones(4, 8))
     assert calls == [torch.Size([len(report) * 3])]  # forward, backward and abs-max of every row
+    for row, cpu_row in zip(report, on_cpu, strict=True):
+        assert row.backward is not None and row.abs_max is not None
+        assert (row.forward, row.backward, row.abs_max) == pytest.approx(
+            (cpu_row.forward, cpu_row.backward, cpu_row.abs_max), rel=1e-5
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from unitscale import ScalePair, ScaleTracker
 from unitscale.report import FORMAT_RANGES
-from unitscale.scale import ScaleRecord, read_records, tensor_abs_max, tensor_std
+from unitscale.scale import ScaleRecord, read_records, std_stat, tensor_abs_max, tensor_std
 
 
 @pytest.mark.parametrize(
@@ -90,6 +91,7 @@ def test_scale_tracker_records_forward_and_gradient_std() -> None:
 
 
 def test_read_records_reads_every_value_with_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("unitscale.scale.reads_at_once", lambda device: False)  # as on an accelerator
     records = []
     for i in range(5):
         r = ScaleRecord()
@@ -126,7 +128,13 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
     from unitscale import scale
 
     torch.manual_seed(0)
-    tensors = [torch.randn(50, 30).t(), torch.randn(7), torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(2000)]
+    tensors = [
+        torch.randn(50, 30).t(),  # dense, transposed: read in place
+        torch.randn(7),
+        torch.randn(3, 4, 5, dtype=torch.float64),
+        torch.randn(40, 60)[:, :50],  # not dense: copied into the scratch buffer
+        torch.randn(1000) + 50,  # mean above the std: deviations go to the scratch buffer
+    ]
     with scale.scratch_space():
         got = [tensor_std(t) for t in tensors]
         assert scale._scratch.buffer.numel() == 2000
@@ -134,3 +142,46 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
         assert g is not None
         torch.testing.assert_close(g, torch.std(t).to(g.dtype))
     assert getattr(scale._scratch, "buffer", None) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 300_000),
+    scale=st.floats(1e-4, 1e4),
+    shift=st.floats(-1e3, 1e3),
+    seed=st.integers(0, 2**16),
+)
+def test_cpu_std_of_float32_matches_float64_std(n: int, scale: float, shift: float, seed: int) -> None:
+    torch.manual_seed(seed)
+    x = torch.randn(n) * scale + shift
+    expected = torch.std(x.double()).item()
+    got = std_stat(x)
+    assert isinstance(got, float)  # read at once on the CPU
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-30)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(8, 16, 5, 5).to(memory_format=torch.channels_last),
+        lambda: torch.randn(4, 6, 10).transpose(0, 2),
+        lambda: torch.randn(30, 40)[::2, 5:],
+        lambda: torch.randn(1, 64).expand(32, 64),
+        lambda: torch.randn(3, 4, 5).permute(2, 0, 1)[1:],
+    ],
+    ids=["channels_last", "transposed", "strided_slice", "expanded", "permuted_slice"],
+)
+def test_cpu_std_of_any_layout_matches_torch_std(make: Any) -> None:
+    torch.manual_seed(0)
+    x = make()
+    assert std_stat(x) == pytest.approx(torch.std(x.double()).item(), rel=1e-5)
+
+
+def test_cpu_std_of_non_finite_values_is_nan_or_inf_like_torch_std() -> None:
+    x = torch.randn(1000)
+    x[3] = math.inf
+    assert math.isnan(std_stat(x))  # type: ignore[arg-type]
+    x[3] = math.nan
+    assert math.isnan(std_stat(x))  # type: ignore[arg-type]
+    big = torch.randn(1000) * 1e30  # finite, but its squares overflow float32
+    assert std_stat(big) == pytest.approx(torch.std(big.double()).item(), rel=1e-6)

@@ -248,6 +248,74 @@ def test_exec_order_tracer_composes_with_leaf_choice():
     assert {n.meta["module_path"] for n in graph.nodes if n.op == "call_module"} == {"0", "1"}
 
 
+# -- faster tracing, same graphs ---------------------------------------------------------
+
+
+class _FxReference(DeepTracer):
+    """DeepTracer with torch.fx's own proxies and argument handling: the reference graph."""
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return fx.Proxy(node, self)
+
+    def create_arg(self, a):
+        return fx.Tracer.create_arg(self, a)
+
+
+class Unpacking(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(6.0).reshape(2, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, d = x.shape
+        first, second = x.split(d // 2, dim=1)
+        (left, right), kept = first.chunk(2, dim=1), second
+        scale = torch.tensor(2.0)  # a tensor constant: goes through fx's constant handling
+        return torch.cat([right, left, kept * scale], dim=1).reshape(b, -1, 2)[:, 1:, ...] + self.table.sum()
+
+
+@pytest.mark.parametrize(
+    "make", [Unpacking, lambda: TinyGPT(11, 16, 2, 2, 8), resnet18], ids=["unpacking", "tinygpt", "resnet18"]
+)
+def test_unpacking_proxies_and_fast_arguments_give_fxs_graph(make):
+    # separate instances: tracing stores tensor constants on the module it traces
+    ours, reference = DeepTracer().trace(make()), _FxReference().trace(make())
+    assert ours.python_code("self").src == reference.python_code("self").src
+    assert [n.format_node() for n in ours.nodes] == [n.format_node() for n in reference.nodes]
+    assert [type(n.args) for n in ours.nodes] == [type(n.args) for n in reference.nodes]
+
+
+def test_unpacking_proxy_still_refuses_loops_like_fx():
+    class Loop(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return sum(row for row in x)
+
+    class Starred(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            first, *rest = x.shape
+            return x * first
+
+    for module in (Loop(), Starred()):
+        with pytest.raises(TraceError, match="Proxy object cannot be iterated"):
+            DeepTracer().trace(module)
+
+
+def test_unpacking_table_is_built_once_per_function(monkeypatch):
+    import dis
+
+    from unitscale import _unpack_proxy
+
+    calls = []
+    original = dis.get_instructions
+    monkeypatch.setattr(_unpack_proxy.dis, "get_instructions", lambda code: calls.append(code) or original(code))
+    model = TinyGPT(11, 16, 3, 2, 8)  # 3 attention layers, each unpacking twice
+    _unpack_proxy._TABLES.clear()
+    DeepTracer().trace(model)
+    assert len(calls) == 1  # Attention.forward, disassembled once for 6 unpackings
+    DeepTracer().trace(model)
+    assert len(calls) == 1
+
+
 # -- bad input --------------------------------------------------------------------------
 
 

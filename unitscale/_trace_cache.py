@@ -115,7 +115,7 @@ def _fingerprint(module: nn.Module) -> tuple[Any, ...]:
 def _graph_code(graph: fx.Graph) -> str:
     # Type annotations (``x : _torch_Tensor_``) are noise here: hide them while
     # generating, then put them back, so the graph is left as it was.
-    saved = [(n, n.type) for n in graph.nodes]
+    saved = [(n, n.type) for n in graph.nodes if n.type is not None]
     try:
         for n, _ in saved:
             n.type = None

@@ -2,8 +2,8 @@
 
 The model is traced with a :class:`~unitscale.DeepTracer` that also records
 module paths, run by a :class:`ScaleTrackingInterpreter` that records every
-floating-point node output, and backpropagated once. Stds stay on the device until one
-read at the end. When ``torch.fx`` cannot trace the model (data-dependent control flow)
+floating-point node output, and backpropagated once. On an accelerator the stds stay on
+the device until one read at the end. When ``torch.fx`` cannot trace the model (data-dependent control flow)
 the ops are recorded as they run instead (``unitscale.op_capture``).
 """
 
@@ -78,7 +78,10 @@ class ScaleTrackingInterpreter(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current_node = n
-        out = super().run_node(n)
+        # fx.Interpreter.run_node without its per-node context managers and debug log:
+        # on a small model they cost as much as the scale tracking itself.
+        load = self.env.__getitem__
+        out = getattr(self, n.op)(n.target, fx.node.map_arg(n.args, load), fx.node.map_arg(n.kwargs, load))
         if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return out
         if n.op == "placeholder":

@@ -1,8 +1,9 @@
 """Per-tensor scales: the standard deviation of a tensor and of its gradient.
 
-A :class:`ScaleRecord` holds the statistics of one tensor as 0-dim tensors on the
-tensor's own device, so recording never waits for the device; :func:`read_records`
-copies all of them to the host in one transfer at the end. :class:`ScaleTracker` is
+A :class:`ScaleRecord` holds the statistics of one tensor: on an accelerator as 0-dim
+tensors on the tensor's own device, so recording never waits for the device, and
+:func:`read_records` copies all of them to the host in one transfer at the end; on the
+CPU, where reading a value waits for nothing, as floats. :class:`ScaleTracker` is
 an identity ``autograd.Function`` that fills a record in forward and backward.
 :class:`ScalePair` is what a reader sees: ``(-> forward std, <- backward std)``.
 """
@@ -18,7 +19,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["ScalePair", "ScaleRecord", "ScaleTracker", "read_records", "scratch_space", "tensor_std", "tensor_abs_max"]
+__all__ = [
+    "ScalePair",
+    "ScaleRecord",
+    "ScaleTracker",
+    "Stat",
+    "abs_max_stat",
+    "read_records",
+    "reads_at_once",
+    "scratch_space",
+    "std_stat",
+    "tensor_abs_max",
+    "tensor_std",
+]
 
 
 def _fmt(value: float | None) -> str:
@@ -58,45 +71,66 @@ class ScalePair:
 
 
 class ScaleRecord:
-    """Mutable holder of one tensor's statistics, kept as 0-dim device tensors.
+    """Mutable holder of one tensor's statistics.
 
     ``forward`` and ``backward`` are stds, ``abs_max`` the largest magnitude in
-    forward; each is ``None`` until recorded (or when the tensor is empty).
+    forward; each is ``None`` until recorded (or when the tensor is empty). On an
+    accelerator each value is a 0-dim tensor left on the device, so recording never
+    waits for it; on the CPU, where there is nothing to wait for, it is a ``float``.
 
     >>> record = ScaleRecord()
     >>> record.record_forward(torch.tensor([1.0, 3.0]), abs_max=True)
     >>> read_records([record])
-    [(1.4142135381698608, None, 3.0)]
+    [(1.4142135623730951, None, 3.0)]
     """
 
     __slots__ = ("forward", "backward", "abs_max")
 
     def __init__(self) -> None:
-        self.forward: torch.Tensor | None = None
-        self.backward: torch.Tensor | None = None
-        self.abs_max: torch.Tensor | None = None
+        self.forward: Stat | None = None
+        self.backward: Stat | None = None
+        self.abs_max: Stat | None = None
 
     def record_forward(self, t: torch.Tensor, abs_max: bool = False) -> None:
         """Record the std (and optionally the abs-max) of ``t``; no host sync."""
-        self.forward = tensor_std(t)
+        self.forward = std_stat(t)
         if abs_max:
-            self.abs_max = tensor_abs_max(t)
+            self.abs_max = abs_max_stat(t)
 
     def record_backward(self, grad: torch.Tensor) -> None:
         """Record the std of a gradient; no host sync."""
-        self.backward = tensor_std(grad)
+        self.backward = std_stat(grad)
 
 
-def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
-    """``torch.std`` of ``t`` as a float32 0-dim tensor on ``t``'s device.
+Stat = float | torch.Tensor
+"""A recorded statistic: a ``float`` on the CPU, a 0-dim tensor on an accelerator's device."""
+
+
+def reads_at_once(device: torch.device) -> bool:
+    """Whether a value on ``device`` is read without waiting for the device: only the CPU's.
+
+    >>> reads_at_once(torch.device("cpu")), reads_at_once(torch.device("meta"))
+    (True, False)
+    """
+    return device.type == "cpu"
+
+
+def std_stat(t: torch.Tensor) -> Stat | None:
+    """``torch.std`` of ``t`` as a statistic to record (see :data:`Stat`).
 
     Empty tensors give ``None``; a one-element tensor gives 0 (``torch.std`` would give
     NaN and a warning). Low-precision tensors are reduced in float32.
 
-    >>> tensor_std(torch.tensor([1.0, 2.0, 3.0]))
-    tensor(1.)
-    >>> tensor_std(torch.tensor([5.0])), tensor_std(torch.empty(0))
-    (tensor(0.), None)
+    On an accelerator the std is two reductions left on the device (the mean, then the
+    norm of the deviations). On the CPU it is a sum and a BLAS dot product read at once:
+    a single read of the data each, about 3x faster than the two-pass form. Where the
+    mean is larger than the std, which would cancel digits, the sums are taken again
+    around the mean.
+
+    >>> std_stat(torch.tensor([1.0, 2.0, 3.0]))
+    1.0
+    >>> std_stat(torch.tensor([5.0])), std_stat(torch.empty(0))
+    (0.0, None)
     """
     n = t.numel()
     if n == 0:
@@ -104,19 +138,64 @@ def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
     t = t.detach()
     if t.dtype != torch.float32 and t.dtype != torch.float64:
         t = t.float()
+    if not reads_at_once(t.device):
+        if n == 1:
+            return torch.zeros((), dtype=t.dtype, device=t.device)
+        return torch.linalg.vector_norm(t - t.mean()) / math.sqrt(n - 1)
     if n == 1:
-        return torch.zeros((), dtype=t.dtype, device=t.device)
+        return 0.0
+    flat = _flat(t)
+    total, squares = flat.sum().item(), torch.dot(flat, flat).item()
+    mean = total / n
+    var = (squares - total * mean) / (n - 1)
+    if mean * mean <= var < math.inf:
+        return math.sqrt(var)
+    # Around the mean: the deviations' own mean is near 0, so nothing cancels.
+    deviations = torch.sub(flat, mean, out=_buffer(n, flat.dtype))
+    total, squares = deviations.sum().item(), torch.dot(deviations, deviations).item()
+    var = (squares - total * total / n) / (n - 1)
+    if math.isfinite(var):
+        return math.sqrt(max(var, 0.0))
+    return torch.std(t.double()).item()  # inf or nan in t (nan, as torch.std), or squares overflowing
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy."""
+    if not t.is_contiguous():
+        dense = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
+        if not dense.is_contiguous():
+            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1)
+        t = dense
+    return t.view(-1)
+
+
+def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``n`` elements of scratch: from :func:`scratch_space`'s buffer if one is active."""
     scratch = getattr(_scratch, "buffer", None)
-    if scratch is not None and t.device.type == "cpu":
-        # A fresh multi-megabyte temporary per tensor costs page faults on CPU; reuse one.
-        if scratch.numel() < n or scratch.dtype != t.dtype:
-            scratch = _scratch.buffer = torch.empty(n, dtype=t.dtype)
-        deviations = torch.sub(t, t.mean(), out=scratch[:n].view(t.shape))
-        return torch.linalg.vector_norm(deviations) / math.sqrt(n - 1)
-    # Two passes (mean, then the norm of the deviations) stay accurate when the mean
-    # dwarfs the std, unlike a one-pass sum of squares, and are about 3x faster than
-    # torch.std's Welford kernel on CPU.
-    return torch.linalg.vector_norm(t - t.mean()) / math.sqrt(n - 1)
+    if scratch is None:
+        return torch.empty(n, dtype=dtype)
+    if scratch.numel() < n or scratch.dtype != dtype:
+        # A fresh multi-megabyte temporary per tensor costs page faults; reuse one.
+        scratch = _scratch.buffer = torch.empty(n, dtype=dtype)
+    return scratch[:n]
+
+
+def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
+    """``torch.std`` of ``t`` as a 0-dim tensor on ``t``'s device (float32 or float64).
+
+    Empty tensors give ``None``; a one-element tensor gives 0 (``torch.std`` would give
+    NaN and a warning). Low-precision tensors are reduced in float32. See
+    :func:`std_stat` for how it is computed.
+
+    >>> tensor_std(torch.tensor([1.0, 2.0, 3.0]))
+    tensor(1.)
+    >>> tensor_std(torch.tensor([5.0])), tensor_std(torch.empty(0))
+    (tensor(0.), None)
+    """
+    value = std_stat(t)
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
+    return value
 
 
 _scratch = threading.local()
@@ -124,13 +203,13 @@ _scratch = threading.local()
 
 @contextmanager
 def scratch_space() -> Iterator[None]:
-    """Within this context, :func:`tensor_std` on CPU reuses one buffer per thread.
+    """Within this context, CPU stds that need a copy reuse one buffer per thread.
 
     The buffer grows to the largest tensor seen and is released on exit.
 
     >>> with scratch_space():
-    ...     tensor_std(torch.tensor([1.0, 2.0, 3.0]))
-    tensor(1.)
+    ...     tensor_std(torch.tensor([1.0, 2.0, 3.0]).expand(2, 3))
+    tensor(0.8944)
     """
     previous = getattr(_scratch, "buffer", None)
     _scratch.buffer = torch.empty(0)
@@ -138,6 +217,16 @@ def scratch_space() -> Iterator[None]:
         yield
     finally:
         _scratch.buffer = previous
+
+
+def abs_max_stat(t: torch.Tensor) -> Stat | None:
+    """Largest magnitude in ``t`` as a statistic to record (see :data:`Stat`); ``None`` if empty.
+
+    >>> abs_max_stat(torch.tensor([1.0, -4.0, 2.0]))
+    4.0
+    """
+    value = tensor_abs_max(t)
+    return value.item() if value is not None and reads_at_once(value.device) else value
 
 
 def tensor_abs_max(t: torch.Tensor) -> torch.Tensor | None:
@@ -153,10 +242,11 @@ def tensor_abs_max(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def read_records(records: Sequence[ScaleRecord]) -> list[tuple[float | None, float | None, float | None]]:
-    """Copy every record's ``(forward, backward, abs_max)`` to Python floats in one transfer.
+    """Every record's ``(forward, backward, abs_max)`` as Python floats, read in one transfer.
 
-    All recorded values are stacked on their device and read with a single ``tolist()``
-    per device and dtype, instead of one ``.item()`` (one host sync) per tensor.
+    Values left on a device are stacked there and read with a single ``tolist()`` per
+    device and dtype, instead of one ``.item()`` (one host sync) per tensor. CPU values
+    are floats already.
 
     Args:
         records: the records to read.
@@ -168,19 +258,18 @@ def read_records(records: Sequence[ScaleRecord]) -> list[tuple[float | None, flo
     >>> read_records([r, ScaleRecord()])
     [(0.0, None, None), (None, None, None)]
     """
-    slots: list[tuple[int, int, torch.Tensor]] = []
-    for i, record in enumerate(records):
+    rows: list[list[float | None]] = []
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[list[float | None], int, torch.Tensor]]] = {}
+    for record in records:
+        row: list[float | None] = [record.forward, record.backward, record.abs_max]  # type: ignore[list-item]
         for j, value in enumerate((record.forward, record.backward, record.abs_max)):
-            if value is not None:
-                slots.append((i, j, value))
-    rows: list[list[float | None]] = [[None, None, None] for _ in records]
-    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, int, torch.Tensor]]] = {}
-    for slot in slots:
-        groups.setdefault((slot[2].device, slot[2].dtype), []).append(slot)
+            if isinstance(value, torch.Tensor):
+                groups.setdefault((value.device, value.dtype), []).append((row, j, value))
+        rows.append(row)
     for group in groups.values():
         values = torch.stack([v for _, _, v in group]).tolist()
-        for (i, j, _), value in zip(group, values, strict=True):
-            rows[i][j] = value
+        for (row, j, _), value in zip(group, values, strict=True):
+            row[j] = value
     return [(r[0], r[1], r[2]) for r in rows]
 
 

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import einops
+import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
+from unitscale._unpack_proxy import UnpackProxy
 from unitscale.errors import NotAModuleError, PredicateError, TraceError
 
 __all__ = [
@@ -70,6 +72,12 @@ def _skip_input_checks(module: nn.Module) -> Iterator[None]:
         del module.__dict__["_check_input_dim"]
 
 
+_PLAIN_ARGS = frozenset(
+    {int, float, bool, complex, str, type(None), type(...), torch.dtype, torch.device, torch.layout}
+    | {torch.memory_format}
+)
+
+
 class _Tracer(fx.Tracer):
     """Checks the root and turns ``torch.fx`` trace failures into :class:`TraceError`."""
 
@@ -77,6 +85,21 @@ class _Tracer(fx.Tracer):
     # buffer by an input's shape (TinyGPT's positions) traces, and tracing never
     # runs a buffer update (BatchNorm's ``num_batches_tracked += 1``) eagerly.
     proxy_buffer_attributes = True
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return UnpackProxy(node, self)
+
+    def create_arg(self, a: Any) -> Argument:
+        # Proxies, numbers and the like are most arguments; fx would first test each for
+        # a parameter, tensor, module or opaque object, a third of the tracing time.
+        kind = type(a)
+        if kind in _PLAIN_ARGS:
+            return a
+        if kind is UnpackProxy:
+            return a.node
+        if kind is tuple:
+            return tuple(self.create_arg(item) for item in a)
+        return super().create_arg(a)
 
     def trace(self, root: nn.Module | Callable[..., Any], concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         if not isinstance(root, nn.Module) and not isinstance(root, types.FunctionType):

@@ -1,0 +1,79 @@
+"""Proxies that recognise tuple unpacking from a bytecode table built once per function.
+
+``b, t, d = x.shape`` and ``q, k, v = qkv.split(d, dim=2)`` iterate over a
+``torch.fx.Proxy``. To tell such an unpacking (which it can trace: one ``getitem`` per
+name) from a loop (which it cannot), ``Proxy.__iter__`` disassembles the calling
+function on every iteration. In a transformer, where every layer unpacks twice, that is
+a fifth of the tracing time. :class:`UnpackProxy` answers the same question from a table
+of the function's ``UNPACK_SEQUENCE`` instructions, built on the function's first
+unpacking and kept while its code object lives. Anything that is not an unpacking goes
+to ``tracer.iter`` exactly as in ``torch.fx``.
+"""
+
+from __future__ import annotations
+
+import dis
+import sys
+import types
+import weakref
+from collections.abc import Iterator
+
+from torch import fx
+from torch.fx.proxy import Attribute
+
+__all__ = ["UnpackProxy", "unpack_length"]
+
+_TABLES: weakref.WeakKeyDictionary[types.CodeType, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+def unpack_length(code: types.CodeType, offset: int) -> int | None:
+    """How many names the instruction of ``code`` at byte ``offset`` unpacks into; ``None`` if it is no unpacking.
+
+    >>> def f(pair):
+    ...     a, b = pair
+    >>> [unpack_length(f.__code__, i.offset) for i in dis.get_instructions(f) if i.opname == "UNPACK_SEQUENCE"]
+    [2]
+    >>> unpack_length(f.__code__, 0) is None
+    True
+    """
+    table = _TABLES.get(code)
+    if table is None:
+        table = {i.offset: i.argval for i in dis.get_instructions(code) if i.opname == "UNPACK_SEQUENCE"}
+        _TABLES[code] = table
+    return table.get(offset)
+
+
+class UnpackProxy(fx.Proxy):
+    """A ``torch.fx.Proxy`` whose unpacking (``a, b = proxy``) skips re-disassembling the caller.
+
+    A tracer makes these by returning them from ``Tracer.proxy``; attributes of one
+    (``x.shape``) are :class:`UnpackAttribute` and unpack the same way.
+
+    >>> import torch
+    >>> class Halves(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         a, b = x.chunk(2)
+    ...         return a - b
+    >>> class Tracer(fx.Tracer):
+    ...     def proxy(self, node):
+    ...         return UnpackProxy(node, self)
+    >>> [n.name for n in Tracer().trace(Halves()).nodes]
+    ['x', 'chunk', 'getitem', 'getitem_1', 'sub', 'output']
+    """
+
+    def __iter__(self) -> Iterator[fx.Proxy]:
+        caller = sys._getframe(1)
+        n = unpack_length(caller.f_code, caller.f_lasti)
+        if n is not None:
+            return (self[i] for i in range(n))  # type: ignore[index]  # fx adds __getitem__ at import
+        return self.tracer.iter(self)
+
+    def __getattr__(self, k: str) -> UnpackAttribute:
+        return UnpackAttribute(self, k)
+
+
+class UnpackAttribute(Attribute, UnpackProxy):
+    """An attribute of an :class:`UnpackProxy` (``x.shape``), created lazily as in ``torch.fx``."""
+
+    def __init__(self, root: fx.Proxy, attr: str) -> None:
+        Attribute.__init__(self, root, attr)
