@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import fx, nn
 
 from unitscale.errors import TraceError
@@ -45,30 +44,7 @@ class ScaleTracer(ModulePathTracer, DeepTracer):
     [<class 'torch.Tensor'>]
     """
 
-    _names_of: dict[int, tuple[str, bool]] | None = None
-
-    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, fx.Proxy]) -> Any:
-        # fx finds a parameter's name by scanning named_parameters() on every access,
-        # quadratic in the parameter count; one dict per trace does the same lookup.
-        if isinstance(attr_val, torch.Tensor) and not self.param_shapes_constant:
-            if self._names_of is None:
-                named: list[tuple[str, torch.Tensor]] = list(self.root.named_parameters())
-                if self.proxy_buffer_attributes:
-                    named += list(self.root.named_buffers())
-                names_of: dict[int, tuple[str, bool]] = {}
-                for name, tensor in named:
-                    names_of.setdefault(id(tensor), (name, isinstance(tensor, nn.Parameter)))
-                self._names_of = names_of
-            found = self._names_of.get(id(attr_val))
-            if found is not None and (found[1] or self.proxy_buffer_attributes):
-                name = found[0]
-                if name not in parameter_proxy_cache:
-                    parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
-                return parameter_proxy_cache[name]
-        return super().getattr(attr, attr_val, parameter_proxy_cache)
-
     def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
-        self._names_of = None
         graph = super().trace(root, concrete_args)
         if any(isinstance(n.type, str) for n in graph.nodes):
             fn = root.forward if isinstance(root, nn.Module) else root

@@ -103,7 +103,7 @@ class ScaleRecord:
 
 
 Stat = float | torch.Tensor
-"""A recorded statistic: a ``float`` on the CPU, a 0-dim tensor on an accelerator's device."""
+"""What a record holds for one statistic, a ``float`` on the CPU and a 0-dim tensor on an accelerator's device."""
 
 
 def reads_at_once(device: torch.device) -> bool:

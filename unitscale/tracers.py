@@ -89,6 +89,28 @@ class _Tracer(fx.Tracer):
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return UnpackProxy(node, self)
 
+    _names_of: dict[int, tuple[str, bool]] | None = None
+
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, fx.Proxy]) -> Any:
+        # fx finds a parameter's name by scanning named_parameters() on every access,
+        # quadratic in the parameter count; one dict per trace does the same lookup.
+        if isinstance(attr_val, torch.Tensor) and not self.param_shapes_constant:
+            if self._names_of is None:
+                named: list[tuple[str, torch.Tensor]] = list(self.root.named_parameters())
+                if self.proxy_buffer_attributes:
+                    named += list(self.root.named_buffers())
+                names_of: dict[int, tuple[str, bool]] = {}
+                for name, tensor in named:
+                    names_of.setdefault(id(tensor), (name, isinstance(tensor, nn.Parameter)))
+                self._names_of = names_of
+            found = self._names_of.get(id(attr_val))
+            if found is not None and (found[1] or self.proxy_buffer_attributes):
+                name = found[0]
+                if name not in parameter_proxy_cache:
+                    parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
+                return parameter_proxy_cache[name]
+        return super().getattr(attr, attr_val, parameter_proxy_cache)
+
     def create_arg(self, a: Any) -> Argument:
         # Proxies, numbers and the like are most arguments; fx would first test each for
         # a parameter, tensor, module or opaque object, a third of the tracing time.
@@ -107,6 +129,7 @@ class _Tracer(fx.Tracer):
                 f"{type(self).__name__}.trace got {type(root).__name__} {root!r:.60}; "
                 "pass an nn.Module or a Python function"
             )
+        self._names_of = None
         try:
             if isinstance(root, nn.Module):
                 with _skip_input_checks(root):
