@@ -74,7 +74,7 @@ def main(quick: bool = False) -> list[dict]:
         "analyse_module, first call": ours_fresh,
     }
     try:
-        from unit_scaling.analysis import analyse_module as theirs  # type: ignore[import-not-found]
+        from unit_scaling.utils import analyse_module as theirs  # type: ignore[import-not-found]
     except ImportError:
         theirs = None
     if theirs is not None:
