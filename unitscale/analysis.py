@@ -9,6 +9,7 @@ the ops are recorded as they run instead (``unitscale.op_capture``).
 
 from __future__ import annotations
 
+import functools
 import html
 import inspect
 import math
@@ -218,18 +219,26 @@ _ASSIGN = re.compile(r"^\s*(\w+) = ")
 _CLEANUP = re.compile(r";  (?:\w+ = )+None$")
 
 
+@functools.lru_cache(maxsize=16)
+def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
+    """The code's non-blank lines without fx's ``x = None`` clean-ups, each with the name it assigns."""
+    lines = []
+    for line in code.strip("\n").splitlines():
+        line = _CLEANUP.sub("", line.rstrip())
+        if line.strip():
+            match = _ASSIGN.match(line)
+            lines.append((line, match.group(1) if match else None))
+    return tuple(lines)
+
+
 def _annotate(trace: Trace, scales: dict[str, ScalePair]) -> str:
     inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in scales]
     lines = []
-    for line in trace.code.strip("\n").splitlines():
-        line = _CLEANUP.sub("", line.rstrip())
-        if not line.strip():
-            continue
-        match = _ASSIGN.match(line)
+    for line, name in _code_lines(trace.code):
         if line.startswith("def forward") and inputs:
-            line += "  # " + ", ".join(f"{name} {scales[name]}" for name in inputs)
-        elif match and match.group(1) in scales:
-            line += f"  # {scales[match.group(1)]}"
+            line += "  # " + ", ".join(f"{x} {scales[x]}" for x in inputs)
+        elif name in scales:
+            line += f"  # {scales[name]}"
         lines.append(line)
     return "\n".join(lines)
 
