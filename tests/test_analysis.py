@@ -480,3 +480,19 @@ def test_tracking_on_gpu_never_synchronises_before_the_final_read() -> None:
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert all(row.forward is not None for row in report)
+
+
+def test_backward_is_taken_once_per_parameter(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    model = MLP(8)
+    seen: list[list[int]] = []
+    original = torch.autograd.grad
+
+    def grad(outputs: object, inputs: list[torch.Tensor], *args: object, **kwargs: object) -> object:
+        seen.append([id(t) for t in inputs])
+        return original(outputs, inputs, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    track_scales(model, torch.randn(4, 8))
+    (inputs,) = seen
+    assert len(inputs) == len(set(inputs)) == 1 + len(list(model.parameters()))  # the input, each parameter once

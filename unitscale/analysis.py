@@ -187,7 +187,8 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
             f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. "
             "Check that the inputs have the shapes and dtypes the model expects."
         ) from e
-    interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
+    seen = {id(leaf) for leaf in interp.captured.leaves}  # parameters the graph read are there already
+    interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
     return interp.captured
 
 
