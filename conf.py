@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parent  # not the cwd: tests reuse this file fro
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
+from library_cache import cache_path  # noqa: E402  (docs/_ext is importable only from here on)
+
 project = "unitscale"
 author = "the unitscale developers"
 copyright = "2026, the unitscale developers"
@@ -30,6 +32,7 @@ extensions = [
     "sphinx_design",
     # ours, in docs/_ext
     "api_reference",
+    "library_cache",
     "notebook_download",
     "page_dependencies",
 ]
@@ -64,9 +67,15 @@ nb_execution_show_tb = True
 nb_execution_timeout = 300
 nb_merge_streams = True
 nb_render_markdown_format = "myst"  # Markdown outputs (the Benchmarks page's tables) get tables
-# The Benchmarks page runs benchmarks/bench_*.py: re-read (and, by its front matter, re-run) it
-# when they change, so its numbers are never the cached numbers of older scripts.
-page_dependencies = {"docs/benchmarks": ["benchmarks/bench_*.py"]}
+# The cache holds outputs of one version of the library (library_cache extension): a folder per
+# digest of unitscale's sources, and every executed page is re-read when those sources change.
+nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROOT / "unitscale"))
+# The Benchmarks page also runs benchmarks/bench_*.py: re-read (and, by its front matter,
+# re-run) it when they change, so its numbers are never the cached numbers of older scripts.
+page_dependencies = {
+    "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/*.py"],
+    **{f"tutorials/{page.stem}": ["unitscale/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
+}
 
 # API reference: docs/api.md lists every name in `unitscale.__all__` (api_reference extension).
 autosummary_generate = True
