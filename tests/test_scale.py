@@ -135,13 +135,20 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
         torch.randn(40, 60)[:, :50],  # not dense: copied into the scratch buffer
         torch.randn(1000) + 50,  # mean above the std: deviations go to the scratch buffer
     ]
+    scale._scratch.kept = None
     with scale.scratch_space():
         got = [tensor_std(t) for t in tensors]
-        assert scale._scratch.buffer.numel() == 2000
+        buffer = scale._scratch.buffer
+        assert buffer.numel() == 2000
     for t, g in zip(tensors, got, strict=True):
         assert g is not None
         torch.testing.assert_close(g, torch.std(t).to(g.dtype))
     assert getattr(scale._scratch, "buffer", None) is None
+    assert scale._scratch.kept is buffer  # small: kept for the next call
+    with scale.scratch_space():
+        assert scale._scratch.buffer is buffer
+        tensor_std(torch.randn(3000, 2000)[:, :1500])  # 18 MB: over the limit
+    assert scale._scratch.kept is None  # released
 
 
 @settings(max_examples=60, deadline=None)

@@ -21,6 +21,7 @@ from typing import Any
 
 from torch import fx, nn
 
+from unitscale._replay import BlockReplay
 from unitscale.errors import TraceError
 from unitscale.tracers import DeepTracer, ModulePathTracer
 
@@ -29,8 +30,11 @@ __all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason"]
 _PLAIN = (bool, int, float, str, type(None))
 
 
-class ScaleTracer(ModulePathTracer, DeepTracer):
+class ScaleTracer(BlockReplay, ModulePathTracer, DeepTracer):
     """A :class:`~unitscale.DeepTracer` that also records module paths.
+
+    A block that repeats (the layers of a transformer) is traced once; the later ones get
+    copies of its nodes (``unitscale._replay``), which gives the same graph in less time.
 
     Type annotations that are strings (a module written with ``from __future__ import
     annotations``) are resolved to types, or dropped when they cannot be: fx would put

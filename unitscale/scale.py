@@ -22,6 +22,7 @@ import torch
 __all__ = [
     "ScalePair",
     "ScaleRecord",
+    "KEEP_SCRATCH_BYTES",
     "ScaleTracker",
     "Stat",
     "abs_max_stat",
@@ -201,21 +202,32 @@ def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
 _scratch = threading.local()
 
 
+KEEP_SCRATCH_BYTES = 16 * 2**20
+"""A scratch buffer up to this size is kept for the thread's next :func:`scratch_space`."""
+
+
 @contextmanager
 def scratch_space() -> Iterator[None]:
     """Within this context, CPU stds that need a copy reuse one buffer per thread.
 
-    The buffer grows to the largest tensor seen and is released on exit.
+    The buffer grows to the largest tensor seen. On exit a buffer of at most
+    :data:`KEEP_SCRATCH_BYTES` is kept for the thread's next ``scratch_space`` (each
+    fresh multi-megabyte buffer costs its page faults again); a larger one is released.
 
     >>> with scratch_space():
     ...     tensor_std(torch.tensor([1.0, 2.0, 3.0]).expand(2, 3))
     tensor(0.8944)
     """
     previous = getattr(_scratch, "buffer", None)
-    _scratch.buffer = torch.empty(0)
+    kept = getattr(_scratch, "kept", None)
+    _scratch.kept = None
+    _scratch.buffer = kept if kept is not None else torch.empty(0)
     try:
         yield
     finally:
+        buffer = _scratch.buffer
+        if buffer.numel() * buffer.element_size() <= KEEP_SCRATCH_BYTES:
+            _scratch.kept = buffer
         _scratch.buffer = previous
 
 
