@@ -3,8 +3,9 @@
 The model is traced with a :class:`~unitscale.DeepTracer` that also records
 module paths, run by a :class:`ScaleTrackingInterpreter` that records every
 floating-point node output, and backpropagated once. On an accelerator the stds stay on
-the device until one read at the end. When ``torch.fx`` cannot trace the model (data-dependent control flow)
-the ops are recorded as they run instead (``unitscale.op_capture``).
+the device until one read at the end. When ``torch.fx`` cannot trace the model
+(data-dependent control flow) the ops are recorded as they run instead
+(``unitscale.op_capture``).
 """
 
 from __future__ import annotations

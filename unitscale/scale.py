@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 __all__ = [
+    "KEEP_SCRATCH_BYTES",
     "ScalePair",
     "ScaleRecord",
-    "KEEP_SCRATCH_BYTES",
     "ScaleTracker",
     "Stat",
     "abs_max_stat",
