@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from unitscale import _trace_cache, analyse_module
+from unitscale import _trace_cache, analyse_module, analysis
 from unitscale.models import TinyGPT
 
 
@@ -67,6 +67,7 @@ def main(quick: bool = False) -> list[dict]:
 
     def ours_fresh() -> None:
         _trace_cache._cache.clear()  # as on the first call: trace, then track
+        analysis._code_lines.cache_clear()  # and parse the code for annotating
         ours()
 
     fns: dict[str, Callable[[], object]] = {
