@@ -108,6 +108,11 @@ class _Template:
     out_leaves: list[Any]
 
 
+def _proxy_nodes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[fx.Node]:
+    """The nodes of the proxies among a call's arguments, in argument order."""
+    return [leaf.node for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, fx.Proxy)]
+
+
 def _move(path: str, old: str, new: str) -> str:
     if path == old:
         return new
@@ -252,7 +257,7 @@ class BlockReplay:
         while node is not last:
             node = node.next
             nodes.append(node)
-        inputs = [leaf.node for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, fx.Proxy)]
+        inputs = _proxy_nodes(args, kwargs)
         known = set(inputs)
         scopes, stacks = [], []
         for node in nodes:
@@ -306,7 +311,7 @@ class BlockReplay:
                     return None  # shared with another module, or not a parameter or buffer
                 if target in self._proxy_cache:
                     return None  # read before: tracing would reuse that node
-        inputs = [leaf.node for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, fx.Proxy)]
+        inputs = _proxy_nodes(args, kwargs)
         return dict(zip(template.inputs, inputs, strict=True))
 
     def _replay(self, template: _Template, path: str, env: dict[fx.Node, fx.Node]) -> Any:
