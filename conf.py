@@ -73,8 +73,8 @@ nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROO
 # The Benchmarks page also runs benchmarks/bench_*.py: re-read (and, by its front matter,
 # re-run) it when they change, so its numbers are never the cached numbers of older scripts.
 page_dependencies = {
-    "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/*.py"],
-    **{f"tutorials/{page.stem}": ["unitscale/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
+    "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/**/*.py"],
+    **{f"tutorials/{page.stem}": ["unitscale/**/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
 }
 
 # API reference: docs/api.md lists every name in `unitscale.__all__` (api_reference extension).

@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 import torch
 
-from unitscale import _trace_cache, analyse_module, analysis
-from unitscale.models import TinyGPT
+from unitscale import analyse_module
+from unitscale.examples.models import TinyGPT
+from unitscale.fx import trace_cache as _trace_cache
+from unitscale.tracking import analysis
 
 
 def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:

@@ -21,9 +21,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import fx, nn
 
-from unitscale import _partition as P
 from unitscale import partition
-from unitscale.models import TinyGPT, resnet18
+from unitscale.examples.models import TinyGPT, resnet18
+from unitscale.stages import search as P
 
 Heuristic = Callable[[Sequence[float], int], list[int]]
 

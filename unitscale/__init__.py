@@ -1,24 +1,39 @@
-"""unitscale: see and shape what happens inside PyTorch models with torch.fx."""
+"""unitscale: see and shape what happens inside PyTorch models with torch.fx.
+
+The package is in parts, each a folder: :mod:`unitscale.fx` (tracers, execution order,
+inline, invert), :mod:`unitscale.tracking` (scale statistics and reports),
+:mod:`unitscale.scaling` (unit-scaled ops, modules, constraints), :mod:`unitscale.transforms`
+(unit scaling and simulated formats as graph transforms), :mod:`unitscale.stages` (partition,
+split, pipeline) and :mod:`unitscale.examples` (reference models and data, not the library).
+"""
 
 from unitscale import functional as functional
 from unitscale import nn as nn
-from unitscale.analysis import ScaleTrackingInterpreter, analyse_module, record_scales, track_scales
-from unitscale.constraints import amean, gmean, hmean, to_grad_input_scale, to_output_scale
-from unitscale.data import MarkovSource
+from unitscale.errors import NotInvertibleError
+from unitscale.examples import MLP, MarkovSource, TinyGPT, resnet18
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
-from unitscale.models import MLP, TinyGPT, resnet18
-from unitscale.report import ScaleReport
-from unitscale.rewrite import NotInvertibleError, inline, invert, register_inverse
-from unitscale.scale import ScalePair, ScaleTracker
-from unitscale.stages import StagePlan, partition, run_pipeline
-from unitscale.tracers import (
+from unitscale.fx import (
     DeepTracer,
     ExecOrder,
     ExecOrderTracer,
     LeafTracer,
     ModulePathTracer,
     TaggingTracer,
+    inline,
+    invert,
+    register_inverse,
     trace_exec_order,
+)
+from unitscale.scaling import amean, gmean, hmean, to_grad_input_scale, to_output_scale
+from unitscale.stages import StagePlan, partition, run_pipeline
+from unitscale.tracking import (
+    ScalePair,
+    ScaleReport,
+    ScaleTracker,
+    ScaleTrackingInterpreter,
+    analyse_module,
+    record_scales,
+    track_scales,
 )
 from unitscale.transforms import apply_transform, simulate_format, simulate_fp8, unit_scale
 

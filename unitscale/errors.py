@@ -83,7 +83,7 @@ class PipelineError(UnitscaleError, RuntimeError):
 
 
 class UnknownConstraintError(UnitscaleError, ValueError):
-    """A constraint name is not one of ``unitscale.constraints``'."""
+    """A constraint name is not one of ``unitscale.scaling.constraints``'."""
 
 
 class FormatError(UnitscaleError, ValueError):

@@ -1,8 +1,5 @@
-"""Graph rewrites: inline module calls, invert functions.
-
-:func:`inline` replaces ``call_module`` nodes by the traced bodies of their
-modules; :func:`invert` builds the inverse of a function of one tensor by walking
-its graph backwards through a registry of inverses (:func:`register_inverse`).
+"""``unitscale.rewrite``, kept as an import path: :func:`inline` and :func:`invert` live in
+:mod:`unitscale.fx`.
 
 >>> import torch
 >>> from unitscale.rewrite import invert
@@ -10,10 +7,9 @@ its graph backwards through a registry of inverses (:func:`register_inverse`).
 tensor([1.])
 """
 
-from __future__ import annotations
-
-from unitscale._inline import inline
-from unitscale._invert import invert, register_inverse
-from unitscale.errors import NotInvertibleError
+from unitscale.errors import NotInvertibleError as NotInvertibleError
+from unitscale.fx.inline import inline as inline
+from unitscale.fx.invert import invert as invert
+from unitscale.fx.invert import register_inverse as register_inverse
 
 __all__ = ["inline", "invert", "register_inverse", "NotInvertibleError"]

@@ -10,7 +10,7 @@ At ``builder-inited`` the stub pages for all of them are generated into ``docs/g
 
 Each object is documented once, under the name users import it by, so references are resolved
 by identity: a type hint that autodoc writes with the defining module
-(``unitscale._pipeline.PipelineResult``) resolves to where that object is documented
+(``unitscale.stages.pipeline.PipelineResult``) resolves to where that object is documented
 (``unitscale.stages.PipelineResult``), and a bare name in a docstring (``Raises: InputError``)
 (or ``ScaleReport.plot``) to the one documented ``unitscale`` object of that name. A class's private helper bases are
 replaced by their public ancestors, and a member that the class docstring's ``Attributes:``
@@ -179,7 +179,7 @@ def resolve_documented(app: Sphinx, env, node: nodes.Element, contnode: nodes.El
 
 def public_bases(app: Sphinx, name: str, obj: type, options: dict, bases: list[type]) -> None:
     def public(base: type) -> list[type]:
-        # a private class, or a mixin from a private module (unitscale._replay.BlockReplay)
+        # a private class, or a mixin from a private module (unitscale.fx._replay.BlockReplay)
         private_module = any(part.startswith("_") for part in base.__module__.split("."))
         if not base.__name__.startswith("_") and not (private_module and base.__module__.startswith(PACKAGE)):
             return [base]

@@ -1,0 +1,34 @@
+"""The ``torch.fx`` layer: tracers, execution order and graph rewrites (inline, invert).
+
+>>> import torch
+>>> from unitscale.fx import ModulePathTracer
+>>> graph = ModulePathTracer().trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+>>> [n.meta.get("module_path") for n in graph.nodes if n.op == "call_module"]
+['0']
+"""
+
+from unitscale.fx.inline import inline as inline
+from unitscale.fx.invert import invert as invert
+from unitscale.fx.invert import register_inverse as register_inverse
+from unitscale.fx.tracers import DeepTracer as DeepTracer
+from unitscale.fx.tracers import ExecOrder as ExecOrder
+from unitscale.fx.tracers import ExecOrderTracer as ExecOrderTracer
+from unitscale.fx.tracers import LeafTracer as LeafTracer
+from unitscale.fx.tracers import ModulePathTracer as ModulePathTracer
+from unitscale.fx.tracers import ParamUsageInfo as ParamUsageInfo
+from unitscale.fx.tracers import TaggingTracer as TaggingTracer
+from unitscale.fx.tracers import trace_exec_order as trace_exec_order
+
+__all__ = [
+    "DeepTracer",
+    "ModulePathTracer",
+    "LeafTracer",
+    "TaggingTracer",
+    "ExecOrderTracer",
+    "ExecOrder",
+    "ParamUsageInfo",
+    "trace_exec_order",
+    "inline",
+    "invert",
+    "register_inverse",
+]

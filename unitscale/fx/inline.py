@@ -1,0 +1,188 @@
+"""Inlining: replace ``call_module`` nodes by the traced bodies of their modules."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.proxy import GraphAppendingTracer
+from torch.utils import _pytree
+
+from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from unitscale.fx.tracers import LeafTracer, ask_module_predicate
+
+__all__ = ["inline"]
+
+INLINED_FROM_KEY = "inlined_from"
+
+
+class _Inliner:
+    """Copies a graph into a new one, splicing module bodies in through ``Proxy`` objects."""
+
+    def __init__(self, root: fx.GraphModule, predicate: Callable[[nn.Module, str], bool] | None) -> None:
+        self.root = root
+        self.predicate = predicate
+        self.graph = fx.Graph()
+        self.tracer = GraphAppendingTracer(self.graph)
+
+    def wants(self, qualname: str) -> bool:
+        if self.predicate is None:
+            return True
+        module = self.root.get_submodule(qualname)
+        return bool(
+            ask_module_predicate(
+                self.predicate,
+                "inline",
+                module,
+                qualname,
+                allow_none=False,
+                make_it="True (inline) or False (keep)",
+                must="True or False",
+            )
+        )
+
+    def proxy(self, value: Any) -> Any:
+        def wrap(n: fx.Node) -> Any:
+            return fx.Proxy(n, self.tracer)
+
+        return fx.node.map_arg(value, wrap)
+
+    def copy_graph(self, graph: fx.Graph) -> None:
+        env: dict[fx.Node, Any] = {}
+        for node in graph.nodes:
+            if node.op == "call_module" and self.wants(str(node.target)):
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+                env[node] = self.call(str(node.target), args, kwargs, node.name)
+            else:
+                env[node] = self.graph.node_copy(node, env.__getitem__)
+
+    def call(self, qualname: str, args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str) -> Any:
+        """Append the body of module ``qualname`` applied to ``args``; return its output."""
+        module = self.root.get_submodule(qualname)
+        try:
+            body = LeafTracer().trace(module)
+        except TraceError as e:
+            raise TraceError(
+                f"cannot inline module '{qualname}' ({type(module).__name__}): {e}; "
+                "pass a predicate to inline() that returns False for it"
+            ) from e
+        env: dict[fx.Node, Any] = {}
+        placeholders = [n for n in body.nodes if n.op == "placeholder"]
+        for i, ph in enumerate(placeholders):
+            env[ph] = self.bind(ph, i, args, kwargs, qualname)
+        for node in body.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                return fx.node.map_arg(node.args[0], env.__getitem__)
+            args_, kwargs_ = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+            name = f"{prefix}_{node.name.lstrip('_')}"
+            if node.op == "get_attr":
+                env[node] = self.graph.get_attr(f"{qualname}.{node.target}")
+            elif node.op == "call_module":
+                child = f"{qualname}.{node.target}"
+                if self.wants(child):
+                    env[node] = self.call(child, args_, kwargs_, name)
+                    continue
+                env[node] = self.graph.call_module(child, args_, kwargs_)
+            else:
+                # call_function / call_method: append through the tracer, as torch.fx's
+                # own tracing does, with a name that says where the op came from.
+                args_, kwargs_ = self.proxy(args_), self.proxy(kwargs_)
+                proxy = self.tracer.create_proxy(node.op, node.target, args_, kwargs_, name=name)
+                env[node] = proxy.node
+            env[node].meta = {**node.meta, INLINED_FROM_KEY: qualname}
+        raise TraceError(f"the traced body of module '{qualname}' has no output node")
+
+    @staticmethod
+    def bind(ph: fx.Node, i: int, args: tuple[Any, ...], kwargs: dict[str, Any], qualname: str) -> Any:
+        target = str(ph.target)
+        if target.startswith("*"):
+            raise TraceError(
+                f"cannot inline module '{qualname}': its forward takes {target}; "
+                "keep it as a call (return False for it from the predicate)"
+            )
+        if i < len(args):
+            return args[i]
+        if target in kwargs:
+            return kwargs[target]
+        if ph.args:
+            return ph.args[0]
+        raise TraceError(f"cannot inline module '{qualname}': its call gives no value for argument '{target}'")
+
+
+def _check_same_outputs(original: nn.Module, inlined: fx.GraphModule, example_inputs: tuple[Any, ...]) -> None:
+    # Copies, so running BatchNorm in training mode does not move the user's statistics.
+    with torch.no_grad():
+        expected = copy.deepcopy(original)(*example_inputs)
+        got = copy.deepcopy(inlined)(*example_inputs)
+    flat_expected, _ = _pytree.tree_flatten(expected)
+    flat_got, _ = _pytree.tree_flatten(got)
+    for i, (e, g) in enumerate(zip(flat_expected, flat_got, strict=True)):
+        if isinstance(e, torch.Tensor) and not torch.allclose(e, g, rtol=1e-5, atol=1e-6, equal_nan=True):
+            diff = (e - g).abs().max().item()
+            raise TraceError(
+                f"the inlined module's output {i} differs from the original's by up to {diff:.3g}; "
+                "random ops (dropout in training mode) differ between runs: call .eval() first"
+            )
+
+
+def inline(
+    gm: nn.Module,
+    predicate: Callable[[nn.Module, str], bool] | None = None,
+    *,
+    example_inputs: tuple[Any, ...] | None = None,
+) -> fx.GraphModule:
+    """Replace ``call_module`` nodes by the traced bodies of their modules, recursively.
+
+    Each chosen module is traced (standard ``torch.nn`` modules included) and its
+    nodes are appended into a new graph through ``Proxy`` objects on a
+    :class:`torch.fx.proxy.GraphAppendingTracer`; modules inside it are inlined too
+    unless ``predicate`` says no. Inlined nodes are named after the module they
+    came from (``layer1_0_conv1_conv2d``) and carry ``node.meta["inlined_from"]``.
+    ``gm`` is not changed; the result shares its parameters.
+
+    Args:
+        gm: a ``GraphModule``, or any module (traced first with ``torch.nn`` leaves).
+        predicate: ``(module, qualified_name) -> bool``; ``True`` inlines the module.
+            ``None`` inlines every module.
+        example_inputs: if given, both modules are run on them (on copies) and
+            their outputs compared.
+
+    Returns:
+        A new ``GraphModule``.
+
+    Raises:
+        NotAModuleError: ``gm`` is not an ``nn.Module``.
+        PredicateError: ``predicate`` is not callable, raised, or returned a non-bool.
+        TraceError: a module cannot be traced, or the outputs differ on ``example_inputs``.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
+    >>> flat = inline(torch.fx.symbolic_trace(model), example_inputs=(torch.randn(4, 3),))
+    >>> [(n.op, n.name) for n in flat.graph.nodes]  # doctest: +NORMALIZE_WHITESPACE
+    [('placeholder', 'input_1'), ('get_attr', '_0_weight'), ('get_attr', '_0_bias'),
+     ('call_function', '_0_linear'), ('call_function', '_1_relu'), ('output', 'output')]
+    >>> x = torch.randn(4, 3)
+    >>> torch.equal(flat(x), model(x))
+    True
+    """
+    if not isinstance(gm, nn.Module):
+        raise NotAModuleError(f"inline() got {type(gm).__name__} {gm!r:.60}; pass an nn.Module or fx.GraphModule")
+    if predicate is not None and not callable(predicate):
+        raise PredicateError(
+            f"inline(predicate=...) got {type(predicate).__name__} {predicate!r:.60}; "
+            "pass a function (module, qualified_name) -> bool"
+        )
+    root = gm if isinstance(gm, fx.GraphModule) else fx.GraphModule(gm, LeafTracer().trace(gm), type(gm).__name__)
+    inliner = _Inliner(root, predicate)
+    inliner.copy_graph(root.graph)
+    inliner.graph.lint()
+    result = fx.GraphModule(root, inliner.graph, type(gm).__name__)
+    if example_inputs is not None:
+        _check_same_outputs(gm, result, tuple(example_inputs))
+    return result

@@ -1,0 +1,320 @@
+"""Inversion: build g with f(g(y)) == y by walking f's graph backwards."""
+
+from __future__ import annotations
+
+import math
+import operator
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.node import _get_qualified_name
+from torch.fx.proxy import GraphAppendingTracer
+
+from unitscale.errors import NotAModuleError, NotInvertibleError, TraceError
+from unitscale.fx.inline import inline
+from unitscale.fx.tracers import LeafTracer
+
+__all__ = ["invert", "register_inverse"]
+
+# torch spells several functions two ways; the registry is keyed by one spelling.
+_ALIASES = {
+    "arcsin": "asin",
+    "arccos": "acos",
+    "arctan": "atan",
+    "arcsinh": "asinh",
+    "arccosh": "acosh",
+    "arctanh": "atanh",
+    "negative": "neg",
+    "expit": "sigmoid",
+    "multiply": "mul",
+    "divide": "div",
+    "true_divide": "div",
+    "subtract": "sub",
+}
+_OPERATORS: dict[Any, Any] = {
+    operator.add: torch.add,
+    operator.sub: torch.sub,
+    operator.mul: torch.mul,
+    operator.truediv: torch.div,
+    operator.pow: torch.pow,
+    operator.neg: torch.neg,
+    operator.pos: torch.positive,
+}
+
+
+def _torch_function(name: str) -> Any:
+    name = name.removeprefix("special_")
+    return getattr(torch, _ALIASES.get(name, name), None)
+
+
+def _key(fn: Any) -> Any:
+    """The registry key of a function: torch's canonical spelling, else the function."""
+    if fn in _OPERATORS:
+        return _OPERATORS[fn]
+    name = getattr(fn, "__name__", None)
+    if isinstance(name, str):
+        short = name.removeprefix("special_")
+        if any(getattr(ns, n, None) is fn for ns in (torch, torch.special, torch.Tensor) for n in (name, short)):
+            return _torch_function(name) or fn
+    return fn
+
+
+_INVERSES: dict[Any, Callable[[Any], Any]] = {}
+
+
+def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
+    """Register ``f`` and ``g`` as inverses of each other for :func:`invert`.
+
+    After this, a node calling ``f`` (as ``torch.f(x)``, ``x.f()`` or an alias
+    such as ``torch.arcsin`` for ``torch.asin``) inverts to ``g`` and one calling
+    ``g`` inverts to ``f``. Both must take one tensor. A function of your own is
+    found only if tracing keeps it as one node (``torch.fx.wrap``).
+
+    Args:
+        f: a one-to-one function of one tensor (on the inputs you care about).
+        g: its inverse: ``f(g(y)) == y`` for ``y`` in ``f``'s range.
+
+    Raises:
+        NotAModuleError: ``f`` or ``g`` is not callable.
+
+    >>> import torch
+    >>> register_inverse(torch.erf, torch.erfinv)
+    >>> g = invert(lambda x: torch.erf(x) * 2)
+    >>> g(torch.tensor([0.5, 1.0]))
+    tensor([0.2253, 0.4769])
+    """
+    for name, fn in (("f", f), ("g", g)):
+        if not callable(fn):
+            raise NotAModuleError(
+                f"register_inverse({name}=...) got {type(fn).__name__} {fn!r:.60}; pass a function of one tensor"
+            )
+    _INVERSES[_key(f)] = g
+    _INVERSES[_key(g)] = f
+
+
+_PAIRS: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
+    (torch.sin, torch.asin),
+    (torch.cos, torch.acos),
+    (torch.tan, torch.atan),
+    (torch.exp, torch.log),
+    (torch.exp2, torch.log2),
+    (torch.expm1, torch.log1p),
+    (torch.sigmoid, torch.logit),
+    (torch.tanh, torch.atanh),
+    (torch.sinh, torch.asinh),
+    (torch.sqrt, torch.square),
+]
+for _f, _g in _PAIRS:
+    register_inverse(_f, _g)
+for _f in (torch.neg, torch.reciprocal, torch.positive, torch.clone):
+    register_inverse(_f, _f)
+
+
+def _name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    if callable(node.target):
+        return _get_qualified_name(node.target).replace("_operator.", "operator.")
+    return str(node.target)
+
+
+def _where(node: fx.Node) -> str:
+    return f"node '{node.name}' ({_name(node)})"
+
+
+def _nonzero(c: Any, node: fx.Node, what: str) -> None:
+    if isinstance(c, (int, float)) and c == 0:
+        raise NotInvertibleError(f"cannot invert {_where(node)}: it {what} 0, which loses the input")
+
+
+def _invert_binary(key: Any, node: fx.Node, y: Any, c: Any, pos: int) -> Any:
+    """The inverse of ``key`` with its varying operand at ``pos`` and constant ``c``."""
+    extra = {k: v for k, v in node.kwargs.items() if k not in ("alpha", "other", "exponent", "input", "self")}
+    alpha = node.kwargs.get("alpha", 1)
+    if extra or (key is not torch.add and key is not torch.sub and "alpha" in node.kwargs):
+        raise NotInvertibleError(
+            f"cannot invert {_where(node)}: keyword arguments {sorted(node.kwargs)} are not supported"
+        )
+    if key is torch.add or key is torch.sub:
+        _nonzero(alpha, node, "scales its input by alpha =")
+        if pos == 1:  # c + alpha * x, c - alpha * x
+            x = y - c if key is torch.add else c - y
+            return x if alpha == 1 else x / alpha
+        c = c if alpha == 1 else alpha * c
+        return y - c if key is torch.add else y + c
+    if key is torch.mul:
+        _nonzero(c, node, "multiplies by")
+        return y / c
+    if key is torch.div:
+        _nonzero(c, node, "divides by" if pos == 0 else "divides")
+        return y * c if pos == 0 else c / y
+    if pos == 0:  # torch.pow, x ** c
+        _nonzero(c, node, "raises to the power")
+        return y ** (1 / c)
+    if isinstance(c, (int, float)) and (c <= 0 or c == 1):
+        raise NotInvertibleError(f"cannot invert {_where(node)}: {c} ** x is not one-to-one for base {c}")
+    return torch.log(y) / (math.log(c) if isinstance(c, (int, float)) else torch.log(c))
+
+
+_BINARY = (torch.add, torch.sub, torch.mul, torch.div, torch.pow)
+
+
+class _Inverter:
+    """Walks a one-input, one-output graph from its output back to its input."""
+
+    def __init__(self, gm: fx.GraphModule, label: str) -> None:
+        self.gm = gm
+        self.label = label
+        self.graph = fx.Graph()
+        self.tracer = GraphAppendingTracer(self.graph)
+        self.copied: dict[fx.Node, fx.Node] = {}
+
+    def chain(self) -> list[fx.Node]:
+        nodes = list(self.gm.graph.nodes)
+        inputs = [n for n in nodes if n.op == "placeholder"]
+        if len(inputs) != 1:
+            raise NotInvertibleError(
+                f"cannot invert {self.label}: it takes {len(inputs)} inputs ({', '.join(n.name for n in inputs)}); "
+                "invert needs a function of exactly one tensor"
+            )
+        out = next(n for n in nodes if n.op == "output").args[0]
+        if not isinstance(out, fx.Node):
+            count = len(out) if isinstance(out, (tuple, list, dict)) else 0
+            raise NotInvertibleError(
+                f"cannot invert {self.label}: it returns {count} values ({type(out).__name__}); "
+                "invert needs a function with exactly one tensor output"
+            )
+        varying = {inputs[0]}
+        for n in nodes:
+            if n.op != "output" and any(a in varying for a in n.all_input_nodes):
+                varying.add(n)
+                op = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+                if op.endswith("_") and not op.startswith("__") or n.kwargs.get("inplace"):
+                    raise NotInvertibleError(
+                        f"cannot invert {self.label}: {_where(n)} changes its input in place; use the out-of-place op"
+                    )
+        self.varying = varying
+        if out not in varying:
+            raise NotInvertibleError(f"cannot invert {self.label}: its output does not depend on its input")
+        steps = []
+        node = out
+        while node.op != "placeholder":
+            steps.append(node)
+            node = self.operand(node)
+        return steps
+
+    def operand(self, node: fx.Node) -> fx.Node:
+        if node.op not in ("call_function", "call_method"):
+            raise NotInvertibleError(f"cannot invert {self.label}: {_where(node)} is a {node.op} node")
+        direct = [a for a in node.args if isinstance(a, fx.Node) and a in self.varying]
+        every = [a for a in node.all_input_nodes if a in self.varying]
+        if len(every) > 1 or len(direct) != len(every):
+            names = ", ".join(a.name for a in every)
+            raise NotInvertibleError(
+                f"cannot invert {self.label}: {_where(node)} combines {len(every)} values computed from the input "
+                f"({names}); only ops of one tensor and constants can be inverted"
+            )
+        return direct[0]
+
+    def constant(self, value: Any) -> Any:
+        """A value for the new graph: numbers as they are, input-free nodes copied with their ancestors."""
+
+        def copy_node(n: fx.Node) -> fx.Node:
+            if n not in self.copied:
+                self.copied[n] = self.graph.node_copy(n, copy_node)
+            return self.copied[n]
+
+        def wrap(n: fx.Node) -> Any:
+            return fx.Proxy(copy_node(n), self.tracer)
+
+        return fx.node.map_arg(value, wrap)
+
+    def emit(self, node: fx.Node, y: fx.Proxy) -> fx.Proxy:
+        operand = self.operand(node)
+        pos = node.args.index(operand)
+        target = node.target
+        key = _torch_function(target) if isinstance(target, str) else _key(target)
+        key = key if key is not None else target
+        if key in _BINARY and len(node.args) == 2:
+            return _invert_binary(key, node, y, self.constant(node.args[1 - pos]), pos)
+        if len(node.args) == 1 and not node.kwargs and key in _INVERSES:
+            return _INVERSES[key](y)
+        if key in _INVERSES or key in _BINARY:
+            raise NotInvertibleError(
+                f"cannot invert {_where(node)} in {self.label}: it is called with extra arguments "
+                f"{node.args[1:]} {node.kwargs}; its registered inverse takes one tensor"
+            )
+        raise NotInvertibleError(
+            f"cannot invert {_where(node)} in {self.label}: no inverse is registered for {_name(node)}. "
+            "If it is one-to-one on your inputs, register one with unitscale.register_inverse(f, g); "
+            "an op that is not (relu, abs) cannot be inverted"
+        )
+
+    def build(self) -> fx.GraphModule:
+        steps = self.chain()
+        y: fx.Proxy = fx.Proxy(self.graph.placeholder("y"), self.tracer)
+        for node in steps:
+            y = self.emit(node, y)
+        self.graph.output(y.node if isinstance(y, fx.Proxy) else y)
+        return fx.GraphModule(self.gm, self.graph, "Inverse")
+
+
+def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
+    """Build ``g`` with ``f(g(y)) == y`` for a function ``f`` of one tensor.
+
+    ``f`` is traced with ``torch.fx`` (modules inlined), then its graph is walked
+    from the output back to the input, emitting each op's inverse in reverse
+    order. Inverses come from a registry (see :func:`register_inverse`): sin, cos,
+    tan, exp, sigmoid, tanh and their inverses, ``neg``, ``reciprocal``, and
+    ``+ - * / **`` with one constant operand, whether written as ``torch.f(x)``,
+    ``x.f()`` or operators. ``g`` is correct on ``f``'s range (``asin`` gives back
+    ``x`` only within ``[-pi/2, pi/2]``, so ``sin(g(y)) == y`` but not ``g(sin(x)) == x``).
+    Each inverse picks its principal branch, so in a chain of ops that are not
+    one-to-one, every intermediate value must lie where its op is (``cos`` on
+    ``[0, pi]``): otherwise an inner inverse gets a value outside its domain.
+
+    Args:
+        fn_or_module: a Python function or ``nn.Module`` of one tensor.
+
+    Returns:
+        ``g`` as a ``GraphModule`` taking ``y``; ``g.code`` shows it.
+
+    Raises:
+        NotAModuleError: ``fn_or_module`` is neither a function nor a module.
+        NotInvertibleError: an op has no registered inverse (``relu``), combines
+            two values computed from the input (``sin(x) * x``: the graph branches),
+            ``f`` has several inputs or outputs, changes a tensor in place, or has
+            control flow that depends on the input.
+
+    >>> import torch
+    >>> f = lambda x: torch.exp(torch.tan(x))
+    >>> g = invert(f)
+    >>> f(g(torch.arange(5) + 1))
+    tensor([1., 2., 3., 4., 5.])
+    >>> invert(lambda x: (3 - x.sin()) * 2)(torch.tensor([4.0])).sin()
+    tensor([1.])
+    """
+    if isinstance(fn_or_module, nn.Module):
+        label = f"module {type(fn_or_module).__name__}"
+    elif isinstance(fn_or_module, types.FunctionType):
+        label = f"function {fn_or_module.__name__}"
+    else:
+        raise NotAModuleError(
+            f"invert() got {type(fn_or_module).__name__} {fn_or_module!r:.60}; pass a Python function or nn.Module"
+        )
+    try:
+        if isinstance(fn_or_module, nn.Module):
+            gm = inline(fn_or_module)
+        else:
+            tracer = LeafTracer()
+            graph = tracer.trace(fn_or_module)
+            gm = inline(fx.GraphModule(tracer.root, graph))
+    except TraceError as e:
+        raise NotInvertibleError(
+            f"cannot invert {label}: it cannot be traced ({e.__cause__ or e}); control flow that depends "
+            "on the input (a Python if on a tensor) is not invertible as one chain"
+        ) from e
+    return _Inverter(gm, label).build()

@@ -1,0 +1,204 @@
+"""Trace once, track many times: a cache of scale-tracking traces per module.
+
+Tracing a transformer costs about as much as a tenth of its forward and backward pass,
+so re-tracing on every call of :func:`unitscale.track_scales` would dominate its
+overhead. A trace is reused while the module's *fingerprint* is unchanged: the identity
+and type of every submodule, its ``forward``, its ``training`` flag and other plain
+attributes (``int``, ``float``, ``bool``, ``str``, ``None``), and its parameter and
+buffer names. Those are what a trace can depend on without reading tensor values.
+The cache holds modules weakly.
+"""
+
+from __future__ import annotations
+
+import traceback
+import types
+import typing
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx, nn
+
+from unitscale.errors import TraceError
+from unitscale.fx._replay import BlockReplay
+from unitscale.fx.tracers import DeepTracer, ModulePathTracer
+
+__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason"]
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+class ScaleTracer(BlockReplay, ModulePathTracer, DeepTracer):
+    """A :class:`~unitscale.DeepTracer` that also records module paths.
+
+    A block that repeats (the layers of a transformer) is traced once; the later ones get
+    copies of its nodes (``unitscale.fx._replay``), which gives the same graph in less time.
+
+    Type annotations that are strings (a module written with ``from __future__ import
+    annotations``) are resolved to types, or dropped when they cannot be: fx would put
+    the string into the code's globals, and the ``GraphModule`` would not pickle.
+
+    >>> from unitscale.examples.models import MLP
+    >>> graph = ScaleTracer().trace(MLP(4))
+    >>> [(n.name, n.meta["module_path"]) for n in graph.nodes if n.op == "call_function"]
+    [('linear', 'fc1'), ('relu', 'act'), ('linear_1', 'fc2')]
+    >>> [n.type for n in graph.nodes if n.op == "placeholder"]
+    [<class 'torch.Tensor'>]
+    """
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        graph = super().trace(root, concrete_args)
+        if any(isinstance(n.type, str) for n in graph.nodes):
+            fn = root.forward if isinstance(root, nn.Module) else root
+            try:
+                hints = typing.get_type_hints(fn)
+            except Exception:
+                hints = {}
+            for n in graph.nodes:
+                if isinstance(n.type, str):
+                    key = "return" if n.op == "output" else n.target
+                    n.type = hints.get(key) if isinstance(hints.get(key), type) else None
+        return graph
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A traced graph, the callables to pass after the inputs, and the graph's code."""
+
+    graph: fx.Graph
+    extra_inputs: tuple[Any, ...]
+    code: str
+
+
+def _fingerprint(module: nn.Module) -> tuple[Any, ...]:
+    parts = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        state = vars(m)
+        plain = tuple((k, v) for k, v in state.items() if isinstance(v, _PLAIN))
+        parts.append(
+            (
+                name,
+                id(m),
+                type(m),
+                id(getattr(type(m), "forward", None)),
+                id(state.get("forward")),
+                plain,
+                tuple((k, v is None) for k, v in m._parameters.items()),
+                tuple((k, v is None) for k, v in m._buffers.items()),
+            )
+        )
+    return tuple(parts)
+
+
+def _graph_code(graph: fx.Graph) -> str:
+    # Type annotations (``x : _torch_Tensor_``) are noise here: hide them while
+    # generating, then put them back, so the graph is left as it was.
+    saved = [(n, n.type) for n in graph.nodes if n.type is not None]
+    try:
+        for n, _ in saved:
+            n.type = None
+        return graph.python_code(root_module="self").src
+    finally:
+        for n, t in saved:
+            n.type = t
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from, innermost last."""
+    chain = [exc]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and cause not in chain:
+        chain.append(cause)
+    return chain
+
+
+def _user_frame(exc: BaseException) -> str:
+    """``file:line (`code`)`` of the innermost frame outside torch and unitscale.
+
+    Looks through the exceptions ``exc`` was raised from, innermost first: a wrapped
+    trace failure keeps the user's line in its cause's traceback.
+    """
+    for e in reversed(_chain(exc)):
+        frames = [
+            f
+            for f in traceback.extract_tb(e.__traceback__)
+            if "/torch/" not in f.filename and "/unitscale/" not in f.filename.replace("\\", "/")
+        ]
+        if frames:
+            f = frames[-1]
+            # A notebook cell's "file" is a temporary name that tells the reader nothing.
+            cell = "ipykernel_" in f.filename or f.filename.startswith("<")
+            where = f"line {f.lineno} of a notebook cell" if cell else f"{f.filename}:{f.lineno}"
+            return f"{where} (`{(f.line or '').strip()}`)"
+    return "an unknown line"
+
+
+_cache: weakref.WeakKeyDictionary[nn.Module, tuple[Any, Trace | str]] = weakref.WeakKeyDictionary()
+
+
+def trace_or_reason(
+    module: nn.Module,
+    recurse_modules: bool = True,
+    autowrap_modules: tuple[types.ModuleType, ...] | None = None,
+    autowrap_functions: tuple[Callable[..., Any], ...] = (),
+) -> Trace | str:
+    """The (cached) trace of ``module``, or why torch.fx cannot trace it (``"file:line (`code`): why"``)."""
+    if isinstance(module, fx.GraphModule):
+        return Trace(module.graph, (), _graph_code(module.graph))
+    key = (
+        recurse_modules,
+        None if autowrap_modules is None else tuple(autowrap_modules),
+        tuple(autowrap_functions),
+        _fingerprint(module),
+    )
+    cached = _cache.get(module)
+    if cached is None or cached[0] != key:
+        tracer = ScaleTracer(
+            recurse_modules=recurse_modules, autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions
+        )
+        try:
+            graph = tracer.trace(module)
+            result: Trace | str = Trace(graph, tuple(tracer.callable_args.values()), _graph_code(graph))
+        except Exception as e:
+            result = f"{_user_frame(e)}: {_chain(e)[-1]}"
+        cached = (key, result)
+        _cache[module] = cached
+    return cached[1]
+
+
+def trace_for_scales(
+    module: nn.Module,
+    recurse_modules: bool = True,
+    autowrap_modules: tuple[types.ModuleType, ...] | None = None,
+    autowrap_functions: tuple[Callable[..., Any], ...] = (),
+) -> Trace:
+    """Trace ``module`` with a :class:`ScaleTracer`, reusing a cached trace when valid.
+
+    A ``GraphModule`` is not re-traced: its own graph is used.
+
+    Args:
+        module: the model.
+        recurse_modules: trace into submodules.
+        autowrap_modules: modules whose functions stay single nodes (``None``: the default).
+        autowrap_functions: functions that stay single nodes.
+
+    Returns:
+        The :class:`Trace`.
+
+    Raises:
+        TraceError: torch.fx cannot trace the module; the message names the line.
+
+    >>> from unitscale.examples.models import MLP
+    >>> model = MLP(4)
+    >>> trace_for_scales(model) is trace_for_scales(model)
+    True
+    """
+    result = trace_or_reason(module, recurse_modules, autowrap_modules, autowrap_functions)
+    if isinstance(result, str):
+        raise TraceError(
+            f"torch.fx could not trace {type(module).__name__} at {result}. Use capture='eager' "
+            "(or 'auto') to record the ops as they run, or make that line independent of tensor "
+            "values (e.g. pass the value as a Python constant)."
+        )
+    return result

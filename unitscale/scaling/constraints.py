@@ -1,0 +1,186 @@
+"""Constraints: how a forward and a backward scale are reconciled when they must be equal.
+
+A unit-scaled op wants to multiply its output by one scale (making the output
+unit-std) and its input gradients by another (making the gradients unit-std).
+Where the gradient must stay a true gradient of the forward function, the two
+scales have to be the same number; a *constraint* picks that number. Every
+constraint takes the output scale first, then one or more input-gradient scales,
+and returns the single scale to use for all of them.
+
+>>> from unitscale.scaling.constraints import gmean, to_output_scale
+>>> gmean(0.25, 1.0)
+0.5
+>>> to_output_scale(0.25, 1.0)
+0.25
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from unitscale.errors import UnknownConstraintError
+
+__all__ = [
+    "gmean",
+    "hmean",
+    "amean",
+    "to_output_scale",
+    "to_grad_input_scale",
+    "Constraint",
+    "CONSTRAINTS",
+    "resolve_constraint",
+]
+
+Constraint = Callable[..., float]
+"""A function ``(output_scale, *grad_input_scales) -> scale``."""
+
+
+def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+    """Geometric mean of the output scale and the grad-input scales.
+
+    The default constraint: output and gradients miss unit std by the same factor,
+    one above and one below 1.
+
+    Args:
+        output_scale: the scale that would make the output unit-std.
+        grad_input_scale: the scale that would make the (first) input gradient unit-std.
+        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+
+    Returns:
+        ``(output_scale * prod(grad_input_scales)) ** (1 / n)``.
+
+    >>> round(gmean(1 / 8, 1 / 2), 4)
+    0.25
+    """
+    scales = (output_scale, grad_input_scale, *more_grad_input_scales)
+    return math.exp(sum(math.log(s) for s in scales) / len(scales))
+
+
+def hmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+    """Harmonic mean of the output scale and the grad-input scales (leans to the smaller).
+
+    Args:
+        output_scale: the scale that would make the output unit-std.
+        grad_input_scale: the scale that would make the (first) input gradient unit-std.
+        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+
+    Returns:
+        ``n / sum(1 / s)``.
+
+    >>> hmean(0.25, 1.0)
+    0.4
+    """
+    scales = (output_scale, grad_input_scale, *more_grad_input_scales)
+    return len(scales) / sum(1 / s for s in scales)
+
+
+def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+    """Arithmetic mean of the output scale and the grad-input scales (leans to the larger).
+
+    Args:
+        output_scale: the scale that would make the output unit-std.
+        grad_input_scale: the scale that would make the (first) input gradient unit-std.
+        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+
+    Returns:
+        ``sum(s) / n``.
+
+    >>> amean(0.25, 1.0)
+    0.625
+    """
+    scales = (output_scale, grad_input_scale, *more_grad_input_scales)
+    return sum(scales) / len(scales)
+
+
+def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+    """Use the output scale everywhere: outputs are exactly unit-std, gradients are not.
+
+    Args:
+        output_scale: the scale that would make the output unit-std.
+        grad_input_scale: ignored (accepted so all constraints share a signature).
+        *more_grad_input_scales: ignored.
+
+    Returns:
+        ``output_scale``.
+
+    >>> to_output_scale(0.25, 1.0)
+    0.25
+    """
+    return output_scale
+
+
+def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+    """Use the grad-input scale everywhere: gradients are unit-std, outputs are not.
+
+    With several grad-input scales (``matmul`` has two), their geometric mean.
+
+    Args:
+        output_scale: ignored (accepted so all constraints share a signature).
+        grad_input_scale: the scale that would make the (first) input gradient unit-std.
+        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+
+    Returns:
+        The grad-input scale (geometric mean if several).
+
+    >>> to_grad_input_scale(0.25, 1.0)
+    1.0
+    >>> to_grad_input_scale(0.25, 1.0, 0.25)
+    0.5
+    """
+    if not more_grad_input_scales:
+        return grad_input_scale
+    return gmean(grad_input_scale, *more_grad_input_scales)
+
+
+CONSTRAINTS: dict[str, Constraint] = {
+    "gmean": gmean,
+    "hmean": hmean,
+    "amean": amean,
+    "to_output_scale": to_output_scale,
+    "to_grad_input_scale": to_grad_input_scale,
+}
+"""Every constraint by name, as accepted by the ``constraint=`` argument of the ops."""
+
+
+def resolve_constraint(constraint: str | Callable[..., float] | None) -> Callable[..., float] | None:
+    """Turn a ``constraint=`` argument into a constraint function (or ``None``).
+
+    Args:
+        constraint: a name from ``CONSTRAINTS``, a callable
+            ``(output_scale, *grad_input_scales) -> float``, or ``None`` for
+            unconstrained (each direction scaled on its own).
+
+    Returns:
+        The constraint function, or ``None``.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` is a string that names no constraint,
+            or is neither a string, a callable nor ``None``.
+
+    >>> resolve_constraint("gmean") is gmean
+    True
+    >>> resolve_constraint(None) is None
+    True
+    >>> resolve_constraint("geomean")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    unitscale.errors.UnknownConstraintError: unknown constraint 'geomean'; use one of 'gmean', 'hmean', ..., or None
+    """
+    if constraint is None:
+        return None
+    if isinstance(constraint, str):
+        if constraint in CONSTRAINTS:
+            return CONSTRAINTS[constraint]
+        raise UnknownConstraintError(f"unknown constraint {constraint!r}; use {_valid_choices()}")
+    if callable(constraint):
+        return constraint
+    raise UnknownConstraintError(
+        f"constraint must be a name, a callable or None, not {type(constraint).__name__} {constraint!r}; "
+        f"use {_valid_choices()}"
+    )
+
+
+def _valid_choices() -> str:
+    names = ", ".join(repr(n) for n in CONSTRAINTS)
+    return f"one of {names}, a callable (output_scale, *grad_input_scales) -> float, or None"

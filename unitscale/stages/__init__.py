@@ -1,0 +1,19 @@
+"""Pipeline stages: exact min-max partitioning over execution order, ``split_module``, and
+a real pipeline on :mod:`torch.distributed.pipelining`.
+
+>>> import torch
+>>> from unitscale.stages import partition
+>>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)])
+>>> partition(model, 2, torch.randn(2, 8)).stage_costs
+[144.0, 144.0]
+"""
+
+from unitscale.stages.pipeline import PipelineResult as PipelineResult
+from unitscale.stages.pipeline import run_pipeline as run_pipeline
+from unitscale.stages.plan import StagePlan as StagePlan
+from unitscale.stages.plan import StageReport as StageReport
+from unitscale.stages.plan import StageRow as StageRow
+from unitscale.stages.plan import bubble_fraction as bubble_fraction
+from unitscale.stages.plan import partition as partition
+
+__all__ = ["partition", "StagePlan", "StageReport", "StageRow", "run_pipeline", "PipelineResult", "bubble_fraction"]

@@ -1,0 +1,245 @@
+"""Tracing a model for partitioning and measuring a cost for each of its nodes.
+
+:func:`trace_for_stages` traces a *copy* of the model with
+:class:`~unitscale.fx.tracers.ModulePathTracer` (so nodes know their module path and
+the user's module is never touched). :class:`NodeProfiler` is an
+interpreter that records each node's output shapes (as ``ShapeProp`` does) and
+also counts FLOPs or times each node. :func:`node_costs` turns either into one
+number per node.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.node import map_aggregate
+from torch.fx.passes.shape_prop import TensorMetadata
+from torch.utils.flop_counter import FlopCounterMode
+
+from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
+from unitscale.fx.tracers import ModulePathTracer
+
+__all__ = ["COST_MODELS", "NodeProfiler", "trace_for_stages", "run_profiler", "node_costs", "output_bytes"]
+
+COST_MODELS = ("params", "flops", "time", "memory")
+COMPUTE_OPS = ("call_function", "call_method", "call_module")
+
+
+def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
+    """Trace a deep copy of ``module`` with :class:`ModulePathTracer`; return the copy and its graph.
+
+    No :class:`torch.fx.GraphModule` is made here: generating its code costs as much as the
+    trace on a large graph, and costing and partitioning only need the graph.
+    """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(
+            f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
+        )
+    name = type(module).__name__
+    root = copy.deepcopy(module)
+    tracer = ModulePathTracer()
+    try:
+        graph = tracer.trace(root)
+    except Exception as exc:
+        raise TraceError(
+            f"torch.fx could not trace {name}: {type(exc).__name__}: {exc}. Remove data-dependent control flow "
+            "from its forward (or wrap that part in a leaf module) so that symbolic tracing works"
+        ) from exc
+    for node in graph.nodes:
+        # ``from __future__ import annotations`` leaves string types, which fx cannot pickle
+        if isinstance(node.type, str):
+            node.type = None
+    return tracer.root, graph
+
+
+def output_bytes(meta: Any) -> int:
+    """Bytes of every tensor in a node's ``tensor_meta`` (tensor, or nested tuples/lists/dicts of them)."""
+    if isinstance(meta, TensorMetadata):
+        itemsize = torch.empty((), dtype=meta.dtype).element_size()
+        return math.prod(meta.shape) * itemsize
+    if isinstance(meta, (tuple, list)):
+        return sum(output_bytes(m) for m in meta)
+    if isinstance(meta, dict):
+        return sum(output_bytes(m) for m in meta.values())
+    return 0
+
+
+def _tensor_meta(result: Any) -> Any:
+    """``result`` with every tensor replaced by its metadata, or None if it holds no tensor."""
+    found = False
+
+    # ShapeProp's extraction also probes memory formats and quantisation, which costs more
+    # than running a small node; shapes, dtypes and strides are all the plan needs.
+    def meta(value: Any) -> Any:
+        nonlocal found
+        if not isinstance(value, torch.Tensor):
+            return value
+        found = True
+        return TensorMetadata(value.shape, value.dtype, value.requires_grad, value.stride(), None, False, {})
+
+    extracted = map_aggregate(result, meta)
+    return extracted if found else None
+
+
+class NodeProfiler(fx.Interpreter):
+    """Shape propagation that also counts FLOPs and/or times every node.
+
+    After :meth:`propagate`, each node has ``meta["tensor_meta"]`` (as from
+    ``torch.fx.passes.shape_prop.ShapeProp``, without memory formats) and this
+    profiler holds ``flops[node]`` and ``seconds[node]`` (median of ``repeats``
+    runs) when asked for.
+
+    Args:
+        module: the traced model.
+        count_flops: count FLOPs per node with :class:`FlopCounterMode`.
+        repeats: time each node this many times (0: do not time).
+    """
+
+    def __init__(
+        self, module: nn.Module, graph: fx.Graph | None = None, count_flops: bool = False, repeats: int = 0
+    ) -> None:
+        super().__init__(module, graph=graph)
+        self.count_flops = count_flops
+        self.repeats = repeats
+        self.flops: dict[fx.Node, float] = {}
+        self.seconds: dict[fx.Node, float] = {}
+        self.current: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current = n
+        if n.op in COMPUTE_OPS and self.repeats:
+            times = []
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                fx.Interpreter.run_node(self, n)
+                times.append(time.perf_counter() - start)
+            self.seconds[n] = statistics.median(times)
+        if n.op in COMPUTE_OPS and self.count_flops:
+            with FlopCounterMode(display=False) as counter:
+                result = super().run_node(n)
+            self.flops[n] = float(counter.get_total_flops())
+        else:
+            result = super().run_node(n)
+        meta = _tensor_meta(result)
+        if meta is not None:
+            n.meta["tensor_meta"] = meta
+        n.meta["type"] = type(result)
+        return result
+
+    def propagate(self, *args: Any) -> Any:
+        """Run the module on ``args``, recording every node's output metadata."""
+        return self.run(*args)
+
+
+def _check_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> None:
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    required = [n for n in placeholders if not n.args]
+    if not len(required) <= len(inputs) <= len(placeholders):
+        names = ", ".join(str(n.target) for n in placeholders)
+        raise InputError(
+            f"{type(module).__name__}.forward takes {len(required)} input(s) ({names}) but {len(inputs)} example "
+            "input(s) were given; pass example_inputs as a tuple matching forward's arguments"
+        )
+
+
+def run_profiler(
+    module: nn.Module, graph: fx.Graph, inputs: Sequence[Any], count_flops: bool = False, repeats: int = 0
+) -> NodeProfiler:
+    """Run :class:`NodeProfiler` over ``graph`` (traced from ``module``) on cloned ``inputs``,
+    turning failures into :class:`InputError`."""
+    _check_inputs(module, graph, inputs)
+    cloned = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    profiler = NodeProfiler(module, graph, count_flops=count_flops, repeats=repeats)
+    try:
+        with torch.no_grad():
+            profiler.propagate(*cloned)
+    except Exception as exc:
+        node = profiler.current
+        where = f"node {node.name!r} ({node.format_node()})" if node is not None else "the first node"
+        raise InputError(
+            f"the example inputs do not fit {type(module).__name__}: running it failed at {where} with "
+            f"{type(exc).__name__}: {exc}. Pass inputs with the shapes and dtypes the model expects"
+        ) from exc
+    return profiler
+
+
+def _params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:
+    seen: set[int] = set()
+    costs: dict[fx.Node, float] = {}
+    for n in nodes:
+        tensors: list[torch.Tensor] = []
+        if n.op == "call_module":
+            tensors += list(module.get_submodule(n.target).parameters())  # type: ignore[arg-type]
+        for arg in n.all_input_nodes:
+            if arg.op == "get_attr":
+                value = _parameter_or_none(module, arg.target)  # type: ignore[arg-type]
+                if value is not None:
+                    tensors.append(value)
+        total = 0
+        for p in tensors:
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+        costs[n] = float(total)
+    return costs
+
+
+def _parameter_or_none(module: nn.Module, target: str) -> nn.Parameter | None:
+    try:
+        return module.get_parameter(target)
+    except AttributeError:
+        return None
+
+
+def _call_cost(cost: Callable[[fx.Node], float], n: fx.Node) -> Any:
+    try:
+        return cost(n)
+    except Exception as exc:
+        raise CostError(
+            f"the cost callable raised {type(exc).__name__}: {exc} on node {n.name!r} ({n.format_node()}); "
+            "make it return a float >= 0 for every node"
+        ) from exc
+
+
+def _checked(n: fx.Node, value: Any) -> float:
+    try:
+        cost = float(value)
+    except (TypeError, ValueError) as exc:
+        raise CostError(
+            f"the cost callable returned {value!r} for node {n.name!r}, which is not a number; return a float >= 0"
+        ) from exc
+    if math.isnan(cost) or cost < 0 or math.isinf(cost):
+        raise CostError(
+            f"the cost callable returned {cost} for node {n.name!r} ({n.format_node()}); costs must be finite and >= 0"
+        )
+    return cost
+
+
+def node_costs(
+    module: nn.Module,
+    nodes: Sequence[fx.Node],
+    profiler: NodeProfiler,
+    cost: str | Callable[[fx.Node], float],
+) -> list[float]:
+    """One cost per node in ``nodes`` for the cost model ``cost``."""
+    if callable(cost):
+        return [_checked(n, _call_cost(cost, n)) for n in nodes]
+    if cost == "params":
+        per_node = _params_per_node(module, nodes)
+        return [per_node[n] for n in nodes]
+    if cost == "flops":
+        return [profiler.flops.get(n, 0.0) for n in nodes]
+    if cost == "time":
+        return [profiler.seconds.get(n, 0.0) for n in nodes]
+    if cost == "memory":
+        return [float(output_bytes(n.meta.get("tensor_meta"))) for n in nodes]
+    raise CostError(
+        f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float"
+    )

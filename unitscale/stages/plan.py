@@ -1,0 +1,453 @@
+"""Pipeline stages: an exact, balanced split of a model into contiguous stages.
+
+:func:`partition` traces the model, gives every node a cost, and finds the
+contiguous split (over execution order) whose most expensive stage is as cheap
+as possible, exactly. The :class:`StagePlan` it returns turns the split into
+modules (:meth:`StagePlan.split`, :meth:`StagePlan.stage_modules`), checks them
+(:meth:`StagePlan.verify`), describes them (:meth:`StagePlan.report`,
+:meth:`StagePlan.plot`) and :func:`run_pipeline` runs them as a real pipeline.
+
+>>> import torch
+>>> from unitscale.examples.models import TinyGPT
+>>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+<torch._C.Generator object at ...>
+>>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
+>>> idx = torch.randint(0, 16, (2, 8))
+>>> plan = partition(model, 2, idx, boundary_depth=2)
+>>> plan.stage_costs
+[6944.0, 6864.0]
+>>> plan.verify(idx)
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import fx, nn
+from torch.utils._pytree import tree_flatten
+
+from unitscale.errors import CostError, InputError, StageCountError
+from unitscale.stages import search
+from unitscale.stages.costs import COMPUTE_OPS, COST_MODELS, node_costs, output_bytes, run_profiler, trace_for_stages
+from unitscale.stages.split import chain_stages, live_values, split_graph
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+__all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
+
+METHODS = ("optimal", "equal_count", "greedy_threshold")
+
+
+def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
+    """Idle share of a GPipe/1F1B pipeline: ``(p - 1) / (m + p - 1)``.
+
+    >>> bubble_fraction(4, 8)
+    0.2727272727272727
+    """
+    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+
+
+@dataclass
+class StageRow:
+    """One stage of a :class:`StageReport`: its size, cost, parameters and what it sends on.
+
+    ``sends`` lists ``(node name, shape, bytes)`` for each tensor passed to the next stage.
+
+    >>> StageRow(0, 3, "fc1", "fc2", 10.0, 0.5, 76, [("fc2", (2, 4), 32)]).bytes_out
+    32
+    """
+
+    stage: int
+    nodes: int
+    first: str
+    last: str
+    cost: float
+    share: float
+    params: int
+    sends: list[tuple[str, tuple[int, ...], int]] = field(default_factory=list)
+
+    @property
+    def bytes_out(self) -> int:
+        """Bytes this stage sends to the next one per (full) batch."""
+        return sum(b for _, _, b in self.sends)
+
+
+@dataclass
+class StageReport:
+    """Per-stage summary of a :class:`StagePlan` (from :meth:`StagePlan.report`); ``str()`` gives a table.
+
+    >>> import torch
+    >>> from unitscale.examples.models import MLP
+    >>> print(partition(MLP(4, 8), 2, torch.randn(2, 4)).report(num_microbatches=2))
+    stage nodes    cost (params)  share    params  sends
+        0     2               40  52.6%        40  act[2, 8] (64 B)
+        1     1               36  47.4%        36  -
+    bubble with 2 microbatches: (p-1)/(m+p-1) = 1/3 = 0.333
+    """
+
+    rows: list[StageRow]
+    cost: str
+    num_microbatches: int
+    bubble: float
+
+    def table(self) -> str:
+        """The report as a plain-text table."""
+        lines = [f"{'stage':>5} {'nodes':>5} {'cost (' + self.cost + ')':>16} {'share':>6} {'params':>9}  sends"]
+        for r in self.rows:
+            sends = ", ".join(f"{n}{list(shape)}" for n, shape, _ in r.sends) or "-"
+            sent = f" ({r.bytes_out:,} B)" if r.sends else ""
+            lines.append(f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  {sends}{sent}")
+        p, m = len(self.rows), self.num_microbatches
+        lines.append(f"bubble with {m} microbatches: (p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {self.bubble:.3f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _meta_shapes(meta: Any) -> tuple[int, ...]:
+    shape = getattr(meta, "shape", None)
+    return tuple(shape) if shape is not None else ()
+
+
+class StagePlan:
+    """A contiguous split of a traced model into stages, made by :func:`partition`.
+
+    Attributes:
+        module: the traced copy of the model (a :class:`torch.fx.GraphModule`, made on first use).
+        graph: its :class:`torch.fx.Graph`.
+        num_stages: number of stages.
+        cost: the cost model's name (``"callable"`` for a function).
+        node_costs: ``(node name, cost)`` for every compute node, in execution order.
+        assignment: node name -> stage index (contiguous, starting at 0).
+        stage_costs: total cost of each stage.
+        bounds: node-index bounds, stage ``s`` holds ``node_costs[bounds[s]:bounds[s + 1]]``.
+        pieces: node-index bounds of the pieces between the places a cut is allowed
+            (every node is a piece unless ``boundary_depth`` or a non-tensor value
+            joins neighbours); ``bounds`` is a subsequence of ``pieces``.
+
+    >>> import torch
+    >>> from unitscale.examples.models import MLP
+    >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
+    >>> plan
+    StagePlan(MLP, 2 stages by params: [40, 36])
+    >>> [type(m).__name__ for m in plan.stage_modules()], plan.split().submod_1.fc2
+    (['MLPStage0', 'MLPStage1'], Linear(in_features=8, out_features=4, bias=True))
+    """
+
+    def __init__(
+        self,
+        root: nn.Module,
+        graph: fx.Graph,
+        node_costs: list[tuple[str, float]],
+        bounds: list[int],
+        cost: str,
+        example_inputs: tuple[Any, ...],
+        pieces: list[int] | None = None,
+    ) -> None:
+        self._root = root
+        self.graph = graph
+        self.pieces = pieces if pieces is not None else list(range(len(node_costs) + 1))
+        self.node_costs = node_costs
+        self.bounds = bounds
+        self.cost = cost
+        self.num_stages = len(bounds) - 1
+        self.assignment = {
+            name: s for s, (a, b) in enumerate(itertools.pairwise(bounds)) for name, _ in node_costs[a:b]
+        }
+        self.stage_costs = search.stage_sums([c for _, c in node_costs], bounds)
+        self._example_inputs = example_inputs
+
+    @functools.cached_property
+    def module(self) -> fx.GraphModule:
+        """The traced copy of the model as a :class:`torch.fx.GraphModule`.
+
+        Made on first use: its code generation costs as much as the trace on a large graph,
+        and partitioning needs only the graph.
+        """
+        return fx.GraphModule(self._root, self.graph, type(self._root).__name__)
+
+    def __repr__(self) -> str:
+        costs = ", ".join(f"{c:.4g}" for c in self.stage_costs)
+        return f"StagePlan({type(self._root).__name__}, {self.num_stages} stages by {self.cost}: [{costs}])"
+
+    @property
+    def bottleneck(self) -> float:
+        """Cost of the most expensive stage."""
+        return max(self.stage_costs)
+
+    @property
+    def imbalance(self) -> float:
+        """Bottleneck over the ideal ``total / num_stages`` (1.0 is perfect balance)."""
+        total = sum(self.stage_costs)
+        return self.bottleneck / (total / self.num_stages) if total else 1.0
+
+    def costs_under(self, other: StagePlan) -> list[float]:
+        """This plan's stage costs measured with ``other``'s node costs (same model).
+
+        Useful to ask what a split made by parameter count costs in time.
+        """
+        lookup = dict(other.node_costs)
+        sums = [0.0] * self.num_stages
+        for name, _ in self.node_costs:
+            sums[self.assignment[name]] += lookup[name]
+        return sums
+
+    def split(self) -> fx.GraphModule:
+        """The :func:`~torch.fx.passes.split_module.split_module` result, ``submod_0`` ... ``submod_{N-1}``.
+
+        Every parameter, buffer and constant reached through ``get_attr`` lives in
+        the submodule that uses it (one shared by several stages lives in each).
+        """
+        return split_graph(self.module, self.assignment)
+
+    def stage_modules(self) -> list[fx.GraphModule]:
+        """One module per stage, chained: stage ``s + 1`` takes what stage ``s`` returns.
+
+        Stage 0 takes the model's inputs; values a later stage needs are passed
+        through the stages in between; the last stage returns the model's output.
+        """
+        return chain_stages(self.module, self.assignment, self.num_stages)
+
+    def verify(self, *inputs: Any) -> bool:
+        """Whether :meth:`split` and the chained :meth:`stage_modules` reproduce the model exactly.
+
+        Args:
+            *inputs: model inputs (default: the example inputs given to :func:`partition`).
+
+        Returns:
+            ``True`` when every output tensor is ``torch.equal`` to the traced model's.
+
+        Raises:
+            InputError: the inputs do not fit the model.
+        """
+        args = inputs or self._example_inputs
+        stages = self.stage_modules()
+
+        def chained(*xs: Any) -> Any:
+            out: Any = stages[0](*xs)
+            for stage in stages[1:]:
+                out = stage(*out) if isinstance(out, tuple) else stage(out)
+            return out
+
+        outputs = []
+        for fn in (self.module, self.split(), chained):
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(0)
+                try:
+                    outputs.append(tree_flatten(fn(*args))[0])
+                except Exception as exc:
+                    raise InputError(
+                        f"verify() could not run {type(self.module).__name__} on the given inputs: "
+                        f"{type(exc).__name__}: {exc}; pass inputs like the example inputs"
+                    ) from exc
+        reference = outputs[0]
+        return all(
+            len(out) == len(reference)
+            and all(
+                torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                for a, b in zip(out, reference, strict=True)
+            )
+            for out in outputs[1:]
+        )
+
+    def report(self, num_microbatches: int = 8) -> StageReport:
+        """Per stage: cost, share of the total, parameters, and the tensors sent to the next stage.
+
+        Args:
+            num_microbatches: microbatch count ``m`` for the bubble ``(p-1)/(m+p-1)``.
+
+        Returns:
+            A :class:`StageReport`; print it for a table.
+        """
+        total = sum(self.stage_costs) or 1.0
+        live = live_values(self.graph, self.assignment, self.num_stages)
+        names = [name for name, _ in self.node_costs]
+        rows = []
+        for s, stage in enumerate(self.stage_modules()):
+            a, b = self.bounds[s], self.bounds[s + 1]
+            sends = []
+            if s < self.num_stages - 1:
+                sends = [
+                    (v.name, _meta_shapes(v.meta.get("tensor_meta")), output_bytes(v.meta.get("tensor_meta")))
+                    for v in live[s]
+                ]
+            rows.append(
+                StageRow(
+                    stage=s,
+                    nodes=b - a,
+                    first=names[a],
+                    last=names[b - 1],
+                    cost=self.stage_costs[s],
+                    share=self.stage_costs[s] / total,
+                    params=sum(p.numel() for p in stage.parameters()),
+                    sends=sends,
+                )
+            )
+        return StageReport(rows, self.cost, num_microbatches, bubble_fraction(self.num_stages, num_microbatches))
+
+    def plot(self, ax: Axes | None = None, compare: dict[str, StagePlan] | None = None) -> Axes:
+        """Bar chart of stage costs against the ideal ``total / num_stages``.
+
+        Args:
+            ax: matplotlib axes to draw on (default: a new figure).
+            compare: other plans of the same model, drawn next to this one and
+                measured with this plan's node costs.
+
+        Returns:
+            The axes.
+        """
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3))
+        plans = {f"{self.cost} (optimal)" if compare else self.cost: self.stage_costs}
+        for label, other in (compare or {}).items():
+            plans[label] = other.costs_under(self)
+        width = 0.8 / len(plans)
+        for i, (label, costs) in enumerate(plans.items()):
+            xs = [s + (i - (len(plans) - 1) / 2) * width for s in range(len(costs))]
+            ax.bar(xs, costs, width=width, label=label)
+        ax.axhline(sum(self.stage_costs) / self.num_stages, color="k", linestyle="--", linewidth=1, label="ideal")
+        ax.set_xticks(range(self.num_stages))
+        ax.set_xlabel("stage")
+        ax.set_ylabel(f"cost ({self.cost})")
+        ax.legend(fontsize="small")
+        return ax
+
+
+def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
+def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool]:
+    """``allowed[i]``: may a stage start at ``nodes[i]``? (``i`` in ``1..n-1``)"""
+    n = len(nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    blocked = [0] * (n + 2)
+    for node in nodes[0].graph.nodes:
+        if node.op not in ("placeholder", *COMPUTE_OPS) or not node.users:
+            continue
+        value_type = node.meta.get("type")
+        if isinstance(value_type, type) and issubclass(value_type, torch.Tensor):
+            continue
+        # only tensors can cross a stage boundary: no cut between this value and its last use
+        made = position.get(node, -1)
+        last = max(position.get(u, n) for u in node.users)
+        blocked[made + 1] += 1
+        blocked[last + 1] -= 1
+    allowed = [False] * n
+    running = 0
+    for i in range(n):
+        running += blocked[i]
+        allowed[i] = i > 0 and running == 0
+    if boundary_depth is not None:
+        paths = [".".join(node.meta.get("module_path", "").split(".")[:boundary_depth]) for node in nodes]
+        for i in range(1, n):
+            allowed[i] = allowed[i] and paths[i] != paths[i - 1]
+    return allowed
+
+
+def partition(
+    module: nn.Module,
+    num_stages: int,
+    example_inputs: Any,
+    cost: str | Callable[[fx.Node], float] = "params",
+    *,
+    boundary_depth: int | None = None,
+    method: str = "optimal",
+    repeats: int = 5,
+) -> StagePlan:
+    """Split ``module`` into ``num_stages`` contiguous stages with the smallest possible largest stage cost.
+
+    The model is traced (a copy; ``module`` is not changed) and run once on
+    ``example_inputs`` to get shapes. Every compute node gets a cost; the stages
+    are contiguous runs of nodes in execution order. Cuts are only placed where
+    nothing but tensors crosses (so a pipeline can send them).
+
+    Args:
+        module: the model.
+        num_stages: number of stages, each non-empty.
+        example_inputs: a tensor or a tuple of the model's inputs.
+        cost: ``"params"`` (parameter elements each node uses, counted once),
+            ``"flops"`` (:class:`~torch.utils.flop_counter.FlopCounterMode` per node),
+            ``"time"`` (median of ``repeats`` timings per node), ``"memory"``
+            (bytes of each node's output), or a callable ``node -> float``.
+        boundary_depth: cut only where the module path truncated to this many
+            parts changes (``2`` cuts ``TinyGPT`` only between ``blocks.N``).
+        method: ``"optimal"`` (exact min-max), or a baseline: ``"equal_count"``
+            (the same number of pieces per stage), ``"greedy_threshold"`` (close a
+            stage once it reaches ``total / num_stages``).
+        repeats: timings per node for ``cost="time"``.
+
+    Returns:
+        The :class:`StagePlan`.
+
+    Raises:
+        StageCountError: ``num_stages`` below 1 or above the number of places to cut.
+        CostError: unknown ``cost`` or ``method``, or a callable returned a negative, NaN or non-number.
+        InputError: ``example_inputs`` do not fit the model.
+        TraceError: ``torch.fx`` cannot trace the model.
+        NotAModuleError: ``module`` is not a ``torch.nn.Module``.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> plan = partition(model, 2, torch.randn(3, 4))
+    >>> plan.stage_costs, plan.assignment
+    ([40.0, 90.0], {'_0': 0, '_1': 0, '_2': 1, '_3': 1, '_4': 1})
+    """
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise StageCountError(f"num_stages={num_stages!r} must be an int >= 1")
+    if not callable(cost) and cost not in COST_MODELS:
+        raise CostError(
+            f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float"
+        )
+    if method not in METHODS:
+        raise CostError(f"unknown method {method!r}; use one of {', '.join(map(repr, METHODS))}")
+    if boundary_depth is not None and (
+        isinstance(boundary_depth, bool) or not isinstance(boundary_depth, int) or boundary_depth < 1
+    ):
+        raise StageCountError(
+            f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
+        )
+    root, graph = trace_for_stages(module)
+    inputs = _as_tuple(example_inputs)
+    profiler = run_profiler(root, graph, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
+    nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
+    name = type(module).__name__
+    if not nodes:
+        raise StageCountError(f"{name} has no compute nodes to split into num_stages={num_stages}")
+    costs = node_costs(root, nodes, profiler, cost)
+    allowed = _allowed_cuts(nodes, boundary_depth)
+    unit_bounds = [0, *[i for i in range(1, len(nodes)) if allowed[i]], len(nodes)]
+    units = len(unit_bounds) - 1
+    if num_stages > units:
+        where = f" at module depth {boundary_depth}" if boundary_depth is not None else ""
+        raise StageCountError(
+            f"num_stages={num_stages} is more than the {units} pieces {name} can be cut into{where}; "
+            f"use num_stages <= {units}" + (" or a larger boundary_depth" if boundary_depth is not None else "")
+        )
+    unit_costs = search.stage_sums(costs, unit_bounds)
+    if method == "optimal":
+        chosen = search.optimal_bounds(unit_costs, num_stages)
+    elif method == "equal_count":
+        chosen = search.equal_count_bounds(units, num_stages)
+    else:
+        chosen = search.greedy_threshold_bounds(unit_costs, num_stages)
+    bounds = [unit_bounds[i] for i in chosen]
+    cost_name = cost if isinstance(cost, str) else "callable"
+    return StagePlan(
+        root, graph, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs, unit_bounds
+    )

@@ -1,0 +1,34 @@
+"""Scale tracking: the std of every tensor in forward and backward, as a report or annotated code.
+
+>>> import torch
+>>> from unitscale.tracking import track_scales
+>>> report = track_scales(torch.nn.Linear(4, 4), torch.randn(8, 4))
+>>> [row.node for row in report]
+['input_1', 'weight', 'bias', 'linear']
+"""
+
+from unitscale.tracking.analysis import AnnotatedCode as AnnotatedCode
+from unitscale.tracking.analysis import ScaleTrackingInterpreter as ScaleTrackingInterpreter
+from unitscale.tracking.analysis import analyse_module as analyse_module
+from unitscale.tracking.analysis import record_scales as record_scales
+from unitscale.tracking.analysis import track_scales as track_scales
+from unitscale.tracking.report import FORMAT_RANGES as FORMAT_RANGES
+from unitscale.tracking.report import ScaleReport as ScaleReport
+from unitscale.tracking.report import ScaleRow as ScaleRow
+from unitscale.tracking.stats import ScalePair as ScalePair
+from unitscale.tracking.stats import ScaleRecord as ScaleRecord
+from unitscale.tracking.stats import ScaleTracker as ScaleTracker
+
+__all__ = [
+    "ScalePair",
+    "ScaleTracker",
+    "ScaleRecord",
+    "ScaleTrackingInterpreter",
+    "record_scales",
+    "analyse_module",
+    "track_scales",
+    "ScaleReport",
+    "ScaleRow",
+    "AnnotatedCode",
+    "FORMAT_RANGES",
+]

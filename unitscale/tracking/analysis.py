@@ -1,0 +1,464 @@
+"""Scale tracking through a model: the std of every tensor in forward and backward.
+
+The model is traced with a :class:`~unitscale.DeepTracer` that also records
+module paths, run by a :class:`ScaleTrackingInterpreter` that records every
+floating-point node output, and backpropagated once. On an accelerator the stds stay on
+the device until one read at the end. When ``torch.fx`` cannot trace the model
+(data-dependent control flow) the ops are recorded as they run instead
+(``unitscale.tracking.eager``).
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import math
+import re
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import einops
+import torch
+from torch import fx, nn
+
+import unitscale.scaling.functional
+from unitscale.errors import InputError, NotAModuleError
+from unitscale.fx.trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
+from unitscale.tracking.backward import float_outputs, run_backward
+from unitscale.tracking.eager import Captured, input_leaf, op_name, record_ops
+from unitscale.tracking.report import ScaleReport, ScaleRow
+from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
+
+__all__ = [
+    "AnnotatedCode",
+    "ScaleTracer",
+    "ScaleTrackingInterpreter",
+    "analyse_module",
+    "record_scales",
+    "track_scales",
+]
+
+_DEFAULT_AUTOWRAP = (math, einops, unitscale.scaling.functional)
+
+
+class ScaleTrackingInterpreter(fx.Interpreter):
+    """Runs a graph and records the scale of every floating-point node output.
+
+    Overrides :meth:`torch.fx.Interpreter.run_node`: after each node runs, the std (and
+    optionally abs-max) of its output is recorded on the device, and a gradient hook
+    records the std of its gradient when a backward pass reaches it. Floating-point
+    inputs are replaced by detached copies that require grad, so their gradients are
+    seen without touching the caller's tensors. Nothing is written to the graph.
+
+    Args:
+        module: the module the graph belongs to (a ``GraphModule``, or the traced module).
+        graph: the graph to run (default: ``module.graph``).
+        abs_max: also record each tensor's largest magnitude.
+
+    After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
+    ``captured.remove_hooks()`` after the backward pass.
+
+    >>> from unitscale.examples.models import MLP
+    >>> _ = torch.manual_seed(0)
+    >>> gm = fx.symbolic_trace(MLP(4))
+    >>> interp = ScaleTrackingInterpreter(gm)
+    >>> out = interp.run(torch.randn(8, 4))
+    >>> [row.node for row, _ in interp.captured.entries]
+    ['x', 'fc1', 'act', 'fc2']
+    >>> interp.captured.remove_hooks()
+    """
+
+    def __init__(self, module: nn.Module, graph: fx.Graph | None = None, abs_max: bool = False) -> None:
+        super().__init__(module, graph=graph)
+        self.abs_max = abs_max
+        self.captured = Captured()
+        self.current_node: fx.Node | None = None
+        self._shared: dict[fx.Node, ScaleRecord] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current_node = n
+        # fx.Interpreter.run_node without its per-node context managers and debug log:
+        # on a small model they cost as much as the scale tracking itself.
+        load = self.env.__getitem__
+        out = getattr(self, n.op)(n.target, fx.node.map_arg(n.args, load), fx.node.map_arg(n.kwargs, load))
+        if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            return out
+        if n.op == "placeholder":
+            leaf, out = input_leaf(out)
+            self.captured.leaves.append(leaf)
+        elif n.op == "get_attr" and out.requires_grad and out.is_leaf:
+            self.captured.leaves.append(out)
+        # A reshape or transpose holds the same numbers as its input, and when it is the
+        # input's only user, so does its gradient: one record serves the whole chain.
+        users = list(n.users)
+        hand_on = len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,)
+        record = self.captured.track(
+            out,
+            n.name,
+            n.meta.get("module_path", ""),
+            self._op(n, out),
+            self.abs_max,
+            record=self._shared.pop(n, None),
+            hook=not hand_on,
+        )
+        if hand_on:
+            self._shared[users[0]] = record
+        return out
+
+    def _op(self, n: fx.Node, value: torch.Tensor) -> str:
+        if n.op == "placeholder":
+            return "input"
+        if n.op == "get_attr":
+            return "parameter" if isinstance(value, nn.Parameter) else "buffer"
+        if n.op == "call_method":
+            return f"Tensor.{n.target}"
+        if n.op == "call_module":
+            return type(self.fetch_attr(str(n.target))).__name__
+        return op_name(n.target)
+
+
+_VIEW_METHODS = frozenset(
+    {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "contiguous", "flatten", "unflatten"}
+    | {"squeeze", "unsqueeze", "t", "movedim", "swapaxes", "swapdims"}
+)
+_VIEW_FUNCTIONS = frozenset(
+    {torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.squeeze, torch.unsqueeze, torch.t}
+    | {torch.movedim, torch.swapaxes, torch.swapdims, einops.rearrange}
+)
+
+
+def _is_view(n: fx.Node) -> bool:
+    """Whether ``n`` only rearranges its first argument's elements (same multiset of values)."""
+    if n.op == "call_method":
+        is_view = n.target in _VIEW_METHODS
+    else:
+        is_view = n.op == "call_function" and n.target in _VIEW_FUNCTIONS
+    # x.view(torch.float16) reinterprets the bits: not the same numbers.
+    return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
+
+
+def _check_module(module: Any, fn: str) -> nn.Module:
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(
+            f"{fn} expects a torch.nn.Module, got {type(module).__name__}; wrap a function in an nn.Module first"
+        )
+    return module
+
+
+def _check_inputs(module: nn.Module, inputs: Any) -> tuple[Any, ...]:
+    name = type(module).__name__
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    elif isinstance(inputs, list):
+        inputs = tuple(inputs)
+    elif not isinstance(inputs, tuple):
+        raise InputError(
+            f"inputs must be a torch.Tensor or a tuple/list of the positional inputs of {name}, "
+            f"got {type(inputs).__name__}; convert arrays with torch.as_tensor"
+        )
+    for i, value in enumerate(inputs):
+        if type(value).__module__ == "numpy":
+            raise InputError(f"inputs[{i}] is a numpy {type(value).__name__}; convert it with torch.as_tensor")
+    try:
+        inspect.signature(module.forward).bind(*inputs)
+    except TypeError as e:
+        raise InputError(f"{name}.forward cannot take the {len(inputs)} input(s) given: {e}") from None
+    except ValueError:
+        pass
+    return inputs
+
+
+def _shapes(inputs: tuple[Any, ...]) -> str:
+    return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
+
+
+def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> Captured:
+    interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
+    try:
+        interp.captured.output = interp.run(*inputs)
+    except Exception as e:
+        interp.captured.remove_hooks()
+        n = interp.current_node
+        where = f" at node '{n.name}' ({n.op} {_target(n)})" if n is not None else ""
+        reason = str(e).split("\n\nWhile executing")[0]  # fx appends the node's repr
+        raise InputError(
+            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. "
+            "Check that the inputs have the shapes and dtypes the model expects."
+        ) from e
+    seen = {id(leaf) for leaf in interp.captured.leaves}  # parameters the graph read are there already
+    interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    return interp.captured
+
+
+def _target(n: fx.Node) -> str:
+    return n.target if isinstance(n.target, str) else op_name(n.target)
+
+
+def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> Captured:
+    try:
+        return record_ops(module, inputs, abs_max)
+    except Exception as e:
+        raise InputError(
+            f"{type(module).__name__} failed at {_user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
+            "Check that the inputs have the shapes and dtypes the model expects."
+        ) from e
+
+
+def _finish(captured: Captured, backward: Any, model: str) -> list[ScaleRow]:
+    try:
+        run_backward(float_outputs(captured.output, model), backward, captured.leaves)
+    finally:
+        captured.remove_hooks()
+    values = read_records([record for _, record in captured.entries])
+    entries = zip(captured.entries, values, strict=True)
+    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
+
+
+_ASSIGN = re.compile(r"^\s*(\w+) = ")
+_CLEANUP = re.compile(r";  (?:\w+ = )+None$")
+
+
+@functools.lru_cache(maxsize=16)
+def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
+    """The code's non-blank lines without fx's ``x = None`` clean-ups, each with the name it assigns."""
+    lines = []
+    for line in code.strip("\n").splitlines():
+        line = _CLEANUP.sub("", line.rstrip())
+        if line.strip():
+            match = _ASSIGN.match(line)
+            lines.append((line, match.group(1) if match else None))
+    return tuple(lines)
+
+
+def _annotate(trace: Trace, scales: dict[str, ScalePair]) -> str:
+    inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in scales]
+    lines = []
+    for line, name in _code_lines(trace.code):
+        if line.startswith("def forward") and inputs:
+            line += "  # " + ", ".join(f"{x} {scales[x]}" for x in inputs)
+        elif name in scales:
+            line += f"  # {scales[name]}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
+    width = max([len(r.node) for r in rows] + [4])
+    lines = [f"# {model}: ops recorded as they ran; torch.fx could not trace it at {failure}"]
+    for r in rows:
+        where = f" in {r.module_path}" if r.module_path else ""
+        lines.append(f"{r.node.ljust(width)}  # {r.scale}  {r.op}{where}")
+    return "\n".join(lines)
+
+
+def track_scales(
+    module: nn.Module,
+    inputs: Any,
+    backward: Any = None,
+    *,
+    recurse_modules: bool = True,
+    autowrap_modules: tuple[types.ModuleType, ...] = _DEFAULT_AUTOWRAP,
+    autowrap_functions: tuple[Callable[..., Any], ...] = (),
+    capture: str = "auto",
+    abs_max: bool = True,
+) -> ScaleReport:
+    """Run one forward and backward pass and report the scale of every float tensor.
+
+    Args:
+        module: the model (a ``GraphModule`` is run as it is, without re-tracing).
+        inputs: a tensor, or a tuple/list of the model's positional inputs.
+        backward: the gradient of the output: a tensor, a tuple/list/dict shaped like
+            the output, or ``None`` (1 for a one-element output such as a loss,
+            unit-normal noise otherwise).
+        recurse_modules: trace into submodules (``False``: one row per top-level call).
+        autowrap_modules: modules whose functions stay single nodes.
+        autowrap_functions: functions that stay single nodes.
+        capture: ``"fx"`` (symbolic trace; fail with :class:`~unitscale.errors.TraceError`
+            if it cannot), ``"eager"`` (record ops as they run) or ``"auto"`` (fx, else eager).
+        abs_max: also record each tensor's largest magnitude.
+
+    Returns:
+        A :class:`ScaleReport`, one row per floating-point tensor in execution order.
+        Integer and boolean tensors are skipped; the model's ``.grad`` fields are untouched.
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        InputError: wrong kind, number or shape of inputs, or an unknown ``capture``.
+        BackwardShapeError: ``backward`` does not match the output.
+        NoFloatOutputError: the model returns no floating-point tensor.
+        TraceError: ``capture="fx"`` and torch.fx cannot trace the model.
+
+    >>> from unitscale.examples.models import MLP
+    >>> _ = torch.manual_seed(0)
+    >>> report = track_scales(MLP(16), torch.randn(64, 16))
+    >>> [(row.node, row.module_path, row.op) for row in report if row.op != "parameter"]
+    [('x', '', 'input'), ('linear', 'fc1', 'linear'), ('relu', 'act', 'relu'), ('linear_1', 'fc2', 'linear')]
+    >>> report["x"].scale
+    (-> 0.98, <- 0.238)
+    """
+    module = _check_module(module, "track_scales")
+    if capture not in ("auto", "fx", "eager"):
+        raise InputError(f"capture must be 'auto', 'fx' or 'eager', got {capture!r}")
+    inputs = _check_inputs(module, inputs)
+    model = type(module).__name__
+    failure = ""
+    trace = None
+    if capture == "fx":
+        trace = trace_for_scales(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
+    elif capture == "auto":
+        result = trace_or_reason(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
+        trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
+    # A caller's no_grad() would leave nothing to backpropagate.
+    with torch.enable_grad(), scratch_space():
+        if trace is not None:
+            captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
+        else:
+            captured = _capture_eager(module, inputs, abs_max)
+        rows = _finish(captured, backward, model)
+    if trace is not None:
+        return ScaleReport(rows, model, _annotate(trace, {r.node: r.scale for r in rows}), "fx")
+    return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
+
+
+def record_scales(module: nn.Module, inputs: Any, backward: Any = None) -> dict[str, ScalePair]:
+    """``node name -> ScalePair`` for one forward and backward pass of ``module``.
+
+    A ``GraphModule`` is run as it is (useful after your own tracing or rewriting);
+    any other module is traced as in :func:`track_scales`.
+
+    Args:
+        module: the model or a ``GraphModule``.
+        inputs: a tensor or a tuple/list of positional inputs.
+        backward: the output's gradient (see :func:`track_scales`).
+
+    Returns:
+        The scales, in execution order.
+
+    Raises:
+        TraceError: torch.fx cannot trace the module (use :func:`track_scales`, which
+            falls back to recording ops as they run).
+        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
+            :func:`track_scales`.
+
+    >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Identity()))
+    >>> record_scales(gm, torch.tensor([1.0, 3.0]), backward=torch.tensor([1.0, -1.0]))
+    {'input_1': (-> 1.41, <- 1.41), '_0': (-> 1.41, <- 1.41)}
+    """
+    return track_scales(module, inputs, backward, capture="fx", abs_max=False).scales
+
+
+class AnnotatedCode(str):
+    """Code annotated with scales: a ``str`` that highlights itself for its reader.
+
+    ``print()`` shows ANSI-highlighted code in a terminal (plain text elsewhere), a
+    notebook shows HTML-highlighted code, and ``repr`` (doctests, the REPL) shows the
+    plain text. Set ``highlight=False`` for plain text everywhere.
+
+    Args:
+        text: the code.
+        highlight: highlight with pygments where the reader supports it.
+
+    >>> code = AnnotatedCode("y = f(x)  # (-> 1.0, <- 0.5)")
+    >>> code
+    y = f(x)  # (-> 1.0, <- 0.5)
+    >>> "<span" in code._repr_html_()
+    True
+    """
+
+    highlight: bool
+
+    def __new__(cls, text: str, highlight: bool = True) -> AnnotatedCode:
+        obj = super().__new__(cls, text)
+        obj.highlight = highlight
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (AnnotatedCode, (str(self.plain), self.highlight))
+
+    @property
+    def plain(self) -> str:
+        """The text without highlighting."""
+        return str.__str__(self)
+
+    def __str__(self) -> str:
+        if self.highlight and sys.stdout.isatty():
+            from pygments import highlight
+            from pygments.formatters import TerminalFormatter
+            from pygments.lexers import PythonLexer
+
+            return highlight(self.plain, PythonLexer(), TerminalFormatter()).rstrip("\n")
+        return self.plain
+
+    def __repr__(self) -> str:
+        return self.plain
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str | None:
+        if not self.highlight:
+            return f"<pre>{html.escape(self.plain)}</pre>"
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+
+        return highlight(self.plain, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+
+
+def analyse_module(
+    module: nn.Module,
+    inputs: Any,
+    backward: Any = None,
+    recurse_modules: bool = True,
+    syntax_highlight: bool = True,
+    autowrap_modules: tuple[types.ModuleType, ...] = _DEFAULT_AUTOWRAP,
+    autowrap_functions: tuple[Callable[..., Any], ...] = (),
+) -> AnnotatedCode:
+    """The module's traced code, each line annotated with ``(-> forward std, <- backward std)``.
+
+    Runs one forward pass (``inputs``) and one backward pass (``backward``, see
+    :func:`track_scales`). A model ``torch.fx`` cannot trace gets a listing of its ops
+    as they ran instead.
+
+    Args:
+        module: the model.
+        inputs: a tensor or a tuple/list of positional inputs.
+        backward: the output's gradient, or ``None``.
+        recurse_modules: trace into submodules (``False``: submodules are single lines).
+        syntax_highlight: highlight with pygments (terminal and notebook).
+        autowrap_modules: modules whose functions stay single nodes.
+        autowrap_functions: functions that stay single nodes.
+
+    Returns:
+        The annotated code (:class:`AnnotatedCode`, a ``str``).
+
+    Raises:
+        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
+        :func:`track_scales`.
+
+    >>> from unitscale.examples.models import MLP
+    >>> _ = torch.manual_seed(0)
+    >>> analyse_module(MLP(256), torch.randn(512, 256), torch.randn(512, 256))
+    def forward(self, x):  # x (-> 0.999, <- 0.235)
+        fc1_weight = self.fc1.weight  # (-> 0.0361, <- 4.61)
+        fc1_bias = self.fc1.bias  # (-> 0.0363, <- 4.38)
+        linear = torch._C._nn.linear(x, fc1_weight, fc1_bias)  # (-> 0.578, <- 0.204)
+        relu = torch.nn.functional.relu(linear, inplace = False)  # (-> 0.337, <- 0.288)
+        fc2_weight = self.fc2.weight  # (-> 0.018, <- 9.01)
+        fc2_bias = self.fc2.bias  # (-> 0.0183, <- 21.2)
+        linear_1 = torch._C._nn.linear(relu, fc2_weight, fc2_bias)  # (-> 0.236, <- 0.998)
+        return linear_1
+    """
+    report = track_scales(
+        module,
+        inputs,
+        backward,
+        recurse_modules=recurse_modules,
+        autowrap_modules=autowrap_modules,
+        autowrap_functions=autowrap_functions,
+        abs_max=False,
+    )
+    return AnnotatedCode(report.code, highlight=syntax_highlight)

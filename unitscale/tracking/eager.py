@@ -1,0 +1,218 @@
+"""Scale tracking without ``torch.fx``: record the ops of a model as they run.
+
+``torch.fx`` cannot trace data-dependent control flow (``if x.sum() > 0:``). Running
+the model eagerly under a :class:`torch.overrides.TorchFunctionMode` sees every torch
+function it calls, whatever Python decides in between. Each floating-point result is
+recorded like a node of a traced graph, with the module it ran in.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+from unitscale.tracking.report import ScaleRow
+from unitscale.tracking.stats import ScaleRecord
+
+__all__ = ["Captured", "OpScaleRecorder", "input_leaf", "record_ops"]
+
+
+@dataclass
+class Captured:
+    """What one forward pass under scale tracking produced.
+
+    Attributes:
+        output: the model's output.
+        entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
+        leaves: tensors gradients are taken with respect to (detached inputs, parameters).
+        handles: gradient hooks to remove once the backward pass is done.
+
+    >>> captured = Captured()
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
+    >>> captured.entries[0][0]
+    ScaleRow(node='y', module_path='', op='mul', shape=(3,), dtype='float32', forward=None, backward=None, abs_max=None)
+    >>> captured.remove_hooks(); captured.handles
+    []
+    """
+
+    output: Any = None
+    entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
+    leaves: list[torch.Tensor] = field(default_factory=list)
+    handles: list[RemovableHandle] = field(default_factory=list)
+
+    def track(
+        self,
+        t: torch.Tensor,
+        node: str,
+        module_path: str,
+        op: str,
+        abs_max: bool,
+        record: ScaleRecord | None = None,
+        hook: bool = True,
+    ) -> ScaleRecord:
+        """Record ``t`` (and, through a hook, its gradient) as one row.
+
+        ``record``: an existing record to share (a view of a tensor already recorded has
+        the same std). ``hook=False``: leave the gradient to a later row sharing the record.
+        """
+        if record is None:
+            record = ScaleRecord()
+            record.record_forward(t, abs_max)
+        if hook and t.requires_grad:
+            self.handles.append(t.register_hook(record.record_backward))
+        row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        self.entries.append((row, record))
+        return record
+
+    def remove_hooks(self) -> None:
+        """Remove every gradient hook (some sit on the model's parameters)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def op_name(func: Any) -> str:
+    """A short name for a torch function or Tensor method.
+
+    >>> op_name(torch.nn.functional.linear), op_name(torch.Tensor.reshape), op_name(torch.Tensor.__add__)
+    ('linear', 'Tensor.reshape', 'Tensor.add')
+    """
+    name = getattr(func, "__name__", None) or type(func).__name__
+    if name.startswith("__") and name.endswith("__") and len(name) > 4:
+        name = name[2:-2]  # Tensor.__add__ -> add; in-place mul_ keeps its underscore
+    owner = getattr(func, "__objclass__", None)
+    if owner is not None and issubclass(owner, torch._C.TensorBase):
+        return f"Tensor.{name}"
+    return name
+
+
+def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A leaf that requires grad for a model input, and the copy of it to run the model on.
+
+    The leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
+    stay untouched); the model gets a non-leaf copy, so it may modify its input in place.
+    Tensors made under ``torch.inference_mode`` are copied into ordinary ones first.
+
+    >>> leaf, value = input_leaf(torch.ones(2))
+    >>> leaf.requires_grad, leaf.is_leaf, value.is_leaf
+    (True, True, False)
+    """
+    leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
+    return leaf, leaf.clone()
+
+
+class OpScaleRecorder(TorchFunctionMode):
+    """A torch function mode that records every floating-point tensor an op returns.
+
+    Property reads (``x.shape``, ``x.T``) are not recorded. While the mode handles a
+    call it is switched off, so the ops inside a recorded function (the pieces of
+    ``layer_norm``) and the recording's own ``std`` are not recorded.
+
+    Args:
+        captured: where rows, records and hooks go.
+        abs_max: also record each tensor's largest magnitude.
+        module_names: ``module -> qualified name`` for the module-path column.
+
+    >>> captured = Captured()
+    >>> with OpScaleRecorder(captured, abs_max=False, module_names={}):
+    ...     y = torch.ones(4).mul(3.0).sum()
+    >>> [row.node for row, _ in captured.entries]
+    ['ones', 'mul', 'sum']
+    """
+
+    def __init__(self, captured: Captured, abs_max: bool, module_names: dict[nn.Module, str]) -> None:
+        super().__init__()
+        self.captured = captured
+        self.abs_max = abs_max
+        self.module_names = module_names
+        self.module_stack: list[nn.Module] = []
+        self.counts: Counter[str] = Counter()
+
+    def _node_name(self, op: str) -> str:
+        base = op.removeprefix("Tensor.")
+        n = self.counts[base]
+        self.counts[base] += 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "__name__", "") == "__get__":
+            return out
+        tensors = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
+        tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        if tensors:
+            op = op_name(func)
+            name = self._node_name(op)
+            path = self.module_names.get(self.module_stack[-1], "") if self.module_stack else ""
+            single = isinstance(out, torch.Tensor)
+            for i, t in enumerate(tensors):
+                self.captured.track(t, name if single else f"{name}[{i}]", path, op, self.abs_max)
+        return out
+
+    def _enter_module(self, module: nn.Module, *_: Any) -> None:
+        if module in self.module_names:
+            self.module_stack.append(module)
+
+    def _exit_module(self, module: nn.Module, *_: Any) -> None:
+        if self.module_stack and self.module_stack[-1] is module:
+            self.module_stack.pop()
+
+
+def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False) -> Captured:
+    """Run ``module(*inputs)`` eagerly, recording the scale of every op's float output.
+
+    Floating-point inputs are detached copies that require grad (the caller's tensors
+    are untouched) and are recorded under their parameter names. Gradient hooks are
+    left in place for the backward pass: call ``captured.remove_hooks()`` after it.
+
+    Args:
+        module: the model.
+        inputs: positional inputs.
+        abs_max: also record each tensor's largest magnitude.
+
+    Returns:
+        The :class:`Captured` forward pass.
+
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return x * 2 if x.sum() > 0 else x.relu()
+    >>> captured = record_ops(Net(), (torch.ones(3),))
+    >>> [(row.node, row.op) for row, _ in captured.entries]
+    [('x', 'input'), ('sum', 'Tensor.sum'), ('mul', 'Tensor.mul')]
+    >>> captured.remove_hooks()
+    """
+    captured = Captured()
+    try:
+        names = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    args = []
+    for i, value in enumerate(inputs):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            leaf, value = input_leaf(value)
+            captured.leaves.append(leaf)
+            captured.track(value, names[i] if i < len(names) else f"input_{i}", "", "input", abs_max)
+        args.append(value)
+    captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
+    recorder = OpScaleRecorder(captured, abs_max, {m: name for name, m in module.named_modules()})
+    pre = register_module_forward_pre_hook(recorder._enter_module)
+    post = register_module_forward_hook(recorder._exit_module)
+    try:
+        with recorder:
+            captured.output = module(*args)
+    except BaseException:
+        captured.remove_hooks()
+        raise
+    finally:
+        pre.remove()
+        post.remove()
+    return captured

@@ -1,0 +1,211 @@
+"""The result of :func:`unitscale.track_scales`: one row per tensor, a table and a plot.
+
+A :class:`ScaleReport` holds only plain Python values (strings, tuples, floats), so it
+pickles and outlives the model. Its plot shows ``log2`` of every tensor's forward and
+backward std against the representable ranges of FP16, BF16 and the two FP8 formats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple
+
+from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
+from unitscale.tracking.stats import ScalePair
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = ["ScaleRow", "ScaleReport", "FORMAT_RANGES"]
+
+
+#: ``name -> (smallest subnormal, largest normal)`` of the formats drawn by
+#: :meth:`ScaleReport.plot`, from the bit layouts in ``unitscale.formats``.
+FORMAT_RANGES: dict[str, tuple[float, float]] = {
+    name: (fmt.min_subnormal, fmt.max_value)
+    for name, fmt in (("BF16", BF16), ("FP16", FP16), ("FP8 E5M2", FP8_E5M2), ("FP8 E4M3", FP8_E4M3))
+}
+
+
+class ScaleRow(NamedTuple):
+    """One tracked tensor: where it came from and its scales.
+
+    Attributes:
+        node: node name (``linear_1``), as in the traced code.
+        module_path: qualified name of the module that produced it (``""``: the root).
+        op: what produced it (``linear``, ``Tensor.reshape``, ``input``, ``parameter``).
+        shape: the tensor's shape.
+        dtype: the tensor's dtype, e.g. ``"float32"``.
+        forward: std of the tensor (``None``: empty tensor).
+        backward: std of its gradient (``None``: no gradient reached it).
+        abs_max: largest magnitude (``None``: not recorded or empty).
+
+    >>> import torch
+    >>> from unitscale import MLP, track_scales
+    >>> row = next(iter(track_scales(MLP(4), torch.randn(8, 4))))
+    >>> row.node, row.op, row.shape
+    ('x', 'input', (8, 4))
+    """
+
+    node: str
+    module_path: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: str
+    forward: float | None = None
+    backward: float | None = None
+    abs_max: float | None = None
+
+    @property
+    def scale(self) -> ScalePair:
+        """``ScalePair(forward, backward)``."""
+        return ScalePair(self.forward, self.backward)
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+class ScaleReport:
+    """Scales of every floating-point tensor of one forward and backward pass.
+
+    Iterate it for :class:`ScaleRow` s, index it by position or node name, print
+    :meth:`table`, draw :meth:`plot`. ``code`` is the annotated code (what
+    :func:`unitscale.analyse_module` returns); ``capture`` says how the ops were
+    captured: ``"fx"`` (symbolic trace) or ``"eager"`` (ops recorded as they ran,
+    when ``torch.fx`` could not trace the model; ``trace_failure`` says why).
+
+    Args:
+        rows: the rows, in execution order.
+        model: the model's class name.
+        code: annotated code or op listing.
+        capture: ``"fx"`` or ``"eager"``.
+        trace_failure: why fx tracing failed (eager capture only).
+
+    >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)], "Net")
+    >>> report["x"].scale
+    (-> 1.0, <- 0.5)
+    >>> print(report.table())
+    node  module  op     shape  dtype    fwd std  bwd std  abs max
+    x             input  (2,)   float32  1        0.5      2
+    """
+
+    def __init__(
+        self, rows: list[ScaleRow], model: str, code: str = "", capture: str = "fx", trace_failure: str = ""
+    ) -> None:
+        self.rows = list(rows)
+        self.model = model
+        self.code = code
+        self.capture = capture
+        self.trace_failure = trace_failure
+
+    def __iter__(self) -> Iterator[ScaleRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: int | str) -> ScaleRow:
+        if isinstance(key, str):
+            for row in self.rows:
+                if row.node == key:
+                    return row
+            names = ", ".join(r.node for r in self.rows[:8]) + (", ..." if len(self.rows) > 8 else "")
+            raise KeyError(f"no tensor named {key!r} in this report; its names are {names}")
+        return self.rows[key]
+
+    def __repr__(self) -> str:
+        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.capture} capture>"
+
+    @property
+    def scales(self) -> dict[str, ScalePair]:
+        """``node -> ScalePair`` for every row."""
+        return {row.node: row.scale for row in self.rows}
+
+    def table(self) -> str:
+        """A fixed-width text table, one line per tensor (3 significant digits)."""
+        header = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
+        body = [
+            (r.node, r.module_path, r.op, str(r.shape), r.dtype, _num(r.forward), _num(r.backward), _num(r.abs_max))
+            for r in self.rows
+        ]
+        widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
+        return "\n".join(lines)
+
+    def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
+        """Plot ``log2`` of each tensor's forward and backward std, over format ranges.
+
+        Each format in ``formats`` is drawn as dashed lines at its smallest subnormal
+        and largest normal value (see :data:`FORMAT_RANGES`), with the magnitudes
+        outside that window shaded: a point in a shaded band would underflow or
+        overflow in that format. Parameters are hollow markers.
+
+        Args:
+            ax: axes to draw on (default: a new figure).
+            formats: names from :data:`FORMAT_RANGES` to draw.
+
+        Returns:
+            The figure.
+
+        >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)], "Net")
+        >>> fig = report.plot()
+        >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]
+        ['forward', 'backward']
+        """
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(self.rows) + 5), 4.5))
+        else:
+            fig = ax.get_figure(root=True)  # type: ignore[assignment]
+        x = list(range(len(self.rows)))
+
+        def log2(values: list[float | None]) -> list[float]:
+            return [math.log2(v) if v is not None and v > 0 and math.isfinite(v) else math.nan for v in values]
+
+        fwd = log2([r.forward for r in self.rows])
+        bwd = log2([r.backward for r in self.rows])
+        # Activations are joined by lines (the path through the model); parameters are
+        # hollow markers off that path.
+        is_param = [r.op in ("parameter", "buffer") for r in self.rows]
+        for values, colour, marker, label in ((fwd, "C0", "o", "forward"), (bwd, "C3", "s", "backward")):
+            path = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if not p]
+            params = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if p]
+            ax.plot([i for i, _ in path], [v for _, v in path], marker=marker, ms=3, lw=1, color=colour, label=label)
+            if params:
+                ax.plot(
+                    [i for i, _ in params],
+                    [v for _, v in params],
+                    ls="none",
+                    marker=marker,
+                    ms=4,
+                    mfc="none",
+                    color=colour,
+                    alpha=0.6,
+                )
+        seen = [v for v in fwd + bwd if not math.isnan(v)] or [0.0]
+        lo, hi = min(min(seen), -25.0) - 1, max(max(seen), 17.0) + 1  # FP8 and FP16 in view
+        colours = {"BF16": "0.5", "FP16": "C2", "FP8 E5M2": "C1", "FP8 E4M3": "C4"}
+        for name in formats:
+            colour = colours.get(name, "0.5")
+            low, high = (math.log2(v) for v in FORMAT_RANGES[name])
+            # Shade below the smallest subnormal (underflow) and above the largest normal
+            # (overflow); the window between stays clear.
+            ax.axhspan(-1e4, low, color=colour, alpha=0.08, lw=0)
+            ax.axhspan(high, 1e4, color=colour, alpha=0.08, lw=0)
+            for edge in (low, high):
+                if lo <= edge <= hi:
+                    ax.axhline(edge, color=colour, lw=1, ls="--")
+            ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range [2^{low:.0f}, 2^{high:.1f}]")
+        ax.set_ylim(lo, hi)
+        ax.set_xlim(-0.5, max(len(x), 1) - 0.5)
+        ticks = x if len(x) <= 40 else x[:: math.ceil(len(x) / 40)]
+        ax.set_xticks(ticks, [self.rows[i].node for i in ticks], rotation=90, fontsize=7)
+        ax.set_ylabel("log2(std)")
+        ax.set_title(f"Scales through {self.model} (forward and backward)")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout()
+        return fig

@@ -1,0 +1,19 @@
+"""Graph transforms over a TorchDynamo capture: unit scaling and simulated number formats.
+
+They nest: ``simulate_fp8(unit_scale(model))`` captures once and runs both.
+
+>>> import torch
+>>> from unitscale.transforms import unit_scale
+>>> model = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()))
+>>> round(model(torch.randn(512, 64)).std().item(), 1)
+1.0
+"""
+
+from unitscale.transforms.dynamo import GraphTransform as GraphTransform
+from unitscale.transforms.dynamo import TransformedModule as TransformedModule
+from unitscale.transforms.passes import apply_transform as apply_transform
+from unitscale.transforms.passes import simulate_format as simulate_format
+from unitscale.transforms.passes import simulate_fp8 as simulate_fp8
+from unitscale.transforms.passes import unit_scale as unit_scale
+
+__all__ = ["GraphTransform", "TransformedModule", "apply_transform", "simulate_format", "simulate_fp8", "unit_scale"]

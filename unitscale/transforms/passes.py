@@ -1,0 +1,251 @@
+"""Graph transforms built on TorchDynamo: unit scaling and simulated low precision.
+
+Each transform wraps a module in a :class:`TransformedModule` that captures the
+forward with TorchDynamo on its first call and rewrites the captured graph.
+Transforms nest, and ``torch.compile`` goes on top:
+``torch.compile(simulate_fp8(unit_scale(model)))``.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import unitscale.scaling.functional as U
+from unitscale.errors import FormatError, NotAModuleError, ReplaceMapError, UnscaledOpsError
+from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
+from unitscale.transforms.dynamo import GraphTransform, TransformedModule
+from unitscale.transforms.unit_scale_pass import UnitScalePass
+
+__all__ = ["TransformedModule", "apply_transform", "simulate_format", "simulate_fp8", "unit_scale"]
+
+logger = logging.getLogger(__name__)
+
+
+def apply_transform(module: nn.Module, transform: GraphTransform) -> TransformedModule:
+    """Wrap ``module`` so that ``transform`` runs over its TorchDynamo graph.
+
+    The graph handed to ``transform`` reads parameters and buffers as attributes
+    (``get_attr`` nodes named as in ``module``), takes the tensor inputs as
+    placeholders, and carries TorchDynamo's ``example_value`` in each node's meta.
+    ``transform`` returns the new ``GraphModule``. Applied to a
+    :class:`TransformedModule`, the transform runs after the ones it already has,
+    and the parameters stay shared.
+
+    Args:
+        module: any module TorchDynamo can capture in one graph.
+        transform: ``GraphModule -> GraphModule``.
+
+    Returns:
+        The wrapped module (``module`` itself is not changed).
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module`` or ``transform`` is not callable.
+
+    >>> import torch
+    >>> def double_relu(x, inplace=False):
+    ...     return 2 * torch.relu(x)
+    >>> def double_relus(gm):
+    ...     for node in gm.graph.nodes:
+    ...         if node.target is torch.nn.functional.relu:
+    ...             node.target = double_relu
+    ...     gm.recompile()
+    ...     return gm
+    >>> model = apply_transform(torch.nn.ReLU(), double_relus)
+    >>> model(torch.tensor([-1.0, 3.0])).tolist()
+    [0.0, 6.0]
+    """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(f"apply_transform: expected an nn.Module, got {type(module).__name__}")
+    if not callable(transform):
+        raise NotAModuleError(
+            f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
+        )
+    if isinstance(module, TransformedModule):
+        return TransformedModule.wrap(module.module, (*module.transforms, transform))
+    return TransformedModule.wrap(module, (transform,))
+
+
+def _check_replace(replace: Any) -> dict[Any, Callable[..., Any]]:
+    if replace is None:
+        return {}
+    if not isinstance(replace, Mapping):
+        raise ReplaceMapError(
+            f"unit_scale: replace must be a mapping (torch function -> replacement), got {type(replace).__name__}"
+        )
+    for key, value in replace.items():
+        if not callable(key):
+            raise ReplaceMapError(
+                f"unit_scale: replace key {key!r} is not callable; keys are the torch functions to replace"
+            )
+        if not callable(value):
+            raise ReplaceMapError(
+                f"unit_scale: replace[{getattr(key, '__name__', key)!r}] = {value!r} is not callable; "
+                f"map each torch function to a function with the same signature"
+            )
+    return dict(replace)
+
+
+def unit_scale(
+    module: nn.Module, replace: Mapping[Any, Callable[..., Any]] | None = None, strict: bool = False
+) -> TransformedModule:
+    """Unit-scale a model: swap every torch op for its unit-scaled twin, as a TorchDynamo backend.
+
+    On the first call the forward is captured with TorchDynamo, whether the model is
+    written with modules (``nn.Sequential(nn.Linear, nn.GELU, ...)``) or functional
+    calls. In the graph: ``replace`` first, then :data:`unitscale.scaling.functional.torch_map`;
+    residual adds (one operand an ancestor of the other) become
+    :func:`~unitscale.scaling.functional.residual_split` / :func:`~unitscale.scaling.functional.residual_add`
+    (``tau`` 0.01 for attention branches, 0.5 otherwise); other adds become unconstrained
+    :func:`~unitscale.scaling.functional.add`; constrained ops after the last residual add are
+    unconstrained. Parameters are an independent copy of ``module``'s (``module`` is not
+    changed), re-initialised on the first call by the role the graph gives them: weights
+    and embeddings ``N(0, 1)``, biases 0, norm gains 1.
+
+    Ops left as they were (not mapped, and not scale-neutral like reshapes) are logged
+    on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``.
+
+    Args:
+        module: the model.
+        replace: extra or overriding replacements, ``{torch function: replacement}``.
+        strict: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
+
+    Returns:
+        A :class:`TransformedModule`; the capture (and the check) happens on its first call.
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        ReplaceMapError: ``replace`` is not a mapping of callables to callables.
+        CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph.
+        UnscaledOpsError: (on the first call, with ``strict=True``) some ops were left unscaled.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> _ = torch.manual_seed(0)
+    >>> model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+    >>> x = torch.randn(512, 256)
+    >>> round(model(x).std().item(), 2), round(unit_scale(model)(x).std().item(), 1)
+    (0.2, 1.1)
+    """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(f"unit_scale: expected an nn.Module, got {type(module).__name__}")
+    replacements = _check_replace(replace)
+    inner = module.module if isinstance(module, TransformedModule) else module
+    earlier = module.transforms if isinstance(module, TransformedModule) else ()
+    scaled = copy.deepcopy(inner)
+    return TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict)))
+
+
+class _UnitScale(UnitScalePass):
+    def __init__(self, replace: Mapping[Any, Callable[..., Any]], strict: bool) -> None:
+        super().__init__(replace, U.torch_map)
+        self.strict = strict
+
+    def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
+        gm = super().__call__(gm)
+        left = gm.meta["unscaled_ops"]
+        if left and self.strict:
+            raise UnscaledOpsError(
+                f"unit_scale(strict=True) left {len(left)} op(s) unscaled: {'; '.join(left)}. "
+                f"Pass replace={{op: unit-scaled function}} for them, or strict=False to accept them"
+            )
+        if left:
+            logger.warning("unit_scale left %d op(s) unscaled: %s", len(left), "; ".join(left))
+        return gm
+
+
+# Matmul-like ops and how many leading arguments are their operands (a bias is added in high precision).
+_MATMUL_LIKE: dict[Any, int] = {
+    F.linear: 2, torch.matmul: 2, torch.Tensor.matmul: 2, operator.matmul: 2, torch.mm: 2, torch.bmm: 2,
+    F.conv1d: 2, F.conv2d: 2, F.conv3d: 2, U.linear: 2, U.matmul: 2,
+    F.scaled_dot_product_attention: 3, U.scaled_dot_product_attention: 3,
+}  # fmt: skip
+
+
+def _operand_count(fn: Any) -> int:
+    try:
+        return _MATMUL_LIKE.get(fn, 0)
+    except TypeError:  # an unhashable target
+        return 0
+
+
+class _SimulateFormat:
+    """Quantise the float tensor inputs of matmul-like ops (forward) and their gradients (backward)."""
+
+    __name__ = "simulate_format"
+
+    def __init__(self, fwd_format: FPFormat, bwd_format: FPFormat) -> None:
+        self.fwd_format, self.bwd_format = fwd_format, bwd_format
+
+    def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
+        graph = gm.graph
+        fwd, bwd = self.fwd_format._op_args(), self.bwd_format._op_args()
+        for node in list(graph.nodes):
+            if node.op not in ("call_function", "call_method"):
+                continue
+            fn = node.target if node.op == "call_function" else getattr(torch.Tensor, str(node.target), None)
+            operands = _operand_count(fn)
+            for arg in dict.fromkeys(a for a in node.args[:operands] if isinstance(a, fx.Node)):
+                value = arg.meta.get("example_value")
+                if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+                    continue
+                with graph.inserting_before(node):
+                    q = graph.call_function(torch.ops.unitscale.quantise_fwd, (arg, *fwd))
+                    q.meta["example_value"] = value
+                    q = graph.call_function(torch.ops.unitscale.quantise_bwd, (q, *bwd))
+                    q.meta["example_value"] = value
+                node.replace_input_with(arg, q)
+        graph.lint()
+        gm.recompile()
+        return gm
+
+
+def simulate_format(module: nn.Module, fwd_format: FPFormat, bwd_format: FPFormat) -> TransformedModule:
+    """Simulate a number format around every matmul-like op (linear, matmul, conv, attention).
+
+    Each float tensor input of such an op is rounded to ``fwd_format`` in the forward
+    pass, and the gradient flowing back into it to ``bwd_format`` (straight-through
+    otherwise). Parameters are shared with ``module``; nests with :func:`unit_scale`.
+
+    Args:
+        module: the model (or a :class:`TransformedModule`).
+        fwd_format: format of forward tensors.
+        bwd_format: format of gradients.
+
+    Returns:
+        A :class:`TransformedModule`.
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        FormatError: a format is not an :class:`~unitscale.FPFormat`.
+
+    >>> import torch
+    >>> from unitscale.formats import FP8_E4M3, FP16
+    >>> model = simulate_format(torch.nn.Linear(1, 1, bias=False), FP8_E4M3, FP16)
+    >>> with torch.no_grad():
+    ...     _ = model.module.weight.fill_(1.0)
+    >>> model(torch.tensor([[0.3]])).item()
+    0.3125
+    """
+    for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
+        if not isinstance(fmt, FPFormat):
+            raise FormatError(f"simulate_format: {name}={fmt!r} is not an FPFormat (e.g. unitscale.FP8_E4M3)")
+    return apply_transform(module, _SimulateFormat(fwd_format, bwd_format))
+
+
+def simulate_fp8(module: nn.Module) -> TransformedModule:
+    """:func:`simulate_format` with FP8 E4M3 forward and E5M2 backward, as FP8 training does.
+
+    >>> import torch
+    >>> model = simulate_fp8(torch.nn.Linear(4, 4))
+    >>> model(torch.randn(2, 4)).shape
+    torch.Size([2, 4])
+    """
+    return simulate_format(module, FP8_E4M3, FP8_E5M2)
