@@ -12,11 +12,11 @@ from torch.fx.proxy import GraphAppendingTracer
 from torch.utils import _pytree
 
 from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from unitscale.fx.nodes import INLINED_FROM_KEY
 from unitscale.fx.tracers import LeafTracer, ask_module_predicate
 
 __all__ = ["inline"]
 
-INLINED_FROM_KEY = "inlined_from"
 
 
 class _Inliner:

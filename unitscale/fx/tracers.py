@@ -27,6 +27,7 @@ from torch.fx.node import Argument, Target
 
 from unitscale.errors import NotAModuleError, PredicateError, TraceError
 from unitscale.fx._unpack_proxy import UnpackProxy
+from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
 
 __all__ = [
     "DeepTracer",
@@ -39,8 +40,6 @@ __all__ = [
     "trace_exec_order",
 ]
 
-MODULE_PATH_KEY = "module_path"
-TAG_KEY = "tag"
 DEFAULT_TAG = "untagged"
 
 

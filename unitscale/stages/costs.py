@@ -24,12 +24,12 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
+from unitscale.fx.nodes import COMPUTE_OPS
 from unitscale.fx.tracers import ModulePathTracer
 
 __all__ = ["COST_MODELS", "NodeProfiler", "trace_for_stages", "run_profiler", "node_costs", "output_bytes"]
 
 COST_MODELS = ("params", "flops", "time", "memory")
-COMPUTE_OPS = ("call_function", "call_method", "call_module")
 
 
 def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:

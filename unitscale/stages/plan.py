@@ -33,8 +33,9 @@ from torch import fx, nn
 from torch.utils._pytree import tree_flatten
 
 from unitscale.errors import CostError, InputError, StageCountError
+from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
-from unitscale.stages.costs import COMPUTE_OPS, COST_MODELS, node_costs, output_bytes, run_profiler, trace_for_stages
+from unitscale.stages.costs import COST_MODELS, node_costs, output_bytes, run_profiler, trace_for_stages
 from unitscale.stages.split import chain_stages, live_values, split_graph
 
 if TYPE_CHECKING:
@@ -353,7 +354,7 @@ def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool
         running += blocked[i]
         allowed[i] = i > 0 and running == 0
     if boundary_depth is not None:
-        paths = [".".join(node.meta.get("module_path", "").split(".")[:boundary_depth]) for node in nodes]
+        paths = [".".join(node.meta.get(MODULE_PATH_KEY, "").split(".")[:boundary_depth]) for node in nodes]
         for i in range(1, n):
             allowed[i] = allowed[i] and paths[i] != paths[i - 1]
     return allowed

@@ -16,9 +16,10 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
-__all__ = ["COMPUTE_OPS", "live_values", "split_graph", "chain_stages"]
+from unitscale.fx.nodes import COMPUTE_OPS
 
-COMPUTE_OPS = ("call_function", "call_method", "call_module")
+__all__ = ["live_values", "split_graph", "chain_stages"]
+
 
 
 class StageTracer(fx.Tracer):

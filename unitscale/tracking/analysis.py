@@ -26,6 +26,7 @@ from torch import fx, nn
 
 import unitscale.scaling.functional
 from unitscale.errors import InputError, NotAModuleError
+from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.fx.trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.eager import Captured, input_leaf, op_name, record_ops
@@ -98,7 +99,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         record = self.captured.track(
             out,
             n.name,
-            n.meta.get("module_path", ""),
+            n.meta.get(MODULE_PATH_KEY, ""),
             self._op(n, out),
             self.abs_max,
             record=self._shared.pop(n, None),
