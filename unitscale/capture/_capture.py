@@ -171,6 +171,17 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
     return example_inputs, dict(kwargs)
 
 
+def _forward_line(module: nn.Module) -> str:
+    """``Class.forward (file:line)``: where a failure is, when no frame says more."""
+    forward = inspect.unwrap(type(module).forward)
+    try:
+        file = inspect.getsourcefile(forward)
+        line = inspect.getsourcelines(forward)[1]
+    except (OSError, TypeError):
+        return f"{type(module).__name__}.forward"
+    return f"{type(module).__name__}.forward ({file}:{line})"
+
+
 def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
         with kept_state(module), torch.no_grad():
@@ -233,6 +244,12 @@ def capture(
         )
     routes = _routes(route)
     args, kw = _check_inputs(module, example_inputs, kwargs)
+    # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
+    with torch.random.fork_rng(devices=[]):
+        return _capture(module, routes, args, kw)
+
+
+def _capture(module: nn.Module, routes: tuple[str, ...], args: tuple[Any, ...], kw: dict[str, Any]) -> Capture:
     expected = _run_reference(module, args, kw)
     reasons: dict[str, str] = {}
     for name in routes:
@@ -250,7 +267,7 @@ def capture(
                     record_and_compare(gm, module, args, kw, expected)
                     result = Capture(module, name, gm, exported_program=ep)
             except Exception as e:
-                reasons[name] = exception_summary(e)
+                reasons[name] = exception_summary(e, fallback=_forward_line(module))
                 continue
         result.reasons = reasons
         result.warnings = [f"{w.category.__name__}: {w.message}" for w in caught]

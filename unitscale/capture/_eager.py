@@ -71,7 +71,7 @@ def _op_name(func: Any) -> str:
 def _source() -> str:
     frame = sys._getframe(2)
     while frame is not None:
-        if not _is_machinery(frame.f_code.co_filename, skip_unitscale=False):
+        if not _is_machinery(frame.f_code.co_filename, skip_unitscale=True):
             return _show(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back  # type: ignore[assignment]
     return ""

@@ -10,7 +10,8 @@ and a ``stack_trace``. :func:`node_origin` reads them into one :class:`Origin`;
 =================  =====================================================================
 ``module_path``    qualified name of the innermost module (``""``: the root)
 ``module_type``    qualified class name of that module (``"torch.nn.modules.linear.Linear"``)
-``source``         ``"file.py:LINE"`` of the innermost frame outside torch (``""``: unknown)
+``source``         ``"file.py:LINE"`` of the innermost frame outside torch and unitscale's
+                   machinery (``""``: unknown)
 ``val``            example output: export's ``FakeTensor``, else a ``meta``-device tensor
 ``tensor_meta``    :class:`torch.fx.passes.shape_prop.TensorMetadata` of a tensor output
 =================  =====================================================================

@@ -35,7 +35,7 @@ def _show(filename: str, line: int) -> str:
 
 
 def innermost_frame(stack_trace: str | None) -> str:
-    """``"file.py:LINE"`` of the innermost frame outside torch in a ``stack_trace`` string.
+    """``"file.py:LINE"`` of the innermost frame outside torch (and unitscale's tracers) in a ``stack_trace``.
 
     Falls back to the innermost frame of all when every frame is inside torch, and to
     ``""`` when there is none.
@@ -46,7 +46,7 @@ def innermost_frame(stack_trace: str | None) -> str:
     frames = [(f, int(n)) for f, n in _FRAME.findall(stack_trace or "") if int(n) > 0]
     if not frames:
         return ""
-    outside = [f for f in frames if not _is_machinery(f[0], skip_unitscale=False)]
+    outside = [f for f in frames if not _is_machinery(f[0], skip_unitscale=True)]
     return _show(*(outside or frames)[-1])
 
 
@@ -77,8 +77,10 @@ def failure_frame(exc: BaseException) -> str:
     return "an unknown line"
 
 
-def exception_summary(exc: BaseException, limit: int = 400) -> str:
+def exception_summary(exc: BaseException, limit: int = 400, fallback: str = "") -> str:
     """``"TypeName: first lines of the message (at file:line (`code`))"``, for a route's reason.
+
+    ``fallback`` names the place when no frame outside torch is found (the forward's line).
 
     >>> try:
     ...     int("x")
@@ -89,4 +91,7 @@ def exception_summary(exc: BaseException, limit: int = 400) -> str:
     message = " ".join(line.strip() for line in str(exc).strip().splitlines()[:6] if line.strip())
     if len(message) > limit:
         message = message[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {message} (at {failure_frame(exc)})"
+    where = failure_frame(exc)
+    if where == "an unknown line" and fallback:
+        where = fallback
+    return f"{type(exc).__name__}: {message} (at {where})"
