@@ -8,18 +8,19 @@ import pytest
 import torch
 from torch import nn
 
+from tests.real_models import BUILDERS, gpt2, llama
 from unitscale.capture import ROUTES, Capture, capture, module_paths
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
 from unitscale.examples.models import MLP, TinyGPT
-from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY
-
-from tests.real_models import BUILDERS, gpt2, llama
+from unitscale.fx.nodes import MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY
 
 
 def _same(a: object, b: object) -> bool:
     la = [t for t in torch.utils._pytree.tree_leaves(a) if isinstance(t, torch.Tensor)]
     lb = [t for t in torch.utils._pytree.tree_leaves(b) if isinstance(t, torch.Tensor)]
-    return len(la) == len(lb) > 0 and all(torch.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(la, lb))
+    return len(la) == len(lb) > 0 and all(
+        torch.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(la, lb, strict=True)
+    )
 
 
 class DataDependent(nn.Module):
