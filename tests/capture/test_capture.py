@@ -134,7 +134,7 @@ def test_a_model_only_the_eager_route_can_capture_lists_every_graph_routes_reaso
 
 def test_fx_graph_that_differs_from_the_model_is_rejected() -> None:
     class Frozen(nn.Module):
-        """fx sees len(x) as a constant of the trace... no: x.shape[0] under fx is a proxy; use a global."""
+        """Python state changes per call; fx runs the forward once, at trace time, and freezes it."""
 
         calls = 0
 
