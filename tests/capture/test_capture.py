@@ -54,7 +54,7 @@ def test_our_mlp_takes_the_fx_route_and_keeps_call_module_nodes() -> None:
     assert fc1.meta[SOURCE_KEY].endswith("unitscale/examples/models.py:38")
 
 
-@pytest.mark.parametrize("name", ["gpt2", "bert", "llama", "t5"])
+@pytest.mark.parametrize("name", list(BUILDERS))
 def test_transformers_models_take_the_export_route_with_equal_outputs(name: str) -> None:
     model, inputs = BUILDERS[name]()
     cap = capture(model, inputs)

@@ -95,3 +95,25 @@ def test_analyse_module_on_llama_lists_the_exported_graph_with_module_paths() ->
     assert line is not None
     assert re.search(r"  # \(-> [\d.e-]+, <- [\d.e-]+\)  model\.layers\.0\.self_attn\.q_proj$", line.group(0))
     assert len(re.findall(r"  model\.layers\.0\.", code)) > 20
+
+
+def test_track_scales_exports_a_model_once_per_input_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    import unitscale.capture
+
+    calls: list[tuple[int, ...]] = []
+    real = unitscale.capture.capture
+
+    def counting(module: nn.Module, inputs: tuple[torch.Tensor, ...], *a: object, **k: object) -> object:
+        calls.append(tuple(inputs[0].shape))
+        return real(module, inputs, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(unitscale.capture, "capture", counting)
+    model, (ids,) = llama()
+    torch.manual_seed(0)
+    first = track_scales(model, (ids,))
+    torch.manual_seed(0)
+    second = track_scales(model, (ids,))
+    assert calls == [(2, 16)] and first.capture == second.capture == "export"
+    assert [r.scale for r in first] == [r.scale for r in second]
+    track_scales(model, (ids[:, :8],))
+    assert calls == [(2, 16), (2, 8)]

@@ -19,6 +19,7 @@ import math
 import re
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.fx.trace_cache import (
     ScaleTracer,
     Trace,
+    _fingerprint,
     _graph_code,
     _user_frame,
     trace_for_scales,
@@ -268,13 +270,45 @@ def _annotate_capture(trace: Trace, scales: dict[str, ScalePair], model: str, fa
     return "\n".join(lines)
 
 
-def _export_or_none(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule | None:
-    from unitscale.capture import capture  # unitscale.capture imports the fx layer this package sits beside
+# module -> (key, exported graph or None): an export costs about a second on a small
+# transformer, as much as many tracked passes, so a training loop pays it once.
+_exported: weakref.WeakKeyDictionary[nn.Module, tuple[Any, fx.GraphModule | None]] = weakref.WeakKeyDictionary()
 
+
+def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
+    """What an exported graph depends on: the module's structure, its tensors, the inputs' signature.
+
+    Parameters are compared by identity (the graph holds them; one replaced by a new
+    object would be stale), inputs by shape, dtype and device, plain values by value;
+    ``None`` (do not cache) when an input is anything else.
+    """
+    signature = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            signature.append((tuple(value.shape), value.dtype, value.device, value.requires_grad))
+        elif isinstance(value, (bool, int, float, str, type(None))):
+            signature.append((type(value), value))
+        else:
+            return None
+    tensors = tuple(id(t) for t in (*module.parameters(), *module.buffers()))
+    return (_fingerprint(module), tensors, tuple(signature))
+
+
+def _export_or_none(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule | None:
+    """``torch.export``'s graph of ``module`` through :func:`unitscale.capture.capture`, cached; ``None`` if it fails."""
+    import unitscale.capture  # imports the fx layer this package sits beside: imported when first needed
+
+    key = _export_key(module, inputs)
+    cached = _exported.get(module)
+    if key is not None and cached is not None and cached[0] == key:
+        return cached[1]
     try:
-        return capture(module, inputs, route="export").graph_module
+        gm = unitscale.capture.capture(module, inputs, route="export").graph_module
     except (CaptureError, InputError):
-        return None
+        gm = None
+    if key is not None:
+        _exported[module] = (key, gm)
+    return gm
 
 
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
