@@ -282,7 +282,7 @@ def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
     object would be stale), inputs by shape, dtype and device, plain values by value;
     ``None`` (do not cache) when an input is anything else.
     """
-    signature = []
+    signature: list[tuple[Any, ...]] = []
     for value in inputs:
         if isinstance(value, torch.Tensor):
             signature.append((tuple(value.shape), value.dtype, value.device, value.requires_grad))
@@ -295,7 +295,7 @@ def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
 
 
 def _export_or_none(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule | None:
-    """``torch.export``'s graph of ``module`` through :func:`unitscale.capture.capture`, cached; ``None`` if it fails."""
+    """``module``'s graph from :func:`unitscale.capture.capture` (export route), cached; ``None`` if it fails."""
     import unitscale.capture  # imports the fx layer this package sits beside: imported when first needed
 
     key = _export_key(module, inputs)
