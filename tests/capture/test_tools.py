@@ -117,3 +117,23 @@ def test_track_scales_exports_a_model_once_per_input_signature(monkeypatch: pyte
     assert [r.scale for r in first] == [r.scale for r in second]
     track_scales(model, (ids[:, :8],))
     assert calls == [(2, 16), (2, 8)]
+
+
+class _Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.fc(self.fc(x)))
+
+
+@pytest.mark.parametrize("route", ["fx", "export", "export-strict", "dynamo", "eager"])
+def test_every_route_gives_the_same_exec_order_with_a_module_called_twice(route: str) -> None:
+    model = _Twice()
+    cap = capture(model, torch.randn(2, 4), route=route)
+    order = capture_exec_order(cap)
+    assert order.module_names() == ["", "fc", "fc", "out"]
+    assert order.param_names() == ["fc.weight", "fc.bias", "out.weight", "out.bias"]
+    assert [u.module for u in order.module_to_param_usage_infos[model]][:1] == [model.fc]
