@@ -28,6 +28,9 @@ __all__ = [
     "FormatError",
     "ReplaceMapError",
     "CaptureError",
+    "NoRouteError",
+    "NoGraphError",
+    "UnknownRouteError",
     "UnscaledOpsError",
 ]
 
@@ -95,7 +98,26 @@ class ReplaceMapError(UnitscaleError, TypeError):
 
 
 class CaptureError(UnitscaleError, RuntimeError):
-    """TorchDynamo could not capture the model in one graph (graph break)."""
+    """A capture route could not capture the model in one graph (graph break, trace failure)."""
+
+
+class NoRouteError(CaptureError):
+    """No route :func:`unitscale.capture.capture` was allowed to try captured the model.
+
+    ``reasons`` maps each route tried to why it failed (exception type, message, file:line).
+    """
+
+    def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.reasons = dict(reasons or {})
+
+
+class NoGraphError(NoRouteError):
+    """A tool needs a graph, and the capture is an eager op record (every graph route failed)."""
+
+
+class UnknownRouteError(UnitscaleError, ValueError):
+    """A capture route name that is not one of ``unitscale.capture.ROUTES``."""
 
 
 class UnscaledOpsError(UnitscaleError, RuntimeError):

@@ -18,7 +18,6 @@ from unitscale.fx.tracers import LeafTracer, ask_module_predicate
 __all__ = ["inline"]
 
 
-
 class _Inliner:
     """Copies a graph into a new one, splicing module bodies in through ``Proxy`` objects."""
 
@@ -143,7 +142,10 @@ def inline(
     :class:`torch.fx.proxy.GraphAppendingTracer`; modules inside it are inlined too
     unless ``predicate`` says no. Inlined nodes are named after the module they
     came from (``layer1_0_conv1_conv2d``) and carry ``node.meta["inlined_from"]``.
-    ``gm`` is not changed; the result shares its parameters.
+    ``gm`` is not changed; the result shares its parameters. A ``GraphModule`` with no
+    ``call_module`` node is already flat (a ``torch.export`` or TorchDynamo graph from
+    :func:`unitscale.capture.capture`): there is nothing to inline, and it is returned
+    as it is, keeping its call signature.
 
     Args:
         gm: a ``GraphModule``, or any module (traced first with ``torch.nn`` leaves).
@@ -153,7 +155,7 @@ def inline(
             their outputs compared.
 
     Returns:
-        A new ``GraphModule``.
+        A new ``GraphModule`` (``gm`` itself when it has no ``call_module`` node).
 
     Raises:
         NotAModuleError: ``gm`` is not an ``nn.Module``.
@@ -178,6 +180,10 @@ def inline(
             f"inline(predicate=...) got {type(predicate).__name__} {predicate!r:.60}; "
             "pass a function (module, qualified_name) -> bool"
         )
+    if isinstance(gm, fx.GraphModule) and not any(n.op == "call_module" for n in gm.graph.nodes):
+        # Copying node by node would drop an exported graph's pytree calling convention; and
+        # an unchanged graph computes what it did, so example_inputs have nothing to check.
+        return gm
     root = gm if isinstance(gm, fx.GraphModule) else fx.GraphModule(gm, LeafTracer().trace(gm), type(gm).__name__)
     inliner = _Inliner(root, predicate)
     inliner.copy_graph(root.graph)

@@ -601,22 +601,33 @@ class ExecOrderTracer(_Tracer):
         return proxy
 
 
-def trace_exec_order(module: nn.Module, concrete_args: dict[str, Any] | None = None) -> ExecOrder:
+def trace_exec_order(
+    module: nn.Module,
+    concrete_args: dict[str, Any] | None = None,
+    *,
+    example_inputs: Any = None,
+) -> ExecOrder:
     """Find the order in which ``module``'s submodules run and its parameters are first used.
 
     Traces symbolically (no data is run) with :class:`ExecOrderTracer`; standard
-    ``torch.nn`` modules are leaves.
+    ``torch.nn`` modules are leaves. When ``torch.fx`` cannot trace the module (a
+    ``transformers`` model) and ``example_inputs`` are given, the module is captured by
+    :func:`unitscale.capture.capture` instead and the order read from the capture
+    (:func:`unitscale.capture.capture_exec_order`).
 
     Args:
         module: the module to trace.
         concrete_args: passed to :meth:`torch.fx.Tracer.trace` to fix some inputs.
+        example_inputs: a tensor or tuple of positional inputs, used only when fx fails.
 
     Returns:
         An :class:`ExecOrder`.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
-        TraceError: ``torch.fx`` cannot trace ``module``.
+        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given
+            (other exceptions of a failed trace pass through as they are).
+        InputError: the capture found the example inputs do not fit the module.
 
     >>> from unitscale.examples.models import MLP
     >>> order = trace_exec_order(MLP(4))
@@ -626,5 +637,15 @@ def trace_exec_order(module: nn.Module, concrete_args: dict[str, Any] | None = N
     ['Linear', 'Linear']
     """
     tracer = ExecOrderTracer()
-    tracer.trace(module, concrete_args)
+    try:
+        tracer.trace(module, concrete_args)
+    except NotAModuleError:
+        raise
+    except Exception:
+        # fx fails on transformers models with plain TypeErrors and ValueErrors too.
+        if example_inputs is None:
+            raise
+        from unitscale.capture import capture, capture_exec_order  # the capture layer is built on this module
+
+        return capture_exec_order(capture(module, example_inputs))
     return tracer.exec_order

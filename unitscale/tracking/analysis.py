@@ -4,8 +4,10 @@ The model is traced with a :class:`~unitscale.DeepTracer` that also records
 module paths, run by a :class:`ScaleTrackingInterpreter` that records every
 floating-point node output, and backpropagated once. On an accelerator the stds stay on
 the device until one read at the end. When ``torch.fx`` cannot trace the model
-(data-dependent control flow) the ops are recorded as they run instead
-(``unitscale.tracking.eager``).
+the model is captured by ``torch.export`` (:mod:`unitscale.capture`; what
+``transformers`` models need) and its flat graph is run the same way, each line of
+the listing naming its module; when that fails too (data-dependent control flow) the
+ops are recorded as they run instead (``unitscale.tracking.eager``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 import re
 import sys
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +28,17 @@ import torch
 from torch import fx, nn
 
 import unitscale.scaling.functional
-from unitscale.errors import InputError, NotAModuleError
+from unitscale.errors import CaptureError, InputError, NotAModuleError
 from unitscale.fx.nodes import MODULE_PATH_KEY
-from unitscale.fx.trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
+from unitscale.fx.trace_cache import (
+    ScaleTracer,
+    Trace,
+    _fingerprint,
+    _graph_code,
+    _user_frame,
+    trace_for_scales,
+    trace_or_reason,
+)
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.eager import Captured, input_leaf, op_name, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
@@ -118,6 +129,8 @@ class ScaleTrackingInterpreter(fx.Interpreter):
             return f"Tensor.{n.target}"
         if n.op == "call_module":
             return type(self.fetch_attr(str(n.target))).__name__
+        if isinstance(n.target, torch._ops.OpOverload):  # an exported graph's aten.linear.default
+            return n.target._opname
         return op_name(n.target)
 
 
@@ -246,6 +259,58 @@ def _annotate(trace: Trace, scales: dict[str, ScalePair]) -> str:
     return "\n".join(lines)
 
 
+def _annotate_capture(trace: Trace, scales: dict[str, ScalePair], model: str, failure: str) -> str:
+    """The exported graph's code, each assignment annotated with its scale and module path."""
+    paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in trace.graph.nodes}
+    lines = [f"# {model}: captured by torch.export; torch.fx could not trace it at {failure}"]
+    for line, name in _code_lines(trace.code):
+        if name in scales:
+            line += f"  # {scales[name]}" + (f"  {paths[name]}" if paths.get(name) else "")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# module -> (key, exported graph or None): an export costs about a second on a small
+# transformer, as much as many tracked passes, so a training loop pays it once.
+_exported: weakref.WeakKeyDictionary[nn.Module, tuple[Any, fx.GraphModule | None]] = weakref.WeakKeyDictionary()
+
+
+def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
+    """What an exported graph depends on: the module's structure, its tensors, the inputs' signature.
+
+    Parameters are compared by identity (the graph holds them; one replaced by a new
+    object would be stale), inputs by shape, dtype and device, plain values by value;
+    ``None`` (do not cache) when an input is anything else.
+    """
+    signature: list[tuple[Any, ...]] = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            signature.append((tuple(value.shape), value.dtype, value.device, value.requires_grad))
+        elif isinstance(value, (bool, int, float, str, type(None))):
+            signature.append((type(value), value))
+        else:
+            return None
+    tensors = tuple(id(t) for t in (*module.parameters(), *module.buffers()))
+    return (_fingerprint(module), tensors, tuple(signature))
+
+
+def _export_or_none(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule | None:
+    """``module``'s graph from :func:`unitscale.capture.capture` (export route), cached; ``None`` if it fails."""
+    import unitscale.capture  # imports the fx layer this package sits beside: imported when first needed
+
+    key = _export_key(module, inputs)
+    cached = _exported.get(module)
+    if key is not None and cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        gm = unitscale.capture.capture(module, inputs, route="export").graph_module
+    except (CaptureError, InputError):
+        gm = None
+    if key is not None:
+        _exported[module] = (key, gm)
+    return gm
+
+
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     width = max([len(r.node) for r in rows] + [4])
     lines = [f"# {model}: ops recorded as they ran; torch.fx could not trace it at {failure}"]
@@ -278,7 +343,8 @@ def track_scales(
         autowrap_modules: modules whose functions stay single nodes.
         autowrap_functions: functions that stay single nodes.
         capture: ``"fx"`` (symbolic trace; fail with :class:`~unitscale.errors.TraceError`
-            if it cannot), ``"eager"`` (record ops as they run) or ``"auto"`` (fx, else eager).
+            if it cannot), ``"eager"`` (record ops as they run) or ``"auto"`` (fx, else
+            ``torch.export`` through :func:`unitscale.capture.capture`, else eager).
         abs_max: also record each tensor's largest magnitude.
 
     Returns:
@@ -307,20 +373,30 @@ def track_scales(
     model = type(module).__name__
     failure = ""
     trace = None
+    exported: fx.GraphModule | None = None
     if capture == "fx":
         trace = trace_for_scales(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
     elif capture == "auto":
         result = trace_or_reason(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
         trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
+        if trace is None:
+            exported = _export_or_none(module, inputs)
     # A caller's no_grad() would leave nothing to backpropagate.
     with torch.enable_grad(), scratch_space():
         if trace is not None:
             captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
+        elif exported is not None:
+            captured = _capture_fx(exported, exported.graph, inputs, abs_max)
         else:
             captured = _capture_eager(module, inputs, abs_max)
         rows = _finish(captured, backward, model)
     if trace is not None:
         return ScaleReport(rows, model, _annotate(trace, {r.node: r.scale for r in rows}), "fx")
+    if exported is not None:
+        code = _annotate_capture(
+            Trace(exported.graph, (), _graph_code(exported.graph)), {r.node: r.scale for r in rows}, model, failure
+        )
+        return ScaleReport(rows, model, code, "export", failure)
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
 
 

@@ -1,0 +1,163 @@
+"""Tiny ``transformers`` models built from configs (no network, no weights) for tests.
+
+Each builder returns ``(model, example_inputs)``: the model in eval mode with
+``use_cache=False`` (a ``DynamicCache`` output is not a pytree, so export would fail on
+it), seeded so two calls give the same weights, and a tuple of positional inputs.
+Import from a test as ``from tests.real_models import gpt2`` (``python -m pytest`` puts
+the repository root on ``sys.path``). The module skips when ``transformers`` is missing.
+
+>>> model, (ids,) = gpt2()
+>>> type(model).__name__, tuple(ids.shape)
+('GPT2LMHeadModel', (2, 16))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+__all__ = ["BUILDERS", "VOCAB", "bart", "bert", "gpt2", "llama", "mistral", "qwen2", "t5", "vit"]
+
+VOCAB = 128
+BATCH, SEQ = 2, 16
+
+Built = tuple[torch.nn.Module, tuple[Any, ...]]
+
+
+def _ids(seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+
+
+def _build(model_type: str, auto: Any, **config: Any) -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=VOCAB, use_cache=False, **config)
+    torch.manual_seed(0)
+    return auto.from_config(cfg).eval()
+
+
+def gpt2() -> Built:
+    """GPT-2 LM head model: 2 layers, width 64, 4 heads; inputs ``(input_ids,)``."""
+    model = _build(
+        "gpt2",
+        transformers.AutoModelForCausalLM,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return model, (_ids(),)
+
+
+def bert() -> Built:
+    """BERT base model: 2 layers, width 64, 4 heads; inputs ``(input_ids,)``."""
+    model = _build(
+        "bert",
+        transformers.AutoModel,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+    )
+    return model, (_ids(),)
+
+
+def _llama_like(model_type: str, **extra: Any) -> torch.nn.Module:
+    return _build(
+        model_type,
+        transformers.AutoModelForCausalLM,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **extra,
+    )
+
+
+def llama() -> Built:
+    """Llama causal LM: 2 layers, width 64, 4 heads, 2 KV heads; inputs ``(input_ids,)``."""
+    return _llama_like("llama"), (_ids(),)
+
+
+def mistral() -> Built:
+    """Mistral causal LM, sized as :func:`llama`; inputs ``(input_ids,)``."""
+    return _llama_like("mistral"), (_ids(),)
+
+
+def qwen2() -> Built:
+    """Qwen2 causal LM, sized as :func:`llama`; inputs ``(input_ids,)``."""
+    return _llama_like("qwen2"), (_ids(),)
+
+
+def t5() -> Built:
+    """T5 encoder-decoder: 2+2 layers, width 64; inputs ``(input_ids, attention_mask, decoder_input_ids)``.
+
+    T5's ``forward`` takes ``decoder_input_ids`` fourth, after ``attention_mask``, so the
+    mask (all ones) is passed positionally.
+    """
+    model = _build(
+        "t5",
+        transformers.AutoModel,
+        d_model=64,
+        d_ff=128,
+        d_kv=16,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+    )
+    ids = _ids()
+    return model, (ids, torch.ones_like(ids), _ids(1)[:, :8])
+
+
+def bart() -> Built:
+    """BART encoder-decoder: 2+2 layers, width 64; inputs ``(input_ids,)`` (decoder ids are derived)."""
+    model = _build(
+        "bart",
+        transformers.AutoModel,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=64,
+    )
+    return model, (_ids(),)
+
+
+def vit() -> Built:
+    """ViT base model: 2 layers, width 64, 32x32 images in 8x8 patches; inputs ``(pixel_values,)``."""
+    cfg = transformers.AutoConfig.for_model(
+        "vit",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg).eval()
+    pixels = torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return model, (pixels,)
+
+
+#: name -> builder, for parametrised tests.
+BUILDERS = {
+    "gpt2": gpt2,
+    "bert": bert,
+    "llama": llama,
+    "t5": t5,
+    "bart": bart,
+    "vit": vit,
+    "mistral": mistral,
+    "qwen2": qwen2,
+}

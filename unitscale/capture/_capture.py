@@ -1,0 +1,279 @@
+"""``capture(module, example_inputs)``: one graph of a model, whichever route can take it."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from unitscale.capture._eager import EagerRecord, RecordedOp, record_eager
+from unitscale.capture._meta import normalise_graph
+from unitscale.capture._routes import GRAPH_ROUTES
+from unitscale.capture._verify import kept_state, record_and_compare
+from unitscale.capture._where import exception_summary, failure_frame
+from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
+from unitscale.fx.nodes import COMPUTE_OPS
+
+__all__ = ["ROUTES", "GRAPH_ROUTE_NAMES", "Capture", "capture"]
+
+#: Every route, in the order ``route="auto"`` tries them.
+ROUTES: tuple[str, ...] = ("fx", "export", "export-strict", "dynamo", "eager")
+#: The routes that give a graph (``route="graph"`` tries these).
+GRAPH_ROUTE_NAMES: tuple[str, ...] = ROUTES[:-1]
+
+
+@dataclass(repr=False)
+class Capture:
+    """One captured forward pass of ``module`` on example inputs.
+
+    Attributes:
+        module: the captured model.
+        route: the route that captured it (one of :data:`ROUTES`).
+        graph_module: a runnable ``fx.GraphModule`` with the model's call signature
+            (``None`` for the eager route). Every node carries ``module_path``,
+            ``module_type``, ``source``, ``val`` and (tensors) ``tensor_meta``.
+        exported_program: the ``torch.export.ExportedProgram`` (export routes), else ``None``.
+        reasons: ``route -> why it failed`` for each route tried before ``route``.
+        ops: the eager route's recorded ops (empty for graph routes).
+        module_calls: the eager route's module paths in call order (empty for graph routes).
+        warnings: warnings the successful route raised, ``"Category: message"``.
+        example_inputs: the positional inputs it was captured with.
+        example_kwargs: the keyword inputs it was captured with.
+    """
+
+    module: nn.Module
+    route: str
+    graph_module: fx.GraphModule | None
+    exported_program: Any = None
+    reasons: dict[str, str] = field(default_factory=dict)
+    ops: list[RecordedOp] = field(default_factory=list)
+    module_calls: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    example_inputs: tuple[Any, ...] = ()
+    example_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def require_graph(self, tool: str) -> fx.GraphModule:
+        """The graph module, or :class:`~unitscale.errors.NoGraphError` naming ``tool`` and every reason."""
+        if self.graph_module is None:
+            raise NoGraphError(
+                f"{tool} needs a graph of {type(self.module).__name__}, but no graph route captured it "
+                f"(only the eager op record exists):\n{_list_reasons(self.reasons)}",
+                self.reasons,
+            )
+        return self.graph_module
+
+    def nodes(self, compute_only: bool = False) -> list[fx.Node]:
+        """The graph's nodes in execution order (``compute_only``: calls only, no inputs/attributes/output).
+
+        Raises:
+            NoGraphError: the capture is an eager op record.
+        """
+        graph = self.require_graph("Capture.nodes()").graph
+        return [n for n in graph.nodes if not compute_only or n.op in COMPUTE_OPS]
+
+    def __repr__(self) -> str:
+        count = f"{len(self.ops)} ops recorded" if self.graph_module is None else f"{len(self.nodes())} nodes"
+        failed = f"; failed: {', '.join(self.reasons)}" if self.reasons else ""
+        return f"Capture({type(self.module).__name__} via {self.route!r}, {count}{failed})"
+
+
+def _list_reasons(reasons: dict[str, str]) -> str:
+    return "\n".join(f"  {route}: {why}" for route, why in reasons.items())
+
+
+def _routes(route: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(route, str):
+        if route == "auto":
+            return ROUTES
+        if route == "graph":
+            return GRAPH_ROUTE_NAMES
+        routes: tuple[str, ...] = (route,)
+    else:
+        routes = tuple(route)
+    unknown = [r for r in routes if r not in ROUTES]
+    if unknown or not routes:
+        raise UnknownRouteError(
+            f"capture(route=...) got {route!r}; pass 'auto', 'graph', one of {', '.join(map(repr, ROUTES))}, "
+            "or a tuple of them"
+        )
+    return routes
+
+
+def _mentions_tensor(annotation: Any) -> bool:
+    if annotation is inspect.Parameter.empty:
+        return False
+    text = annotation if isinstance(annotation, str) else repr(annotation)
+    return "Tensor" in text and "Callable" not in text
+
+
+def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    name = type(module).__name__
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    elif isinstance(example_inputs, list):
+        example_inputs = tuple(example_inputs)
+    elif isinstance(example_inputs, dict):
+        raise InputError(
+            f"example_inputs is a dict (keys {', '.join(map(repr, example_inputs))}); pass positional inputs "
+            "as a tuple and keyword inputs as capture(model, args, kwargs={...})"
+        )
+    elif not isinstance(example_inputs, tuple):
+        raise InputError(
+            f"example_inputs must be a tensor or a tuple of {name}'s positional inputs, got "
+            f"{type(example_inputs).__name__}; convert arrays with torch.as_tensor"
+        )
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InputError(f"kwargs must be a dict of {name}'s keyword inputs by name, got {type(kwargs).__name__}")
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return example_inputs, dict(kwargs)
+    params = signature.parameters
+    missing_kw = [
+        p.name for p in params.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in kwargs
+    ]
+    if missing_kw:
+        wanted = ", ".join(f"{k!r}: ..." for k in missing_kw)
+        raise InputError(
+            f"{name}.forward takes keyword-only input(s) {', '.join(map(repr, missing_kw))}, which example_inputs "
+            f"(positional) cannot fill; pass them as capture(model, example_inputs, kwargs={{{wanted}}})"
+        )
+    try:
+        bound = signature.bind(*example_inputs, **kwargs)
+    except TypeError as e:
+        names = ", ".join(p.name for p in params.values())
+        raise InputError(
+            f"{name}.forward({names}) cannot take {len(example_inputs)} positional input(s)"
+            f"{' and kwargs ' + ', '.join(map(repr, kwargs)) if kwargs else ''}: {e}"
+        ) from None
+    try:
+        hints = typing.get_type_hints(module.forward)
+    except Exception:
+        hints = {}
+    for arg, value in bound.arguments.items():
+        annotation = hints.get(arg, params[arg].annotation)
+        if params[arg].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if _mentions_tensor(annotation) and value is not None and not isinstance(value, torch.Tensor):
+            position = f"example_inputs[{list(params).index(arg)}]" if arg not in kwargs else f"kwargs[{arg!r}]"
+            raise InputError(
+                f"input {arg!r} ({position}) of {name}.forward is a {type(value).__name__}, where the forward "
+                "expects a tensor; pass a torch.Tensor (torch.as_tensor converts lists and arrays)"
+            )
+    return example_inputs, dict(kwargs)
+
+
+def _forward_line(module: nn.Module) -> str:
+    """``Class.forward (file:line)``: where a failure is, when no frame says more."""
+    forward = inspect.unwrap(type(module).forward)
+    try:
+        file = inspect.getsourcefile(forward)
+        line = inspect.getsourcelines(forward)[1]
+    except (OSError, TypeError):
+        return f"{type(module).__name__}.forward"
+    return f"{type(module).__name__}.forward ({file}:{line})"
+
+
+def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        with kept_state(module), torch.no_grad():
+            return module(*args, **kwargs)
+    except Exception as e:
+        shapes = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        raise InputError(
+            f"{type(module).__name__} failed on the example inputs ({shapes}) at {failure_frame(e)}: "
+            f"{type(e).__name__}: {e}. Check that they have the shapes and dtypes the model expects."
+        ) from e
+
+
+def capture(
+    module: nn.Module,
+    example_inputs: Any,
+    kwargs: dict[str, Any] | None = None,
+    route: str | Sequence[str] = "auto",
+) -> Capture:
+    """Capture ``module``'s forward on example inputs, trying routes until one works.
+
+    Routes (:data:`ROUTES`), tried in this order: ``"fx"`` (``torch.fx`` symbolic trace
+    with its standard leaf rule: ``torch.nn`` modules stay ``call_module`` nodes),
+    ``"export"`` (``torch.export.export(strict=False)``), ``"export-strict"``,
+    ``"dynamo"`` (``torch._dynamo.export``), ``"eager"`` (run once, record the ops: no
+    graph). Every graph is run on the example inputs and must give the model's outputs,
+    or the route counts as failed. The model's buffers and the RNG are left as they were.
+
+    Args:
+        module: the model.
+        example_inputs: a tensor, or a tuple/list of positional inputs.
+        kwargs: keyword inputs (needed for keyword-only parameters).
+        route: ``"auto"`` (all routes, in order), ``"graph"`` (all but eager), one route
+            name, or a tuple of them.
+
+    Returns:
+        A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        InputError: inputs of the wrong kind or number, a keyword-only input not in
+            ``kwargs``, or the model fails on them.
+        UnknownRouteError: an unknown route name.
+        NoRouteError: no allowed route captured the model; the message lists each
+            route's reason with the user's file and line.
+
+    >>> import torch
+    >>> from unitscale.capture import capture
+    >>> from unitscale.examples.models import MLP
+    >>> cap = capture(MLP(4), torch.randn(2, 4))
+    >>> cap
+    Capture(MLP via 'fx', 5 nodes)
+    >>> [(n.name, n.meta["module_path"], n.meta["module_type"]) for n in cap.nodes(compute_only=True)]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('fc1', 'fc1', 'torch.nn.modules.linear.Linear'), ('act', 'act', 'torch.nn.modules.activation.ReLU'),
+     ('fc2', 'fc2', 'torch.nn.modules.linear.Linear')]
+    """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(
+            f"capture() got {type(module).__name__} {module!r:.60}; pass an nn.Module (wrap a function in one)"
+        )
+    routes = _routes(route)
+    args, kw = _check_inputs(module, example_inputs, kwargs)
+    # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
+    with torch.random.fork_rng(devices=[]):
+        return _capture(module, routes, args, kw)
+
+
+def _capture(module: nn.Module, routes: tuple[str, ...], args: tuple[Any, ...], kw: dict[str, Any]) -> Capture:
+    expected = _run_reference(module, args, kw)
+    reasons: dict[str, str] = {}
+    for name in routes:
+        with warnings.catch_warnings(record=True) as caught:
+            # A failed route's warnings are noise; a successful one's are kept on the result.
+            warnings.simplefilter("always")
+            try:
+                if name == "eager":
+                    with kept_state(module), torch.no_grad():
+                        record: EagerRecord = record_eager(module, args, kw)
+                    result = Capture(module, name, None, ops=record.ops, module_calls=record.module_calls)
+                else:
+                    gm, ep = GRAPH_ROUTES[name](module, args, kw)
+                    normalise_graph(gm, module)
+                    record_and_compare(gm, module, args, kw, expected)
+                    result = Capture(module, name, gm, exported_program=ep)
+            except Exception as e:
+                reasons[name] = exception_summary(e, fallback=_forward_line(module))
+                continue
+        result.reasons = reasons
+        result.warnings = [f"{w.category.__name__}: {w.message}" for w in caught]
+        result.example_inputs, result.example_kwargs = args, kw
+        return result
+    raise NoRouteError(
+        f"no route could capture {type(module).__name__} (tried {', '.join(routes)}):\n{_list_reasons(reasons)}",
+        reasons,
+    )

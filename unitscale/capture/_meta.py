@@ -1,0 +1,140 @@
+"""Normalised node meta: one writer, one reader of each route's own spelling.
+
+Every route leaves its own traces on a node: ``torch.fx`` (with a
+:class:`~unitscale.fx.ModulePathTracer`) a ``module_path``; ``torch.export`` and
+TorchDynamo an ``nn_module_stack`` (``{key: (path, type)}``, outermost first, the path
+spelt ``model.layers.0``, ``L['self'].model.layers[0]`` or ``getattr(L['self'].layers, '0')``)
+and a ``stack_trace``. :func:`node_origin` reads them into one :class:`Origin`;
+:func:`write_origin` is the only place that writes the keys of :mod:`unitscale.fx.nodes`:
+
+=================  =====================================================================
+``module_path``    qualified name of the innermost module (``""``: the root)
+``module_type``    qualified class name of that module (``"torch.nn.modules.linear.Linear"``)
+``source``         ``"file.py:LINE"`` of the innermost frame outside torch and unitscale's
+                   machinery (``""``: unknown)
+``val``            example output: export's ``FakeTensor``, else a ``meta``-device tensor
+``tensor_meta``    :class:`torch.fx.passes.shape_prop.TensorMetadata` of a tensor output
+=================  =====================================================================
+
+``val`` and ``tensor_meta`` are torch's own keys; :mod:`unitscale.capture._verify` fills
+them where the route left them out.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from torch import fx, nn
+
+from unitscale.capture._where import innermost_frame
+from unitscale.fx.nodes import MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY
+
+__all__ = ["Origin", "normalise_path", "type_name", "node_origin", "write_origin", "stack_entries"]
+
+
+class Origin(NamedTuple):
+    """Where a node came from, whatever the route."""
+
+    module_path: str
+    module_type: str
+    source: str
+
+
+_GETATTR = re.compile(r"getattr\(([^()]+?),\s*['\"]?([\w]+)['\"]?\)")
+_ROOT = re.compile(r"^(?:L\['self'\]|L\[\"self\"\]|L__self__|self)")
+_MODULES_ITEM = re.compile(r"\._modules\[['\"](\w+)['\"]\]")
+_ITEM = re.compile(r"\[['\"]?(\w+)['\"]?\]")
+
+
+def normalise_path(path: str) -> str:
+    """A module path as a qualified name, whichever route spelt it.
+
+    >>> normalise_path("L['self'].model.layers[0].self_attn")
+    'model.layers.0.self_attn'
+    >>> normalise_path("getattr(L['self'].model.layers, '1')._modules['mlp']"), normalise_path("L['self']")
+    ('model.layers.1.mlp', '')
+    """
+    while (new := _GETATTR.sub(r"\1.\2", path)) != path:
+        path = new
+    path = _ROOT.sub("", path)
+    path = _MODULES_ITEM.sub(r".\1", path)
+    path = _ITEM.sub(r".\1", path)
+    return path.strip(".")
+
+
+def type_name(kind: Any) -> str:
+    """``module.QualName`` of a class (or the string a route already wrote).
+
+    >>> type_name(nn.Linear)
+    'torch.nn.modules.linear.Linear'
+    """
+    if isinstance(kind, type):
+        return f"{kind.__module__}.{kind.__qualname__}"
+    return str(kind)
+
+
+def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
+    """``(key, path, type)`` per module on the node's ``nn_module_stack``, outermost first.
+
+    The root (path ``""``) is left out; ``None`` when the node has no stack.
+    """
+    stack = node.meta.get("nn_module_stack")
+    if stack is None:
+        return None
+    entries = []
+    for key, (path, kind) in stack.items():
+        path = normalise_path(str(path))
+        if path:
+            entries.append((str(key), path, type_name(kind)))
+    return entries
+
+
+def _owner(root: nn.Module, gm: fx.GraphModule, target: str) -> str:
+    """Module path of the module that owns attribute ``target`` (``""`` if not in ``root``)."""
+    owner = target.rpartition(".")[0]
+    try:
+        root.get_submodule(owner)
+        return owner
+    except AttributeError:
+        return ""
+
+
+def node_origin(node: fx.Node, root: nn.Module, gm: fx.GraphModule, names: dict[str, nn.Module]) -> Origin:
+    """Read where ``node`` came from out of any route's meta (see the module docstring).
+
+    Args:
+        node: a node of ``gm``.
+        root: the captured module (paths are names in it).
+        gm: the captured graph module.
+        names: ``root.named_modules()`` as a dict, for the module type.
+    """
+    path = ""
+    kind: str | None = None
+    entries = stack_entries(node)
+    if MODULE_PATH_KEY in node.meta:  # fx (ModulePathTracer)
+        path = str(node.meta[MODULE_PATH_KEY])
+    elif entries:
+        _, path, kind = entries[-1]
+    elif node.op == "get_attr":
+        path = _owner(root, gm, str(node.target))
+    module = names.get(path)
+    if module is None and path:
+        # A path the root does not have (a route's spelling we do not know): keep it, typed as found.
+        return Origin(path, kind or "", innermost_frame(node.meta.get("stack_trace")))
+    module_type = type_name(type(module if module is not None else root))
+    return Origin(path, module_type, innermost_frame(node.meta.get("stack_trace")))
+
+
+def write_origin(node: fx.Node, origin: Origin) -> None:
+    """The one writer of ``module_path``, ``module_type`` and ``source``."""
+    node.meta[MODULE_PATH_KEY] = origin.module_path
+    node.meta[MODULE_TYPE_KEY] = origin.module_type
+    node.meta[SOURCE_KEY] = origin.source
+
+
+def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
+    """Write the normalised origin onto every node of ``gm`` (the output node: the root)."""
+    names = dict(root.named_modules(remove_duplicate=False))
+    for node in gm.graph.nodes:
+        write_origin(node, node_origin(node, root, gm, names))

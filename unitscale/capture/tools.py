@@ -1,0 +1,155 @@
+"""Tools that read a :class:`~unitscale.capture.Capture`: module paths, execution order.
+
+They read only the normalised meta (:mod:`unitscale.capture._meta`), so one function
+serves every graph route; the eager route has its own record of module calls.
+"""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from unitscale.capture._capture import Capture
+from unitscale.capture._meta import stack_entries
+from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
+from unitscale.fx.tracers import ExecOrder, ParamUsageInfo, trace_exec_order
+
+__all__ = ["capture_exec_order", "module_paths"]
+
+
+def module_paths(cap: Capture) -> dict[str, str]:
+    """``node name -> module path`` for every node but the output (``""``: the root).
+
+    The eager route has no nodes; its recorded ops are named like nodes and are used instead.
+
+    Args:
+        cap: a capture.
+
+    Returns:
+        The paths, in execution order.
+
+    >>> import torch
+    >>> from unitscale.capture import capture
+    >>> from unitscale.examples.models import MLP
+    >>> module_paths(capture(MLP(4), torch.randn(2, 4)))
+    {'x': '', 'fc1': 'fc1', 'act': 'act', 'fc2': 'fc2'}
+    """
+    if cap.graph_module is None:
+        return {op.name: op.module_path for op in cap.ops}
+    return {n.name: n.meta[MODULE_PATH_KEY] for n in cap.graph_module.graph.nodes if n.op != "output"}
+
+
+class _OrderBuilder:
+    """Builds an :class:`ExecOrder` from module entries and parameter uses seen in order."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self.root = root
+        self.order = ExecOrder([root], [], {root: []}, root)
+        self.modules = dict(root.named_modules(remove_duplicate=False))
+        self.seen: set[int] = set()
+
+    def enter(self, path: str, parent_path: str) -> None:
+        module = self.modules.get(path)
+        if module is None:
+            return
+        parent = self.modules.get(parent_path, self.root)
+        self.order.module_forward_order.append(module)
+        named = list(module.named_parameters())
+        if named:
+            self.order.module_to_param_usage_infos.setdefault(parent, []).append(ParamUsageInfo(module, named))
+        self.order.module_to_param_usage_infos[module] = []
+
+    def use(self, path: str, named_params: list[tuple[str, nn.Parameter]]) -> None:
+        if not named_params:
+            return
+        module = self.modules.get(path, self.root)
+        self.order.module_to_param_usage_infos.setdefault(module, []).append(ParamUsageInfo(module, named_params))
+        for _, p in named_params:
+            if id(p) not in self.seen:
+                self.seen.add(id(p))
+                self.order.param_forward_order.append(p)
+
+
+def _graph_params(gm: fx.GraphModule, root: nn.Module) -> dict[str, tuple[str, nn.Parameter]]:
+    """``get_attr target -> (name in root, parameter of root)`` for the graph's parameter reads."""
+    by_id = {id(p): (name, p) for name, p in root.named_parameters(remove_duplicate=False)}
+    by_name = dict(root.named_parameters(remove_duplicate=False))
+    found = {}
+    for n in gm.graph.nodes:
+        if n.op != "get_attr":
+            continue
+        target = str(n.target)
+        if target in by_name:
+            found[target] = (target, by_name[target])
+            continue
+        try:
+            value = gm.get_parameter(target)
+        except AttributeError:
+            continue
+        if id(value) in by_id:  # TorchDynamo names its reads L__self___fc1_weight
+            found[target] = by_id[id(value)]
+    return found
+
+
+def _graph_exec_order(cap: Capture, gm: fx.GraphModule) -> ExecOrder:
+    builder = _OrderBuilder(cap.module)
+    params = _graph_params(gm, cap.module)
+    open_calls: list[tuple[str, str]] = []  # (stack key, path) of the modules the last node ran in
+    for node in gm.graph.nodes:
+        if node.op not in COMPUTE_OPS:
+            continue
+        entries = [(key, path) for key, path, _ in stack_entries(node) or []]
+        common = 0
+        while common < min(len(entries), len(open_calls)) and entries[common] == open_calls[common]:
+            common += 1
+        for i in range(common, len(entries)):
+            builder.enter(entries[i][1], entries[i - 1][1] if i else "")
+        open_calls = entries
+        used = [params[str(a.target)] for a in node.all_input_nodes if a.op == "get_attr" and str(a.target) in params]
+        builder.use(str(node.meta.get(MODULE_PATH_KEY, "")), used)
+    return builder.order
+
+
+def _eager_exec_order(cap: Capture) -> ExecOrder:
+    builder = _OrderBuilder(cap.module)
+    params = dict(cap.module.named_parameters(remove_duplicate=False))
+    calls = iter(cap.module_calls[1:])  # the first call is the root's
+    stack: list[str] = []
+    for path in calls:
+        # A path's parent is the nearest open call that is its prefix.
+        while stack and not path.startswith(stack[-1] + "."):
+            stack.pop()
+        builder.enter(path, stack[-1] if stack else "")
+        stack.append(path)
+    for op in cap.ops:
+        builder.use(op.module_path, [(name, params[name]) for name in op.params if name in params])
+    return builder.order
+
+
+def capture_exec_order(cap: Capture) -> ExecOrder:
+    """Module forward order and parameter first-use order, from a capture of any route.
+
+    The fx route re-traces with :class:`~unitscale.fx.ExecOrderTracer` (``torch.nn``
+    modules are leaves, as in the capture). Export and TorchDynamo graphs are flat: a
+    module is entered where a node's ``nn_module_stack`` first shows it, so the order
+    is that of forward pre-hooks for every module that runs at least one op (a module
+    that only returns its input, such as dropout in eval mode, leaves no node). The
+    eager route's order is the pre-hook order itself.
+
+    Args:
+        cap: a capture.
+
+    Returns:
+        An :class:`~unitscale.fx.ExecOrder` whose ``root`` is ``cap.module``.
+
+    >>> import torch
+    >>> from unitscale.capture import capture
+    >>> from unitscale.examples.models import MLP
+    >>> order = capture_exec_order(capture(MLP(4), torch.randn(2, 4), route="export"))
+    >>> order.module_names(), order.param_names()
+    (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
+    """
+    if cap.route == "fx":
+        return trace_exec_order(cap.module)
+    if cap.graph_module is None:
+        return _eager_exec_order(cap)
+    return _graph_exec_order(cap, cap.graph_module)
