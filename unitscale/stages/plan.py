@@ -30,13 +30,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
 
-from unitscale.errors import CostError, InputError, StageCountError
+from unitscale.errors import CostError, InputError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
-from unitscale.stages.costs import COST_MODELS, node_costs, output_bytes, run_profiler, trace_for_stages
-from unitscale.stages.split import chain_stages, live_values, split_graph
+from unitscale.stages.costs import COST_MODELS, _graph_for_stages, flat_inputs, node_costs, output_bytes, run_profiler
+from unitscale.stages.split import (
+    INPUT_CONSTANT_KEY,
+    chain_stages,
+    is_symbolic,
+    live_values,
+    split_graph,
+    symbol_of,
+    tensor_carries,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -133,6 +141,9 @@ class StagePlan:
         pieces: node-index bounds of the pieces between the places a cut is allowed
             (every node is a piece unless ``boundary_depth`` or a non-tensor value
             joins neighbours); ``bounds`` is a subsequence of ``pieces``.
+        route: how the graph was had: ``"graph"`` (a GraphModule given), ``"fx"`` or ``"export"``.
+        output_spec: the pytree structure of the model's output (a tensor, tuple, dict,
+            ``ModelOutput``); the last stage returns its leaves and a pipeline rebuilds it.
 
     >>> import torch
     >>> from unitscale.examples.models import MLP
@@ -152,8 +163,12 @@ class StagePlan:
         cost: str,
         example_inputs: tuple[Any, ...],
         pieces: list[int] | None = None,
+        route: str = "fx",
+        output_spec: TreeSpec | None = None,
     ) -> None:
         self._root = root
+        self.route = route
+        self.output_spec = output_spec
         self.graph = graph
         self.pieces = pieces if pieces is not None else list(range(len(node_costs) + 1))
         self.node_costs = node_costs
@@ -233,10 +248,10 @@ class StagePlan:
         stages = self.stage_modules()
 
         def chained(*xs: Any) -> Any:
-            out: Any = stages[0](*xs)
+            out: Any = stages[0](*flat_inputs(self.graph, xs))
             for stage in stages[1:]:
                 out = stage(*out) if isinstance(out, tuple) else stage(out)
-            return out
+            return self.output_from_leaves(out)
 
         outputs = []
         for fn in (self.module, self.split(), chained):
@@ -258,6 +273,68 @@ class StagePlan:
             )
             for out in outputs[1:]
         )
+
+    def output_from_leaves(self, out: Any) -> Any:
+        """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves)."""
+        if self.output_spec is None:
+            return out
+        leaves = list(out) if isinstance(out, tuple) and self.output_spec.num_leaves != 1 else [out]
+        return tree_unflatten(leaves, self.output_spec)
+
+    def stage_parameter_names(self) -> list[list[str]]:
+        """Per stage, the qualified names (as in the model) of the parameters its nodes use, in first-use order.
+
+        A parameter used by several stages (tied embeddings) is listed in each.
+        """
+        names: list[list[str]] = [[] for _ in range(self.num_stages)]
+        for node in self.graph.nodes:
+            if node.op not in COMPUTE_OPS:
+                continue
+            stage = names[self.assignment[node.name]]
+            found: list[str] = []
+            if node.op == "call_module":
+                sub = self._root.get_submodule(str(node.target))
+                found += [f"{node.target}.{p}" for p, _ in sub.named_parameters()]
+            for arg in node.all_input_nodes:
+                if arg.op == "get_attr" and isinstance(_attr(self._root, str(arg.target)), nn.Parameter):
+                    found.append(str(arg.target))
+            stage += [n for n in found if n not in stage]
+        return names
+
+    def split_spec(self) -> dict[str, Any]:
+        """The ``split_spec`` for :func:`torch.distributed.pipelining.pipeline` that makes the same stages.
+
+        Each cut must fall right before a submodule's first node (``model.layers.1``);
+        that submodule gets ``SplitPoint.BEGINNING``.
+
+        Returns:
+            ``{qualified module name: SplitPoint.BEGINNING}``, one entry per cut.
+
+        Raises:
+            SplitSpecError: a cut falls inside a module (or between ops of the root module);
+                partition with ``boundary_depth=`` so that cuts land between modules.
+        """
+        from torch.distributed.pipelining import SplitPoint
+
+        nodes = self._compute_nodes()
+        paths = [str(n.meta.get(MODULE_PATH_KEY, "")) for n in nodes]
+        spec: dict[str, Any] = {}
+        for b in self.bounds[1:-1]:
+            module = _module_starting_at(paths, b)
+            if module is None:
+                node = nodes[b]
+                raise SplitSpecError(
+                    f"the cut before node {node.name!r} (module {paths[b] or '<root>'!r}, after a node of "
+                    f"{paths[b - 1] or '<root>'!r}) does not fall on a module boundary, so no split_spec can "
+                    "express it; partition with boundary_depth= (e.g. boundary_depth=3 for model.layers.N) "
+                    "so that every cut lands right before a submodule"
+                )
+            spec[module] = SplitPoint.BEGINNING
+        return spec
+
+    def _compute_nodes(self) -> list[fx.Node]:
+        by_name = {n.name: n for n in self.graph.nodes}
+        return [by_name[name] for name, _ in self.node_costs]
 
     def report(self, num_microbatches: int = 8) -> StageReport:
         """Per stage: cost, share of the total, parameters, and the tensors sent to the next stage.
@@ -324,6 +401,23 @@ class StagePlan:
         return ax
 
 
+def _attr(root: nn.Module, target: str) -> Any:
+    owner: Any = root
+    for part in target.split("."):
+        owner = getattr(owner, part, None)
+    return owner
+
+
+def _module_starting_at(paths: list[str], b: int) -> str | None:
+    """The outermost submodule whose nodes all lie at or after ``b`` and which holds node ``b``."""
+    parts = paths[b].split(".") if paths[b] else []
+    for depth in range(1, len(parts) + 1):
+        q = ".".join(parts[:depth])
+        if not any(p == q or p.startswith(q + ".") for p in paths[:b]):
+            return q
+    return None
+
+
 def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, tuple):
         return example_inputs
@@ -337,9 +431,12 @@ def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool
     n = len(nodes)
     position = {node: i for i, node in enumerate(nodes)}
     blocked = [0] * (n + 2)
-    for node in nodes[0].graph.nodes:
+    graph = nodes[0].graph
+    for node in graph.nodes:
         if node.op not in ("placeholder", *COMPUTE_OPS) or not node.users:
             continue
+        if INPUT_CONSTANT_KEY in node.meta or is_symbolic(node):
+            continue  # every stage has it (constant input) or remakes it (symbolic size)
         value_type = node.meta.get("type")
         if isinstance(value_type, type) and issubclass(value_type, torch.Tensor):
             continue
@@ -353,11 +450,48 @@ def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool
     for i in range(n):
         running += blocked[i]
         allowed[i] = i > 0 and running == 0
+    _forbid_uncovered_symbols(graph, position, allowed)
     if boundary_depth is not None:
         paths = [".".join(node.meta.get(MODULE_PATH_KEY, "").split(".")[:boundary_depth]) for node in nodes]
         for i in range(1, n):
             allowed[i] = allowed[i] and paths[i] != paths[i - 1]
     return allowed
+
+
+def _last_symbolic_use(node: fx.Node, position: dict[fx.Node, int], n: int) -> int:
+    last = -1
+    for user in node.users:
+        last = max(last, _last_symbolic_use(user, position, n) if is_symbolic(user) else position.get(user, n))
+    return last
+
+
+def _forbid_uncovered_symbols(graph: fx.Graph, position: dict[fx.Node, int], allowed: list[bool]) -> None:
+    """A stage remakes a symbolic size from a tensor it receives: no cut where no such tensor crosses."""
+    n = len(allowed)
+    roots = [r for r in graph.nodes if r.target is torch.ops.aten.sym_size.int and is_symbolic(r)]
+    for expr in {symbol_of(r) for r in roots}:
+        need, cover = [0] * (n + 2), [0] * (n + 2)
+        for r in roots:
+            if symbol_of(r) == expr:
+                need[position.get(r, -1) + 1] += 1
+                need[_last_symbolic_use(r, position, n) + 1] -= 1
+        for t in graph.nodes:
+            if t.op in ("placeholder", *COMPUTE_OPS) and t.users and tensor_carries(t, expr) is not None:
+                cover[position.get(t, -1) + 1] += 1
+                cover[max(position.get(u, n) for u in t.users) + 1] -= 1
+        needed = covered = 0
+        for i in range(n):
+            needed, covered = needed + need[i], covered + cover[i]
+            if needed and not covered:
+                allowed[i] = False
+
+
+def _output_spec(graph: fx.Graph, output: Any) -> TreeSpec | None:
+    """The structure of the model's ``output``, when its leaves are the output node's."""
+    structured = output
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    spec = tree_structure(structured)
+    return spec if spec.num_leaves == len(tree_leaves(out_node.args[0])) else None
 
 
 def partition(
@@ -423,8 +557,8 @@ def partition(
         raise StageCountError(
             f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
         )
-    root, graph = trace_for_stages(module)
     inputs = _as_tuple(example_inputs)
+    root, graph, route = _graph_for_stages(module, inputs)
     profiler = run_profiler(root, graph, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
     nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     name = type(module).__name__
@@ -450,5 +584,13 @@ def partition(
     bounds = [unit_bounds[i] for i in chosen]
     cost_name = cost if isinstance(cost, str) else "callable"
     return StagePlan(
-        root, graph, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs, unit_bounds
+        root,
+        graph,
+        [(n.name, c) for n, c in zip(nodes, costs, strict=True)],
+        bounds,
+        cost_name,
+        inputs,
+        unit_bounds,
+        route=route,
+        output_spec=_output_spec(graph, profiler.result),
     )
