@@ -18,6 +18,7 @@ import math
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,7 +79,10 @@ def _graph_for_stages(module: nn.Module, example_inputs: tuple[Any, ...]) -> tup
             f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
         )
     if isinstance(module, fx.GraphModule):
-        root: nn.Module = copy.deepcopy(module)
+        with warnings.catch_warnings():
+            # copying an exported module's pytree specs trips torch's own LeafSpec deprecation
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            root: nn.Module = copy.deepcopy(module)
         graph, route = root.graph, "graph"  # type: ignore[assignment]
     else:
         try:

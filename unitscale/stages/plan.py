@@ -35,7 +35,15 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_struct
 from unitscale.errors import CostError, InputError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
-from unitscale.stages.costs import COST_MODELS, _graph_for_stages, flat_inputs, node_costs, output_bytes, run_profiler
+from unitscale.stages.costs import (
+    COST_MODELS,
+    _graph_for_stages,
+    _normalised_path,
+    flat_inputs,
+    node_costs,
+    output_bytes,
+    run_profiler,
+)
 from unitscale.stages.split import (
     INPUT_CONSTANT_KEY,
     chain_stages,
@@ -165,8 +173,10 @@ class StagePlan:
         pieces: list[int] | None = None,
         route: str = "fx",
         output_spec: TreeSpec | None = None,
+        model_name: str | None = None,
     ) -> None:
         self._root = root
+        self.model_name = model_name or type(root).__name__
         self.route = route
         self.output_spec = output_spec
         self.graph = graph
@@ -188,11 +198,11 @@ class StagePlan:
         Made on first use: its code generation costs as much as the trace on a large graph,
         and partitioning needs only the graph.
         """
-        return fx.GraphModule(self._root, self.graph, type(self._root).__name__)
+        return fx.GraphModule(self._root, self.graph, self.model_name)
 
     def __repr__(self) -> str:
         costs = ", ".join(f"{c:.4g}" for c in self.stage_costs)
-        return f"StagePlan({type(self._root).__name__}, {self.num_stages} stages by {self.cost}: [{costs}])"
+        return f"StagePlan({self.model_name}, {self.num_stages} stages by {self.cost}: [{costs}])"
 
     @property
     def bottleneck(self) -> float:
@@ -318,9 +328,10 @@ class StagePlan:
 
         nodes = self._compute_nodes()
         paths = [str(n.meta.get(MODULE_PATH_KEY, "")) for n in nodes]
+        called = _called_modules(self._root, self.graph)
         spec: dict[str, Any] = {}
         for b in self.bounds[1:-1]:
-            module = _module_starting_at(paths, b)
+            module = _module_starting_at(paths, b, called)
             if module is None:
                 node = nodes[b]
                 raise SplitSpecError(
@@ -408,11 +419,26 @@ def _attr(root: nn.Module, target: str) -> Any:
     return owner
 
 
-def _module_starting_at(paths: list[str], b: int) -> str | None:
-    """The outermost submodule whose nodes all lie at or after ``b`` and which holds node ``b``."""
+def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
+    """Qualified names of the modules whose ``forward`` ran (a container such as a
+    ``ModuleList`` never runs, so torch's pipeline cannot split at it); None when unknown."""
+    called: set[str] = set()
+    for node in graph.nodes:
+        for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
+            called.add(_normalised_path(str(path)))
+    if called:
+        return called
+    containers = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+    return {name for name, m in root.named_modules() if name and not isinstance(m, containers)} or None
+
+
+def _module_starting_at(paths: list[str], b: int, called: set[str] | None) -> str | None:
+    """The outermost called submodule whose nodes all lie at or after ``b`` and which holds node ``b``."""
     parts = paths[b].split(".") if paths[b] else []
     for depth in range(1, len(parts) + 1):
         q = ".".join(parts[:depth])
+        if called is not None and q not in called:
+            continue
         if not any(p == q or p.startswith(q + ".") for p in paths[:b]):
             return q
     return None
@@ -593,4 +619,5 @@ def partition(
         unit_bounds,
         route=route,
         output_spec=_output_spec(graph, profiler.result),
+        model_name=name,
     )
