@@ -55,7 +55,15 @@ def tiny(name: str) -> nn.Module:
         )
         return AutoModel.from_config(cfg).eval()
     cfg = AutoConfig.for_model(
-        "t5", d_model=32, d_ff=64, d_kv=16, num_layers=2, num_heads=2, use_cache=False, decoder_start_token_id=0, **common
+        "t5",
+        d_model=32,
+        d_ff=64,
+        d_kv=16,
+        num_layers=2,
+        num_heads=2,
+        use_cache=False,
+        decoder_start_token_id=0,
+        **common,
     )
     return AutoModel.from_config(cfg).eval()
 

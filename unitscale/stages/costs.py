@@ -82,15 +82,17 @@ def _graph_for_stages(module: nn.Module, example_inputs: tuple[Any, ...]) -> tup
         with warnings.catch_warnings():
             # copying an exported module's pytree specs trips torch's own LeafSpec deprecation
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            root: nn.Module = copy.deepcopy(module)
-        graph, route = root.graph, "graph"  # type: ignore[assignment]
+            copied: fx.GraphModule = copy.deepcopy(module)
+        root: nn.Module = copied
+        graph: fx.Graph = copied.graph
+        route = "graph"
     else:
         try:
             root, graph = trace_for_stages(module)
             route = "fx"
         except TraceError as fx_error:
-            root = _export(module, example_inputs, fx_error)
-            graph, route = root.graph, "export"  # type: ignore[assignment]
+            exported = _export(module, example_inputs, fx_error)
+            root, graph, route = exported, exported.graph, "export"
     _drop_guards(root, graph)
     _rename_submod_attrs(root, graph)
     _write_module_paths(graph)
@@ -111,10 +113,9 @@ def _export(module: nn.Module, inputs: tuple[Any, ...], fx_error: TraceError) ->
         except Exception as exc:
             failure = exc
     raise TraceError(
-        f"could not capture {type(module).__name__} for partitioning. {fx_error} -- torch.export (non-strict) "
-        f"failed too: {type(failure).__name__}: {str(failure).strip().splitlines()[0] if str(failure) else ''}. "
-        "Make the model exportable (torch.export.export(model, example_inputs, strict=False)) or pass a traced "
-        "torch.fx.GraphModule"
+        f"{fx_error} -- and torch.export (non-strict) failed too: {type(failure).__name__}: "
+        f"{str(failure).strip().splitlines()[0] if str(failure) else ''}. Or make the model exportable "
+        "(torch.export.export(model, example_inputs, strict=False)), or pass a traced torch.fx.GraphModule"
     ) from failure
 
 

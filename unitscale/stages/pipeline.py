@@ -255,7 +255,8 @@ def run_pipeline(
     Inputs (and ``target``) are split into ``num_microbatches`` microbatches on
     dim 0. Stages pass tensors only: a model whose output is a tuple, a dict or a
     ``transformers`` ``ModelOutput`` has its output sent as flat leaves and rebuilt
-    here (and before ``loss_fn`` sees it), so the result has the model's own structure. Without ``loss_fn`` this is a forward pass and returns the output; with
+    here (and before ``loss_fn`` sees it), so the result has the model's own
+    structure. Without ``loss_fn`` this is a forward pass and returns the output; with
     it, each microbatch's ``loss_fn(output, target)`` is back-propagated through
     the pipeline (gradients scaled by ``1 / num_microbatches``, which matches a
     mean-reduced loss over the whole batch).

@@ -547,7 +547,8 @@ def partition(
             (bytes of each node's output), or a callable ``node -> float``.
         boundary_depth: cut only where the module path truncated to this many
             parts changes (``2`` cuts ``TinyGPT`` only between ``blocks.N``).
-        method: ``"optimal"`` (exact min-max), or a baseline: ``"equal_count"``
+        method: ``"optimal"`` (exact min-max; among optimal plans, the one with the
+            smallest sum of squared stage costs, when that search is cheap), or a baseline: ``"equal_count"``
             (the same number of pieces per stage), ``"greedy_threshold"`` (close a
             stage once it reaches ``total / num_stages``).
         repeats: timings per node for ``cost="time"``.
@@ -603,6 +604,12 @@ def partition(
     unit_costs = search.stage_sums(costs, unit_bounds)
     if method == "optimal":
         chosen = search.optimal_bounds(unit_costs, num_stages)
+        # same bottleneck, most even elsewhere (a stage of cost 0 beside the heaviest helps nobody)
+        balanced = search.balanced_bounds(unit_costs, num_stages, limit=search.bottleneck(unit_costs, chosen))
+        if balanced is not None and search.sum_of_squares(unit_costs, balanced) < search.sum_of_squares(
+            unit_costs, chosen
+        ):
+            chosen = balanced
     elif method == "equal_count":
         chosen = search.equal_count_bounds(units, num_stages)
     else:

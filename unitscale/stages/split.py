@@ -18,8 +18,8 @@ Two kinds of non-tensor value never cross a stage boundary, so they never forbid
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,7 +30,16 @@ from torch.utils._pytree import tree_leaves
 
 from unitscale.fx.nodes import COMPUTE_OPS
 
-__all__ = ["INPUT_CONSTANT_KEY", "is_constant", "is_symbolic", "symbol_of", "tensor_carries", "live_values", "split_graph", "chain_stages"]
+__all__ = [
+    "INPUT_CONSTANT_KEY",
+    "is_constant",
+    "is_symbolic",
+    "symbol_of",
+    "tensor_carries",
+    "live_values",
+    "split_graph",
+    "chain_stages",
+]
 
 #: ``node.meta`` key of a placeholder whose example value is a constant (the value itself).
 INPUT_CONSTANT_KEY = "stage_input_constant"
@@ -77,7 +86,6 @@ def tensor_carries(tensor: fx.Node, expr: Any) -> int | None:
 def _stays(node: fx.Node) -> bool:
     """Values that never cross a boundary: each stage has them (constant inputs) or remakes them."""
     return INPUT_CONSTANT_KEY in node.meta or is_symbolic(node)
-
 
 
 class StageTracer(fx.Tracer):
@@ -192,9 +200,7 @@ def split_graph(module: fx.GraphModule, assignment: Mapping[str, int]) -> fx.Gra
     return split
 
 
-def _recompute(
-    g: fx.Graph, node: fx.Node, env: dict[fx.Node, Any], tensors: list[fx.Node], stage: int
-) -> fx.Node:
+def _recompute(g: fx.Graph, node: fx.Node, env: dict[fx.Node, Any], tensors: list[fx.Node], stage: int) -> fx.Node:
     """Remake the symbolic size ``node`` in stage graph ``g`` from a tensor the stage has."""
     if node in env:
         return env[node]
@@ -212,6 +218,15 @@ def _recompute(
     made.meta = dict(node.meta)
     env[node] = made
     return made
+
+
+def _lookup(g: fx.Graph, env: dict[fx.Node, Any], tensors: list[fx.Node], stage: int, arg: fx.Node) -> Any:
+    """``arg`` inside stage graph ``g``: its own weights are fetched, symbolic sizes remade."""
+    if arg not in env and arg.op == "get_attr":
+        env[arg] = g.node_copy(arg)
+    if arg not in env and is_symbolic(arg):
+        return _recompute(g, arg, env, tensors, stage)
+    return env[arg]
 
 
 def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stages: int) -> list[fx.GraphModule]:
@@ -240,14 +255,8 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
             for v in live[s - 1]:
                 env[v] = g.placeholder(v.name)
                 env[v].meta = dict(v.meta)
-        tensors = [v for v in (placeholders if s == 0 else live[s - 1])]
-
-        def lookup(arg: fx.Node, env: dict[fx.Node, Any] = env, tensors: list[fx.Node] = tensors, s: int = s) -> Any:
-            if arg not in env and arg.op == "get_attr":
-                env[arg] = g.node_copy(arg)
-            if arg not in env and is_symbolic(arg):
-                return _recompute(g, arg, env, tensors, s)
-            return env[arg]
+        tensors = list(placeholders if s == 0 else live[s - 1])
+        lookup = functools.partial(_lookup, g, env, tensors, s)
 
         for node in graph.nodes:
             if node.op not in COMPUTE_OPS or assignment[node.name] != s:
