@@ -237,8 +237,10 @@ class StagePlan:
     def stage_modules(self) -> list[fx.GraphModule]:
         """One module per stage, chained: stage ``s + 1`` takes what stage ``s`` returns.
 
-        Stage 0 takes the model's inputs; values a later stage needs are passed
-        through the stages in between; the last stage returns the model's output.
+        Stage 0 takes the model's inputs (flattened, for an exported model); values a
+        later stage needs are passed through the stages in between; the last stage
+        returns the leaves of the model's output (one tensor, or a flat tuple), which
+        :meth:`output_from_leaves` turns back into the model's own structure.
         """
         return chain_stages(self.module, self.assignment, self.num_stages)
 
@@ -285,7 +287,14 @@ class StagePlan:
         )
 
     def output_from_leaves(self, out: Any) -> Any:
-        """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves)."""
+        """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves).
+
+        >>> import torch
+        >>> from unitscale.examples.models import MLP
+        >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
+        >>> plan.output_from_leaves(torch.ones(1)).shape  # MLP returns one tensor
+        torch.Size([1])
+        """
         if self.output_spec is None:
             return out
         leaves = list(out) if isinstance(out, tuple) and self.output_spec.num_leaves != 1 else [out]
@@ -295,6 +304,11 @@ class StagePlan:
         """Per stage, the qualified names (as in the model) of the parameters its nodes use, in first-use order.
 
         A parameter used by several stages (tied embeddings) is listed in each.
+
+        >>> import torch
+        >>> from unitscale.examples.models import MLP
+        >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).stage_parameter_names()
+        [['fc1.weight', 'fc1.bias'], ['fc2.weight', 'fc2.bias']]
         """
         names: list[list[str]] = [[] for _ in range(self.num_stages)]
         for node in self.graph.nodes:
@@ -323,6 +337,12 @@ class StagePlan:
         Raises:
             SplitSpecError: a cut falls inside a module (or between ops of the root module);
                 partition with ``boundary_depth=`` so that cuts land between modules.
+
+        >>> import torch
+        >>> from unitscale.examples.models import TinyGPT
+        >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
+        >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
+        {'blocks.2': <SplitPoint.BEGINNING: 1>}
         """
         from torch.distributed.pipelining import SplitPoint
 
@@ -532,8 +552,13 @@ def partition(
 ) -> StagePlan:
     """Split ``module`` into ``num_stages`` contiguous stages with the smallest possible largest stage cost.
 
-    The model is traced (a copy; ``module`` is not changed) and run once on
-    ``example_inputs`` to get shapes. Every compute node gets a cost; the stages
+    The model is captured (a copy; ``module`` is not changed) and run once on
+    ``example_inputs`` to get shapes: a :class:`torch.fx.GraphModule` is used as it is
+    (from any tracer, ``torch.export`` included), other modules are traced with
+    ``torch.fx``, or, where that fails (``transformers`` models), exported with
+    ``torch.export`` (non-strict, batch dimension dynamic so stages run on
+    microbatches). Inputs whose example value is a constant (``attn_mask=None``)
+    and symbolic sizes never stop a cut: later stages bake or recompute them. Every compute node gets a cost; the stages
     are contiguous runs of nodes in execution order. Cuts are only placed where
     nothing but tensors crosses (so a pipeline can send them).
 
@@ -560,7 +585,7 @@ def partition(
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
         CostError: unknown ``cost`` or ``method``, or a callable returned a negative, NaN or non-number.
         InputError: ``example_inputs`` do not fit the model.
-        TraceError: ``torch.fx`` cannot trace the model.
+        TraceError: neither ``torch.fx`` nor ``torch.export`` can capture the model.
         NotAModuleError: ``module`` is not a ``torch.nn.Module``.
 
     >>> import torch
