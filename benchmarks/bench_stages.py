@@ -8,6 +8,8 @@
    greedy threshold, block partition (local search, torchgpipe style) and max-min DP.
 3. Time to partition a 20,000-node graph: the search alone, and ``partition()`` end to end
    (trace, shape propagation, costs, search).
+4. Time for ``partition()`` on tiny ``transformers`` GPT-2 and Llama (they go through
+   ``torch.export``, which dominates), when ``transformers`` is installed.
 """
 
 from __future__ import annotations
@@ -136,6 +138,43 @@ def large_graph(quick: bool) -> list[dict]:
     return rows
 
 
+def _tiny_transformers() -> list[tuple[str, nn.Module]]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    common = {"vocab_size": 128, "bos_token_id": 0, "eos_token_id": 1, "use_cache": False}
+    gpt2 = AutoConfig.for_model("gpt2", n_embd=64, n_layer=4, n_head=4, n_positions=64, **common)
+    llama = AutoConfig.for_model(
+        "llama",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **common,
+    )
+    return [(name, AutoModelForCausalLM.from_config(cfg).eval()) for name, cfg in (("GPT-2", gpt2), ("Llama", llama))]
+
+
+def real_models(quick: bool) -> list[dict]:
+    """Seconds for ``partition()`` on tiny GPT-2 and Llama (4 layers, via torch.export), per cost model."""
+    try:
+        models = _tiny_transformers()
+    except ImportError:
+        return []
+    ids = torch.randint(0, 128, (4, 32))
+    rows = []
+    for name, model in models:
+        for cost in ("params",) if quick else ("params", "flops"):
+            start = time.perf_counter()
+            plan = partition(model, 2, ids, cost=cost, boundary_depth=3)
+            seconds = time.perf_counter() - start
+            case = f"{name} (4 layers), {len(plan.node_costs)} nodes, {cost}"
+            rows.append({"benchmark": "partition() on transformers", "case": case, "N": 2, "seconds": seconds})
+    return rows
+
+
 def _table(rows: list[dict], title: str) -> None:
     print(f"\n{title}")
     keys = list(rows[0])
@@ -157,7 +196,10 @@ def main(quick: bool = False) -> list[dict]:
     _table(rand, "Bottleneck / optimal bottleneck on random log-normal chains (mean and worst)")
     big = large_graph(quick)
     _table(big, "Seconds to partition a 20,000-node graph")
-    return zoo + rand + big
+    real = real_models(quick)
+    if real:
+        _table(real, "Seconds for partition() on tiny transformers models (torch.export route)")
+    return zoo + rand + big + real
 
 
 if __name__ == "__main__":

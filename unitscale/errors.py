@@ -22,6 +22,7 @@ __all__ = [
     "PredicateError",
     "NotInvertibleError",
     "StageCountError",
+    "SplitSpecError",
     "CostError",
     "PipelineError",
     "UnknownConstraintError",
@@ -75,6 +76,10 @@ class NotInvertibleError(UnitscaleError, ValueError):
 
 class StageCountError(UnitscaleError, ValueError):
     """``num_stages`` is below 1 or above the number of nodes that can be split."""
+
+
+class SplitSpecError(UnitscaleError, ValueError):
+    """A stage plan's cut does not fall on a module boundary, so no ``split_spec`` can express it."""
 
 
 class CostError(UnitscaleError, ValueError):

@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitscale.stages.search import (
+    balanced_bounds,
     block_partition_bounds,
     bottleneck,
     brute_force_bottleneck,
@@ -17,6 +19,7 @@ from unitscale.stages.search import (
     max_min_bounds,
     optimal_bounds,
     stage_sums,
+    sum_of_squares,
 )
 
 costs_and_k = st.lists(
@@ -103,3 +106,30 @@ def test_greedy_threshold_can_be_far_from_optimal() -> None:
     costs = [1, 2, 4, 1, 2]
     assert bottleneck(costs, greedy_threshold_bounds(costs, 3)) == 7
     assert bottleneck(costs, optimal_bounds(costs, 3)) == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(costs_and_k)
+def test_balanced_partition_keeps_the_optimal_bottleneck_and_is_most_even(case: tuple[list[float], int]) -> None:
+    costs, k = case
+    n = len(costs)
+    best = brute_force_bottleneck(costs, k)
+    bounds = balanced_bounds(costs, k)
+    assert bounds is not None and _is_valid(bounds, n, k)
+    assert bottleneck(costs, bounds) == best
+    optimal_plans = [
+        [0, *cuts, n] for cuts in itertools.combinations(range(1, n), k - 1) if bottleneck(costs, [0, *cuts, n]) == best
+    ]
+    fewest = min(sum_of_squares(costs, b) for b in optimal_plans)
+    assert sum_of_squares(costs, bounds) == pytest.approx(fewest, rel=1e-9, abs=1e-9)
+
+
+def test_balanced_partition_fills_the_stage_min_max_leaves_empty() -> None:
+    # issue 14's shape: the bottleneck stands alone and min-max is happy with an empty stage beside it
+    costs = [4.96, 0.0, 0.5, 0.5, 0.39, 0.5, 0.62]
+    assert stage_sums(costs, optimal_bounds(costs, 4)) == pytest.approx([4.96, 0.0, 1.39, 1.12])
+    assert stage_sums(costs, balanced_bounds(costs, 4) or []) == pytest.approx([4.96, 1.0, 0.89, 0.62])
+
+
+def test_balanced_partition_gives_up_beyond_its_budget() -> None:
+    assert balanced_bounds([1.0] * 3000, 4, limit=3000.0) is None

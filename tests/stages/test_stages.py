@@ -325,3 +325,32 @@ def test_plan_is_contiguous_optimal_and_exact_on_random_dags(
     costs = [c for _, c in plan.node_costs]
     assert plan.bottleneck == brute_force_bottleneck(costs, k)
     assert plan.verify(x) and plan.verify(torch.randn(4, 3))
+
+
+class DictOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.tanh(self.a(x))
+        return {"logits": self.b(h), "hidden": h}
+
+
+def test_dict_output_is_sent_as_leaves_and_rebuilt() -> None:
+    from unitscale.stages.pipeline import _OnModelOutput
+
+    torch.manual_seed(0)
+    model, x = DictOut(), torch.randn(3, 4)
+    plan = partition(model, 2, x)
+    assert plan.verify(x)
+    first, last = plan.stage_modules()
+    leaves = last(first(x))
+    assert isinstance(leaves, tuple) and len(leaves) == 2
+    rebuilt = plan.output_from_leaves(leaves)
+    assert list(rebuilt) == ["logits", "hidden"]
+    assert all(torch.equal(rebuilt[k], v) for k, v in model(x).items())
+    assert plan.output_spec is not None
+    loss = _OnModelOutput(lambda out, t: (out["logits"] - t).pow(2).mean(), plan.output_spec)
+    target = torch.zeros(3, 2)
+    assert torch.equal(loss(leaves, target), (model(x)["logits"] - target).pow(2).mean())

@@ -2,7 +2,10 @@
 
 :func:`trace_for_stages` traces a *copy* of the model with
 :class:`~unitscale.fx.tracers.ModulePathTracer` (so nodes know their module path and
-the user's module is never touched). :class:`NodeProfiler` is an
+the user's module is never touched). :func:`_graph_for_stages` is the one place that
+picks a graph for partitioning: a given :class:`~torch.fx.GraphModule` as it is, else
+that fx trace, else ``torch.export`` (non-strict, dynamic batch dimension). Every node
+then carries ``meta["module_path"]``. :class:`NodeProfiler` is an
 interpreter that records each node's output shapes (as ``ShapeProp`` does) and
 also counts FLOPs or times each node. :func:`node_costs` turns either into one
 number per node.
@@ -12,8 +15,10 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,8 +29,9 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
-from unitscale.fx.nodes import COMPUTE_OPS
+from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.fx.tracers import ModulePathTracer
+from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
 
 __all__ = ["COST_MODELS", "NodeProfiler", "trace_for_stages", "run_profiler", "node_costs", "output_bytes"]
 
@@ -57,6 +63,111 @@ def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
         if isinstance(node.type, str):
             node.type = None
     return tracer.root, graph
+
+
+def _graph_for_stages(module: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[nn.Module, fx.Graph, str]:
+    """The graph to partition: ``(root module, graph, route)``, the user's module untouched.
+
+    Routes, in order: ``"graph"`` (``module`` is already a :class:`~torch.fx.GraphModule`, from
+    any tracer: a copy of it is used as it is), ``"fx"`` (:func:`trace_for_stages`), ``"export"``
+    (``torch.export.export(..., strict=False)`` with a dynamic batch dimension, so that stages
+    also run on microbatches). Every node gets ``meta["module_path"]``. The capture layer will
+    take this function's place; nothing else in ``unitscale.stages`` chooses a route.
+    """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(
+            f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
+        )
+    if isinstance(module, fx.GraphModule):
+        with warnings.catch_warnings():
+            # copying an exported module's pytree specs trips torch's own LeafSpec deprecation
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            copied: fx.GraphModule = copy.deepcopy(module)
+        root: nn.Module = copied
+        graph: fx.Graph = copied.graph
+        route = "graph"
+    else:
+        try:
+            root, graph = trace_for_stages(module)
+            route = "fx"
+        except TraceError as fx_error:
+            exported = _export(module, example_inputs, fx_error)
+            root, graph, route = exported, exported.graph, "export"
+    _drop_guards(root, graph)
+    _rename_submod_attrs(root, graph)
+    _write_module_paths(graph)
+    return root, graph, route
+
+
+def _export(module: nn.Module, inputs: tuple[Any, ...], fx_error: TraceError) -> fx.GraphModule:
+    """``torch.export`` non-strict, batch dimension dynamic where it can be (static otherwise)."""
+    copied = copy.deepcopy(module)
+    attempts: list[Any] = [None]
+    if all(x is None or (isinstance(x, torch.Tensor) and x.dim() > 0) for x in inputs):
+        dim = torch.export.Dim.AUTO
+        attempts.insert(0, tuple(None if x is None else {0: dim} for x in inputs))
+    failure: Exception | None = None
+    for dynamic_shapes in attempts:
+        try:
+            return torch.export.export(copied, inputs, dynamic_shapes=dynamic_shapes, strict=False).module()
+        except Exception as exc:
+            failure = exc
+    raise TraceError(
+        f"{fx_error} -- and torch.export (non-strict) failed too: {type(failure).__name__}: "
+        f"{str(failure).strip().splitlines()[0] if str(failure) else ''}. Or make the model exportable "
+        "(torch.export.export(model, example_inputs, strict=False)), or pass a traced torch.fx.GraphModule"
+    ) from failure
+
+
+def _drop_guards(root: nn.Module, graph: fx.Graph) -> None:
+    """Remove an exported module's input-guard call: it pins the example's batch size, and
+    stages run on microbatches."""
+    for node in list(graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
+            graph.erase_node(node)
+            if hasattr(root, "_guards_fn"):
+                delattr(root, "_guards_fn")
+
+
+def _rename_submod_attrs(root: nn.Module, graph: fx.Graph) -> None:
+    """Rename root attributes called ``submod_N`` (an exported graph's bodies of higher-order ops,
+    e.g. an autocast region): ``split_module`` names its stages so, and the two would clash."""
+    for node in graph.nodes:
+        target = str(node.target)
+        if node.op in ("get_attr", "call_module") and re.fullmatch(r"submod_\d+", target):
+            new = f"body_{target}"
+            while hasattr(root, new):
+                new += "_"
+            setattr(root, new, getattr(root, target))
+            delattr(root, target)
+            node.target = new
+
+
+def _normalised_path(path: str) -> str:
+    """``"transformer.h.0"`` from any spelling torch uses: ``L['self'].transformer.h[0]``,
+    ``L__self___transformer``, ``._modules['h']``."""
+    path = re.sub(r"^L\['self'\]|^L__self__", "", path)
+    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
+    path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
+    return path.strip("._")
+
+
+def _write_module_paths(graph: fx.Graph) -> None:
+    """``meta["module_path"]`` on every node that lacks it: the innermost ``nn_module_stack``
+    entry, a ``call_module`` target, or a ``get_attr`` target's owner."""
+    for node in graph.nodes:
+        if MODULE_PATH_KEY in node.meta:
+            continue
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            path = _normalised_path(str(list(stack.values())[-1][0]))
+        elif node.op == "call_module":
+            path = str(node.target)
+        elif node.op == "get_attr":
+            path = str(node.target).rpartition(".")[0]
+        else:
+            path = ""
+        node.meta[MODULE_PATH_KEY] = path
 
 
 def output_bytes(meta: Any) -> int:
@@ -111,6 +222,7 @@ class NodeProfiler(fx.Interpreter):
         self.flops: dict[fx.Node, float] = {}
         self.seconds: dict[fx.Node, float] = {}
         self.current: fx.Node | None = None
+        self.result: Any = None
 
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
@@ -127,6 +239,8 @@ class NodeProfiler(fx.Interpreter):
             self.flops[n] = float(counter.get_total_flops())
         else:
             result = super().run_node(n)
+        if n.op == "placeholder" and is_constant(result):
+            n.meta[INPUT_CONSTANT_KEY] = result
         meta = _tensor_meta(result)
         if meta is not None:
             n.meta["tensor_meta"] = meta
@@ -134,8 +248,14 @@ class NodeProfiler(fx.Interpreter):
         return result
 
     def propagate(self, *args: Any) -> Any:
-        """Run the module on ``args``, recording every node's output metadata."""
-        return self.run(*args)
+        """Run the module on ``args``, recording every node's output metadata (and the output in ``result``)."""
+        self.result = self.run(*args)
+        return self.result
+
+
+def flat_inputs(graph: fx.Graph, inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """The graph's own inputs: ``inputs`` flattened where its code flattens them (an exported graph)."""
+    return tuple(graph._codegen.process_inputs(*inputs))
 
 
 def _check_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> None:
@@ -154,6 +274,7 @@ def run_profiler(
 ) -> NodeProfiler:
     """Run :class:`NodeProfiler` over ``graph`` (traced from ``module``) on cloned ``inputs``,
     turning failures into :class:`InputError`."""
+    inputs = flat_inputs(graph, inputs)
     _check_inputs(module, graph, inputs)
     cloned = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     profiler = NodeProfiler(module, graph, count_flops=count_flops, repeats=repeats)

@@ -24,8 +24,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 import torch
+from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, PipelineError
+from unitscale.stages.costs import flat_inputs
 
 if TYPE_CHECKING:
     from unitscale.stages.plan import StagePlan
@@ -34,6 +36,19 @@ __all__ = ["PipelineResult", "run_pipeline"]
 
 SCHEDULES = ("gpipe", "1f1b")
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.pipelining", "unitscale.stages.pipeline"]
+
+
+class _OnModelOutput:
+    """A loss that sees the model's output as the model returns it (a dict, a ``ModelOutput``),
+    rebuilt from the flat leaves the last stage sends."""
+
+    def __init__(self, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec) -> None:
+        self.loss_fn = loss_fn
+        self.spec = spec
+
+    def __call__(self, output: Any, target: torch.Tensor) -> torch.Tensor:
+        leaves = list(output) if isinstance(output, tuple) and self.spec.num_leaves != 1 else [output]
+        return self.loss_fn(tree_unflatten(leaves, self.spec), target)
 
 
 @dataclass
@@ -238,7 +253,10 @@ def run_pipeline(
     """Run ``plan``'s stages on ``torch.distributed.pipelining``, one CPU process per stage.
 
     Inputs (and ``target``) are split into ``num_microbatches`` microbatches on
-    dim 0. Without ``loss_fn`` this is a forward pass and returns the output; with
+    dim 0. Stages pass tensors only: a model whose output is a tuple, a dict or a
+    ``transformers`` ``ModelOutput`` has its output sent as flat leaves and rebuilt
+    here (and before ``loss_fn`` sees it), so the result has the model's own
+    structure. Without ``loss_fn`` this is a forward pass and returns the output; with
     it, each microbatch's ``loss_fn(output, target)`` is back-propagated through
     the pipeline (gradients scaled by ``1 / num_microbatches``, which matches a
     mean-reduced loss over the whole batch).
@@ -278,11 +296,14 @@ def run_pipeline(
     True
     """
     args = inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    args = flat_inputs(plan.graph, args)
     _check_args(args, num_microbatches, schedule, plan.num_stages)
     if (loss_fn is None) != (target is None):
         raise InputError("pass both loss_fn and target for a training step, or neither for a forward pass")
     if loss_fn is not None:
         _check_importable("loss_fn", loss_fn)
+        if plan.output_spec is not None and not plan.output_spec.is_leaf():
+            loss_fn = _OnModelOutput(loss_fn, plan.output_spec)
     stages = plan.stage_modules()
     world = len(stages)
     job = {"schedule": schedule, "num_microbatches": num_microbatches, "loss_fn": loss_fn, "target": None, "inputs": ()}
@@ -320,7 +341,7 @@ def run_pipeline(
                 p.join(timeout=5)
         results.close()
         del store
-    output = done[world - 1]["output"]
+    output = plan.output_from_leaves(done[world - 1]["output"])
     if loss_fn is None:
         return output
     grads: dict[str, torch.Tensor] = {}

@@ -30,13 +30,29 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
 
-from unitscale.errors import CostError, InputError, StageCountError
+from unitscale.errors import CostError, InputError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
-from unitscale.stages.costs import COST_MODELS, node_costs, output_bytes, run_profiler, trace_for_stages
-from unitscale.stages.split import chain_stages, live_values, split_graph
+from unitscale.stages.costs import (
+    COST_MODELS,
+    _graph_for_stages,
+    _normalised_path,
+    flat_inputs,
+    node_costs,
+    output_bytes,
+    run_profiler,
+)
+from unitscale.stages.split import (
+    INPUT_CONSTANT_KEY,
+    chain_stages,
+    is_symbolic,
+    live_values,
+    split_graph,
+    symbol_of,
+    tensor_carries,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -133,6 +149,9 @@ class StagePlan:
         pieces: node-index bounds of the pieces between the places a cut is allowed
             (every node is a piece unless ``boundary_depth`` or a non-tensor value
             joins neighbours); ``bounds`` is a subsequence of ``pieces``.
+        route: how the graph was had: ``"graph"`` (a GraphModule given), ``"fx"`` or ``"export"``.
+        output_spec: the pytree structure of the model's output (a tensor, tuple, dict,
+            ``ModelOutput``); the last stage returns its leaves and a pipeline rebuilds it.
 
     >>> import torch
     >>> from unitscale.examples.models import MLP
@@ -152,8 +171,14 @@ class StagePlan:
         cost: str,
         example_inputs: tuple[Any, ...],
         pieces: list[int] | None = None,
+        route: str = "fx",
+        output_spec: TreeSpec | None = None,
+        model_name: str | None = None,
     ) -> None:
         self._root = root
+        self.model_name = model_name or type(root).__name__
+        self.route = route
+        self.output_spec = output_spec
         self.graph = graph
         self.pieces = pieces if pieces is not None else list(range(len(node_costs) + 1))
         self.node_costs = node_costs
@@ -173,11 +198,11 @@ class StagePlan:
         Made on first use: its code generation costs as much as the trace on a large graph,
         and partitioning needs only the graph.
         """
-        return fx.GraphModule(self._root, self.graph, type(self._root).__name__)
+        return fx.GraphModule(self._root, self.graph, self.model_name)
 
     def __repr__(self) -> str:
         costs = ", ".join(f"{c:.4g}" for c in self.stage_costs)
-        return f"StagePlan({type(self._root).__name__}, {self.num_stages} stages by {self.cost}: [{costs}])"
+        return f"StagePlan({self.model_name}, {self.num_stages} stages by {self.cost}: [{costs}])"
 
     @property
     def bottleneck(self) -> float:
@@ -212,8 +237,10 @@ class StagePlan:
     def stage_modules(self) -> list[fx.GraphModule]:
         """One module per stage, chained: stage ``s + 1`` takes what stage ``s`` returns.
 
-        Stage 0 takes the model's inputs; values a later stage needs are passed
-        through the stages in between; the last stage returns the model's output.
+        Stage 0 takes the model's inputs (flattened, for an exported model); values a
+        later stage needs are passed through the stages in between; the last stage
+        returns the leaves of the model's output (one tensor, or a flat tuple), which
+        :meth:`output_from_leaves` turns back into the model's own structure.
         """
         return chain_stages(self.module, self.assignment, self.num_stages)
 
@@ -233,10 +260,10 @@ class StagePlan:
         stages = self.stage_modules()
 
         def chained(*xs: Any) -> Any:
-            out: Any = stages[0](*xs)
+            out: Any = stages[0](*flat_inputs(self.graph, xs))
             for stage in stages[1:]:
                 out = stage(*out) if isinstance(out, tuple) else stage(out)
-            return out
+            return self.output_from_leaves(out)
 
         outputs = []
         for fn in (self.module, self.split(), chained):
@@ -258,6 +285,87 @@ class StagePlan:
             )
             for out in outputs[1:]
         )
+
+    def output_from_leaves(self, out: Any) -> Any:
+        """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves).
+
+        >>> import torch
+        >>> from unitscale.examples.models import MLP
+        >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
+        >>> plan.output_from_leaves(torch.ones(1)).shape  # MLP returns one tensor
+        torch.Size([1])
+        """
+        if self.output_spec is None:
+            return out
+        leaves = list(out) if isinstance(out, tuple) and self.output_spec.num_leaves != 1 else [out]
+        return tree_unflatten(leaves, self.output_spec)
+
+    def stage_parameter_names(self) -> list[list[str]]:
+        """Per stage, the qualified names (as in the model) of the parameters its nodes use, in first-use order.
+
+        A parameter used by several stages (tied embeddings) is listed in each.
+
+        >>> import torch
+        >>> from unitscale.examples.models import MLP
+        >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).stage_parameter_names()
+        [['fc1.weight', 'fc1.bias'], ['fc2.weight', 'fc2.bias']]
+        """
+        names: list[list[str]] = [[] for _ in range(self.num_stages)]
+        for node in self.graph.nodes:
+            if node.op not in COMPUTE_OPS:
+                continue
+            stage = names[self.assignment[node.name]]
+            found: list[str] = []
+            if node.op == "call_module":
+                sub = self._root.get_submodule(str(node.target))
+                found += [f"{node.target}.{p}" for p, _ in sub.named_parameters()]
+            for arg in node.all_input_nodes:
+                if arg.op == "get_attr" and isinstance(_attr(self._root, str(arg.target)), nn.Parameter):
+                    found.append(str(arg.target))
+            stage += [n for n in found if n not in stage]
+        return names
+
+    def split_spec(self) -> dict[str, Any]:
+        """The ``split_spec`` for :func:`torch.distributed.pipelining.pipeline` that makes the same stages.
+
+        Each cut must fall right before a submodule's first node (``model.layers.1``);
+        that submodule gets ``SplitPoint.BEGINNING``.
+
+        Returns:
+            ``{qualified module name: SplitPoint.BEGINNING}``, one entry per cut.
+
+        Raises:
+            SplitSpecError: a cut falls inside a module (or between ops of the root module);
+                partition with ``boundary_depth=`` so that cuts land between modules.
+
+        >>> import torch
+        >>> from unitscale.examples.models import TinyGPT
+        >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
+        >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
+        {'blocks.2': <SplitPoint.BEGINNING: 1>}
+        """
+        from torch.distributed.pipelining import SplitPoint
+
+        nodes = self._compute_nodes()
+        paths = [str(n.meta.get(MODULE_PATH_KEY, "")) for n in nodes]
+        called = _called_modules(self._root, self.graph)
+        spec: dict[str, Any] = {}
+        for b in self.bounds[1:-1]:
+            module = _module_starting_at(paths, b, called)
+            if module is None:
+                node = nodes[b]
+                raise SplitSpecError(
+                    f"the cut before node {node.name!r} (module {paths[b] or '<root>'!r}, after a node of "
+                    f"{paths[b - 1] or '<root>'!r}) does not fall on a module boundary, so no split_spec can "
+                    "express it; partition with boundary_depth= (e.g. boundary_depth=3 for model.layers.N) "
+                    "so that every cut lands right before a submodule"
+                )
+            spec[module] = SplitPoint.BEGINNING
+        return spec
+
+    def _compute_nodes(self) -> list[fx.Node]:
+        by_name = {n.name: n for n in self.graph.nodes}
+        return [by_name[name] for name, _ in self.node_costs]
 
     def report(self, num_microbatches: int = 8) -> StageReport:
         """Per stage: cost, share of the total, parameters, and the tensors sent to the next stage.
@@ -324,6 +432,38 @@ class StagePlan:
         return ax
 
 
+def _attr(root: nn.Module, target: str) -> Any:
+    owner: Any = root
+    for part in target.split("."):
+        owner = getattr(owner, part, None)
+    return owner
+
+
+def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
+    """Qualified names of the modules whose ``forward`` ran (a container such as a
+    ``ModuleList`` never runs, so torch's pipeline cannot split at it); None when unknown."""
+    called: set[str] = set()
+    for node in graph.nodes:
+        for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
+            called.add(_normalised_path(str(path)))
+    if called:
+        return called
+    containers = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+    return {name for name, m in root.named_modules() if name and not isinstance(m, containers)} or None
+
+
+def _module_starting_at(paths: list[str], b: int, called: set[str] | None) -> str | None:
+    """The outermost called submodule whose nodes all lie at or after ``b`` and which holds node ``b``."""
+    parts = paths[b].split(".") if paths[b] else []
+    for depth in range(1, len(parts) + 1):
+        q = ".".join(parts[:depth])
+        if called is not None and q not in called:
+            continue
+        if not any(p == q or p.startswith(q + ".") for p in paths[:b]):
+            return q
+    return None
+
+
 def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, tuple):
         return example_inputs
@@ -337,9 +477,12 @@ def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool
     n = len(nodes)
     position = {node: i for i, node in enumerate(nodes)}
     blocked = [0] * (n + 2)
-    for node in nodes[0].graph.nodes:
+    graph = nodes[0].graph
+    for node in graph.nodes:
         if node.op not in ("placeholder", *COMPUTE_OPS) or not node.users:
             continue
+        if INPUT_CONSTANT_KEY in node.meta or is_symbolic(node):
+            continue  # every stage has it (constant input) or remakes it (symbolic size)
         value_type = node.meta.get("type")
         if isinstance(value_type, type) and issubclass(value_type, torch.Tensor):
             continue
@@ -353,11 +496,48 @@ def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool
     for i in range(n):
         running += blocked[i]
         allowed[i] = i > 0 and running == 0
+    _forbid_uncovered_symbols(graph, position, allowed)
     if boundary_depth is not None:
         paths = [".".join(node.meta.get(MODULE_PATH_KEY, "").split(".")[:boundary_depth]) for node in nodes]
         for i in range(1, n):
             allowed[i] = allowed[i] and paths[i] != paths[i - 1]
     return allowed
+
+
+def _last_symbolic_use(node: fx.Node, position: dict[fx.Node, int], n: int) -> int:
+    last = -1
+    for user in node.users:
+        last = max(last, _last_symbolic_use(user, position, n) if is_symbolic(user) else position.get(user, n))
+    return last
+
+
+def _forbid_uncovered_symbols(graph: fx.Graph, position: dict[fx.Node, int], allowed: list[bool]) -> None:
+    """A stage remakes a symbolic size from a tensor it receives: no cut where no such tensor crosses."""
+    n = len(allowed)
+    roots = [r for r in graph.nodes if r.target is torch.ops.aten.sym_size.int and is_symbolic(r)]
+    for expr in {symbol_of(r) for r in roots}:
+        need, cover = [0] * (n + 2), [0] * (n + 2)
+        for r in roots:
+            if symbol_of(r) == expr:
+                need[position.get(r, -1) + 1] += 1
+                need[_last_symbolic_use(r, position, n) + 1] -= 1
+        for t in graph.nodes:
+            if t.op in ("placeholder", *COMPUTE_OPS) and t.users and tensor_carries(t, expr) is not None:
+                cover[position.get(t, -1) + 1] += 1
+                cover[max(position.get(u, n) for u in t.users) + 1] -= 1
+        needed = covered = 0
+        for i in range(n):
+            needed, covered = needed + need[i], covered + cover[i]
+            if needed and not covered:
+                allowed[i] = False
+
+
+def _output_spec(graph: fx.Graph, output: Any) -> TreeSpec | None:
+    """The structure of the model's ``output``, when its leaves are the output node's."""
+    structured = output
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    spec = tree_structure(structured)
+    return spec if spec.num_leaves == len(tree_leaves(out_node.args[0])) else None
 
 
 def partition(
@@ -372,8 +552,13 @@ def partition(
 ) -> StagePlan:
     """Split ``module`` into ``num_stages`` contiguous stages with the smallest possible largest stage cost.
 
-    The model is traced (a copy; ``module`` is not changed) and run once on
-    ``example_inputs`` to get shapes. Every compute node gets a cost; the stages
+    The model is captured (a copy; ``module`` is not changed) and run once on
+    ``example_inputs`` to get shapes: a :class:`torch.fx.GraphModule` is used as it is
+    (from any tracer, ``torch.export`` included), other modules are traced with
+    ``torch.fx``, or, where that fails (``transformers`` models), exported with
+    ``torch.export`` (non-strict, batch dimension dynamic so stages run on
+    microbatches). Inputs whose example value is a constant (``attn_mask=None``)
+    and symbolic sizes never stop a cut: later stages bake or recompute them. Every compute node gets a cost; the stages
     are contiguous runs of nodes in execution order. Cuts are only placed where
     nothing but tensors crosses (so a pipeline can send them).
 
@@ -387,7 +572,8 @@ def partition(
             (bytes of each node's output), or a callable ``node -> float``.
         boundary_depth: cut only where the module path truncated to this many
             parts changes (``2`` cuts ``TinyGPT`` only between ``blocks.N``).
-        method: ``"optimal"`` (exact min-max), or a baseline: ``"equal_count"``
+        method: ``"optimal"`` (exact min-max; among optimal plans, the one with the
+            smallest sum of squared stage costs, when that search is cheap), or a baseline: ``"equal_count"``
             (the same number of pieces per stage), ``"greedy_threshold"`` (close a
             stage once it reaches ``total / num_stages``).
         repeats: timings per node for ``cost="time"``.
@@ -399,7 +585,7 @@ def partition(
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
         CostError: unknown ``cost`` or ``method``, or a callable returned a negative, NaN or non-number.
         InputError: ``example_inputs`` do not fit the model.
-        TraceError: ``torch.fx`` cannot trace the model.
+        TraceError: neither ``torch.fx`` nor ``torch.export`` can capture the model.
         NotAModuleError: ``module`` is not a ``torch.nn.Module``.
 
     >>> import torch
@@ -423,8 +609,8 @@ def partition(
         raise StageCountError(
             f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
         )
-    root, graph = trace_for_stages(module)
     inputs = _as_tuple(example_inputs)
+    root, graph, route = _graph_for_stages(module, inputs)
     profiler = run_profiler(root, graph, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
     nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
     name = type(module).__name__
@@ -443,6 +629,12 @@ def partition(
     unit_costs = search.stage_sums(costs, unit_bounds)
     if method == "optimal":
         chosen = search.optimal_bounds(unit_costs, num_stages)
+        # same bottleneck, most even elsewhere (a stage of cost 0 beside the heaviest helps nobody)
+        balanced = search.balanced_bounds(unit_costs, num_stages, limit=search.bottleneck(unit_costs, chosen))
+        if balanced is not None and search.sum_of_squares(unit_costs, balanced) < search.sum_of_squares(
+            unit_costs, chosen
+        ):
+            chosen = balanced
     elif method == "equal_count":
         chosen = search.equal_count_bounds(units, num_stages)
     else:
@@ -450,5 +642,14 @@ def partition(
     bounds = [unit_bounds[i] for i in chosen]
     cost_name = cost if isinstance(cost, str) else "callable"
     return StagePlan(
-        root, graph, [(n.name, c) for n, c in zip(nodes, costs, strict=True)], bounds, cost_name, inputs, unit_bounds
+        root,
+        graph,
+        [(n.name, c) for n, c in zip(nodes, costs, strict=True)],
+        bounds,
+        cost_name,
+        inputs,
+        unit_bounds,
+        route=route,
+        output_spec=_output_spec(graph, profiler.result),
+        model_name=name,
     )

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 
 __all__ = [
     "optimal_bounds",
+    "balanced_bounds",
+    "sum_of_squares",
     "bottleneck",
     "stage_sums",
     "equal_count_bounds",
@@ -147,6 +149,73 @@ def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
             best = bounds
             hi = max(prefix[b] - prefix[a] for a, b in itertools.pairwise(bounds))
     return _fill_to(prefix, best, k)
+
+
+def sum_of_squares(costs: Sequence[float], bounds: Sequence[int]) -> float:
+    """Sum of squared stage sums: for a fixed total, smaller is more balanced.
+
+    >>> sum_of_squares([1, 2, 3], [0, 2, 3])
+    18.0
+    """
+    return sum(c * c for c in stage_sums(costs, bounds))
+
+
+#: ``balanced_bounds`` is a quadratic dynamic programme; above this many steps it is skipped.
+BALANCE_BUDGET = 4_000_000
+
+
+def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) -> list[int] | None:
+    """The most balanced partition among those whose bottleneck is at most ``limit`` (default: the optimum).
+
+    Min-max alone is indifferent between ``[5, 0, 3, 3]`` and ``[5, 2, 2, 2]``; this
+    dynamic programme over prefixes minimises the sum of squared stage sums
+    subject to every stage being at most ``limit``, so the bottleneck stays optimal
+    and the other stages share the rest evenly. ``O(k n w)`` for ``w`` items that
+    fit in one stage; returns ``None`` when that exceeds :data:`BALANCE_BUDGET`.
+
+    Args:
+        costs: non-negative cost per item, in order.
+        k: number of non-empty stages, ``1 <= k <= len(costs)``.
+        limit: largest stage sum allowed (default: the optimal bottleneck).
+
+    Returns:
+        The ``k + 1`` bounds, or ``None`` when the programme would be too large.
+
+    >>> balanced_bounds([5, 0, 1, 1, 1, 1, 1, 1], 4)
+    [0, 1, 4, 6, 8]
+    """
+    n = len(costs)
+    if not 1 <= k <= n:
+        raise ValueError(f"k={k} must be between 1 and len(costs)={n}")
+    prefix = _prefix(costs)
+    if limit is None:
+        limit = bottleneck(costs, optimal_bounds(costs, k))
+    # one item early: bisect's subtraction may round; the loop tests the very differences the search used
+    first_fit = [max(bisect.bisect_left(prefix, prefix[i] - limit, hi=i) - 1, 0) for i in range(n + 1)]
+    if k * sum(i - j for i, j in enumerate(first_fit)) > BALANCE_BUDGET:
+        return None
+    inf = math.inf
+    best = [0.0] + [inf] * n
+    args: list[list[int]] = []
+    for s in range(1, k + 1):
+        new = [inf] * (n + 1)
+        arg = [0] * (n + 1)
+        for i in range(s, n - (k - s) + 1):
+            for j in range(max(first_fit[i], s - 1), i):
+                w = prefix[i] - prefix[j]
+                if w > limit or best[j] == inf:
+                    continue
+                v = best[j] + w * w
+                if v < new[i]:
+                    new[i], arg[i] = v, j
+        best = new
+        args.append(arg)
+    if best[n] == inf:
+        return None
+    bounds = [n]
+    for arg in reversed(args):
+        bounds.append(arg[bounds[-1]])
+    return bounds[::-1]
 
 
 def equal_count_bounds(n: int, k: int) -> list[int]:

@@ -6,20 +6,86 @@ root into the submodules that use it (a pipeline stage must own its weights).
 :func:`chain_stages` builds stages that only talk to their neighbours: stage ``s``
 takes exactly the values crossing into it and returns those crossing out,
 passing through values a later stage still needs, as a pipeline requires.
+
+Two kinds of non-tensor value never cross a stage boundary, so they never forbid a cut:
+
+- a model input whose example value is a constant (``attn_mask=None``, ``is_causal=False``),
+  marked ``meta["stage_input_constant"]`` by the profiler: later stages have it baked in;
+- a symbolic size of an exported graph (``aten.sym_size.int`` of the dynamic batch
+  dimension, and arithmetic on such sizes): each stage recomputes it from a tensor it
+  receives whose shape holds the same symbol.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx.graph import _PyTreeCodeGen
 from torch.fx.passes.split_module import split_module
+from torch.utils._pytree import tree_leaves
 
 from unitscale.fx.nodes import COMPUTE_OPS
 
-__all__ = ["live_values", "split_graph", "chain_stages"]
+__all__ = [
+    "INPUT_CONSTANT_KEY",
+    "is_constant",
+    "is_symbolic",
+    "symbol_of",
+    "tensor_carries",
+    "live_values",
+    "split_graph",
+    "chain_stages",
+]
 
+#: ``node.meta`` key of a placeholder whose example value is a constant (the value itself).
+INPUT_CONSTANT_KEY = "stage_input_constant"
+
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout)
+_SYMBOLIC_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_constant(value: Any) -> bool:
+    """Whether a model input is a constant that every stage may hold as it is (``None``, a bool, ...).
+
+    >>> is_constant(None), is_constant((1, "a")), is_constant(torch.zeros(1))
+    (True, True, False)
+    """
+    if isinstance(value, (tuple, list)):
+        return all(is_constant(v) for v in value)
+    return isinstance(value, _CONSTANT_TYPES)
+
+
+def is_symbolic(node: fx.Node) -> bool:
+    """Whether ``node`` is a size of a dynamic dimension (or arithmetic on sizes) that a stage can
+    recompute: ``aten.sym_size.int`` of a tensor, or an op whose inputs are all such sizes."""
+    if not isinstance(node.meta.get("val"), _SYMBOLIC_TYPES):
+        return False
+    if node.target is torch.ops.aten.sym_size.int:
+        return True
+    return node.op == "call_function" and all(is_symbolic(a) for a in node.all_input_nodes)
+
+
+def symbol_of(node: fx.Node) -> Any:
+    """The sympy expression of a ``sym_size`` node's value."""
+    return node.meta["val"].node.expr
+
+
+def tensor_carries(tensor: fx.Node, expr: Any) -> int | None:
+    """The dimension of ``tensor`` whose size is the symbol ``expr``, if any."""
+    value = tensor.meta.get("val")
+    for d, size in enumerate(getattr(value, "shape", ()) if isinstance(value, torch.Tensor) else ()):
+        if isinstance(size, torch.SymInt) and size.node.expr == expr:
+            return d
+    return None
+
+
+def _stays(node: fx.Node) -> bool:
+    """Values that never cross a boundary: each stage has them (constant inputs) or remakes them."""
+    return INPUT_CONSTANT_KEY in node.meta or is_symbolic(node)
 
 
 class StageTracer(fx.Tracer):
@@ -44,7 +110,7 @@ def live_values(graph: fx.Graph, assignment: Mapping[str, int], num_stages: int)
     """
     live: list[list[fx.Node]] = [[] for _ in range(num_stages)]
     for node in graph.nodes:
-        if node.op not in ("placeholder", *COMPUTE_OPS) or not node.users:
+        if node.op not in ("placeholder", *COMPUTE_OPS) or not node.users or _stays(node):
             continue
         made = _stage_of(node, assignment, num_stages)
         last = max(_stage_of(u, assignment, num_stages) for u in node.users)
@@ -61,6 +127,42 @@ def _owner_and_name(root: nn.Module, target: str) -> tuple[nn.Module, str]:
     return owner, name
 
 
+def _place(sub: nn.Module, target: str, value: Any) -> str:
+    """Put ``value`` into ``sub`` under its original qualified name where that is free (so a
+    stage's ``named_parameters()`` name them as the model does), else under a flat new name."""
+    *path, name = target.split(".")
+    owner = sub
+    for part in path:
+        child = owner._modules.get(part)
+        if child is None and not hasattr(owner, part):
+            child = nn.Module()
+            owner.add_module(part, child)
+        # only walk through the empty holders split_module makes, never into a real module
+        if child is None or type(child) is not nn.Module:
+            return _place_flat(sub, target.replace(".", "_"), value)
+        owner = child
+    if hasattr(owner, name):
+        return target if getattr(owner, name) is value else _place_flat(sub, target.replace(".", "_"), value)
+    _register(owner, name, value)
+    return target
+
+
+def _place_flat(sub: nn.Module, local: str, value: Any) -> str:
+    while hasattr(sub, local):
+        local += "_"
+    _register(sub, local, value)
+    return local
+
+
+def _register(owner: nn.Module, name: str, value: Any) -> None:
+    if isinstance(value, nn.Parameter):
+        owner.register_parameter(name, value)
+    elif isinstance(value, torch.Tensor):
+        owner.register_buffer(name, value)
+    else:
+        setattr(owner, name, value)
+
+
 def _move_get_attrs(split: fx.GraphModule) -> None:
     """Move each root ``get_attr`` into every submodule that uses it (shared ones into each)."""
     for attr_node in [n for n in split.graph.nodes if n.op == "get_attr"]:
@@ -71,15 +173,7 @@ def _move_get_attrs(split: fx.GraphModule) -> None:
             assert isinstance(sub, fx.GraphModule)
             position = user.args.index(attr_node)
             placeholder = [n for n in sub.graph.nodes if n.op == "placeholder"][position]
-            local = attr_node.target.replace(".", "_")
-            while hasattr(sub, local):
-                local += "_"
-            if isinstance(value, nn.Parameter):
-                sub.register_parameter(local, value)
-            elif isinstance(value, torch.Tensor):
-                sub.register_buffer(local, value)
-            else:
-                setattr(sub, local, value)
+            local = _place(sub, str(attr_node.target), value)
             first_compute = next(n for n in sub.graph.nodes if n.op != "placeholder")
             with sub.graph.inserting_before(first_compute):
                 got = sub.graph.get_attr(local)
@@ -99,14 +193,49 @@ def split_graph(module: fx.GraphModule, assignment: Mapping[str, int]) -> fx.Gra
     """``split_module`` with a pure-lookup callback, then weights moved into their stages."""
     split = split_module(module, module, lambda node: assignment[node.name])
     _move_get_attrs(split)
+    if isinstance(module.graph._codegen, _PyTreeCodeGen):
+        # an exported graph takes and returns pytrees (a ModelOutput, ...): so does its split
+        split.graph._codegen = module.graph._codegen
+        split.recompile()
     return split
+
+
+def _recompute(g: fx.Graph, node: fx.Node, env: dict[fx.Node, Any], tensors: list[fx.Node], stage: int) -> fx.Node:
+    """Remake the symbolic size ``node`` in stage graph ``g`` from a tensor the stage has."""
+    if node in env:
+        return env[node]
+    if node.target is torch.ops.aten.sym_size.int:
+        expr = symbol_of(node)
+        for t in tensors:
+            d = tensor_carries(t, expr)
+            if d is not None and t in env:
+                made = g.call_function(torch.ops.aten.sym_size.int, (env[t], d))
+                break
+        else:
+            raise ValueError(f"stage {stage} has no tensor with the size {expr} that node {node.name!r} reads")
+    else:
+        made = g.node_copy(node, lambda a: _recompute(g, a, env, tensors, stage))
+    made.meta = dict(node.meta)
+    env[node] = made
+    return made
+
+
+def _lookup(g: fx.Graph, env: dict[fx.Node, Any], tensors: list[fx.Node], stage: int, arg: fx.Node) -> Any:
+    """``arg`` inside stage graph ``g``: its own weights are fetched, symbolic sizes remade."""
+    if arg not in env and arg.op == "get_attr":
+        env[arg] = g.node_copy(arg)
+    if arg not in env and is_symbolic(arg):
+        return _recompute(g, arg, env, tensors, stage)
+    return env[arg]
 
 
 def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stages: int) -> list[fx.GraphModule]:
     """One module per stage; stage ``s + 1`` takes stage ``s``'s outputs as its positional inputs.
 
-    Stage 0 takes the model's inputs. A stage with one value crossing out returns
-    it as is, several as a tuple. The last stage returns what the model returns.
+    Stage 0 takes the graph's own inputs (an exported model's inputs flattened, as
+    :func:`torch.utils._pytree.tree_leaves` gives them). A stage with one value
+    crossing out returns it as is, several as a tuple. The last stage returns the
+    leaves of the model's output the same way: one tensor, or a flat tuple.
     """
     graph = module.graph
     live = live_values(graph, assignment, num_stages)
@@ -115,26 +244,28 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
     stages = []
     for s in range(num_stages):
         g = fx.Graph(tracer_cls=StageTracer)
-        env: dict[fx.Node, fx.Node] = {}
+        env: dict[fx.Node, Any] = {}
         if s == 0:
             for p in placeholders:
                 env[p] = g.node_copy(p)
         else:
+            for p in placeholders:
+                if INPUT_CONSTANT_KEY in p.meta:
+                    env[p] = p.meta[INPUT_CONSTANT_KEY]
             for v in live[s - 1]:
                 env[v] = g.placeholder(v.name)
                 env[v].meta = dict(v.meta)
+        tensors = list(placeholders if s == 0 else live[s - 1])
+        lookup = functools.partial(_lookup, g, env, tensors, s)
+
         for node in graph.nodes:
             if node.op not in COMPUTE_OPS or assignment[node.name] != s:
                 continue
-            for arg in node.all_input_nodes:
-                if arg.op == "get_attr" and arg not in env:
-                    env[arg] = g.node_copy(arg)
-            env[node] = g.node_copy(node, env.__getitem__)
+            env[node] = g.node_copy(node, lookup)
+            tensors.append(node)
         if s == num_stages - 1:
-            for arg in output.all_input_nodes:
-                if arg.op == "get_attr" and arg not in env:
-                    env[arg] = g.node_copy(arg)
-            g.output(fx.graph.map_arg(output.args[0], env.__getitem__))
+            leaves = [fx.graph.map_arg(leaf, lookup) for leaf in tree_leaves(output.args[0])]
+            g.output(leaves[0] if len(leaves) == 1 else tuple(leaves))
         else:
             outs = [env[v] for v in live[s]]
             g.output(outs[0] if len(outs) == 1 else tuple(outs))
