@@ -13,21 +13,21 @@ function then sees what the tracers after it recorded (``node.meta["module_path"
 
 from __future__ import annotations
 
-import math
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import einops
 import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from unitscale.errors import NotAModuleError, PredicateError
 from unitscale.fx._unpack_proxy import UnpackProxy
+from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
+from unitscale.fx.trace_errors import trace_error
 
 __all__ = [
     "DeepTracer",
@@ -41,12 +41,6 @@ __all__ = [
 ]
 
 DEFAULT_TAG = "untagged"
-
-
-def _default_autowrap_modules() -> tuple[types.ModuleType, ...]:
-    import unitscale.scaling.functional
-
-    return (math, einops, unitscale.scaling.functional)
 
 
 def _no_check(input: Any) -> None:
@@ -135,9 +129,10 @@ class _Tracer(fx.Tracer):
                     return super().trace(root, concrete_args)
             return super().trace(root, concrete_args)
         except fx.proxy.TraceError as e:
-            raise TraceError(
-                f"torch.fx could not trace {type(root).__name__}: {e}. Make the control flow static, "
-                "pass concrete_args, or make the module that does it a leaf"
+            raise trace_error(
+                getattr(root, "__name__", None) or type(root).__name__,
+                e,
+                "Make the control flow static, pass concrete_args, or make the module that does it a leaf.",
             ) from e
 
     def call_module(
@@ -211,8 +206,9 @@ class ModulePathTracer(_Tracer):
 class DeepTracer(_Tracer):
     """A tracer that recurses into every submodule, down to torch functions.
 
-    Functions from ``autowrap_modules`` (by default ``math``, ``einops`` and
-    ``unitscale.scaling.functional``) and ``autowrap_functions`` stay single nodes.
+    Functions from ``autowrap_modules`` (by default those of
+    :func:`~unitscale.fx.autowrap.default_autowrap_modules`: ``math``, ``einops``,
+    ``unitscale.functional`` and any you register) and ``autowrap_functions`` stay single nodes.
     Callable arguments (a function passed to ``forward``, or to an op) become
     placeholders; their values are kept in ``tracer.callable_args`` (placeholder
     name -> callable), to be passed after the ordinary inputs when running.
@@ -236,7 +232,7 @@ class DeepTracer(_Tracer):
         **kwargs: Any,
     ) -> None:
         if autowrap_modules is None:
-            autowrap_modules = _default_autowrap_modules()
+            autowrap_modules = default_autowrap_modules()
         super().__init__(
             # torch annotates this as a 1-tuple; any number of modules works.
             autowrap_modules=tuple(autowrap_modules),  # type: ignore[arg-type]

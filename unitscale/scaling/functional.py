@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math as _math
 import operator as _operator
+import sys as _sys
 from typing import TYPE_CHECKING
 
 import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale import errors as _errors
+from unitscale.fx.autowrap import register_autowrap_module as _register_autowrap_module
 from unitscale.scaling import constraints as _constraints
 from unitscale.scaling import softmax_stats as _stats
 
@@ -689,3 +691,7 @@ for _name in __all__:
     _fn = globals()[_name]
     if callable(_fn):
         _fn.__module__ = "unitscale.functional"
+
+# Tracers keep these ops as single nodes by default; fx learns of them here, not by
+# importing this layer.
+_register_autowrap_module(_sys.modules[__name__])

@@ -23,8 +23,9 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
-from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
+from unitscale.errors import CostError, InputError, NotAModuleError
 from unitscale.fx.nodes import COMPUTE_OPS
+from unitscale.fx.trace_errors import trace_error
 from unitscale.fx.tracers import ModulePathTracer
 
 __all__ = ["COST_MODELS", "NodeProfiler", "trace_for_stages", "run_profiler", "node_costs", "output_bytes"]
@@ -48,9 +49,11 @@ def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
     try:
         graph = tracer.trace(root)
     except Exception as exc:
-        raise TraceError(
-            f"torch.fx could not trace {name}: {type(exc).__name__}: {exc}. Remove data-dependent control flow "
-            "from its forward (or wrap that part in a leaf module) so that symbolic tracing works"
+        raise trace_error(
+            name,
+            exc,
+            "Remove data-dependent control flow from its forward (or wrap that part in a leaf module) "
+            "so that symbolic tracing works.",
         ) from exc
     for node in graph.nodes:
         # ``from __future__ import annotations`` leaves string types, which fx cannot pickle
