@@ -93,7 +93,7 @@ def op_name(target: Any, *, qualified: bool = False) -> str:
     owner = getattr(target, "__objclass__", None)
     if isinstance(owner, type) and issubclass(owner, torch._C.TensorBase):
         return f"Tensor.{name}"
-    if not qualified:
+    if not qualified or name == "<lambda>":  # fx would name a lambda by its source line
         return name
     try:
         full = _get_qualified_name(target)

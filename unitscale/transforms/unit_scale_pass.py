@@ -23,6 +23,7 @@ import operator
 import os
 import re
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import torch
@@ -58,7 +59,7 @@ def _lookup(table: Mapping[Any, Any], fn: Any) -> Any:
         return None
 
 
-def _member(fn: Any, group: set[Any]) -> bool:
+def _member(fn: Any, group: AbstractSet[Any]) -> bool:
     try:
         return fn in group
     except TypeError:  # an unhashable target
