@@ -11,6 +11,7 @@ from unitscale.examples.models import MLP
 from unitscale.fx import trace_cache
 from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.trace_cache import trace_for_scales
+from unitscale.tracking import clear_trace_cache
 
 
 class PicksColumns(nn.Module):
@@ -95,7 +96,7 @@ def test_another_object_is_compared_by_identity_and_type() -> None:
 def test_clear_forgets_every_trace_and_the_next_trace_is_equal() -> None:
     model = MLP(4)
     first = trace_for_scales(model)
-    trace_cache.clear()
+    clear_trace_cache()
     second = trace_for_scales(model)
     assert second is not first
     assert second.code == first.code
@@ -106,7 +107,7 @@ def test_clear_is_needed_only_for_what_the_fingerprint_cannot_see() -> None:
     first = trace_for_scales(model)
     model.settings.scale = 5.0  # changed in place: invisible to the fingerprint
     assert trace_for_scales(model) is first
-    trace_cache.clear()
+    clear_trace_cache()
     assert torch.equal(_run(trace_for_scales(model), model, torch.ones(1)), torch.full((1,), 5.0))
 
 

@@ -8,7 +8,7 @@ attributes (``int``, ``float``, ``bool``, ``str``, ``None``, dtypes, and tuples,
 frozensets of them) by value, any other attribute by type and identity, and its parameter
 and buffer names. Those are what a trace can depend on without reading tensor values.
 What the fingerprint cannot see (a global, an object changed in place) needs
-:func:`clear`. The cache holds modules weakly.
+:func:`clear_trace_cache`. The cache holds modules weakly.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.trace_errors import describe_failure, trace_error
 from unitscale.fx.tracers import DeepTracer, ModulePathTracer
 
-__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason", "clear"]
+__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason", "clear_trace_cache"]
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 # What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
@@ -204,7 +204,7 @@ def trace_for_scales(
     return result
 
 
-def clear() -> None:
+def clear_trace_cache() -> None:
     """Forget every cached trace.
 
     The cache notices changes to a module's structure and attributes by itself (see the
@@ -212,12 +212,13 @@ def clear() -> None:
     such as a global variable or an attribute of an object held by the module that was
     changed in place, or to time a first call.
 
+    Importable as ``unitscale.tracking.clear_trace_cache``.
+
     >>> import torch
-    >>> from unitscale.fx import trace_cache
+    >>> from unitscale.tracking import clear_trace_cache, track_scales
     >>> model = torch.nn.Linear(2, 2)
-    >>> first = trace_cache.trace_for_scales(model)
-    >>> trace_cache.clear()
-    >>> trace_cache.trace_for_scales(model) is first
-    False
+    >>> clear_trace_cache()  # the next track_scales(model) traces model afresh
+    >>> track_scales(model, torch.randn(4, 2)).capture
+    'fx'
     """
     _cache.clear()

@@ -206,9 +206,9 @@ class ModulePathTracer(_Tracer):
 class DeepTracer(_Tracer):
     """A tracer that recurses into every submodule, down to torch functions.
 
-    Functions from ``autowrap_modules`` (by default those of
-    :func:`~unitscale.fx.autowrap.default_autowrap_modules`: ``math``, ``einops``,
-    ``unitscale.functional`` and any you register) and ``autowrap_functions`` stay single nodes.
+    Functions from ``autowrap_modules`` (by default
+    ``math``, ``einops``, ``unitscale.functional`` and any given to
+    :func:`~unitscale.fx.register_autowrap_module`) and ``autowrap_functions`` stay single nodes.
     Callable arguments (a function passed to ``forward``, or to an op) become
     placeholders; their values are kept in ``tracer.callable_args`` (placeholder
     name -> callable), to be passed after the ordinary inputs when running.

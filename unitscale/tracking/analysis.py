@@ -259,7 +259,7 @@ def track_scales(
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
-            :func:`~unitscale.fx.autowrap.register_autowrap_module`).
+            :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
         capture: ``"fx"`` (symbolic trace; fail with :class:`~unitscale.errors.TraceError`
             if it cannot), ``"eager"`` (record ops as they run) or ``"auto"`` (fx, else eager).
@@ -416,7 +416,7 @@ def analyse_module(
         syntax_highlight: highlight with pygments (terminal and notebook).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
-            :func:`~unitscale.fx.autowrap.register_autowrap_module`).
+            :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
 
     Returns:
