@@ -10,7 +10,7 @@ key                 value                                                  writt
 ``module_type``     qualified class name of that module                    the capture layer (every route)
 ``source``          ``"file.py:123"`` of the user code that made the node  the capture layer, where the route knows it
 ``tag``             whatever a tag function returned                       :class:`~unitscale.fx.TaggingTracer`
-``inlined_from``    qualified name of the module an inlined node came from :func:`~unitscale.fx.inline`
+``inlined_from``    qualified name of the module an inlined node came from :func:`~unitscale.inline`
 ==================  =====================================================  ==========================================
 
 >>> from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
