@@ -253,7 +253,7 @@ def resolve_documented(app: Sphinx, env, node: nodes.Element, contnode: nodes.El
 
 def public_bases(app: Sphinx, name: str, obj: type, options: dict, bases: list[type]) -> None:
     def public(base: type) -> list[type]:
-        # a private class, or a mixin from a private module (unitscale.fx._replay.BlockReplay)
+        # a private class, or a mixin from a private module (unitscale.fx._name)
         private_module = any(part.startswith("_") for part in base.__module__.split("."))
         if not base.__name__.startswith("_") and not (private_module and base.__module__.startswith(PACKAGE)):
             return [base]

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from unitscale.fx._replay import BlockReplay
 from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.trace_errors import describe_failure, trace_error
 from unitscale.fx.tracers import DeepTracer, ModulePathTracer
@@ -36,11 +35,8 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 _MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
-class ScaleTracer(BlockReplay, ModulePathTracer, DeepTracer):
+class ScaleTracer(ModulePathTracer, DeepTracer):
     """A :class:`~unitscale.DeepTracer` that also records module paths.
-
-    A block that repeats (the layers of a transformer) is traced once; the later ones get
-    copies of its nodes (``unitscale.fx._replay``), which gives the same graph in less time.
 
     Type annotations that are strings (a module written with ``from __future__ import
     annotations``) are resolved to types, or dropped when they cannot be: fx would put
