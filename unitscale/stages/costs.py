@@ -99,6 +99,18 @@ class NodeProfiler(fx.Interpreter):
     profiler holds ``flops[node]`` and ``seconds[node]`` (median of ``repeats``
     runs) when asked for.
 
+    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To measure
+    something else per node (memory, say), override ``run_node``, call
+    ``super().run_node(n)`` and keep what you measured keyed by node, as ``flops`` is.
+
+    .. code-block:: text
+
+        propagate(*args)            = run(*args)
+        +-- run_node(n) *           times and counts FLOPs of compute nodes, then
+            |                       writes meta["tensor_meta"] and meta["type"]
+            +-- placeholder(), get_attr(), call_function(), call_method(),
+                call_module(), output()
+
     Args:
         module: the traced model.
         count_flops: count FLOPs per node with :class:`FlopCounterMode`.

@@ -50,6 +50,22 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     inputs are replaced by detached copies that require grad, so their gradients are
     seen without touching the caller's tensors. Nothing is written to the graph.
 
+    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
+    something else per node, override ``run_node`` and call ``super().run_node(n)``; to
+    change what one kind of node does, override its method (``call_function``, ...).
+
+    .. code-block:: text
+
+        run(*inputs)
+        +-- run_node(n) *           records the output's scale; a view hands its
+            |                       record on to its only user (one record per chain)
+            +-- placeholder()       (floating-point inputs become leaves that require grad)
+            +-- get_attr()
+            +-- call_function()
+            +-- call_method()
+            +-- call_module()
+            +-- output()
+
     Args:
         module: the module the graph belongs to (a ``GraphModule``, or the traced module).
         graph: the graph to run (default: ``module.graph``).
