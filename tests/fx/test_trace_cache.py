@@ -114,3 +114,13 @@ def test_clear_is_needed_only_for_what_the_fingerprint_cannot_see() -> None:
 def test_default_autowrap_modules_key_the_same_trace_as_none() -> None:
     model = MLP(4)
     assert trace_for_scales(model, autowrap_modules=default_autowrap_modules()) is trace_for_scales(model)
+
+
+def test_a_model_with_a_tensor_constant_is_traced_once() -> None:
+    class Shift(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.tensor([1.0, 2.0])  # tracing stores it on the root as _tensor_constant0
+
+    model = nn.Sequential(nn.Linear(2, 2), Shift())
+    first = trace_for_scales(model)
+    assert trace_for_scales(model) is first

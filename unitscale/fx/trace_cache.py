@@ -78,8 +78,8 @@ def _value_key(value: Any) -> Any:
     """What a trace may depend on in an attribute's value, as a comparable key.
 
     Plain values, and tuples, lists and frozensets of them, by value (a ``forward`` may
-    branch on them); modules, parameters and buffers are covered elsewhere (``None``);
-    anything else by type and identity, so a new object always means a new trace.
+    branch on them); anything else by type and identity, so a new object always means a
+    new trace.
     """
     if isinstance(value, _PLAIN):
         return (type(value), value)
@@ -90,8 +90,6 @@ def _value_key(value: Any) -> Any:
             return (frozenset, frozenset(_value_key(v) for v in value))
         except TypeError:  # an element whose key does not hash
             pass
-    if isinstance(value, (nn.Module, torch.Tensor)):
-        return None
     return (type(value), id(value))
 
 
@@ -99,7 +97,13 @@ def _fingerprint(module: nn.Module) -> tuple[Any, ...]:
     parts = []
     for name, m in module.named_modules(remove_duplicate=False):
         state = vars(m)
-        plain = tuple((k, _value_key(v)) for k, v in state.items() if k not in _MODULE_INTERNALS)
+        # A tensor attribute is a constant that tracing copies into the graph (and stores on
+        # the root as ``_tensor_constant0``, a new object each trace): not a reason to retrace.
+        plain = tuple(
+            (k, _value_key(v))
+            for k, v in state.items()
+            if k not in _MODULE_INTERNALS and not isinstance(v, torch.Tensor)
+        )
         parts.append(
             (
                 name,
