@@ -117,3 +117,18 @@ def test_tutorial_converts_to_a_valid_notebook(path):
     assert notebook.metadata["kernelspec"]["name"] == "python3"
     assert any(cell.cell_type == "code" for cell in notebook.cells)
     assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.startswith("# ")
+
+
+@pytest.mark.parametrize(
+    ("target", "documented"),
+    [
+        ("unitscale.tracking.analysis.track_scales", "unitscale.track_scales"),
+        ("unitscale.tracking.report.ScaleRow", "unitscale.tracking.ScaleRow"),
+        ("unitscale.stages.pipeline.PipelineResult", "unitscale.stages.PipelineResult"),
+        ("unitscale.tracking.report.ScaleReport.plot", "unitscale.ScaleReport.plot"),
+        ("unitscale.fx.trace_cache.clear_trace_cache", "unitscale.tracking.clear_trace_cache"),
+        ("unitscale.scaling.functional.linear", "unitscale.functional.linear"),
+    ],
+)
+def test_references_resolve_by_identity_to_the_documented_name(target, documented):
+    assert api_reference.documented_name(target, domain=None) == documented
