@@ -19,8 +19,7 @@ import torch
 
 from unitscale import analyse_module
 from unitscale.examples.models import TinyGPT
-from unitscale.fx import trace_cache as _trace_cache
-from unitscale.tracking import analysis
+from unitscale.tracking import analysis, clear_trace_cache
 
 
 def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
@@ -68,7 +67,7 @@ def main(quick: bool = False) -> list[dict]:
         analyse_module(model, idx, grad, syntax_highlight=False)
 
     def ours_fresh() -> None:
-        _trace_cache._cache.clear()  # as on the first call: trace, then track
+        clear_trace_cache()  # as on the first call: trace, then track
         analysis._code_lines.cache_clear()  # and parse the code for annotating
         ours()
 

@@ -1,20 +1,29 @@
-"""The API reference lists every public name of ``unitscale``, with no hand-kept list.
+"""The API reference documents the public surface, grouped by task, with no hand-kept list of names.
 
-``.. unitscale-api::`` renders an autosummary table of ``unitscale.<name>`` for each name in
-``unitscale.__all__``; ``.. unitscale-api:: supporting`` does the same for the names that public
-modules list in their own ``__all__`` without the package re-exporting them (the row type a
-report yields, a type alias a tracer accepts), documented as ``unitscale.<module>.<name>``;
-``.. unitscale-api:: modules`` lists the public modules (their docstrings say what each holds).
-At ``builder-inited`` the stub pages for all of them are generated into ``docs/generated``
-(stale stubs of names no longer public are removed, so they cannot leave orphan pages).
+The public surface is ``unitscale.__all__`` plus the ``__all__`` of each *namespace*: every
+subpackage (a folder with an ``__init__.py``, found at build time, so a new one such as
+``unitscale.capture`` is picked up without editing this file) and the plain modules users
+import as namespaces (``unitscale.functional``, ``unitscale.nn``, ``unitscale.formats``,
+``unitscale.errors``). What a module deeper down lists in its own ``__all__`` is internal
+and not documented.
 
-Each object is documented once, under the name users import it by, so references are resolved
-by identity: a type hint that autodoc writes with the defining module
-(``unitscale.stages.pipeline.PipelineResult``) resolves to where that object is documented
-(``unitscale.stages.PipelineResult``), and a bare name in a docstring (``Raises: InputError``)
-(or ``ScaleReport.plot``) to the one documented ``unitscale`` object of that name. A class's private helper bases are
-replaced by their public ancestors, and a member that the class docstring's ``Attributes:``
-already describes (a NamedTuple field, a property) is not described a second time.
+``.. unitscale-api:: unitscale.fx unitscale.capture`` renders one autosummary table: each
+namespace named (its page says what it holds), then the names it exports; ``others`` among
+the arguments adds the namespaces that no ``unitscale-api`` directive of the page names (a
+new subpackage lands there until the page places it). A name is listed once, in the table
+of the first namespace (in reference order, ``ORDER``) that exports it, and documented under
+the name users import it by: ``unitscale.<name>`` when the package exports it, else
+``unitscale.<namespace>.<name>``. At ``builder-inited`` the stub pages for all of them are
+generated into ``docs/generated`` (stale stubs of names no longer public are removed, so
+they cannot leave orphan pages).
+
+Each object is documented once, so references are resolved by identity: a type hint that
+autodoc writes with the defining module (``unitscale.stages.pipeline.PipelineResult``)
+resolves to where that object is documented (``unitscale.stages.PipelineResult``), and a
+bare name in a docstring (``Raises: InputError``) (or ``ScaleReport.plot``) to the one
+documented ``unitscale`` object of that name. A class's private helper bases are replaced by
+their public ancestors, and a member that the class docstring's ``Attributes:`` already
+describes (a NamedTuple field, a property) is not described a second time.
 """
 
 from __future__ import annotations
@@ -34,7 +43,14 @@ from sphinx.util.docutils import SphinxDirective
 
 PACKAGE = "unitscale"
 STUB_DIR = "docs/generated"  # relative to the source root; the directive lives in docs/api.md
-SEPARATELY_DOCUMENTED = {"errors"}  # docs/api.md documents unitscale.errors as a whole
+# Plain modules (not folders) that users import as namespaces. The other top-level modules
+# (``unitscale.analysis``, ``unitscale.tracers``, ``unitscale.rewrite``) only keep old import
+# paths alive: what they hold is documented where it lives now.
+NAMESPACE_MODULES = ("functional", "nn", "formats", "errors")
+# Reference order: a name exported by two namespaces is listed under the first.
+ORDER = ("fx", "capture", "tracking", "functional", "nn", "scaling", "formats", "transforms", "stages", "examples")
+OTHERS = "others"
+_DIRECTIVE = re.compile(r"^\.\. unitscale-api::(.*)$", re.M)
 
 
 def exported_names() -> list[str]:
@@ -42,57 +58,115 @@ def exported_names() -> list[str]:
     return list(importlib.import_module(PACKAGE).__all__)
 
 
-def public_modules() -> list[str]:
-    """``unitscale.<module>`` for every module without a leading underscore."""
+def namespaces() -> list[str]:
+    """``unitscale.<name>`` of every subpackage and namespace module, in reference order."""
     package = importlib.import_module(PACKAGE)
+    found = {
+        info.name
+        for info in pkgutil.iter_modules(package.__path__)
+        if not info.name.startswith("_") and (info.ispkg or info.name in NAMESPACE_MODULES)
+    }
+    ordered = [name for name in ORDER if name in found] + sorted(found - set(ORDER))
+    return [f"{PACKAGE}.{name}" for name in ordered]
+
+
+def namespace_names(namespace: str) -> list[str]:
+    """The names ``namespace`` exports: its ``__all__``, else the public classes and functions it defines."""
+    module = importlib.import_module(namespace)
+    if hasattr(module, "__all__"):
+        return list(module.__all__)
     return [
-        f"{PACKAGE}.{info.name}"
-        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
-        if not info.name.startswith("_") and info.name not in SEPARATELY_DOCUMENTED
+        name
+        for name, obj in vars(module).items()
+        if not name.startswith("_") and getattr(obj, "__module__", None) == namespace
     ]
 
 
-def documented_objects() -> dict[str, object]:
-    """Every documented name (``unitscale.X`` first, then ``unitscale.module.X``) -> its object."""
+def _public() -> list[tuple[str, str, object]]:
+    """``(namespace, name, object)`` for every export: the package's first, then each namespace's."""
     package = importlib.import_module(PACKAGE)
-    documented = {f"{PACKAGE}.{name}": getattr(package, name) for name in package.__all__}
-    seen = {id(obj) for obj in documented.values()}
-    for module_name in public_modules():
-        module = importlib.import_module(module_name)
-        for name in getattr(module, "__all__", []):
-            obj = getattr(module, name)
-            if id(obj) not in seen:
-                seen.add(id(obj))
-                documented[f"{module.__name__}.{name}"] = obj
+    rows = [(PACKAGE, name, getattr(package, name)) for name in package.__all__]
+    for namespace in namespaces():
+        module = importlib.import_module(namespace)
+        rows += [(namespace, name, getattr(module, name)) for name in namespace_names(namespace)]
+    return rows
+
+
+def documented_objects() -> dict[str, object]:
+    """Every documented name (``unitscale.X`` first, then ``unitscale.<namespace>.X``) -> its object."""
+    documented: dict[str, object] = {}
+    seen: set[int] = set()
+    for namespace, name, obj in _public():
+        if id(obj) not in seen:
+            seen.add(id(obj))
+            documented[f"{namespace}.{name}"] = obj
     return documented
 
 
-def supporting_names() -> list[str]:
-    exported = {f"{PACKAGE}.{name}" for name in exported_names()}
-    return [name for name in documented_objects() if name not in exported]
+def names_in(namespace: str) -> list[str]:
+    """The documented names that ``namespace``'s table lists: what it exports and no earlier namespace does."""
+    name_of = {id(obj): name for name, obj in documented_objects().items()}
+    owner: dict[int, str] = {}
+    for ns, _, obj in _public():
+        if ns != PACKAGE:
+            owner.setdefault(id(obj), ns)
+    module = importlib.import_module(namespace)
+    objects = [getattr(module, name) for name in namespace_names(namespace)]
+    return list(dict.fromkeys(name_of[id(obj)] for obj in objects if owner[id(obj)] == namespace))
+
+
+def unowned_names() -> list[str]:
+    """Names of ``unitscale.__all__`` that no namespace exports (listed with the ``others``)."""
+    in_namespaces = {id(obj) for ns, _, obj in _public() if ns != PACKAGE}
+    return [name for name, obj in documented_objects().items() if id(obj) not in in_namespaces]
+
+
+def listed_namespaces(page: str) -> list[str]:
+    """The namespaces the ``unitscale-api`` directives in ``page`` (its source text) name."""
+    return [arg for args in _DIRECTIVE.findall(page) for arg in args.split() if arg != OTHERS]
+
+
+def table(arguments: list[str], page: str) -> list[str]:
+    """The rows of a ``unitscale-api`` table: each namespace named, then its names.
+
+    ``others`` stands for the namespaces no directive in ``page`` names (a new subpackage),
+    and the package's own exports that no namespace holds.
+    """
+    rows: list[str] = []
+    for argument in arguments:
+        if argument == OTHERS:
+            listed = set(listed_namespaces(page))
+            rows += unowned_names()
+            for namespace in namespaces():
+                if namespace not in listed:
+                    rows += [namespace, *names_in(namespace)]
+        else:
+            rows += [argument, *names_in(argument)]
+    return list(dict.fromkeys(rows))
 
 
 class UnitscaleApi(SphinxDirective):
-    """An autosummary table (with stub pages) of unitscale's exported or supporting names.
+    """An autosummary table (with stub pages) of the namespaces named and what they export.
 
     Use it from reStructuredText (in MyST: an ``{eval-rst}`` block): autosummary writes its
     table cells as reStructuredText roles.
     """
 
-    optional_arguments = 1
+    required_arguments = 1
+    final_argument_whitespace = True
 
     def run(self) -> list[nodes.Node]:
-        if self.arguments and self.arguments[0] == "supporting":
-            names = supporting_names()
-        elif self.arguments and self.arguments[0] == "modules":
-            names = public_modules()
-        else:
-            names = [f"{PACKAGE}.{name}" for name in exported_names()]
+        arguments = self.arguments[0].split()
+        unknown = [arg for arg in arguments if arg != OTHERS and arg not in namespaces()]
+        if unknown:
+            raise self.error(f"unitscale-api: {unknown} are not namespaces of {PACKAGE}; known: {namespaces()}")
+        page = Path(self.env.doc2path(self.env.docname)).read_text(encoding="utf-8")
+        names = table(arguments, page)
         directive = Autosummary(
             "autosummary",
             [],
             {"toctree": "generated", "nosignatures": True},
-            StringList(names, source="unitscale.__all__"),
+            StringList(names, source="unitscale-api"),
             self.lineno,
             self.content_offset,
             self.block_text,
@@ -105,7 +179,7 @@ class UnitscaleApi(SphinxDirective):
 def generate_stubs(app: Sphinx) -> None:
     out = Path(app.srcdir) / STUB_DIR
     out.mkdir(parents=True, exist_ok=True)
-    names = [*documented_objects(), *public_modules()]
+    names = [*documented_objects(), *namespaces()]
     wanted = {f"{name}.rst" for name in names}
     for stale in out.glob("*.rst"):
         if stale.name not in wanted:
@@ -179,7 +253,7 @@ def resolve_documented(app: Sphinx, env, node: nodes.Element, contnode: nodes.El
 
 def public_bases(app: Sphinx, name: str, obj: type, options: dict, bases: list[type]) -> None:
     def public(base: type) -> list[type]:
-        # a private class, or a mixin from a private module (unitscale.fx._replay.BlockReplay)
+        # a private class, or a mixin from a private module (unitscale.fx._name)
         private_module = any(part.startswith("_") for part in base.__module__.split("."))
         if not base.__name__.startswith("_") and not (private_module and base.__module__.startswith(PACKAGE)):
             return [base]
@@ -221,3 +295,11 @@ def setup(app: Sphinx) -> dict:
     app.connect("autodoc-process-docstring", note_described_attributes, priority=600)
     app.connect("autodoc-skip-member", skip_described_members)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # `python docs/_ext/api_reference.py`: the tables docs/api.md gets, without Sphinx
+    page = (Path(__file__).resolve().parents[1] / "api.md").read_text(encoding="utf-8")
+    for arguments in _DIRECTIVE.findall(page):
+        print(f"unitscale-api::{arguments}")
+        for row in table(arguments.split(), page):
+            print(f"    {row}")

@@ -7,6 +7,7 @@
 ['0']
 """
 
+from unitscale.fx.autowrap import register_autowrap_module as register_autowrap_module
 from unitscale.fx.inline import inline as inline
 from unitscale.fx.invert import invert as invert
 from unitscale.fx.invert import register_inverse as register_inverse
@@ -31,4 +32,5 @@ __all__ = [
     "inline",
     "invert",
     "register_inverse",
+    "register_autowrap_module",
 ]

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.node import _get_qualified_name
 from torch.fx.proxy import GraphAppendingTracer
 
 from unitscale.errors import NotAModuleError, NotInvertibleError, TraceError
 from unitscale.fx.inline import inline
+from unitscale.fx.nodes import op_name
 from unitscale.fx.tracers import LeafTracer
 
 __all__ = ["invert", "register_inverse"]
@@ -114,10 +114,8 @@ for _f in (torch.neg, torch.reciprocal, torch.positive, torch.clone):
 
 
 def _name(node: fx.Node) -> str:
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    if callable(node.target):
-        return _get_qualified_name(node.target).replace("_operator.", "operator.")
+    if node.op in ("call_function", "call_method"):
+        return op_name(node.target, qualified=True)
     return str(node.target)
 
 

@@ -1,4 +1,4 @@
-"""One home for what every graph tool agrees on about nodes: the ``node.meta`` keys and op kinds.
+"""One home for what every graph tool agrees on about nodes: ``node.meta`` keys, op kinds and names.
 
 Meta keys, and what writes them:
 
@@ -10,7 +10,7 @@ key                 value                                                  writt
 ``module_type``     qualified class name of that module                    the capture layer (every route)
 ``source``          ``"file.py:123"`` of the user code that made the node  the capture layer, where the route knows it
 ``tag``             whatever a tag function returned                       :class:`~unitscale.fx.TaggingTracer`
-``inlined_from``    qualified name of the module an inlined node came from :func:`~unitscale.fx.inline`
+``inlined_from``    qualified name of the module an inlined node came from :func:`~unitscale.inline`
 ==================  =====================================================  ==========================================
 
 >>> from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
@@ -20,6 +20,14 @@ key                 value                                                  writt
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
+import einops
+import torch
+import torch.nn.functional as F
+from torch.fx.node import _get_qualified_name
+
 __all__ = [
     "MODULE_PATH_KEY",
     "MODULE_TYPE_KEY",
@@ -27,6 +35,11 @@ __all__ = [
     "TAG_KEY",
     "INLINED_FROM_KEY",
     "COMPUTE_OPS",
+    "op_name",
+    "VIEW_METHODS",
+    "VIEW_FUNCTIONS",
+    "SCALE_NEUTRAL_METHODS",
+    "SCALE_NEUTRAL_FUNCTIONS",
 ]
 
 MODULE_PATH_KEY = "module_path"
@@ -37,3 +50,84 @@ INLINED_FROM_KEY = "inlined_from"
 
 #: ``node.op`` values of nodes that compute something (the others move values in and out).
 COMPUTE_OPS = ("call_function", "call_method", "call_module")
+
+
+def _strip_dunder(name: str) -> str:
+    # Tensor.__add__ -> add; an in-place mul_ keeps its underscore
+    return name[2:-2] if name.startswith("__") and name.endswith("__") and len(name) > 4 else name
+
+
+# Private homes of public torch functions, and the names users call them by.
+_PUBLIC_HOMES = (
+    ("_operator.", "operator."),
+    ("torch._C._nn.", "torch.nn.functional."),
+    ("torch._C._VariableFunctions.", "torch."),
+)
+
+
+def op_name(target: Any, *, qualified: bool = False) -> str:
+    """The name of an op: a node's ``target``, a torch function or a ``Tensor`` method.
+
+    A method (a ``call_method`` target is its name) is ``Tensor.<name>``, dunders dropped.
+    Short names (the default) are what a report's op column shows; ``qualified=True`` adds
+    the module users import it from, for messages where ``relu`` alone would not say
+    whether ``torch.relu`` or ``torch.nn.functional.relu`` is meant.
+
+    Args:
+        target: a callable, or a method name.
+        qualified: prefix the module (``torch.nn.functional.linear``, ``operator.add``).
+
+    Returns:
+        The name.
+
+    >>> import operator, torch
+    >>> from unitscale.fx.nodes import op_name
+    >>> op_name(torch.nn.functional.linear), op_name(torch.Tensor.__add__), op_name("reshape")
+    ('linear', 'Tensor.add', 'Tensor.reshape')
+    >>> op_name(torch.nn.functional.linear, qualified=True), op_name(operator.add, qualified=True)
+    ('torch.nn.functional.linear', 'operator.add')
+    """
+    if isinstance(target, str):
+        return f"Tensor.{_strip_dunder(target)}"
+    name = _strip_dunder(getattr(target, "__name__", None) or type(target).__name__)
+    owner = getattr(target, "__objclass__", None)
+    if isinstance(owner, type) and issubclass(owner, torch._C.TensorBase):
+        return f"Tensor.{name}"
+    if not qualified or name == "<lambda>":  # fx would name a lambda by its source line
+        return name
+    try:
+        full = _get_qualified_name(target)
+    except Exception:  # a lambda or an object without a module: its own name is all there is
+        return name
+    if "<locals>" in full:  # a dispatcher made in a function (F.max_pool2d's) carries the public name
+        module = getattr(target, "__module__", None)
+        full = f"{module}.{name}" if module else name
+    for private, public in _PUBLIC_HOMES:
+        if full.startswith(private):
+            return public + full.removeprefix(private)
+    return full
+
+
+# Ops whose output holds the same values as their first input, rearranged: its std, and
+# (when it is the input's only user) its gradient's std, are the input's.
+VIEW_METHODS = frozenset(
+    {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "contiguous", "flatten", "unflatten"}
+    | {"squeeze", "unsqueeze", "t", "movedim", "swapaxes", "swapdims"}
+)
+VIEW_FUNCTIONS: frozenset[Any] = frozenset(
+    {torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.squeeze, torch.unsqueeze, torch.t}
+    | {torch.movedim, torch.swapaxes, torch.swapdims, einops.rearrange}
+)
+
+# Ops that move, select, copy or cast values without changing their scale: the views, and
+# more (``cat`` joins tensors of like scale; dropout keeps the scale in expectation).
+SCALE_NEUTRAL_METHODS = VIEW_METHODS | {
+    "expand", "expand_as", "split", "chunk", "unbind", "size", "dim", "to", "float", "half", "bfloat16",
+    "double", "type", "type_as", "detach", "clone", "repeat", "narrow", "select", "__getitem__", "roll",
+    "flip", "masked_fill", "cpu", "cuda",
+}  # fmt: skip
+SCALE_NEUTRAL_FUNCTIONS: frozenset[Any] = VIEW_FUNCTIONS | {
+    operator.getitem, torch.cat, torch.concat, torch.stack, torch.split, torch.chunk, torch.unbind,
+    torch.narrow, torch.select, torch.roll, torch.flip, torch.clone, torch.detach, torch.masked_fill,
+    F.pad, einops.repeat, F.dropout,
+}  # fmt: skip

@@ -4,14 +4,15 @@ Tracing a transformer costs about as much as a tenth of its forward and backward
 so re-tracing on every call of :func:`unitscale.track_scales` would dominate its
 overhead. A trace is reused while the module's *fingerprint* is unchanged: the identity
 and type of every submodule, its ``forward``, its ``training`` flag and other plain
-attributes (``int``, ``float``, ``bool``, ``str``, ``None``), and its parameter and
-buffer names. Those are what a trace can depend on without reading tensor values.
-The cache holds modules weakly.
+attributes (``int``, ``float``, ``bool``, ``str``, ``None``, dtypes, and tuples, lists and
+frozensets of them) by value, any other attribute by type and identity, and its parameter
+and buffer names. Those are what a trace can depend on without reading tensor values.
+What the fingerprint cannot see (a global, an object changed in place) needs
+:func:`clear_trace_cache`. The cache holds modules weakly.
 """
 
 from __future__ import annotations
 
-import traceback
 import types
 import typing
 import weakref
@@ -19,22 +20,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx, nn
 
-from unitscale.errors import TraceError
-from unitscale.fx._replay import BlockReplay
+from unitscale.fx.autowrap import default_autowrap_modules
+from unitscale.fx.trace_errors import describe_failure, trace_error
 from unitscale.fx.tracers import DeepTracer, ModulePathTracer
 
-__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason"]
+__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason", "clear_trace_cache"]
 
-_PLAIN = (bool, int, float, str, type(None))
+_PLAIN = (bool, int, float, str, type(None), torch.dtype)
+# What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
+# and hooks, fingerprinted on their own (``training`` is compared like any attribute).
+_MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
-class ScaleTracer(BlockReplay, ModulePathTracer, DeepTracer):
+class ScaleTracer(ModulePathTracer, DeepTracer):
     """A :class:`~unitscale.DeepTracer` that also records module paths.
-
-    A block that repeats (the layers of a transformer) is traced once; the later ones get
-    copies of its nodes (``unitscale.fx._replay``), which gives the same graph in less time.
 
     Type annotations that are strings (a module written with ``from __future__ import
     annotations``) are resolved to types, or dropped when they cannot be: fx would put
@@ -72,11 +74,36 @@ class Trace:
     code: str
 
 
+def _value_key(value: Any) -> Any:
+    """What a trace may depend on in an attribute's value, as a comparable key.
+
+    Plain values, and tuples, lists and frozensets of them, by value (a ``forward`` may
+    branch on them); anything else by type and identity, so a new object always means a
+    new trace.
+    """
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_value_key(v) for v in value))
+    if isinstance(value, frozenset):
+        try:
+            return (frozenset, frozenset(_value_key(v) for v in value))
+        except TypeError:  # an element whose key does not hash
+            pass
+    return (type(value), id(value))
+
+
 def _fingerprint(module: nn.Module) -> tuple[Any, ...]:
     parts = []
     for name, m in module.named_modules(remove_duplicate=False):
         state = vars(m)
-        plain = tuple((k, v) for k, v in state.items() if isinstance(v, _PLAIN))
+        # A tensor attribute is a constant that tracing copies into the graph (and stores on
+        # the root as ``_tensor_constant0``, a new object each trace): not a reason to retrace.
+        plain = tuple(
+            (k, _value_key(v))
+            for k, v in state.items()
+            if k not in _MODULE_INTERNALS and not isinstance(v, torch.Tensor)
+        )
         parts.append(
             (
                 name,
@@ -105,35 +132,6 @@ def _graph_code(graph: fx.Graph) -> str:
             n.type = t
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from, innermost last."""
-    chain = [exc]
-    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and cause not in chain:
-        chain.append(cause)
-    return chain
-
-
-def _user_frame(exc: BaseException) -> str:
-    """``file:line (`code`)`` of the innermost frame outside torch and unitscale.
-
-    Looks through the exceptions ``exc`` was raised from, innermost first: a wrapped
-    trace failure keeps the user's line in its cause's traceback.
-    """
-    for e in reversed(_chain(exc)):
-        frames = [
-            f
-            for f in traceback.extract_tb(e.__traceback__)
-            if "/torch/" not in f.filename and "/unitscale/" not in f.filename.replace("\\", "/")
-        ]
-        if frames:
-            f = frames[-1]
-            # A notebook cell's "file" is a temporary name that tells the reader nothing.
-            cell = "ipykernel_" in f.filename or f.filename.startswith("<")
-            where = f"line {f.lineno} of a notebook cell" if cell else f"{f.filename}:{f.lineno}"
-            return f"{where} (`{(f.line or '').strip()}`)"
-    return "an unknown line"
-
-
 _cache: weakref.WeakKeyDictionary[nn.Module, tuple[Any, Trace | str]] = weakref.WeakKeyDictionary()
 
 
@@ -146,9 +144,10 @@ def trace_or_reason(
     """The (cached) trace of ``module``, or why torch.fx cannot trace it (``"file:line (`code`): why"``)."""
     if isinstance(module, fx.GraphModule):
         return Trace(module.graph, (), _graph_code(module.graph))
+    autowrap_modules = default_autowrap_modules() if autowrap_modules is None else tuple(autowrap_modules)
     key = (
         recurse_modules,
-        None if autowrap_modules is None else tuple(autowrap_modules),
+        autowrap_modules,
         tuple(autowrap_functions),
         _fingerprint(module),
     )
@@ -161,7 +160,7 @@ def trace_or_reason(
             graph = tracer.trace(module)
             result: Trace | str = Trace(graph, tuple(tracer.callable_args.values()), _graph_code(graph))
         except Exception as e:
-            result = f"{_user_frame(e)}: {_chain(e)[-1]}"
+            result = describe_failure(e)
         cached = (key, result)
         _cache[module] = cached
     return cached[1]
@@ -196,9 +195,30 @@ def trace_for_scales(
     """
     result = trace_or_reason(module, recurse_modules, autowrap_modules, autowrap_functions)
     if isinstance(result, str):
-        raise TraceError(
-            f"torch.fx could not trace {type(module).__name__} at {result}. Use capture='eager' "
-            "(or 'auto') to record the ops as they run, or make that line independent of tensor "
-            "values (e.g. pass the value as a Python constant)."
+        raise trace_error(
+            type(module).__name__,
+            result,
+            "Use capture='eager' (or 'auto') to record the ops as they run, or make that line "
+            "independent of tensor values (e.g. pass the value as a Python constant).",
         )
     return result
+
+
+def clear_trace_cache() -> None:
+    """Forget every cached trace.
+
+    The cache notices changes to a module's structure and attributes by itself (see the
+    module's docstring); clear it when ``forward`` depends on something it cannot see,
+    such as a global variable or an attribute of an object held by the module that was
+    changed in place, or to time a first call.
+
+    Importable as ``unitscale.tracking.clear_trace_cache``.
+
+    >>> import torch
+    >>> from unitscale.tracking import clear_trace_cache, track_scales
+    >>> model = torch.nn.Linear(2, 2)
+    >>> clear_trace_cache()  # the next track_scales(model) traces model afresh
+    >>> track_scales(model, torch.randn(4, 2)).capture
+    'fx'
+    """
+    _cache.clear()

@@ -9,25 +9,43 @@ compose by multiple inheritance::
 Keyword arguments are passed along the chain, so ``MyTracer(leaf_types=(nn.Linear,),
 tag_fn=...)`` configures every part. Put :class:`TaggingTracer` first: its tag
 function then sees what the tracers after it recorded (``node.meta["module_path"]``).
+
+The hooks of :class:`torch.fx.Tracer`, in the order a trace calls them; each class below
+says which it overrides:
+
+.. code-block:: text
+
+    trace(root)
+        +-- create_args_for_root()       one placeholder per argument of forward
+        +-- root.forward(*proxies)       the user's code, run on proxies
+        |   +-- call_module(m, forward, args, kwargs)
+        |   |   +-- is_leaf_module(m, qualname)
+        |   |   |       True: one call_module node; False: forward(*args), recursing
+        |   +-- getattr(attr, value, cache)     a parameter or buffer read: get_attr
+        |   +-- create_proxy(kind, target, args, kwargs)
+        |       +-- create_arg(a)            constants and containers in args
+        |       +-- create_node(kind, target, args, kwargs, name, type_expr)
+        |       +-- proxy(node)
+        +-- create_node("output", ...)
 """
 
 from __future__ import annotations
 
-import math
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import einops
 import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from unitscale.errors import NotAModuleError, PredicateError
 from unitscale.fx._unpack_proxy import UnpackProxy
+from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
+from unitscale.fx.trace_errors import trace_error
 
 __all__ = [
     "DeepTracer",
@@ -41,12 +59,6 @@ __all__ = [
 ]
 
 DEFAULT_TAG = "untagged"
-
-
-def _default_autowrap_modules() -> tuple[types.ModuleType, ...]:
-    import unitscale.scaling.functional
-
-    return (math, einops, unitscale.scaling.functional)
 
 
 def _no_check(input: Any) -> None:
@@ -135,9 +147,10 @@ class _Tracer(fx.Tracer):
                     return super().trace(root, concrete_args)
             return super().trace(root, concrete_args)
         except fx.proxy.TraceError as e:
-            raise TraceError(
-                f"torch.fx could not trace {type(root).__name__}: {e}. Make the control flow static, "
-                "pass concrete_args, or make the module that does it a leaf"
+            raise trace_error(
+                getattr(root, "__name__", None) or type(root).__name__,
+                e,
+                "Make the control flow static, pass concrete_args, or make the module that does it a leaf.",
             ) from e
 
     def call_module(
@@ -157,6 +170,14 @@ class ModulePathTracer(_Tracer):
     The name is kept in ``tracer.node_to_originating_module[node]`` and in
     ``node.meta["module_path"]``; the root module is ``""``. The ``output`` node
     is not recorded. State lives on the instance and describes its latest trace.
+
+    Hook map (``*`` overridden here, see :mod:`unitscale.fx` for the whole tree):
+
+    .. code-block:: text
+
+        trace() *               starts at the root path ""
+        +-- call_module() *     sets current_module_path around the call
+            +-- create_node() * writes node.meta["module_path"] (all but output)
 
     >>> from torch import nn
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
@@ -211,11 +232,22 @@ class ModulePathTracer(_Tracer):
 class DeepTracer(_Tracer):
     """A tracer that recurses into every submodule, down to torch functions.
 
-    Functions from ``autowrap_modules`` (by default ``math``, ``einops`` and
-    ``unitscale.scaling.functional``) and ``autowrap_functions`` stay single nodes.
+    Functions from ``autowrap_modules`` (by default
+    ``math``, ``einops``, ``unitscale.functional`` and any given to
+    :func:`~unitscale.fx.register_autowrap_module`) and ``autowrap_functions`` stay single nodes.
     Callable arguments (a function passed to ``forward``, or to an op) become
     placeholders; their values are kept in ``tracer.callable_args`` (placeholder
     name -> callable), to be passed after the ordinary inputs when running.
+
+    Hook map (``*`` overridden here):
+
+    .. code-block:: text
+
+        trace() *               collects callable arguments into callable_args
+        +-- call_module()
+        |   +-- is_leaf_module() *   False for every module when recurse_modules
+        +-- create_proxy()
+            +-- create_arg() *  a callable argument becomes a placeholder
 
     Args:
         recurse_modules: trace into submodules (``False``: every submodule is a leaf).
@@ -236,7 +268,7 @@ class DeepTracer(_Tracer):
         **kwargs: Any,
     ) -> None:
         if autowrap_modules is None:
-            autowrap_modules = _default_autowrap_modules()
+            autowrap_modules = default_autowrap_modules()
         super().__init__(
             # torch annotates this as a 1-tuple; any number of modules works.
             autowrap_modules=tuple(autowrap_modules),  # type: ignore[arg-type]
@@ -307,6 +339,15 @@ class LeafTracer(_Tracer):
     2. ``leaf_types``: instances of these types are leaves;
     3. ``trace_types``: instances of these types are traced through;
     4. otherwise ``torch.fx``'s default (``torch.nn`` modules are leaves).
+
+    Hook map (``*`` overridden here): override ``is_leaf_module`` in a subclass for a rule
+    that needs state; call ``super()`` to keep the rules above.
+
+    .. code-block:: text
+
+        trace()
+        +-- call_module()
+            +-- is_leaf_module() *   the rules above, in order
 
     Args:
         leaf_types: module types kept as leaves.
@@ -386,6 +427,15 @@ class TaggingTracer(_Tracer):
 
     The tag is stored in ``node.meta[key]`` (default ``"tag"``) for later passes to
     read. Without ``tag_fn`` every node gets the constant ``default_tag``.
+
+    Hook map (``*`` overridden here): the tag is written after ``super().create_node``, so
+    it sees what the tracers after this one in the MRO wrote.
+
+    .. code-block:: text
+
+        trace()
+        +-- create_proxy()
+            +-- create_node() *      node.meta[key] = tag_fn(node), the output node included
 
     Args:
         tag_fn: called on each new node; its result is the node's tag.
@@ -511,6 +561,14 @@ class ExecOrderTracer(_Tracer):
     with FSDP's, except that parameters passed to ops as keyword arguments are
     counted here (FSDP looks at positional arguments only). After
     ``tracer.trace(module)`` the result is ``tracer.exec_order``.
+
+    Hook map (``*`` overridden here):
+
+    .. code-block:: text
+
+        trace() *                    resets the state; builds exec_order at the end
+        +-- call_module() *          records the module's first forward
+        +-- create_proxy() *         records first uses of parameters among the args
 
     Raises:
         NotAModuleError: ``trace`` was given something that is not an ``nn.Module``.

@@ -12,10 +12,20 @@ from unitscale.scaling import functional as functional
 from unitscale.scaling import nn as nn
 from unitscale.scaling.constraints import CONSTRAINTS as CONSTRAINTS
 from unitscale.scaling.constraints import Constraint as Constraint
+from unitscale.scaling.constraints import ConstraintArg as ConstraintArg
 from unitscale.scaling.constraints import amean as amean
 from unitscale.scaling.constraints import gmean as gmean
 from unitscale.scaling.constraints import hmean as hmean
 from unitscale.scaling.constraints import to_grad_input_scale as to_grad_input_scale
 from unitscale.scaling.constraints import to_output_scale as to_output_scale
 
-__all__ = ["gmean", "hmean", "amean", "to_output_scale", "to_grad_input_scale", "Constraint", "CONSTRAINTS"]
+__all__ = [
+    "gmean",
+    "hmean",
+    "amean",
+    "to_output_scale",
+    "to_grad_input_scale",
+    "Constraint",
+    "ConstraintArg",
+    "CONSTRAINTS",
+]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TypeAlias
 
 from unitscale.errors import UnknownConstraintError
 
@@ -28,12 +29,17 @@ __all__ = [
     "to_output_scale",
     "to_grad_input_scale",
     "Constraint",
+    "ConstraintArg",
     "CONSTRAINTS",
     "resolve_constraint",
 ]
 
 Constraint = Callable[..., float]
 """A function ``(output_scale, *grad_input_scales) -> scale``."""
+
+ConstraintArg: TypeAlias = str | Constraint | None
+"""What a ``constraint=`` argument accepts: the name of one of :data:`CONSTRAINTS`, a
+:data:`Constraint`, or ``None`` (no constraint: each direction is scaled on its own)."""
 
 
 def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
@@ -143,7 +149,7 @@ CONSTRAINTS: dict[str, Constraint] = {
 """Every constraint by name, as accepted by the ``constraint=`` argument of the ops."""
 
 
-def resolve_constraint(constraint: str | Callable[..., float] | None) -> Callable[..., float] | None:
+def resolve_constraint(constraint: ConstraintArg) -> Callable[..., float] | None:
     """Turn a ``constraint=`` argument into a constraint function (or ``None``).
 
     Args:

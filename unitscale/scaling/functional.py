@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math as _math
 import operator as _operator
+import sys as _sys
 from typing import TYPE_CHECKING
 
 import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale import errors as _errors
+from unitscale.fx.autowrap import register_autowrap_module as _register_autowrap_module
 from unitscale.scaling import constraints as _constraints
 from unitscale.scaling import softmax_stats as _stats
 
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 
     import torch
     from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
 
 __all__ = [
     "scale",
@@ -102,9 +106,7 @@ def scale(input: Tensor, fwd_scale: float, bwd_scale: float) -> Tensor:
 _scale = scale  # for scaled_dot_product_attention, whose torch-mirroring ``scale`` argument shadows the op
 
 
-def _constrain(
-    constraint: str | Callable[..., float] | None, output_scale: float, *grad_input_scales: float
-) -> tuple[float, ...]:
+def _constrain(constraint: ConstraintArg, output_scale: float, *grad_input_scales: float) -> tuple[float, ...]:
     """The scales to use: as given without a constraint, else the constraint's single choice for all."""
     fn = _constraints.resolve_constraint(constraint)
     if fn is None:
@@ -124,9 +126,7 @@ def _inv_sqrt(count: float) -> float:
     return count**-0.5 if count > 0 else 1.0
 
 
-def linear(
-    input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: str | Callable[..., float] | None = "gmean"
-) -> Tensor:
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.linear`.
 
     For ``input (..., k)`` and ``weight (n, k)``: output × ``k**-0.5``, input
@@ -185,7 +185,7 @@ def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
     return inner, _math.prod(batch) * m * n
 
 
-def matmul(input: Tensor, other: Tensor, constraint: str | Callable[..., float] | None = "gmean") -> Tensor:
+def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.matmul`.
 
     For ``(m, k) @ (k, n)`` (with any batch dims): output × ``k**-0.5``; each
@@ -230,7 +230,7 @@ _GELU_OUT_STD = 0.587915
 _GELU_GRAD_STD = 0.675167
 
 
-def gelu(input: Tensor, approximate: str = "none", constraint: str | Callable[..., float] | None = "gmean") -> Tensor:
+def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.gelu`.
 
     Output × ``1 / 0.5879`` and input gradient × ``1 / 0.6752``: the std of GELU
@@ -262,7 +262,7 @@ def softmax(
     dim: int | None = None,
     _stacklevel: int = 3,
     dtype: torch.dtype | None = None,
-    constraint: str | Callable[..., float] | None = "gmean",
+    constraint: ConstraintArg = "gmean",
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.softmax` (also the twin of :func:`torch.softmax`).
 
@@ -302,7 +302,7 @@ def add(
     input: Tensor | float,
     other: Tensor | float,
     alpha: float = 1,
-    constraint: str | Callable[..., float] | None = "gmean",
+    constraint: ConstraintArg = "gmean",
 ) -> Tensor:
     """Unit-scaled :func:`torch.add`: ``input + alpha * other``.
 
@@ -589,7 +589,7 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: float | None = None,
     enable_gqa: bool = False,
-    constraint: str | Callable[..., float] | None = "gmean",
+    constraint: ConstraintArg = "gmean",
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.scaled_dot_product_attention`.
 
@@ -689,3 +689,7 @@ for _name in __all__:
     _fn = globals()[_name]
     if callable(_fn):
         _fn.__module__ = "unitscale.functional"
+
+# Tracers keep these ops as single nodes by default; fx learns of them here, not by
+# importing this layer.
+_register_autowrap_module(_sys.modules[__name__])

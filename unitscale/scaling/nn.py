@@ -15,13 +15,11 @@ unit std without any fan-in factor in the initialisation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor, nn
 
 import unitscale.scaling.functional as U
 from unitscale.errors import InputError
-from unitscale.scaling.constraints import resolve_constraint
+from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
 from unitscale.scaling.functional import _check_p, _check_tau
 
 __all__ = ["Linear", "GELU", "Softmax", "LayerNorm", "Embedding", "Dropout", "MLP", "MHSA", "TransformerLayer"]
@@ -50,7 +48,7 @@ class Linear(nn.Linear):
         in_features: int,
         out_features: int,
         bias: bool = False,
-        constraint: str | Callable[..., float] | None = "gmean",
+        constraint: ConstraintArg = "gmean",
     ) -> None:
         resolve_constraint(constraint)
         super().__init__(in_features, out_features, bias=bias)
@@ -84,7 +82,7 @@ class GELU(nn.GELU):
     1.0
     """
 
-    def __init__(self, approximate: str = "none", constraint: str | Callable[..., float] | None = "gmean") -> None:
+    def __init__(self, approximate: str = "none", constraint: ConstraintArg = "gmean") -> None:
         resolve_constraint(constraint)
         super().__init__(approximate=approximate)
         self.constraint = constraint
@@ -114,7 +112,7 @@ class Softmax(nn.Softmax):
 
     dim: int
 
-    def __init__(self, dim: int, constraint: str | Callable[..., float] | None = "gmean") -> None:
+    def __init__(self, dim: int, constraint: ConstraintArg = "gmean") -> None:
         resolve_constraint(constraint)
         super().__init__(dim=dim)
         self.constraint = constraint
@@ -214,9 +212,7 @@ class MLP(nn.Module):
     1.0
     """
 
-    def __init__(
-        self, hidden_size: int, expansion_factor: int = 4, constraint: str | Callable[..., float] | None = "gmean"
-    ) -> None:
+    def __init__(self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = "gmean") -> None:
         super().__init__()
         inner = expansion_factor * hidden_size
         self.linear_1 = Linear(hidden_size, inner, constraint=constraint)
@@ -265,7 +261,7 @@ class MHSA(nn.Module):
         heads: int,
         is_causal: bool = False,
         dropout_p: float = 0.0,
-        constraint: str | Callable[..., float] | None = "gmean",
+        constraint: ConstraintArg = "gmean",
     ) -> None:
         super().__init__()
         if heads < 1 or hidden_size % heads:
@@ -330,7 +326,7 @@ class TransformerLayer(nn.Module):
         dropout_p: float = 0.0,
         attn_tau: float = 0.01,
         mlp_tau: float = 0.5,
-        constraint: str | Callable[..., float] | None = "gmean",
+        constraint: ConstraintArg = "gmean",
     ) -> None:
         super().__init__()
         self.attn_tau = _check_tau("TransformerLayer", attn_tau, "attn_tau")

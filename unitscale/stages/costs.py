@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
+from unitscale.fx.trace_errors import trace_error
 from unitscale.fx.tracers import ModulePathTracer
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
 
@@ -54,9 +55,11 @@ def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
     try:
         graph = tracer.trace(root)
     except Exception as exc:
-        raise TraceError(
-            f"torch.fx could not trace {name}: {type(exc).__name__}: {exc}. Remove data-dependent control flow "
-            "from its forward (or wrap that part in a leaf module) so that symbolic tracing works"
+        raise trace_error(
+            name,
+            exc,
+            "Remove data-dependent control flow from its forward (or wrap that part in a leaf module) "
+            "so that symbolic tracing works.",
         ) from exc
     for node in graph.nodes:
         # ``from __future__ import annotations`` leaves string types, which fx cannot pickle
@@ -206,6 +209,18 @@ class NodeProfiler(fx.Interpreter):
     ``torch.fx.passes.shape_prop.ShapeProp``, without memory formats) and this
     profiler holds ``flops[node]`` and ``seconds[node]`` (median of ``repeats``
     runs) when asked for.
+
+    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To measure
+    something else per node (memory, say), override ``run_node``, call
+    ``super().run_node(n)`` and keep what you measured keyed by node, as ``flops`` is.
+
+    .. code-block:: text
+
+        propagate(*args)            = run(*args)
+        +-- run_node(n) *           times and counts FLOPs of compute nodes, then
+            |                       writes meta["tensor_meta"] and meta["type"]
+            +-- placeholder(), get_attr(), call_function(), call_method(),
+                call_module(), output()
 
     Args:
         module: the traced model.

@@ -7,6 +7,7 @@
 ['input_1', 'weight', 'bias', 'linear']
 """
 
+from unitscale.fx.trace_cache import clear_trace_cache as clear_trace_cache
 from unitscale.tracking.analysis import AnnotatedCode as AnnotatedCode
 from unitscale.tracking.analysis import ScaleTrackingInterpreter as ScaleTrackingInterpreter
 from unitscale.tracking.analysis import analyse_module as analyse_module
@@ -31,4 +32,5 @@ __all__ = [
     "ScaleRow",
     "AnnotatedCode",
     "FORMAT_RANGES",
+    "clear_trace_cache",
 ]

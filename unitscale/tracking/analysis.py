@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import html
 import inspect
-import math
 import re
 import sys
 import types
@@ -23,24 +22,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import einops
 import torch
 from torch import fx, nn
 
-import unitscale.scaling.functional
 from unitscale.errors import CaptureError, InputError, NotAModuleError
-from unitscale.fx.nodes import MODULE_PATH_KEY
-from unitscale.fx.trace_cache import (
-    ScaleTracer,
-    Trace,
-    _fingerprint,
-    _graph_code,
-    _user_frame,
-    trace_for_scales,
-    trace_or_reason,
-)
+from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
+from unitscale.fx.trace_cache import ScaleTracer, Trace, _fingerprint, _graph_code, trace_for_scales, trace_or_reason
+from unitscale.fx.trace_errors import user_frame
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.eager import Captured, input_leaf, op_name, record_ops
+from unitscale.tracking.eager import Captured, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
 
@@ -53,8 +43,6 @@ __all__ = [
     "track_scales",
 ]
 
-_DEFAULT_AUTOWRAP = (math, einops, unitscale.scaling.functional)
-
 
 class ScaleTrackingInterpreter(fx.Interpreter):
     """Runs a graph and records the scale of every floating-point node output.
@@ -64,6 +52,22 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     records the std of its gradient when a backward pass reaches it. Floating-point
     inputs are replaced by detached copies that require grad, so their gradients are
     seen without touching the caller's tensors. Nothing is written to the graph.
+
+    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
+    something else per node, override ``run_node`` and call ``super().run_node(n)``; to
+    change what one kind of node does, override its method (``call_function``, ...).
+
+    .. code-block:: text
+
+        run(*inputs)
+        +-- run_node(n) *           records the output's scale; a view hands its
+            |                       record on to its only user (one record per chain)
+            +-- placeholder()       (floating-point inputs become leaves that require grad)
+            +-- get_attr()
+            +-- call_function()
+            +-- call_method()
+            +-- call_module()
+            +-- output()
 
     Args:
         module: the module the graph belongs to (a ``GraphModule``, or the traced module).
@@ -134,22 +138,12 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         return op_name(n.target)
 
 
-_VIEW_METHODS = frozenset(
-    {"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "contiguous", "flatten", "unflatten"}
-    | {"squeeze", "unsqueeze", "t", "movedim", "swapaxes", "swapdims"}
-)
-_VIEW_FUNCTIONS = frozenset(
-    {torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.squeeze, torch.unsqueeze, torch.t}
-    | {torch.movedim, torch.swapaxes, torch.swapdims, einops.rearrange}
-)
-
-
 def _is_view(n: fx.Node) -> bool:
     """Whether ``n`` only rearranges its first argument's elements (same multiset of values)."""
     if n.op == "call_method":
-        is_view = n.target in _VIEW_METHODS
+        is_view = n.target in VIEW_METHODS
     else:
-        is_view = n.op == "call_function" and n.target in _VIEW_FUNCTIONS
+        is_view = n.op == "call_function" and n.target in VIEW_FUNCTIONS
     # x.view(torch.float16) reinterprets the bits: not the same numbers.
     return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
 
@@ -196,7 +190,7 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
     except Exception as e:
         interp.captured.remove_hooks()
         n = interp.current_node
-        where = f" at node '{n.name}' ({n.op} {_target(n)})" if n is not None else ""
+        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
         reason = str(e).split("\n\nWhile executing")[0]  # fx appends the node's repr
         raise InputError(
             f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. "
@@ -207,16 +201,12 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
     return interp.captured
 
 
-def _target(n: fx.Node) -> str:
-    return n.target if isinstance(n.target, str) else op_name(n.target)
-
-
 def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> Captured:
     try:
         return record_ops(module, inputs, abs_max)
     except Exception as e:
         raise InputError(
-            f"{type(module).__name__} failed at {_user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
+            f"{type(module).__name__} failed at {user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
             "Check that the inputs have the shapes and dtypes the model expects."
         ) from e
 
@@ -326,7 +316,7 @@ def track_scales(
     backward: Any = None,
     *,
     recurse_modules: bool = True,
-    autowrap_modules: tuple[types.ModuleType, ...] = _DEFAULT_AUTOWRAP,
+    autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
     capture: str = "auto",
     abs_max: bool = True,
@@ -340,7 +330,9 @@ def track_scales(
             the output, or ``None`` (1 for a one-element output such as a loss,
             unit-normal noise otherwise).
         recurse_modules: trace into submodules (``False``: one row per top-level call).
-        autowrap_modules: modules whose functions stay single nodes.
+        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
+            ``unitscale.functional`` and those given to
+            :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
         capture: ``"fx"`` (symbolic trace; fail with :class:`~unitscale.errors.TraceError`
             if it cannot), ``"eager"`` (record ops as they run) or ``"auto"`` (fx, else
@@ -375,9 +367,9 @@ def track_scales(
     trace = None
     exported: fx.GraphModule | None = None
     if capture == "fx":
-        trace = trace_for_scales(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
+        trace = trace_for_scales(module, recurse_modules, autowrap_modules, tuple(autowrap_functions))
     elif capture == "auto":
-        result = trace_or_reason(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
+        result = trace_or_reason(module, recurse_modules, autowrap_modules, tuple(autowrap_functions))
         trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
         if trace is None:
             exported = _export_or_none(module, inputs)
@@ -491,7 +483,7 @@ def analyse_module(
     backward: Any = None,
     recurse_modules: bool = True,
     syntax_highlight: bool = True,
-    autowrap_modules: tuple[types.ModuleType, ...] = _DEFAULT_AUTOWRAP,
+    autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
 ) -> AnnotatedCode:
     """The module's traced code, each line annotated with ``(-> forward std, <- backward std)``.
@@ -506,7 +498,9 @@ def analyse_module(
         backward: the output's gradient, or ``None``.
         recurse_modules: trace into submodules (``False``: submodules are single lines).
         syntax_highlight: highlight with pygments (terminal and notebook).
-        autowrap_modules: modules whose functions stay single nodes.
+        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
+            ``unitscale.functional`` and those given to
+            :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
 
     Returns:

@@ -19,6 +19,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+from unitscale.fx.nodes import op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
@@ -78,21 +79,6 @@ class Captured:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-
-
-def op_name(func: Any) -> str:
-    """A short name for a torch function or Tensor method.
-
-    >>> op_name(torch.nn.functional.linear), op_name(torch.Tensor.reshape), op_name(torch.Tensor.__add__)
-    ('linear', 'Tensor.reshape', 'Tensor.add')
-    """
-    name = getattr(func, "__name__", None) or type(func).__name__
-    if name.startswith("__") and name.endswith("__") and len(name) > 4:
-        name = name[2:-2]  # Tensor.__add__ -> add; in-place mul_ keeps its underscore
-    owner = getattr(func, "__objclass__", None)
-    if owner is not None and issubclass(owner, torch._C.TensorBase):
-        return f"Tensor.{name}"
-    return name
 
 
 def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,6 +114,20 @@ class TransformedModule(nn.Module):
     ``torch.compile`` a call with a new signature breaks the graph once, so for
     ``fullgraph=True`` call the module once eagerly first.
 
+    Hook map: a new behaviour is a transform (a ``GraphModule -> GraphModule`` callable,
+    ``GraphTransform``) given to :func:`apply_transform`, not a subclass; the
+    methods below are what runs a call.
+
+    .. code-block:: text
+
+        forward(*args, **kwargs)
+        +-- (inputs are fx proxies) the latest capture is replayed into the tracer
+        +-- key: training mode, argument count, keyword names, each leaf's signature
+        +-- _capture(args, kwargs, leaves, key)     once per key
+        |   +-- TorchDynamo graph of module
+        |   +-- transform(graph_module) for each of transforms, in order
+        +-- captured.run(leaves)
+
     Attributes:
         module: the module whose forward is captured.
         transforms: the graph transforms, applied in order.

@@ -23,14 +23,15 @@ import operator
 import os
 import re
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-import einops
 import torch
 import torch.nn.functional as F
 from torch import fx
 
 import unitscale.scaling.functional as U
+from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS, SCALE_NEUTRAL_METHODS, op_name
 
 __all__ = ["UnitScalePass"]
 
@@ -39,19 +40,6 @@ _ADD_METHODS = {"add", "add_", "__add__", "__iadd__", "__radd__"}
 _ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
 _ATTENTION |= {U.scaled_dot_product_attention}
 
-# Ops that move or select values without changing their scale.
-_NEUTRAL_METHODS = {
-    "view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "squeeze", "unsqueeze",
-    "expand", "expand_as", "split", "chunk", "unbind", "size", "dim", "to", "float", "half", "bfloat16",
-    "double", "type", "type_as", "detach", "clone", "repeat", "narrow", "select", "__getitem__", "t",
-    "view_as", "reshape_as", "movedim", "swapaxes", "roll", "flip", "masked_fill", "cpu", "cuda",
-}  # fmt: skip
-_NEUTRAL_FUNCTIONS: set[Any] = {
-    operator.getitem, torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.cat, torch.concat,
-    torch.stack, torch.split, torch.chunk, torch.unbind, torch.squeeze, torch.unsqueeze, torch.narrow,
-    torch.select, torch.roll, torch.flip, torch.clone, torch.t, torch.movedim, torch.swapaxes, torch.detach,
-    torch.masked_fill, F.pad, einops.rearrange, einops.repeat, torch.nn.functional.dropout,
-}  # fmt: skip
 _SCALED = {getattr(U, name) for name in U.__all__ if callable(getattr(U, name))}
 
 
@@ -71,7 +59,7 @@ def _lookup(table: Mapping[Any, Any], fn: Any) -> Any:
         return None
 
 
-def _member(fn: Any, group: set[Any]) -> bool:
+def _member(fn: Any, group: AbstractSet[Any]) -> bool:
     try:
         return fn in group
     except TypeError:  # an unhashable target
@@ -96,22 +84,6 @@ def _is_add(node: fx.Node) -> bool:
     return node.op == "call_function" and _member(node.target, _ADDS)
 
 
-def _op_name(fn: Any) -> str:
-    """``torch.conv2d``, ``torch.nn.functional.relu``, ``Tensor.mul``, ``operator.mul``."""
-    if isinstance(fn, str):
-        return f"Tensor.{fn}"
-    module = getattr(fn, "__module__", None) or ""
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    if "<locals>" in name:  # a wrapper such as F.max_pool2d's dispatcher carries the public name
-        name = getattr(fn, "__name__", name)
-    if module.startswith("torch._C") or module.startswith("torch._VariableFunctions"):
-        module = "torch"
-    name = name.removeprefix("_VariableFunctionsClass.").removeprefix("TensorBase.")
-    if module == "_operator":
-        module = "operator"
-    return f"{module}.{name}" if module and module != "builtins" else name
-
-
 def _location(node: fx.Node) -> str:
     trace = node.meta.get("stack_trace") or ""
     found = re.findall(r'File "([^"]+)", line (\d+)', trace)
@@ -123,7 +95,7 @@ def _location(node: fx.Node) -> str:
 
 def describe(node: fx.Node) -> str:
     """``"<op> (node <name>) at <file>:<line>"`` for reports and errors."""
-    return f"{_op_name(_function_of(node))} (node {node.name}){_location(node)}"
+    return f"{op_name(_function_of(node), qualified=True)} (node {node.name}){_location(node)}"
 
 
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
@@ -289,8 +261,8 @@ class UnitScalePass:
         if not _is_float_tensor(node.meta.get("example_value")):
             return False
         fn = _function_of(node)
-        if node.op == "call_method" and node.target in _NEUTRAL_METHODS:
+        if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS:
             return False
-        if _member(fn, _NEUTRAL_FUNCTIONS) or _member(fn, _SCALED):
+        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED):
             return False
         return not (isinstance(fn, torch._ops.OpOverload) and fn.namespace == "unitscale")
