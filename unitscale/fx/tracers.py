@@ -25,7 +25,8 @@ import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from unitscale.errors import NotAModuleError, PredicateError, TraceError, UnitscaleError
+from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
 
@@ -129,15 +130,38 @@ class _Tracer(fx.Tracer):
                 "pass an nn.Module or a Python function"
             )
         self._names_of = None
+        # A forward that assigns to its module (self.steps += 1, self.last = y) would leave
+        # proxies there: every submodule is put back as it was, whether tracing succeeds or not.
+        state = ModuleState(root)
         try:
             if isinstance(root, nn.Module):
                 with _skip_input_checks(root):
-                    return super().trace(root, concrete_args)
-            return super().trace(root, concrete_args)
+                    graph = super().trace(root, concrete_args)
+            else:
+                graph = super().trace(root, concrete_args)
+            state.restore(keep_root_attrs={str(n.target) for n in graph.nodes if n.op == "get_attr"})
+            return graph
         except fx.proxy.TraceError as e:
+            state.restore()
             raise TraceError(
                 f"torch.fx could not trace {type(root).__name__}: {e}. Make the control flow static, "
                 "pass concrete_args, or make the module that does it a leaf"
+            ) from e
+        except UnitscaleError:
+            state.restore()
+            raise
+        except BaseException as e:
+            state.restore()
+            if not isinstance(e, Exception):
+                raise
+            # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
+            # a plain TypeError or the like deep inside the model: name the user's line.
+            from unitscale.fx.trace_cache import _user_frame
+
+            raise TraceError(
+                f"torch.fx could not trace {type(root).__name__} at {_user_frame(e)}: {type(e).__name__}: {e}. "
+                "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
+                "make that line independent of tensor values, or make the module that does it a leaf"
             ) from e
 
     def call_module(

@@ -47,6 +47,8 @@ def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
     tracer = ModulePathTracer()
     try:
         graph = tracer.trace(root)
+    except TraceError:
+        raise  # it names the model and the fix already
     except Exception as exc:
         raise TraceError(
             f"torch.fx could not trace {name}: {type(exc).__name__}: {exc}. Remove data-dependent control flow "

@@ -26,6 +26,7 @@ from torch import fx, nn
 
 import unitscale.scaling.functional
 from unitscale.errors import InputError, NotAModuleError
+from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.fx.trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
 from unitscale.tracking.backward import float_outputs, run_backward
@@ -184,10 +185,9 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
         interp.captured.remove_hooks()
         n = interp.current_node
         where = f" at node '{n.name}' ({n.op} {_target(n)})" if n is not None else ""
-        reason = str(e).split("\n\nWhile executing")[0]  # fx appends the node's repr
+        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
         raise InputError(
-            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. "
-            "Check that the inputs have the shapes and dtypes the model expects."
+            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
         ) from e
     seen = {id(leaf) for leaf in interp.captured.leaves}  # parameters the graph read are there already
     interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
@@ -204,8 +204,14 @@ def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) ->
     except Exception as e:
         raise InputError(
             f"{type(module).__name__} failed at {_user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
-            "Check that the inputs have the shapes and dtypes the model expects."
+            f"{_advice(str(e))}"
         ) from e
+
+
+def _advice(reason: str) -> str:
+    if "in-place operation" in reason:
+        return "The model updates a tensor that requires grad in place: do it under torch.no_grad() or outside forward."
+    return "Check that the inputs have the shapes and dtypes the model expects."
 
 
 def _finish(captured: Captured, backward: Any, model: str) -> list[ScaleRow]:
@@ -234,14 +240,20 @@ def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(lines)
 
 
-def _annotate(trace: Trace, scales: dict[str, ScalePair]) -> str:
-    inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in scales]
+def _marked(row: ScaleRow) -> str:
+    """A row's scales, with a marker when a NaN or infinity reached it."""
+    return f"{row.scale} NON-FINITE" if not row.finite else str(row.scale)
+
+
+def _annotate(trace: Trace, rows: list[ScaleRow]) -> str:
+    by_name = {r.node: r for r in rows}
+    inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in by_name]
     lines = []
     for line, name in _code_lines(trace.code):
         if line.startswith("def forward") and inputs:
-            line += "  # " + ", ".join(f"{x} {scales[x]}" for x in inputs)
-        elif name in scales:
-            line += f"  # {scales[name]}"
+            line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
+        elif name in by_name:
+            line += f"  # {_marked(by_name[name])}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -251,7 +263,7 @@ def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     lines = [f"# {model}: ops recorded as they ran; torch.fx could not trace it at {failure}"]
     for r in rows:
         where = f" in {r.module_path}" if r.module_path else ""
-        lines.append(f"{r.node.ljust(width)}  # {r.scale}  {r.op}{where}")
+        lines.append(f"{r.node.ljust(width)}  # {_marked(r)}  {r.op}{where}")
     return "\n".join(lines)
 
 
@@ -312,15 +324,16 @@ def track_scales(
     elif capture == "auto":
         result = trace_or_reason(module, recurse_modules, tuple(autowrap_modules), tuple(autowrap_functions))
         trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
-    # A caller's no_grad() would leave nothing to backpropagate.
-    with torch.enable_grad(), scratch_space():
+    # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
+    # buffers or assigns to its module is undone (the caller's model is only observed).
+    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
         if trace is not None:
             captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
         else:
             captured = _capture_eager(module, inputs, abs_max)
         rows = _finish(captured, backward, model)
     if trace is not None:
-        return ScaleReport(rows, model, _annotate(trace, {r.node: r.scale for r in rows}), "fx")
+        return ScaleReport(rows, model, _annotate(trace, rows), "fx")
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
 
 

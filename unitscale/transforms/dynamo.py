@@ -224,9 +224,20 @@ def _capture_error(module: nn.Module, exc: Exception) -> CaptureError:
     where = ""
     stack = getattr(exc, "real_stack", None)
     if stack:
-        frame = stack[-1]
+        # the user's line, not the torch.nn line it called into
+        frame = next((f for f in reversed(stack) if "/torch/" not in f.filename.replace("\\", "/")), stack[-1])
         where = f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    failed = re.search(r"got (\w+)\((['\"])(.*?)\2\)", str(exc), re.S)
+    if isinstance(exc, torch._dynamo.exc.TorchRuntimeError) and failed:
+        # The op itself failed on the example tensors: the model would fail eagerly too.
+        inner = failed.group(3).rstrip(".")
+        advice = (
+            "update the parameter under torch.no_grad() or outside forward"
+            if "in-place operation" in inner
+            else "check the input shapes and dtypes and the layers' widths (the model fails the same way eagerly)"
+        )
+        return CaptureError(f"{type(module).__name__}.forward fails{where}: {failed.group(1)}: {inner}; {advice}")
     return CaptureError(
         f"TorchDynamo could not capture {type(module).__name__}.forward in one graph{where}: {reason}. "
         f"Rewrite that line without data-dependent Python control flow or calls TorchDynamo cannot trace "
