@@ -66,7 +66,9 @@ def children() -> list[psutil.Process]:
     # multiprocessing's forkserver and resource tracker live on between runs by design;
     # stage workers must not
     helpers = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-    return [p for p in psutil.Process().children(recursive=True) if not any(h in " ".join(p.cmdline()) for h in helpers)]
+    return [
+        p for p in psutil.Process().children(recursive=True) if not any(h in " ".join(p.cmdline()) for h in helpers)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -97,16 +99,24 @@ def test_a_failing_worker_is_named_first_with_its_cause(mode: str, stage: int, f
 def test_a_hanging_worker_times_out_and_is_blamed_before_the_stage_waiting_for_it() -> None:
     plan = faulty_plan("hang", 0)
     started = time.monotonic()
-    with pytest.raises(PipelineError, match=r"^pipeline timed out after 3 s: stage 0 busy at .*test_pipeline_faults\.py:\d+ in fault; stage 1 waiting"):
+    with pytest.raises(
+        PipelineError,
+        match=r"^pipeline timed out after 3 s: stage 0 busy at .*test_pipeline_faults\.py:\d+ in fault; "
+        r"stage 1 waiting",
+    ):
         run_pipeline(plan, torch.randn(4, 4), num_microbatches=2, timeout=3)
     assert time.monotonic() - started < 12
     assert children() == []
 
 
-@pytest.mark.parametrize("timeout", [0, -1, math.nan, math.inf, "10", True], ids=["zero", "negative", "nan", "inf", "str", "bool"])
+@pytest.mark.parametrize(
+    "timeout", [0, -1, math.nan, math.inf, "10", True], ids=["zero", "negative", "nan", "inf", "str", "bool"]
+)
 def test_bad_timeouts_are_refused_before_any_worker_starts(timeout: object) -> None:
     plan = faulty_plan("none", 0)
-    with pytest.raises(InputError, match=r"^run_pipeline\(timeout=\.\.\.\) got .*; pass a finite number of seconds > 0"):
+    with pytest.raises(
+        InputError, match=r"^run_pipeline\(timeout=\.\.\.\) got .*; pass a finite number of seconds > 0"
+    ):
         run_pipeline(plan, torch.randn(4, 4), 2, timeout=timeout)  # type: ignore[arg-type]
     assert children() == []
 
@@ -142,7 +152,9 @@ def test_a_plain_script_without_a_main_guard_runs_a_pipeline(tmp_path: Path) -> 
         )
     )
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("MATCH") == 1  # the script ran once: workers did not re-run it
     assert "MATCH True (6, 2)" in done.stdout

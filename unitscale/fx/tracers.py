@@ -261,6 +261,7 @@ class DeepTracer(_Tracer):
     ) -> None:
         if autowrap_modules is None:
             autowrap_modules = _default_autowrap_modules()
+        _check_autowrap(autowrap_modules, autowrap_functions)
         super().__init__(
             # torch annotates this as a 1-tuple; any number of modules works.
             autowrap_modules=tuple(autowrap_modules),  # type: ignore[arg-type]
@@ -294,6 +295,25 @@ class DeepTracer(_Tracer):
         self.callable_args = {}
         self._callable_nodes = {}
         return super().trace(root, concrete_args)
+
+
+def _check_autowrap(modules: Any, functions: Any) -> None:
+    """Python modules and functions, in tuples: fx would fail on anything else deep in its patcher."""
+    for arg_name, values, kind, example in (
+        ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
+        ("autowrap_functions", functions, None, "(my_function,)"),
+    ):
+        if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
+            raise PredicateError(
+                f"DeepTracer({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
+            )
+        for v in values:
+            ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
+            if not ok:
+                what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
+                raise PredicateError(
+                    f"DeepTracer({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
+                )
 
 
 def ask_module_predicate(
@@ -365,6 +385,11 @@ class LeafTracer(_Tracer):
         **kwargs: Any,
     ) -> None:
         for arg_name, types_ in (("leaf_types", leaf_types), ("trace_types", trace_types)):
+            if not isinstance(types_, (tuple, list)):
+                raise NotAModuleError(
+                    f"LeafTracer({arg_name}=...) got {type(types_).__name__} {types_!r:.60}; "
+                    f"pass a tuple of module classes, e.g. {arg_name}=(nn.ReLU,)"
+                )
             for t in types_:
                 if not (isinstance(t, type) and issubclass(t, nn.Module)):
                     raise NotAModuleError(

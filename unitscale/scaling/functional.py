@@ -109,7 +109,15 @@ def _constrain(
     fn = _constraints.resolve_constraint(constraint)
     if fn is None:
         return (output_scale, *grad_input_scales)
-    chosen = fn(output_scale, *grad_input_scales)
+    try:
+        chosen = fn(output_scale, *grad_input_scales)
+    except _errors.UnitscaleError:
+        raise
+    except Exception as e:
+        raise _errors.PredicateError(
+            f"constraint {getattr(fn, '__name__', fn)!r} raised {type(e).__name__}: {e}; a constraint takes "
+            "(output_scale, *grad_input_scales) and returns one positive, finite number"
+        ) from e
     if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not 0 < chosen < _math.inf:
         scales = ", ".join(f"{s:.4g}" for s in (output_scale, *grad_input_scales))
         raise _errors.PredicateError(

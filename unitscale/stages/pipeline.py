@@ -276,7 +276,9 @@ class _Failure:
     detail: str = ""  # the traceback
 
 
-def _diagnose(procs: list[Any], results: Any, failures: list[_Failure], reported: set[int], main_hint: str) -> PipelineError:
+def _diagnose(
+    procs: list[Any], results: Any, failures: list[_Failure], reported: set[int], main_hint: str
+) -> PipelineError:
     """Blame the stage that failed first; its neighbours then fail on broken links.
 
     A worker that died without a word (``os._exit``, a signal, a crash in C) is the
@@ -300,7 +302,11 @@ def _diagnose(procs: list[Any], results: Any, failures: list[_Failure], reported
     ]
     ordered = silent + sorted(failures, key=lambda f: f.when)
     first = ordered[0]
-    lines = [f"stage {first.rank} worker failed: {first.cause}" if first.detail else f"stage {first.rank} worker {first.cause}"]
+    lines = [
+        f"stage {first.rank} worker failed: {first.cause}"
+        if first.detail
+        else f"stage {first.rank} worker {first.cause}"
+    ]
     if not first.detail and main_hint:
         lines[0] += main_hint
     lines += [f"(stage {f.rank} failed after it: {f.cause.splitlines()[0] if f.cause else ''})" for f in ordered[1:]]
@@ -311,7 +317,7 @@ def _diagnose(procs: list[Any], results: Any, failures: list[_Failure], reported
 
 def _stack_of(path: str) -> list[tuple[str, int, str]]:
     """``(file, line, function)`` frames of a faulthandler dump, innermost first."""
-    frames = []
+    frames: list[tuple[str, int, str]] = []
     try:
         with open(path) as f:
             text = f.read()
@@ -371,7 +377,9 @@ def _collect(
             continue
         reported.add(rank)
         if kind == "error":
-            raise _diagnose(procs, results, [_Failure(rank, f"{data[0]}: {data[1]}", when, data[2])], reported, main_hint)
+            raise _diagnose(
+                procs, results, [_Failure(rank, f"{data[0]}: {data[1]}", when, data[2])], reported, main_hint
+            )
         done[rank] = pickle.loads(data)
     return done
 

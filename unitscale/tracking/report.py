@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
-from unitscale.errors import FormatError
+from unitscale.errors import FormatError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
 from unitscale.tracking.stats import ScalePair
 
@@ -137,7 +137,7 @@ class ScaleReport:
                 if row.node == key:
                     return row
             names = ", ".join(r.node for r in self.rows[:8]) + (", ..." if len(self.rows) > 8 else "")
-            raise KeyError(f"no tensor named {key!r} in this report; its names are {names}")
+            raise NodeNotFoundError(f"no tensor named {key!r} in this report; its names are {names}")
         return self.rows[key]
 
     def __repr__(self) -> str:
@@ -168,7 +168,9 @@ class ScaleReport:
             return ""
         count = sum(not r.finite for r in self.rows)
         direction = "forward value" if "fwd" in row.nonfinite else "gradient"
-        return f"NON-FINITE: NaN/inf first in the {direction} of node '{row.node}' ({row.op}); {count} tensor(s) affected"
+        return (
+            f"NON-FINITE: NaN/inf first in the {direction} of node '{row.node}' ({row.op}); {count} tensor(s) affected"
+        )
 
     @property
     def scales(self) -> dict[str, ScalePair]:
@@ -196,7 +198,9 @@ class ScaleReport:
         note = self._nonfinite_note()
         if note:
             header += ("finite",)
-            body = [(*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)]
+            body = [
+                (*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)
+            ]
         widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
         if note:
@@ -294,7 +298,14 @@ class ScaleReport:
             # NaN and inf have no place on a log axis: mark where they start instead.
             at = self.rows.index(bad)
             ax.axvline(at, color="red", lw=1.5, ls=":")
-            ax.annotate(f"first NaN/inf: {bad.node}", (at, hi), xytext=(3, -12), textcoords="offset points", color="red", fontsize=8)
+            ax.annotate(
+                f"first NaN/inf: {bad.node}",
+                (at, hi),
+                xytext=(3, -12),
+                textcoords="offset points",
+                color="red",
+                fontsize=8,
+            )
             title += f"\nNON-FINITE from node '{bad.node}' ({'forward' if 'fwd' in bad.nonfinite else 'backward'})"
         ax.set_title(title)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

@@ -26,7 +26,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from unitscale.errors import CaptureError, TraceError
+from unitscale.errors import CaptureError, TraceError, TransformError, UnitscaleError
 
 __all__ = ["GraphTransform", "TransformedModule"]
 
@@ -245,6 +245,25 @@ def _capture_error(module: nn.Module, exc: Exception) -> CaptureError:
     )
 
 
+def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.GraphModule) -> fx.GraphModule:
+    name = getattr(transform, "__name__", type(transform).__name__)
+    try:
+        result = transform(gm)
+    except UnitscaleError:
+        raise
+    except Exception as exc:
+        raise TransformError(
+            f"the graph transform {name!r} raised {type(exc).__name__}: {exc} on the graph of "
+            f"{type(module).__name__}; fix the transform (it gets and returns an fx.GraphModule)"
+        ) from exc
+    if not isinstance(result, fx.GraphModule):
+        raise TransformError(
+            f"the graph transform {name!r} returned {type(result).__name__} {result!r:.40}, not an fx.GraphModule; "
+            "return the (changed) GraphModule, e.g. end it with `gm.recompile(); return gm`"
+        )
+    return result
+
+
 @contextmanager
 def _no_torch_function_modes() -> Iterator[None]:
     """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures."""
@@ -293,7 +312,7 @@ def _capture(
         )
     gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
     for transform in transforms:
-        gm = transform(gm)
+        gm = _run_transform(module, transform, gm)
     out_leaves, out_spec = pytree.tree_flatten(result)
     graph_outputs = {id(t): i for i, t in enumerate(record.get("outputs", ()))}
     input_ids = {id(leaf): i for i, leaf in enumerate(leaves)}
