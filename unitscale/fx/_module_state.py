@@ -41,7 +41,7 @@ class ModuleState:
     def __init__(self, root: Any, values: bool = False) -> None:
         self.root = root if isinstance(root, nn.Module) else None
         self.snapshot: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]] = []
-        self.values: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        self.values: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.root is None:
             return
         for m in self.root.modules():
@@ -51,7 +51,7 @@ class ModuleState:
             self.snapshot.append((m, attrs, containers))
         if values:
             with torch.no_grad():
-                self.values = [(b, b.detach().clone(), b._version) for b in self.root.buffers()]
+                self.values = [(b, b.detach().clone()) for b in self.root.buffers()]
 
     def restore(self, keep_root_attrs: Collection[str] = ()) -> None:
         """Put everything back; new root attributes named in ``keep_root_attrs`` stay.
@@ -63,11 +63,12 @@ class ModuleState:
             keep = keep_root_attrs if m is self.root else ()
             _restore(m.__dict__, attrs, containers, keep)
         with torch.no_grad():
-            for b, copy, version in self.values:
-                if b._version == version:
-                    continue
+            for b, copy in self.values:
+                # BatchNorm's kernel updates its running statistics without bumping the
+                # version counter, so the values themselves are compared.
                 if b.shape == copy.shape and b.dtype == copy.dtype:
-                    b.copy_(copy)
+                    if not torch.equal(b, copy):
+                        b.copy_(copy)
                 else:
                     b.data = copy
 
