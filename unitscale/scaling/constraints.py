@@ -90,7 +90,9 @@ def hmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     0.4
     """
     scales = _scales("hmean", (output_scale, grad_input_scale, *more_grad_input_scales))
-    return len(scales) / sum(1 / s for s in scales)
+    # Relative to the smallest scale, so that neither 1/s nor the sum can overflow.
+    least = min(scales)
+    return least * (len(scales) / sum(least / s for s in scales))
 
 
 def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
@@ -108,7 +110,7 @@ def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     0.625
     """
     scales = _scales("amean", (output_scale, grad_input_scale, *more_grad_input_scales))
-    return sum(scales) / len(scales)
+    return sum(s / len(scales) for s in scales)  # the plain sum overflows near the largest float
 
 
 def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
