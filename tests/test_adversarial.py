@@ -34,7 +34,9 @@ from unitscale import (
     LeafTracer,
     MarkovSource,
     ModulePathTracer,
+    ScalePair,
     ScaleReport,
+    ScaleTracker,
     TaggingTracer,
     TinyGPT,
     amean,
@@ -407,7 +409,48 @@ CASES: dict[str, Case] = {
     "U-linear-constraint-zero-result": Case(
         lambda: U.linear(X, torch.randn(4, 4), constraint=lambda *s: 0.0), PredicateError, ("constraint", "0.0")
     ),
+    "U-scale-nan": Case(lambda: U.scale(X, NAN, 1.0), InputError, ("scale: fwd_scale=nan", "finite number")),
+    "U-scale-str": Case(lambda: U.scale(X, 1.0, "a"), InputError, ("bwd_scale='a'",)),
+    "U-scale-inf": Case(lambda: U.scale(X, INF, INF), InputError, ("fwd_scale=inf",)),
+    "U-linear-str-input": Case(
+        lambda: U.linear("x", torch.randn(4, 4)), InputError, ("linear: input is a str", "tensor")
+    ),
+    "U-linear-widths": Case(
+        lambda: U.linear(X, torch.randn(3, 5)), InputError, ("(4, 4)", "weight of shape (3, 5)", "last size")
+    ),
+    "U-matmul-widths": Case(
+        lambda: U.matmul(X, torch.randn(3, 5)), InputError, ("matmul", "other of shape (3, 5)", "second-to-last")
+    ),
+    "U-matmul-scalar": Case(lambda: U.matmul(X, torch.tensor(2.0)), InputError, ("matmul", "shape ()")),
+    "U-gelu-approximate": Case(
+        lambda: U.gelu(X, approximate="fast"), InputError, ("gelu: approximate='fast'", "'none' or 'tanh'")
+    ),
+    "U-softmax-dim-str": Case(lambda: U.softmax(X, dim="last"), InputError, ("softmax: dim='last'", "int")),  # type: ignore[arg-type]
+    "U-dropout-training-str": Case(
+        lambda: U.dropout(X, 0.5, training="yes"), InputError, ("training='yes'", "True or False")
+    ),  # type: ignore[arg-type]
+    "U-residual-split-tau-str": Case(lambda: U.residual_split(X, tau="a"), InputError, ("tau='a'", "between 0 and 1")),  # type: ignore[arg-type]
+    "U-residual-split-tau-nan": Case(lambda: U.residual_split(X, tau=NAN), InputError, ("tau=nan",)),
     # nn modules
+    "unn-linear-negative": Case(lambda: unn.Linear(-1, 4), InputError, ("Linear: in_features=-1", "int >= 0")),
+    "unn-linear-float": Case(lambda: unn.Linear(4, 2.5), InputError, ("out_features=2.5",)),  # type: ignore[arg-type]
+    "unn-embedding-negative": Case(lambda: unn.Embedding(-1, 4), InputError, ("Embedding: num_embeddings=-1",)),
+    "unn-gelu-approximate": Case(lambda: unn.GELU(approximate="fast"), InputError, ("GELU: approximate='fast'",)),
+    "unn-softmax-dim-str": Case(lambda: unn.Softmax(dim="a"), InputError, ("Softmax: dim='a'",)),  # type: ignore[arg-type]
+    "unn-mhsa-str-size": Case(lambda: unn.MHSA("8", 2), InputError, ("MHSA: hidden_size='8'",)),  # type: ignore[arg-type]
+    "unn-dropout-str": Case(lambda: unn.Dropout(p="a"), InputError, ("Dropout: p='a'", "probability")),  # type: ignore[arg-type]
+    # scale records and reports
+    "scalepair-str": Case(
+        lambda: ScalePair("a", 1.0), InputError, ("ScalePair(forward=...) got str 'a'", "float or None")
+    ),  # type: ignore[arg-type]
+    "scalepair-bool-backward": Case(lambda: ScalePair(1.0, True), InputError, ("backward=", "bool")),
+    "scaletracker-record-str": Case(
+        lambda: ScaleTracker.apply(X, "record"), InputError, ("ScaleTracker.apply", "str", "ScaleRecord()")
+    ),
+    "report-plot-ax-int": Case(lambda: _report().plot(ax=5), InputError, ("plot(ax=...) got int 5", "Axes")),  # type: ignore[arg-type]
+    "trace-exec-order-concrete-args": Case(
+        lambda: trace_exec_order(MLP(4), concrete_args=5), InputError, ("concrete_args=", "int 5", "dict")
+    ),  # type: ignore[arg-type]
     "unn-linear-constraint": Case(lambda: unn.Linear(4, 4, constraint="bogus"), UnknownConstraintError, ("'bogus'",)),
     "unn-gelu-constraint": Case(lambda: unn.GELU(constraint=3), UnknownConstraintError, ("int 3",)),  # type: ignore[arg-type]
     "unn-softmax-constraint": Case(lambda: unn.Softmax(-1, constraint="x"), UnknownConstraintError, ("'x'",)),
@@ -650,6 +693,27 @@ MODEL_CASES: dict[str, ModelCase] = {
         "probe", lambda m: track_scales(m, X, torch.randn(3)), BackwardShapeError, ("(3,)", "(4, 4)")
     ),
     "track-scales-backward-str": ModelCase("probe", lambda m: track_scales(m, X, "ones"), BackwardShapeError, ("str",)),
+    "track-scales-abs-max-str": ModelCase(
+        "probe", lambda m: track_scales(m, X, abs_max="yes"), InputError, ("abs_max=", "str 'yes'", "True or False")
+    ),  # type: ignore[arg-type]
+    "track-scales-recurse-int": ModelCase(
+        "probe", lambda m: track_scales(m, X, recurse_modules=1), InputError, ("recurse_modules=", "int 1")
+    ),  # type: ignore[arg-type]
+    "track-scales-autowrap-str": ModelCase(
+        "probe",
+        lambda m: track_scales(m, X, autowrap_modules=("math",)),
+        PredicateError,
+        ("autowrap_modules=", "'math'"),
+    ),  # type: ignore[arg-type]
+    "analyse-module-highlight-str": ModelCase(
+        "probe", lambda m: analyse_module(m, X, syntax_highlight="no"), InputError, ("syntax_highlight=", "str 'no'")
+    ),  # type: ignore[arg-type]
+    "deeptracer-concrete-args-list": ModelCase(
+        "probe",
+        lambda m: DeepTracer().trace(m, concrete_args=[1]),
+        InputError,
+        ("DeepTracer.trace(concrete_args=...) got list",),
+    ),  # type: ignore[arg-type]
     "track-scales-capture": ModelCase(
         "probe",
         lambda m: track_scales(m, X, capture="jit"),

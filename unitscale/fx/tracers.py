@@ -25,7 +25,7 @@ import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import NotAModuleError, PredicateError, TraceError, UnitscaleError
+from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError, UnitscaleError
 from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
@@ -128,6 +128,11 @@ class _Tracer(fx.Tracer):
             raise NotAModuleError(
                 f"{type(self).__name__}.trace got {type(root).__name__} {root!r:.60}; "
                 "pass an nn.Module or a Python function"
+            )
+        if concrete_args is not None and not isinstance(concrete_args, dict):
+            raise InputError(
+                f"{type(self).__name__}.trace(concrete_args=...) got {type(concrete_args).__name__} "
+                f"{concrete_args!r:.60}; pass a dict of argument name -> value, or None"
             )
         self._names_of = None
         # A forward that assigns to its module (self.steps += 1, self.last = y) would leave

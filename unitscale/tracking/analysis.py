@@ -29,6 +29,7 @@ from unitscale.errors import InputError, NotAModuleError
 from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.fx.trace_cache import ScaleTracer, Trace, _user_frame, trace_for_scales, trace_or_reason
+from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.eager import Captured, input_leaf, op_name, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
@@ -313,8 +314,13 @@ def track_scales(
     (-> 0.98, <- 0.238)
     """
     module = _check_module(module, "track_scales")
-    if capture not in ("auto", "fx", "eager"):
+    if not isinstance(capture, str) or capture not in ("auto", "fx", "eager"):
         raise InputError(f"capture must be 'auto', 'fx' or 'eager', got {capture!r}")
+    for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
+        if not isinstance(flag, bool):
+            raise InputError(f"track_scales({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
+    # checked here: a tracer refusing them would otherwise send "auto" to eager capture
+    _check_autowrap(autowrap_modules, autowrap_functions)
     inputs = _check_inputs(module, inputs)
     model = type(module).__name__
     failure = ""
@@ -466,6 +472,11 @@ def analyse_module(
         linear_1 = torch._C._nn.linear(relu, fc2_weight, fc2_bias)  # (-> 0.236, <- 0.998)
         return linear_1
     """
+    if not isinstance(syntax_highlight, bool):
+        raise InputError(
+            f"analyse_module(syntax_highlight=...) got {type(syntax_highlight).__name__} {syntax_highlight!r:.60}; "
+            "pass True or False"
+        )
     report = track_scales(
         module,
         inputs,

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
-from unitscale.errors import FormatError, NodeNotFoundError
+from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
 from unitscale.tracking.stats import ScalePair
 
@@ -243,7 +243,12 @@ class ScaleReport:
                 f"use names from {tuple(FORMAT_RANGES)}"
             )
         import matplotlib.pyplot as plt
+        from matplotlib.axes import Axes as MplAxes
 
+        if ax is not None and not isinstance(ax, MplAxes):
+            raise InputError(
+                f"ScaleReport.plot(ax=...) got {type(ax).__name__} {ax!r:.60}; pass matplotlib Axes or None"
+            )
         if ax is None:
             fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(self.rows) + 5), 4.5))
         else:
