@@ -10,6 +10,7 @@ containers, and puts back whatever changed, on success and on failure. With
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -40,15 +41,22 @@ class ModuleState:
 
     def __init__(self, root: Any, values: bool = False) -> None:
         self.root = root if isinstance(root, nn.Module) else None
-        self.snapshot: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]] = []
+        self.snapshot: list[tuple[nn.Module, dict[str, Any], dict[str, Any], list[str]]] = []
         self.values: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.root is None:
             return
         for m in self.root.modules():
             attrs = dict(m.__dict__)
-            # Containers are copied, not only referenced: fx and forward code mutate them in place.
-            containers = {k: type(v)(v) for k, v in attrs.items() if isinstance(v, (dict, set))}
-            self.snapshot.append((m, attrs, containers))
+            # Containers are copied, not only referenced: fx and forward code mutate them in
+            # place. Most (hook dicts) are empty, and only their staying empty is checked.
+            containers, empty = {}, []
+            for k, v in attrs.items():
+                if isinstance(v, (dict, set)):
+                    if v:
+                        containers[k] = type(v)(v)
+                    else:
+                        empty.append(k)
+            self.snapshot.append((m, attrs, containers, empty))
         if values:
             with torch.no_grad():
                 self.values = [(b, b.detach().clone()) for b in self.root.buffers()]
@@ -59,9 +67,22 @@ class ModuleState:
         Tracing stores tensor constants on the root (``_tensor_constant0``) for its graph's
         ``get_attr`` nodes: those are the tracer's, not the forward's, and are kept.
         """
-        for m, attrs, containers in self.snapshot:
-            keep = keep_root_attrs if m is self.root else ()
-            _restore(m.__dict__, attrs, containers, keep)
+        for m, attrs, containers, empty in self.snapshot:
+            state = m.__dict__
+            if len(state) != len(attrs) or not all(map(operator.is_, state.values(), attrs.values())):
+                _restore_attrs(state, attrs, keep_root_attrs if m is self.root else ())
+            for k in empty:
+                if state[k]:
+                    state[k].clear()
+            for k, saved in containers.items():
+                current = state[k]
+                if isinstance(saved, dict):
+                    same = current.keys() == saved.keys() and all(map(operator.is_, current.values(), saved.values()))
+                else:
+                    same = current == saved
+                if not same:
+                    current.clear()
+                    current.update(saved)
         with torch.no_grad():
             for b, copy in self.values:
                 # BatchNorm's kernel updates its running statistics without bumping the
@@ -73,24 +94,13 @@ class ModuleState:
                     b.data = copy
 
 
-def _restore(state: dict[str, Any], attrs: dict[str, Any], containers: dict[str, Any], keep: Collection[str]) -> None:
+def _restore_attrs(state: dict[str, Any], attrs: dict[str, Any], keep: Collection[str]) -> None:
     for k in [k for k in state if k not in attrs]:
         if k not in keep or isinstance(state[k], fx.Proxy):
             del state[k]
     for k, v in attrs.items():
         if state.get(k, _MISSING) is not v:
             state[k] = v
-    for k, saved in containers.items():
-        current = state[k]
-        if isinstance(saved, dict):
-            changed = len(current) != len(saved) or any(
-                a != b or current[a] is not saved[b] for a, b in zip(current, saved, strict=False)
-            )
-        else:
-            changed = current != saved
-        if changed:
-            current.clear()
-            current.update(saved)
 
 
 @contextmanager

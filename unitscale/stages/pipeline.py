@@ -309,10 +309,16 @@ def _diagnose(
     ]
     if not first.detail and main_hint:
         lines[0] += main_hint
-    lines += [f"(stage {f.rank} failed after it: {f.cause.splitlines()[0] if f.cause else ''})" for f in ordered[1:]]
+    # later failures are mostly broken links to the first: one short line each
+    lines += [f"(stage {f.rank} failed after it: {_first_line(f.cause, 160)})" for f in ordered[1:]]
     if first.detail:
         lines.append(f"\nTraceback of stage {first.rank}:\n{first.detail.rstrip()}")
     return PipelineError("\n".join(lines))
+
+
+def _first_line(text: str, limit: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _stack_of(path: str) -> list[tuple[str, int, str]]:

@@ -182,7 +182,7 @@ class ScaleReport:
 
         When a NaN or infinity reached some tensor, a ``finite`` column marks each row
         (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
-        the node where it first appeared (:attr:`first_nonfinite`).
+        the node where it first appeared (``first_nonfinite``).
 
         >>> nan = float("nan")
         >>> print(ScaleReport([ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)], "Net").table())
