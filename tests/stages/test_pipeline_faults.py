@@ -63,12 +63,23 @@ def faulty_plan(mode: str, stage: int) -> object:
 
 
 def children() -> list[psutil.Process]:
-    # multiprocessing's forkserver and resource tracker live on between runs by design;
-    # stage workers must not
-    helpers = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
-    return [
-        p for p in psutil.Process().children(recursive=True) if not any(h in " ".join(p.cmdline()) for h in helpers)
-    ]
+    """Our live descendant processes, less multiprocessing's forkserver and resource tracker.
+
+    Those two live on between runs by design; stage workers must not. Workers are forked by
+    the forkserver (they are its children and share its command line), so the helpers are
+    told apart as our direct children.
+    """
+    names = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+    me = psutil.Process()
+    helpers = {p.pid for p in me.children() if any(n in " ".join(p.cmdline()) for n in names)}
+    alive = []
+    for p in me.children(recursive=True):
+        try:
+            if p.pid not in helpers and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 @pytest.mark.parametrize(
