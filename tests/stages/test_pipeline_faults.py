@@ -169,3 +169,43 @@ def test_a_plain_script_without_a_main_guard_runs_a_pipeline(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("MATCH") == 1  # the script ran once: workers did not re-run it
     assert "MATCH True (6, 2)" in done.stdout
+
+
+SCRIPT_WITH_OWN_LOSS = """
+import torch
+from torch import nn
+from unitscale import partition, run_pipeline
+
+
+def my_loss(output, target):
+    return (output - target).pow(2).mean()
+
+
+def main():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(4, 4), torch.randn(4, 2)
+    result = run_pipeline(partition(model, 2, x), x, 2, loss_fn=my_loss, target=y, timeout=60)
+    print("LOSS", round(result.loss.item(), 4), round(my_loss(model(x), y).item(), 4))
+
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
+def test_a_loss_defined_in_the_script_needs_the_main_guard_and_says_so(tmp_path: Path, guarded: bool) -> None:
+    script = tmp_path / "own_loss.py"
+    call = 'if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"
+    script.write_text(SCRIPT_WITH_OWN_LOSS + call)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path
+    )
+    if guarded:
+        assert done.returncode == 0, done.stderr[-2000:]
+        _, got, want = done.stdout.split()
+        assert got == want
+    else:
+        assert done.returncode != 0
+        first = next(line for line in done.stderr.splitlines() if line.startswith("unitscale.errors.PipelineError"))
+        assert first.startswith("unitscale.errors.PipelineError: stage 0 worker exited with code 1")
+        assert 'guard its top level with `if __name__ == "__main__":`' in first and "my_loss" in first

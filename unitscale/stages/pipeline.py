@@ -5,9 +5,11 @@ each worker joins a gloo process group through it, wraps its stage in a
 :class:`~torch.distributed.pipelining.PipelineStage` and steps a GPipe or 1F1B
 schedule. Workers come from a ``forkserver`` that has already imported torch,
 so a run costs a fork, not an interpreter start, and it works from a Jupyter
-kernel (no fork of a threaded process, nothing pickled by reference to
-``__main__``). Stages and payloads travel as pickled bytes; every failure or
-timeout comes back as :class:`~unitscale.errors.PipelineError`.
+kernel (no fork of a threaded process). The workers do not re-run the caller's
+script (so it needs no ``if __name__ == "__main__":`` guard) unless what they get
+refers to something defined in it. Stages and payloads travel as pickled bytes;
+every failure or timeout comes back as :class:`~unitscale.errors.PipelineError`,
+naming the stage that failed first and its cause before its traceback.
 """
 
 from __future__ import annotations
@@ -225,8 +227,12 @@ def _pickled(what: str, value: Any, from_main: list[str]) -> bytes:
             f"{what} cannot be pickled for the worker processes ({type(exc).__name__}: {exc}); "
             "use a module-level function or an nn.Module instead of a lambda or local function"
         ) from exc
+    data = buffer.getvalue()
+    if b"__main__" in data and not pickler.from_main:
+        # e.g. a GraphModule's import block naming a function wrapped in the script
+        pickler.from_main.append(f"something {what} imports from __main__")
     from_main.extend(name for name in pickler.from_main if name not in from_main)
-    return buffer.getvalue()
+    return data
 
 
 @contextmanager
