@@ -206,6 +206,9 @@ def test_a_loss_defined_in_the_script_needs_the_main_guard_and_says_so(tmp_path:
         assert got == want
     else:
         assert done.returncode != 0
-        first = next(line for line in done.stderr.splitlines() if line.startswith("unitscale.errors.PipelineError"))
+        errors = [line for line in done.stderr.splitlines() if line.startswith("unitscale.errors.PipelineError")]
+        # the worker says why it stopped, the caller names the stage and the fix
+        assert any("worker process re-imported your script" in line for line in errors)
+        first = errors[-1]
         assert first.startswith("unitscale.errors.PipelineError: stage 0 worker exited with code 1")
         assert 'guard its top level with `if __name__ == "__main__":`' in first and "my_loss" in first
