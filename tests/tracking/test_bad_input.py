@@ -49,6 +49,7 @@ def test_a_nan_input_is_marked_and_named_in_table_plot_and_code() -> None:
     assert any(line.split()[-1] == "yes" for line in lines[1:-1])  # the weights' forward values are fine
     assert lines[-1].startswith("NON-FINITE: NaN/inf first in the forward value of node 'x' (input)")
     assert "NON-FINITE from node 'x' (forward)" in report.plot().axes[0].get_title()
+    assert repr(report).endswith("fx capture, NON-FINITE from 'x'>")
     code = analyse_module(Net(), x)
     assert code.splitlines()[0].startswith("def forward(self, x):  # x (-> nan, <- ") and code.splitlines()[0].endswith(
         ") NON-FINITE"

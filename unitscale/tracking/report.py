@@ -141,7 +141,9 @@ class ScaleReport:
         return self.rows[key]
 
     def __repr__(self) -> str:
-        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.capture} capture>"
+        bad = self.first_nonfinite
+        marker = "" if bad is None else f", NON-FINITE from {bad.node!r}"
+        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.capture} capture{marker}>"
 
     @property
     def first_nonfinite(self) -> ScaleRow | None:
