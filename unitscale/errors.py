@@ -1,9 +1,30 @@
-"""Typed exceptions for every error a user can cause.
+"""Typed exceptions for every error a user can cause, and the contract they serve.
 
 Each exception subclasses :class:`UnitscaleError` and the builtin that fits
 (``TypeError`` for a wrong kind of thing, ``ValueError`` for a bad value,
 ``RuntimeError`` for a failure while running). Messages name the offending
 node, module or argument and say what to do.
+
+The contract every public function and class of unitscale keeps:
+
+1. **Arguments are checked.** A bad argument raises a :class:`UnitscaleError`
+   subclass whose message names the argument, what it got and what it accepts,
+   before any work starts (no worker process, no trace, no change to anything).
+2. **The user's module is left as it was.** No call changes the module, its
+   submodules, parameters, buffers (values included), attributes, hooks or its
+   ``training`` flag, unless its docs say it does (``unit_scale`` re-initialises the
+   weights of the copy it returns, not the original). A ``forward`` that assigns to its
+   module while it is traced or run for statistics (``self.steps += 1``,
+   ``self.last = y``) is undone, whether the call succeeds or fails.
+3. **A numeric result is never silently NaN.** Where a NaN or infinity reaches a
+   reported number, the report says so (``ScaleReport.first_nonfinite``, the
+   ``finite`` column of its table, ``NON-FINITE`` in ``analyse_module``'s code).
+4. **A failure is blamed where it happened.** A pipeline worker that raises, exits,
+   is killed or hangs is named first, with its exception type and message, exit code
+   or signal, or the line it is stuck at; its traceback follows.
+5. **Wrong answers are refused, not returned.** Inputs that a computation would
+   handle wrongly (microbatches of unequal size, a target whose batch differs from
+   the inputs') raise instead.
 
 >>> from unitscale.errors import NotAModuleError, UnitscaleError
 >>> issubclass(NotAModuleError, TypeError) and issubclass(NotAModuleError, UnitscaleError)
@@ -33,6 +54,10 @@ __all__ = [
     "NoGraphError",
     "UnknownRouteError",
     "UnscaledOpsError",
+    "ScaleValueError",
+    "TransformError",
+    "ConfigError",
+    "NodeNotFoundError",
 ]
 
 
@@ -127,3 +152,31 @@ class UnknownRouteError(UnitscaleError, ValueError):
 
 class UnscaledOpsError(UnitscaleError, RuntimeError):
     """``unit_scale(..., strict=True)`` found ops it could not unit-scale."""
+
+
+class ScaleValueError(UnitscaleError, ValueError):
+    """A scale given to a constraint (``gmean``, ``hmean``, ...) is not a finite number > 0.
+
+    >>> import unitscale
+    >>> unitscale.gmean(0, 1)
+    Traceback (most recent call last):
+    unitscale.errors.ScaleValueError: gmean: output_scale=0.0 must be a finite number > 0
+    """
+
+
+class TransformError(UnitscaleError, RuntimeError):
+    """A graph transform given to ``apply_transform`` raised or did not return a ``GraphModule``."""
+
+
+class ConfigError(InputError):
+    """A reference model or data source was built with an impossible setting (``TinyGPT``, ``MarkovSource``).
+
+    >>> import unitscale
+    >>> unitscale.TinyGPT(d_model=10, n_heads=3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by n_heads=3; ...
+    """
+
+
+class NodeNotFoundError(UnitscaleError, KeyError):
+    """A report or plan was indexed by a node name it does not hold."""

@@ -55,7 +55,8 @@ class FPFormat:
 
     Raises:
         FormatError: for bit counts outside the ranges above, a non-integer count, an
-            unknown rounding mode, or an "fn" format with no mantissa bits.
+            unknown rounding mode, ``infinities`` or ``saturate`` not a ``bool``, or an
+            "fn" format with no mantissa bits.
 
     >>> fmt = FPFormat(4, 3, infinities=False)
     >>> fmt == FP8_E4M3, fmt.max_value, fmt.min_normal, fmt.min_subnormal
@@ -84,7 +85,10 @@ class FPFormat:
                     f"FPFormat: {name}={value} is outside {low}..{high}; "
                     f"float32 simulates formats with at most 8 exponent bits and 23 mantissa bits"
                 )
-        if self.rounding not in _ROUNDING_MODES:
+        for name, flag in (("infinities", self.infinities), ("saturate", self.saturate)):
+            if not isinstance(flag, bool):
+                raise FormatError(f"FPFormat: {name}={flag!r} must be True or False")
+        if not isinstance(self.rounding, str) or self.rounding not in _ROUNDING_MODES:
             raise FormatError(f"FPFormat: rounding={self.rounding!r} is unknown; use 'nearest' or 'stochastic'")
         if not self.infinities and self.mantissa_bits == 0:
             raise FormatError(

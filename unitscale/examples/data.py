@@ -12,7 +12,8 @@ import math
 
 import torch
 
-from unitscale.errors import InputError
+from unitscale.errors import ConfigError
+from unitscale.examples._checks import check_int, check_positive
 
 __all__ = ["MarkovSource"]
 
@@ -32,7 +33,8 @@ class MarkovSource:
         seed: seed of the table (the source is a pure function of its arguments).
 
     Raises:
-        InputError: for ``vocab_size < 2`` or a non-positive ``concentration``.
+        ConfigError: (an :class:`~unitscale.errors.InputError`) for ``vocab_size`` outside
+            2..256, a ``concentration`` that is not a finite number > 0, or a negative ``seed``.
 
     >>> source = MarkovSource(vocab_size=8, concentration=0.5, seed=0)
     >>> tokens = source.sample(batch=2, seq_len=10, generator=torch.Generator().manual_seed(0))
@@ -45,10 +47,10 @@ class MarkovSource:
     """
 
     def __init__(self, vocab_size: int = 16, concentration: float = 0.3, seed: int = 0) -> None:
-        if not isinstance(vocab_size, int) or vocab_size < 2:
-            raise InputError(f"MarkovSource: vocab_size={vocab_size!r} must be an int >= 2")
-        if not concentration > 0:
-            raise InputError(f"MarkovSource: concentration={concentration!r} must be positive")
+        # vocab_size**3 transition probabilities are held: 256 is 130 MB of float64.
+        check_int("MarkovSource", "vocab_size", vocab_size, 2, 256)
+        concentration = check_positive("MarkovSource", "concentration", concentration)
+        check_int("MarkovSource", "seed", seed, 0)
         self.vocab_size = vocab_size
         gen = torch.Generator().manual_seed(seed)
         gamma = torch._standard_gamma(
@@ -83,8 +85,7 @@ class MarkovSource:
         A model predicts tokens ``1 .. seq_len-1``; token 1 has one token of context
         (conditional entropy ``H(x1 | x0)``), every later one has two (the entropy rate).
         """
-        if seq_len < 2:
-            raise InputError(f"MarkovSource.loss_floor: seq_len={seq_len} must be >= 2 (one token to predict)")
+        check_int("MarkovSource.loss_floor", "seq_len", seq_len, 2)
         joint = self.pair_probs
         first = joint.sum(1)
         h_pair = -(joint * joint.clamp_min(1e-300).log()).sum()
@@ -94,8 +95,13 @@ class MarkovSource:
 
     def sample(self, batch: int, seq_len: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw ``batch`` sequences of ``seq_len`` tokens (int64, shape ``(batch, seq_len)``)."""
-        if batch < 1 or seq_len < 2:
-            raise InputError(f"MarkovSource.sample: batch={batch} and seq_len={seq_len} must be >= 1 and >= 2")
+        check_int("MarkovSource.sample", "batch", batch, 1)
+        check_int("MarkovSource.sample", "seq_len", seq_len, 2)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ConfigError(
+                f"MarkovSource.sample: generator={generator!r:.60} is a {type(generator).__name__}; "
+                "pass a torch.Generator or None"
+            )
         v = self.vocab_size
         pair = torch.multinomial(self.pair_probs.flatten(), batch, replacement=True, generator=generator)
         out = torch.empty(batch, seq_len, dtype=torch.int64)

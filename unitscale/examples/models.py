@@ -1,12 +1,12 @@
 """Small reference models used by the tutorials, tests and benchmarks.
 
-They are written to trace with ``torch.fx`` (no data-dependent control flow) and
-to capture with TorchDynamo in one graph.
-"""
+They trace with ``torch.fx`` (no data-dependent control flow) and capture with TorchDynamo in one graph."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from unitscale.examples._checks import check_int, check_mlp, check_tinygpt
 
 __all__ = ["MLP", "TinyGPT", "ResNet", "resnet18"]
 
@@ -29,10 +29,10 @@ class MLP(nn.Module):
         self, d: int, hidden: int | None = None, d_out: int | None = None, activation: nn.Module | None = None
     ) -> None:
         super().__init__()
-        hidden = 4 * d if hidden is None else hidden
+        hidden, d_out = check_mlp(d, hidden, d_out, activation)
         self.fc1 = nn.Linear(d, hidden)
         self.act = nn.ReLU() if activation is None else activation
-        self.fc2 = nn.Linear(hidden, d if d_out is None else d_out)
+        self.fc2 = nn.Linear(hidden, d_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -44,7 +44,7 @@ class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pick n_heads dividing d_model")
+            check_tinygpt(1, d_model, 0, n_heads, 1)
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -112,6 +112,7 @@ class TinyGPT(nn.Module):
         self, vocab_size: int = 64, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, seq_len: int = 64
     ) -> None:
         super().__init__()
+        check_tinygpt(vocab_size, d_model, n_layers, n_heads, seq_len)
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
         self.blocks = nn.Sequential(*[Block(d_model, n_heads) for _ in range(n_layers)])
@@ -217,4 +218,6 @@ def resnet18(num_classes: int = 1000, width: int = 64) -> ResNet:
     >>> sum(p.numel() for p in resnet18().parameters())
     11689512
     """
+    check_int("resnet18", "num_classes", num_classes, 1)
+    check_int("resnet18", "width", width, 1)
     return ResNet((2, 2, 2, 2), num_classes=num_classes, width=width)

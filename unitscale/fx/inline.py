@@ -11,7 +11,7 @@ from torch import fx, nn
 from torch.fx.proxy import GraphAppendingTracer
 from torch.utils import _pytree
 
-from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError
 from unitscale.fx.nodes import INLINED_FROM_KEY
 from unitscale.fx.tracers import LeafTracer, ask_module_predicate
 
@@ -113,10 +113,33 @@ class _Inliner:
         raise TraceError(f"cannot inline module '{qualname}': its call gives no value for argument '{target}'")
 
 
+def _check_example_inputs(gm: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
+    if isinstance(example_inputs, torch.Tensor):
+        raise InputError(
+            f"inline(example_inputs=...) got a tensor of shape {tuple(example_inputs.shape)}; "
+            "pass a tuple of the positional inputs, e.g. example_inputs=(x,)"
+        )
+    if not isinstance(example_inputs, (tuple, list)):
+        raise InputError(
+            f"inline(example_inputs=...) got {type(example_inputs).__name__} {example_inputs!r:.60}; "
+            "pass a tuple of the positional inputs, e.g. example_inputs=(x,)"
+        )
+    return tuple(example_inputs)
+
+
 def _check_same_outputs(original: nn.Module, inlined: fx.GraphModule, example_inputs: tuple[Any, ...]) -> None:
     # Copies, so running BatchNorm in training mode does not move the user's statistics.
     with torch.no_grad():
-        expected = copy.deepcopy(original)(*example_inputs)
+        try:
+            expected = copy.deepcopy(original)(*example_inputs)
+        except Exception as exc:
+            shapes = ", ".join(
+                str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__ for x in example_inputs
+            )
+            raise InputError(
+                f"inline(example_inputs=...): {type(original).__name__} fails on inputs of shape ({shapes}): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; pass inputs the model accepts"
+            ) from exc
         got = copy.deepcopy(inlined)(*example_inputs)
     flat_expected, _ = _pytree.tree_flatten(expected)
     flat_got, _ = _pytree.tree_flatten(got)
@@ -159,6 +182,7 @@ def inline(
 
     Raises:
         NotAModuleError: ``gm`` is not an ``nn.Module``.
+        InputError: ``example_inputs`` is not a tuple, or the module fails on it.
         PredicateError: ``predicate`` is not callable, raised, or returned a non-bool.
         TraceError: a module cannot be traced, or the outputs differ on ``example_inputs``.
 
@@ -180,6 +204,8 @@ def inline(
             f"inline(predicate=...) got {type(predicate).__name__} {predicate!r:.60}; "
             "pass a function (module, qualified_name) -> bool"
         )
+    if example_inputs is not None:
+        example_inputs = _check_example_inputs(gm, example_inputs)
     if isinstance(gm, fx.GraphModule) and not any(n.op == "call_module" for n in gm.graph.nodes):
         # Copying node by node would drop an exported graph's pytree calling convention; and
         # an unchanged graph computes what it did, so example_inputs have nothing to check.

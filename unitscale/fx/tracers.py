@@ -41,7 +41,8 @@ import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import NotAModuleError, PredicateError
+from unitscale.errors import InputError, NotAModuleError, PredicateError, UnitscaleError
+from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
@@ -140,17 +141,44 @@ class _Tracer(fx.Tracer):
                 f"{type(self).__name__}.trace got {type(root).__name__} {root!r:.60}; "
                 "pass an nn.Module or a Python function"
             )
+        if concrete_args is not None and not isinstance(concrete_args, dict):
+            raise InputError(
+                f"{type(self).__name__}.trace(concrete_args=...) got {type(concrete_args).__name__} "
+                f"{concrete_args!r:.60}; pass a dict of argument name -> value, or None"
+            )
         self._names_of = None
+        # A forward that assigns to its module (self.steps += 1, self.last = y) would leave
+        # proxies there: every submodule is put back as it was, whether tracing succeeds or not.
+        state = ModuleState(root)
         try:
             if isinstance(root, nn.Module):
                 with _skip_input_checks(root):
-                    return super().trace(root, concrete_args)
-            return super().trace(root, concrete_args)
+                    graph = super().trace(root, concrete_args)
+            else:
+                graph = super().trace(root, concrete_args)
+            state.restore(keep_root_attrs={str(n.target) for n in graph.nodes if n.op == "get_attr"})
+            return graph
         except fx.proxy.TraceError as e:
+            state.restore()
             raise trace_error(
                 getattr(root, "__name__", None) or type(root).__name__,
                 e,
                 "Make the control flow static, pass concrete_args, or make the module that does it a leaf.",
+            ) from e
+        except UnitscaleError:
+            state.restore()
+            raise
+        except BaseException as e:
+            state.restore()
+            if not isinstance(e, Exception):
+                raise
+            # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
+            # a plain TypeError or the like deep inside the model: name the user's line.
+            raise trace_error(
+                getattr(root, "__name__", None) or type(root).__name__,
+                e,
+                "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
+                "make that line independent of tensor values, or make the module that does it a leaf.",
             ) from e
 
     def call_module(
@@ -269,6 +297,7 @@ class DeepTracer(_Tracer):
     ) -> None:
         if autowrap_modules is None:
             autowrap_modules = default_autowrap_modules()
+        _check_autowrap(autowrap_modules, autowrap_functions)
         super().__init__(
             # torch annotates this as a 1-tuple; any number of modules works.
             autowrap_modules=tuple(autowrap_modules),  # type: ignore[arg-type]
@@ -302,6 +331,25 @@ class DeepTracer(_Tracer):
         self.callable_args = {}
         self._callable_nodes = {}
         return super().trace(root, concrete_args)
+
+
+def _check_autowrap(modules: Any, functions: Any) -> None:
+    """Python modules and functions, in tuples: fx would fail on anything else deep in its patcher."""
+    for arg_name, values, kind, example in (
+        ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
+        ("autowrap_functions", functions, None, "(my_function,)"),
+    ):
+        if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
+            raise PredicateError(
+                f"DeepTracer({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
+            )
+        for v in values:
+            ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
+            if not ok:
+                what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
+                raise PredicateError(
+                    f"DeepTracer({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
+                )
 
 
 def ask_module_predicate(
@@ -382,6 +430,11 @@ class LeafTracer(_Tracer):
         **kwargs: Any,
     ) -> None:
         for arg_name, types_ in (("leaf_types", leaf_types), ("trace_types", trace_types)):
+            if not isinstance(types_, (tuple, list)):
+                raise NotAModuleError(
+                    f"LeafTracer({arg_name}=...) got {type(types_).__name__} {types_!r:.60}; "
+                    f"pass a tuple of module classes, e.g. {arg_name}=(nn.ReLU,)"
+                )
             for t in types_:
                 if not (isinstance(t, type) and issubclass(t, nn.Module)):
                     raise NotAModuleError(

@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from typing import TypeAlias
 
-from unitscale.errors import UnknownConstraintError
+from unitscale.errors import ScaleValueError, UnknownConstraintError
 
 __all__ = [
     "gmean",
@@ -42,6 +42,21 @@ ConstraintArg: TypeAlias = str | Constraint | None
 :data:`Constraint`, or ``None`` (no constraint: each direction is scaled on its own)."""
 
 
+def _scales(fn: str, scales: tuple[object, ...]) -> tuple[float, ...]:
+    """The scales as floats; each must be a finite number > 0 (a scale of 0 or NaN has no mean)."""
+    for i, s in enumerate(scales):
+        name = "output_scale" if i == 0 else "grad_input_scale" if i == 1 else f"grad_input_scale #{i}"
+        if isinstance(s, bool) or not isinstance(s, (int, float)) and not hasattr(s, "__float__"):
+            raise ScaleValueError(f"{fn}: {name}={s!r:.60} is a {type(s).__name__}; pass a finite number > 0")
+        try:
+            value = float(s)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ScaleValueError(f"{fn}: {name}={s!r:.60} is not a number ({e}); pass a finite number > 0") from None
+        if not (0 < value < math.inf):
+            raise ScaleValueError(f"{fn}: {name}={value!r} must be a finite number > 0")
+    return tuple(float(s) for s in scales)  # type: ignore[arg-type]
+
+
 def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
     """Geometric mean of the output scale and the grad-input scales.
 
@@ -56,10 +71,13 @@ def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     Returns:
         ``(output_scale * prod(grad_input_scales)) ** (1 / n)``.
 
+    Raises:
+        ScaleValueError: a scale that is not a finite number > 0 (every constraint checks).
+
     >>> round(gmean(1 / 8, 1 / 2), 4)
     0.25
     """
-    scales = (output_scale, grad_input_scale, *more_grad_input_scales)
+    scales = _scales("gmean", (output_scale, grad_input_scale, *more_grad_input_scales))
     return math.exp(sum(math.log(s) for s in scales) / len(scales))
 
 
@@ -77,8 +95,10 @@ def hmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     >>> hmean(0.25, 1.0)
     0.4
     """
-    scales = (output_scale, grad_input_scale, *more_grad_input_scales)
-    return len(scales) / sum(1 / s for s in scales)
+    scales = _scales("hmean", (output_scale, grad_input_scale, *more_grad_input_scales))
+    # Relative to the smallest scale, so that neither 1/s nor the sum can overflow.
+    least = min(scales)
+    return least * (len(scales) / sum(least / s for s in scales))
 
 
 def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
@@ -95,8 +115,8 @@ def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     >>> amean(0.25, 1.0)
     0.625
     """
-    scales = (output_scale, grad_input_scale, *more_grad_input_scales)
-    return sum(scales) / len(scales)
+    scales = _scales("amean", (output_scale, grad_input_scale, *more_grad_input_scales))
+    return sum(s / len(scales) for s in scales)  # the plain sum overflows near the largest float
 
 
 def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
@@ -113,7 +133,7 @@ def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_inp
     >>> to_output_scale(0.25, 1.0)
     0.25
     """
-    return output_scale
+    return _scales("to_output_scale", (output_scale, grad_input_scale, *more_grad_input_scales))[0]
 
 
 def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
@@ -134,8 +154,9 @@ def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad
     >>> to_grad_input_scale(0.25, 1.0, 0.25)
     0.5
     """
+    _scales("to_grad_input_scale", (output_scale, grad_input_scale, *more_grad_input_scales))
     if not more_grad_input_scales:
-        return grad_input_scale
+        return float(grad_input_scale)
     return gmean(grad_input_scale, *more_grad_input_scales)
 
 

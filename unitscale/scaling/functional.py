@@ -24,7 +24,7 @@ from __future__ import annotations
 import math as _math
 import operator as _operator
 import sys as _sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch as _torch
 import torch.nn.functional as _F
@@ -94,6 +94,9 @@ def scale(input: Tensor, fwd_scale: float, bwd_scale: float) -> Tensor:
     >>> y.tolist(), x.grad.tolist()
     ([3.0, 3.0], [0.5, 0.5])
     """
+    for name, value in (("fwd_scale", fwd_scale), ("bwd_scale", bwd_scale)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _math.isfinite(value):
+            raise _errors.InputError(f"scale: {name}={value!r:.60} is not a finite number; pass a float")
     if fwd_scale == bwd_scale:
         return input if fwd_scale == 1.0 else input * fwd_scale
     if _torch.compiler.is_compiling():
@@ -111,7 +114,15 @@ def _constrain(constraint: ConstraintArg, output_scale: float, *grad_input_scale
     fn = _constraints.resolve_constraint(constraint)
     if fn is None:
         return (output_scale, *grad_input_scales)
-    chosen = fn(output_scale, *grad_input_scales)
+    try:
+        chosen = fn(output_scale, *grad_input_scales)
+    except _errors.UnitscaleError:
+        raise
+    except Exception as e:
+        raise _errors.PredicateError(
+            f"constraint {getattr(fn, '__name__', fn)!r} raised {type(e).__name__}: {e}; a constraint takes "
+            "(output_scale, *grad_input_scales) and returns one positive, finite number"
+        ) from e
     if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not 0 < chosen < _math.inf:
         scales = ", ".join(f"{s:.4g}" for s in (output_scale, *grad_input_scales))
         raise _errors.PredicateError(
@@ -119,6 +130,19 @@ def _constrain(constraint: ConstraintArg, output_scale: float, *grad_input_scale
             f"a constraint must return one positive, finite number"
         )
     return (float(chosen),) * (1 + len(grad_input_scales))
+
+
+def _check_operands(op: str, left: Any, right: Any, right_name: str, right_dim: int) -> None:
+    """Tensors whose inner sizes agree: ``left``'s last dim against ``right``'s ``right_dim``."""
+    for name, value in (("input", left), (right_name, right)):
+        if not isinstance(value, _torch.Tensor):
+            raise _errors.InputError(f"{op}: {name} is a {type(value).__name__}; pass a tensor")
+    if left.dim() == 0 or right.dim() == 0 or left.shape[-1] != right.shape[right_dim if right.dim() > 1 else 0]:
+        raise _errors.InputError(
+            f"{op}: input of shape {tuple(left.shape)} and {right_name} of shape {tuple(right.shape)} do not fit: "
+            f"the input's last size must equal the {right_name}'s "
+            f"{'last' if right_dim == -1 else 'second-to-last'} size"
+        )
 
 
 def _inv_sqrt(count: float) -> float:
@@ -164,6 +188,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
     (1.4, 0.7)
     """
+    _check_operands("linear", input, weight, "weight", -1)
     fan_out, fan_in = weight.shape[0], weight.shape[-1]
     weight_grad_scale = _inv_sqrt(input.numel() / fan_in)
     output_scale, grad_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
@@ -212,6 +237,7 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
     >>> round(matmul(a, b, constraint=None).std().item(), 1)
     1.0
     """
+    _check_operands("matmul", input, other, "other", -2)
     inner, out_numel = _matmul_dims(input, other)
     output_scale, left_scale, right_scale = _constrain(
         constraint,
@@ -222,6 +248,11 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
     # As in linear: unit-scaled operands, scales on the result; ``other`` takes the rest of its own.
     other = scale(other, 1.0, right_scale / left_scale)
     return scale(_torch.matmul(input, other), output_scale, left_scale)
+
+
+def _check_approximate(op: str, approximate: Any) -> None:
+    if approximate not in ("none", "tanh"):
+        raise _errors.InputError(f"{op}: approximate={approximate!r:.60} is unknown; pass 'none' or 'tanh'")
 
 
 # Std of GELU(x) and of GELU'(x) for x ~ N(0, 1), by quadrature on [-12, 12]
@@ -253,6 +284,7 @@ def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "
     >>> round(gelu(torch.randn(10_000), constraint=None).std().item(), 1)
     1.0
     """
+    _check_approximate("gelu", approximate)
     output_scale, grad_scale = _constrain(constraint, 1 / _GELU_OUT_STD, 1 / _GELU_GRAD_STD)
     return scale(_F.gelu(input, approximate=approximate), output_scale, grad_scale)
 
@@ -292,6 +324,8 @@ def softmax(
     """
     if dim is None:
         raise _errors.InputError("softmax: dim=None; pass the dimension to normalise over, e.g. dim=-1")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise _errors.InputError(f"softmax: dim={dim!r:.60} is a {type(dim).__name__}; pass an int, e.g. dim=-1")
     if isinstance(_stacklevel, _torch.dtype):  # torch.softmax(input, dim, dtype) passes dtype third
         dtype = _stacklevel
     output_scale, grad_scale = _constrain(constraint, *_stats.softmax_scales(input.shape[dim]))
@@ -520,6 +554,10 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     1.0
     """
     p = _check_p("dropout", p)
+    if not isinstance(training, bool):
+        raise _errors.InputError(
+            f"dropout: training={training!r:.60} is a {type(training).__name__}; pass True or False"
+        )
     if not training or p == 0:
         return input
     return _F.dropout(input, p, training, inplace) * (1 - p) ** 0.5

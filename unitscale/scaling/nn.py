@@ -25,6 +25,12 @@ from unitscale.scaling.functional import _check_p, _check_tau
 __all__ = ["Linear", "GELU", "Softmax", "LayerNorm", "Embedding", "Dropout", "MLP", "MHSA", "TransformerLayer"]
 
 
+
+def _check_sizes(owner: str, **sizes: object) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{owner}: {name}={value!r:.60} must be an int >= 0")
+
 class Linear(nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)``, no bias by default.
 
@@ -51,6 +57,7 @@ class Linear(nn.Linear):
         constraint: ConstraintArg = "gmean",
     ) -> None:
         resolve_constraint(constraint)
+        _check_sizes("Linear", in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias)
         self.constraint = constraint
 
@@ -84,6 +91,7 @@ class GELU(nn.GELU):
 
     def __init__(self, approximate: str = "none", constraint: ConstraintArg = "gmean") -> None:
         resolve_constraint(constraint)
+        U._check_approximate("GELU", approximate)
         super().__init__(approximate=approximate)
         self.constraint = constraint
 
@@ -114,6 +122,8 @@ class Softmax(nn.Softmax):
 
     def __init__(self, dim: int, constraint: ConstraintArg = "gmean") -> None:
         resolve_constraint(constraint)
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise InputError(f"Softmax: dim={dim!r:.60} is a {type(dim).__name__}; pass an int, e.g. dim=-1")
         super().__init__(dim=dim)
         self.constraint = constraint
 
@@ -166,6 +176,7 @@ class Embedding(nn.Embedding):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None) -> None:
+        _check_sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
 
     def forward(self, input: Tensor) -> Tensor:
@@ -264,6 +275,7 @@ class MHSA(nn.Module):
         constraint: ConstraintArg = "gmean",
     ) -> None:
         super().__init__()
+        _check_sizes("MHSA", hidden_size=hidden_size, heads=heads)
         if heads < 1 or hidden_size % heads:
             raise InputError(
                 f"MHSA: hidden_size={hidden_size} is not divisible by heads={heads}; pick heads dividing hidden_size"

@@ -54,6 +54,8 @@ def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
     tracer = ModulePathTracer()
     try:
         graph = tracer.trace(root)
+    except TraceError:
+        raise  # it names the model and the fix already
     except Exception as exc:
         raise trace_error(
             name,
@@ -346,6 +348,8 @@ def _call_cost(cost: Callable[[fx.Node], float], n: fx.Node) -> Any:
 
 def _checked(n: fx.Node, value: Any) -> float:
     try:
+        if isinstance(value, (str, bytes, bool)):  # float("3") would pass a string as a number
+            raise TypeError(type(value).__name__)
         cost = float(value)
     except (TypeError, ValueError) as exc:
         raise CostError(
@@ -366,7 +370,13 @@ def node_costs(
 ) -> list[float]:
     """One cost per node in ``nodes`` for the cost model ``cost``."""
     if callable(cost):
-        return [_checked(n, _call_cost(cost, n)) for n in nodes]
+        costs = [_checked(n, _call_cost(cost, n)) for n in nodes]
+        if not math.isfinite(sum(costs)):
+            raise CostError(
+                f"the cost callable's values sum to more than a float holds (largest {max(costs):.3g}); "
+                "return costs in a smaller unit"
+            )
+        return costs
     if cost == "params":
         per_node = _params_per_node(module, nodes)
         return [per_node[n] for n in nodes]

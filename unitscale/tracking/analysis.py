@@ -26,9 +26,11 @@ import torch
 from torch import fx, nn
 
 from unitscale.errors import CaptureError, InputError, NotAModuleError
+from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
 from unitscale.fx.trace_cache import ScaleTracer, Trace, _fingerprint, _graph_code, trace_for_scales, trace_or_reason
 from unitscale.fx.trace_errors import user_frame
+from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.eager import Captured, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
@@ -191,10 +193,9 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
         interp.captured.remove_hooks()
         n = interp.current_node
         where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        reason = str(e).split("\n\nWhile executing")[0]  # fx appends the node's repr
+        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
         raise InputError(
-            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. "
-            "Check that the inputs have the shapes and dtypes the model expects."
+            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
         ) from e
     seen = {id(leaf) for leaf in interp.captured.leaves}  # parameters the graph read are there already
     interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
@@ -207,8 +208,14 @@ def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) ->
     except Exception as e:
         raise InputError(
             f"{type(module).__name__} failed at {user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
-            "Check that the inputs have the shapes and dtypes the model expects."
+            f"{_advice(str(e))}"
         ) from e
+
+
+def _advice(reason: str) -> str:
+    if "in-place operation" in reason:
+        return "The model updates a tensor that requires grad in place: do it under torch.no_grad() or outside forward."
+    return "Check that the inputs have the shapes and dtypes the model expects."
 
 
 def _finish(captured: Captured, backward: Any, model: str) -> list[ScaleRow]:
@@ -237,25 +244,32 @@ def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(lines)
 
 
-def _annotate(trace: Trace, scales: dict[str, ScalePair]) -> str:
-    inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in scales]
+def _marked(row: ScaleRow) -> str:
+    """A row's scales, with a marker when a NaN or infinity reached it."""
+    return f"{row.scale} NON-FINITE" if not row.finite else str(row.scale)
+
+
+def _annotate(trace: Trace, rows: list[ScaleRow]) -> str:
+    by_name = {r.node: r for r in rows}
+    inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in by_name]
     lines = []
     for line, name in _code_lines(trace.code):
         if line.startswith("def forward") and inputs:
-            line += "  # " + ", ".join(f"{x} {scales[x]}" for x in inputs)
-        elif name in scales:
-            line += f"  # {scales[name]}"
+            line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
+        elif name in by_name:
+            line += f"  # {_marked(by_name[name])}"
         lines.append(line)
     return "\n".join(lines)
 
 
-def _annotate_capture(trace: Trace, scales: dict[str, ScalePair], model: str, failure: str) -> str:
+def _annotate_capture(trace: Trace, rows: list[ScaleRow], model: str, failure: str) -> str:
     """The exported graph's code, each assignment annotated with its scale and module path."""
     paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in trace.graph.nodes}
+    by_name = {r.node: r for r in rows}
     lines = [f"# {model}: captured by torch.export; torch.fx could not trace it at {failure}"]
     for line, name in _code_lines(trace.code):
-        if name in scales:
-            line += f"  # {scales[name]}" + (f"  {paths[name]}" if paths.get(name) else "")
+        if name in by_name:
+            line += f"  # {_marked(by_name[name])}" + (f"  {paths[name]}" if paths.get(name) else "")
         lines.append(line)
     return "\n".join(lines)
 
@@ -306,7 +320,7 @@ def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     lines = [f"# {model}: ops recorded as they ran; torch.fx could not trace it at {failure}"]
     for r in rows:
         where = f" in {r.module_path}" if r.module_path else ""
-        lines.append(f"{r.node.ljust(width)}  # {r.scale}  {r.op}{where}")
+        lines.append(f"{r.node.ljust(width)}  # {_marked(r)}  {r.op}{where}")
     return "\n".join(lines)
 
 
@@ -359,8 +373,13 @@ def track_scales(
     (-> 0.98, <- 0.238)
     """
     module = _check_module(module, "track_scales")
-    if capture not in ("auto", "fx", "eager"):
+    if not isinstance(capture, str) or capture not in ("auto", "fx", "eager"):
         raise InputError(f"capture must be 'auto', 'fx' or 'eager', got {capture!r}")
+    for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
+        if not isinstance(flag, bool):
+            raise InputError(f"track_scales({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
+    # checked here: a tracer refusing them would otherwise send "auto" to eager capture
+    _check_autowrap(autowrap_modules, autowrap_functions)
     inputs = _check_inputs(module, inputs)
     model = type(module).__name__
     failure = ""
@@ -373,8 +392,9 @@ def track_scales(
         trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
         if trace is None:
             exported = _export_or_none(module, inputs)
-    # A caller's no_grad() would leave nothing to backpropagate.
-    with torch.enable_grad(), scratch_space():
+    # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
+    # buffers or assigns to its module is undone (the caller's model is only observed).
+    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
         if trace is not None:
             captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
         elif exported is not None:
@@ -383,11 +403,9 @@ def track_scales(
             captured = _capture_eager(module, inputs, abs_max)
         rows = _finish(captured, backward, model)
     if trace is not None:
-        return ScaleReport(rows, model, _annotate(trace, {r.node: r.scale for r in rows}), "fx")
+        return ScaleReport(rows, model, _annotate(trace, rows), "fx")
     if exported is not None:
-        code = _annotate_capture(
-            Trace(exported.graph, (), _graph_code(exported.graph)), {r.node: r.scale for r in rows}, model, failure
-        )
+        code = _annotate_capture(Trace(exported.graph, (), _graph_code(exported.graph)), rows, model, failure)
         return ScaleReport(rows, model, code, "export", failure)
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
 
@@ -523,6 +541,11 @@ def analyse_module(
         linear_1 = torch._C._nn.linear(relu, fc2_weight, fc2_bias)  # (-> 0.236, <- 0.998)
         return linear_1
     """
+    if not isinstance(syntax_highlight, bool):
+        raise InputError(
+            f"analyse_module(syntax_highlight=...) got {type(syntax_highlight).__name__} {syntax_highlight!r:.60}; "
+            "pass True or False"
+        )
     report = track_scales(
         module,
         inputs,

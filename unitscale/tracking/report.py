@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
+from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
 from unitscale.tracking.stats import ScalePair
 
@@ -63,6 +64,29 @@ class ScaleRow(NamedTuple):
         """``ScalePair(forward, backward)``."""
         return ScalePair(self.forward, self.backward)
 
+    @property
+    def nonfinite(self) -> str:
+        """Which directions hold a NaN or an infinity: ``""``, ``"fwd"``, ``"bwd"`` or ``"fwd+bwd"``.
+
+        A tensor with a NaN or infinite element has a NaN or infinite std (and abs-max), so
+        the recorded statistics tell, without another pass over the data.
+
+        >>> ScaleRow("x", "", "input", (2,), "float32", float("nan"), 1.0).nonfinite
+        'fwd'
+        """
+        fwd = _bad(self.forward) or _bad(self.abs_max)
+        bwd = _bad(self.backward)
+        return "+".join(name for name, bad in (("fwd", fwd), ("bwd", bwd)) if bad)
+
+    @property
+    def finite(self) -> bool:
+        """Whether every recorded statistic is finite (no NaN or inf reached this tensor)."""
+        return not self.nonfinite
+
+
+def _bad(value: float | None) -> bool:
+    return value is not None and not math.isfinite(value)
+
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
@@ -113,11 +137,42 @@ class ScaleReport:
                 if row.node == key:
                     return row
             names = ", ".join(r.node for r in self.rows[:8]) + (", ..." if len(self.rows) > 8 else "")
-            raise KeyError(f"no tensor named {key!r} in this report; its names are {names}")
+            raise NodeNotFoundError(f"no tensor named {key!r} in this report; its names are {names}")
         return self.rows[key]
 
     def __repr__(self) -> str:
-        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.capture} capture>"
+        bad = self.first_nonfinite
+        marker = "" if bad is None else f", NON-FINITE from {bad.node!r}"
+        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.capture} capture{marker}>"
+
+    @property
+    def first_nonfinite(self) -> ScaleRow | None:
+        """The row where a NaN or infinity first appears, or ``None`` if every value is finite.
+
+        Forward values come first, in execution order; a gradient goes bad in backward
+        order, so with finite forward values it is the last row in execution order whose
+        gradient is non-finite.
+
+        >>> rows = [ScaleRow("x", "", "input", (2,), "float32", 1.0, float("nan")),
+        ...         ScaleRow("y", "", "exp", (2,), "float32", float("inf"), float("nan"))]
+        >>> ScaleReport(rows, "Net").first_nonfinite.node
+        'y'
+        """
+        forward = [r for r in self.rows if "fwd" in r.nonfinite]
+        if forward:
+            return forward[0]
+        backward = [r for r in self.rows if "bwd" in r.nonfinite]
+        return backward[-1] if backward else None
+
+    def _nonfinite_note(self) -> str:
+        row = self.first_nonfinite
+        if row is None:
+            return ""
+        count = sum(not r.finite for r in self.rows)
+        direction = "forward value" if "fwd" in row.nonfinite else "gradient"
+        return (
+            f"NON-FINITE: NaN/inf first in the {direction} of node '{row.node}' ({row.op}); {count} tensor(s) affected"
+        )
 
     @property
     def scales(self) -> dict[str, ScalePair]:
@@ -125,14 +180,33 @@ class ScaleReport:
         return {row.node: row.scale for row in self.rows}
 
     def table(self) -> str:
-        """A fixed-width text table, one line per tensor (3 significant digits)."""
-        header = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
-        body = [
+        """A fixed-width text table, one line per tensor (3 significant digits).
+
+        When a NaN or infinity reached some tensor, a ``finite`` column marks each row
+        (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
+        the node where it first appeared (``first_nonfinite``).
+
+        >>> nan = float("nan")
+        >>> print(ScaleReport([ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)], "Net").table())
+        node  module  op     shape  dtype    fwd std  bwd std  abs max  finite
+        x             input  (2,)   float32  nan      1        n/a      NO (fwd)
+        NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor(s) affected
+        """
+        header: tuple[str, ...] = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
+        body: list[tuple[str, ...]] = [
             (r.node, r.module_path, r.op, str(r.shape), r.dtype, _num(r.forward), _num(r.backward), _num(r.abs_max))
             for r in self.rows
         ]
+        note = self._nonfinite_note()
+        if note:
+            header += ("finite",)
+            body = [
+                (*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)
+            ]
         widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
+        if note:
+            lines.append(note)
         return "\n".join(lines)
 
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
@@ -148,15 +222,35 @@ class ScaleReport:
             formats: names from :data:`FORMAT_RANGES` to draw.
 
         Returns:
-            The figure.
+            The figure. When a NaN or infinity reached some tensor, the title names the
+            node where it first appeared and a red dotted line marks it.
+
+        Raises:
+            FormatError: ``formats`` names a format not in :data:`FORMAT_RANGES`.
 
         >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)], "Net")
         >>> fig = report.plot()
         >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]
         ['forward', 'backward']
         """
+        if isinstance(formats, str) or not isinstance(formats, (tuple, list)):
+            raise FormatError(
+                f"ScaleReport.plot(formats=...) got {type(formats).__name__} {formats!r:.60}; "
+                f"pass a tuple of names from {tuple(FORMAT_RANGES)}"
+            )
+        unknown = [f for f in formats if f not in FORMAT_RANGES]
+        if unknown:
+            raise FormatError(
+                f"ScaleReport.plot(formats=...) got unknown format(s) {', '.join(map(repr, unknown))}; "
+                f"use names from {tuple(FORMAT_RANGES)}"
+            )
         import matplotlib.pyplot as plt
+        from matplotlib.axes import Axes as MplAxes
 
+        if ax is not None and not isinstance(ax, MplAxes):
+            raise InputError(
+                f"ScaleReport.plot(ax=...) got {type(ax).__name__} {ax!r:.60}; pass matplotlib Axes or None"
+            )
         if ax is None:
             fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(self.rows) + 5), 4.5))
         else:
@@ -205,7 +299,22 @@ class ScaleReport:
         ticks = x if len(x) <= 40 else x[:: math.ceil(len(x) / 40)]
         ax.set_xticks(ticks, [self.rows[i].node for i in ticks], rotation=90, fontsize=7)
         ax.set_ylabel("log2(std)")
-        ax.set_title(f"Scales through {self.model} (forward and backward)")
+        title = f"Scales through {self.model} (forward and backward)"
+        bad = self.first_nonfinite
+        if bad is not None:
+            # NaN and inf have no place on a log axis: mark where they start instead.
+            at = self.rows.index(bad)
+            ax.axvline(at, color="red", lw=1.5, ls=":")
+            ax.annotate(
+                f"first NaN/inf: {bad.node}",
+                (at, hi),
+                xytext=(3, -12),
+                textcoords="offset points",
+                color="red",
+                fontsize=8,
+            )
+            title += f"\nNON-FINITE from node '{bad.node}' ({'forward' if 'fwd' in bad.nonfinite else 'backward'})"
+        ax.set_title(title)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         fig.tight_layout()
         return fig

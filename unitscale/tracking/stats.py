@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from unitscale.errors import InputError
+
 __all__ = [
     "KEEP_SCRATCH_BYTES",
     "ScalePair",
@@ -64,6 +66,13 @@ class ScalePair:
 
     forward: float | None = None
     backward: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("forward", self.forward), ("backward", self.backward)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InputError(
+                    f"ScalePair({name}=...) got {type(value).__name__} {value!r:.60}; pass a float or None"
+                )
 
     def __repr__(self) -> str:
         return f"(-> {_fmt(self.forward)}, <- {_fmt(self.backward)})"
@@ -306,6 +315,11 @@ class ScaleTracker(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, record: ScaleRecord) -> torch.Tensor:
+        if not isinstance(record, ScaleRecord) or not isinstance(x, torch.Tensor):
+            raise InputError(
+                f"ScaleTracker.apply(tensor, record) got ({type(x).__name__}, {type(record).__name__}); "
+                "pass a tensor and a ScaleRecord()"
+            )
         ctx.record = record
         record.record_forward(x)
         return x.view_as(x)

@@ -26,7 +26,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from unitscale.errors import CaptureError, TraceError
+from unitscale.errors import CaptureError, TraceError, TransformError, UnitscaleError
 
 __all__ = ["GraphTransform", "TransformedModule"]
 
@@ -238,14 +238,44 @@ def _capture_error(module: nn.Module, exc: Exception) -> CaptureError:
     where = ""
     stack = getattr(exc, "real_stack", None)
     if stack:
-        frame = stack[-1]
+        # the user's line, not the torch.nn line it called into
+        frame = next((f for f in reversed(stack) if "/torch/" not in f.filename.replace("\\", "/")), stack[-1])
         where = f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    failed = re.search(r"got (\w+)\((['\"])(.*?)\2\)", str(exc), re.S)
+    if isinstance(exc, torch._dynamo.exc.TorchRuntimeError) and failed:
+        # The op itself failed on the example tensors: the model would fail eagerly too.
+        inner = failed.group(3).rstrip(".")
+        advice = (
+            "update the parameter under torch.no_grad() or outside forward"
+            if "in-place operation" in inner
+            else "check the input shapes and dtypes and the layers' widths (the model fails the same way eagerly)"
+        )
+        return CaptureError(f"{type(module).__name__}.forward fails{where}: {failed.group(1)}: {inner}; {advice}")
     return CaptureError(
         f"TorchDynamo could not capture {type(module).__name__}.forward in one graph{where}: {reason}. "
         f"Rewrite that line without data-dependent Python control flow or calls TorchDynamo cannot trace "
         f"(print, .item(), .tolist(), numpy)"
     )
+
+
+def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.GraphModule) -> fx.GraphModule:
+    name = getattr(transform, "__name__", type(transform).__name__)
+    try:
+        result = transform(gm)
+    except UnitscaleError:
+        raise
+    except Exception as exc:
+        raise TransformError(
+            f"the graph transform {name!r} raised {type(exc).__name__}: {exc} on the graph of "
+            f"{type(module).__name__}; fix the transform (it gets and returns an fx.GraphModule)"
+        ) from exc
+    if not isinstance(result, fx.GraphModule):
+        raise TransformError(
+            f"the graph transform {name!r} returned {type(result).__name__} {result!r:.40}, not an fx.GraphModule; "
+            "return the (changed) GraphModule, e.g. end it with `gm.recompile(); return gm`"
+        )
+    return result
 
 
 @contextmanager
@@ -296,7 +326,7 @@ def _capture(
         )
     gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
     for transform in transforms:
-        gm = transform(gm)
+        gm = _run_transform(module, transform, gm)
     out_leaves, out_spec = pytree.tree_flatten(result)
     graph_outputs = {id(t): i for i, t in enumerate(record.get("outputs", ()))}
     input_ids = {id(leaf): i for i, leaf in enumerate(leaves)}

@@ -48,6 +48,8 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module`` or ``transform`` is not callable.
+        TransformError: (when the wrapped module is first called) ``transform`` raised or
+            did not return an ``fx.GraphModule``.
 
     >>> import torch
     >>> def double_relu(x, inplace=False):

@@ -1,0 +1,71 @@
+"""Argument checks for the reference models and data: one message shape for every setting."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from unitscale.errors import ConfigError
+
+__all__ = ["check_int", "check_positive", "check_mlp", "check_tinygpt"]
+
+
+def check_int(owner: str, name: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` if it is an int in ``low..high``; else :class:`~unitscale.errors.ConfigError`.
+
+    >>> check_int("MLP", "d", 4, 1)
+    4
+    """
+    accepts = f"an int >= {low}" if high is None else f"an int in {low}..{high}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{owner}: {name}={value!r:.60} is a {type(value).__name__}; pass {accepts}")
+    if value < low or (high is not None and value > high):
+        raise ConfigError(f"{owner}: {name}={value!r} must be {accepts}")
+    return value
+
+
+def check_positive(owner: str, name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite number > 0; else :class:`~unitscale.errors.ConfigError`.
+
+    >>> check_positive("MarkovSource", "concentration", 0.5)
+    0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"{owner}: {name}={value!r:.60} must be a finite number > 0")
+    return float(value)
+
+
+def check_mlp(d: Any, hidden: Any, d_out: Any, activation: Any) -> tuple[int, int]:
+    """``MLP``'s widths ``(hidden, d_out)`` with their defaults filled in, after checking every argument.
+
+    >>> check_mlp(4, None, None, None)
+    (16, 4)
+    """
+    from torch import nn
+
+    check_int("MLP", "d", d, 1)
+    hidden = 4 * d if hidden is None else check_int("MLP", "hidden", hidden, 1)
+    d_out = d if d_out is None else check_int("MLP", "d_out", d_out, 1)
+    if activation is not None and not isinstance(activation, nn.Module):
+        raise ConfigError(
+            f"MLP: activation={activation!r:.60} is a {type(activation).__name__}; pass a module such as nn.GELU()"
+        )
+    return hidden, d_out
+
+
+def check_tinygpt(vocab_size: Any, d_model: Any, n_layers: Any, n_heads: Any, seq_len: Any) -> None:
+    """Check ``TinyGPT``'s sizes: positive ints, and ``n_heads`` dividing ``d_model``.
+
+    >>> check_tinygpt(64, 10, 2, 3, 64)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by n_heads=3; ...
+    """
+    for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads), ("seq_len", seq_len)):
+        check_int("TinyGPT", name, value, 1)
+    check_int("TinyGPT", "n_layers", n_layers, 0)
+    if d_model % n_heads:
+        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0][:8]
+        raise ConfigError(
+            f"TinyGPT: d_model={d_model} is not divisible by n_heads={n_heads}; "
+            f"pick n_heads dividing d_model (e.g. one of {divisors})"
+        )
