@@ -339,6 +339,8 @@ def _check_autowrap(modules: Any, functions: Any) -> None:
         ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
         ("autowrap_functions", functions, None, "(my_function,)"),
     ):
+        if values is None and arg_name == "autowrap_modules":
+            continue  # the registered defaults
         if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
             raise PredicateError(
                 f"DeepTracer({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
