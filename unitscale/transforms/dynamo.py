@@ -118,6 +118,9 @@ class TransformedModule(nn.Module):
         module: the module whose forward is captured.
         transforms: the graph transforms, applied in order.
         unscaled_ops: ops :func:`unit_scale` left as they were, one line each.
+        kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
+            of unit-scaled operands (rotary embeddings, products of activations), one
+            ``"<op>: <reason>"`` line each.
 
     >>> import torch
     >>> from torch import nn
@@ -136,6 +139,7 @@ class TransformedModule(nn.Module):
         self._captured: dict[Any, _Captured] = {}
         self._latest: _Captured | None = None
         self.unscaled_ops: list[str] = []
+        self.kept_ops: list[str] = []
 
     @property
     def graph_module(self) -> fx.GraphModule | None:
@@ -179,6 +183,7 @@ class TransformedModule(nn.Module):
         self._captured[key] = captured
         self._latest = captured
         self.unscaled_ops = list(captured.graph_module.meta.get("unscaled_ops", []))
+        self.kept_ops = list(captured.graph_module.meta.get("kept_ops", []))
         return captured
 
     def extra_repr(self) -> str:
