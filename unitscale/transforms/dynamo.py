@@ -285,6 +285,7 @@ def _capture(
             f"TorchDynamo found no tensor ops in {type(module).__name__}.forward, so there is no graph to "
             f"transform; apply the transform to a module that computes something"
         )
+    _check_outputs(module, result)
     gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
     for transform in transforms:
         gm = transform(gm)
@@ -306,6 +307,28 @@ def _capture(
             plan.append(("const", leaf))
     positions = gm.meta["input_positions"]
     return _Captured(gm, positions, plan, out_spec)
+
+
+# Output leaves a captured graph may hand back as they were at capture: they hold no tensors.
+_PLAIN_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+
+
+def _check_outputs(module: nn.Module, result: Any) -> None:
+    """Refuse an output object the graph cannot recompute (a KV cache, say): it would be the capture's, stale."""
+    for path, leaf in pytree.tree_flatten_with_path(result)[0]:
+        if isinstance(leaf, (torch.Tensor, *_PLAIN_OUTPUTS)):
+            continue
+        where = pytree.keystr(path) or "its output"
+        hint = (
+            " (a transformers KV cache: build the model with use_cache=False, or pass use_cache=False)"
+            if "cache" in type(leaf).__name__.lower()
+            else ""
+        )
+        raise CaptureError(
+            f"{type(module).__name__}.forward returns a {type(leaf).__name__} at {where}{hint}: an object that is "
+            f"not a tensor or a plain value, so a transformed graph cannot rebuild it on each call (every call "
+            f"would return the one made while capturing); return tensors only"
+        )
 
 
 def _to_standalone(

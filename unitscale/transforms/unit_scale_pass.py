@@ -236,6 +236,7 @@ def unit_init_(gm: fx.GraphModule) -> None:
     >>> import torch
     >>> from torch import fx
     >>> import unitscale.scaling.functional as U
+    >>> from unitscale.tracers import DeepTracer
     >>> class Net(torch.nn.Module):
     ...     def __init__(self):
     ...         super().__init__()
@@ -244,7 +245,7 @@ def unit_init_(gm: fx.GraphModule) -> None:
     ...         return U.linear(torch.tanh(self.a(x)), self.b.weight, self.b.bias)
     >>> net = Net()
     >>> kept = net.a.weight.clone()
-    >>> unit_init_(fx.symbolic_trace(net))
+    >>> unit_init_(fx.GraphModule(net, DeepTracer().trace(net)))
     >>> torch.equal(net.a.weight, kept), net.b.bias.abs().sum().item()
     (True, 0.0)
     """
