@@ -29,8 +29,12 @@ VOCAB = 128
 
 
 def tiny(kind: str, **overrides: Any) -> nn.Module:
-    """A tiny ``transformers`` model built from a config (no weights, no hub), in eval mode."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    """A tiny ``transformers`` model built from a config (no weights, no hub), in eval mode.
+
+    ``kind``: ``gpt2``, ``llama`` (causal LMs), ``bert``, ``t5`` (base models) or ``t5-lm``
+    (T5 with its tied language-model head).
+    """
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, T5ForConditionalGeneration
 
     sizes: dict[str, dict[str, Any]] = {
         "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "use_cache": False},
@@ -46,9 +50,12 @@ def tiny(kind: str, **overrides: Any) -> nn.Module:
         },
         "t5": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_heads": 4, "use_cache": False},
     }
-    config = AutoConfig.for_model(kind, vocab_size=VOCAB, **{**sizes[kind], **overrides})
+    family = kind.removesuffix("-lm")
+    config = AutoConfig.for_model(family, vocab_size=VOCAB, **{**sizes[family], **overrides})
     # transformers warns (on its logger) that GPT-2's default bos/eos ids lie outside a tiny vocabulary.
     config.bos_token_id = config.eos_token_id = None
+    if kind == "t5-lm":
+        return T5ForConditionalGeneration(config).eval()
     builder = AutoModelForCausalLM if kind in ("gpt2", "llama") else AutoModel
     return builder.from_config(config).eval()
 
@@ -95,6 +102,7 @@ _TOKEN_MODELS = {
     "bert": "embeddings.word_embeddings.weight",
     "llama": "model.embed_tokens.weight",
     "t5": "shared.weight",
+    "t5-lm": "shared.weight",
 }
 
 
@@ -106,7 +114,7 @@ def measured(kind: str) -> Measured:
         return _measure(resnet18(num_classes=10).eval(), {"x": torch.randn(8, 3, 32, 32)}, None)
     model = tiny(kind)
     ids = torch.randint(0, VOCAB, (4, 16))
-    inputs = {"input_ids": ids, **({"decoder_input_ids": ids} if kind == "t5" else {})}
+    inputs = {"input_ids": ids, **({"decoder_input_ids": ids} if kind.startswith("t5") else {})}
     return _measure(model, inputs, _TOKEN_MODELS[kind])
 
 
@@ -154,6 +162,14 @@ def test_llama_rms_norms_fold_rotary_and_gates_are_kept_with_reasons() -> None:
     params = dict(scaled.module.named_parameters())
     assert torch.all(params["model.layers.0.input_layernorm.weight"] == 1)
     assert params["model.layers.0.mlp.gate_proj.weight"].std().item() == pytest.approx(1.0, abs=0.1)
+
+
+def test_t5_head_rescale_is_dropped_before_the_tied_unit_scaled_head() -> None:
+    # T5 multiplies by d_model ** -0.5 before its tied head; the unit-scaled head sets its own scale.
+    graph = measured("t5-lm").scaled.graph_module.graph
+    (head,) = [n for n in graph.nodes if n.target is U.linear and n.args[1].target == "shared.weight"]
+    rescale = head.args[0]
+    assert rescale.target is U.scale and rescale.args[1:] == (1.0, 1.0)
 
 
 def test_t5_rms_norms_fold_and_position_buckets_are_left_alone() -> None:

@@ -17,11 +17,13 @@ On a TorchDynamo graph (see :mod:`unitscale.transforms.dynamo`):
    through it alone, so a mismatch of its two scales multiplies every upstream gradient
    by one number, and the two directions may be scaled independently (Blake et al.'s
    cut edges);
-4. ops that keep the scale of unit-scaled operands without a twin are left as they are
+4. a product with a constant (``x * c``, ``x / c``) that only linear layers and norms
+   read becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
+5. ops that keep the scale of unit-scaled operands without a twin are left as they are
    and listed, with the reason, in ``graph_module.meta["kept_ops"]``: rotary embeddings
    (``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` off the activation path)
    and elementwise products of two activations (gated MLPs);
-5. the ops left as they were, other than ones that move data without changing its scale
+6. the ops left as they were, other than ones that move data without changing its scale
    (reshapes, indexing, concatenation, ...) or produce no float tensor, are
    listed in ``graph_module.meta["unscaled_ops"]``.
 
@@ -314,6 +316,48 @@ def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     return trunk
 
 
+_DIVS: set[Any] = {operator.truediv, torch.div, torch.true_divide, torch.Tensor.div}
+_DIV_METHODS = {"div", "__truediv__", "true_divide"}
+# Unit-scaled ops whose output only changes by a factor, or not at all, when an input does.
+_HOMOGENEOUS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d, U.layer_norm, U.rms_norm}
+
+
+def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
+    """``(x, c)`` if ``node`` is ``x * c``, ``c * x`` or ``x / c`` for a float tensor ``x`` and a number ``c``."""
+    args = node.args[:2]
+    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    tensors = [a for a in args if _is_float_node(a)]
+    if len(args) != 2 or len(numbers) != 1 or len(tensors) != 1 or numbers[0] == 0:
+        return None
+    if _is_mul(node):
+        return tensors[0], float(numbers[0])  # type: ignore[return-value]
+    divides = node.target in _DIV_METHODS if node.op == "call_method" else _member(node.target, _DIVS)
+    if divides and args[0] is tensors[0] and not node.kwargs:
+        return tensors[0], 1 / float(numbers[0])  # type: ignore[return-value]
+    return None
+
+
+def _drop_constant_factor(node: fx.Node) -> bool:
+    """Turn ``x * c`` into ``sign(c) * x`` where only linear layers and norms read the product.
+
+    The unit-scaled linear layer or norm after it sets the scale of its own output,
+    so the constant (T5's ``d_model ** -0.5`` before its tied head, a hand-written
+    ``/ sqrt(d)``) would only move that output off unit scale. Elsewhere (inside an
+    activation function written out, before a softmax) the constant changes what
+    is computed and stays, listed as unscaled.
+    """
+    found = _constant_factor(node)
+    if found is None:
+        return False
+    readers = [user for user, _ in _consumers(node)]
+    if not readers or not all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers):
+        return False
+    x, factor = found
+    sign = 1.0 if factor > 0 else -1.0
+    node.op, node.target, node.args, node.kwargs = "call_function", U.scale, (x, sign, sign), {}
+    return True
+
+
 def _is_mul(node: Any) -> bool:
     if not isinstance(node, fx.Node):
         return False
@@ -422,6 +466,9 @@ class UnitScalePass:
             extra = {"constraint": None} if node not in before_last and _takes_constraint(twin) else {}
             self._retarget(node, twin, extra)
             done.add(node)
+        for node in list(graph.nodes):
+            if node in live and node not in done and node not in kept and _drop_constant_factor(node):
+                done.add(node)
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         gm.meta["unscaled_ops"] = [
             describe(n) for n in graph.nodes if n in live and n not in kept and self._left_unscaled(n, done)
