@@ -440,7 +440,8 @@ class UnitScalePass:
             if user_fn is not None:
                 self._retarget(node, user_fn, {})
                 done.add(node)
-        done.update(fold_patterns(graph))
+        folded = fold_patterns(graph)
+        done.update(folded)
         ancestors = _ancestors(graph)
         live = _activation_path(gm)
         kept = _rotary_ops(graph, live, ancestors, done)
@@ -449,6 +450,9 @@ class UnitScalePass:
         # Residual adds are found in graph order: the last one found is the last one run.
         before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
         before_last -= trunk
+        for node in folded:
+            if node not in before_last and _takes_constraint(node.target):  # type: ignore[arg-type]
+                node.kwargs = {**node.kwargs, "constraint": None}
         for node in list(graph.nodes):
             if node in done or node in kept or node not in live or node.op not in ("call_function", "call_method"):
                 continue
