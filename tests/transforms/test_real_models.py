@@ -213,3 +213,19 @@ def test_a_model_returning_a_kv_cache_raises_capture_error_naming_model_and_cach
         CaptureError, match=r"GPT2LMHeadModel.forward returns a DynamicCache at \['past_key_values'\].*use_cache=False"
     ):
         unit_scale(model)(torch.randint(0, VOCAB, (2, 8)))
+
+
+def test_simulate_fp8_rounds_the_operands_of_unit_scaled_addmm_and_conv2d() -> None:
+    from unitscale.transforms import simulate_fp8
+
+    torch.manual_seed(0)
+    for model, x, twin in [
+        (tiny("gpt2"), torch.randint(0, VOCAB, (2, 8)), U.addmm),
+        (nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU()), torch.randn(2, 3, 8, 8), U.conv2d),
+    ]:
+        simulated = simulate_fp8(unit_scale(model))
+        simulated(x)
+        nodes = list(simulated.graph_module.graph.nodes)
+        for node in (n for n in nodes if n.target is twin):
+            operands = node.args[1:3] if twin is U.addmm else node.args[:2]
+            assert all(a.target == torch.ops.unitscale.quantise_fwd for a in operands), node
