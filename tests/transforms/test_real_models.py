@@ -228,4 +228,7 @@ def test_simulate_fp8_rounds_the_operands_of_unit_scaled_addmm_and_conv2d() -> N
         nodes = list(simulated.graph_module.graph.nodes)
         for node in (n for n in nodes if n.target is twin):
             operands = node.args[1:3] if twin is U.addmm else node.args[:2]
-            assert all(a.target == torch.ops.unitscale.quantise_fwd for a in operands), node
+            rounded = [a.target == torch.ops.unitscale.quantise_bwd for a in operands]
+            assert rounded == [True, True] and all(
+                a.args[0].target == torch.ops.unitscale.quantise_fwd for a in operands
+            )
