@@ -370,6 +370,8 @@ def _is_product_of_activations(node: fx.Node, live: set[fx.Node]) -> bool:
     if not _is_mul(node) or len(node.args) < 2:
         return False
     a, b = node.args[0], node.args[1]
+    if a is b:  # a square is not a product of independent factors
+        return False
     return all(isinstance(x, fx.Node) and x in live and x.op != "get_attr" and _is_float_node(x) for x in (a, b))
 
 
