@@ -735,9 +735,9 @@ def conv2d(
     input: Tensor,
     weight: Tensor,
     bias: Tensor | None = None,
-    stride: int | tuple[int, int] = 1,
-    padding: int | tuple[int, int] | str = 0,
-    dilation: int | tuple[int, int] = 1,
+    stride: int | tuple[int, ...] = 1,
+    padding: int | tuple[int, ...] | str = 0,
+    dilation: int | tuple[int, ...] = 1,
     groups: int = 1,
     constraint: str | Callable[..., float] | None = "gmean",
 ) -> Tensor:
