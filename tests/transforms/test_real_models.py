@@ -135,8 +135,8 @@ def test_unit_scale_brings_small_init_logits_to_unit_scale(kind: str) -> None:
 @pytest.mark.parametrize("kind", [*sorted(_TOKEN_MODELS), "resnet18"])
 def test_unit_scaled_models_leave_only_named_ops_unscaled(kind: str) -> None:
     # BERT's pooler ends in a tanh (its pooler_output, not the hidden states measured here).
-    expected = ["torch.tanh (node pooled_output_1) at modeling_bert.py:462"] if kind == "bert" else []
-    assert measured(kind).scaled.unscaled_ops == expected
+    expected = ["torch.tanh (node pooled_output_1) at modeling_bert.py"] if kind == "bert" else []
+    assert [line.rsplit(":", 1)[0] for line in measured(kind).scaled.unscaled_ops] == expected
 
 
 def test_gpt2_conv1d_projections_and_written_out_gelu_become_twins() -> None:
