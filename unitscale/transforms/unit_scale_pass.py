@@ -292,6 +292,15 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
     return live
 
 
+def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
+    """The graph inputs and the ops on the activation path that compute from them (not from parameters alone)."""
+    stream: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" or (node in live and any(p in stream for p in node.all_input_nodes)):
+            stream.add(node)
+    return stream
+
+
 def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     """Ops every path from the inputs to the output goes through.
 
@@ -302,10 +311,7 @@ def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     """
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    from_input: set[fx.Node] = set()
-    for node in nodes:
-        if node.op == "placeholder" or (node in live and any(p in from_input for p in node.all_input_nodes)):
-            from_input.add(node)
+    from_input = _stream(graph, live)
     trunk, reach = set(), -1
     for i, node in enumerate(nodes):
         if node in from_input and node.op != "placeholder" and reach <= i:
@@ -366,13 +372,14 @@ def _is_mul(node: Any) -> bool:
     return node.op == "call_function" and _member(node.target, _MULS)
 
 
-def _is_product_of_activations(node: fx.Node, live: set[fx.Node]) -> bool:
+def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
+    """``a * b`` for two activations computed from the inputs (not a gain computed from a parameter)."""
     if not _is_mul(node) or len(node.args) < 2:
         return False
     a, b = node.args[0], node.args[1]
     if a is b:  # a square is not a product of independent factors
         return False
-    return all(isinstance(x, fx.Node) and x in live and x.op != "get_attr" and _is_float_node(x) for x in (a, b))
+    return all(isinstance(x, fx.Node) and x in stream and _is_float_node(x) for x in (a, b))
 
 
 def _rotary_ops(
@@ -448,6 +455,7 @@ class UnitScalePass:
         live = _activation_path(gm)
         kept = _rotary_ops(graph, live, ancestors, done)
         trunk = _trunk(graph, live)
+        stream = _stream(graph, live)
         residuals = self._residual_adds(graph, ancestors, done | set(kept))
         # Residual adds are found in graph order: the last one found is the last one run.
         before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
@@ -463,7 +471,7 @@ class UnitScalePass:
                     self._retarget(node, U.add, {"constraint": None})
                     done.add(node)
                 continue
-            if _is_product_of_activations(node, live):
+            if _is_product_of_activations(node, stream):
                 kept[node] = "product of two activations (unit std times unit std stays unit std)"
                 continue
             twin = _lookup(self.torch_map, _function_of(node))
