@@ -147,3 +147,25 @@ def test_a_constant_factor_before_a_linear_layer_is_dropped_before_a_softmax_it_
     to_softmax = unit_scale(Scaled("softmax"))
     to_softmax(torch.randn(4, 16))
     assert [line.split(" at ")[0] for line in to_softmax.unscaled_ops] == ["operator.truediv (node h)"]
+
+
+class GemmaNorm(nn.Module):
+    """RMS norm with Gemma's gain ``1 + w`` (``w`` starts at zero)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc, self.weight = nn.Linear(d, d), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return normed * (1.0 + self.weight)
+
+
+def test_a_gain_computed_from_a_parameter_is_listed_unscaled_and_keeps_its_values() -> None:
+    torch.manual_seed(0)
+    scaled = unit_scale(GemmaNorm(16))
+    scaled(torch.randn(8, 16))
+    assert [line.split(" (node")[0] for line in scaled.unscaled_ops] == ["operator.add", "operator.mul"]
+    assert scaled.kept_ops == [] and torch.all(scaled.module.weight == 0)
+    assert any(n.target is U.rms_norm for n in scaled.graph_module.graph.nodes)
