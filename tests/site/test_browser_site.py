@@ -38,9 +38,7 @@ CHROMIUM_ARGS = [
 ALLOWED_EXTERNAL_HOSTS: set[str] = set()
 
 # every page a reader can reach (not the theme's template macros copied into _static)
-PAGES = sorted(
-    str(path) for path in (p.relative_to(SITE) for p in SITE.rglob("*.html")) if path.parts[0] != "_static"
-)
+PAGES = sorted(str(path) for path in (p.relative_to(SITE) for p in SITE.rglob("*.html")) if path.parts[0] != "_static")
 TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
 
 
@@ -53,9 +51,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 def base_url():
     if not (SITE / "index.html").is_file():
         pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE))
-    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -145,8 +141,16 @@ def visit(tab, browser):
 
 def test_site_has_every_kind_of_page():
     names = set(PAGES)
-    for page in ["docs/index.html", "docs/api.html", "docs/concepts.html", "docs/install.html",
-                 "docs/run-locally.html", "docs/benchmarks.html", "docs/execution.html", "search.html"]:
+    for page in [
+        "docs/index.html",
+        "docs/api.html",
+        "docs/concepts.html",
+        "docs/install.html",
+        "docs/run-locally.html",
+        "docs/benchmarks.html",
+        "docs/execution.html",
+        "search.html",
+    ]:
         assert page in names, f"{page} missing from the built site"
     for name in unitscale.__all__:
         assert f"docs/generated/unitscale.{name}.html" in names, f"no API page for unitscale.{name}"
@@ -216,8 +220,7 @@ def test_ipynb_download_is_a_valid_notebook(visit, base_url, tutorial):
     v = visit(f"{base_url}/tutorials/{tutorial}.html")
     link = v.page.locator("a.dropdown-item", has_text=".ipynb")
     assert link.count() == 1, "no .ipynb entry in the download menu"
-    response = v.page.request.get(link.get_attribute("href") and v.page.evaluate(
-        "a => a.href", link.element_handle()))
+    response = v.page.request.get(link.get_attribute("href") and v.page.evaluate("a => a.href", link.element_handle()))
     assert response.ok
     notebook = nbformat.reads(response.text(), as_version=4)
     nbformat.validate(notebook)

@@ -55,7 +55,10 @@ def build(tmp_path: Path, pages: dict[str, str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "NB_EXECUTION_MODE": "force", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
     return subprocess.run(
         [*SPHINX, str(src), str(tmp_path / "html"), "-d", str(tmp_path / "doctrees")],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
 
 
@@ -83,7 +86,8 @@ def test_a_sphinx_warning_fails_the_build(tmp_path):
 
 def test_a_failing_doctest_fails_the_tests(tmp_path):
     module = tmp_path / "wrong_example.py"
-    module.write_text(textwrap.dedent('''
+    module.write_text(
+        textwrap.dedent('''
         def double(x: int) -> int:
             """Double a number.
 
@@ -91,11 +95,26 @@ def test_a_failing_doctest_fails_the_tests(tmp_path):
             5
             """
             return 2 * x
-    '''))
+    ''')
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--doctest-modules", str(module),
-         "--rootdir", str(tmp_path), "-c", os.devnull],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--doctest-modules",
+            str(module),
+            "--rootdir",
+            str(tmp_path),
+            "-c",
+            os.devnull,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert result.returncode == 1, result.stdout
     assert "1 failed" in result.stdout

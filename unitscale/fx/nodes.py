@@ -124,10 +124,10 @@ VIEW_FUNCTIONS: frozenset[Any] = frozenset(
 SCALE_NEUTRAL_METHODS = VIEW_METHODS | {
     "expand", "expand_as", "split", "chunk", "unbind", "size", "dim", "to", "float", "half", "bfloat16",
     "double", "type", "type_as", "detach", "clone", "repeat", "narrow", "select", "__getitem__", "roll",
-    "flip", "masked_fill", "cpu", "cuda",
+    "flip", "masked_fill", "cpu", "cuda", "neg", "__neg__", "where",
 }  # fmt: skip
 SCALE_NEUTRAL_FUNCTIONS: frozenset[Any] = VIEW_FUNCTIONS | {
     operator.getitem, torch.cat, torch.concat, torch.stack, torch.split, torch.chunk, torch.unbind,
     torch.narrow, torch.select, torch.roll, torch.flip, torch.clone, torch.detach, torch.masked_fill,
-    F.pad, einops.repeat, F.dropout,
+    F.pad, einops.repeat, F.dropout, operator.neg, torch.neg, torch.where,
 }  # fmt: skip

@@ -21,6 +21,7 @@ of this module as a single graph node, and would otherwise patch an imported nam
 
 from __future__ import annotations
 
+import functools as _functools
 import math as _math
 import operator as _operator
 import sys as _sys
@@ -56,6 +57,15 @@ __all__ = [
     "dropout",
     "cross_entropy",
     "scaled_dot_product_attention",
+    "addmm",
+    "conv2d",
+    "silu",
+    "relu",
+    "rms_norm",
+    "batch_norm",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
     "torch_map",
 ]
 
@@ -699,6 +709,430 @@ def scaled_dot_product_attention(
     return _scale(out, output_scale, value_scale)
 
 
+def addmm(
+    input: Tensor,
+    mat1: Tensor,
+    mat2: Tensor,
+    *,
+    beta: float = 1,
+    alpha: float = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.addmm`: ``beta * input + alpha * (mat1 @ mat2)``.
+
+    The form of GPT-2's ``Conv1D`` projections (``mat2`` is the weight, ``(in, out)``).
+    ``mat1 @ mat2`` is scaled as :func:`linear` with weight ``mat2.T``: output ×
+    ``k**-0.5``, ``mat1``'s gradient × ``n**-0.5``, ``mat2``'s × ``m**-0.5``; ``input``
+    (the bias) is added unscaled and its gradient, summed over the rows it is
+    broadcast to, × ``copies**-0.5``.
+
+    Args:
+        input: the added term, broadcastable to ``(m, n)``.
+        mat1: ``(m, k)``.
+        mat2: ``(k, n)``.
+        beta: multiplier of ``input``, as in torch.
+        alpha: multiplier of the product, as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled ``beta * input + alpha * mat1 @ mat2``.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> x, w, b = torch.randn(512, 256, requires_grad=True), torch.randn(256, 64), torch.zeros(64)
+    >>> y = addmm(b, x, w, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    product = linear(mat1, mat2.t(), None, constraint)
+    bias = _scale(input, 1.0, _inv_sqrt(product.numel() / max(input.numel(), 1)))
+    if alpha != 1:
+        product = product * alpha
+    return product + (bias if beta == 1 else beta * bias)
+
+
+def _conv_out_size(size: int, kernel: int, stride: int, padding: int | str, dilation: int) -> int:
+    if padding == "same":
+        return size
+    pad = 0 if padding == "valid" else int(padding)
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _pair(value: int | tuple[int, ...] | list[int] | str) -> tuple[int | str, int | str]:
+    if isinstance(value, (tuple, list)):
+        return (value[0], value[-1])
+    return (value, value)
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, ...] = 1,
+    padding: int | tuple[int, ...] | str = 0,
+    dilation: int | tuple[int, ...] = 1,
+    groups: int = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv2d`.
+
+    A convolution is a matmul over patches: output × ``fan_in**-0.5`` with
+    ``fan_in = C_in / groups * kh * kw``; input gradient × ``count**-0.5``, where
+    ``count`` is the average number of terms summed into an input element's
+    gradient (``C_out / groups * kh * kw`` at stride 1 with "same" padding, fewer
+    when strided); weight and bias gradients × ``(N * H_out * W_out)**-0.5``. The
+    constraint reconciles the output and input-gradient scales, as for :func:`linear`.
+
+    Args:
+        input: ``(N, C_in, H, W)`` (or unbatched ``(C_in, H, W)``).
+        weight: ``(C_out, C_in / groups, kh, kw)``.
+        bias: optional ``(C_out,)``.
+        stride: as in torch.
+        padding: as in torch (``"same"`` and ``"valid"`` included).
+        dilation: as in torch.
+        groups: as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled convolution.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> x, w = torch.randn(8, 16, 32, 32, requires_grad=True), torch.randn(32, 16, 3, 3)
+    >>> y = conv2d(x, w, padding=1, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    fan_in = _math.prod(weight.shape[1:])
+    kernel = weight.shape[-2:]
+    strides, paddings, dilations = _pair(stride), _pair(padding), _pair(dilation)
+    out_hw = [
+        _conv_out_size(input.shape[-2 + i], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))
+        for i in range(2)
+    ]
+    batch = input.numel() // max(_math.prod(input.shape[-3:]), 1)
+    out_numel = batch * weight.shape[0] * out_hw[0] * out_hw[1]
+    weight_grad_scale = _inv_sqrt(out_numel / weight.shape[0])
+    output_scale, grad_scale = _constrain(
+        constraint, fan_in**-0.5, _inv_sqrt(out_numel * fan_in / max(input.numel(), 1))
+    )
+    # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
+    weight = _scale(weight, 1.0, weight_grad_scale / grad_scale)
+    output = _scale(_F.conv2d(input, weight, None, stride, padding, dilation, groups), output_scale, grad_scale)
+    if bias is None:
+        return output
+    return output + _scale(bias, 1.0, weight_grad_scale).reshape(-1, 1, 1)
+
+
+# Std of SiLU(x) and of SiLU'(x) for x ~ N(0, 1), by quadrature on [-12, 12], as for GELU.
+_SILU_OUT_STD = 0.559538
+_SILU_GRAD_STD = 0.616021
+# ReLU's output and derivative both have root-mean-square sqrt(1/2) for N(0, 1) input.
+_RELU_SCALE = 2**0.5
+
+
+def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean") -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.silu` (the gate of Llama's SwiGLU).
+
+    Output × ``1 / 0.5595`` and input gradient × ``1 / 0.6160``: the std of SiLU
+    and of its derivative for ``N(0, 1)`` input.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``silu(input)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> round(silu(torch.randn(10_000), constraint=None).std().item(), 1)
+    1.0
+    """
+    output_scale, grad_scale = _constrain(constraint, 1 / _SILU_OUT_STD, 1 / _SILU_GRAD_STD)
+    return scale(_F.silu(input), output_scale, grad_scale)
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.relu` (also the twin of :func:`torch.relu`): ``2**0.5 * relu(x)``.
+
+    Scaled to unit root-mean-square rather than unit std, as He initialisation does:
+    for ``N(0, 1)`` input ReLU's output has mean 0.40 and std 0.58, and the next
+    matmul or convolution passes on the second moment (``0.40**2 + 0.58**2 = 1/2``),
+    so a std scale would grow the activations by ``1.21`` per layer in a network
+    without normalisation. The derivative is 0 or 1, with RMS ``2**-0.5`` too, so
+    both directions take the same scale and the gradient stays the true one of the
+    scaled function (no constraint needed). Output std is then ``0.83``, RMS 1.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+
+    Returns:
+        ``2**0.5 * relu(input)``.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> y = relu(torch.randn(100_000))
+    >>> round(y.pow(2).mean().sqrt().item(), 2), round(y.std().item(), 1)
+    (1.0, 0.8)
+    """
+    return _F.relu(input) * _RELU_SCALE
+
+
+def rms_norm(
+    input: Tensor,
+    normalized_shape: list[int] | tuple[int, ...] | torch.Size,
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.rms_norm` (and the ``LlamaRMSNorm``/``T5LayerNorm`` pattern).
+
+    RMS norm's output has unit root-mean-square, so unit std for zero-mean input,
+    and its input gradient is unit-std too; only the weight gradient, summed over
+    the batch, is scaled (by ``batch**-0.5``), as in :func:`layer_norm`.
+
+    Args:
+        input: tensor whose trailing dims are ``normalized_shape``.
+        normalized_shape: the trailing shape to normalise over.
+        weight: optional gain of shape ``normalized_shape``.
+        eps: added to the mean square (``None``: the dtype's machine epsilon, as in torch).
+
+    Returns:
+        The normalised tensor.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.ones(32, requires_grad=True)
+    >>> y = rms_norm(3 * torch.randn(4096, 32), (32,), w)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(w.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    if weight is not None:
+        weight = scale(weight, 1.0, _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1)))
+    return _F.rms_norm(input, list(normalized_shape), weight, eps)
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.batch_norm`.
+
+    In training mode (or without running statistics) the output is normalised
+    with the batch's own statistics, so output and input gradient are already
+    unit-std; the weight and bias gradients sum over ``N * H * W`` values per
+    channel and are scaled by its inverse square root. In eval mode the running
+    statistics normalise: the output is unit-std only if they describe the
+    input. :func:`~unitscale.unit_scale` therefore resets them to mean 0 and
+    variance 1, the statistics of the unit-scaled activations it produces (a
+    model trained after unit scaling tracks its own).
+
+    Args:
+        input: ``(N, C, ...)``.
+        running_mean: per-channel mean, or ``None``.
+        running_var: per-channel variance, or ``None``.
+        weight: optional per-channel gain.
+        bias: optional per-channel bias.
+        training: normalise with batch statistics (and update the running ones).
+        momentum: as in torch.
+        eps: as in torch.
+
+    Returns:
+        The normalised tensor.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.ones(256, requires_grad=True)
+    >>> y = batch_norm(5 * torch.randn(32, 256, 4, 4), None, None, w, training=True)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(w.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    channels = input.shape[1] if input.dim() > 1 else 1
+    batch_scale = _inv_sqrt(input.numel() / max(channels, 1))
+    if weight is not None:
+        weight = scale(weight, 1.0, batch_scale)
+    if bias is not None:
+        bias = scale(bias, 1.0, batch_scale)
+    return _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+@_functools.lru_cache(maxsize=64)
+def _max_rms(k: int) -> float:
+    """Root-mean-square of the largest of ``k`` independent ``N(0, 1)`` values (trapezoid rule on [-10, 10])."""
+    steps, lo, hi = 4000, -10.0, 10.0
+    h = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps + 1):
+        x = lo + i * h
+        density = (
+            k * _math.exp(-x * x / 2) / _math.sqrt(2 * _math.pi) * (0.5 * (1 + _math.erf(x / _math.sqrt(2)))) ** (k - 1)
+        )
+        total += (0.5 if i in (0, steps) else 1.0) * x * x * density
+    return (total * h) ** 0.5
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.max_pool2d`.
+
+    The largest of ``k = kh * kw`` values of ``N(0, 1)`` has mean well above 0 (1.49
+    for ``k = 9``), so, as for :func:`relu`, the output is scaled to unit
+    root-mean-square (``1 / 1.60`` for ``k = 9``, by quadrature), the moment the next
+    convolution passes on. Each output's gradient goes to one input, so an input's
+    gradient has RMS ``(outputs / inputs)**0.5``, and is scaled by the inverse.
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        kernel_size: as in torch.
+        stride: as in torch (``None``: the kernel size).
+        padding: as in torch.
+        dilation: as in torch.
+        ceil_mode: as in torch.
+        return_indices: as in torch (the indices are returned unscaled).
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled maxima (and their indices with ``return_indices=True``).
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
+    >>> y = max_pool2d(x, 3, 2, 1, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.pow(2).mean().sqrt().item(), 1), round(x.grad.pow(2).mean().sqrt().item(), 1)
+    (1.0, 1.0)
+    """
+    kh, kw = _pair(kernel_size)
+    result = _F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+    out, indices = result[0], result[1]
+    output_scale, grad_scale = _constrain(
+        constraint, 1 / _max_rms(int(kh) * int(kw)), _inv_sqrt(out.numel() / max(input.numel(), 1))
+    )
+    out = _scale(out, output_scale, grad_scale)
+    return (out, indices) if return_indices else out  # type: ignore[return-value]
+
+
+def _pool_scales(input: Tensor, output: Tensor, window: int, constraint: ConstraintArg) -> tuple[float, ...]:
+    # Each output averages ``window`` values: std window**-0.5 for independent ones. Each input's
+    # gradient sums ``cover`` output gradients divided by ``window``: std cover**0.5 / window.
+    cover = output.numel() * window / max(input.numel(), 1)
+    return _constrain(constraint, window**0.5, window * _inv_sqrt(cover))
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.avg_pool2d`.
+
+    The mean of ``k = kh * kw`` independent unit-std values has std ``k**-0.5``:
+    the output is scaled by ``k**0.5``, and each input gradient (a sum of ``cover``
+    output gradients divided by ``k``) by ``k / cover**0.5``. Spatially correlated
+    inputs come out above 1 (at most ``k**0.5`` for constant windows).
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        kernel_size: as in torch.
+        stride: as in torch (``None``: the kernel size).
+        padding: as in torch.
+        ceil_mode: as in torch.
+        count_include_pad: as in torch.
+        divisor_override: as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled average.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> round(avg_pool2d(torch.randn(8, 16, 32, 32), 2, constraint=None).std().item(), 1)
+    1.0
+    """
+    kh, kw = _pair(kernel_size)
+    out = _F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    output_scale, grad_scale = _pool_scales(input, out, int(kh) * int(kw), constraint)
+    return _scale(out, output_scale, grad_scale)
+
+
+def adaptive_avg_pool2d(
+    input: Tensor,
+    output_size: int | tuple[int | None, int | None],
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.adaptive_avg_pool2d`.
+
+    As :func:`avg_pool2d`, with the window ``(H / H_out) * (W / W_out)`` (the
+    whole feature map for ``output_size=1``, as at the end of a ResNet).
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        output_size: as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled average.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> round(adaptive_avg_pool2d(torch.randn(64, 32, 8, 8), 1, constraint=None).std().item(), 1)
+    1.0
+    """
+    out = _F.adaptive_avg_pool2d(input, output_size)
+    window = max(round(input.shape[-2] * input.shape[-1] / max(out.shape[-2] * out.shape[-1], 1)), 1)
+    output_scale, grad_scale = _pool_scales(input, out, window, constraint)
+    return _scale(out, output_scale, grad_scale)
+
+
 torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _F.linear: linear,
     _torch.matmul: matmul,
@@ -718,6 +1152,19 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _F.dropout: dropout,
     _F.cross_entropy: cross_entropy,
     _F.scaled_dot_product_attention: scaled_dot_product_attention,
+    _torch.addmm: addmm,
+    _torch.Tensor.addmm: addmm,
+    _F.conv2d: conv2d,
+    _F.silu: silu,
+    _F.relu: relu,
+    _torch.relu: relu,
+    _torch.Tensor.relu: relu,
+    _F.rms_norm: rms_norm,
+    _F.batch_norm: batch_norm,
+    _F.max_pool2d: max_pool2d,
+    _torch.max_pool2d: max_pool2d,
+    _F.avg_pool2d: avg_pool2d,
+    _F.adaptive_avg_pool2d: adaptive_avg_pool2d,
 }
 """Each torch function (as a TorchDynamo or ``torch.fx`` graph names it) -> its unit-scaled twin."""
 

@@ -22,14 +22,27 @@ from unitscale.errors import InputError
 from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
 from unitscale.scaling.functional import _check_p, _check_tau
 
-__all__ = ["Linear", "GELU", "Softmax", "LayerNorm", "Embedding", "Dropout", "MLP", "MHSA", "TransformerLayer"]
-
+__all__ = [
+    "Linear",
+    "GELU",
+    "Softmax",
+    "LayerNorm",
+    "Embedding",
+    "Dropout",
+    "SiLU",
+    "RMSNorm",
+    "Conv2d",
+    "MLP",
+    "MHSA",
+    "TransformerLayer",
+]
 
 
 def _check_sizes(owner: str, **sizes: object) -> None:
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InputError(f"{owner}: {name}={value!r:.60} must be an int >= 0")
+
 
 class Linear(nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)``, no bias by default.
@@ -204,6 +217,120 @@ class Dropout(nn.Dropout):
 
     def forward(self, input: Tensor) -> Tensor:
         return U.dropout(input, self.p, self.training, self.inplace)
+
+
+class SiLU(nn.SiLU):
+    """Unit-scaled :class:`torch.nn.SiLU` (Llama's gate activation).
+
+    Args:
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> round(SiLU(constraint=None)(torch.randn(10_000)).std().item(), 1)
+    1.0
+    """
+
+    def __init__(self, constraint: ConstraintArg = "gmean") -> None:
+        resolve_constraint(constraint)
+        super().__init__()
+        self.constraint = constraint
+
+    def forward(self, input: Tensor) -> Tensor:
+        return U.silu(input, constraint=self.constraint)
+
+    def extra_repr(self) -> str:
+        return f"constraint={self.constraint!r}"
+
+
+class RMSNorm(nn.RMSNorm):
+    """Unit-scaled :class:`torch.nn.RMSNorm`: gain 1, its gradient scaled to unit std.
+
+    Args:
+        normalized_shape: the trailing shape to normalise over.
+        eps: added to the mean square (``None``: the dtype's machine epsilon).
+        elementwise_affine: learn a gain.
+
+    >>> import torch
+    >>> y = RMSNorm(8)(torch.arange(16.0).reshape(2, 8))
+    >>> round(y.square().mean().item(), 3)
+    1.0
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | list[int] | tuple[int, ...],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
+    ) -> None:
+        super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return U.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+
+class Conv2d(nn.Conv2d):
+    """Unit-scaled :class:`torch.nn.Conv2d`: weight ``N(0, 1)``, no bias by default, zero padding only.
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+        kernel_size: as in torch.
+        stride: as in torch.
+        padding: as in torch (``"same"`` and ``"valid"`` included).
+        dilation: as in torch.
+        groups: as in torch.
+        bias: add a learnable bias (initialised to zero).
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> conv = Conv2d(32, 32, 3, padding=1, constraint=None)
+    >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1)
+    1.0
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = False,
+        constraint: ConstraintArg = "gmean",
+    ) -> None:
+        resolve_constraint(constraint)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
+        self.constraint = constraint
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return U.conv2d(
+            input,
+            self.weight,
+            self.bias,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            self.constraint,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
 class MLP(nn.Module):

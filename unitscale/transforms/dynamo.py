@@ -132,6 +132,9 @@ class TransformedModule(nn.Module):
         module: the module whose forward is captured.
         transforms: the graph transforms, applied in order.
         unscaled_ops: ops :func:`unit_scale` left as they were, one line each.
+        kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
+            of unit-scaled operands (rotary embeddings, products of activations), one
+            ``"<op>: <reason>"`` line each.
 
     >>> import torch
     >>> from torch import nn
@@ -150,6 +153,7 @@ class TransformedModule(nn.Module):
         self._captured: dict[Any, _Captured] = {}
         self._latest: _Captured | None = None
         self.unscaled_ops: list[str] = []
+        self.kept_ops: list[str] = []
 
     @property
     def graph_module(self) -> fx.GraphModule | None:
@@ -193,6 +197,7 @@ class TransformedModule(nn.Module):
         self._captured[key] = captured
         self._latest = captured
         self.unscaled_ops = list(captured.graph_module.meta.get("unscaled_ops", []))
+        self.kept_ops = list(captured.graph_module.meta.get("kept_ops", []))
         return captured
 
     def extra_repr(self) -> str:
@@ -324,6 +329,7 @@ def _capture(
             f"TorchDynamo found no tensor ops in {type(module).__name__}.forward, so there is no graph to "
             f"transform; apply the transform to a module that computes something"
         )
+    _check_outputs(module, result)
     gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
     for transform in transforms:
         gm = _run_transform(module, transform, gm)
@@ -345,6 +351,28 @@ def _capture(
             plan.append(("const", leaf))
     positions = gm.meta["input_positions"]
     return _Captured(gm, positions, plan, out_spec)
+
+
+# Output leaves a captured graph may hand back as they were at capture: they hold no tensors.
+_PLAIN_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
+
+
+def _check_outputs(module: nn.Module, result: Any) -> None:
+    """Refuse an output object the graph cannot recompute (a KV cache, say): it would be the capture's, stale."""
+    for path, leaf in pytree.tree_flatten_with_path(result)[0]:
+        if isinstance(leaf, (torch.Tensor, *_PLAIN_OUTPUTS)):
+            continue
+        where = pytree.keystr(path) or "its output"
+        hint = (
+            " (a transformers KV cache: build the model with use_cache=False, or pass use_cache=False)"
+            if "cache" in type(leaf).__name__.lower()
+            else ""
+        )
+        raise CaptureError(
+            f"{type(module).__name__}.forward returns a {type(leaf).__name__} at {where}{hint}: an object that is "
+            f"not a tensor or a plain value, so a transformed graph cannot rebuild it on each call (every call "
+            f"would return the one made while capturing); return tensors only"
+        )
 
 
 def _to_standalone(

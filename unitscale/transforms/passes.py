@@ -106,13 +106,21 @@ def unit_scale(
     residual adds (one operand an ancestor of the other) become
     :func:`~unitscale.scaling.functional.residual_split` / :func:`~unitscale.scaling.functional.residual_add`
     (``tau`` 0.01 for attention branches, 0.5 otherwise); other adds become unconstrained
-    :func:`~unitscale.scaling.functional.add`; constrained ops after the last residual add are
-    unconstrained. Parameters are an independent copy of ``module``'s (``module`` is not
-    changed), re-initialised on the first call by the role the graph gives them: weights
-    and embeddings ``N(0, 1)``, biases 0, norm gains 1.
+    :func:`~unitscale.scaling.functional.add`; constrained ops after the last residual add
+    or on the trunk (every input-to-output path goes through them) are unconstrained.
+    Ops written out by hand (``LlamaRMSNorm``, GPT-2's tanh GELU) are folded into their
+    twins first; a constant factor that only linear layers and norms read is dropped.
+    Ops off the activation path (position tables, masks: they read no float input and
+    no parameter) are left alone. Parameters are an independent copy of ``module``'s
+    (``module`` is not changed), re-initialised on the first call by the role the graph
+    gives them (weights and embeddings ``N(0, 1)``, biases 0, norm gains 1, batch-norm
+    running statistics 0 and 1), but only where every op that reads them was unit-scaled:
+    an op left unscaled keeps the parameters it was written for.
 
     Ops left as they were (not mapped, and not scale-neutral like reshapes) are logged
-    on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``.
+    on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``;
+    ops left as they were because they keep a unit scale (rotary embeddings, the product
+    of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``.
 
     Args:
         module: the model.
@@ -125,7 +133,9 @@ def unit_scale(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
-        CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph.
+        CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph,
+            or the forward returns an object that is not a tensor or a plain value (a
+            ``transformers`` KV cache: build the model with ``use_cache=False``).
         UnscaledOpsError: (on the first call, with ``strict=True``) some ops were left unscaled.
 
     >>> import torch
@@ -163,19 +173,21 @@ class _UnitScale(UnitScalePass):
         return gm
 
 
-# Matmul-like ops and how many leading arguments are their operands (a bias is added in high precision).
-_MATMUL_LIKE: dict[Any, int] = {
-    F.linear: 2, torch.matmul: 2, torch.Tensor.matmul: 2, operator.matmul: 2, torch.mm: 2, torch.bmm: 2,
-    F.conv1d: 2, F.conv2d: 2, F.conv3d: 2, U.linear: 2, U.matmul: 2,
-    F.scaled_dot_product_attention: 3, U.scaled_dot_product_attention: 3,
+# Matmul-like ops and the positions of their operands (a bias is added in high precision).
+_MATMUL_LIKE: dict[Any, tuple[int, ...]] = {
+    F.linear: (0, 1), torch.matmul: (0, 1), torch.Tensor.matmul: (0, 1), operator.matmul: (0, 1),
+    torch.mm: (0, 1), torch.bmm: (0, 1), F.conv1d: (0, 1), F.conv2d: (0, 1), F.conv3d: (0, 1),
+    torch.addmm: (1, 2), torch.Tensor.addmm: (1, 2),
+    U.linear: (0, 1), U.matmul: (0, 1), U.conv2d: (0, 1), U.addmm: (1, 2),
+    F.scaled_dot_product_attention: (0, 1, 2), U.scaled_dot_product_attention: (0, 1, 2),
 }  # fmt: skip
 
 
-def _operand_count(fn: Any) -> int:
+def _operand_positions(fn: Any) -> tuple[int, ...]:
     try:
-        return _MATMUL_LIKE.get(fn, 0)
+        return _MATMUL_LIKE.get(fn, ())
     except TypeError:  # an unhashable target
-        return 0
+        return ()
 
 
 class _SimulateFormat:
@@ -193,8 +205,8 @@ class _SimulateFormat:
             if node.op not in ("call_function", "call_method"):
                 continue
             fn = node.target if node.op == "call_function" else getattr(torch.Tensor, str(node.target), None)
-            operands = _operand_count(fn)
-            for arg in dict.fromkeys(a for a in node.args[:operands] if isinstance(a, fx.Node)):
+            positions = [i for i in _operand_positions(fn) if i < len(node.args)]
+            for arg in dict.fromkeys(a for a in (node.args[i] for i in positions) if isinstance(a, fx.Node)):
                 value = arg.meta.get("example_value")
                 if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
                     continue

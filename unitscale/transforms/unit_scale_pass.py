@@ -3,17 +3,37 @@
 On a TorchDynamo graph (see :mod:`unitscale.transforms.dynamo`):
 
 1. user replacements first: a node whose function is a key of ``replace`` calls the value;
+   then written-out composites (RMS norm, tanh GELU) are folded into their twins
+   (:mod:`unitscale.transforms.patterns`);
 2. residual adds, found by dependency analysis (an add where one operand is an ancestor
    of the other: the ancestor is the skip connection, the other the branch), become
    ``residual_split`` at the skip and ``residual_add`` at the join, with ``tau = 0.01``
    when the branch holds attention (softmax or scaled dot-product attention) and 0.5
    otherwise; every other add of two float tensors becomes an unconstrained ``U.add``;
 3. every other op found in :data:`unitscale.scaling.functional.torch_map` becomes its twin, with
-   ``constraint=None`` after the last residual add (no gradient flows back into a branch
-   point from there, so the two directions may be scaled independently);
-4. the ops left as they were, other than ones that move data without changing its scale
-   (reshapes, indexing, concatenation, ...) or produce no float tensor, are listed in
-   ``graph_module.meta["unscaled_ops"]``.
+   ``constraint=None`` after the last residual add and on the trunk: where every path
+   from the inputs to the output passes through the op (the stem of a ResNet, an op
+   between two residual blocks), its input's gradient reaches everything upstream
+   through it alone, so a mismatch of its two scales multiplies every upstream gradient
+   by one number, and the two directions may be scaled independently (Blake et al.'s
+   cut edges);
+4. a product with a constant (``x * c``, ``x / c``) that only linear layers and norms
+   read becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
+5. ops that keep the scale of unit-scaled operands without a twin are left as they are
+   and listed, with the reason, in ``graph_module.meta["kept_ops"]``: rotary embeddings
+   (``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` off the activation path)
+   and elementwise products of two activations (gated MLPs);
+6. the ops left as they were, other than ones that move data without changing its scale
+   (reshapes, indexing, concatenation, ...) or produce no float tensor, are
+   listed in ``graph_module.meta["unscaled_ops"]``.
+
+Only ops on the activation path are scaled or listed: those that read, directly or
+not, a float input or a parameter. Position tables, masks and bucket indices computed
+from integer inputs and buffers carry no gradient and keep their values.
+
+Parameters are re-initialised (:func:`unit_init_`) only where every use is a unit-scaled
+op; a parameter that feeds an op left unscaled keeps its values, so the ops around it
+compute what they did.
 """
 
 from __future__ import annotations
@@ -32,14 +52,18 @@ from torch import fx
 
 import unitscale.scaling.functional as U
 from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS, SCALE_NEUTRAL_METHODS, op_name
+from unitscale.transforms.patterns import fold_patterns
 
-__all__ = ["UnitScalePass"]
+__all__ = ["UnitScalePass", "unit_init_"]
 
 _ADDS: set[Any] = {operator.add, operator.iadd, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__iadd__}
 _ADD_METHODS = {"add", "add_", "__add__", "__iadd__", "__radd__"}
 _ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
 _ATTENTION |= {U.scaled_dot_product_attention}
 
+_MULS: set[Any] = {operator.mul, torch.mul, torch.Tensor.mul}
+_MUL_METHODS = {"mul", "__mul__", "__rmul__"}
+_TRIG: dict[Any, str] = {torch.cos: "cos", torch.Tensor.cos: "cos", torch.sin: "sin", torch.Tensor.sin: "sin"}
 _SCALED = {getattr(U, name) for name in U.__all__ if callable(getattr(U, name))}
 
 
@@ -117,6 +141,7 @@ def _takes_constraint(fn: Callable[..., Any]) -> bool:
 
 
 _NORM_FUNCTIONS: set[Any] = {F.layer_norm, U.layer_norm, F.group_norm, F.batch_norm, F.instance_norm, F.rms_norm}
+_NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm}
 
 
 def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
@@ -130,33 +155,233 @@ def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
     return next((name for name, value in bound.arguments.items() if value is node), None)
 
 
+def _is_neutral(node: fx.Node) -> bool:
+    if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS:
+        return True
+    return node.op == "call_function" and _member(node.target, SCALE_NEUTRAL_FUNCTIONS)
+
+
+def _consumers(node: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
+    """``(op, argument)`` for every op that reads ``node``, looking through reshapes and casts."""
+    found, todo, seen = [], [node], {node}
+    while todo:
+        current = todo.pop()
+        for user in current.users:
+            if _is_neutral(user) and not _member(user.target, _SCALED):
+                if user not in seen:
+                    seen.add(user)
+                    todo.append(user)
+            else:
+                found.append((user, current))
+    return found
+
+
+def _is_scaled(node: fx.Node) -> bool:
+    return node.op == "call_function" and (
+        _member(node.target, _SCALED)
+        or (isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "unitscale")
+    )
+
+
+def _attr(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for atom in target.split("."):
+        value = getattr(value, atom)
+    return value
+
+
 @torch.no_grad()
 def unit_init_(gm: fx.GraphModule) -> None:
-    """Re-initialise the parameters a graph reads, by the role the graph gives them.
+    """Re-initialise the parameters that feed unit-scaled ops, by the role the graph gives them.
 
     A parameter passed as ``bias`` or added to a tensor is zeroed; one passed as the
     ``weight`` of a norm is set to 1; every other (weights, embeddings) is drawn
     from ``N(0, 1)``. Roles come from the graph, so ``self.b1`` in a functional model is
-    a bias as much as ``nn.Linear.bias`` is.
+    a bias as much as ``nn.Linear.bias`` is. A parameter that any op left unscaled reads
+    (through reshapes or casts or not) keeps its values: the unscaled op was written for
+    them. The running statistics of a unit-scaled batch norm are reset to mean 0 and
+    variance 1, those of the unit-scaled activations that reach it.
+
+    Args:
+        gm: a graph after the unit-scaling pass, reading parameters through ``get_attr``.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> import unitscale.scaling.functional as U
+    >>> from unitscale.tracers import DeepTracer
+    >>> class Net(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    ...     def forward(self, x):
+    ...         return U.linear(torch.tanh(self.a(x)), self.b.weight, self.b.bias)
+    >>> net = Net()
+    >>> kept = net.a.weight.clone()
+    >>> unit_init_(fx.GraphModule(net, DeepTracer().trace(net)))
+    >>> torch.equal(net.a.weight, kept), net.b.bias.abs().sum().item()
+    (True, 0.0)
     """
     for node in gm.graph.nodes:
         if node.op != "get_attr":
             continue
-        param = gm
-        for atom in str(node.target).split("."):
-            param = getattr(param, atom)
-        if not isinstance(param, torch.nn.Parameter):
+        param = _attr(gm, str(node.target))
+        if not isinstance(param, torch.Tensor):
             continue
-        roles = {
-            _argument_name(user, node) if not _is_add(user) and user.target is not U.add else "bias"
-            for user in node.users
-        }
-        if "bias" in roles:
+        consumers = _consumers(node)
+        if not consumers or not all(_is_scaled(user) for user, _ in consumers):
+            continue
+        roles = {_argument_name(user, via) if user.target is not U.add else "bias" for user, via in consumers}
+        if not isinstance(param, torch.nn.Parameter):
+            if roles == {"running_mean"}:
+                param.zero_()
+            elif roles == {"running_var"}:
+                param.fill_(1.0)
+        elif "bias" in roles:
             param.zero_()
-        elif "weight" in roles and any(_member(user.target, _NORM_FUNCTIONS) for user in node.users):
+        elif "weight" in roles and any(_member(user.target, _NORM_FUNCTIONS) for user, _ in consumers):
             param.fill_(1.0)
         else:
             param.normal_()
+
+
+def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
+    """Nodes that read, directly or not, a float input or a parameter."""
+    live: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            source = _is_float_tensor(node.meta.get("example_value"))
+        elif node.op == "get_attr":
+            try:
+                source = isinstance(_attr(gm, str(node.target)), torch.nn.Parameter)
+            except AttributeError:
+                source = False
+        else:
+            source = any(parent in live for parent in node.all_input_nodes)
+        if source:
+            live.add(node)
+    return live
+
+
+def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
+    """The graph inputs and the ops on the activation path that compute from them (not from parameters alone)."""
+    stream: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" or (node in live and any(p in stream for p in node.all_input_nodes)):
+            stream.add(node)
+    return stream
+
+
+def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
+    """Ops every path from the inputs to the output goes through.
+
+    In graph order, an op is on the trunk when no edge of the activation stream jumps
+    over it: every stream value made before it is read only up to it (a skip
+    connection is such a jump, and puts the ops of its branch off the trunk). The
+    stream is the graph inputs and the ops on the activation path that compute from them.
+    """
+    nodes = list(graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    from_input = _stream(graph, live)
+    trunk, reach = set(), -1
+    for i, node in enumerate(nodes):
+        if node in from_input and node.op != "placeholder" and reach <= i:
+            trunk.add(node)
+        if node in from_input:
+            readers = [position[u] for u in node.users if u in from_input or u.op == "output"]
+            reach = max([reach, *readers])
+    return trunk
+
+
+_DIVS: set[Any] = {operator.truediv, torch.div, torch.true_divide, torch.Tensor.div}
+_DIV_METHODS = {"div", "__truediv__", "true_divide"}
+# Unit-scaled ops whose output only changes by a factor, or not at all, when an input does.
+_HOMOGENEOUS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d, U.layer_norm, U.rms_norm}
+
+
+def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
+    """``(x, c)`` if ``node`` is ``x * c``, ``c * x`` or ``x / c`` for a float tensor ``x`` and a number ``c``."""
+    args = node.args[:2]
+    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    tensors = [a for a in args if _is_float_node(a)]
+    if len(args) != 2 or len(numbers) != 1 or len(tensors) != 1 or numbers[0] == 0:
+        return None
+    if _is_mul(node):
+        return tensors[0], float(numbers[0])  # type: ignore[return-value]
+    divides = node.target in _DIV_METHODS if node.op == "call_method" else _member(node.target, _DIVS)
+    if divides and args[0] is tensors[0] and not node.kwargs:
+        return tensors[0], 1 / float(numbers[0])  # type: ignore[return-value]
+    return None
+
+
+def _drop_constant_factor(node: fx.Node) -> bool:
+    """Turn ``x * c`` into ``sign(c) * x`` where only linear layers and norms read the product.
+
+    The unit-scaled linear layer or norm after it sets the scale of its own output,
+    so the constant (T5's ``d_model ** -0.5`` before its tied head, a hand-written
+    ``/ sqrt(d)``) would only move that output off unit scale. Elsewhere (inside an
+    activation function written out, before a softmax) the constant changes what
+    is computed and stays, listed as unscaled.
+    """
+    found = _constant_factor(node)
+    if found is None:
+        return False
+    readers = [user for user, _ in _consumers(node)]
+    if not readers or not all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers):
+        return False
+    x, factor = found
+    sign = 1.0 if factor > 0 else -1.0
+    node.op, node.target, node.args, node.kwargs = "call_function", U.scale, (x, sign, sign), {}
+    return True
+
+
+def _is_mul(node: Any) -> bool:
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method":
+        return node.target in _MUL_METHODS
+    return node.op == "call_function" and _member(node.target, _MULS)
+
+
+def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
+    """``a * b`` for two activations computed from the inputs (not a gain computed from a parameter)."""
+    if not _is_mul(node) or len(node.args) < 2:
+        return False
+    a, b = node.args[0], node.args[1]
+    if a is b:  # a square is not a product of independent factors
+        return False
+    return all(isinstance(x, fx.Node) and x in stream and _is_float_node(x) for x in (a, b))
+
+
+def _rotary_ops(
+    graph: fx.Graph, live: set[fx.Node], ancestors: dict[fx.Node, set[fx.Node]], done: set[fx.Node]
+) -> dict[fx.Node, str]:
+    """``x * cos + rotate_half(x) * sin`` with ``cos``/``sin`` tables off the activation path.
+
+    Rotating pairs of features by an angle keeps their norm, so the sum has the std
+    of ``x``: the two products and the add are kept as they are (an add would be
+    scaled by ``2**-0.5`` as :func:`~unitscale.scaling.functional.add`).
+    """
+    kept: dict[fx.Node, str] = {}
+    for node in graph.nodes:
+        if node in done or not _is_add(node) or len(node.args) < 2:
+            continue
+        products = node.args[0], node.args[1]
+        tables = []
+        for product in products:
+            if not (_is_mul(product) and len(product.args) >= 2):
+                break
+            args = [a for a in product.args[:2] if isinstance(a, fx.Node)]
+            factors = [a for a in args if a not in live and _is_float_node(a)]
+            if len(args) != 2 or len(factors) != 1:
+                break
+            table = factors[0]
+            tables.append(
+                {_TRIG[fn] for fn in map(_function_of, ancestors[table] | {table}) if _member(fn, set(_TRIG))}
+            )
+        if len(tables) == 2 and tables[0] and tables[1] and tables[0] | tables[1] == {"cos", "sin"}:
+            for n in (node, *products):
+                kept[n] = "rotary embedding (x * cos + rotate_half(x) * sin keeps the std of x)"
+    return kept
 
 
 def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, like: fx.Node, value: Any) -> fx.Node:
@@ -187,7 +412,6 @@ class UnitScalePass:
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
-        ancestors = _ancestors(graph)
         done: set[fx.Node] = set()
         for node in list(graph.nodes):
             fn = _function_of(node)
@@ -195,16 +419,30 @@ class UnitScalePass:
             if user_fn is not None:
                 self._retarget(node, user_fn, {})
                 done.add(node)
-        residuals = self._residual_adds(graph, ancestors, done)
+        folded = fold_patterns(graph)
+        done.update(folded)
+        ancestors = _ancestors(graph)
+        live = _activation_path(gm)
+        kept = _rotary_ops(graph, live, ancestors, done)
+        trunk = _trunk(graph, live)
+        stream = _stream(graph, live)
+        residuals = self._residual_adds(graph, ancestors, done | set(kept))
         # Residual adds are found in graph order: the last one found is the last one run.
         before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
+        before_last -= trunk
+        for node in folded:
+            if node not in before_last and _takes_constraint(node.target):  # type: ignore[arg-type]
+                node.kwargs = {**node.kwargs, "constraint": None}
         for node in list(graph.nodes):
-            if node in done or node.op not in ("call_function", "call_method"):
+            if node in done or node in kept or node not in live or node.op not in ("call_function", "call_method"):
                 continue
             if _is_add(node):
                 if len(node.args) >= 2 and _is_float_node(node.args[0]) and _is_float_node(node.args[1]):
                     self._retarget(node, U.add, {"constraint": None})
                     done.add(node)
+                continue
+            if _is_product_of_activations(node, stream):
+                kept[node] = "product of two activations (unit std times unit std stays unit std)"
                 continue
             twin = _lookup(self.torch_map, _function_of(node))
             if twin is None:
@@ -212,7 +450,13 @@ class UnitScalePass:
             extra = {"constraint": None} if node not in before_last and _takes_constraint(twin) else {}
             self._retarget(node, twin, extra)
             done.add(node)
-        gm.meta["unscaled_ops"] = [describe(n) for n in graph.nodes if self._left_unscaled(n, done)]
+        for node in list(graph.nodes):
+            if node in live and node not in done and node not in kept and _drop_constant_factor(node):
+                done.add(node)
+        gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
+        gm.meta["unscaled_ops"] = [
+            describe(n) for n in graph.nodes if n in live and n not in kept and self._left_unscaled(n, done)
+        ]
         if not self.initialised:
             unit_init_(gm)
             self.initialised = True

@@ -1,0 +1,283 @@
+"""Twins for the ops of CNNs and modern LLMs: addmm, conv2d, silu, relu, rms_norm, batch_norm, pooling."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import unitscale.scaling.functional as U
+from unitscale.errors import UnknownConstraintError
+
+TOL = 0.15
+
+
+def stds(op, *shapes, **kwargs):
+    """Output std and each input's gradient std, for N(0, 1) inputs and an N(0, 1) output gradient."""
+    inputs = [torch.randn(*shape, requires_grad=True) for shape in shapes]
+    out = op(*inputs, **kwargs)
+    out.backward(torch.randn_like(out))
+    return out.std().item(), [x.grad.std().item() for x in inputs]
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.pow(2).mean().sqrt().item()
+
+
+def assert_unit(value, expected=1.0, tol=TOL):
+    assert abs(value / expected - 1) <= tol, f"std {value:.3f}, expected {expected:.3f} within {tol:.0%}"
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+# -- addmm (GPT-2's Conv1D) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m,k,n", [(512, 64, 64), (256, 256, 32), (1024, 16, 512)])
+def test_addmm_is_unit_scaled_without_constraint(m, k, n):
+    out, (grad_bias, grad_x, grad_w) = stds(lambda b, x, w: U.addmm(b, x, w, constraint=None), (n,), (m, k), (k, n))
+    assert_unit(out, 2**0.5)  # a unit product plus a unit bias (unit_scale zeroes biases)
+    for value in (grad_bias, grad_x, grad_w):
+        assert_unit(value)
+
+
+def test_addmm_computes_torchs_sum_with_the_product_scaled_by_fan_in():
+    b, x, w = torch.randn(8), torch.randn(32, 64), torch.randn(64, 8)
+    expected = torch.addmm(b, x, w * 64**-0.5, beta=0.5, alpha=3.0)
+    assert torch.allclose(U.addmm(b, x, w, beta=0.5, alpha=3.0, constraint=None), expected, atol=1e-5)
+
+
+def test_addmm_with_gmean_misses_unit_by_the_same_factor_both_ways():
+    x = torch.randn(512, 256, requires_grad=True)
+    y = U.addmm(torch.zeros(64), x, torch.randn(256, 64))
+    y.backward(torch.randn_like(y))
+    assert_unit(y.std().item(), (256 / 64) ** 0.25)
+    assert_unit(x.grad.std().item(), (64 / 256) ** 0.25)
+
+
+# -- conv2d ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "batch,c_in,size,c_out,kernel,stride,padding,groups",
+    [
+        (8, 16, 32, 32, 3, 1, 1, 1),
+        (16, 32, 16, 64, 3, 2, 1, 1),
+        (16, 64, 8, 64, 1, 1, 0, 1),
+        (8, 32, 16, 32, 3, 1, "same", 4),
+        (16, 3, 32, 16, 7, 2, 3, 1),
+    ],
+)
+def test_conv2d_is_unit_scaled_without_constraint(batch, c_in, size, c_out, kernel, stride, padding, groups):
+    out, (grad_x, grad_w) = stds(
+        U.conv2d,
+        (batch, c_in, size, size),
+        (c_out, c_in // groups, kernel, kernel),
+        stride=stride,
+        padding=padding,
+        groups=groups,
+        constraint=None,
+    )
+    # Zero padding leaves border outputs with fewer terms: a few percent below 1 for small maps.
+    for value in (out, grad_x, grad_w):
+        assert_unit(value, tol=0.2)
+
+
+def test_conv2d_is_torchs_convolution_scaled_by_fan_in_and_its_bias_gradient_is_unit():
+    x, w = torch.randn(16, 8, 12, 12), torch.randn(256, 8, 3, 3)
+    b = torch.zeros(256, requires_grad=True)
+    out = U.conv2d(x, w, b, padding=1, constraint=None)
+    assert torch.allclose(out, F.conv2d(x, w, padding=1) / 72**0.5, atol=1e-5)
+    out.backward(torch.randn_like(out))
+    assert_unit(b.grad.std().item())
+
+
+def test_conv2d_with_gmean_trades_forward_against_backward():
+    # fan-in 64 * 9, fan-out 16 * 9: gmean misses 1 by (64 / 16) ** 0.25 each way, as linear does.
+    x = torch.randn(8, 64, 16, 16, requires_grad=True)
+    y = U.conv2d(x, torch.randn(16, 64, 3, 3), padding=1)
+    y.backward(torch.randn_like(y))
+    assert_unit(y.std().item(), 2**0.5)
+    assert_unit(x.grad.std().item(), 2**-0.5)
+
+
+# -- silu, relu ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(100_000,), (256, 512)])
+def test_silu_is_unit_scaled_without_constraint(shape):
+    out, (grad,) = stds(U.silu, shape, constraint=None)
+    assert_unit(out, tol=0.03)
+    assert_unit(grad, tol=0.03)
+
+
+def test_silu_scales_match_quadrature():
+    x = torch.linspace(-12, 12, 200_001, dtype=torch.float64, requires_grad=True)
+    density = torch.exp(-(x.detach() ** 2) / 2) / math.sqrt(2 * math.pi) * (x[1] - x[0]).detach()
+    y = F.silu(x)
+    (slope,) = torch.autograd.grad(y.sum(), x)
+    y = y.detach()
+    mean = (y * density).sum()
+    assert math.sqrt((y * y * density).sum() - mean**2) == pytest.approx(U._SILU_OUT_STD, rel=1e-4)
+    assert math.sqrt((slope * slope * density).sum()) == pytest.approx(U._SILU_GRAD_STD, rel=1e-4)
+
+
+def test_relu_has_unit_rms_both_ways_and_its_true_gradient():
+    x = torch.randn(100_000, requires_grad=True)
+    g = torch.randn(100_000)
+    y = U.relu(x)
+    y.backward(g)
+    assert_unit(rms(y), tol=0.02)
+    assert_unit(rms(x.grad), tol=0.02)
+    assert torch.equal(x.grad, g * (x > 0) * 2**0.5)  # the gradient of sqrt(2) * relu, unaltered
+    assert_unit(y.std().item(), (1 - 1 / math.pi) ** 0.5, tol=0.02)  # std 0.826: the mean is 0.56
+
+
+# -- rms_norm, batch_norm --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(4096, 32), (64, 16, 64)])
+def test_rms_norm_is_torchs_with_unit_output_and_weight_gradient(shape):
+    x = 5 * torch.randn(*shape, requires_grad=True)
+    w = torch.ones(shape[-1], requires_grad=True)
+    y = U.rms_norm(x, (shape[-1],), w, 1e-6)
+    assert torch.allclose(y, F.rms_norm(x, [shape[-1]], w, 1e-6))
+    y.backward(torch.randn_like(y))
+    assert_unit(y.std().item(), tol=0.02)
+    assert_unit(w.grad.std().item(), tol=0.3)
+
+
+def test_batch_norm_in_training_is_unit_scaled_including_affine_gradients():
+    x = 3 * torch.randn(32, 128, 8, 8) + 2
+    x.requires_grad_()
+    w, b = torch.ones(128, requires_grad=True), torch.zeros(128, requires_grad=True)
+    y = U.batch_norm(x, torch.zeros(128), torch.ones(128), w, b, training=True)
+    y.backward(torch.randn_like(y))
+    assert_unit(y.std().item(), tol=0.02)
+    assert_unit(w.grad.std().item())
+    assert_unit(b.grad.std().item())
+
+
+def test_batch_norm_in_eval_normalises_by_the_running_statistics_as_torch_does():
+    x, mean, var = torch.randn(4, 8, 5, 5), torch.randn(8), torch.rand(8) + 0.5
+    assert torch.allclose(U.batch_norm(x, mean, var), F.batch_norm(x, mean, var))
+
+
+# -- pooling -------------------------------------------------------------------------------------------
+
+
+def test_the_largest_of_two_unit_normals_has_unit_second_moment():
+    # max(a, b)^2 is a^2 or b^2, symmetric: its mean is exactly 1; one value is itself.
+    assert U._max_rms(1) == pytest.approx(1.0, abs=1e-6)
+    assert U._max_rms(2) == pytest.approx(1.0, abs=1e-6)
+    assert U._max_rms(9) == pytest.approx(torch.randn(1_000_000, 9).amax(1).pow(2).mean().sqrt().item(), rel=0.01)
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), (2, 2, 0), (3, 1, 1)])
+def test_max_pool2d_has_unit_rms_both_ways(kernel, stride, padding):
+    x = torch.randn(8, 16, 32, 32, requires_grad=True)
+    y = U.max_pool2d(x, kernel, stride, padding, constraint=None)
+    y.backward(torch.randn_like(y))
+    assert_unit(rms(y), tol=0.1)
+    assert_unit(rms(x.grad), tol=0.1)
+
+
+def test_max_pool2d_returns_torchs_indices():
+    x = torch.randn(2, 3, 8, 8)
+    values, indices = U.max_pool2d(x, 2, return_indices=True, constraint=None)
+    expected_values, expected_indices = F.max_pool2d(x, 2, return_indices=True)
+    assert torch.equal(indices, expected_indices)
+    assert torch.allclose(values, expected_values / U._max_rms(4))
+
+
+@pytest.mark.parametrize("kernel,stride,padding", [(2, None, 0), (3, 1, 1), (4, 2, 1)])
+def test_avg_pool2d_is_unit_scaled_without_constraint(kernel, stride, padding):
+    out, (grad,) = stds(lambda x: U.avg_pool2d(x, kernel, stride, padding, constraint=None), (8, 16, 32, 32))
+    assert_unit(out)
+    assert_unit(grad)
+
+
+@pytest.mark.parametrize("output_size", [1, (2, 2), 4])
+def test_adaptive_avg_pool2d_is_unit_scaled_without_constraint(output_size):
+    out, (grad,) = stds(lambda x: U.adaptive_avg_pool2d(x, output_size, constraint=None), (64, 32, 8, 8))
+    assert_unit(out)
+    assert_unit(grad)
+
+
+# -- the map and torch's calling conventions -------------------------------------------------------------
+
+
+def test_torch_map_has_the_cnn_and_llm_twins():
+    expected = {
+        torch.addmm: U.addmm,
+        F.conv2d: U.conv2d,
+        F.silu: U.silu,
+        F.relu: U.relu,
+        torch.relu: U.relu,
+        F.rms_norm: U.rms_norm,
+        F.batch_norm: U.batch_norm,
+        F.max_pool2d: U.max_pool2d,
+        F.avg_pool2d: U.avg_pool2d,
+        F.adaptive_avg_pool2d: U.adaptive_avg_pool2d,
+    }
+    for fn, twin in expected.items():
+        assert U.torch_map[fn] is twin
+    assert {"addmm", "conv2d", "silu", "relu", "rms_norm", "batch_norm", "max_pool2d"} <= set(U.__all__)
+
+
+class SwapToTwins(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.swapped = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        twin = U.torch_map.get(func)
+        if twin is None:
+            return func(*args, **(kwargs or {}))
+        self.swapped.append(func)
+        return twin(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "module,shape",
+    [
+        (nn.Conv2d(4, 8, 3, stride=2, padding=1), (2, 4, 8, 8)),
+        (nn.Conv2d(4, 8, 3, padding="same", groups=2, dilation=2), (2, 4, 8, 8)),
+        (nn.BatchNorm2d(4), (2, 4, 8, 8)),
+        (nn.BatchNorm2d(4).eval(), (2, 4, 8, 8)),
+        (nn.MaxPool2d(3, 2, 1), (2, 4, 8, 8)),
+        (nn.AvgPool2d(2), (2, 4, 8, 8)),
+        (nn.AdaptiveAvgPool2d((1, 1)), (2, 4, 8, 8)),
+        (nn.SiLU(), (2, 4, 8)),
+        (nn.ReLU(inplace=True), (2, 4, 8)),
+        (nn.RMSNorm(8, eps=1e-6), (2, 4, 8)),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, nn.Module) else "",
+)
+def test_twins_accept_the_arguments_torch_modules_pass(module, shape):
+    x = torch.randn(*shape)
+    with SwapToTwins() as mode:
+        out = module(x.clone())
+    assert mode.swapped, f"{module} called no function that has a twin"
+    assert out.shape == module(x.clone()).shape
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: U.addmm(torch.zeros(3), torch.randn(2, 4), torch.randn(4, 3), constraint="geo"),
+        lambda: U.conv2d(torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3), constraint="geo"),
+        lambda: U.silu(torch.randn(2), constraint="geo"),
+        lambda: U.max_pool2d(torch.randn(1, 1, 4, 4), 2, constraint="geo"),
+        lambda: U.avg_pool2d(torch.randn(1, 1, 4, 4), 2, constraint="geo"),
+        lambda: U.adaptive_avg_pool2d(torch.randn(1, 1, 4, 4), 1, constraint="geo"),
+    ],
+)
+def test_unknown_constraint_names_are_rejected_by_the_new_ops(call):
+    with pytest.raises(UnknownConstraintError, match="geo"):
+        call()
