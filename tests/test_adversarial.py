@@ -519,10 +519,12 @@ CASES: dict[str, Case] = {
         lambda: partition(MLP(4), 2, X, boundary_depth=0), StageCountError, ("boundary_depth=0",)
     ),
     "partition-inputs-count": Case(
-        lambda: partition(MLP(4), 2, (X, X)), InputError, ("MLP.forward takes 1 input(s)", "2 example input(s)")
+        lambda: partition(MLP(4), 2, (X, X)), InputError, ("MLP.forward(x)", "cannot take 2 positional input(s)")
     ),
     "partition-untraceable": Case(
-        lambda: partition(Branchy(), 1, X), TraceError, ("torch.fx could not trace Branchy: symbolically traced",)
+        lambda: partition(Branchy(), 1, X),
+        TraceError,
+        ("no route could capture Branchy", "fx: TraceError", "symbolically traced", "export:"),
     ),
     # run_pipeline (refused before any worker starts)
     "pipeline-plan-int": Case(lambda: run_pipeline(5, X, 2), InputError, ("plan=", "int", "StagePlan")),  # type: ignore[arg-type]
@@ -767,7 +769,10 @@ MODEL_CASES: dict[str, ModelCase] = {
     "simulate-fp8-shape": ModelCase("seq", lambda m: simulate_fp8(m)(torch.randn(2, 3)), CaptureError, ("fails",)),
     # partition on a model
     "partition-example-inputs-shape": ModelCase(
-        "seq", lambda m: partition(m, 2, torch.randn(2, 3)), InputError, ("do not fit Sequential", "mat1 and mat2")
+        "seq",
+        lambda m: partition(m, 2, torch.randn(2, 3)),
+        InputError,
+        ("Sequential failed on the example inputs ((2, 3))", "mat1 and mat2"),
     ),
     "partition-probe-untraceable": ModelCase(
         "branchy", lambda m: partition(m, 2, X), TraceError, ("could not trace Branchy",)

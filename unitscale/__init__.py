@@ -1,6 +1,8 @@
 """unitscale: see and shape what happens inside PyTorch models with torch.fx.
 
-The package is in parts, each a folder: :mod:`unitscale.fx` (tracers, execution order,
+The package is in parts, each a folder: :mod:`unitscale.capture` (one graph capture for every
+tool: fx, export, Dynamo, eager; ``from unitscale.capture import capture``, since the function
+would shadow its package), :mod:`unitscale.fx` (tracers, execution order,
 inline, invert), :mod:`unitscale.tracking` (scale statistics and reports),
 :mod:`unitscale.scaling` (unit-scaled ops, modules, constraints), :mod:`unitscale.transforms`
 (unit scaling and simulated formats as graph transforms), :mod:`unitscale.stages` (partition,

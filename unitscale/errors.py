@@ -131,7 +131,7 @@ class CaptureError(UnitscaleError, RuntimeError):
     """A capture route could not capture the model in one graph (graph break, trace failure)."""
 
 
-class NoRouteError(CaptureError):
+class NoRouteError(CaptureError, TraceError):
     """No route :func:`unitscale.capture.capture` was allowed to try captured the model.
 
     ``reasons`` maps each route tried to why it failed (exception type, message, file:line).

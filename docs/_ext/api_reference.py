@@ -48,7 +48,7 @@ STUB_DIR = "docs/generated"  # relative to the source root; the directive lives 
 # paths alive: what they hold is documented where it lives now.
 NAMESPACE_MODULES = ("functional", "nn", "formats", "errors")
 # Reference order: a name exported by two namespaces is listed under the first.
-ORDER = ("fx", "capture", "tracking", "functional", "nn", "scaling", "formats", "transforms", "stages", "examples")
+ORDER = ("capture", "fx", "tracking", "functional", "nn", "scaling", "formats", "transforms", "stages", "examples")
 OTHERS = "others"
 _DIRECTIVE = re.compile(r"^\.\. unitscale-api::(.*)$", re.M)
 

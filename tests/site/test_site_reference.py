@@ -40,7 +40,7 @@ def test_namespaces_are_every_subpackage_and_the_namespace_modules():
     subpackages = {p.parent.name for p in package_dir.glob("*/__init__.py") if not p.parent.name.startswith("_")}
     expected = subpackages | {"functional", "nn", "formats", "errors"}
     assert set(api_reference.namespaces()) == {f"unitscale.{name}" for name in expected}
-    assert api_reference.namespaces()[:2] == ["unitscale.fx", "unitscale.tracking"]
+    assert api_reference.namespaces()[:3] == ["unitscale.capture", "unitscale.fx", "unitscale.tracking"]
 
 
 def test_api_reference_documents_every_public_name_exactly_once():
@@ -61,6 +61,7 @@ def test_api_reference_documents_every_public_name_exactly_once():
 def test_api_reference_groups_by_task_under_the_import_names():
     tables = dict(zip(re.findall(r"^## (.+)$", API_PAGE, re.M), _tables(), strict=True))
     assert list(tables) == [
+        "Capturing a model's graph",
         "Tracing with torch.fx",
         "Tracking scales",
         "Unit-scaled ops and modules",
@@ -70,6 +71,9 @@ def test_api_reference_groups_by_task_under_the_import_names():
         "Example models and data",
         "Errors",
     ]
+    assert {"unitscale.capture", "unitscale.capture.capture", "unitscale.capture.Capture"} <= set(
+        tables["Capturing a model's graph"]
+    )
     assert {"unitscale.fx", "unitscale.DeepTracer", "unitscale.inline"} <= set(tables["Tracing with torch.fx"])
     assert {"unitscale.track_scales", "unitscale.tracking.ScaleRow"} <= set(tables["Tracking scales"])
     assert {"unitscale.functional.linear", "unitscale.nn.Linear", "unitscale.scaling.ConstraintArg"} <= set(

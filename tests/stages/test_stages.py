@@ -246,13 +246,13 @@ def test_unknown_cost_model_is_refused() -> None:
         partition(MLP(4), 2, torch.randn(2, 4), cost="bytes")
 
 
-def test_inputs_of_the_wrong_shape_are_refused_naming_the_node() -> None:
-    with pytest.raises(InputError, match=r"^the example inputs do not fit MLP: running it failed at node 'fc1' "):
+def test_inputs_of_the_wrong_shape_are_refused_naming_the_line() -> None:
+    with pytest.raises(InputError, match=r"^MLP failed on the example inputs \(\(2, 5\)\) at .*models\.py:\d+ .*mat1"):
         partition(MLP(4), 2, torch.randn(2, 5))
 
 
 def test_wrong_number_of_inputs_is_refused() -> None:
-    with pytest.raises(InputError, match=r"^MLP.forward takes 1 input\(s\) \(x\) but 2 example input\(s\) were given"):
+    with pytest.raises(InputError, match=r"^MLP.forward\(x\) cannot take 2 positional input\(s\)"):
         partition(MLP(4), 2, (torch.randn(2, 4), torch.randn(2, 4)))
 
 
@@ -263,7 +263,8 @@ def test_untraceable_model_is_refused() -> None:
 
     with pytest.raises(
         TraceError,
-        match=r"^torch.fx could not trace Branchy at .*test_stages\.py:\d+ .*: symbolically .*Remove data-dependent",
+        match=r"(?s)^partition\(\) no route could capture Branchy \(tried fx, export\):\n  fx: TraceError: torch.fx "
+        r"could not trace Branchy at .*test_stages\.py:\d+ .*symbolically.*\n  export: .*make the model traceable",
     ):
         partition(Branchy(), 1, torch.randn(2))
 

@@ -14,7 +14,7 @@ from torch import fx, nn
 
 from unitscale.capture._eager import EagerRecord, RecordedOp, record_eager
 from unitscale.capture._meta import normalise_graph
-from unitscale.capture._routes import GRAPH_ROUTES
+from unitscale.capture._routes import GRAPH_ROUTES, export_route
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
@@ -199,6 +199,8 @@ def capture(
     example_inputs: Any,
     kwargs: dict[str, Any] | None = None,
     route: str | Sequence[str] = "auto",
+    *,
+    dynamic_batch: bool = False,
 ) -> Capture:
     """Capture ``module``'s forward on example inputs, trying routes until one works.
 
@@ -215,6 +217,9 @@ def capture(
         kwargs: keyword inputs (needed for keyword-only parameters).
         route: ``"auto"`` (all routes, in order), ``"graph"`` (all but eager), one route
             name, or a tuple of them.
+        dynamic_batch: on the export routes, leave dimension 0 of every tensor input
+            symbolic, so the graph also runs on other batch sizes (microbatches); the
+            shapes stay static where the model pins them.
 
     Returns:
         A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
@@ -243,13 +248,19 @@ def capture(
             f"capture() got {type(module).__name__} {module!r:.60}; pass an nn.Module (wrap a function in one)"
         )
     routes = _routes(route)
+    if not isinstance(dynamic_batch, bool):
+        raise InputError(
+            f"capture(dynamic_batch=...) got {type(dynamic_batch).__name__} {dynamic_batch!r:.60}; pass True or False"
+        )
     args, kw = _check_inputs(module, example_inputs, kwargs)
     # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
     with torch.random.fork_rng(devices=[]):
-        return _capture(module, routes, args, kw)
+        return _capture(module, routes, args, kw, dynamic_batch)
 
 
-def _capture(module: nn.Module, routes: tuple[str, ...], args: tuple[Any, ...], kw: dict[str, Any]) -> Capture:
+def _capture(
+    module: nn.Module, routes: tuple[str, ...], args: tuple[Any, ...], kw: dict[str, Any], dynamic_batch: bool
+) -> Capture:
     expected = _run_reference(module, args, kw)
     reasons: dict[str, str] = {}
     for name in routes:
@@ -262,7 +273,10 @@ def _capture(module: nn.Module, routes: tuple[str, ...], args: tuple[Any, ...], 
                         record: EagerRecord = record_eager(module, args, kw)
                     result = Capture(module, name, None, ops=record.ops, module_calls=record.module_calls)
                 else:
-                    gm, ep = GRAPH_ROUTES[name](module, args, kw)
+                    route_fn = GRAPH_ROUTES[name]
+                    if dynamic_batch and name.startswith("export"):
+                        route_fn = export_route(strict=name == "export-strict", dynamic_batch=True)
+                    gm, ep = route_fn(module, args, kw)
                     normalise_graph(gm, module)
                     record_and_compare(gm, module, args, kw, expected)
                     result = Capture(module, name, gm, exported_program=ep)

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
 from torch.utils import _pytree as pytree
+
+from unitscale.fx.nodes import tensor_metadata
 
 __all__ = ["GraphMismatch", "flat_graph_inputs", "kept_state", "record_and_compare", "tensor_leaves"]
 
@@ -72,7 +73,7 @@ class _Recorder(fx.Interpreter):
             if "val" not in n.meta:
                 n.meta["val"] = pytree.tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"), out)
             if "tensor_meta" not in n.meta and isinstance(out, torch.Tensor):
-                n.meta["tensor_meta"] = _extract_tensor_metadata(out)
+                n.meta["tensor_meta"] = tensor_metadata(out)
         return out
 
 

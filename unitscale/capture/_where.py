@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 import traceback
+import types
 from pathlib import Path
 
-__all__ = ["exception_summary", "failure_frame", "innermost_frame"]
+__all__ = ["exception_summary", "failure_frame", "innermost_frame", "user_code_frame"]
 
 _TORCH = ("/torch/",)
 _UNITSCALE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
@@ -25,6 +26,22 @@ def _is_machinery(filename: str, skip_unitscale: bool) -> bool:
         return True
     # The reference models in unitscale.examples are user code as far as a reader is concerned.
     return skip_unitscale and name.startswith(_UNITSCALE) and not name.startswith(_EXAMPLES)
+
+
+_machinery: dict[str, bool] = {}
+
+
+def user_code_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """The innermost frame at or above ``frame`` that is neither torch's nor unitscale's machinery."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        inside = _machinery.get(name)
+        if inside is None:
+            inside = _machinery[name] = _is_machinery(name, skip_unitscale=True)
+        if not inside:
+            return frame
+        frame = frame.f_back
+    return None
 
 
 def _show(filename: str, line: int) -> str:
@@ -94,4 +111,6 @@ def exception_summary(exc: BaseException, limit: int = 400, fallback: str = "") 
     where = failure_frame(exc)
     if where == "an unknown line" and fallback:
         where = fallback
+    if where in message:  # our own TraceError names the line already
+        return f"{type(exc).__name__}: {message}"
     return f"{type(exc).__name__}: {message} (at {where})"

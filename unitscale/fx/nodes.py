@@ -27,6 +27,7 @@ import einops
 import torch
 import torch.nn.functional as F
 from torch.fx.node import _get_qualified_name
+from torch.fx.passes.shape_prop import TensorMetadata
 
 __all__ = [
     "MODULE_PATH_KEY",
@@ -40,6 +41,7 @@ __all__ = [
     "VIEW_FUNCTIONS",
     "SCALE_NEUTRAL_METHODS",
     "SCALE_NEUTRAL_FUNCTIONS",
+    "tensor_metadata",
 ]
 
 MODULE_PATH_KEY = "module_path"
@@ -131,3 +133,17 @@ SCALE_NEUTRAL_FUNCTIONS: frozenset[Any] = VIEW_FUNCTIONS | {
     torch.narrow, torch.select, torch.roll, torch.flip, torch.clone, torch.detach, torch.masked_fill,
     F.pad, einops.repeat, F.dropout, operator.neg, torch.neg, torch.where,
 }  # fmt: skip
+
+
+def tensor_metadata(value: torch.Tensor) -> TensorMetadata:
+    """``meta["tensor_meta"]`` for a tensor: shape, dtype, ``requires_grad`` and stride.
+
+    :func:`torch.fx.passes.shape_prop._extract_tensor_metadata` also probes memory formats
+    and quantisation, which costs more than running a small node; no tool of ours reads them.
+
+    >>> import torch
+    >>> from unitscale.fx.nodes import tensor_metadata
+    >>> tensor_metadata(torch.zeros(2, 3)).shape
+    torch.Size([2, 3])
+    """
+    return TensorMetadata(value.shape, value.dtype, value.requires_grad, value.stride(), None, False, {})

@@ -4,7 +4,7 @@ Tracing a transformer costs about as much as a tenth of its forward and backward
 so re-tracing on every call of :func:`unitscale.track_scales` would dominate its
 overhead. A trace is reused while the module's *fingerprint* is unchanged: the identity
 and type of every submodule, its ``forward``, its ``training`` flag and other plain
-attributes (``int``, ``float``, ``bool``, ``str``, ``None``, dtypes, and tuples, lists and
+attributes (``int``, ``float``, ``bool``, ``str``, ``None``, dtypes, and tuples, lists, dicts and
 frozensets of them) by value, any other attribute by type and identity, and its parameter
 and buffer names. Those are what a trace can depend on without reading tensor values.
 What the fingerprint cannot see (a global, an object changed in place) needs
@@ -77,14 +77,16 @@ class Trace:
 def _value_key(value: Any) -> Any:
     """What a trace may depend on in an attribute's value, as a comparable key.
 
-    Plain values, and tuples, lists and frozensets of them, by value (a ``forward`` may
-    branch on them); anything else by type and identity, so a new object always means a
-    new trace.
+    Plain values, and tuples, lists, dicts and frozensets of them, by value (a ``forward`` may
+    branch on them; ``transformers`` models rebuild dicts of strings on every call); anything
+    else by type and identity, so a new object always means a new trace.
     """
     if isinstance(value, _PLAIN):
         return (type(value), value)
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(_value_key(v) for v in value))
+    if type(value) is dict and all(isinstance(k, _PLAIN) for k in value):
+        return (dict, tuple((k, _value_key(v)) for k, v in value.items()))
     if isinstance(value, frozenset):
         try:
             return (frozenset, frozenset(_value_key(v) for v in value))

@@ -41,7 +41,7 @@ import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import InputError, NotAModuleError, PredicateError, UnitscaleError
+from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError, UnitscaleError
 from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
@@ -738,8 +738,8 @@ def trace_exec_order(
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
-        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given
-            (other exceptions of a failed trace pass through as they are).
+        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given;
+            the message says to pass them.
         InputError: the capture found the example inputs do not fit the module.
 
     >>> from unitscale.examples.models import MLP
@@ -754,9 +754,13 @@ def trace_exec_order(
         tracer.trace(module, concrete_args)
     except NotAModuleError:
         raise
-    except Exception:
-        # fx fails on transformers models with plain TypeErrors and ValueErrors too.
+    except Exception as e:
         if example_inputs is None:
+            if isinstance(e, TraceError):
+                raise TraceError(
+                    f"{e} Or pass example_inputs=... and trace_exec_order() captures the model with "
+                    "torch.export instead (unitscale.capture)."
+                ) from e
             raise
         from unitscale.capture import capture, capture_exec_order  # the capture layer is built on this module
 

@@ -1,11 +1,10 @@
 """Tracing a model for partitioning and measuring a cost for each of its nodes.
 
-:func:`trace_for_stages` traces a *copy* of the model with
-:class:`~unitscale.fx.tracers.ModulePathTracer` (so nodes know their module path and
-the user's module is never touched). :func:`_graph_for_stages` is the one place that
-picks a graph for partitioning: a given :class:`~torch.fx.GraphModule` as it is, else
-that fx trace, else ``torch.export`` (non-strict, dynamic batch dimension). Every node
-then carries ``meta["module_path"]``. :class:`NodeProfiler` is an
+:func:`_graph_for_stages` is the one place that picks a graph for partitioning: a given
+:class:`~torch.fx.GraphModule` as it is, else the capture layer
+(:func:`unitscale.capture.capture`) on a *copy* of the model, ``torch.fx`` first, then
+``torch.export`` (non-strict, dynamic batch dimension). Every node then carries
+``meta["module_path"]``. :class:`NodeProfiler` is an
 interpreter that records each node's output shapes (as ``ShapeProp`` does) and
 also counts FLOPs or times each node. :func:`node_costs` turns either into one
 number per node.
@@ -28,56 +27,25 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
-from unitscale.errors import CostError, InputError, NotAModuleError, TraceError
-from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
-from unitscale.fx.trace_errors import trace_error
-from unitscale.fx.tracers import ModulePathTracer
+from unitscale.capture import capture
+from unitscale.capture._meta import normalise_graph
+from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError
+from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
 
-__all__ = ["COST_MODELS", "NodeProfiler", "trace_for_stages", "run_profiler", "node_costs", "output_bytes"]
+__all__ = ["COST_MODELS", "NodeProfiler", "run_profiler", "node_costs", "output_bytes"]
 
 COST_MODELS = ("params", "flops", "time", "memory")
-
-
-def trace_for_stages(module: nn.Module) -> tuple[nn.Module, fx.Graph]:
-    """Trace a deep copy of ``module`` with :class:`ModulePathTracer`; return the copy and its graph.
-
-    No :class:`torch.fx.GraphModule` is made here: generating its code costs as much as the
-    trace on a large graph, and costing and partitioning only need the graph.
-    """
-    if not isinstance(module, nn.Module):
-        raise NotAModuleError(
-            f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
-        )
-    name = type(module).__name__
-    root = copy.deepcopy(module)
-    tracer = ModulePathTracer()
-    try:
-        graph = tracer.trace(root)
-    except TraceError:
-        raise  # it names the model and the fix already
-    except Exception as exc:
-        raise trace_error(
-            name,
-            exc,
-            "Remove data-dependent control flow from its forward (or wrap that part in a leaf module) "
-            "so that symbolic tracing works.",
-        ) from exc
-    for node in graph.nodes:
-        # ``from __future__ import annotations`` leaves string types, which fx cannot pickle
-        if isinstance(node.type, str):
-            node.type = None
-    return tracer.root, graph
 
 
 def _graph_for_stages(module: nn.Module, example_inputs: tuple[Any, ...]) -> tuple[nn.Module, fx.Graph, str]:
     """The graph to partition: ``(root module, graph, route)``, the user's module untouched.
 
-    Routes, in order: ``"graph"`` (``module`` is already a :class:`~torch.fx.GraphModule`, from
-    any tracer: a copy of it is used as it is), ``"fx"`` (:func:`trace_for_stages`), ``"export"``
-    (``torch.export.export(..., strict=False)`` with a dynamic batch dimension, so that stages
-    also run on microbatches). Every node gets ``meta["module_path"]``. The capture layer will
-    take this function's place; nothing else in ``unitscale.stages`` chooses a route.
+    A :class:`~torch.fx.GraphModule` (from any tracer) is used as it is (a copy); any other
+    module is captured by :func:`unitscale.capture.capture` (a copy of it), ``torch.fx`` first
+    (it keeps ``call_module`` nodes, so cuts can fall on module boundaries), then
+    ``torch.export`` with a dynamic batch dimension, so that the stages also run on
+    microbatches. Every node carries the capture layer's ``meta["module_path"]``.
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(
@@ -87,49 +55,36 @@ def _graph_for_stages(module: nn.Module, example_inputs: tuple[Any, ...]) -> tup
         with warnings.catch_warnings():
             # copying an exported module's pytree specs trips torch's own LeafSpec deprecation
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            copied: fx.GraphModule = copy.deepcopy(module)
-        root: nn.Module = copied
-        graph: fx.Graph = copied.graph
+            root: fx.GraphModule = copy.deepcopy(module)
+        _drop_guards(root)
+        normalise_graph(root, root)
         route = "graph"
     else:
         try:
-            root, graph = trace_for_stages(module)
-            route = "fx"
-        except TraceError as fx_error:
-            exported = _export(module, example_inputs, fx_error)
-            root, graph, route = exported, exported.graph, "export"
-    _drop_guards(root, graph)
-    _rename_submod_attrs(root, graph)
-    _write_module_paths(graph)
-    return root, graph, route
+            cap = capture(copy.deepcopy(module), example_inputs, route=("fx", "export"), dynamic_batch=True)
+        except NoRouteError as exc:
+            raise NoRouteError(
+                f"partition() {exc} -- make the model traceable by torch.fx (no data-dependent control flow in "
+                "forward, or that part in a leaf module) or exportable (torch.export.export(model, example_inputs, "
+                "strict=False)), or pass a traced torch.fx.GraphModule",
+                exc.reasons,
+            ) from exc
+        root = cap.require_graph("partition")
+        route = cap.route
+    for node in root.graph.nodes:
+        # ``from __future__ import annotations`` leaves string types, which fx cannot pickle
+        if isinstance(node.type, str):
+            node.type = None
+    _rename_submod_attrs(root, root.graph)
+    return root, root.graph, route
 
 
-def _export(module: nn.Module, inputs: tuple[Any, ...], fx_error: TraceError) -> fx.GraphModule:
-    """``torch.export`` non-strict, batch dimension dynamic where it can be (static otherwise)."""
-    copied = copy.deepcopy(module)
-    attempts: list[Any] = [None]
-    if all(x is None or (isinstance(x, torch.Tensor) and x.dim() > 0) for x in inputs):
-        dim = torch.export.Dim.AUTO
-        attempts.insert(0, tuple(None if x is None else {0: dim} for x in inputs))
-    failure: Exception | None = None
-    for dynamic_shapes in attempts:
-        try:
-            return torch.export.export(copied, inputs, dynamic_shapes=dynamic_shapes, strict=False).module()
-        except Exception as exc:
-            failure = exc
-    raise TraceError(
-        f"{fx_error} -- and torch.export (non-strict) failed too: {type(failure).__name__}: "
-        f"{str(failure).strip().splitlines()[0] if str(failure) else ''}. Or make the model exportable "
-        "(torch.export.export(model, example_inputs, strict=False)), or pass a traced torch.fx.GraphModule"
-    ) from failure
-
-
-def _drop_guards(root: nn.Module, graph: fx.Graph) -> None:
-    """Remove an exported module's input-guard call: it pins the example's batch size, and
-    stages run on microbatches."""
-    for node in list(graph.nodes):
+def _drop_guards(root: fx.GraphModule) -> None:
+    """Remove an exported module's input-guard call (``ep.module()``): it pins the example's
+    batch size, and stages run on microbatches."""
+    for node in list(root.graph.nodes):
         if node.op == "call_module" and node.target == "_guards_fn" and not node.users:
-            graph.erase_node(node)
+            root.graph.erase_node(node)
             if hasattr(root, "_guards_fn"):
                 delattr(root, "_guards_fn")
 
@@ -148,33 +103,6 @@ def _rename_submod_attrs(root: nn.Module, graph: fx.Graph) -> None:
             node.target = new
 
 
-def _normalised_path(path: str) -> str:
-    """``"transformer.h.0"`` from any spelling torch uses: ``L['self'].transformer.h[0]``,
-    ``L__self___transformer``, ``._modules['h']``."""
-    path = re.sub(r"^L\['self'\]|^L__self__", "", path)
-    path = re.sub(r"\._modules\['([^']*)'\]", r".\1", path)
-    path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
-    return path.strip("._")
-
-
-def _write_module_paths(graph: fx.Graph) -> None:
-    """``meta["module_path"]`` on every node that lacks it: the innermost ``nn_module_stack``
-    entry, a ``call_module`` target, or a ``get_attr`` target's owner."""
-    for node in graph.nodes:
-        if MODULE_PATH_KEY in node.meta:
-            continue
-        stack = node.meta.get("nn_module_stack")
-        if stack:
-            path = _normalised_path(str(list(stack.values())[-1][0]))
-        elif node.op == "call_module":
-            path = str(node.target)
-        elif node.op == "get_attr":
-            path = str(node.target).rpartition(".")[0]
-        else:
-            path = ""
-        node.meta[MODULE_PATH_KEY] = path
-
-
 def output_bytes(meta: Any) -> int:
     """Bytes of every tensor in a node's ``tensor_meta`` (tensor, or nested tuples/lists/dicts of them)."""
     if isinstance(meta, TensorMetadata):
@@ -191,14 +119,12 @@ def _tensor_meta(result: Any) -> Any:
     """``result`` with every tensor replaced by its metadata, or None if it holds no tensor."""
     found = False
 
-    # ShapeProp's extraction also probes memory formats and quantisation, which costs more
-    # than running a small node; shapes, dtypes and strides are all the plan needs.
     def meta(value: Any) -> Any:
         nonlocal found
         if not isinstance(value, torch.Tensor):
             return value
         found = True
-        return TensorMetadata(value.shape, value.dtype, value.requires_grad, value.stride(), None, False, {})
+        return tensor_metadata(value)
 
     extracted = map_aggregate(result, meta)
     return extracted if found else None

@@ -32,13 +32,13 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
 
+from unitscale.capture._meta import normalise_path
 from unitscale.errors import CostError, InputError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
 from unitscale.stages.costs import (
     COST_MODELS,
     _graph_for_stages,
-    _normalised_path,
     flat_inputs,
     node_costs,
     output_bytes,
@@ -445,7 +445,7 @@ def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
     called: set[str] = set()
     for node in graph.nodes:
         for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            called.add(_normalised_path(str(path)))
+            called.add(normalise_path(str(path)))
     if called:
         return called
     containers = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -585,7 +585,8 @@ def partition(
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
         CostError: unknown ``cost`` or ``method``, or a callable returned a negative, NaN or non-number.
         InputError: ``example_inputs`` do not fit the model.
-        TraceError: neither ``torch.fx`` nor ``torch.export`` can capture the model.
+        NoRouteError: neither ``torch.fx`` nor ``torch.export`` can capture the model (a
+            :class:`~unitscale.errors.TraceError`); the message gives each route's reason.
         NotAModuleError: ``module`` is not a ``torch.nn.Module``.
 
     >>> import torch
