@@ -100,7 +100,7 @@ _external_names = [
     "Sequence", "Mapping", "Iterable", "Iterator", "Optional", "Union", "Literal", "any", "optional",
     "Exception", "ValueError", "TypeError", "RuntimeError", "KeyError", "IndexError", "LookupError",
     "NotImplementedError", "AttributeError",
-    "Argument", "Target", "Tensor", "Module", "GraphModule", "Node", "Graph", "Figure", "Axes", "T",
+    "Argument", "Target", "TreeSpec", "Tensor", "Module", "GraphModule", "Node", "Graph", "Figure", "Axes", "T",
     r"(.*\.)?T_destination",
 ]
 nitpick_ignore_regex = [

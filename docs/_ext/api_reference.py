@@ -29,6 +29,7 @@ describes (a NamedTuple field, a property) is not described a second time.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import re
 import tempfile
@@ -39,6 +40,7 @@ from docutils.statemachine import StringList
 from sphinx.application import Sphinx
 from sphinx.ext.autosummary import Autosummary
 from sphinx.ext.autosummary.generate import generate_autosummary_docs
+from sphinx.pycode import ModuleAnalyzer
 from sphinx.util.docutils import SphinxDirective
 
 PACKAGE = "unitscale"
@@ -287,11 +289,41 @@ def skip_described_members(app: Sphinx, what: str, name: str, obj: object, skip:
     return None
 
 
+def _defining_attr_doc(obj: object, short: str) -> list[str] | None:
+    """The ``#:`` or string docstring of the module attribute that first bound ``obj`` as ``short``."""
+    package = importlib.import_module(PACKAGE)
+    for info in pkgutil.walk_packages(package.__path__, PACKAGE + "."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:
+            continue
+        if getattr(module, short, None) is not obj:
+            continue
+        docs = ModuleAnalyzer.for_module(info.name).find_attr_docs()
+        if ("", short) in docs:
+            return list(docs[("", short)])
+    return None
+
+
+def data_docstring(app: Sphinx, what: str, name: str, obj: object, options: dict, lines: list[str]) -> None:
+    """A re-exported constant (``unitscale.functional.torch_map``) keeps the docstring written where it
+    is defined; without this, autodoc finds none at the import path and shows its type's (``dict``)."""
+    if what not in ("data", "attribute") or not name.startswith(PACKAGE + "."):
+        return
+    type_doc = inspect.getdoc(type(obj)) or ""
+    if lines and not type_doc.startswith(lines[0].strip()):
+        return  # it has a docstring of its own
+    found = _defining_attr_doc(obj, name.rpartition(".")[2])
+    if found is not None:
+        lines[:] = found
+
+
 def setup(app: Sphinx) -> dict:
     app.add_directive("unitscale-api", UnitscaleApi)
     app.connect("builder-inited", generate_stubs)
     app.connect("missing-reference", resolve_documented)
     app.connect("autodoc-process-bases", public_bases)
+    app.connect("autodoc-process-docstring", data_docstring, priority=400)
     app.connect("autodoc-process-docstring", note_described_attributes, priority=600)
     app.connect("autodoc-skip-member", skip_described_members)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -174,12 +174,18 @@ class _Tracer(fx.Tracer):
                 raise
             # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
             # a plain TypeError or the like deep inside the model: name the user's line.
-            raise trace_error(
-                getattr(root, "__name__", None) or type(root).__name__,
-                e,
+            advice = (
                 "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
-                "make that line independent of tensor values, or make the module that does it a leaf.",
-            ) from e
+                "make that line independent of tensor values, or make the module that does it a leaf."
+            )
+            if "co_varnames" in str(e):
+                # fx rebuilds forward's code to make **kwargs placeholders, and cannot when a
+                # decorator wraps it (every transformers model's forward)
+                advice = (
+                    "torch.fx cannot trace a forward that a decorator wraps with **kwargs (as transformers "
+                    "models are); capture it with torch.export instead: unitscale.capture.capture(model, inputs)."
+                )
+            raise trace_error(getattr(root, "__name__", None) or type(root).__name__, e, advice) from e
 
     def call_module(
         self,

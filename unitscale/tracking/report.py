@@ -66,7 +66,7 @@ class ScaleRow(NamedTuple):
 
     @property
     def nonfinite(self) -> str:
-        """Which directions hold a NaN or an infinity: ``""``, ``"fwd"``, ``"bwd"`` or ``"fwd+bwd"``.
+        """``"fwd"``, ``"bwd"`` or ``"fwd+bwd"`` where those directions hold a NaN or an infinity, else ``""``.
 
         A tensor with a NaN or infinite element has a NaN or infinite std (and abs-max), so
         the recorded statistics tell, without another pass over the data.

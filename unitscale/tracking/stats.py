@@ -302,7 +302,7 @@ class ScaleTracker(torch.autograd.Function):
     """An identity op that records a tensor's std in forward and its gradient's std in backward.
 
     Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`; the
-    stds stay on the device until :func:`read_records`. Like any custom Function that
+    stds stay on the device until ``read_records``. Like any custom Function that
     returns its input, its output must not be modified in place (clone it first).
 
     >>> x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
