@@ -39,7 +39,7 @@ test: $(STAMP) chromium
 	$(VENV)/bin/ruff check unitscale tests benchmarks
 	$(VENV)/bin/mypy
 	$(call step,1/3: tests and doctests)
-	$(PY) -m pytest -m "not browser" -p no:cacheprovider --doctest-modules tests unitscale
+	$(PY) -m pytest -m "not browser" -p no:cacheprovider -n 2 --doctest-modules tests unitscale
 	$(call step,2/3: site build from scratch with every notebook executed)
 	NB_EXECUTION_MODE=force $(SPHINX) -E
 	$(call step,3/3: browser tests)
