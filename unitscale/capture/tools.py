@@ -28,7 +28,7 @@ def module_paths(cap: Capture) -> dict[str, str]:
         The paths, in execution order.
 
     >>> import torch
-    >>> from unitscale.capture import capture
+    >>> from unitscale.capture import capture, module_paths
     >>> from unitscale.examples.models import MLP
     >>> module_paths(capture(MLP(4), torch.randn(2, 4)))
     {'x': '', 'fc1': 'fc1', 'act': 'act', 'fc2': 'fc2'}
@@ -142,7 +142,7 @@ def capture_exec_order(cap: Capture) -> ExecOrder:
         An :class:`~unitscale.fx.ExecOrder` whose ``root`` is ``cap.module``.
 
     >>> import torch
-    >>> from unitscale.capture import capture
+    >>> from unitscale.capture import capture, capture_exec_order
     >>> from unitscale.examples.models import MLP
     >>> order = capture_exec_order(capture(MLP(4), torch.randn(2, 4), route="export"))
     >>> order.module_names(), order.param_names()

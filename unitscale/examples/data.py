@@ -36,6 +36,9 @@ class MarkovSource:
         ConfigError: (an :class:`~unitscale.errors.InputError`) for ``vocab_size`` outside
             2..256, a ``concentration`` that is not a finite number > 0, or a negative ``seed``.
 
+    >>> import math
+    >>> import torch
+    >>> from unitscale import MarkovSource
     >>> source = MarkovSource(vocab_size=8, concentration=0.5, seed=0)
     >>> tokens = source.sample(batch=2, seq_len=10, generator=torch.Generator().manual_seed(0))
     >>> tokens.shape, tokens.dtype

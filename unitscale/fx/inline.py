@@ -188,6 +188,7 @@ def inline(
 
     >>> import torch
     >>> from torch import nn
+    >>> from unitscale import inline
     >>> model = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
     >>> flat = inline(torch.fx.symbolic_trace(model), example_inputs=(torch.randn(4, 3),))
     >>> [(n.op, n.name) for n in flat.graph.nodes]  # doctest: +NORMALIZE_WHITESPACE

@@ -81,6 +81,7 @@ def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
         NotAModuleError: ``f`` or ``g`` is not callable.
 
     >>> import torch
+    >>> from unitscale import invert, register_inverse
     >>> register_inverse(torch.erf, torch.erfinv)
     >>> g = invert(lambda x: torch.erf(x) * 2)
     >>> g(torch.tensor([0.5, 1.0]))
@@ -288,6 +289,7 @@ def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
             control flow that depends on the input.
 
     >>> import torch
+    >>> from unitscale import invert
     >>> f = lambda x: torch.exp(torch.tan(x))
     >>> g = invert(f)
     >>> f(g(torch.arange(5) + 1))

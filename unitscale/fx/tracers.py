@@ -214,6 +214,7 @@ class ModulePathTracer(_Tracer):
             +-- create_node() * writes node.meta["module_path"] (all but output)
 
     >>> from torch import nn
+    >>> from unitscale import ModulePathTracer
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     >>> tracer = ModulePathTracer()
     >>> graph = tracer.trace(model)
@@ -289,6 +290,7 @@ class DeepTracer(_Tracer):
         autowrap_functions: extra functions kept as single nodes.
 
     >>> from torch import nn
+    >>> from unitscale import DeepTracer
     >>> graph = DeepTracer().trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> [n.op for n in graph.nodes]
     ['placeholder', 'get_attr', 'get_attr', 'call_function', 'call_function', 'output']
@@ -420,6 +422,7 @@ class LeafTracer(_Tracer):
     Tracing through ``nn.ReLU`` turns ``call_module`` into ``call_function``:
 
     >>> from torch import nn
+    >>> from unitscale import LeafTracer
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     >>> graph = LeafTracer(trace_types=(nn.ReLU,)).trace(model)
     >>> [(n.op, n.name) for n in graph.nodes][1:3]
@@ -508,6 +511,7 @@ class TaggingTracer(_Tracer):
         PredicateError: ``tag_fn`` is not callable, or (when tracing) it raised.
 
     >>> from torch import nn
+    >>> from unitscale import TaggingTracer
     >>> tracer = TaggingTracer(tag_fn=lambda node: node.op.upper())
     >>> graph = tracer.trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> [n.meta["tag"] for n in graph.nodes]
@@ -582,6 +586,7 @@ class ExecOrder:
         root: the traced module, used to name things.
 
     >>> from torch import nn
+    >>> from unitscale import trace_exec_order
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
     >>> order = trace_exec_order(model)
     >>> order.module_forward_order == [model, model[0], model[1]]
@@ -635,6 +640,7 @@ class ExecOrderTracer(_Tracer):
         NotAModuleError: ``trace`` was given something that is not an ``nn.Module``.
 
     >>> from torch import nn
+    >>> from unitscale import ExecOrderTracer
     >>> tracer = ExecOrderTracer()
     >>> graph = tracer.trace(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)))
     >>> tracer.exec_order.module_names()
@@ -748,6 +754,7 @@ def trace_exec_order(
             the message says to pass them.
         InputError: the capture found the example inputs do not fit the module.
 
+    >>> from unitscale import trace_exec_order
     >>> from unitscale.examples.models import MLP
     >>> order = trace_exec_order(MLP(4))
     >>> order.module_names(), order.param_names()

@@ -98,6 +98,7 @@ def scale(input: Tensor, fwd_scale: float, bwd_scale: float) -> Tensor:
         ``input * fwd_scale`` (whose gradient is scaled by ``bwd_scale``).
 
     >>> import torch
+    >>> from unitscale.functional import scale
     >>> x = torch.ones(2, requires_grad=True)
     >>> y = scale(x, 3.0, 0.5)
     >>> y.sum().backward()
@@ -183,6 +184,7 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import linear
     >>> _ = torch.manual_seed(0)
     >>> x, w = torch.randn(512, 256, requires_grad=True), torch.randn(64, 256)
     >>> y = linear(x, w, constraint=None)
@@ -242,6 +244,7 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import matmul
     >>> _ = torch.manual_seed(0)
     >>> a, b = torch.randn(8, 64, 256), torch.randn(8, 256, 64)
     >>> round(matmul(a, b, constraint=None).std().item(), 1)
@@ -290,6 +293,7 @@ def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import gelu
     >>> _ = torch.manual_seed(0)
     >>> round(gelu(torch.randn(10_000), constraint=None).std().item(), 1)
     1.0
@@ -328,6 +332,7 @@ def softmax(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import softmax
     >>> _ = torch.manual_seed(0)
     >>> round(softmax(torch.randn(1000, 64), dim=-1, constraint=None).std().item(), 1)
     1.0
@@ -371,6 +376,7 @@ def add(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import add
     >>> _ = torch.manual_seed(0)
     >>> a, b = torch.randn(10_000), torch.randn(10_000)
     >>> round(add(a, b, constraint=None).std().item(), 1)
@@ -419,6 +425,7 @@ def residual_split(input: Tensor, tau: float = 0.5) -> tuple[Tensor, Tensor]:
         InputError: ``tau`` is not strictly between 0 and 1.
 
     >>> import torch
+    >>> from unitscale.functional import residual_split
     >>> x = torch.ones(3, requires_grad=True)
     >>> r, s = residual_split(x, tau=0.36)
     >>> (r + s).sum().backward()
@@ -448,6 +455,7 @@ def residual_add(residual: Tensor, skip: Tensor, tau: float = 0.5) -> Tensor:
         InputError: ``tau`` is not strictly between 0 and 1.
 
     >>> import torch
+    >>> from unitscale.functional import residual_add
     >>> residual_add(torch.ones(2), torch.zeros(2), tau=0.25).tolist()
     [0.5, 0.5]
     """
@@ -478,6 +486,7 @@ def layer_norm(
         The normalised tensor.
 
     >>> import torch
+    >>> from unitscale.functional import layer_norm
     >>> _ = torch.manual_seed(0)
     >>> w = torch.ones(32, requires_grad=True)
     >>> y = layer_norm(torch.randn(4096, 32), (32,), w)
@@ -522,6 +531,7 @@ def embedding(
         The looked-up rows.
 
     >>> import torch
+    >>> from unitscale.functional import embedding
     >>> _ = torch.manual_seed(0)
     >>> w = torch.randn(64, 32, requires_grad=True)
     >>> out = embedding(torch.randint(0, 64, (16384,)), w)
@@ -559,6 +569,7 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
         InputError: ``p`` is not in ``[0, 1]``.
 
     >>> import torch
+    >>> from unitscale.functional import dropout
     >>> _ = torch.manual_seed(0)
     >>> round(dropout(torch.randn(10_000), p=0.5).std().item(), 1)
     1.0
@@ -606,6 +617,7 @@ def cross_entropy(
         The loss.
 
     >>> import torch
+    >>> from unitscale.functional import cross_entropy
     >>> _ = torch.manual_seed(0)
     >>> logits = torch.randn(512, 100, requires_grad=True)
     >>> target = torch.randint(0, 100, (512,))
@@ -671,6 +683,7 @@ def scaled_dot_product_attention(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import scaled_dot_product_attention
     >>> _ = torch.manual_seed(0)
     >>> q, k, v = torch.randn(3, 4, 8, 64, 32).unbind(0)
     >>> round(scaled_dot_product_attention(q, k, v, is_causal=True, constraint=None).std().item(), 1)
@@ -742,6 +755,7 @@ def addmm(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import addmm
     >>> _ = torch.manual_seed(0)
     >>> x, w, b = torch.randn(512, 256, requires_grad=True), torch.randn(256, 64), torch.zeros(64)
     >>> y = addmm(b, x, w, constraint=None)
@@ -806,6 +820,7 @@ def conv2d(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import conv2d
     >>> _ = torch.manual_seed(0)
     >>> x, w = torch.randn(8, 16, 32, 32, requires_grad=True), torch.randn(32, 16, 3, 3)
     >>> y = conv2d(x, w, padding=1, constraint=None)
@@ -860,6 +875,7 @@ def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmea
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import silu
     >>> _ = torch.manual_seed(0)
     >>> round(silu(torch.randn(10_000), constraint=None).std().item(), 1)
     1.0
@@ -887,6 +903,7 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
         ``2**0.5 * relu(input)``.
 
     >>> import torch
+    >>> from unitscale.functional import relu
     >>> _ = torch.manual_seed(0)
     >>> y = relu(torch.randn(100_000))
     >>> round(y.pow(2).mean().sqrt().item(), 2), round(y.std().item(), 1)
@@ -917,6 +934,7 @@ def rms_norm(
         The normalised tensor.
 
     >>> import torch
+    >>> from unitscale.functional import rms_norm
     >>> _ = torch.manual_seed(0)
     >>> w = torch.ones(32, requires_grad=True)
     >>> y = rms_norm(3 * torch.randn(4096, 32), (32,), w)
@@ -964,6 +982,7 @@ def batch_norm(
         The normalised tensor.
 
     >>> import torch
+    >>> from unitscale.functional import batch_norm
     >>> _ = torch.manual_seed(0)
     >>> w = torch.ones(256, requires_grad=True)
     >>> y = batch_norm(5 * torch.randn(32, 256, 4, 4), None, None, w, training=True)
@@ -1031,6 +1050,7 @@ def max_pool2d(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import max_pool2d
     >>> _ = torch.manual_seed(0)
     >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
     >>> y = max_pool2d(x, 3, 2, 1, constraint=None)
@@ -1090,6 +1110,7 @@ def avg_pool2d(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import avg_pool2d
     >>> _ = torch.manual_seed(0)
     >>> round(avg_pool2d(torch.randn(8, 16, 32, 32), 2, constraint=None).std().item(), 1)
     1.0
@@ -1123,6 +1144,7 @@ def adaptive_avg_pool2d(
         PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
+    >>> from unitscale.functional import adaptive_avg_pool2d
     >>> _ = torch.manual_seed(0)
     >>> round(adaptive_avg_pool2d(torch.randn(64, 32, 8, 8), 1, constraint=None).std().item(), 1)
     1.0

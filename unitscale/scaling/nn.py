@@ -57,6 +57,7 @@ class Linear(nn.Linear):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import Linear
     >>> _ = torch.manual_seed(0)
     >>> round(Linear(256, 256)(torch.randn(64, 256)).std().item(), 1)
     1.0
@@ -97,6 +98,7 @@ class GELU(nn.GELU):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import GELU
     >>> _ = torch.manual_seed(0)
     >>> round(GELU(constraint=None)(torch.randn(10_000)).std().item(), 1)
     1.0
@@ -126,6 +128,7 @@ class Softmax(nn.Softmax):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import Softmax
     >>> _ = torch.manual_seed(0)
     >>> round(Softmax(dim=-1, constraint=None)(torch.randn(1000, 64)).std().item(), 1)
     1.0
@@ -157,6 +160,7 @@ class LayerNorm(nn.LayerNorm):
         bias: learn a bias (with ``elementwise_affine``).
 
     >>> import torch
+    >>> from unitscale.nn import LayerNorm
     >>> y = LayerNorm(8)(torch.arange(16.0).reshape(2, 8))
     >>> round(y.square().mean().item(), 3)
     1.0
@@ -184,6 +188,7 @@ class Embedding(nn.Embedding):
         padding_idx: as in torch (that row starts at zero and gets no gradient).
 
     >>> import torch
+    >>> from unitscale.nn import Embedding
     >>> Embedding(10, 4)(torch.tensor([[1, 2, 3]])).shape
     torch.Size([1, 3, 4])
     """
@@ -207,6 +212,7 @@ class Dropout(nn.Dropout):
         InputError: ``p`` is not in ``[0, 1]``.
 
     >>> import torch
+    >>> from unitscale.nn import Dropout
     >>> _ = torch.manual_seed(0)
     >>> round(Dropout(0.5)(torch.randn(10_000)).std().item(), 1)
     1.0
@@ -229,6 +235,7 @@ class SiLU(nn.SiLU):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import SiLU
     >>> _ = torch.manual_seed(0)
     >>> round(SiLU(constraint=None)(torch.randn(10_000)).std().item(), 1)
     1.0
@@ -255,6 +262,7 @@ class RMSNorm(nn.RMSNorm):
         elementwise_affine: learn a gain.
 
     >>> import torch
+    >>> from unitscale.nn import RMSNorm
     >>> y = RMSNorm(8)(torch.arange(16.0).reshape(2, 8))
     >>> round(y.square().mean().item(), 3)
     1.0
@@ -290,6 +298,7 @@ class Conv2d(nn.Conv2d):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import Conv2d
     >>> _ = torch.manual_seed(0)
     >>> conv = Conv2d(32, 32, 3, padding=1, constraint=None)
     >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1)
@@ -345,6 +354,7 @@ class MLP(nn.Module):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import MLP
     >>> _ = torch.manual_seed(0)
     >>> round(MLP(64)(torch.randn(512, 64)).std().item(), 1)
     1.0
@@ -381,6 +391,7 @@ class MHSA(nn.Module):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import MHSA
     >>> _ = torch.manual_seed(0)
     >>> x = torch.randn(8, 32, 64)
     >>> round(MHSA(64, heads=4, is_causal=True, constraint=None)(x).std().item(), 1)
@@ -451,6 +462,7 @@ class TransformerLayer(nn.Module):
         UnknownConstraintError: ``constraint`` names no constraint.
 
     >>> import torch
+    >>> from unitscale.nn import TransformerLayer
     >>> _ = torch.manual_seed(0)
     >>> layer = TransformerLayer(64, heads=4)
     >>> round(layer(torch.randn(8, 32, 64)).std().item(), 1)

@@ -65,6 +65,7 @@ class PipelineResult:
     """What a training run of :func:`run_pipeline` returns.
 
     >>> import torch
+    >>> from unitscale.stages import PipelineResult
     >>> PipelineResult(torch.zeros(2), torch.tensor(0.5), {}).loss.item()
     0.5
 
@@ -490,7 +491,7 @@ def run_pipeline(
 
     >>> import torch
     >>> from torch import nn
-    >>> from unitscale import partition
+    >>> from unitscale import partition, run_pipeline
     >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
     <torch._C.Generator object at ...>
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))

@@ -8,6 +8,7 @@ modules (:meth:`StagePlan.split`, :meth:`StagePlan.stage_modules`), checks them
 :meth:`StagePlan.plot`) and :func:`run_pipeline` runs them as a real pipeline.
 
 >>> import torch
+>>> from unitscale import partition
 >>> from unitscale.examples.models import TinyGPT
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
 <torch._C.Generator object at ...>
@@ -65,6 +66,7 @@ METHODS = ("optimal", "equal_count", "greedy_threshold")
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
     """Idle share of a GPipe/1F1B pipeline: ``(p - 1) / (m + p - 1)``.
 
+    >>> from unitscale.stages import bubble_fraction
     >>> bubble_fraction(4, 8)
     0.2727272727272727
     """
@@ -77,6 +79,7 @@ class StageRow:
 
     ``sends`` lists ``(node name, shape, bytes)`` for each tensor passed to the next stage.
 
+    >>> from unitscale.stages import StageRow
     >>> StageRow(0, 3, "fc1", "fc2", 10.0, 0.5, 76, [("fc2", (2, 4), 32)]).bytes_out
     32
     """
@@ -101,6 +104,7 @@ class StageReport:
     """Per-stage summary of a :class:`StagePlan` (from :meth:`StagePlan.report`); ``str()`` gives a table.
 
     >>> import torch
+    >>> from unitscale import partition
     >>> from unitscale.examples.models import MLP
     >>> print(partition(MLP(4, 8), 2, torch.randn(2, 4)).report(num_microbatches=2))
     stage nodes    cost (params)  share    params  sends
@@ -154,6 +158,7 @@ class StagePlan:
             ``ModelOutput``); the last stage returns its leaves and a pipeline rebuilds it.
 
     >>> import torch
+    >>> from unitscale import partition
     >>> from unitscale.examples.models import MLP
     >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
     >>> plan
@@ -290,6 +295,7 @@ class StagePlan:
         """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves).
 
         >>> import torch
+        >>> from unitscale import partition
         >>> from unitscale.examples.models import MLP
         >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
         >>> plan.output_from_leaves(torch.ones(1)).shape  # MLP returns one tensor
@@ -306,6 +312,7 @@ class StagePlan:
         A parameter used by several stages (tied embeddings) is listed in each.
 
         >>> import torch
+        >>> from unitscale import partition
         >>> from unitscale.examples.models import MLP
         >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).stage_parameter_names()
         [['fc1.weight', 'fc1.bias'], ['fc2.weight', 'fc2.bias']]
@@ -339,6 +346,7 @@ class StagePlan:
                 partition with ``boundary_depth=`` so that cuts land between modules.
 
         >>> import torch
+        >>> from unitscale import partition
         >>> from unitscale.examples.models import TinyGPT
         >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
         >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
@@ -591,6 +599,7 @@ def partition(
 
     >>> import torch
     >>> from torch import nn
+    >>> from unitscale import partition
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
     >>> plan = partition(model, 2, torch.randn(3, 4))
     >>> plan.stage_costs, plan.assignment

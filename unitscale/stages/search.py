@@ -9,6 +9,7 @@ functions are the well-known heuristics it is compared against.
 Stage sums are always differences of one prefix-sum array, so the exact search
 and every check compare the very same floating-point numbers.
 
+>>> from unitscale.stages.search import bottleneck, optimal_bounds
 >>> optimal_bounds([1, 2, 3, 4, 5], 2)
 [0, 3, 5]
 >>> bottleneck([1, 2, 3, 4, 5], [0, 3, 5])

@@ -79,6 +79,9 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
     ``captured.remove_hooks()`` after the backward pass.
 
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale import ScaleTrackingInterpreter
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
     >>> gm = fx.symbolic_trace(MLP(4))
@@ -364,6 +367,8 @@ def track_scales(
         NoFloatOutputError: the model returns no floating-point tensor.
         TraceError: ``capture="fx"`` and torch.fx cannot trace the model.
 
+    >>> import torch
+    >>> from unitscale import track_scales
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
     >>> report = track_scales(MLP(16), torch.randn(64, 16))
@@ -430,6 +435,9 @@ def record_scales(module: nn.Module, inputs: Any, backward: Any = None) -> dict[
         NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
             :func:`track_scales`.
 
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale import record_scales
     >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Identity()))
     >>> record_scales(gm, torch.tensor([1.0, 3.0]), backward=torch.tensor([1.0, -1.0]))
     {'input_1': (-> 1.41, <- 1.41), '_0': (-> 1.41, <- 1.41)}
@@ -448,6 +456,7 @@ class AnnotatedCode(str):
         text: the code.
         highlight: highlight with pygments where the reader supports it.
 
+    >>> from unitscale.tracking import AnnotatedCode
     >>> code = AnnotatedCode("y = f(x)  # (-> 1.0, <- 0.5)")
     >>> code
     y = f(x)  # (-> 1.0, <- 0.5)
@@ -528,6 +537,8 @@ def analyse_module(
         NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
         :func:`track_scales`.
 
+    >>> import torch
+    >>> from unitscale import analyse_module
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
     >>> analyse_module(MLP(256), torch.randn(512, 256), torch.randn(512, 256))

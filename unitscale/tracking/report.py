@@ -71,6 +71,7 @@ class ScaleRow(NamedTuple):
         A tensor with a NaN or infinite element has a NaN or infinite std (and abs-max), so
         the recorded statistics tell, without another pass over the data.
 
+        >>> from unitscale.tracking import ScaleRow
         >>> ScaleRow("x", "", "input", (2,), "float32", float("nan"), 1.0).nonfinite
         'fwd'
         """
@@ -108,6 +109,8 @@ class ScaleReport:
         capture: ``"fx"`` or ``"eager"``.
         trace_failure: why fx tracing failed (eager capture only).
 
+    >>> from unitscale import ScaleReport
+    >>> from unitscale.tracking import ScaleRow
     >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)], "Net")
     >>> report["x"].scale
     (-> 1.0, <- 0.5)
@@ -153,6 +156,8 @@ class ScaleReport:
         order, so with finite forward values it is the last row in execution order whose
         gradient is non-finite.
 
+        >>> from unitscale import ScaleReport
+        >>> from unitscale.tracking import ScaleRow
         >>> rows = [ScaleRow("x", "", "input", (2,), "float32", 1.0, float("nan")),
         ...         ScaleRow("y", "", "exp", (2,), "float32", float("inf"), float("nan"))]
         >>> ScaleReport(rows, "Net").first_nonfinite.node
@@ -186,6 +191,8 @@ class ScaleReport:
         (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
         the node where it first appeared (``first_nonfinite``).
 
+        >>> from unitscale import ScaleReport
+        >>> from unitscale.tracking import ScaleRow
         >>> nan = float("nan")
         >>> print(ScaleReport([ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)], "Net").table())
         node  module  op     shape  dtype    fwd std  bwd std  abs max  finite
@@ -228,6 +235,8 @@ class ScaleReport:
         Raises:
             FormatError: ``formats`` names a format not in :data:`FORMAT_RANGES`.
 
+        >>> from unitscale import ScaleReport
+        >>> from unitscale.tracking import ScaleRow
         >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)], "Net")
         >>> fig = report.plot()
         >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]

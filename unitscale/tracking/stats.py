@@ -58,6 +58,7 @@ class ScalePair:
         backward: std of its gradient, or ``None`` if unknown (no backward pass, or
             the tensor does not require grad).
 
+    >>> from unitscale import ScalePair
     >>> ScalePair(1.0, 0.23649)
     (-> 1.0, <- 0.236)
     >>> print(ScalePair(0.000123456, None))
@@ -88,6 +89,9 @@ class ScaleRecord:
     accelerator each value is a 0-dim tensor left on the device, so recording never
     waits for it; on the CPU, where there is nothing to wait for, it is a ``float``.
 
+    >>> import torch
+    >>> from unitscale.tracking import ScaleRecord
+    >>> from unitscale.tracking.stats import read_records
     >>> record = ScaleRecord()
     >>> record.record_forward(torch.tensor([1.0, 3.0]), abs_max=True)
     >>> read_records([record])
@@ -305,6 +309,10 @@ class ScaleTracker(torch.autograd.Function):
     stds stay on the device until ``read_records``. Like any custom Function that
     returns its input, its output must not be modified in place (clone it first).
 
+    >>> import torch
+    >>> from unitscale import ScalePair, ScaleTracker
+    >>> from unitscale.tracking import ScaleRecord
+    >>> from unitscale.tracking.stats import read_records
     >>> x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     >>> record = ScaleRecord()
     >>> y = ScaleTracker.apply(x, record)

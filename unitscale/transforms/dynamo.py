@@ -170,6 +170,7 @@ class TransformedModule(nn.Module):
         placeholders are called ``x`` or ``idx`` rather than one ``*args``.
 
         >>> import torch
+        >>> from unitscale.transforms import TransformedModule
         >>> wrapped = TransformedModule.wrap(torch.nn.Linear(2, 2), ())
         >>> type(wrapped).forward.__code__.co_varnames[:2], wrapped(torch.ones(1, 2)).shape
         (('self', 'input'), torch.Size([1, 2]))

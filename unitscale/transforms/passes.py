@@ -52,6 +52,7 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
             did not return an ``fx.GraphModule``.
 
     >>> import torch
+    >>> from unitscale import apply_transform
     >>> def double_relu(x, inplace=False):
     ...     return 2 * torch.relu(x)
     >>> def double_relus(gm):
@@ -140,6 +141,7 @@ def unit_scale(
 
     >>> import torch
     >>> from torch import nn
+    >>> from unitscale import unit_scale
     >>> _ = torch.manual_seed(0)
     >>> model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
     >>> x = torch.randn(512, 256)
@@ -241,7 +243,8 @@ def simulate_format(module: nn.Module, fwd_format: FPFormat, bwd_format: FPForma
         FormatError: a format is not an :class:`~unitscale.FPFormat`.
 
     >>> import torch
-    >>> from unitscale.formats import FP8_E4M3, FP16
+    >>> from unitscale import simulate_format
+    >>> from unitscale.formats import FP16, FP8_E4M3
     >>> model = simulate_format(torch.nn.Linear(1, 1, bias=False), FP8_E4M3, FP16)
     >>> with torch.no_grad():
     ...     _ = model.module.weight.fill_(1.0)
@@ -258,6 +261,7 @@ def simulate_fp8(module: nn.Module) -> TransformedModule:
     """:func:`simulate_format` with FP8 E4M3 forward and E5M2 backward, as FP8 training does.
 
     >>> import torch
+    >>> from unitscale import simulate_fp8
     >>> model = simulate_fp8(torch.nn.Linear(4, 4))
     >>> model(torch.randn(2, 4)).shape
     torch.Size([2, 4])
