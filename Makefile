@@ -63,12 +63,11 @@ bench: $(STAMP)
 serve: $(STAMP)
 	$(PY) -m sphinx_autobuild --host 127.0.0.1 --port 8000 --watch unitscale . _build/html -d _build/doctrees
 
-## notebooks: every tutorial as notebooks/NN_name.ipynb (jupytext)
-notebooks: $(STAMP)
+## notebooks: every tutorial as notebooks/NN_name.ipynb: the site's .ipynb downloads (executed,
+## with their outputs and MyST roles rendered as text), copied from the build
+notebooks: html
 	@mkdir -p notebooks
-	@for f in tutorials/*.md; do \
-	  $(VENV)/bin/jupytext --quiet --to ipynb --update-metadata '{"jupytext": null}' \
-	    -o notebooks/$$(basename $${f%.md}).ipynb $$f || exit 1; done
+	@cp _build/html/_sources/tutorials/*.ipynb notebooks/
 	@ls notebooks/*.ipynb
 
 lint: $(STAMP)

@@ -35,6 +35,7 @@ extensions = [
     "library_cache",
     "notebook_download",
     "page_dependencies",
+    "wheel_download",  # the package's wheel at the site root, for `pip install <site>/<wheel>`
 ]
 
 templates_path = [str(ROOT / "docs" / "_templates")]
@@ -76,6 +77,9 @@ page_dependencies = {
     "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/**/*.py"],
     **{f"tutorials/{page.stem}": ["unitscale/**/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
 }
+
+# The wheel served at the site root (wheel_download extension) is this project's.
+wheel_project_root = str(ROOT)
 
 # API reference: docs/api.md lists every name in `unitscale.__all__` (api_reference extension).
 autosummary_generate = True

@@ -1,17 +1,28 @@
-"""Offer every MyST text notebook as an ``.ipynb`` download.
+"""Offer every tutorial as an ``.ipynb`` that runs and reads well outside the site.
 
 sphinx-book-theme's download menu lists an ``.ipynb`` only when the page's source is one; our
-tutorials are MyST text notebooks (``.md``), so this writes ``_sources/<page>.ipynb`` with
-jupytext (the same conversion as ``make notebooks``) and points the theme's menu at it.
+tutorials are MyST text notebooks (``.md``), so this writes ``_sources/<page>.ipynb`` and points
+the theme's menu at it. The notebook is the build's executed one, so it carries the outputs the
+page shows: MyST-NB's parser (``myst_nb/sphinx_.py``, ``Parser.parse``) writes each executed
+notebook to ``<output_folder>/<docname>.ipynb`` (``output_folder`` is ``_build/jupyter_execute``,
+set by ``myst_nb/sphinx_ext.py``) with the glued values beside it in ``<docname>.glue.json``,
+whatever the execution mode (``force`` runs the kernel, ``cache`` merges jupyter-cache's outputs)
+and whether or not this build re-read the page (the files of the last read stay). Its Markdown
+roles are then rendered as plain text (``standalone_notebook``), so the download needs only
+``unitscale`` and a Jupyter kernel.
 """
 
 from __future__ import annotations
 
+import json
+import posixpath
 from pathlib import Path
 
-import jupytext
 import nbformat
+from myst_nb.core.variables import format_plain_text
 from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+from standalone_notebook import UnrenderableRole, standalone
 
 
 def is_text_notebook(path: Path) -> bool:
@@ -22,15 +33,40 @@ def is_text_notebook(path: Path) -> bool:
     return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
 
 
+def executed_notebook(app: Sphinx, pagename: str) -> tuple[nbformat.NotebookNode, dict]:
+    """The page's executed notebook and its glued values (``key -> mime bundle``), as MyST-NB wrote them."""
+    folder = Path(app.env.mystnb_config.output_folder)
+    path = folder / f"{pagename}.ipynb"
+    if not path.is_file():
+        raise ExtensionError(
+            f"{pagename}: no executed notebook at {path}; the tutorials must be executed "
+            "(nb_execution_mode 'cache' or 'force') for their .ipynb download to carry outputs"
+        )
+    glue_path = folder / f"{pagename}.glue.json"
+    glued = json.loads(glue_path.read_text(encoding="utf-8")) if glue_path.is_file() else {}
+    return nbformat.read(path, as_version=4), {key: output["data"] for key, output in glued.items()}
+
+
+def doc_title(app: Sphinx, pagename: str, target: str) -> str:
+    """The title of the page a ``{doc}`` role in ``pagename`` names (relative, or absolute with ``/``)."""
+    here = posixpath.dirname(pagename)
+    docname = target[1:] if target.startswith("/") else posixpath.normpath(posixpath.join(here, target))
+    if docname not in app.env.titles:
+        raise UnrenderableRole(f"{{doc}}`{target}`: no page {docname!r}")
+    return app.env.titles[docname].astext()
+
+
 def write_ipynb(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     if app.builder.format != "html" or pagename not in app.env.found_docs:
         return
     source = Path(app.env.doc2path(pagename))
     if not is_text_notebook(source):
         return
-    notebook = jupytext.read(source, fmt="md:myst")
-    notebook.metadata.pop("jupytext", None)  # a plain notebook: no pairing with a .md file
-    nbformat.validate(notebook)
+    executed, glue = executed_notebook(app, pagename)
+    try:
+        notebook = standalone(executed, glue, format_plain_text, lambda target: doc_title(app, pagename, target))
+    except UnrenderableRole as error:
+        raise ExtensionError(f"{source}: {error}") from error
     target = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(notebook, target)

@@ -228,6 +228,14 @@ def test_ipynb_download_is_a_valid_notebook(visit, base_url, tutorial):
     assert [c.cell_type for c in notebook.cells].count("code") > 0
 
 
+@pytest.mark.parametrize("page", ["docs/index.html", "docs/install.html"])
+def test_the_wheel_link_downloads_the_wheel(visit, base_url, page):
+    link = visit(f"{base_url}/{page}").page.locator("a", has_text="py3-none-any.whl")
+    assert link.count() == 1, "no link to the wheel"
+    response = link.page.request.get(link.page.evaluate("a => a.href", link.element_handle()))
+    assert response.ok and response.body()[:4] == b"PK\x03\x04", "the link is not a wheel (a zip file)"
+
+
 def test_copy_buttons_on_code_but_not_on_outputs(visit, base_url):
     page = visit(f"{base_url}/tutorials/{TUTORIALS[0]}.html").page
     assert page.locator(".cell_input button.copybtn").count() > 0
