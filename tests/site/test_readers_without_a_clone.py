@@ -12,6 +12,7 @@ from myst_nb.core.variables import format_plain_text
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+sys.path.insert(0, str(Path(__file__).parent))  # test_build_failures builds tiny sites
 
 import standalone_notebook as sn  # noqa: E402
 from wheel_download import wheel_name  # noqa: E402
@@ -122,3 +123,19 @@ def test_hidden_glue_records_are_dropped_and_sphinx_metadata_removed():
     assert out.cells[0].source == "mean 0.1"
     assert [o.output_type for o in out.cells[1].outputs] == ["execute_result"]
     assert len(notebook.cells[1].outputs) == 2, "the executed notebook itself is left as it was"
+
+
+@pytest.mark.slow
+def test_a_tutorial_built_from_scratch_downloads_with_outputs_and_glued_text(tmp_path):
+    """The real build's settings (``force``: no jupyter-cache), on a tiny site: outputs and glue make it."""
+    import nbformat
+    from test_build_failures import build, notebook
+
+    code = "from myst_nb import glue\nglue('x', 2 / 3, display=False)\n6 * 7"
+    page = notebook("Tiny", code) + "\nTwo thirds is {glue:text}`x:.2f`, an {class}`int` it is not.\n"
+    result = build(tmp_path, {"tutorial": page})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    downloaded = nbformat.read(tmp_path / "html" / "_sources" / "tutorial.ipynb", as_version=4)
+    code_cell = next(cell for cell in downloaded.cells if cell.cell_type == "code")
+    assert [output.data["text/plain"] for output in code_cell.outputs] == ["42"]
+    assert "Two thirds is 0.67, an `int` it is not." in downloaded.cells[-1].source
