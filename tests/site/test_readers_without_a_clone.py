@@ -139,3 +139,26 @@ def test_a_tutorial_built_from_scratch_downloads_with_outputs_and_glued_text(tmp
     code_cell = next(cell for cell in downloaded.cells if cell.cell_type == "code")
     assert [output.data["text/plain"] for output in code_cell.outputs] == ["42"]
     assert "Two thirds is 0.67, an `int` it is not." in downloaded.cells[-1].source
+
+
+@pytest.mark.slow
+def test_a_tutorial_read_from_jupyter_cache_downloads_with_its_outputs(tmp_path):
+    """``make html``'s ``cache`` mode: on a cache hit MyST-NB's executed-notebook file has no outputs."""
+    import nbformat
+    from test_build_failures import CONF, SPHINX, notebook
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text(CONF + f"nb_execution_cache_path = {str(tmp_path / 'cache')!r}\n")
+    (src / "index.md").write_text("# Tiny\n\n```{toctree}\ntutorial\n```\n")
+    (src / "tutorial.md").write_text(notebook("Tiny", "6 * 7"))
+    env = {**os.environ, "NB_EXECUTION_MODE": "cache", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    for build in ("miss", "hit"):  # executed and cached, then read from the cache
+        out = tmp_path / build
+        command = [*SPHINX, str(src), str(out / "html"), "-d", str(out / "doctrees")]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        downloaded = nbformat.read(out / "html" / "_sources" / "tutorial.ipynb", as_version=4)
+        code_cell = next(cell for cell in downloaded.cells if cell.cell_type == "code")
+        assert [output.data["text/plain"] for output in code_cell.outputs] == ["42"], build
+    assert "Using cached notebook" in result.stdout + result.stderr, "the second build should read the cache"
