@@ -69,6 +69,7 @@ from unitscale.errors import (
     NodeNotFoundError,
     NoFloatOutputError,
     NotAModuleError,
+    NotCallableError,
     NotInvertibleError,
     PipelineError,
     PredicateError,
@@ -79,6 +80,7 @@ from unitscale.errors import (
     TransformError,
     UnitscaleError,
     UnknownConstraintError,
+    UnknownScheduleError,
 )
 from unitscale.tracking.report import ScaleRow
 
@@ -374,8 +376,8 @@ CASES: dict[str, Case] = {
     "invert-constant-output": Case(
         lambda: invert(lambda x: torch.ones(3)), NotInvertibleError, ("does not depend on its input",)
     ),
-    "register-inverse-int": Case(lambda: register_inverse(5, torch.exp), NotAModuleError, ("5",)),  # type: ignore[arg-type]
-    "register-inverse-int-inverse": Case(lambda: register_inverse(torch.log, 5), NotAModuleError, ("5",)),  # type: ignore[arg-type]
+    "register-inverse-int": Case(lambda: register_inverse(5, torch.exp), NotCallableError, ("5",)),  # type: ignore[arg-type]
+    "register-inverse-int-inverse": Case(lambda: register_inverse(torch.log, 5), NotCallableError, ("5",)),  # type: ignore[arg-type]
     # scale tracking without a module
     "track-scales-int": Case(
         lambda: track_scales(5, X), NotAModuleError, ("track_scales expects a torch.nn.Module", "got int")
@@ -479,7 +481,7 @@ CASES: dict[str, Case] = {
         lambda: apply_transform(5, _none), NotAModuleError, ("apply_transform: expected an nn.Module", "int")
     ),  # type: ignore[arg-type]
     "apply-transform-not-callable": Case(
-        lambda: apply_transform(MLP(4), 5), NotAModuleError, ("transform must be callable", "5")
+        lambda: apply_transform(MLP(4), 5), NotCallableError, ("transform must be callable", "5")
     ),  # type: ignore[arg-type]
     # partition
     "partition-int": Case(lambda: partition(5, 2, X), NotAModuleError, ("partition() needs a torch.nn.Module", "int")),  # type: ignore[arg-type]
@@ -559,7 +561,7 @@ CASES: dict[str, Case] = {
         ("input 1 has batch size 6", "input 0 has 4"),
     ),
     "pipeline-schedule": Case(
-        lambda: run_pipeline(_plan(), X, 2, schedule="zb"), PipelineError, ("unknown schedule 'zb'", "'gpipe'")
+        lambda: run_pipeline(_plan(), X, 2, schedule="zb"), UnknownScheduleError, ("unknown schedule 'zb'", "'gpipe'")
     ),
     "pipeline-target-without-loss": Case(
         lambda: run_pipeline(_plan(), X, 2, target=X), InputError, ("pass both loss_fn and target",)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import unitscale.scaling.functional as U
-from unitscale.errors import FormatError, NotAModuleError, ReplaceMapError, UnscaledOpsError
+from unitscale.errors import FormatError, NotAModuleError, NotCallableError, ReplaceMapError, UnscaledOpsError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unitscale.transforms.dynamo import GraphTransform, TransformedModule
 from unitscale.transforms.unit_scale_pass import UnitScalePass
@@ -47,7 +47,8 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
         The wrapped module (``module`` itself is not changed).
 
     Raises:
-        NotAModuleError: ``module`` is not an ``nn.Module`` or ``transform`` is not callable.
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        NotCallableError: ``transform`` is not callable.
         TransformError: (when the wrapped module is first called) ``transform`` raised or
             did not return an ``fx.GraphModule``.
 
@@ -67,7 +68,7 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"apply_transform: expected an nn.Module, got {type(module).__name__}")
     if not callable(transform):
-        raise NotAModuleError(
+        raise NotCallableError(
             f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
         )
     if isinstance(module, TransformedModule):
