@@ -19,7 +19,14 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import unitscale.scaling.functional as U
-from unitscale.errors import FormatError, NotAModuleError, NotCallableError, ReplaceMapError, UnscaledOpsError
+from unitscale.errors import (
+    FormatError,
+    InputError,
+    NotAModuleError,
+    NotCallableError,
+    ReplaceMapError,
+    UnscaledOpsError,
+)
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unitscale.transforms.dynamo import GraphTransform, TransformedModule
 from unitscale.transforms.unit_scale_pass import UnitScalePass
@@ -126,7 +133,7 @@ def unit_scale(
     Args:
         module: the model.
         replace: extra or overriding replacements, ``{torch function: replacement}``.
-        strict: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
+        strict: ``True``: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
 
     Returns:
         A :class:`TransformedModule`; the capture (and the check) happens on its first call.
@@ -134,6 +141,7 @@ def unit_scale(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
+        InputError: ``strict`` is not a bool.
         CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph,
             or the forward returns an object that is not a tensor or a plain value (a
             ``transformers`` KV cache: build the model with ``use_cache=False``).
@@ -149,6 +157,8 @@ def unit_scale(
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"unit_scale: expected an nn.Module, got {type(module).__name__}")
+    if not isinstance(strict, bool):
+        raise InputError(f"unit_scale: strict={strict!r:.60} is a {type(strict).__name__}; pass True or False")
     replacements = _check_replace(replace)
     inner = module.module if isinstance(module, TransformedModule) else module
     earlier = module.transforms if isinstance(module, TransformedModule) else ()
