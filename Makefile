@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
-.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist
+.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist dist
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -87,4 +87,4 @@ chromium:
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null; }
 
 clean:
-	rm -rf _build docs/generated notebooks .pytest_cache .hypothesis
+	rm -rf _build docs/generated notebooks dist build .pytest_cache .hypothesis
