@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
-.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist dist
+.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
