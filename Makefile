@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
-.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint
+.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ notebooks: html
 	@cp _build/html/_sources/tutorials/*.ipynb notebooks/
 	@ls notebooks/*.ipynb
 
+## dist: a wheel and an sdist in dist/, built by the venv's own setuptools (no isolated env: works offline)
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist .
+	@ls dist
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check unitscale tests benchmarks
 	$(VENV)/bin/mypy
@@ -80,4 +86,4 @@ chromium:
 	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) >/dev/null; }
 
 clean:
-	rm -rf _build docs/generated notebooks .pytest_cache .hypothesis
+	rm -rf _build docs/generated notebooks dist build .pytest_cache .hypothesis

@@ -3,8 +3,11 @@
 Each builder returns ``(model, example_inputs)``: the model in eval mode with
 ``use_cache=False`` (a ``DynamicCache`` output is not a pytree, so export would fail on
 it), seeded so two calls give the same weights, and a tuple of positional inputs.
-Import from a test as ``from tests.real_models import gpt2`` (``python -m pytest`` puts
-the repository root on ``sys.path``). The module skips when ``transformers`` is missing.
+Keyword arguments override the config (``gpt2(n_layer=1)``, ``gpt2(use_cache=True)``), so
+the sizes live here and a test states only what it changes. Import from a test as
+``from real_models import gpt2``: pyproject's ``pythonpath = ["tests", ...]`` puts ``tests/``
+on ``sys.path`` under ``pytest`` and ``python -m pytest`` alike. The module skips when
+``transformers`` is missing.
 
 >>> model, (ids,) = gpt2()
 >>> type(model).__name__, tuple(ids.shape)
@@ -20,7 +23,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-__all__ = ["BUILDERS", "VOCAB", "bart", "bert", "gpt2", "llama", "mistral", "qwen2", "t5", "vit"]
+__all__ = ["BUILDERS", "VOCAB", "bart", "bert", "gpt2", "llama", "mistral", "qwen2", "t5", "token_ids", "vit"]
 
 VOCAB = 128
 BATCH, SEQ = 2, 16
@@ -28,121 +31,133 @@ BATCH, SEQ = 2, 16
 Built = tuple[torch.nn.Module, tuple[Any, ...]]
 
 
-def _ids(seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
+def token_ids(batch: int = BATCH, seq: int = SEQ, seed: int = 0) -> torch.Tensor:
+    """Random token ids ``(batch, seq)`` below :data:`VOCAB`, from their own generator (the global RNG is untouched)."""
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
 def _build(model_type: str, auto: Any, **config: Any) -> torch.nn.Module:
-    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=VOCAB, use_cache=False, **config)
+    cfg = transformers.AutoConfig.for_model(model_type, **{"vocab_size": VOCAB, "use_cache": False, **config})
     torch.manual_seed(0)
     return auto.from_config(cfg).eval()
 
 
-def gpt2() -> Built:
+def gpt2(**config: Any) -> Built:
     """GPT-2 LM head model: 2 layers, width 64, 4 heads; inputs ``(input_ids,)``."""
     model = _build(
         "gpt2",
         transformers.AutoModelForCausalLM,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
+        **{
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "n_positions": 64,
+            # GPT-2's default ids (50256) lie outside the tiny vocabulary; transformers warns about it
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            **config,
+        },
     )
-    return model, (_ids(),)
+    return model, (token_ids(),)
 
 
-def bert() -> Built:
+def bert(**config: Any) -> Built:
     """BERT base model: 2 layers, width 64, 4 heads; inputs ``(input_ids,)``."""
     model = _build(
         "bert",
         transformers.AutoModel,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=64,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            **config,
+        },
     )
-    return model, (_ids(),)
+    return model, (token_ids(),)
 
 
-def _llama_like(model_type: str, **extra: Any) -> torch.nn.Module:
+def _llama_like(model_type: str, **config: Any) -> torch.nn.Module:
     return _build(
         model_type,
         transformers.AutoModelForCausalLM,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **extra,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+            **config,
+        },
     )
 
 
-def llama() -> Built:
+def llama(**config: Any) -> Built:
     """Llama causal LM: 2 layers, width 64, 4 heads, 2 KV heads; inputs ``(input_ids,)``."""
-    return _llama_like("llama"), (_ids(),)
+    return _llama_like("llama", **config), (token_ids(),)
 
 
-def mistral() -> Built:
+def mistral(**config: Any) -> Built:
     """Mistral causal LM, sized as :func:`llama`; inputs ``(input_ids,)``."""
-    return _llama_like("mistral"), (_ids(),)
+    return _llama_like("mistral", **config), (token_ids(),)
 
 
-def qwen2() -> Built:
+def qwen2(**config: Any) -> Built:
     """Qwen2 causal LM, sized as :func:`llama`; inputs ``(input_ids,)``."""
-    return _llama_like("qwen2"), (_ids(),)
+    return _llama_like("qwen2", **config), (token_ids(),)
 
 
-def t5() -> Built:
+def t5(lm_head: bool = False, **config: Any) -> Built:
     """T5 encoder-decoder: 2+2 layers, width 64; inputs ``(input_ids, attention_mask, decoder_input_ids)``.
 
     T5's ``forward`` takes ``decoder_input_ids`` fourth, after ``attention_mask``, so the
-    mask (all ones) is passed positionally.
+    mask (all ones) is passed positionally. ``lm_head=True`` gives
+    ``T5ForConditionalGeneration`` (the tied language-model head) instead of ``T5Model``.
     """
     model = _build(
         "t5",
-        transformers.AutoModel,
-        d_model=64,
-        d_ff=128,
-        d_kv=16,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
+        transformers.AutoModelForSeq2SeqLM if lm_head else transformers.AutoModel,
+        **{"d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_decoder_layers": 2, "num_heads": 4, **config},
     )
-    ids = _ids()
-    return model, (ids, torch.ones_like(ids), _ids(1)[:, :8])
+    ids = token_ids()
+    return model, (ids, torch.ones_like(ids), token_ids(seed=1)[:, :8])
 
 
-def bart() -> Built:
+def bart(**config: Any) -> Built:
     """BART encoder-decoder: 2+2 layers, width 64; inputs ``(input_ids,)`` (decoder ids are derived)."""
     model = _build(
         "bart",
         transformers.AutoModel,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        max_position_embeddings=64,
+        **{
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 128,
+            "decoder_ffn_dim": 128,
+            "max_position_embeddings": 64,
+            **config,
+        },
     )
-    return model, (_ids(),)
+    return model, (token_ids(),)
 
 
-def vit() -> Built:
+def vit(**config: Any) -> Built:
     """ViT base model: 2 layers, width 64, 32x32 images in 8x8 patches; inputs ``(pixel_values,)``."""
     cfg = transformers.AutoConfig.for_model(
         "vit",
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        image_size=32,
-        patch_size=8,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "image_size": 32,
+            "patch_size": 8,
+            **config,
+        },
     )
     torch.manual_seed(0)
     model = transformers.AutoModel.from_config(cfg).eval()

@@ -69,6 +69,7 @@ from unitscale.errors import (
     NodeNotFoundError,
     NoFloatOutputError,
     NotAModuleError,
+    NotCallableError,
     NotInvertibleError,
     PipelineError,
     PredicateError,
@@ -79,7 +80,9 @@ from unitscale.errors import (
     TransformError,
     UnitscaleError,
     UnknownConstraintError,
+    UnknownScheduleError,
 )
+from unitscale.stages import bubble_fraction
 from unitscale.tracking.report import ScaleRow
 
 NAN, INF = math.nan, math.inf
@@ -374,8 +377,8 @@ CASES: dict[str, Case] = {
     "invert-constant-output": Case(
         lambda: invert(lambda x: torch.ones(3)), NotInvertibleError, ("does not depend on its input",)
     ),
-    "register-inverse-int": Case(lambda: register_inverse(5, torch.exp), NotAModuleError, ("5",)),  # type: ignore[arg-type]
-    "register-inverse-int-inverse": Case(lambda: register_inverse(torch.log, 5), NotAModuleError, ("5",)),  # type: ignore[arg-type]
+    "register-inverse-int": Case(lambda: register_inverse(5, torch.exp), NotCallableError, ("5",)),  # type: ignore[arg-type]
+    "register-inverse-int-inverse": Case(lambda: register_inverse(torch.log, 5), NotCallableError, ("5",)),  # type: ignore[arg-type]
     # scale tracking without a module
     "track-scales-int": Case(
         lambda: track_scales(5, X), NotAModuleError, ("track_scales expects a torch.nn.Module", "got int")
@@ -452,6 +455,41 @@ CASES: dict[str, Case] = {
         lambda: trace_exec_order(MLP(4), concrete_args=5), InputError, ("concrete_args=", "int 5", "dict")
     ),  # type: ignore[arg-type]
     "unn-linear-constraint": Case(lambda: unn.Linear(4, 4, constraint="bogus"), UnknownConstraintError, ("'bogus'",)),
+    "U-embedding-weight-1d": Case(
+        lambda: U.embedding(torch.tensor([1, 2]), torch.randn(10)),
+        InputError,
+        ("embedding: input=(2,) int64, weight=(10,) float32 do not fit", "weight is 2-D (vocab, dim)", "must be 2-D"),
+    ),
+    "U-embedding-float-indices": Case(
+        lambda: U.embedding(X[0], X), InputError, ("embedding: input=(4,) float32", "integer indices")
+    ),
+    "U-embedding-index-out-of-range": Case(
+        lambda: U.embedding(torch.tensor([12]), X), InputError, ("weight=(4, 4) float32", "below weight.shape[0]")
+    ),
+    "U-cross-entropy-batch": Case(
+        lambda: U.cross_entropy(torch.randn(4, 5), torch.randint(0, 5, (3,))),
+        InputError,
+        ("cross_entropy: input=(4, 5) float32, target=(3,) int64 do not fit", "(batch, classes, ...)", "batch_size"),
+    ),
+    "U-cross-entropy-0d": Case(
+        lambda: U.cross_entropy(torch.tensor(1.0), torch.tensor(0)), InputError, ("input=() float32", "(classes,)")
+    ),
+    "U-layer-norm-shape": Case(
+        lambda: U.layer_norm(X, (5,)),
+        InputError,
+        ("layer_norm: input=(4, 4) float32, normalized_shape=(5,) do not fit", "trailing dims must equal"),
+    ),
+    "U-layer-norm-weight": Case(
+        lambda: U.layer_norm(X, (4,), torch.ones(3)), InputError, ("weight=(3,) float32", "weight and bias")
+    ),
+    "U-sdpa-head-dims": Case(
+        lambda: U.scaled_dot_product_attention(X[None], torch.randn(1, 4, 6), X[None]),
+        InputError,
+        ("scaled_dot_product_attention: query=(1, 4, 4) float32, key=(1, 4, 6) float32", "key (..., S, E)"),
+    ),
+    "U-sdpa-1d": Case(
+        lambda: U.scaled_dot_product_attention(X[0], X[0], X[0]), InputError, ("query=(4,) float32", "(..., L, E)")
+    ),
     "unn-gelu-constraint": Case(lambda: unn.GELU(constraint=3), UnknownConstraintError, ("int 3",)),  # type: ignore[arg-type]
     "unn-softmax-constraint": Case(lambda: unn.Softmax(-1, constraint="x"), UnknownConstraintError, ("'x'",)),
     "unn-dropout-p-2": Case(lambda: unn.Dropout(p=2.0), InputError, ("p=2.0", "[0, 1]")),
@@ -470,6 +508,9 @@ CASES: dict[str, Case] = {
     "unit-scale-replace-value": Case(
         lambda: unit_scale(MLP(4), replace={torch.relu: 5}), ReplaceMapError, ("replace['relu'] = 5 is not callable",)
     ),  # type: ignore[dict-item]
+    "unit-scale-strict-str": Case(
+        lambda: unit_scale(MLP(4), strict="yes"), InputError, ("unit_scale: strict='yes' is a str", "True or False")
+    ),  # type: ignore[arg-type]
     "simulate-format-str": Case(
         lambda: simulate_format(MLP(4), "fp8", FP16), FormatError, ("fwd_format='fp8'", "not an FPFormat")
     ),  # type: ignore[arg-type]
@@ -479,7 +520,7 @@ CASES: dict[str, Case] = {
         lambda: apply_transform(5, _none), NotAModuleError, ("apply_transform: expected an nn.Module", "int")
     ),  # type: ignore[arg-type]
     "apply-transform-not-callable": Case(
-        lambda: apply_transform(MLP(4), 5), NotAModuleError, ("transform must be callable", "5")
+        lambda: apply_transform(MLP(4), 5), NotCallableError, ("transform must be callable", "5")
     ),  # type: ignore[arg-type]
     # partition
     "partition-int": Case(lambda: partition(5, 2, X), NotAModuleError, ("partition() needs a torch.nn.Module", "int")),  # type: ignore[arg-type]
@@ -515,6 +556,17 @@ CASES: dict[str, Case] = {
     "partition-method-unknown": Case(
         lambda: partition(MLP(4), 2, X, method="greedy"), CostError, ("unknown method 'greedy'",)
     ),
+    "partition-repeats-negative": Case(
+        lambda: partition(MLP(4), 2, X, cost="time", repeats=-1), CostError, ("repeats=-1", "int >= 1", "cost='time'")
+    ),
+    "partition-repeats-float": Case(lambda: partition(MLP(4), 2, X, repeats=2.5), CostError, ("repeats=2.5",)),  # type: ignore[arg-type]
+    "bubble-fraction-zero-stages": Case(
+        lambda: bubble_fraction(0, 1), StageCountError, ("bubble_fraction: num_stages=0", "int >= 1")
+    ),
+    "bubble-fraction-zero-microbatches": Case(
+        lambda: bubble_fraction(2, 0), InputError, ("bubble_fraction: num_microbatches=0", "int >= 1")
+    ),
+    "bubble-fraction-float-stages": Case(lambda: bubble_fraction(2.0, 4), StageCountError, ("num_stages=2.0",)),  # type: ignore[arg-type]
     "partition-boundary-depth-zero": Case(
         lambda: partition(MLP(4), 2, X, boundary_depth=0), StageCountError, ("boundary_depth=0",)
     ),
@@ -559,7 +611,7 @@ CASES: dict[str, Case] = {
         ("input 1 has batch size 6", "input 0 has 4"),
     ),
     "pipeline-schedule": Case(
-        lambda: run_pipeline(_plan(), X, 2, schedule="zb"), PipelineError, ("unknown schedule 'zb'", "'gpipe'")
+        lambda: run_pipeline(_plan(), X, 2, schedule="zb"), UnknownScheduleError, ("unknown schedule 'zb'", "'gpipe'")
     ),
     "pipeline-target-without-loss": Case(
         lambda: run_pipeline(_plan(), X, 2, target=X), InputError, ("pass both loss_fn and target",)

@@ -11,6 +11,7 @@ split, pipeline) and :mod:`unitscale.examples` (reference models and data, not t
 
 from unitscale import functional as functional
 from unitscale import nn as nn
+from unitscale.capture import trace_exec_order
 from unitscale.errors import NotInvertibleError
 from unitscale.examples import MLP, MarkovSource, TinyGPT, resnet18
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
@@ -24,7 +25,6 @@ from unitscale.fx import (
     inline,
     invert,
     register_inverse,
-    trace_exec_order,
 )
 from unitscale.scaling import amean, gmean, hmean, to_grad_input_scale, to_output_scale
 from unitscale.stages import StagePlan, partition, run_pipeline

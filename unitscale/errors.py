@@ -36,6 +36,7 @@ from __future__ import annotations
 __all__ = [
     "UnitscaleError",
     "NotAModuleError",
+    "NotCallableError",
     "InputError",
     "BackwardShapeError",
     "NoFloatOutputError",
@@ -46,6 +47,7 @@ __all__ = [
     "SplitSpecError",
     "CostError",
     "PipelineError",
+    "UnknownScheduleError",
     "UnknownConstraintError",
     "FormatError",
     "ReplaceMapError",
@@ -66,7 +68,12 @@ class UnitscaleError(Exception):
 
 
 class NotAModuleError(UnitscaleError, TypeError):
-    """An argument that must be a ``torch.nn.Module`` (or callable) is not one."""
+    """An argument that must be a ``torch.nn.Module`` (or, for :func:`~unitscale.invert`, a
+    function or a module) is not one."""
+
+
+class NotCallableError(UnitscaleError, TypeError):
+    """An argument that must be a function (a graph transform, an inverse) is not callable."""
 
 
 class InputError(UnitscaleError, ValueError):
@@ -113,6 +120,10 @@ class CostError(UnitscaleError, ValueError):
 
 class PipelineError(UnitscaleError, RuntimeError):
     """A pipeline worker failed or timed out."""
+
+
+class UnknownScheduleError(UnitscaleError, ValueError):
+    """A pipeline schedule name that :func:`~unitscale.run_pipeline` does not know."""
 
 
 class UnknownConstraintError(UnitscaleError, ValueError):

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from real_models import gpt2, llama
 from torch import nn
 
-from tests.real_models import gpt2, llama
-from unitscale.capture import capture, capture_exec_order
+from unitscale.capture import capture, capture_exec_order, trace_exec_order
 from unitscale.errors import TraceError
 from unitscale.examples.models import MLP
-from unitscale.fx import inline, trace_exec_order
+from unitscale.fx import inline
 from unitscale.tracking.analysis import analyse_module, track_scales
 
 

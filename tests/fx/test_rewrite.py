@@ -14,7 +14,7 @@ from module_trees import build, descriptions
 from torch import fx, nn
 
 import unitscale
-from unitscale.errors import NotAModuleError, PredicateError, TraceError, UnitscaleError
+from unitscale.errors import NotAModuleError, NotCallableError, PredicateError, TraceError, UnitscaleError
 from unitscale.examples.models import MLP, TinyGPT, resnet18
 from unitscale.rewrite import NotInvertibleError, inline, invert, register_inverse
 
@@ -282,7 +282,7 @@ def test_register_inverse_teaches_invert_a_new_function():
 
 def test_register_inverse_rejects_non_callables():
     with pytest.raises(
-        NotAModuleError, match=re.escape("register_inverse(g=...) got str 'log'; pass a function of one tensor")
+        NotCallableError, match=re.escape("register_inverse(g=...) got str 'log'; pass a function of one tensor")
     ):
         register_inverse(torch.exp, "log")
 

@@ -12,6 +12,7 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
+from real_models import BUILDERS, token_ids
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
@@ -21,55 +22,17 @@ from unitscale.examples.models import TinyGPT
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.fx.tracers import DeepTracer
 
-transformers = pytest.importorskip("transformers")
 matplotlib.use("Agg")
-
-VOCAB = 128
 
 
 def tiny(name: str) -> nn.Module:
-    """A tiny, randomly initialised ``transformers`` model in eval mode (``use_cache=False``)."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    common = {"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 0}
-    if name == "gpt2":
-        cfg = AutoConfig.for_model("gpt2", n_embd=32, n_layer=2, n_head=2, n_positions=64, use_cache=False, **common)
-        return AutoModelForCausalLM.from_config(cfg).eval()
-    if name == "llama":
-        cfg = AutoConfig.for_model(
-            "llama",
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            use_cache=False,
-            **common,
-        )
-        return AutoModelForCausalLM.from_config(cfg).eval()
-    if name == "bert":
-        cfg = AutoConfig.for_model(
-            "bert", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, **common
-        )
-        return AutoModel.from_config(cfg).eval()
-    cfg = AutoConfig.for_model(
-        "t5",
-        d_model=32,
-        d_ff=64,
-        d_kv=16,
-        num_layers=2,
-        num_heads=2,
-        use_cache=False,
-        decoder_start_token_id=0,
-        **common,
-    )
-    return AutoModel.from_config(cfg).eval()
+    """The tiny ``transformers`` model ``name`` from ``real_models`` (eval mode, ``use_cache=False``)."""
+    return BUILDERS[name]()[0]
 
 
 def inputs_for(name: str, batch: int = 2) -> tuple[torch.Tensor | None, ...]:
-    ids = torch.randint(0, VOCAB, (batch, 16), generator=torch.Generator().manual_seed(batch))
+    # T5's attention_mask stays None: an exported graph must take a None input as a placeholder.
+    ids = token_ids(batch, seed=batch)
     return (ids, None, ids) if name == "t5" else (ids,)
 
 

@@ -14,7 +14,15 @@ from torch import nn
 
 import unitscale.scaling.functional as U
 from unitscale.analysis import analyse_module, track_scales
-from unitscale.errors import CaptureError, FormatError, NotAModuleError, ReplaceMapError, TraceError, UnscaledOpsError
+from unitscale.errors import (
+    CaptureError,
+    FormatError,
+    NotAModuleError,
+    NotCallableError,
+    ReplaceMapError,
+    TraceError,
+    UnscaledOpsError,
+)
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.formats import FP8_E4M3, FP8_E5M2
 from unitscale.tracers import DeepTracer
@@ -187,7 +195,7 @@ def test_graph_break_raises_capture_error_naming_the_line() -> None:
 def test_bad_modules_and_transforms_raise_typed_errors() -> None:
     with pytest.raises(NotAModuleError, match="unit_scale: expected an nn.Module, got function"):
         unit_scale(F.relu)
-    with pytest.raises(NotAModuleError, match="transform must be callable"):
+    with pytest.raises(NotCallableError, match="transform must be callable"):
         apply_transform(nn.ReLU(), "double")
     with pytest.raises(FormatError, match=r"simulate_format: bwd_format='e5m2' is not an FPFormat"):
         simulate_format(nn.ReLU(), FP8_E4M3, "e5m2")

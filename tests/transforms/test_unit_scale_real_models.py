@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from real_models import BUILDERS, VOCAB, t5
 from torch import nn
 
 import unitscale.scaling.functional as U
@@ -22,42 +23,18 @@ from unitscale import resnet18
 from unitscale.errors import CaptureError
 from unitscale.transforms import TransformedModule, unit_scale
 
-transformers = pytest.importorskip("transformers")
-
 BAND = (0.25, 4.0)
-VOCAB = 128
 
 
 def tiny(kind: str, **overrides: Any) -> nn.Module:
-    """A tiny ``transformers`` model built from a config (no weights, no hub), in eval mode.
+    """A tiny ``transformers`` model from ``real_models``, its config changed by ``overrides``.
 
     ``kind``: ``gpt2``, ``llama`` (causal LMs), ``bert``, ``t5`` (base models) or ``t5-lm``
     (T5 with its tied language-model head).
     """
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, T5ForConditionalGeneration
-
-    sizes: dict[str, dict[str, Any]] = {
-        "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "use_cache": False},
-        "bert": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4},
-        "llama": {
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 64,
-            "use_cache": False,
-        },
-        "t5": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_heads": 4, "use_cache": False},
-    }
-    family = kind.removesuffix("-lm")
-    config = AutoConfig.for_model(family, vocab_size=VOCAB, **{**sizes[family], **overrides})
-    # transformers warns (on its logger) that GPT-2's default bos/eos ids lie outside a tiny vocabulary.
-    config.bos_token_id = config.eos_token_id = None
     if kind == "t5-lm":
-        return T5ForConditionalGeneration(config).eval()
-    builder = AutoModelForCausalLM if kind in ("gpt2", "llama") else AutoModel
-    return builder.from_config(config).eval()
+        return t5(lm_head=True, **overrides)[0]
+    return BUILDERS[kind](**overrides)[0]
 
 
 def _main_output(out: Any) -> torch.Tensor:

@@ -14,5 +14,15 @@ from unitscale.capture._capture import capture as capture
 from unitscale.capture._eager import RecordedOp as RecordedOp
 from unitscale.capture.tools import capture_exec_order as capture_exec_order
 from unitscale.capture.tools import module_paths as module_paths
+from unitscale.capture.tools import trace_exec_order as trace_exec_order
 
-__all__ = ["ROUTES", "GRAPH_ROUTE_NAMES", "Capture", "RecordedOp", "capture", "capture_exec_order", "module_paths"]
+__all__ = [
+    "ROUTES",
+    "GRAPH_ROUTE_NAMES",
+    "Capture",
+    "RecordedOp",
+    "capture",
+    "capture_exec_order",
+    "module_paths",
+    "trace_exec_order",
+]

@@ -1,19 +1,24 @@
 """Tools that read a :class:`~unitscale.capture.Capture`: module paths, execution order.
 
+:func:`trace_exec_order` is the entry point: ``torch.fx`` first, the capture when fx fails.
+
 They read only the normalised meta (:mod:`unitscale.capture._meta`), so one function
 serves every graph route; the eager route has its own record of module calls.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import fx, nn
 
-from unitscale.capture._capture import Capture
+from unitscale.capture._capture import Capture, capture
 from unitscale.capture._meta import stack_entries
+from unitscale.errors import NotAModuleError, TraceError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
-from unitscale.fx.tracers import ExecOrder, ParamUsageInfo, trace_exec_order
+from unitscale.fx.tracers import ExecOrder, ParamUsageInfo, fx_exec_order
 
-__all__ = ["capture_exec_order", "module_paths"]
+__all__ = ["capture_exec_order", "module_paths", "trace_exec_order"]
 
 
 def module_paths(cap: Capture) -> dict[str, str]:
@@ -149,7 +154,58 @@ def capture_exec_order(cap: Capture) -> ExecOrder:
     (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
     """
     if cap.route == "fx":
-        return trace_exec_order(cap.module)
+        return fx_exec_order(cap.module)
     if cap.graph_module is None:
         return _eager_exec_order(cap)
     return _graph_exec_order(cap, cap.graph_module)
+
+
+def trace_exec_order(
+    module: nn.Module,
+    concrete_args: dict[str, Any] | None = None,
+    *,
+    example_inputs: Any = None,
+) -> ExecOrder:
+    """Find the order in which ``module``'s submodules run and its parameters are first used.
+
+    Traces symbolically (no data is run) with :class:`~unitscale.fx.ExecOrderTracer`;
+    standard ``torch.nn`` modules are leaves. When ``torch.fx`` cannot trace the module (a
+    ``transformers`` model) and ``example_inputs`` are given, the module is captured by
+    :func:`~unitscale.capture.capture` instead and the order read from the capture
+    (:func:`capture_exec_order`).
+
+    Args:
+        module: the module to trace.
+        concrete_args: passed to :meth:`torch.fx.Tracer.trace` to fix some inputs.
+        example_inputs: a tensor or tuple of positional inputs, used only when fx fails.
+
+    Returns:
+        An :class:`~unitscale.fx.ExecOrder`.
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given;
+            the message says to pass them.
+        InputError: the capture found the example inputs do not fit the module.
+
+    >>> from unitscale import trace_exec_order
+    >>> from unitscale.examples.models import MLP
+    >>> order = trace_exec_order(MLP(4))
+    >>> order.module_names(), order.param_names()
+    (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
+    >>> [type(u.module).__name__ for u in order.module_to_param_usage_infos[order.root]]
+    ['Linear', 'Linear']
+    """
+    try:
+        return fx_exec_order(module, concrete_args)
+    except NotAModuleError:
+        raise
+    except Exception as e:
+        if example_inputs is None:
+            if isinstance(e, TraceError):
+                raise TraceError(
+                    f"{e} Or pass example_inputs=... and trace_exec_order() captures the model with "
+                    "torch.export instead (unitscale.capture)."
+                ) from e
+            raise
+        return capture_exec_order(capture(module, example_inputs))

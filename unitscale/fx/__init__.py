@@ -18,7 +18,7 @@ from unitscale.fx.tracers import LeafTracer as LeafTracer
 from unitscale.fx.tracers import ModulePathTracer as ModulePathTracer
 from unitscale.fx.tracers import ParamUsageInfo as ParamUsageInfo
 from unitscale.fx.tracers import TaggingTracer as TaggingTracer
-from unitscale.fx.tracers import trace_exec_order as trace_exec_order
+from unitscale.fx.tracers import fx_exec_order as fx_exec_order
 
 __all__ = [
     "DeepTracer",
@@ -28,7 +28,7 @@ __all__ = [
     "ExecOrderTracer",
     "ExecOrder",
     "ParamUsageInfo",
-    "trace_exec_order",
+    "fx_exec_order",
     "inline",
     "invert",
     "register_inverse",

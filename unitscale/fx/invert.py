@@ -12,7 +12,7 @@ import torch
 from torch import fx, nn
 from torch.fx.proxy import GraphAppendingTracer
 
-from unitscale.errors import NotAModuleError, NotInvertibleError, TraceError
+from unitscale.errors import NotAModuleError, NotCallableError, NotInvertibleError, TraceError
 from unitscale.fx.inline import inline
 from unitscale.fx.nodes import op_name
 from unitscale.fx.tracers import LeafTracer
@@ -78,7 +78,7 @@ def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
         g: its inverse: ``f(g(y)) == y`` for ``y`` in ``f``'s range.
 
     Raises:
-        NotAModuleError: ``f`` or ``g`` is not callable.
+        NotCallableError: ``f`` or ``g`` is not callable.
 
     >>> import torch
     >>> from unitscale import invert, register_inverse
@@ -89,7 +89,7 @@ def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
     """
     for name, fn in (("f", f), ("g", g)):
         if not callable(fn):
-            raise NotAModuleError(
+            raise NotCallableError(
                 f"register_inverse({name}=...) got {type(fn).__name__} {fn!r:.60}; pass a function of one tensor"
             )
     _INVERSES[_key(f)] = g

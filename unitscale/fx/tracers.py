@@ -41,7 +41,7 @@ import torch
 from torch import fx, nn
 from torch.fx.node import Argument, Target
 
-from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError, UnitscaleError
+from unitscale.errors import InputError, NotAModuleError, PredicateError, UnitscaleError
 from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
@@ -56,7 +56,7 @@ __all__ = [
     "ExecOrderTracer",
     "ExecOrder",
     "ParamUsageInfo",
-    "trace_exec_order",
+    "fx_exec_order",
 ]
 
 DEFAULT_TAG = "untagged"
@@ -586,9 +586,9 @@ class ExecOrder:
         root: the traced module, used to name things.
 
     >>> from torch import nn
-    >>> from unitscale import trace_exec_order
+    >>> from unitscale.fx import fx_exec_order
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
-    >>> order = trace_exec_order(model)
+    >>> order = fx_exec_order(model)
     >>> order.module_forward_order == [model, model[0], model[1]]
     True
     >>> order
@@ -726,56 +726,17 @@ class ExecOrderTracer(_Tracer):
         return proxy
 
 
-def trace_exec_order(
-    module: nn.Module,
-    concrete_args: dict[str, Any] | None = None,
-    *,
-    example_inputs: Any = None,
-) -> ExecOrder:
-    """Find the order in which ``module``'s submodules run and its parameters are first used.
+def fx_exec_order(module: nn.Module, concrete_args: dict[str, Any] | None = None) -> ExecOrder:
+    """:class:`ExecOrder` of ``module`` from a symbolic trace with :class:`ExecOrderTracer` (no data run).
 
-    Traces symbolically (no data is run) with :class:`ExecOrderTracer`; standard
-    ``torch.nn`` modules are leaves. When ``torch.fx`` cannot trace the module (a
-    ``transformers`` model) and ``example_inputs`` are given, the module is captured by
-    :func:`unitscale.capture.capture` instead and the order read from the capture
-    (:func:`unitscale.capture.capture_exec_order`).
+    :func:`unitscale.trace_exec_order` calls this first, and captures the model another way
+    when ``torch.fx`` cannot trace it.
 
-    Args:
-        module: the module to trace.
-        concrete_args: passed to :meth:`torch.fx.Tracer.trace` to fix some inputs.
-        example_inputs: a tensor or tuple of positional inputs, used only when fx fails.
-
-    Returns:
-        An :class:`ExecOrder`.
-
-    Raises:
-        NotAModuleError: ``module`` is not an ``nn.Module``.
-        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given;
-            the message says to pass them.
-        InputError: the capture found the example inputs do not fit the module.
-
-    >>> from unitscale import trace_exec_order
     >>> from unitscale.examples.models import MLP
-    >>> order = trace_exec_order(MLP(4))
-    >>> order.module_names(), order.param_names()
-    (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
-    >>> [type(u.module).__name__ for u in order.module_to_param_usage_infos[order.root]]
-    ['Linear', 'Linear']
+    >>> from unitscale.fx import fx_exec_order
+    >>> fx_exec_order(MLP(4)).module_names()
+    ['', 'fc1', 'act', 'fc2']
     """
     tracer = ExecOrderTracer()
-    try:
-        tracer.trace(module, concrete_args)
-    except NotAModuleError:
-        raise
-    except Exception as e:
-        if example_inputs is None:
-            if isinstance(e, TraceError):
-                raise TraceError(
-                    f"{e} Or pass example_inputs=... and trace_exec_order() captures the model with "
-                    "torch.export instead (unitscale.capture)."
-                ) from e
-            raise
-        from unitscale.capture import capture, capture_exec_order  # the capture layer is built on this module
-
-        return capture_exec_order(capture(module, example_inputs))
+    tracer.trace(module, concrete_args)
     return tracer.exec_order

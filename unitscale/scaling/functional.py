@@ -70,6 +70,31 @@ __all__ = [
 ]
 
 
+# Torch's own errors on arguments that do not fit (shapes, dtypes) are re-raised by the ops
+# below as InputError naming the op, every argument's shape and what fits. A try block costs
+# nothing until something raises, so the happy path pays no shape checks of ours.
+_TORCH_ERRORS = (RuntimeError, ValueError, IndexError, TypeError)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, _torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return f"{value!r:.60}"
+
+
+def _tracing(error: Exception, *args: object) -> bool:
+    # Tracers raise through these ops too (fx proxies, symbolic shapes, TorchDynamo, fake
+    # tensors): those failures are the tracer's to report, not a misfit of the caller's shapes.
+    if type(error).__module__.startswith(("torch.fx", "torch._dynamo", "torch._subclasses")):
+        return True
+    return any(isinstance(a, _torch.fx.Proxy) for a in args)
+
+
+def _misfit(op: str, error: Exception, fits: str, **args: object) -> _errors.InputError:
+    got = ", ".join(f"{name}={_describe(v)}" for name, v in args.items() if v is not None)
+    return _errors.InputError(f"{op}: {got} do not fit; {fits}. torch said {type(error).__name__}: {error}")
+
+
 class _ScaleFwdBwd(_torch.autograd.Function):
     """Multiply by one number in the forward pass and by another in the backward pass."""
 
@@ -494,12 +519,27 @@ def layer_norm(
     >>> round(w.grad.std().item(), 1)
     1.0
     """
-    batch_scale = _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1))
-    if weight is not None:
-        weight = scale(weight, 1.0, batch_scale)
-    if bias is not None:
-        bias = scale(bias, 1.0, batch_scale)
-    return _F.layer_norm(input, normalized_shape, weight, bias, eps)
+    try:
+        batch_scale = _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1))
+        if weight is not None:
+            weight = scale(weight, 1.0, batch_scale)
+        if bias is not None:
+            bias = scale(bias, 1.0, batch_scale)
+        return _F.layer_norm(input, normalized_shape, weight, bias, eps)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, input, weight, bias):
+            raise
+        raise _misfit(
+            "layer_norm",
+            e,
+            "input's trailing dims must equal normalized_shape (a tuple of ints); weight and bias have that shape",
+            input=input,
+            normalized_shape=normalized_shape,
+            weight=weight,
+            bias=bias,
+        ) from e
 
 
 def embedding(
@@ -539,8 +579,21 @@ def embedding(
     >>> round(w.grad.std().item(), 1)
     1.0
     """
-    weight = scale(weight, 1.0, _inv_sqrt(input.numel() / weight.shape[0]))
-    return _F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    try:
+        weight = scale(weight, 1.0, _inv_sqrt(input.numel() / weight.shape[0]))
+        return _F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, input, weight):
+            raise
+        raise _misfit(
+            "embedding",
+            e,
+            "input holds integer indices (int64 or int32) below weight.shape[0], weight is 2-D (vocab, dim)",
+            input=input,
+            weight=weight,
+        ) from e
 
 
 def _check_p(op: str, p: float, name: str = "p") -> float:
@@ -628,16 +681,31 @@ def cross_entropy(
     >>> round(logits.grad.std().item(), 1)
     1.0
     """
-    classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
-    batch = input.numel() // max(classes, 1)
-    # E[sum_j (s_j - y_j)^2] = E[sum_j s_j^2] - 2 E[s_target] + 1, with E[sum s^2] = (f^2 + 1) / n
-    # and E[s_target] = 1 / n for a target independent of the logits.
-    f = _stats.log_interp(classes, _stats.OUT)
-    grad_var = (1 + (f * f - 1) / classes) / classes if classes > 1 else 1.0
-    mean = reduction == "mean" and reduce is not False and size_average is not False
-    grad_scale = grad_var**-0.5 * (batch if mean else 1)
-    input = scale(input, 1.0, grad_scale)
-    return _F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    try:
+        classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
+        batch = input.numel() // max(classes, 1)
+        # E[sum_j (s_j - y_j)^2] = E[sum_j s_j^2] - 2 E[s_target] + 1, with E[sum s^2] = (f^2 + 1) / n
+        # and E[s_target] = 1 / n for a target independent of the logits.
+        f = _stats.log_interp(classes, _stats.OUT)
+        grad_var = (1 + (f * f - 1) / classes) / classes if classes > 1 else 1.0
+        mean = reduction == "mean" and reduce is not False and size_average is not False
+        grad_scale = grad_var**-0.5 * (batch if mean else 1)
+        input = scale(input, 1.0, grad_scale)
+        return _F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, input, target, weight):
+            raise
+        raise _misfit(
+            "cross_entropy",
+            e,
+            "input is float logits (batch, classes, ...) or (classes,); target is int64 class indices "
+            "(batch, ...) below classes, or float probabilities shaped like input; weight is (classes,)",
+            input=input,
+            target=target,
+            weight=weight,
+        ) from e
 
 
 def scaled_dot_product_attention(
@@ -692,34 +760,51 @@ def scaled_dot_product_attention(
     dropout_p = _check_p("scaled_dot_product_attention", dropout_p, "dropout_p")
     if dropout_p == 1:
         raise _errors.InputError("scaled_dot_product_attention: dropout_p=1 drops every weight; pass a value below 1")
-    queries, keys = query.shape[-2], key.shape[-2]
-    weight_sq, grad_sq = _stats.attention_row_stats(queries, keys, is_causal)
-    keep = 1 - dropout_p
-    # Key and value gradients sum over queries (and over the query heads sharing a key head).
-    share = queries / keys * (query.shape[-3] // key.shape[-3] if enable_gqa and query.dim() >= 3 else 1)
-    score_scale = query.shape[-1] ** -0.5 if scale is None else scale
-    query_grad_var = score_scale**2 * value.shape[-1] * grad_sq / keep
-    output_scale, query_scale, key_scale, value_scale = _constrain(
-        constraint,
-        (weight_sq / keep) ** -0.5,
-        query_grad_var**-0.5,
-        (share * query_grad_var) ** -0.5,
-        (share * weight_sq / keep) ** -0.5,
-    )
-    # The output's backward scale reaches query, key and value; adjust the first two.
-    query = _scale(query, 1.0, query_scale / value_scale)
-    key = _scale(key, 1.0, key_scale / value_scale)
-    out = _F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=enable_gqa,
-    )
-    return _scale(out, output_scale, value_scale)
+    try:
+        queries, keys = query.shape[-2], key.shape[-2]
+        weight_sq, grad_sq = _stats.attention_row_stats(queries, keys, is_causal)
+        keep = 1 - dropout_p
+        # Key and value gradients sum over queries (and over the query heads sharing a key head).
+        share = queries / keys * (query.shape[-3] // key.shape[-3] if enable_gqa and query.dim() >= 3 else 1)
+        score_scale = query.shape[-1] ** -0.5 if scale is None else scale
+        query_grad_var = score_scale**2 * value.shape[-1] * grad_sq / keep
+        output_scale, query_scale, key_scale, value_scale = _constrain(
+            constraint,
+            (weight_sq / keep) ** -0.5,
+            query_grad_var**-0.5,
+            (share * query_grad_var) ** -0.5,
+            (share * weight_sq / keep) ** -0.5,
+        )
+        # The output's backward scale reaches query, key and value; adjust the first two.
+        query = _scale(query, 1.0, query_scale / value_scale)
+        key = _scale(key, 1.0, key_scale / value_scale)
+        out = _F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        return _scale(out, output_scale, value_scale)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, query, key, value, attn_mask):
+            raise
+        raise _misfit(
+            "scaled_dot_product_attention",
+            e,
+            "query (..., L, E), key (..., S, E) and value (..., S, Ev) share their leading dims "
+            "(key and value heads may divide query heads with enable_gqa=True), "
+            "attn_mask broadcasts to (..., L, S)",
+            query=query,
+            key=key,
+            value=value,
+            attn_mask=attn_mask,
+        ) from e
 
 
 def addmm(

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
-from unitscale.errors import InputError, PipelineError
+from unitscale.errors import InputError, PipelineError, UnknownScheduleError
 from unitscale.stages.costs import flat_inputs
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def _check_timeout(timeout: Any) -> float:
 
 def _check_args(inputs: tuple[Any, ...], num_microbatches: int, schedule: str, num_stages: int) -> None:
     if schedule not in SCHEDULES:
-        raise PipelineError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
+        raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise InputError(f"num_microbatches={num_microbatches!r} must be an int >= 1")
     if not inputs:
@@ -484,7 +484,8 @@ def run_pipeline(
             a batch size ``num_microbatches`` does not divide; a ``target`` whose
             batch differs from the inputs'; a ``timeout`` that is not a finite
             number > 0; ``plan`` not a :class:`~unitscale.StagePlan`.
-        PipelineError: an unknown schedule, something unpicklable, a worker that
+        UnknownScheduleError: a schedule other than ``"gpipe"`` and ``"1f1b"``.
+        PipelineError: something unpicklable, a worker that
             failed or a timeout. The message's first line names the failing stage
             and its cause (exception type and message, exit code or signal); the
             worker's traceback follows.

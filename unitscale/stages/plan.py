@@ -66,10 +66,25 @@ METHODS = ("optimal", "equal_count", "greedy_threshold")
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
     """Idle share of a GPipe/1F1B pipeline: ``(p - 1) / (m + p - 1)``.
 
+    Args:
+        num_stages: ``p``, an int >= 1.
+        num_microbatches: ``m``, an int >= 1.
+
+    Returns:
+        The fraction of the schedule each stage spends idle, in ``[0, 1)``.
+
+    Raises:
+        StageCountError: ``num_stages`` is not an int >= 1.
+        InputError: ``num_microbatches`` is not an int >= 1.
+
     >>> from unitscale.stages import bubble_fraction
     >>> bubble_fraction(4, 8)
     0.2727272727272727
     """
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise StageCountError(f"bubble_fraction: num_stages={num_stages!r} must be an int >= 1")
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise InputError(f"bubble_fraction: num_microbatches={num_microbatches!r} must be an int >= 1")
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -584,14 +599,15 @@ def partition(
             smallest sum of squared stage costs, when that search is cheap), or a baseline: ``"equal_count"``
             (the same number of pieces per stage), ``"greedy_threshold"`` (close a
             stage once it reaches ``total / num_stages``).
-        repeats: timings per node for ``cost="time"``.
+        repeats: timings per node for ``cost="time"``, an int >= 1 (other costs ignore it).
 
     Returns:
         The :class:`StagePlan`.
 
     Raises:
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
-        CostError: unknown ``cost`` or ``method``, or a callable returned a negative, NaN or non-number.
+        CostError: unknown ``cost`` or ``method``, ``repeats`` not an int >= 1, or a callable
+            returned a negative, NaN or non-number.
         InputError: ``example_inputs`` do not fit the model.
         NoRouteError: neither ``torch.fx`` nor ``torch.export`` can capture the model (a
             :class:`~unitscale.errors.TraceError`); the message gives each route's reason.
@@ -613,6 +629,10 @@ def partition(
         )
     if method not in METHODS:
         raise CostError(f"unknown method {method!r}; use one of {', '.join(map(repr, METHODS))}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise CostError(
+            f"partition: repeats={repeats!r} must be an int >= 1 (how many times cost='time' times each node)"
+        )
     if boundary_depth is not None and (
         isinstance(boundary_depth, bool) or not isinstance(boundary_depth, int) or boundary_depth < 1
     ):

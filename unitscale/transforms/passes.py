@@ -19,7 +19,14 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import unitscale.scaling.functional as U
-from unitscale.errors import FormatError, NotAModuleError, ReplaceMapError, UnscaledOpsError
+from unitscale.errors import (
+    FormatError,
+    InputError,
+    NotAModuleError,
+    NotCallableError,
+    ReplaceMapError,
+    UnscaledOpsError,
+)
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unitscale.transforms.dynamo import GraphTransform, TransformedModule
 from unitscale.transforms.unit_scale_pass import UnitScalePass
@@ -47,7 +54,8 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
         The wrapped module (``module`` itself is not changed).
 
     Raises:
-        NotAModuleError: ``module`` is not an ``nn.Module`` or ``transform`` is not callable.
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        NotCallableError: ``transform`` is not callable.
         TransformError: (when the wrapped module is first called) ``transform`` raised or
             did not return an ``fx.GraphModule``.
 
@@ -68,7 +76,7 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"apply_transform: expected an nn.Module, got {type(module).__name__}")
     if not callable(transform):
-        raise NotAModuleError(
+        raise NotCallableError(
             f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
         )
     if isinstance(module, TransformedModule):
@@ -126,7 +134,7 @@ def unit_scale(
     Args:
         module: the model.
         replace: extra or overriding replacements, ``{torch function: replacement}``.
-        strict: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
+        strict: ``True``: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
 
     Returns:
         A :class:`TransformedModule`; the capture (and the check) happens on its first call.
@@ -134,6 +142,7 @@ def unit_scale(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
+        InputError: ``strict`` is not a bool.
         CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph,
             or the forward returns an object that is not a tensor or a plain value (a
             ``transformers`` KV cache: build the model with ``use_cache=False``).
@@ -150,6 +159,8 @@ def unit_scale(
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"unit_scale: expected an nn.Module, got {type(module).__name__}")
+    if not isinstance(strict, bool):
+        raise InputError(f"unit_scale: strict={strict!r:.60} is a {type(strict).__name__}; pass True or False")
     replacements = _check_replace(replace)
     inner = module.module if isinstance(module, TransformedModule) else module
     earlier = module.transforms if isinstance(module, TransformedModule) else ()
