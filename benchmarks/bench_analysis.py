@@ -7,8 +7,11 @@ on the same model and input shapes. Target: <= 1.15x in both. Models: TinyGPT, F
 written differently: one fused qkv projection, explicit ``torch.softmax`` attention),
 ``unitscale.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
 weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
-``torch.fx`` traces the model, else ``eager`` (ops recorded as they run). If Graphcore's
-``unit-scaling`` is importable, its ratio (it traces on every call) is printed for the GPTs.
+``torch.fx`` traces the model, else ``eager`` (ops recorded as they run); a model fx cannot
+trace gets a second row with ``capture="export"`` (the exported graph's listing; quick mode:
+Llama only). Ratios by wall time and by process CPU time (steadier on a shared machine).
+``--threads N`` (default 2). If Graphcore's ``unit-scaling`` is importable, its ratio (it
+traces on every call) is printed for the GPTs.
 """
 
 from __future__ import annotations
