@@ -88,7 +88,7 @@ def _zoo() -> dict[str, tuple[Callable[[], nn.Module], torch.Tensor]]:
     zoo: dict[str, tuple[Callable[[], nn.Module], torch.Tensor]] = {
         "TinyGPT": (lambda: TinyGPT(VOCAB, WIDTH, LAYERS, HEADS, SEQ), ids),
         "FusedGPT": (lambda: FusedGPT(VOCAB, WIDTH, LAYERS, HEADS, SEQ), ids),
-        "resnet18": (lambda: resnet18(num_classes=10, width=32), torch.randn(BATCH, 3, 64, 64)),
+        "resnet18": (lambda: resnet18(num_classes=10), torch.randn(BATCH, 3, 64, 64)),
     }
     try:
         import transformers  # noqa: F401
@@ -158,7 +158,7 @@ def main(quick: bool = False, threads: int = 2) -> list[dict]:
     rows = []
     print(
         f"batch {batch}; GPTs: width {WIDTH}, {LAYERS} layers, {HEADS} heads, seq {SEQ}, vocab {VOCAB}; "
-        f"resnet18: width 32, 64x64 images; {threads} threads, best of {repeats}, GC off while timed"
+        f"resnet18: width 64, 64x64 images; {threads} threads, best of {repeats}, GC off while timed"
     )
     print("ratios to plain forward+backward, by wall time (by CPU time)")
     print(f"{'model':<10} {'capture':>8} {'first call':>17} {'cached':>15} {'plain ms':>9}  unit_scaling")
