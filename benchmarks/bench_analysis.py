@@ -149,8 +149,8 @@ def _output(out: Any) -> torch.Tensor:
 def main(quick: bool = False, threads: int = 2) -> list[dict]:
     """Time plain forward+backward and ``analyse_module`` (first call, cached) per model; print and return rows."""
     torch.set_num_threads(threads)
-    repeats = 3 if quick else 11
-    batch = 2 if quick else BATCH  # quick: a quarter of the work, still tens of milliseconds a pass
+    repeats = 2 if quick else 11
+    batch = BATCH // 2 if quick else BATCH  # quick: half the work, still tens of milliseconds a pass
     try:
         from unit_scaling.utils import analyse_module as theirs  # type: ignore[import-not-found]
     except ImportError:
