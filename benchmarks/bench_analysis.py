@@ -1,104 +1,225 @@
-"""analyse_module time / plain forward+backward time, on TinyGPT (4 layers, d=256, seq 128, batch 8).
+"""Scale-tracking overhead on a zoo of models: ``analyse_module`` time / plain forward+backward time.
 
-The ratio is the cost of scale tracking: interpreting the graph and one std per tensor in
-forward and backward (a sum and a dot product on the CPU). The trace is cached per module;
-the "first call" row adds tracing and generating the code. Target: <= 1.15x. If
-Graphcore's ``unit-scaling`` package is importable (``unit_scaling.utils``), its
-``analyse_module`` ratio on the same model is printed beside ours; it traces on every call,
-so compare it with our first call.
+The ratio is the cost of scale tracking: capturing the model, running it so that every tensor
+is seen, and one std per tensor in forward and backward. The "first call" column starts from
+empty caches (the capture and the code listing are made again); "cached" is every later call
+on the same model and input shapes. Target: <= 1.15x in both. Models: TinyGPT, FusedGPT (a GPT
+written differently: one fused qkv projection, explicit ``torch.softmax`` attention),
+``unitscale.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
+weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
+``torch.fx`` traces the model, else ``eager`` (ops recorded as they run); a model fx cannot
+trace gets a second row with ``capture="export"`` (the exported graph's listing; quick mode:
+Llama only). Ratios by wall time and by process CPU time (steadier on a shared machine).
+``--threads N`` (default 2). If Graphcore's ``unit-scaling`` is importable, its ratio (it
+traces on every call) is printed for the GPTs.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from unitscale import analyse_module
-from unitscale.examples.models import TinyGPT
-from unitscale.tracking import analysis, clear_trace_cache
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
+
+from unitscale import analyse_module, track_scales  # noqa: E402
+from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
+from unitscale.tracking import analysis, clear_trace_cache  # noqa: E402
+
+BATCH, SEQ, WIDTH, LAYERS, HEADS, VOCAB = 8, 128, 256, 4, 4, 512
+
+
+class FusedBlock(nn.Module):
+    """A pre-norm GPT block written as many codebases write it: fused qkv, explicit softmax attention."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
+        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class FusedGPT(nn.Module):
+    """TinyGPT's shape, written with :class:`FusedBlock` and no ``nn.MultiheadAttention``."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.h = nn.ModuleList(FusedBlock(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def _transformers(model_type: str, **config: Any) -> nn.Module:
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(model_type, vocab_size=VOCAB, use_cache=False, **config)
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _zoo() -> dict[str, tuple[Callable[[], nn.Module], torch.Tensor]]:
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    zoo: dict[str, tuple[Callable[[], nn.Module], torch.Tensor]] = {
+        "TinyGPT": (lambda: TinyGPT(VOCAB, WIDTH, LAYERS, HEADS, SEQ), ids),
+        "FusedGPT": (lambda: FusedGPT(VOCAB, WIDTH, LAYERS, HEADS, SEQ), ids),
+        "resnet18": (lambda: resnet18(num_classes=10), torch.randn(BATCH, 3, 64, 64)),
+    }
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("(transformers is not installed: no GPT-2 or Llama rows)")
+        return zoo
+    gpt2 = dict(n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=SEQ, bos_token_id=0, eos_token_id=0)
+    llama = dict(
+        hidden_size=WIDTH,
+        intermediate_size=4 * WIDTH,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS // 2,
+        max_position_embeddings=SEQ,
+    )
+    zoo["GPT-2"] = (lambda: _transformers("gpt2", **gpt2), ids)
+    zoo["Llama"] = (lambda: _transformers("llama", **llama), ids)
+    return zoo
+
+
+def _time(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and process CPU time of one call with Python's cyclic garbage collector off, as in :mod:`timeit`."""
+    gc.collect()
+    gc.disable()
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        return time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        gc.enable()
 
 
 def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
-    """Best wall time and best process CPU time of each function over ``repeats`` rounds.
+    """Best wall and best CPU time of each function over ``repeats`` rounds, taking turns in each round.
 
-    The functions take turns within each round, so a busy machine slows them alike; the
-    best time is the least disturbed one. CPU time is reported too: on a machine shared
-    with other jobs it is the steadier of the two. As in :mod:`timeit`, Python's cyclic
-    garbage collector is off while a function is timed (and run before it), so no call
-    pays for collecting the garbage of another.
+    Taking turns makes a busy machine slow them alike; the best time is the least disturbed.
+    CPU time is the steadier of the two on a machine shared with other jobs.
     """
-    for fn in fns.values():
-        fn()
-    best = {name: (float("inf"), float("inf")) for name in fns}
+    best = {name: (math.inf, math.inf) for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            gc.collect()
-            gc.disable()
-            try:
-                wall, cpu = time.perf_counter(), time.process_time()
-                fn()
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            finally:
-                gc.enable()
+            wall, cpu = _time(fn)
             best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
     return best
 
 
-def main(quick: bool = False) -> list[dict]:
-    """Time plain forward+backward and ``analyse_module`` on TinyGPT; print and return the rows."""
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    # the same model in quick mode: a smaller one would overstate the fixed per-node costs
-    layers, d, seq, batch = 4, 256, 128, 8
-    repeats = 3 if quick else 21
-    model = TinyGPT(vocab_size=64, d_model=d, n_layers=layers, n_heads=4, seq_len=seq)
-    idx = torch.randint(0, 64, (batch, seq))
-    grad = torch.randn(batch, seq, 64)
+def _forget_captures() -> None:
+    """Empty every cache a first call fills: fx traces, exported graphs, parsed code."""
+    clear_trace_cache()
+    analysis._exported.clear()
+    analysis._code_lines.cache_clear()
 
-    def plain() -> None:
-        model(idx).backward(grad)
-        model.zero_grad(set_to_none=True)
 
-    def ours() -> None:
-        analyse_module(model, idx, grad, syntax_highlight=False)
+def _output(out: Any) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.logits if hasattr(out, "logits") else out[0]
 
-    def ours_fresh() -> None:
-        clear_trace_cache()  # as on the first call: trace, then track
-        analysis._code_lines.cache_clear()  # and parse the code for annotating
-        ours()
 
-    fns: dict[str, Callable[[], object]] = {
-        "plain forward+backward": plain,
-        "analyse_module (trace cached)": ours,
-        "analyse_module, first call": ours_fresh,
-    }
+def main(quick: bool = False, threads: int = 2) -> list[dict]:
+    """Time plain forward+backward and ``analyse_module`` (first call, cached) per model; print and return rows."""
+    torch.set_num_threads(threads)
+    repeats = 2 if quick else 11
+    batch = BATCH // 2 if quick else BATCH  # quick: half the work, still tens of milliseconds a pass
     try:
         from unit_scaling.utils import analyse_module as theirs  # type: ignore[import-not-found]
     except ImportError:
         theirs = None
-    if theirs is not None:
-        fns["unit_scaling.analyse_module"] = lambda: theirs(model, idx, grad, syntax_highlight=False)
-    best = _best_times(fns, repeats)
-    wall0, cpu0 = best["plain forward+backward"]
-    rows = [
-        {"what": name, "seconds": wall, "ratio": wall / wall0, "cpu_seconds": cpu, "cpu_ratio": cpu / cpu0}
-        for name, (wall, cpu) in best.items()
-    ]
-    print(f"TinyGPT(n_layers={layers}, d_model={d}), batch {batch} x seq {seq}, 2 threads, best of {repeats}")
-    print(f"{'what':<36} {'wall ms':>9} {'ratio':>7} {'cpu ms':>9} {'ratio':>7}")
-    for row in rows:
-        print(
-            f"{row['what']:<36} {row['seconds'] * 1e3:>9.1f} {row['ratio']:>6.2f}x"
-            f" {row['cpu_seconds'] * 1e3:>9.1f} {row['cpu_ratio']:>6.2f}x"
-        )
+    rows = []
+    print(
+        f"batch {batch}; GPTs: width {WIDTH}, {LAYERS} layers, {HEADS} heads, seq {SEQ}, vocab {VOCAB}; "
+        f"resnet18: width 64, 64x64 images; {threads} threads, best of {repeats}, GC off while timed"
+    )
+    print("ratios to plain forward+backward, by wall time (by CPU time)")
+    print(f"{'model':<10} {'capture':>8} {'first call':>17} {'cached':>15} {'plain ms':>9}  unit_scaling")
+    for name, (build, x) in _zoo().items():
+        torch.manual_seed(0)
+        model, x = build(), x[:batch]
+        grad = torch.randn_like(_output(model(x)))
+        _forget_captures()
+        route = track_scales(model, x, grad, abs_max=False).capture
+        # where fx cannot trace, also the export route (what "auto" took before it recorded eagerly);
+        # quick mode times it on Llama only: one export costs about a second
+        routes = [route] if route == "fx" or (quick and name != "Llama") else [route, "export"]
+        for capture in routes:
+            row = _measure(name, model, x, grad, capture, repeats, theirs if name.endswith("GPT") else None)
+            row["capture"] = capture
+            rows.append(row)
+            theirs_cell = f"{row['unit_scaling']:.2f}x" if "unit_scaling" in row else "-"
+            print(
+                f"{name:<10} {capture:>8} {row['first call']:>7.2f}x ({row['first call cpu']:.2f}x)"
+                f" {row['cached']:>6.2f}x ({row['cached cpu']:.2f}x) {row['plain ms']:>9.1f}  {theirs_cell}"
+            )
     if theirs is None:
-        print("(unit-scaling is not installed: no side-by-side row)")
+        print("(unit-scaling is not installed: no side-by-side column)")
     return rows
 
 
+def _measure(
+    name: str, model: nn.Module, x: torch.Tensor, grad: torch.Tensor, capture: str, repeats: int, theirs: Any
+) -> dict[str, Any]:
+    def plain() -> None:
+        _output(model(x)).backward(grad)
+        model.zero_grad(set_to_none=True)
+
+    def cached() -> None:
+        analyse_module(model, x, grad, syntax_highlight=False, capture=capture)
+
+    def first() -> None:
+        _forget_captures()
+        cached()
+
+    fns: dict[str, Callable[[], object]] = {"plain": plain, "cached": cached, "first": first}
+    if theirs is not None:
+        fns["theirs"] = lambda: theirs(model, x, grad, syntax_highlight=False)
+    plain()  # warm-up: allocator, lazy imports, one-time kernel choices
+    cached()
+    best = _best_times(fns, repeats)
+    (wall, cpu) = best["plain"]
+    row = {
+        "model": name,
+        "capture": capture,
+        "first call": best["first"][0] / wall,
+        "cached": best["cached"][0] / wall,
+        "first call cpu": best["first"][1] / cpu,
+        "cached cpu": best["cached"][1] / cpu,
+        "plain ms": wall * 1e3,
+    }
+    if "theirs" in best:
+        row["unit_scaling"] = best["theirs"][0] / wall
+    return row
+
+
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+    main(quick="--quick" in sys.argv, threads=threads)

@@ -51,7 +51,7 @@ def main(quick: bool = False) -> list[dict]:
     repeats = 1 if quick else 3
     rows = []
     print(f"capture time per route (seconds, best of {repeats}); 'fails' where the route cannot capture the model")
-    print(f"{'model':<10}" + "".join(f"{r:>16}" for r in routes))
+    print(f"{'model':<10}" + "".join(f"{r:>20}" for r in routes))
     for name, build in _zoo().items():
         model, inputs = build()
         cells = []
@@ -67,9 +67,9 @@ def main(quick: bool = False) -> list[dict]:
                     break
                 best = min(best, time.perf_counter() - start)
                 torch._dynamo.reset()  # so a repeat does not reuse TorchDynamo's cache
-            rows.append({"model": name, "route": route, "seconds": None if failure else best, "failure": failure})
-            cells.append(f"fails ({failure[:8]})" if failure else f"{best:.2f}")
-        print(f"{name:<10}" + "".join(f"{c:>16}" for c in cells))
+            rows.append({"model": name, "route": route, "seconds": "fails" if failure else best, "why": failure})
+            cells.append(f"fails ({failure})" if failure else f"{best:.2f}")
+        print(f"{name:<10}" + "".join(f"{c:>20}" for c in cells))
     return rows
 
 

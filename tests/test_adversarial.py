@@ -772,7 +772,7 @@ MODEL_CASES: dict[str, ModelCase] = {
         "probe",
         lambda m: track_scales(m, X, capture="jit"),
         InputError,
-        ("capture must be 'auto', 'fx' or 'eager'", "'jit'"),
+        ("capture must be 'auto', 'fx', 'export' or 'eager'", "'jit'"),
     ),
     "track-scales-int-output": ModelCase("intout", lambda m: track_scales(m, X), NoFloatOutputError, ("IntOut",)),
     "track-scales-fx-untraceable": ModelCase(

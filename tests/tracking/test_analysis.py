@@ -437,7 +437,7 @@ def test_model_with_no_float_output_raises_no_float_output_error() -> None:
 
 
 def test_unknown_capture_raises_input_error() -> None:
-    with pytest.raises(InputError, match="capture must be 'auto', 'fx' or 'eager', got 'jit'"):
+    with pytest.raises(InputError, match="capture must be 'auto', 'fx', 'export' or 'eager', got 'jit'"):
         track_scales(MLP(4), torch.randn(2, 4), capture="jit")
 
 

@@ -4,10 +4,12 @@ The model is traced with a :class:`~unitscale.DeepTracer` that also records
 module paths, run by a :class:`ScaleTrackingInterpreter` that records every
 floating-point node output, and backpropagated once. On an accelerator the stds stay on
 the device until one read at the end. When ``torch.fx`` cannot trace the model
-the model is captured by ``torch.export`` (:mod:`unitscale.capture`; what
-``transformers`` models need) and its flat graph is run the same way, each line of
-the listing naming its module; when that fails too (data-dependent control flow) the
-ops are recorded as they run instead (``unitscale.tracking.eager``).
+(``transformers`` models, data-dependent control flow) the ops are recorded as they run
+instead (``unitscale.tracking.eager``), each with its module path: that costs about as
+much as the fx route, while a ``torch.export`` capture costs several tracked passes.
+``capture="export"`` asks for one anyway (:mod:`unitscale.capture`, cached per module and
+input signature): its flat graph is run the same way, each line of the listing naming
+its module.
 """
 
 from __future__ import annotations
@@ -269,7 +271,8 @@ def _annotate_capture(trace: Trace, rows: list[ScaleRow], model: str, failure: s
     """The exported graph's code, each assignment annotated with its scale and module path."""
     paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in trace.graph.nodes}
     by_name = {r.node: r for r in rows}
-    lines = [f"# {model}: captured by torch.export; torch.fx could not trace it at {failure}"]
+    why = f"; torch.fx could not trace it at {failure}" if failure else ""
+    lines = [f"# {model}: captured by torch.export{why}"]
     for line, name in _code_lines(trace.code):
         if name in by_name:
             line += f"  # {_marked(by_name[name])}" + (f"  {paths[name]}" if paths.get(name) else "")
@@ -277,9 +280,9 @@ def _annotate_capture(trace: Trace, rows: list[ScaleRow], model: str, failure: s
     return "\n".join(lines)
 
 
-# module -> (key, exported graph or None): an export costs about a second on a small
-# transformer, as much as many tracked passes, so a training loop pays it once.
-_exported: weakref.WeakKeyDictionary[nn.Module, tuple[Any, fx.GraphModule | None]] = weakref.WeakKeyDictionary()
+# module -> (key, exported graph): an export costs about a second on a small transformer,
+# as much as many tracked passes, so a training loop that asks for it pays it once.
+_exported: weakref.WeakKeyDictionary[nn.Module, tuple[Any, fx.GraphModule]] = weakref.WeakKeyDictionary()
 
 
 def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
@@ -301,18 +304,21 @@ def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
     return (_fingerprint(module), tensors, tuple(signature))
 
 
-def _export_or_none(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule | None:
-    """``module``'s graph from :func:`unitscale.capture.capture` (export route), cached; ``None`` if it fails."""
+def _exported_graph(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
+    """``module``'s graph from :func:`unitscale.capture.capture` (export route), cached per input signature.
+
+    Raises what :func:`unitscale.capture.capture` raises when the export fails
+    (:class:`~unitscale.errors.NoRouteError` with the reason).
+    """
     import unitscale.capture  # imports the fx layer this package sits beside: imported when first needed
 
     key = _export_key(module, inputs)
     cached = _exported.get(module)
     if key is not None and cached is not None and cached[0] == key:
         return cached[1]
-    try:
-        gm = unitscale.capture.capture(module, inputs, route="export").graph_module
-    except (CaptureError, InputError):
-        gm = None
+    gm = unitscale.capture.capture(module, inputs, route="export").graph_module
+    if gm is None:  # the export route always gives a graph; a guard for the type checker
+        raise CaptureError(f"torch.export gave no graph for {type(module).__name__}")
     if key is not None:
         _exported[module] = (key, gm)
     return gm
@@ -320,7 +326,8 @@ def _export_or_none(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModul
 
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     width = max([len(r.node) for r in rows] + [4])
-    lines = [f"# {model}: ops recorded as they ran; torch.fx could not trace it at {failure}"]
+    why = f"; torch.fx could not trace it at {failure}" if failure else ""
+    lines = [f"# {model}: ops recorded as they ran{why}"]
     for r in rows:
         where = f" in {r.module_path}" if r.module_path else ""
         lines.append(f"{r.node.ljust(width)}  # {_marked(r)}  {r.op}{where}")
@@ -352,8 +359,11 @@ def track_scales(
             :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
         capture: ``"fx"`` (symbolic trace; fail with :class:`~unitscale.errors.TraceError`
-            if it cannot), ``"eager"`` (record ops as they run) or ``"auto"`` (fx, else
-            ``torch.export`` through :func:`unitscale.capture.capture`, else eager).
+            if it cannot), ``"eager"`` (record ops as they run, each with its module path),
+            ``"export"`` (``torch.export`` through :func:`unitscale.capture.capture`: a graph
+            of aten ops, cached per module and input signature; the first call costs about
+            a second on a small transformer) or ``"auto"`` (fx, else eager: the
+            ops and module paths of an export for a fraction of its cost).
         abs_max: also record each tensor's largest magnitude.
 
     Returns:
@@ -366,6 +376,7 @@ def track_scales(
         BackwardShapeError: ``backward`` does not match the output.
         NoFloatOutputError: the model returns no floating-point tensor.
         TraceError: ``capture="fx"`` and torch.fx cannot trace the model.
+        NoRouteError: ``capture="export"`` and ``torch.export`` cannot capture the model.
 
     >>> import torch
     >>> from unitscale import track_scales
@@ -378,8 +389,8 @@ def track_scales(
     (-> 0.98, <- 0.238)
     """
     module = _check_module(module, "track_scales")
-    if not isinstance(capture, str) or capture not in ("auto", "fx", "eager"):
-        raise InputError(f"capture must be 'auto', 'fx' or 'eager', got {capture!r}")
+    if not isinstance(capture, str) or capture not in _CAPTURES:
+        raise InputError(f"capture must be 'auto', 'fx', 'export' or 'eager', got {capture!r}")
     for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
         if not isinstance(flag, bool):
             raise InputError(f"track_scales({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
@@ -393,10 +404,12 @@ def track_scales(
     if capture == "fx":
         trace = trace_for_scales(module, recurse_modules, autowrap_modules, tuple(autowrap_functions))
     elif capture == "auto":
+        # No export here: its first call costs several tracked passes, and the eager record
+        # has the same ops and module paths (the benchmarks page measures both).
         result = trace_or_reason(module, recurse_modules, autowrap_modules, tuple(autowrap_functions))
         trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
-        if trace is None:
-            exported = _export_or_none(module, inputs)
+    elif capture == "export":
+        exported = _exported_graph(module, inputs)
     # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
     # buffers or assigns to its module is undone (the caller's model is only observed).
     with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
@@ -413,6 +426,9 @@ def track_scales(
         code = _annotate_capture(Trace(exported.graph, (), _graph_code(exported.graph)), rows, model, failure)
         return ScaleReport(rows, model, code, "export", failure)
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
+
+
+_CAPTURES = ("auto", "fx", "export", "eager")
 
 
 def record_scales(module: nn.Module, inputs: Any, backward: Any = None) -> dict[str, ScalePair]:
@@ -512,12 +528,15 @@ def analyse_module(
     syntax_highlight: bool = True,
     autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
+    *,
+    capture: str = "auto",
 ) -> AnnotatedCode:
     """The module's traced code, each line annotated with ``(-> forward std, <- backward std)``.
 
     Runs one forward pass (``inputs``) and one backward pass (``backward``, see
     :func:`track_scales`). A model ``torch.fx`` cannot trace gets a listing of its ops
-    as they ran instead.
+    as they ran instead, each with its module path; ``capture="export"`` gives the
+    ``torch.export`` graph's code instead (aten ops, each line with its module path).
 
     Args:
         module: the model.
@@ -529,13 +548,14 @@ def analyse_module(
             ``unitscale.functional`` and those given to
             :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
+        capture: ``"auto"``, ``"fx"``, ``"export"`` or ``"eager"``, as in :func:`track_scales`.
 
     Returns:
         The annotated code (:class:`AnnotatedCode`, a ``str``).
 
     Raises:
-        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
-        :func:`track_scales`.
+        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError, TraceError,
+        NoRouteError: as :func:`track_scales`.
 
     >>> import torch
     >>> from unitscale import analyse_module
@@ -564,6 +584,7 @@ def analyse_module(
         recurse_modules=recurse_modules,
         autowrap_modules=autowrap_modules,
         autowrap_functions=autowrap_functions,
+        capture=capture,
         abs_max=False,
     )
     return AnnotatedCode(report.code, highlight=syntax_highlight)
