@@ -85,10 +85,10 @@ def test_every_docstring_example_runs_in_a_fresh_namespace():
 
 
 def test_an_example_missing_an_import_is_caught():
-    doc = '''Example:
+    doc = """Example:
         >>> torch.zeros(2).shape
         torch.Size([2])
-    '''
+    """
     assert "NameError: name 'torch' is not defined" in (_failures("missing", doc) or "")
     assert _failures("fine", doc.replace(">>> torch", ">>> import torch\n        >>> torch")) is None
 

@@ -85,7 +85,7 @@ def test_api_reference_groups_by_task_under_the_import_names():
 def test_internals_are_not_documented():
     documented = api_reference.documented_objects()
     short = {name.rsplit(".", 1)[-1] for name in documented}
-    assert not short & {"scratch_space", "KEEP_SCRATCH_BYTES", "reads_at_once", "ScaleTracer", "UnpackProxy"}
+    assert not short & {"scratch_space", "KEEP_SCRATCH_BYTES", "reads_at_once", "DeepPathTracer", "UnpackProxy"}
     # one level below the package at most: unitscale.X or unitscale.<namespace>.X
     assert all(name.count(".") <= 2 for name in documented)
 

@@ -17,7 +17,7 @@ from torch import fx, nn
 from unitscale import MLP, ScalePair, ScaleReport, TinyGPT, analyse_module, record_scales, resnet18, track_scales
 from unitscale.analysis import AnnotatedCode
 from unitscale.errors import BackwardShapeError, InputError, NoFloatOutputError, NotAModuleError, TraceError
-from unitscale.fx.trace_cache import ScaleTracer, trace_for_scales
+from unitscale.fx.trace_cache import DeepPathTracer, trace_for_scales
 
 matplotlib.use("Agg")
 
@@ -319,7 +319,7 @@ def test_report_table_iteration_indexing_and_plot() -> None:
 
 
 def test_scale_tracer_composes_module_paths_with_deep_tracing() -> None:
-    graph = ScaleTracer().trace(MLP(4))
+    graph = DeepPathTracer().trace(MLP(4))
     assert [(n.name, n.meta.get("module_path")) for n in graph.nodes if n.op != "output"] == [
         ("x", ""),
         ("fc1_weight", "fc1"),
@@ -368,7 +368,7 @@ def test_scale_tracer_gives_the_same_graph_as_the_composed_tracers() -> None:
     shared = nn.Linear(4, 4)
     tied = nn.Sequential(shared, nn.ReLU(), shared)  # one parameter reached under two names
     for model in (TinyGPT(vocab_size=11, d_model=16, n_layers=2, n_heads=2, seq_len=8), resnet18(width=4), tied):
-        ours, reference = ScaleTracer().trace(model), Composed().trace(model)
+        ours, reference = DeepPathTracer().trace(model), Composed().trace(model)
         assert ours.python_code("self").src == reference.python_code("self").src
         assert [n.meta.get("module_path") for n in ours.nodes] == [n.meta.get("module_path") for n in reference.nodes]
 

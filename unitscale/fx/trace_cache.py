@@ -27,7 +27,7 @@ from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.trace_errors import describe_failure, trace_error
 from unitscale.fx.tracers import DeepTracer, ModulePathTracer
 
-__all__ = ["ScaleTracer", "Trace", "trace_for_scales", "trace_or_reason", "clear_trace_cache"]
+__all__ = ["DeepPathTracer", "Trace", "trace_for_scales", "trace_or_reason", "clear_trace_cache"]
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 # What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
@@ -35,7 +35,7 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 _MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
-class ScaleTracer(ModulePathTracer, DeepTracer):
+class DeepPathTracer(ModulePathTracer, DeepTracer):
     """A :class:`~unitscale.DeepTracer` that also records module paths.
 
     Type annotations that are strings (a module written with ``from __future__ import
@@ -43,7 +43,8 @@ class ScaleTracer(ModulePathTracer, DeepTracer):
     the string into the code's globals, and the ``GraphModule`` would not pickle.
 
     >>> from unitscale.examples.models import MLP
-    >>> graph = ScaleTracer().trace(MLP(4))
+    >>> from unitscale.fx.trace_cache import DeepPathTracer
+    >>> graph = DeepPathTracer().trace(MLP(4))
     >>> [(n.name, n.meta["module_path"]) for n in graph.nodes if n.op == "call_function"]
     [('linear', 'fc1'), ('relu', 'act'), ('linear_1', 'fc2')]
     >>> [n.type for n in graph.nodes if n.op == "placeholder"]
@@ -155,7 +156,7 @@ def trace_or_reason(
     )
     cached = _cache.get(module)
     if cached is None or cached[0] != key:
-        tracer = ScaleTracer(
+        tracer = DeepPathTracer(
             recurse_modules=recurse_modules, autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions
         )
         try:
@@ -174,7 +175,7 @@ def trace_for_scales(
     autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
 ) -> Trace:
-    """Trace ``module`` with a :class:`ScaleTracer`, reusing a cached trace when valid.
+    """Trace ``module`` with a :class:`DeepPathTracer`, reusing a cached trace when valid.
 
     A ``GraphModule`` is not re-traced: its own graph is used.
 

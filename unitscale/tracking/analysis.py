@@ -30,17 +30,17 @@ from torch import fx, nn
 from unitscale.errors import CaptureError, InputError, NotAModuleError
 from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
-from unitscale.fx.trace_cache import ScaleTracer, Trace, _fingerprint, _graph_code, trace_for_scales, trace_or_reason
+from unitscale.fx.trace_cache import DeepPathTracer, Trace, _fingerprint, _graph_code, trace_for_scales, trace_or_reason
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.eager import Captured, input_leaf, record_ops
+from unitscale.tracking.eager import ScaleRecording, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
 
 __all__ = [
     "AnnotatedCode",
-    "ScaleTracer",
+    "DeepPathTracer",
     "ScaleTrackingInterpreter",
     "analyse_module",
     "record_scales",
@@ -97,7 +97,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     def __init__(self, module: nn.Module, graph: fx.Graph | None = None, abs_max: bool = False) -> None:
         super().__init__(module, graph=graph)
         self.abs_max = abs_max
-        self.captured = Captured()
+        self.captured = ScaleRecording()
         self.current_node: fx.Node | None = None
         self._shared: dict[fx.Node, ScaleRecord] = {}
 
@@ -190,7 +190,7 @@ def _shapes(inputs: tuple[Any, ...]) -> str:
     return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
 
 
-def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> Captured:
+def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
     interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
     try:
         interp.captured.output = interp.run(*inputs)
@@ -207,7 +207,7 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
     return interp.captured
 
 
-def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> Captured:
+def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
     try:
         return record_ops(module, inputs, abs_max)
     except Exception as e:
@@ -223,7 +223,7 @@ def _advice(reason: str) -> str:
     return "Check that the inputs have the shapes and dtypes the model expects."
 
 
-def _finish(captured: Captured, backward: Any, model: str) -> list[ScaleRow]:
+def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRow]:
     try:
         run_backward(float_outputs(captured.output, model), backward, captured.leaves)
     finally:

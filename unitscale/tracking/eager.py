@@ -23,11 +23,11 @@ from unitscale.fx.nodes import op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
-__all__ = ["Captured", "OpScaleRecorder", "input_leaf", "record_ops"]
+__all__ = ["ScaleRecording", "OpScaleRecorder", "input_leaf", "record_ops"]
 
 
 @dataclass
-class Captured:
+class ScaleRecording:
     """What one forward pass under scale tracking produced.
 
     Attributes:
@@ -36,7 +36,9 @@ class Captured:
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
         handles: gradient hooks to remove once the backward pass is done.
 
-    >>> captured = Captured()
+    >>> import torch
+    >>> from unitscale.tracking.eager import ScaleRecording
+    >>> captured = ScaleRecording()
     >>> x = torch.ones(3, requires_grad=True)
     >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
     >>> captured.entries[0][0]
@@ -108,14 +110,16 @@ class OpScaleRecorder(TorchFunctionMode):
         abs_max: also record each tensor's largest magnitude.
         module_names: ``module -> qualified name`` for the module-path column.
 
-    >>> captured = Captured()
+    >>> import torch
+    >>> from unitscale.tracking.eager import OpScaleRecorder, ScaleRecording
+    >>> captured = ScaleRecording()
     >>> with OpScaleRecorder(captured, abs_max=False, module_names={}):
     ...     y = torch.ones(4).mul(3.0).sum()
     >>> [row.node for row, _ in captured.entries]
     ['ones', 'mul', 'sum']
     """
 
-    def __init__(self, captured: Captured, abs_max: bool, module_names: dict[nn.Module, str]) -> None:
+    def __init__(self, captured: ScaleRecording, abs_max: bool, module_names: dict[nn.Module, str]) -> None:
         super().__init__()
         self.captured = captured
         self.abs_max = abs_max
@@ -153,7 +157,7 @@ class OpScaleRecorder(TorchFunctionMode):
             self.module_stack.pop()
 
 
-def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False) -> Captured:
+def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False) -> ScaleRecording:
     """Run ``module(*inputs)`` eagerly, recording the scale of every op's float output.
 
     Floating-point inputs are detached copies that require grad (the caller's tensors
@@ -166,7 +170,7 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
         abs_max: also record each tensor's largest magnitude.
 
     Returns:
-        The :class:`Captured` forward pass.
+        The :class:`ScaleRecording` forward pass.
 
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
@@ -176,7 +180,7 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     [('x', 'input'), ('sum', 'Tensor.sum'), ('mul', 'Tensor.mul')]
     >>> captured.remove_hooks()
     """
-    captured = Captured()
+    captured = ScaleRecording()
     try:
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):

@@ -99,14 +99,15 @@ class ScaleReport:
     Iterate it for :class:`ScaleRow` s, index it by position or node name, print
     :meth:`table`, draw :meth:`plot`. ``code`` is the annotated code (what
     :func:`unitscale.analyse_module` returns); ``capture`` says how the ops were
-    captured: ``"fx"`` (symbolic trace) or ``"eager"`` (ops recorded as they ran,
-    when ``torch.fx`` could not trace the model; ``trace_failure`` says why).
+    captured: ``"fx"`` (symbolic trace), ``"eager"`` (ops recorded as they ran,
+    when ``torch.fx`` could not trace the model; ``trace_failure`` says why) or
+    ``"export"`` (the ``torch.export`` graph, when asked for with ``capture="export"``).
 
     Args:
         rows: the rows, in execution order.
         model: the model's class name.
         code: annotated code or op listing.
-        capture: ``"fx"`` or ``"eager"``.
+        capture: ``"fx"``, ``"eager"`` or ``"export"``.
         trace_failure: why fx tracing failed (eager capture only).
 
     >>> from unitscale import ScaleReport

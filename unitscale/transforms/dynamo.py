@@ -34,7 +34,7 @@ GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
 
 
 @dataclass
-class _Captured:
+class _CompiledGraph:
     """One captured and transformed graph, with how to feed it and rebuild the output."""
 
     graph_module: fx.GraphModule
@@ -150,8 +150,8 @@ class TransformedModule(nn.Module):
         super().__init__()
         self.module = module
         self.transforms = tuple(transforms)
-        self._captured: dict[Any, _Captured] = {}
-        self._latest: _Captured | None = None
+        self._captured: dict[Any, _CompiledGraph] = {}
+        self._latest: _CompiledGraph | None = None
         self.unscaled_ops: list[str] = []
         self.kept_ops: list[str] = []
 
@@ -193,7 +193,7 @@ class TransformedModule(nn.Module):
         return captured.run(leaves)
 
     @torch._dynamo.disable
-    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any) -> _Captured:
+    def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any) -> _CompiledGraph:
         captured = _capture(self.module, args, kwargs, leaves, self.transforms)
         self._captured[key] = captured
         self._latest = captured
@@ -301,7 +301,7 @@ def _capture(
     kwargs: dict[str, Any],
     leaves: list[Any],
     transforms: tuple[GraphTransform, ...],
-) -> _Captured:
+) -> _CompiledGraph:
     record: dict[str, Any] = {}
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -351,7 +351,7 @@ def _capture(
         else:
             plan.append(("const", leaf))
     positions = gm.meta["input_positions"]
-    return _Captured(gm, positions, plan, out_spec)
+    return _CompiledGraph(gm, positions, plan, out_spec)
 
 
 # Output leaves a captured graph may hand back as they were at capture: they hold no tensors.
