@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -51,7 +52,7 @@ def test_our_mlp_takes_the_fx_route_and_keeps_call_module_nodes() -> None:
     assert repr(cap) == "Capture(MLP via 'fx', 5 nodes)"
     fc1 = cap.nodes()[1]
     assert fc1.meta["tensor_meta"].shape == (4, 32) and fc1.meta["val"].dtype == torch.float32
-    assert fc1.meta[SOURCE_KEY].endswith("unitscale/examples/models.py:38")
+    assert fc1.meta[SOURCE_KEY].endswith(f"unitscale/examples/models.py:{inspect.getsourcelines(MLP.forward)[1] + 1}")
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
