@@ -107,10 +107,15 @@ def test_the_import_check_sees_unguarded_imports():
     assert _unguarded_myst_nb_imports(guarded) == []
 
 
-def _texts(cells: list) -> list[list[str | None]]:
-    """The text of each code cell's outputs (streams, and results' ``text/plain``)."""
-    code = [cell for cell in cells if cell.cell_type == "code"]
-    return [[o.get("text", o.get("data", {}).get("text/plain")) for o in cell.outputs] for cell in code]
+def _texts(cells: list) -> list[tuple[str, list[str]]]:
+    """Per code cell: its stdout, joined (a kernel splits a stream into pieces as it flushes,
+    differently from run to run) and without trailing blank lines, and its results' ``text/plain``."""
+    texts = []
+    for cell in (cell for cell in cells if cell.cell_type == "code"):
+        stdout = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+        results = [o.data.get("text/plain") for o in cell.outputs if o.output_type == "execute_result"]
+        texts.append((stdout.rstrip("\n"), results))
+    return texts
 
 
 def test_a_downloaded_notebook_runs_in_a_kernel_without_myst_nb(tmp_path, monkeypatch):
