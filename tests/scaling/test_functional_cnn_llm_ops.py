@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_functional import SwapToTwins  # the same mode, one definition
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import unitscale.scaling.functional as U
 from unitscale.errors import UnknownConstraintError
@@ -228,19 +228,6 @@ def test_torch_map_has_the_cnn_and_llm_twins():
     for fn, twin in expected.items():
         assert U.torch_map[fn] is twin
     assert {"addmm", "conv2d", "silu", "relu", "rms_norm", "batch_norm", "max_pool2d"} <= set(U.__all__)
-
-
-class SwapToTwins(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.swapped = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        twin = U.torch_map.get(func)
-        if twin is None:
-            return func(*args, **(kwargs or {}))
-        self.swapped.append(func)
-        return twin(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize(

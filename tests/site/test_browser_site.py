@@ -9,10 +9,7 @@ server is answered empty, recorded, and fails the page's test, since a reader of
 may have no network.
 """
 
-import functools
-import http.server
 import os
-import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -40,24 +37,6 @@ ALLOWED_EXTERNAL_HOSTS: set[str] = set()
 # every page a reader can reach (not the theme's template macros copied into _static)
 PAGES = sorted(str(path) for path in (p.relative_to(SITE) for p in SITE.rglob("*.html")) if path.parts[0] != "_static")
 TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
 
 
 @pytest.fixture(scope="module")

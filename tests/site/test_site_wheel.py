@@ -5,12 +5,9 @@ tests do, installs the wheel from its URL into a fresh folder (offline: ``--no-d
 --no-index``), and checks that the installed package is this checkout's, file for file.
 """
 
-import functools
-import http.server
 import os
 import subprocess
 import sys
-import threading
 import zipfile
 from pathlib import Path
 
@@ -25,24 +22,6 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 from wheel_download import wheel_name  # noqa: E402
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):
-        pass
-
-
-@pytest.fixture(scope="module")
-def site_url():
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
-
-
 def test_the_site_serves_the_wheel_of_these_sources():
     wheel = SITE / wheel_name(ROOT)
     assert wheel.is_file(), f"the site has no {wheel.name} at its root"
@@ -52,11 +31,11 @@ def test_the_site_serves_the_wheel_of_these_sources():
     assert packaged == sources, "the served wheel is stale: rebuild the site"
 
 
-def test_pip_installs_the_wheel_from_the_site_url(site_url, tmp_path):
+def test_pip_installs_the_wheel_from_the_base_url(base_url, tmp_path):
     target = tmp_path / "site-packages"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONPATH": ""}
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
-    install = subprocess.run([*command, f"{site_url}/{wheel_name(ROOT)}"], env=env, capture_output=True, text=True)
+    install = subprocess.run([*command, f"{base_url}/{wheel_name(ROOT)}"], env=env, capture_output=True, text=True)
     assert install.returncode == 0, install.stderr[-2000:]
     where = subprocess.run(
         [sys.executable, "-c", "import unitscale; print(unitscale.__file__)"],

@@ -1,0 +1,34 @@
+"""Fixtures of the site tests."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    """The built site, served on 127.0.0.1 (a free port) for the module's tests."""
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
