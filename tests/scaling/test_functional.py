@@ -127,15 +127,20 @@ def test_gelu_is_unit_scaled_without_constraint(shape, approximate):
     assert_unit(grad, tol=0.03)
 
 
-def test_gelu_scales_match_quadrature():
+@pytest.mark.parametrize(
+    ("fn", "out_std", "grad_std"),
+    [(F.gelu, U._GELU_OUT_STD, U._GELU_GRAD_STD), (F.silu, U._SILU_OUT_STD, U._SILU_GRAD_STD)],
+    ids=["gelu", "silu"],
+)
+def test_activation_scales_match_quadrature(fn, out_std, grad_std):
     x = torch.linspace(-12, 12, 200_001, dtype=torch.float64, requires_grad=True)
     density = torch.exp(-(x.detach() ** 2) / 2) / math.sqrt(2 * math.pi) * (x[1] - x[0]).detach()
-    y = F.gelu(x)
+    y = fn(x)
     (slope,) = torch.autograd.grad(y.sum(), x)
     y = y.detach()
     mean = (y * density).sum()
-    assert math.sqrt((y * y * density).sum() - mean**2) == pytest.approx(U._GELU_OUT_STD, rel=1e-4)
-    assert math.sqrt((slope * slope * density).sum()) == pytest.approx(U._GELU_GRAD_STD, rel=1e-4)
+    assert math.sqrt((y * y * density).sum() - mean**2) == pytest.approx(out_std, rel=1e-4)
+    assert math.sqrt((slope * slope * density).sum()) == pytest.approx(grad_std, rel=1e-4)
 
 
 @pytest.mark.parametrize("n", [2, 3, 7, 16, 64, 100, 1000])
