@@ -5,29 +5,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_functional import SwapToTwins  # the same mode, one definition
+from test_functional import SwapToTwins, assert_unit, stds  # one definition of each
 from torch import nn
 
 import unitscale.scaling.functional as U
 from unitscale.errors import UnknownConstraintError
 
-TOL = 0.15
-
-
-def stds(op, *shapes, **kwargs):
-    """Output std and each input's gradient std, for N(0, 1) inputs and an N(0, 1) output gradient."""
-    inputs = [torch.randn(*shape, requires_grad=True) for shape in shapes]
-    out = op(*inputs, **kwargs)
-    out.backward(torch.randn_like(out))
-    return out.std().item(), [x.grad.std().item() for x in inputs]
-
 
 def rms(t: torch.Tensor) -> float:
     return t.pow(2).mean().sqrt().item()
-
-
-def assert_unit(value, expected=1.0, tol=TOL):
-    assert abs(value / expected - 1) <= tol, f"std {value:.3f}, expected {expected:.3f} within {tol:.0%}"
 
 
 @pytest.fixture(autouse=True)
