@@ -451,7 +451,7 @@ class StagePlan:
         ax.set_xticks(range(self.num_stages))
         ax.set_xlabel("stage")
         ax.set_ylabel(f"cost ({self.cost})")
-        ax.legend(fontsize="small")
+        ax.legend(fontsize=9)
         return ax
 
 
