@@ -63,11 +63,13 @@ OVERFLOW_JS = f"""() => {{
     if (cs.overflowX === 'auto' || cs.overflowX === 'scroll') continue;
     if (el.scrollWidth > el.clientWidth + 1) {{
       const text = (el.innerText || '').trim().slice(0, 60).replace(/\\s+/g, ' ');
-      bad.push(`${{name(el)}} (overflow-x ${{cs.overflowX}}): content ${{el.scrollWidth}} px in a ${{el.clientWidth}} px box: "${{text}}"`);
+      bad.push(`${{name(el)}} (overflow-x ${{cs.overflowX}}): content ${{el.scrollWidth}} px `
+        + `in a ${{el.clientWidth}} px box: "${{text}}"`);
     }}
   }}
   const page = document.documentElement;
-  if (page.scrollWidth > window.innerWidth + 1) bad.push(`the page scrolls sideways: ${{page.scrollWidth}} > ${{window.innerWidth}} px`);
+  if (page.scrollWidth > window.innerWidth + 1)
+    bad.push(`the page scrolls sideways: ${{page.scrollWidth}} > ${{window.innerWidth}} px`);
   return bad;
 }}"""
 
@@ -95,7 +97,8 @@ CONTRAST_JS = f"""() => {{
     return colour;
   }};
   const luminance = c => {{
-    const [r, g, b] = c.slice(0, 3).map(v => {{ v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; }});
+    const linear = v => (v /= 255) <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    const [r, g, b] = c.slice(0, 3).map(linear);
     return 0.2126 * r + 0.7152 * g + 0.0722 * b;
   }};
   const worst = new Map();
