@@ -141,11 +141,15 @@ class Timeline:
         axes.legend(
             handles=[Patch(color=colours[k], label=names[k]) for k in kinds],
             fontsize=9,
-            loc="upper right",
+            loc="lower right",
+            bbox_to_anchor=(1.0, 1.0),
             ncols=len(kinds),
-            framealpha=0.9,
+            frameon=False,
+            borderaxespad=0.1,
         )
-        axes.set_title(title or f"{self.schedule}: step {self.step_time:.3g}, bubble {self.bubble:.0%}", fontsize=10)
+        axes.set_title(
+            title or f"{self.schedule}: step {self.step_time:.3g}, bubble {self.bubble:.0%}", fontsize=10, loc="left"
+        )
         return fig
 
 
