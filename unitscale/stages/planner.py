@@ -456,10 +456,12 @@ def chain_costs_for(
 ) -> ChainCosts:
     """Per-node :class:`~unitscale.stages.schedule_costs.ChainCosts` of a :class:`~unitscale.StagePlan`.
 
-    Forward time is the plan's node cost times ``seconds_per_cost`` (1 for ``cost="time"``;
-    ``1 / FLOP rate`` for ``cost="flops"``); backward is ``backward`` times the forward, or
-    a callable ``node -> seconds``. Parameters take ``bytes_per_param`` each (16 for Adam
-    with fp32 master weights); each node keeps its output for the backward; a cut sends the
+    The plan's node costs are taken as measured on the whole batch of one step, so a
+    microbatch's forward time is the node cost times ``seconds_per_cost`` (1 for
+    ``cost="time"``; ``1 / FLOP rate`` for ``cost="flops"``) over ``num_microbatches``;
+    backward is ``backward`` times the forward, or a callable ``node -> seconds`` per
+    microbatch. Parameters take ``bytes_per_param`` each (16 for Adam with fp32 master
+    weights); each node keeps its output for the backward; a cut sends the
     tensors that cross it. Activations and traffic are per microbatch (the example batch
     split ``num_microbatches`` ways).
 
@@ -482,7 +484,8 @@ def chain_costs_for(
     nodes = plan._compute_nodes()
     position = {node: i for i, node in enumerate(nodes)}
     n = len(nodes)
-    forward = [c * seconds_per_cost for _, c in plan.node_costs]
+    # node costs were measured on the whole example batch; a microbatch is 1/m of it
+    forward = [c * seconds_per_cost / num_microbatches for _, c in plan.node_costs]
     if callable(backward):
         from unitscale.stages.costs import _call_cost, _checked
 
@@ -519,7 +522,7 @@ def chain_costs_for(
 
 
 def plan_pipeline(
-    module: nn.Module,
+    module: nn.Module | Any,
     example_inputs: Any,
     ranks: int,
     *,
@@ -545,7 +548,9 @@ def plan_pipeline(
     :func:`~unitscale.stages.simulate.simulate` predicts its timeline.
 
     Args:
-        module: the model.
+        module: the model, or a :class:`~unitscale.StagePlan` of it (``partition(model, 1, x, cost="time")``)
+            whose graph, cut places and node costs are reused (``cost``, ``boundary_depth`` and
+            ``repeats`` are then ignored), so that timing the nodes once serves many plans.
         example_inputs: a tensor or tuple, the whole batch of one step (split into microbatches).
         ranks: devices in the pipeline.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
@@ -580,12 +585,15 @@ def plan_pipeline(
     >>> plan.stage_costs
     [216.0, 216.0]
     """
-    from unitscale.stages.plan import partition
+    from unitscale.stages.plan import StagePlan, partition
 
     check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
     check_link(bandwidth, latency)
-    base = partition(module, 1, example_inputs, cost, boundary_depth=boundary_depth, repeats=repeats)
-    scale = seconds_per_cost if seconds_per_cost is not None else (1.0 if cost == "time" else 1e-11)
+    if isinstance(module, StagePlan):
+        base = module  # its graph and node costs, measured once, serve every schedule
+    else:
+        base = partition(module, 1, example_inputs, cost, boundary_depth=boundary_depth, repeats=repeats)
+    scale = seconds_per_cost if seconds_per_cost is not None else (1.0 if base.cost == "time" else 1e-11)
     costs = chain_costs_for(
         base,
         num_microbatches,
