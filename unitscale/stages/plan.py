@@ -233,8 +233,16 @@ class StagePlan:
         if any(b <= a for a, b in itertools.pairwise(bounds)):
             raise StageCountError(f"bounds {bounds} hold an empty stage; every stage needs at least one node")
         other = StagePlan(
-            self._root, self.graph, self.node_costs, list(bounds), self.cost, self._example_inputs,
-            self.pieces, self.route, self.output_spec, self.model_name,
+            self._root,
+            self.graph,
+            self.node_costs,
+            list(bounds),
+            self.cost,
+            self._example_inputs,
+            self.pieces,
+            self.route,
+            self.output_spec,
+            self.model_name,
         )
         other.chain_costs = self.chain_costs
         return other

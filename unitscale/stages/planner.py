@@ -74,7 +74,7 @@ __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "model_step_time", "chain
 
 @dataclass(frozen=True)
 class ChainPlan:
-    """The result of :func:`plan_chain`.
+    """The result of :func:`~unitscale.stages.plan_chain`.
 
     Attributes:
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``.
@@ -324,10 +324,30 @@ def plan_chain(
 ) -> ChainPlan:
     """The split of a chain into ``ranks * stages_per_rank`` stages with the least modelled step time.
 
-    See the module docstring for the model and why the answer is optimal.
+    The model: stage ``s`` takes ``c_s = (F_s + B_s) / speed`` per microbatch, a cut
+    ``t = latency + bytes / bandwidth`` each way, and a step
+    ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ_cuts t)`` with ``κ = (v + p - 1) / (p v)``
+    (``p`` ranks, ``v`` stages per rank). For GPipe with a backward that is a fixed multiple
+    of the forward this is exactly the simulated step (:func:`~unitscale.stages.simulate`):
+    the forward phase is a flow shop of ``m`` identical jobs, whose makespan is
+    ``Σ F_s + Σ t + (m - 1) max F_s``, and the backward phase mirrors it. For 1F1B it is the
+    textbook ``(m + p - 1)``-slot formula, which the simulator can beat or exceed by a few
+    percent when stages are uneven or links slow; for interleaved schedules ``v max c_s``
+    bounds a rank's work and ``κ`` is their ``(p - 1) / v`` bubble. Each stage must fit
+    ``memory_limit / v``: its parameters with gradients and optimiser state, plus the
+    activations of the microbatches the schedule holds at once.
+
+    The search: for a cap ``U`` on every stage, a dynamic programme over prefixes (range
+    minima with numpy) finds the least ``A = Σ c_s + 2 Σ t``; ``A`` only falls as ``U``
+    grows, so the optimum sits at a realised bottleneck between the least one ``M0``
+    (bisection) and ``M0 + κ (A(M0) - A(∞)) / ((m - 1) v)``. The search walks down that
+    range through the programme's own bottlenecks and stops once ``(m - 1) v M0 + κ A``
+    cannot beat the best plan; that bound is ``lower_bound``, the certificate. Among
+    optimal plans without traffic, speeds or memory limits, the most even one is kept
+    (``search.balanced_bounds``).
 
     Args:
-        costs: per-item costs (:class:`~unitscale.stages.schedule_costs.ChainCosts`).
+        costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
         ranks: devices in the pipeline.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
         num_microbatches: microbatches per step.
@@ -454,7 +474,7 @@ def chain_costs_for(
     bandwidth: float = math.inf,
     latency: float = 0.0,
 ) -> ChainCosts:
-    """Per-node :class:`~unitscale.stages.schedule_costs.ChainCosts` of a :class:`~unitscale.StagePlan`.
+    """Per-node :class:`~unitscale.stages.ChainCosts` of a :class:`~unitscale.StagePlan`.
 
     The plan's node costs are taken as measured on the whole batch of one step, so a
     microbatch's forward time is the node cost times ``seconds_per_cost`` (1 for
@@ -543,9 +563,9 @@ def plan_pipeline(
     """Split ``module`` for ``schedule`` on ``ranks`` devices with the least step time that fits in memory.
 
     The model is captured and costed as :func:`~unitscale.partition` does; then
-    :func:`plan_chain` picks the split (exact for the step-time model in this module's
+    :func:`~unitscale.stages.plan_chain` picks the split (exact for the step-time model in its
     docstring). The plan keeps its costs (``plan.chain_costs``), so
-    :func:`~unitscale.stages.simulate.simulate` predicts its timeline.
+    :func:`~unitscale.stages.simulate` predicts its timeline.
 
     Args:
         module: the model, or a :class:`~unitscale.StagePlan` of it (``partition(model, 1, x, cost="time")``)

@@ -48,7 +48,7 @@ class Block:
 
 @dataclass
 class Timeline:
-    """What :func:`simulate` predicts for one training step.
+    """What :func:`~unitscale.stages.simulate` predicts for one training step.
 
     Attributes:
         schedule: the schedule's name.
@@ -194,7 +194,7 @@ def simulate_bounds(
     """Simulate one step of ``schedule`` for the stages ``bounds`` of a chain with ``costs``.
 
     Args:
-        costs: per-item costs (:class:`~unitscale.stages.schedule_costs.ChainCosts`).
+        costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``; ``ranks * stages_per_rank`` stages.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
         num_microbatches: microbatches per step.
@@ -296,7 +296,7 @@ def simulate(
         num_microbatches: microbatches per step.
         stages_per_rank: stages per rank (looped placement; a V for ``"zbv"``).
         device_speeds: relative speed of each rank (default all 1.0).
-        costs: per-node costs (default: the plan's own, from :meth:`~unitscale.StagePlan.chain_costs`,
+        costs: per-node costs (default: the plan's own ``plan.chain_costs`` from ``plan_pipeline``, else
             its node costs as forward times, backward twice that, no memory or communication).
 
     Returns:
