@@ -135,6 +135,14 @@ def test_ties_break_toward_the_most_even_plan() -> None:
     assert plan_chain(costs, 4, "1f1b", 8).bounds == [0, 1, 4, 6, 8]
 
 
+def test_ties_break_toward_the_most_even_plan_within_memory() -> None:
+    # bottleneck 5 either way; stages hold 4, 3, 2, 1 microbatches, so at most 2, 2, 4, 8 items fit
+    costs = ChainCosts.uniform([5.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], activation_bytes=1.0)
+    found = plan_chain(costs, 4, "1f1b", 8, memory_limit=8.0)
+    assert found.bounds == [0, 2, 4, 6, 8]  # stage times 5, 2, 2, 2 (not 5, 1, 2, 3)
+    assert found.stage_memory == [8.0, 6.0, 4.0, 2.0]
+
+
 def test_memory_error_names_the_least_limit() -> None:
     costs = ChainCosts.uniform([1.0] * 4, param_bytes=100.0)
     with pytest.raises(MemoryLimitError, match=r"memory_limit=150 .* least limit that works is 200") as info:

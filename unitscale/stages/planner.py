@@ -271,6 +271,38 @@ def _range_min(val: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndar
     return best, arg
 
 
+def _most_even(problem: _Problem, cap: float) -> list[int] | None:
+    """Among plans with every stage ``<= cap`` and in memory, one with the least sum of squared
+    stage times (``None`` when that quadratic programme exceeds ``search.BALANCE_BUDGET``)."""
+    n, k = problem.n, problem.k
+    starts = [problem.starts(s, cap, False).tolist() for s in range(k)]
+    if sum(i - lo[i] for lo in starts for i in range(n + 1) if lo[i] < i) > search.BALANCE_BUDGET:
+        return None
+    x = problem.x[0].tolist()
+    inf = math.inf
+    best = [0.0] + [inf] * n
+    args = []
+    for s in range(k):
+        lo = starts[s]
+        new, arg = [inf] * (n + 1), [0] * (n + 1)
+        for i in range(s + 1, n - (k - 1 - s) + 1):
+            for j in range(lo[i], i):
+                if best[j] == inf:
+                    continue
+                w = x[i] - x[j]
+                v = best[j] + w * w
+                if v < new[i]:
+                    new[i], arg[i] = v, j
+        best = new
+        args.append(arg)
+    if best[n] == inf:
+        return None
+    bounds = [n]
+    for arg in reversed(args):
+        bounds.append(arg[bounds[-1]])
+    return bounds[::-1]
+
+
 def _smallest_memory(problem: _Problem) -> float:
     """The least per-stage memory limit some plan meets (bisection over the float line)."""
     saved = problem.limit
@@ -429,12 +461,11 @@ def plan_chain(
         cap, strict = top, True
     lower = min(lower, best_t)
     same_speed = len({float(x[-1]) for x in problem.x}) == 1
-    if problem.weight and problem.limit == math.inf and not problem.comm.any() and same_speed:
-        # A is the same for every plan: among the optimal ones, the most even (search.balanced_bounds)
-        work = [float(problem.x[0][i + 1] - problem.x[0][i]) for i in range(problem.n)]
-        top = problem.bottleneck(best_bounds)
-        even = search.balanced_bounds(work, k, limit=top)
-        if even is not None and problem.bottleneck(even) <= top:
+    if problem.weight and not problem.comm.any() and same_speed:
+        # A is the same for every plan, so every plan within the bottleneck (and memory) is optimal:
+        # keep the most even of them (a stage of cost 0 beside the heaviest helps nobody)
+        even = _most_even(problem, problem.bottleneck(best_bounds))
+        if even is not None:
             best_bounds = even
     return ChainPlan(
         bounds=list(best_bounds),
