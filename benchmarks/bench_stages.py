@@ -289,7 +289,8 @@ def anchors(quick: bool) -> list[dict]:
         pieces = P.stage_sums([c for _, c in plan.node_costs], plan.pieces)
         for k in (2, 4, 8):
             if k <= len(pieces):
-                rows.append({"case": f"{name}, {len(pieces)} pieces", "N": k} | _anchor_row(pieces, k))
+                case = {"benchmark": "anchors / ours", "case": f"{name}, {len(pieces)} pieces", "N": k}
+                rows.append(case | _anchor_row(pieces, k))
     rng = random.Random(1)
     samples = []
     for _ in range(60 if quick else 400):
@@ -297,7 +298,7 @@ def anchors(quick: bool) -> list[dict]:
         samples.append(_anchor_row([rng.lognormvariate(0.0, 1.0) for _ in range(n)], k))
     for how, reduce in (("mean", statistics.fmean), ("worst", max)):
         summary = {key: reduce(r[key] for r in samples if not math.isnan(r[key])) for key in samples[0]}
-        rows.append({"case": f"random chains n=16..48, {how}", "N": "2/4/8"} | summary)
+        rows.append({"benchmark": "anchors / ours", "case": f"random chains n=16..48, {how}", "N": "2/4/8"} | summary)
     return rows
 
 

@@ -202,6 +202,6 @@ class MemoryLimitError(UnitscaleError, ValueError):
     2000000000.0
     """
 
-    def __init__(self, message: str, needed: float) -> None:
+    def __init__(self, message: str, needed: float = float("nan")) -> None:
         super().__init__(message)
         self.needed = float(needed)
