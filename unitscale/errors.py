@@ -60,6 +60,7 @@ __all__ = [
     "TransformError",
     "ConfigError",
     "NodeNotFoundError",
+    "MemoryLimitError",
 ]
 
 
@@ -191,3 +192,16 @@ class ConfigError(InputError):
 
 class NodeNotFoundError(UnitscaleError, KeyError):
     """A report or plan was indexed by a node name it does not hold."""
+
+
+class MemoryLimitError(UnitscaleError, ValueError):
+    """No pipeline plan fits the memory limit; ``needed`` is the least limit (bytes per device) that works.
+
+    >>> from unitscale.errors import MemoryLimitError
+    >>> MemoryLimitError("too small", needed=2e9).needed
+    2000000000.0
+    """
+
+    def __init__(self, message: str, needed: float = float("nan")) -> None:
+        super().__init__(message)
+        self.needed = float(needed)
