@@ -17,7 +17,7 @@ from torch import fx, nn
 from unitscale.capture._where import user_code_frame
 from unitscale.fx.tracers import ModulePathTracer
 
-__all__ = ["GRAPH_ROUTES", "RouteFn", "export_route"]
+__all__ = ["GRAPH_ROUTES", "RouteFn", "export_route", "flat_fx_route"]
 
 RouteFn = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], tuple[fx.GraphModule, Any]]
 
@@ -41,10 +41,25 @@ class _CaptureTracer(ModulePathTracer):
         return node
 
 
+class _FlatCaptureTracer(_CaptureTracer):
+    """Traces through every module, ``torch.nn`` ones too: a graph of torch functions, no ``call_module``."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return False
+
+
 def fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
+    return _fx(_CaptureTracer(), module, kwargs)
+
+
+def flat_fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
+    """The ``fx`` route for ``capture(flat=True)``: ``nn.Linear`` is ``F.linear`` on its ``get_attr`` weight."""
+    return _fx(_FlatCaptureTracer(), module, kwargs)
+
+
+def _fx(tracer: _CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
-    tracer = _CaptureTracer()
     graph = tracer.trace(module, concrete_args=concrete or None)
     return fx.GraphModule(tracer.root, graph, type(module).__name__), None
 
