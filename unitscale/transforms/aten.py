@@ -13,6 +13,11 @@ so the rewrite is a table, not a pattern search. Ops outside the table stay as t
 are: those that only move data (:data:`ATEN_NEUTRAL`) are scale-neutral, every other
 one on the activation path is listed by ``unit_scale`` as unscaled, by its aten name.
 
+Export's dtype checks (``aten._assert_tensor_metadata``, one after each ``.to()``) are
+dropped: as second readers of a tensor they would hide patterns whose inner values
+must have one reader (an RMS norm's ``x * rsqrt(...)``), and the graph was checked
+against the model when it was captured.
+
 In-place ops (``relu_``, ``add_``) become their out-of-place twins only when nothing
 else reads the tensor they overwrite, so the rewrite never changes what a later op sees.
 The bodies of higher-order ops (``wrap_with_set_grad_enabled``: Llama's rotary tables
@@ -150,7 +155,10 @@ ATEN_NEUTRAL: frozenset[Any] = frozenset(
     {aten.slice.Tensor, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.detach.default}
     | {aten.index.Tensor, aten.gather.default, aten.where.self, aten.squeeze.default, aten.unbind.int}
     | {aten.chunk.default, aten.split_with_sizes.default, aten.narrow.default, aten.lift_fresh_copy.default}
+    | {aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar, aten.masked_fill.Scalar}
 )
+
+_CHECKS = {aten._assert_tensor_metadata.default}
 
 
 def _overwrites_a_shared_tensor(node: fx.Node) -> bool:
@@ -170,13 +178,16 @@ def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
     >>> [n.target.__name__ for n in gm.graph.nodes if n.op == "call_function"]
     ['linear', 'gelu']
     """
-    for node in gm.graph.nodes:
+    for node in list(gm.graph.nodes):
         if node.op == "get_attr":
             sub = getattr(gm, str(node.target), None)
             if isinstance(sub, fx.GraphModule):
                 to_torch_functions(sub)
             continue
         if node.op != "call_function":
+            continue
+        if node.target in _CHECKS and not node.users:
+            gm.graph.erase_node(node)
             continue
         try:
             rewrite = TORCH_LEVEL.get(node.target)

@@ -148,7 +148,7 @@ class TransformedModule(nn.Module):
     .. code-block:: text
 
         forward(*args, **kwargs)
-        +-- (inputs are fx proxies) the latest graph is replayed into the tracer
+        +-- (inputs are fx proxies) the eager graph, else the latest, is replayed into the tracer
         +-- the eager graph, if the call fits it (batch size aside)
         +-- else key: training mode, argument count, keyword names, each leaf's signature
             +-- _capture(args, kwargs, leaves, key)     once per key
@@ -221,8 +221,10 @@ class TransformedModule(nn.Module):
                     f"{type(self.module).__name__} was transformed but never called: call it once on real "
                     f"inputs (which captures its graph) before tracing it with torch.fx, or pass example_inputs"
                 )
-            if isinstance(self._latest, _EagerGraph):
-                return self._latest.run(args, kwargs)
+            # A tracer's proxies have no shapes: the eager graph, when there is one, takes any batch.
+            if self._eager is not None:
+                return self._eager.run(args, kwargs)
+            assert isinstance(self._latest, _CompiledGraph)  # only captures set _latest
             return self._latest.run(leaves)
         eager = self._eager
         if eager is not None and eager.key == _eager_key(self.training, args, kwargs, leaves, eager.batch_free):
