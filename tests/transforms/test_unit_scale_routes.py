@@ -19,7 +19,7 @@ from torch import nn
 import unitscale.scaling.functional as U
 from unitscale import resnet18
 from unitscale.analysis import track_scales
-from unitscale.errors import InputError, NoGraphError, NoRouteError, UnknownRouteError
+from unitscale.errors import InputError, NoGraphError, NoRouteError, UnknownRouteError, UnscaledOpsError
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.transforms import TransformedModule, apply_transform, simulate_fp8, unit_scale
 
@@ -232,3 +232,14 @@ def test_track_scales_reads_an_eagerly_captured_module_with_module_paths() -> No
     rows = {row.node: row for row in track_scales(model, idx[:2])}
     linear = next(row for name, row in rows.items() if "linear" in name)
     assert linear.module_path.startswith("module.blocks.0")
+
+
+def test_an_aten_op_without_a_twin_is_listed_by_its_aten_name_and_strict_refuses_it() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    model = unit_scale(MLP(8, activation=nn.Softplus()), example_inputs=x, route="export")
+    assert [line.split(" at ")[0] for line in model.unscaled_ops] == [
+        "torch.ops.aten.softplus.default (node softplus, module act)"
+    ]
+    with pytest.raises(UnscaledOpsError, match=r"left 1 op\(s\) unscaled: torch.ops.aten.softplus.default"):
+        unit_scale(MLP(8, activation=nn.Softplus()), strict=True, example_inputs=x, route="export")
