@@ -67,3 +67,24 @@ def test_dynamo_graph_names_the_line_of_a_graph_break() -> None:
         CaptureError, match=r"could not capture Branchy.forward in one graph at .*\(if x.sum\(\) > 0:\)"
     ):
         dynamo_graph(Branchy(), (torch.randn(2, 2),), {})
+
+
+class Structured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float, *, shift: torch.Tensor) -> dict[str, object]:
+        return {"y": self.fc(x) * scale + shift, "x": x, "n": 3}
+
+
+def test_the_dynamo_route_is_dynamo_graph_with_the_models_call_signature() -> None:
+    torch.manual_seed(0)
+    model, x, shift = Structured(), torch.randn(2, 4), torch.randn(4)
+    cap = capture(model, (x, 2.0), {"shift": shift}, route="dynamo")
+    out = cap.graph_module(x, 2.0, shift=shift)
+    assert set(out) == {"y", "x", "n"} and out["x"] is x and out["n"] == 3
+    torch.testing.assert_close(out["y"], model(x, 2.0, shift=shift)["y"])
+    found = dynamo_graph(model, (x, 2.0), {"shift": shift})
+    ops = [(n.target, n.meta[MODULE_PATH_KEY]) for n in found.graph_module.graph.nodes if n.op == "call_function"]
+    assert [(n.target, n.meta[MODULE_PATH_KEY]) for n in cap.nodes() if n.op == "call_function"] == ops

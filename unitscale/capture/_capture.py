@@ -208,7 +208,7 @@ def capture(
     Routes (:data:`ROUTES`), tried in this order: ``"fx"`` (``torch.fx`` symbolic trace
     with its standard leaf rule: ``torch.nn`` modules stay ``call_module`` nodes),
     ``"export"`` (``torch.export.export(strict=False)``), ``"export-strict"``,
-    ``"dynamo"`` (``torch._dynamo.export``), ``"eager"`` (run once, record the ops: no
+    ``"dynamo"`` (TorchDynamo, ``fullgraph=True``), ``"eager"`` (run once, record the ops: no
     graph). Every graph is run on the example inputs and must give the model's outputs,
     or the route counts as failed. The model's buffers and the RNG are left as they were.
 

@@ -1,17 +1,19 @@
-"""``dynamo_graph``: one TorchDynamo graph of a call, specialised to its inputs, for graph transforms.
+"""``dynamo_graph``: the one place a TorchDynamo graph is made, for the ``dynamo`` route and the transforms.
 
-The ``dynamo`` route (:mod:`unitscale.capture._routes`) captures with
-``torch._dynamo.export``, which keeps the model's call signature. A graph transform that
-re-captures once per input signature inside a training loop wants something else: the
-graph ``torch.compile`` hands a backend (``fullgraph=True``, static shapes), with the
-parameters read as attributes under the model's own names, fed only the tensor inputs,
-and a plan that rebuilds the model's output structure around the graph's outputs. That
-is :func:`dynamo_graph`; its nodes get the normalised meta from the one writer,
-:func:`unitscale.capture._meta.normalise_graph`, like every route's.
+:func:`dynamo_graph` captures one call the way a graph transform that re-captures per
+input signature inside a training loop wants it: the graph ``torch.compile`` hands a
+backend (``fullgraph=True``, static shapes), with the parameters read as attributes
+under the model's own names, fed only the tensor inputs, and a plan that rebuilds the
+model's output structure around the graph's outputs. Its nodes get the normalised meta
+from the one writer, :func:`unitscale.capture._meta.normalise_graph`, like every
+route's. The ``dynamo`` route of :func:`unitscale.capture.capture` is the same graph
+given the model's call signature by :func:`with_call_signature` (one placeholder per
+input leaf, outputs rebuilt by a pytree codegen, as ``torch._dynamo.export`` does).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +27,7 @@ from torch.utils import _pytree as pytree
 from unitscale.capture._meta import normalise_graph
 from unitscale.errors import CaptureError
 
-__all__ = ["DynamoGraph", "dynamo_graph", "no_torch_function_modes"]
+__all__ = ["DynamoGraph", "dynamo_graph", "no_torch_function_modes", "with_call_signature"]
 
 
 @dataclass
@@ -157,6 +159,38 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         else:
             plan.append(("const", leaf))
     return DynamoGraph(gm, gm.meta.pop("input_positions"), plan, out_spec)
+
+
+def with_call_signature(
+    found: DynamoGraph, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> fx.GraphModule:
+    """``found``'s graph as a module called like ``module``: ``gm(*args, **kwargs)`` gives its output.
+
+    Every leaf of ``(args, kwargs)`` becomes a placeholder (the ones the graph does not
+    read stay unused), and the output is rebuilt by ``found.output_plan``, so inputs
+    passed through and constants come back as the model returns them.
+    """
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    source = found.graph_module
+    graph = fx.Graph()
+    try:
+        names = torch._dynamo.eval_frame.argument_names(inspect.signature(module.forward), args, kwargs)
+    except Exception:  # a forward without a signature to read: positional names
+        names = [f"arg{i}" for i in range(len(leaves))]
+    inputs = [graph.placeholder(re.sub(r"\W", "_", str(name))) for name in names]
+    env: dict[fx.Node, fx.Node] = {}
+    for placeholder, position in zip(
+        [n for n in source.graph.nodes if n.op == "placeholder"], found.input_positions, strict=True
+    ):
+        env[placeholder] = inputs[position]
+        inputs[position].meta = dict(placeholder.meta)
+    outs: Any = graph.graph_copy(source.graph, env)
+    rebuilt = [outs[v] if kind == "graph" else inputs[v] if kind == "input" else v for kind, v in found.output_plan]
+    graph.output(rebuilt)
+    graph._codegen = fx.graph._PyTreeCodeGen(fx.graph._PyTreeInfo(list(names), in_spec, found.output_spec))
+    gm = fx.GraphModule(source, graph, class_name=source.__class__.__name__)
+    gm.recompile()
+    return gm
 
 
 _CLOSURE_ROOT = re.compile(r"^L\[['\"]module['\"]\]")

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from unitscale.capture._dynamo import dynamo_graph, with_call_signature
 from unitscale.capture._where import user_code_frame
 from unitscale.fx.tracers import ModulePathTracer
 
@@ -89,8 +90,8 @@ def export_route(strict: bool, dynamic_batch: bool = False) -> RouteFn:
 
 
 def dynamo_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
-    result = torch._dynamo.export(module)(*args, **kwargs)
-    return result.graph_module, None
+    # The graph the transforms capture per signature, given the model's call signature.
+    return with_call_signature(dynamo_graph(module, args, kwargs), module, args, kwargs), None
 
 
 #: route name -> function, in the order ``route="auto"`` tries them.
