@@ -30,6 +30,7 @@ from unitscale.scaling import amean, gmean, hmean, to_grad_input_scale, to_outpu
 from unitscale.stages import StagePlan, partition, run_pipeline
 from unitscale.tracking import (
     ScalePair,
+    ScaleMonitor,
     ScaleReport,
     ScaleTracker,
     ScaleTrackingInterpreter,
@@ -92,4 +93,6 @@ __all__ = [
     "apply_transform",
     # data
     "MarkovSource",
+    # monitor
+    "ScaleMonitor",
 ]

@@ -1,0 +1,120 @@
+"""What casting one tensor to a low-precision format would cost: underflow, overflow and SQNR.
+
+:func:`cast_stats` measures a tensor against an :class:`~unitscale.FPFormat`: its std and
+abs-max, the fraction of its nonzero elements below the format's smallest subnormal
+(underflow) or above its largest value (overflow), and the signal-to-quantisation-noise
+ratio of the format's own simulated rounding (:meth:`FPFormat.round`), in dB:
+``10 * log10(sum(x**2) / sum((x - round(x))**2))``.
+
+:func:`raw_cast_stats` leaves the sums on the tensor's device (on an accelerator, no host
+sync per tensor); :func:`finish_cast_stats` turns the sums, once read, into the statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from unitscale.formats import FPFormat
+from unitscale.tracking.stats import Stat, reads_at_once, std_stat
+
+__all__ = ["CastStats", "cast_stats", "finish_cast_stats", "raw_cast_stats"]
+
+RAW_FIELDS = ("std", "absmax", "nonzero", "under", "over", "signal", "noise")
+"""What :func:`raw_cast_stats` returns, in order."""
+
+
+class CastStats(NamedTuple):
+    """One tensor measured against a format.
+
+    Attributes:
+        std: standard deviation (``torch.std``; 0 for one element).
+        absmax: largest magnitude.
+        underflow: fraction of the nonzero elements whose magnitude is below the format's
+            smallest subnormal (exact zeros are not counted: they cast exactly).
+        overflow: fraction of the nonzero elements whose magnitude is above the format's
+            largest finite value (infinities included).
+        sqnr_db: ``10 * log10(signal power / quantisation-noise power)`` of the format's
+            rounding; ``inf`` where the format holds the tensor exactly (all-zero
+            tensors included); NaN where the tensor holds a NaN or an infinity.
+    """
+
+    std: float
+    absmax: float
+    underflow: float
+    overflow: float
+    sqnr_db: float
+
+
+def _value(t: torch.Tensor) -> Stat:
+    return t.item() if reads_at_once(t.device) else t
+
+
+def raw_cast_stats(t: torch.Tensor, fmt: FPFormat) -> tuple[Stat, ...]:
+    """The sums behind :class:`CastStats` (see :data:`RAW_FIELDS`): floats on the CPU, 0-dim tensors elsewhere.
+
+    >>> import torch
+    >>> from unitscale import FP8_E4M3
+    >>> raw_cast_stats(torch.tensor([0.0, 1.0, 1e-4, 1e3]), FP8_E4M3)[2:5]
+    (3, 1, 1)
+    """
+    with torch.no_grad():
+        x = t.detach()
+        if x.dtype != torch.float32 and x.dtype != torch.float64:
+            x = x.float()
+        x = x.reshape(-1)
+        std = std_stat(x)
+        if std is None:
+            raise ValueError("raw_cast_stats needs a nonempty tensor")
+        a = x.abs()
+        absmax = a.max()
+        nonzero = torch.count_nonzero(a)
+        # count_nonzero(a < s) also counts the exact zeros, which are not underflow: subtract them
+        under = torch.count_nonzero(a < fmt.min_subnormal) - (x.numel() - nonzero)
+        over = torch.count_nonzero(a > fmt.max_value)
+        signal = torch.dot(x, x)
+        error = fmt.round(x).sub_(x)
+        noise = torch.dot(error, error)
+    return (std, *(_value(v) for v in (absmax, nonzero, under, over, signal, noise)))
+
+
+def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:
+    """:class:`CastStats` from the values of :func:`raw_cast_stats`, read to floats.
+
+    >>> finish_cast_stats((1.0, 2.0, 4, 1, 0, 8.0, 0.08))
+    CastStats(std=1.0, absmax=2.0, underflow=0.25, overflow=0.0, sqnr_db=20.0)
+    """
+    std, absmax, nonzero, under, over, signal, noise = raw
+    underflow = under / nonzero if nonzero else 0.0
+    overflow = over / nonzero if nonzero else 0.0
+    if not (math.isfinite(signal) and math.isfinite(noise)):
+        sqnr = math.nan
+    elif noise == 0:  # all-zero tensors too: nothing is lost
+        sqnr = math.inf
+    else:
+        sqnr = 10 * math.log10(signal / noise)
+    return CastStats(float(std), float(absmax), float(underflow), float(overflow), sqnr)
+
+
+def cast_stats(t: torch.Tensor, fmt: FPFormat) -> CastStats:
+    """Std, abs-max, underflow and overflow fractions and SQNR of casting ``t`` to ``fmt``.
+
+    Args:
+        t: a nonempty floating-point tensor (low-precision dtypes are measured in float32).
+        fmt: the format it would be cast to.
+
+    Returns:
+        A :class:`CastStats`, read to Python floats.
+
+    >>> import torch
+    >>> from unitscale import FP8_E4M3
+    >>> s = cast_stats(torch.tensor([0.0, 0.5, 1e-4, 1000.0]), FP8_E4M3)
+    >>> s.absmax, round(s.underflow, 3), round(s.overflow, 3)
+    (1000.0, 0.333, 0.333)
+    >>> cast_stats(torch.tensor([0.5, -2.0]), FP8_E4M3).sqnr_db
+    inf
+    """
+    raw = raw_cast_stats(t, fmt)
+    return finish_cast_stats(tuple(float(v) for v in raw))
