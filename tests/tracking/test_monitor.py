@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from unitscale import FP8_E4M3, FP8_E5M2, FP16, ScaleMonitor, TinyGPT
+from unitscale import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat, ScaleMonitor, TinyGPT
 from unitscale.errors import (
     InputError,
     MonitorSettingError,
@@ -21,6 +21,7 @@ from unitscale.errors import (
     UnknownStatError,
 )
 from unitscale.tracking import MonitorRecord, ScaleHistory, cast_stats
+from unitscale.tracking.cast_stats import Scratch, rounding_error
 
 matplotlib.use("Agg")
 
@@ -99,6 +100,15 @@ def test_sqnr_matches_its_definition_and_mantissa_bits() -> None:
     e5m2, e4m3, fp16 = (cast_stats(t, fmt).sqnr_db for fmt in (FP8_E5M2, FP8_E4M3, FP16))
     assert e4m3 - e5m2 == pytest.approx(6.02, abs=0.5)
     assert fp16 - e4m3 == pytest.approx(7 * 6.02, abs=0.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([FP8_E4M3, FP8_E5M2, FP16, BF16]), st.floats(-30, 20), st.integers(0, 2**31 - 1))
+def test_fast_rounding_error_equals_the_formats_own_rounding(fmt: FPFormat, log2_scale: float, seed: int) -> None:
+    t = torch.randn(500, generator=torch.Generator().manual_seed(seed)) * 2.0**log2_scale
+    t = torch.cat([t, torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e30, fmt.min_subnormal / 2])])
+    expected = fmt.round(t) - t
+    assert torch.equal(rounding_error(t, fmt, Scratch()).nan_to_num(nan=7.0), expected.nan_to_num(nan=7.0))
 
 
 def test_nan_gives_nan_sqnr() -> None:

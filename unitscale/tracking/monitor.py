@@ -32,7 +32,7 @@ from torch.utils.hooks import RemovableHandle
 
 from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.tracking.cast_stats import finish_cast_stats, raw_cast_stats
+from unitscale.tracking.cast_stats import Scratch, finish_cast_stats, raw_cast_stats
 from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
 from unitscale.tracking.stats import Stat
 
@@ -150,6 +150,7 @@ class ScaleMonitor:
         self._pending: list[_Pending] = []
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._calls: dict[str, int] = {}
+        self._scratch = Scratch()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next step {self._next_step}"
@@ -212,16 +213,18 @@ class ScaleMonitor:
         """Remove every hook (there are none outside a record step) and refuse further steps."""
         self._disarm()
         self._pending.clear()
+        self._scratch = Scratch()
         self._closed = True
 
     # Recording ----------------------------------------------------------------------------------
 
     def _arm(self) -> None:
         self._pending, self._seen, self._calls = [], {}, {}
+        self._scratch = Scratch()  # buffers live for one record step, then go
         if self.parameters:
             for name, p in self.model.named_parameters():
                 if p.numel() and p.is_floating_point():
-                    self._pending.append((name, "parameter", "fwd", raw_cast_stats(p, self.fwd_format)))
+                    self._pending.append((name, "parameter", "fwd", raw_cast_stats(p, self.fwd_format, self._scratch)))
         if self.activations:
             for name, module in self._modules:
                 self._handles.append(module.register_forward_hook(partial(self._on_forward, name)))
@@ -245,23 +248,24 @@ class ScaleMonitor:
             calls = self._calls[full] = self._calls.get(full, 0) + 1
             if calls > 1:
                 full = f"{full}#{calls}"
-            self._pending.append((full, "activation", "fwd", raw_cast_stats(t, self.fwd_format)))
+            self._pending.append((full, "activation", "fwd", raw_cast_stats(t, self.fwd_format, self._scratch)))
             if t.requires_grad:
                 self._handles.append(t.register_hook(partial(self._on_grad, full)))
 
     def _on_grad(self, name: str, grad: torch.Tensor) -> None:
         if grad.numel():
-            self._pending.append((name, "activation", "bwd", raw_cast_stats(grad, self.bwd_format)))
+            self._pending.append((name, "activation", "bwd", raw_cast_stats(grad, self.bwd_format, self._scratch)))
 
     def _collect(self, step: int) -> None:
         if self.parameters:
             for name, p in self.model.named_parameters():
                 if p.grad is not None and p.grad.numel() and p.grad.is_floating_point():
-                    self._pending.append((name, "parameter", "bwd", raw_cast_stats(p.grad, self.bwd_format)))
+                    self._pending.append((name, "parameter", "bwd", raw_cast_stats(p.grad, self.bwd_format, self._scratch)))
         values = _read([raw for *_, raw in self._pending])
         for (name, kind, direction, _), raw in zip(self._pending, values, strict=True):
             self.history.records.append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(raw)))
         self._pending = []
+        self._scratch = Scratch()
 
     # Views --------------------------------------------------------------------------------------
 
