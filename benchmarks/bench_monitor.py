@@ -16,6 +16,7 @@ import gc
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +119,10 @@ def main(quick: bool = False, threads: int = 1) -> list[dict]:
         recording = _steps(model, x, y, always)
         plain(1), monitored(1), recording(1)  # warm-up: allocator, lazy imports
         best = {"plain": float("inf"), "monitored": float("inf"), "record": float("inf")}
+        runs = {"plain": (plain, EVERY), "monitored": (monitored, EVERY), "record": (recording, 1)}
         for _ in range(rounds):
-            best["plain"] = min(best["plain"], _time(lambda: plain(EVERY)))
-            best["monitored"] = min(best["monitored"], _time(lambda: monitored(EVERY)))
-            best["record"] = min(best["record"], _time(lambda: recording(1)))
+            for key, (fn, n) in runs.items():
+                best[key] = min(best[key], _time(partial(fn, n)))
         tensors = len(always.history) // (rounds + 1)  # warm-up and each round record once
         monitor.close()
         always.close()

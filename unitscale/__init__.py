@@ -29,8 +29,8 @@ from unitscale.fx import (
 from unitscale.scaling import amean, gmean, hmean, to_grad_input_scale, to_output_scale
 from unitscale.stages import StagePlan, partition, run_pipeline
 from unitscale.tracking import (
-    ScalePair,
     ScaleMonitor,
+    ScalePair,
     ScaleReport,
     ScaleTracker,
     ScaleTrackingInterpreter,

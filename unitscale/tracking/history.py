@@ -8,7 +8,7 @@ step, as plain Python values, so it pickles and outlives the model
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from unitscale.errors import InputError, NoRecordsError, UnknownStatError
@@ -107,8 +107,15 @@ class DriftTable:
         """The rows as a fixed-width text table (3 significant digits)."""
         header = ("tensor", "kind", "dir", "steps", f"first {self.stat}", f"last {self.stat}", "octaves")
         body = [
-            (d.tensor, d.kind, d.direction, f"{d.first_step}-{d.last_step}", f"{d.first:.3g}", f"{d.last:.3g}",
-             f"{d.octaves:+.2f}")
+            (
+                d.tensor,
+                d.kind,
+                d.direction,
+                f"{d.first_step}-{d.last_step}",
+                f"{d.first:.3g}",
+                f"{d.last:.3g}",
+                f"{d.octaves:+.2f}",
+            )
             for d in self.rows
         ]
         return _text_table(header, body)
@@ -117,9 +124,11 @@ class DriftTable:
         return self.table()
 
 
-def _text_table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
+def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body])
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
+    )
 
 
 def _check_stat(caller: str, stat: object, allowed: tuple[str, ...] = STATS) -> str:
@@ -205,8 +214,17 @@ class ScaleHistory:
         """
         header = ("step", "tensor", "kind", "dir", "std", "absmax", "underflow", "overflow", "sqnr dB")
         body = [
-            (str(r.step), r.tensor, r.kind, r.direction, f"{r.std:.3g}", f"{r.absmax:.3g}", f"{r.underflow:.3g}",
-             f"{r.overflow:.3g}", f"{r.sqnr_db:.3g}")
+            (
+                str(r.step),
+                r.tensor,
+                r.kind,
+                r.direction,
+                f"{r.std:.3g}",
+                f"{r.absmax:.3g}",
+                f"{r.underflow:.3g}",
+                f"{r.overflow:.3g}",
+                f"{r.sqnr_db:.3g}",
+            )
             for r in self.select(step, kind, direction)
         ]
         return _text_table(header, body)

@@ -50,8 +50,7 @@ _Pending = tuple[str, str, str, tuple[Stat, ...]]
 def _check_int(name: str, value: object, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise MonitorSettingError(
-            f"ScaleMonitor: {name}={value!r:.60} must be an int >= {low} "
-            f"(got {type(value).__name__})"
+            f"ScaleMonitor: {name}={value!r:.60} must be an int >= {low} (got {type(value).__name__})"
         )
     return value
 
@@ -260,7 +259,9 @@ class ScaleMonitor:
         if self.parameters:
             for name, p in self.model.named_parameters():
                 if p.grad is not None and p.grad.numel() and p.grad.is_floating_point():
-                    self._pending.append((name, "parameter", "bwd", raw_cast_stats(p.grad, self.bwd_format, self._scratch)))
+                    self._pending.append(
+                        (name, "parameter", "bwd", raw_cast_stats(p.grad, self.bwd_format, self._scratch))
+                    )
         values = _read([raw for *_, raw in self._pending])
         for (name, kind, direction, _), raw in zip(self._pending, values, strict=True):
             self.history.records.append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(raw)))
@@ -298,5 +299,4 @@ def _read(rows: list[tuple[Stat, ...]]) -> list[tuple[float, ...]]:
         values = torch.stack([v.double() for _, _, v in group]).tolist()
         for (i, j, _), value in zip(group, values, strict=True):
             out[i][j] = value
-    return [tuple(float(v) if not isinstance(v, float) else v for v in row) for row in out]  # type: ignore[arg-type]
-
+    return [tuple(float(v) if not isinstance(v, float) else v for v in row) for row in out]
