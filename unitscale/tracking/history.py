@@ -131,6 +131,13 @@ def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str
     )
 
 
+def _format_name(fmt: FPFormat) -> str:
+    from unitscale.formats import BF16, FP16
+
+    names = {FP8_E4M3: "FP8 E4M3", FP8_E5M2: "FP8 E5M2", FP16: "FP16", BF16: "BF16"}
+    return names.get(fmt, repr(fmt))
+
+
 def _check_stat(caller: str, stat: object, allowed: tuple[str, ...] = STATS) -> str:
     if not isinstance(stat, str) or stat not in allowed:
         raise UnknownStatError(f"{caller}: stat={stat!r:.60} is not known; use one of {', '.join(allowed)}")
@@ -305,7 +312,7 @@ class ScaleHistory:
         >>> from unitscale.tracking import MonitorRecord, ScaleHistory
         >>> h = ScaleHistory([MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1.0, 0.0, 0.0, 30.0) for s in (0, 1)])
         >>> h.heatmap().axes[0].get_title()
-        'forward (FPFormat(4, 3, infinities=False))'
+        'forward (FP8 E4M3)'
         """
         _check_stat("heatmap", stat)
         _check_choice("heatmap", "kind", kind, ("activation", "parameter", None))
@@ -352,7 +359,7 @@ class ScaleHistory:
                 np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax
             )
             fmt = self.fwd_format if d == "fwd" else self.bwd_format
-            ax.set_title(f"{'forward' if d == 'fwd' else 'backward'} ({fmt!r})", fontsize=9)
+            ax.set_title(f"{'forward' if d == 'fwd' else 'backward'} ({_format_name(fmt)})", fontsize=9)
             ticks = list(range(len(steps)))[:: max(1, math.ceil(len(steps) / 6))]
             ax.set_xticks(ticks, [str(steps[j]) for j in ticks], fontsize=9)
             ax.set_xlabel("step", fontsize=9)
