@@ -40,6 +40,12 @@ class CastStats(NamedTuple):
         sqnr_db: ``10 * log10(signal power / quantisation-noise power)`` of the format's
             rounding; ``inf`` where the format holds the tensor exactly (all-zero
             tensors included); NaN where the tensor holds a NaN or an infinity.
+
+    >>> import torch
+    >>> from unitscale import FP8_E5M2
+    >>> from unitscale.tracking import cast_stats
+    >>> cast_stats(torch.tensor([1.0, -3.0]), FP8_E5M2)
+    CastStats(std=2.8284271247461903, absmax=3.0, underflow=0.0, overflow=0.0, sqnr_db=inf)
     """
 
     std: float

@@ -67,6 +67,10 @@ class Drift(NamedTuple):
     """How far one tensor's statistic moved between its first and last record.
 
     ``octaves`` is ``log2(last / first)``: +1 means the statistic doubled.
+
+    >>> from unitscale.tracking import Drift
+    >>> Drift("fc", "activation", "fwd", 0, 100, 0.5, 2.0, 2.0).octaves
+    2.0
     """
 
     tensor: str
