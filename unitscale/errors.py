@@ -61,6 +61,10 @@ __all__ = [
     "ConfigError",
     "NodeNotFoundError",
     "MemoryLimitError",
+    "MonitorSettingError",
+    "MonitorStateError",
+    "NoRecordsError",
+    "UnknownStatError",
 ]
 
 
@@ -205,3 +209,26 @@ class MemoryLimitError(UnitscaleError, ValueError):
     def __init__(self, message: str, needed: float = float("nan")) -> None:
         super().__init__(message)
         self.needed = float(needed)
+
+
+class MonitorSettingError(InputError):
+    """A :class:`~unitscale.ScaleMonitor` setting is impossible: ``every`` not an int >= 1, a
+    format that is not an :class:`~unitscale.FPFormat`, a step that is not an int >= 0.
+
+    >>> import torch, unitscale
+    >>> unitscale.ScaleMonitor(torch.nn.Linear(2, 2), every=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.MonitorSettingError: ScaleMonitor: every=0 must be an int >= 1 ...
+    """
+
+
+class MonitorStateError(UnitscaleError, RuntimeError):
+    """A :class:`~unitscale.ScaleMonitor` used out of order: a step opened inside another, or after ``close()``."""
+
+
+class NoRecordsError(MonitorStateError):
+    """A heat map or drift table asked of a monitor (or history) that has recorded nothing yet."""
+
+
+class UnknownStatError(UnitscaleError, ValueError):
+    """A statistic name that a monitor's history does not hold (``std``, ``absmax``, ...)."""
