@@ -147,8 +147,11 @@ def test_quantising_integers_raises_format_error() -> None:
         FP16.round(torch.arange(3))
 
 
+SMALL_FLOATS = st.floats(min_value=-(2.0**-10), max_value=2.0**-10, width=32, allow_subnormal=False)
+
+
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.floats(min_value=-(2.0**-10), max_value=2.0**-10, width=32, allow_subnormal=False), min_size=1, max_size=40))
+@given(st.lists(SMALL_FLOATS, min_size=1, max_size=40))
 def test_underflow_fraction_counts_the_nonzeros_torchs_e5m2_cast_sends_to_zero(values: list[float]) -> None:
     x = torch.tensor(values)
     nonzero = x != 0
