@@ -8,6 +8,11 @@ a real pipeline on :mod:`torch.distributed.pipelining`.
 [144.0, 144.0]
 """
 
+from unitscale.stages.launch import SCHEDULES as SCHEDULES
+from unitscale.stages.launch import RankPipeline as RankPipeline
+from unitscale.stages.launch import check_schedule as check_schedule
+from unitscale.stages.launch import pipeline_stage as pipeline_stage
+from unitscale.stages.launch import placement as placement
 from unitscale.stages.pipeline import PipelineResult as PipelineResult
 from unitscale.stages.pipeline import run_pipeline as run_pipeline
 from unitscale.stages.plan import StagePlan as StagePlan
@@ -15,5 +20,20 @@ from unitscale.stages.plan import StageReport as StageReport
 from unitscale.stages.plan import StageRow as StageRow
 from unitscale.stages.plan import bubble_fraction as bubble_fraction
 from unitscale.stages.plan import partition as partition
+from unitscale.stages.saved import SavedPlan as SavedPlan
 
-__all__ = ["partition", "StagePlan", "StageReport", "StageRow", "run_pipeline", "PipelineResult", "bubble_fraction"]
+__all__ = [
+    "partition",
+    "StagePlan",
+    "StageReport",
+    "StageRow",
+    "run_pipeline",
+    "PipelineResult",
+    "bubble_fraction",
+    "pipeline_stage",
+    "RankPipeline",
+    "placement",
+    "check_schedule",
+    "SCHEDULES",
+    "SavedPlan",
+]
