@@ -1,15 +1,15 @@
 """This rank's pipeline stages and schedule, for a script launched by ``torchrun``.
 
 Save a plan where the model is (``plan.save("plan.pt")``), then in the script that
-``torchrun`` starts on every machine::
+``torchrun`` starts on every machine (the whole recipe: ``docs/torchrun.md``)::
 
-    # train.py, run as: torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint host:29500 train.py
+    # train.py, run as: torchrun --nnodes 2 --nproc-per-node 2 --rdzv-endpoint host0:29500 train.py
     import torch
     from torch import nn
     from unitscale.stages import pipeline_stage
 
-    rank = pipeline_stage("plan.pt", num_microbatches=8, schedule="1f1b", loss_fn=nn.CrossEntropyLoss())
-    x, y = torch.randint(0, 128, (16, 32)), torch.randint(0, 128, (16, 32))
+    rank = pipeline_stage("plan.pt", num_microbatches=4, schedule="1f1b", loss_fn=nn.MSELoss())
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
     output = rank.step(x, target=y)  # the model's output on the last stage's rank, else None
 
 ``pipeline_stage`` joins the process group from the environment ``torchrun`` sets

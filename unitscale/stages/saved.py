@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import TreeSpec, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_structure, tree_unflatten
 
 from unitscale.errors import InputError
 
@@ -89,7 +89,11 @@ def save_plan(plan: StagePlan | SavedPlan, path: str | os.PathLike[str]) -> None
         {
             "format": _FORMAT,
             "stage_modules": saved.stage_modules,
-            "output_spec": saved.output_spec,
+            # a TreeSpec unpickles with a deprecation warning in torch 2.13; an example of the
+            # structure (ints for leaves) pickles as plain objects and gives the spec back
+            "output_example": None
+            if saved.output_spec is None
+            else tree_unflatten(list(range(saved.output_spec.num_leaves)), saved.output_spec),
             "model_name": saved.model_name,
             "stage_costs": saved.stage_costs,
         },
@@ -110,4 +114,6 @@ def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
         ) from exc
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         raise InputError(f"{os.fspath(path)!r} is not a plan written by StagePlan.save (format {_FORMAT!r})")
-    return SavedPlan(data["stage_modules"], data["output_spec"], data["model_name"], data["stage_costs"])
+    example = data["output_example"]
+    spec = None if example is None else tree_structure(example)
+    return SavedPlan(data["stage_modules"], spec, data["model_name"], data["stage_costs"])
