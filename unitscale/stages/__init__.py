@@ -8,7 +8,6 @@ a real pipeline on :mod:`torch.distributed.pipelining`.
 [144.0, 144.0]
 """
 
-from unitscale.stages.launch import SCHEDULES as SCHEDULES
 from unitscale.stages.launch import RankPipeline as RankPipeline
 from unitscale.stages.launch import check_schedule as check_schedule
 from unitscale.stages.launch import pipeline_stage as pipeline_stage
@@ -22,18 +21,5 @@ from unitscale.stages.plan import bubble_fraction as bubble_fraction
 from unitscale.stages.plan import partition as partition
 from unitscale.stages.saved import SavedPlan as SavedPlan
 
-__all__ = [
-    "partition",
-    "StagePlan",
-    "StageReport",
-    "StageRow",
-    "run_pipeline",
-    "PipelineResult",
-    "bubble_fraction",
-    "pipeline_stage",
-    "RankPipeline",
-    "placement",
-    "check_schedule",
-    "SCHEDULES",
-    "SavedPlan",
-]
+__all__ = ["partition", "StagePlan", "StageReport", "StageRow", "run_pipeline", "PipelineResult", "bubble_fraction"]
+__all__ += ["pipeline_stage", "RankPipeline", "SavedPlan", "placement", "check_schedule"]

@@ -273,9 +273,7 @@ def pipeline_stage(
     loaded = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
     if not isinstance(loaded, SavedPlan):
         loaded = SavedPlan.from_plan(loaded)
-    ranks = check_schedule(
-        schedule, loaded.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None
-    )
+    ranks = check_schedule(schedule, loaded.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)
     if ranks != world:
         raise InputError(
             f"the plan has {loaded.num_stages} stages, {stages_per_rank} per rank, so it needs {ranks} ranks, "

@@ -624,9 +624,7 @@ def run_pipeline(
     if schedule not in SCHEDULES:
         raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
     _check_args(args, num_microbatches)
-    world = check_schedule(
-        schedule, plan.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None
-    )
+    world = check_schedule(schedule, plan.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)
     if (loss_fn is None) != (target is None):
         raise InputError("pass both loss_fn and target for a training step, or neither for a forward pass")
     if loss_fn is not None:
