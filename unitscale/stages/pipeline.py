@@ -105,8 +105,8 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
 
     from unitscale.stages.launch import build_rank
 
-    modules: dict[int, torch.nn.Module] = job["modules"]
-    loss_fn = job["loss_fn"]
+    modules: dict[int, torch.nn.Module] = {i: pickle.loads(b) for i, b in job["modules"].items()}
+    loss_fn = pickle.loads(job["loss_fn"])
     built = build_rank(
         modules, job["num_stages"], job["schedule"], job["num_microbatches"], loss_fn, torch.device("cpu")
     )
@@ -640,20 +640,23 @@ def run_pipeline(
     held = placement(schedule, world, stages_per_rank)
     last = plan.num_stages - 1
     from_main: list[str] = []
+    # pickled one by one, so that what cannot travel is named
+    stage_bytes = [_pickled(f"stage {s}", stage, from_main) for s, stage in enumerate(stages)]
+    loss_bytes = _pickled("loss_fn", loss_fn, from_main)
     jobs = []
     for r in range(world):
         job = {
-            "modules": {i: stages[i] for i in held[r]},
+            "modules": {i: stage_bytes[i] for i in held[r]},
             "num_stages": plan.num_stages,
             "schedule": schedule,
             "num_microbatches": num_microbatches,
-            "loss_fn": loss_fn,
+            "loss_fn": loss_bytes,
             "inputs": args if 0 in held[r] else (),
             "target": target if last in held[r] else None,
             "steps": steps,
             "warmup": warmup,
         }
-        jobs.append(_pickled(f"the job of rank {r}", job, from_main))
+        jobs.append(_pickled("the inputs" if loss_fn is None else "the inputs or target", job, from_main))
     main = sys.modules.get("__main__")
     main_file = getattr(main, "__file__", None)
     main_hint = ""
