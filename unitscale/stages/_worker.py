@@ -10,10 +10,16 @@ import os
 import signal
 import sys
 
-scratch = sys.argv[1]
-_dump = open(os.path.join(scratch, f"rank{os.environ['RANK']}.stack"), "w")  # noqa: SIM115 - open until exit
-faulthandler.register(signal.SIGUSR1, file=_dump, all_threads=False)
 
-from unitscale.stages.pipeline import worker_main  # noqa: E402 - after the handler, on purpose
+def main() -> None:
+    scratch = sys.argv[1]
+    dump = open(os.path.join(scratch, f"rank{os.environ['RANK']}.stack"), "w")  # noqa: SIM115 - open until exit
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
 
-worker_main(scratch)
+    from unitscale.stages.pipeline import worker_main  # after the handler, on purpose
+
+    worker_main(scratch)
+
+
+if __name__ == "__main__":
+    main()
