@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.fx
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
 
 from unitscale import partition, run_pipeline
-from unitscale.errors import InputError, UnknownScheduleError
+from unitscale.errors import InputError, PipelineError, UnknownScheduleError
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.stages import check_schedule, placement
 
@@ -99,6 +100,34 @@ def test_a_script_without_a_main_guard_piped_to_python_stdin_runs_a_pipeline(tmp
     assert done.stdout.count("MATCH") == 1
     _, same, got, want = done.stdout.split()
     assert same == "True" and got == want
+
+
+def fail_on_rank(x: torch.Tensor, rank: int) -> torch.Tensor:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_rank() == rank:  # only inside a worker
+        raise ValueError(f"fault injected on rank {rank}")
+    return x
+
+
+torch.fx.wrap("fail_on_rank")
+
+
+class FailOnRank(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fail_on_rank(x, 1)
+
+
+def test_a_failing_rank_holding_two_stages_is_named_with_its_stages() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), FailOnRank())
+    x = torch.randn(4, 4)
+    plan = partition(model, 4, x)
+    assert plan.assignment[next(n for n, _ in plan.node_costs if "fail_on_rank" in n)] in (1, 3)
+    with pytest.raises(
+        PipelineError, match=r"^rank 1 \(stages 1, 3\) worker failed: ValueError: fault injected on rank 1\n"
+    ):
+        run_pipeline(plan, x, 2, "interleaved_1f1b", stages_per_rank=2, timeout=60)
 
 
 def test_default_call_result_has_a_step_time_and_keeps_its_fields() -> None:

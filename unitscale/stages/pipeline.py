@@ -194,8 +194,9 @@ def worker_main(scratch: str) -> None:
 class _Worker:
     """A worker interpreter, with the few ``multiprocessing.Process`` names the diagnosis reads."""
 
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], name: str) -> None:
         self.popen = popen
+        self.name = name  # "stage 1" with one stage per rank, else "rank 1 (stages 1, 3)"
         self.pid: int | None = popen.pid
 
     @property
@@ -390,16 +391,16 @@ def _diagnose(
     ordered = silent + sorted(failures, key=lambda f: f.when)
     first = ordered[0]
     lines = [
-        f"stage {first.rank} worker failed: {first.cause}"
+        f"{procs[first.rank].name} worker failed: {first.cause}"
         if first.detail
-        else f"stage {first.rank} worker {first.cause}"
+        else f"{procs[first.rank].name} worker {first.cause}"
     ]
     if not first.detail and main_hint:
         lines[0] += main_hint
     # later failures are mostly broken links to the first: one short line each
-    lines += [f"(stage {f.rank} failed after it: {_first_line(f.cause, 160)})" for f in ordered[1:]]
+    lines += [f"({procs[f.rank].name} failed after it: {_first_line(f.cause, 160)})" for f in ordered[1:]]
     if first.detail:
-        lines.append(f"\nTraceback of stage {first.rank}:\n{first.detail.rstrip()}")
+        lines.append(f"\nTraceback of {procs[first.rank].name}:\n{first.detail.rstrip()}")
     return PipelineError("\n".join(lines))
 
 
@@ -444,10 +445,11 @@ def _timeout_error(procs: list[Any], missing: list[int], timeout: float, stack_f
         else:
             busy.append((r, f"busy at {innermost[0]}:{innermost[1]} in {innermost[2]}"))
     order = busy + waiting
-    head = "; ".join(f"stage {r} {why}" for r, why in order)
+    head = "; ".join(f"{procs[r].name} {why}" for r, why in order)
+    which = "Stage(s)" if all(procs[r].name.startswith("stage") for r in missing) else "Rank(s)"
     return PipelineError(
         f"pipeline timed out after {timeout:g} s: {head}. "
-        f"Stage(s) {missing} had not finished; raise timeout= or check the model"
+        f"{which} {missing} had not finished; raise timeout= or check the model"
     )
 
 
@@ -670,7 +672,7 @@ def run_pipeline(
             f"; the workers re-import your script for {', '.join(from_main[:3])} (defined in __main__): "
             'guard its top level with `if __name__ == "__main__":` or move them into a module'
         )
-    done = _launch(jobs, timeout, main_hint, os.path.abspath(main_file) if from_main and main_file else None)
+    done = _launch(jobs, held, timeout, main_hint, os.path.abspath(main_file) if from_main and main_file else None)
     held_last = next(r for r in range(world) if last in held[r])
     output = plan.output_from_leaves(done[held_last]["output"])
     if loss_fn is None:
@@ -713,7 +715,9 @@ def _worker_env(rank: int, world: int, port: int, timeout: float, main_path: str
     return env
 
 
-def _launch(jobs: list[bytes], timeout: float, main_hint: str, main_path: str | None) -> dict[int, dict[str, Any]]:
+def _launch(
+    jobs: list[bytes], held: list[list[int]], timeout: float, main_hint: str, main_path: str | None
+) -> dict[int, dict[str, Any]]:
     """Start one interpreter per rank, as torchrun would, and collect what each returns."""
     import sys
 
@@ -741,7 +745,8 @@ def _launch(jobs: list[bytes], timeout: float, main_hint: str, main_path: str | 
                 raise PipelineError(
                     f"could not start the worker process of rank {r}: {type(exc).__name__}: {exc}"
                 ) from exc
-            procs.append(_Worker(popen))
+            name = f"stage {held[r][0]}" if len(held[r]) == 1 else f"rank {r} (stages {', '.join(map(str, held[r]))})"
+            procs.append(_Worker(popen, name))
         return _collect(procs, _Results(scratch.name, world), timeout, stack_files, main_hint)
     finally:
         for p in procs:
