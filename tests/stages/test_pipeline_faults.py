@@ -7,8 +7,8 @@ the chosen stage, so partitioning and the single-process reference are unaffecte
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 def fault(x: torch.Tensor, mode: str, stage: int) -> torch.Tensor:
     import torch.distributed as dist
 
-    if multiprocessing.parent_process() is None or not dist.is_initialized() or dist.get_rank() != stage:
+    # only inside a worker: the caller never joins a process group
+    if not dist.is_initialized() or dist.get_rank() != stage:
         return x
     if mode == "raise":
         raise ValueError(f"fault injected in stage {stage}")
@@ -97,8 +98,10 @@ def test_a_failing_worker_is_named_first_with_its_cause(mode: str, stage: int, f
     plan = faulty_plan(mode, stage)
     started = time.monotonic()
     with pytest.raises(PipelineError, match=first_line) as info:
-        run_pipeline(plan, torch.randn(4, 4), num_microbatches=2, timeout=20)
-    assert time.monotonic() - started < 15
+        run_pipeline(plan, torch.randn(4, 4), num_microbatches=2, timeout=300)
+    # A missed failure would wait out the 300 s timeout; the bound leaves room for starting
+    # two fresh interpreters (each imports torch) on a loaded machine.
+    assert time.monotonic() - started < 90
     message = str(info.value)
     if mode == "raise":
         # the traceback comes after the cause, not before it
@@ -116,7 +119,8 @@ def test_a_hanging_worker_times_out_and_is_blamed_before_the_stage_waiting_for_i
         r"stage 1 waiting",
     ):
         run_pipeline(plan, torch.randn(4, 4), num_microbatches=2, timeout=3)
-    assert time.monotonic() - started < 12
+    # the 3 s count from the moment both workers joined; starting them comes first
+    assert time.monotonic() - started < 60
     assert children() == []
 
 
@@ -210,5 +214,6 @@ def test_a_loss_defined_in_the_script_needs_the_main_guard_and_says_so(tmp_path:
         # the worker says why it stopped, the caller names the stage and the fix
         assert any("worker process re-imported your script" in line for line in errors)
         first = errors[-1]
-        assert first.startswith("unitscale.errors.PipelineError: stage 0 worker exited with code 1")
+        # both workers re-run the script on their own: whichever exits first is named
+        assert re.match(r"unitscale\.errors\.PipelineError: stage [01] worker exited with code 1", first)
         assert 'guard its top level with `if __name__ == "__main__":`' in first and "my_loss" in first

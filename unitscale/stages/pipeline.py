@@ -1,33 +1,36 @@
-"""Running a :class:`~unitscale.StagePlan` as a real pipeline: one process per stage.
+"""Running a :class:`~unitscale.StagePlan` as a real pipeline: one process per rank.
 
-The caller holds a :class:`torch.distributed.TCPStore` on a free loopback port;
-each worker joins a gloo process group through it, wraps its stage in a
-:class:`~torch.distributed.pipelining.PipelineStage` and steps a GPipe or 1F1B
-schedule. Workers come from a ``forkserver`` that has already imported torch,
-so a run costs a fork, not an interpreter start, and it works from a Jupyter
-kernel (no fork of a threaded process). The workers do not re-run the caller's
-script (so it needs no ``if __name__ == "__main__":`` guard) unless what they get
-refers to something defined in it. Stages and payloads travel as pickled bytes;
-every failure or timeout comes back as :class:`~unitscale.errors.PipelineError`,
-naming the stage that failed first and its cause before its traceback.
+The caller holds a :class:`torch.distributed.TCPStore` on a free loopback port and
+starts each worker as torchrun would: a fresh interpreter (``python -m
+unitscale.stages._worker``) with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT`` set. It reads its stages and job from a pickled
+file, joins a gloo process group, wraps its stages in
+:class:`~torch.distributed.pipelining.PipelineStage` objects and steps the schedule
+(GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble or ZBV; the same
+:func:`~unitscale.stages.launch.build_rank` that :func:`~unitscale.stages.pipeline_stage`
+uses under torchrun). A fresh interpreter does not re-run the caller's script, so it
+needs no ``if __name__ == "__main__":`` guard, and a notebook or ``python -`` works,
+unless what the workers get refers to something defined in the script. Every failure
+or timeout comes back as :class:`~unitscale.errors.PipelineError`, naming the rank
+that failed first and its cause before its traceback.
 """
 
 from __future__ import annotations
 
 import io
 import math
-import multiprocessing as mp
 import os
 import pickle
 import queue as queue_module
 import re
 import signal
+import statistics
+import subprocess
 import tempfile
 import time
 import traceback
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
@@ -37,14 +40,17 @@ from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
 from unitscale.stages.costs import flat_inputs
+from unitscale.stages.launch import SCHEDULES
 
 if TYPE_CHECKING:
     from unitscale.stages.plan import StagePlan
 
 __all__ = ["PipelineResult", "run_pipeline"]
 
-SCHEDULES = ("gpipe", "1f1b")
-_PRELOAD = ["torch", "torch.distributed", "torch.distributed.pipelining", "unitscale.stages.pipeline"]
+_WORKER_ENV = "UNITSCALE_PIPELINE_WORKER"
+_MAIN_ENV = "UNITSCALE_PIPELINE_MAIN"  # the caller's script, when the job names things defined in it
+_TIMEOUT_ENV = "UNITSCALE_PIPELINE_TIMEOUT"
+_STARTUP_S = 60.0  # allowance for starting the interpreters, on top of ``timeout``
 
 
 class _OnModelOutput:
@@ -66,7 +72,7 @@ class PipelineResult:
 
     >>> import torch
     >>> from unitscale.stages import PipelineResult
-    >>> PipelineResult(torch.zeros(2), torch.tensor(0.5), {}).loss.item()
+    >>> PipelineResult(torch.zeros(2), torch.tensor(0.5), {}, step_time=0.01).loss.item()
     0.5
 
     Attributes:
@@ -74,76 +80,162 @@ class PipelineResult:
         loss: mean of the per-microbatch losses.
         grads: parameter name (as in the original model) -> gradient, summed over
             the stages that hold the parameter.
+        step_time: seconds per training step, the median over the timed steps of the
+            slowest rank's time (each step starts on a barrier).
     """
 
     output: Any
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
+    step_time: float = math.nan
 
 
-def _worker(
-    rank: int,
-    world: int,
-    port: int,
-    stage_bytes: bytes,
-    job_bytes: bytes,
-    results: Any,
-    timeout: float,
-    stack_file: str,
-) -> None:
-    import faulthandler
-    import signal
+def loss_on_model_output(
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec | None
+) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """``loss_fn`` seeing the model's own output structure, where the last stage sends flat leaves."""
+    if spec is None or spec.is_leaf():
+        return loss_fn
+    return _OnModelOutput(loss_fn, spec)
 
+
+def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
+    """Build this rank's stages and schedule (a group is joined) and step it ``warmup + steps`` times."""
     import torch.distributed as dist
 
+    from unitscale.stages.launch import build_rank
+
+    modules: dict[int, torch.nn.Module] = {i: pickle.loads(b) for i, b in job["modules"].items()}
+    loss_fn = pickle.loads(job["loss_fn"])
+    built = build_rank(
+        modules, job["num_stages"], job["schedule"], job["num_microbatches"], loss_fn, torch.device("cpu")
+    )
+    times: list[float] = []
+    output: Any = None
+    losses: list[torch.Tensor] = []
+    for _ in range(job["warmup"] + job["steps"]):
+        for module in modules.values():
+            module.zero_grad(set_to_none=True)
+        losses = []
+        kwargs: dict[str, Any] = {}
+        if built.is_last and loss_fn is not None:
+            kwargs = {"target": job["target"], "losses": losses}
+        args = job["inputs"] if built.is_first else ()
+        dist.barrier()
+        started = time.perf_counter()
+        with torch.set_grad_enabled(loss_fn is not None):
+            output = built.schedule.step(*args, **kwargs)
+        times.append(time.perf_counter() - started)
+    grads: dict[str, torch.Tensor] = {}
+    for module in modules.values():
+        for name, p in module.named_parameters():
+            if p.grad is not None:
+                g = p.grad.detach().clone()
+                grads[name] = grads[name] + g if name in grads else g
+    return {
+        "output": output if built.is_last else None,
+        "losses": losses,
+        "grads": grads,
+        "times": times[job["warmup"] :],
+    }
+
+
+def _report(scratch: str, rank: int, message: tuple[Any, ...]) -> None:
+    """Write a worker's result where the caller polls for it (renamed into place: never read half-written)."""
+    final = os.path.join(scratch, f"rank{rank}.result")
+    with open(final + ".tmp", "wb") as f:
+        pickle.dump(message, f)
+    os.replace(final + ".tmp", final)
+
+
+def _import_callers_script(path: str) -> None:
+    """Run the caller's script as ``__mp_main__`` and alias it as ``__main__``, as ``multiprocessing``'s
+    spawn does, so names pickled by reference to ``__main__`` resolve."""
+    import runpy
+    import sys
+
+    module = types.ModuleType("__mp_main__")
+    module.__dict__.update(runpy.run_path(path, run_name="__mp_main__"))
+    sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+
+
+def worker_main(scratch: str) -> None:
+    """A stage worker, started as a fresh interpreter with torchrun's environment variables."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = float(os.environ[_TIMEOUT_ENV])
+    main_path = os.environ.get(_MAIN_ENV)
+    if main_path:
+        # outside the try: a failure here (an unguarded script calling run_pipeline again)
+        # prints its traceback and exits 1, which the caller explains
+        _import_callers_script(main_path)
     joined = False
     try:
-        # On a timeout the caller asks every worker where it is (SIGUSR1), to tell the
-        # stage stuck in its own code from the stages waiting for it.
-        dump = open(stack_file, "w")  # noqa: SIM115 - open until the process ends
-        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         torch.set_num_threads(1)
-        module = pickle.loads(stage_bytes)
-        job = pickle.loads(job_bytes)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout))
+        with open(os.path.join(scratch, f"rank{rank}.job"), "rb") as f:
+            job = pickle.load(f)
+        store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout + _STARTUP_S))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
         joined = True
-        payload = _run_stage(rank, world, module, job)
-        results.put(("ok", rank, pickle.dumps(payload), time.time()))
+        open(os.path.join(scratch, f"rank{rank}.joined"), "w").close()
+        payload = run_rank(rank, job)
+        _report(scratch, rank, ("ok", rank, pickle.dumps(payload), time.time()))
     except BaseException as exc:
         # reported before leaving the group: neighbours only fail on the closed links after this time
         when = time.time()
-        results.put(("error", rank, (type(exc).__name__, str(exc), traceback.format_exc()), when))
+        _report(scratch, rank, ("error", rank, (type(exc).__name__, str(exc), traceback.format_exc()), when))
     finally:
         if joined:
             dist.destroy_process_group()
 
 
-def _run_stage(rank: int, world: int, module: torch.nn.Module, job: dict[str, Any]) -> dict[str, Any]:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+class _Worker:
+    """A worker interpreter, with the few ``multiprocessing.Process`` names the diagnosis reads."""
 
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    schedule_cls = ScheduleGPipe if job["schedule"] == "gpipe" else Schedule1F1B
-    schedule = schedule_cls(stage, n_microbatches=job["num_microbatches"], loss_fn=job["loss_fn"])
-    losses: list[torch.Tensor] = []
-    kwargs: dict[str, Any] = {}
-    if rank == world - 1 and job["loss_fn"] is not None:
-        kwargs = {"target": job["target"], "losses": losses}
-    args = job["inputs"] if rank == 0 else ()
-    if job["loss_fn"] is None:
-        with torch.no_grad():
-            output = schedule.step(*args, **kwargs)
-    else:
-        output = schedule.step(*args, **kwargs)
-    grads = {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
-    return {"output": output if rank == world - 1 else None, "losses": losses, "grads": grads}
+    def __init__(self, popen: subprocess.Popen[bytes], name: str) -> None:
+        self.popen = popen
+        self.name = name  # "stage 1" with one stage per rank, else "rank 1 (stages 1, 3)"
+        self.pid: int | None = popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def join(self, timeout: float) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
 
 
-def _context() -> Any:
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)  # only takes effect before the server first starts
-    return ctx
+class _Results:
+    """The workers' result files, read as a queue."""
+
+    def __init__(self, scratch: str, world: int) -> None:
+        self.scratch, self.world = scratch, world
+        self.seen: set[int] = set()
+
+    def get(self, timeout: float) -> tuple[Any, ...]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for rank in range(self.world):
+                path = os.path.join(self.scratch, f"rank{rank}.result")
+                if rank not in self.seen and os.path.exists(path):
+                    self.seen.add(rank)
+                    with open(path, "rb") as f:
+                        message: tuple[Any, ...] = pickle.load(f)
+                    return message
+            if time.monotonic() >= deadline:
+                raise queue_module.Empty
+            time.sleep(0.02)
+
+    def joined(self) -> bool:
+        return all(os.path.exists(os.path.join(self.scratch, f"rank{r}.joined")) for r in range(self.world))
 
 
 def _batch_size(x: torch.Tensor) -> int:
@@ -158,9 +250,7 @@ def _check_timeout(timeout: Any) -> float:
     return float(timeout)
 
 
-def _check_args(inputs: tuple[Any, ...], num_microbatches: int, schedule: str, num_stages: int) -> None:
-    if schedule not in SCHEDULES:
-        raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
+def _check_args(inputs: tuple[Any, ...], num_microbatches: int) -> None:
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise InputError(f"num_microbatches={num_microbatches!r} must be an int >= 1")
     if not inputs:
@@ -251,30 +341,6 @@ def _pickled(what: str, value: Any, from_main: list[str]) -> bytes:
     return data
 
 
-@contextmanager
-def _main_hidden(hide: bool) -> Iterator[None]:
-    """Start workers without re-running the caller's script.
-
-    ``multiprocessing`` re-imports a script's ``__main__`` in each child, which runs an
-    unguarded script's top level again (and its ``run_pipeline`` call fails there).
-    Nothing the workers get refers to ``__main__`` when ``hide`` is true, so the children
-    are told of a ``__main__`` without a file, as a notebook's is.
-    """
-    import sys
-
-    if not hide:
-        yield
-        return
-    real = sys.modules["__main__"]
-    stand_in = types.ModuleType("__main__")
-    stand_in.__spec__ = None
-    sys.modules["__main__"] = stand_in
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = real
-
-
 def _signal_name(code: int) -> str:
     try:
         return signal.Signals(-code).name
@@ -325,16 +391,16 @@ def _diagnose(
     ordered = silent + sorted(failures, key=lambda f: f.when)
     first = ordered[0]
     lines = [
-        f"stage {first.rank} worker failed: {first.cause}"
+        f"{procs[first.rank].name} worker failed: {first.cause}"
         if first.detail
-        else f"stage {first.rank} worker {first.cause}"
+        else f"{procs[first.rank].name} worker {first.cause}"
     ]
     if not first.detail and main_hint:
         lines[0] += main_hint
     # later failures are mostly broken links to the first: one short line each
-    lines += [f"(stage {f.rank} failed after it: {_first_line(f.cause, 160)})" for f in ordered[1:]]
+    lines += [f"({procs[f.rank].name} failed after it: {_first_line(f.cause, 160)})" for f in ordered[1:]]
     if first.detail:
-        lines.append(f"\nTraceback of stage {first.rank}:\n{first.detail.rstrip()}")
+        lines.append(f"\nTraceback of {procs[first.rank].name}:\n{first.detail.rstrip()}")
     return PipelineError("\n".join(lines))
 
 
@@ -379,20 +445,27 @@ def _timeout_error(procs: list[Any], missing: list[int], timeout: float, stack_f
         else:
             busy.append((r, f"busy at {innermost[0]}:{innermost[1]} in {innermost[2]}"))
     order = busy + waiting
-    head = "; ".join(f"stage {r} {why}" for r, why in order)
+    head = "; ".join(f"{procs[r].name} {why}" for r, why in order)
+    which = "Stage(s)" if all(procs[r].name.startswith("stage") for r in missing) else "Rank(s)"
     return PipelineError(
         f"pipeline timed out after {timeout:g} s: {head}. "
-        f"Stage(s) {missing} had not finished; raise timeout= or check the model"
+        f"{which} {missing} had not finished; raise timeout= or check the model"
     )
 
 
 def _collect(
     procs: list[Any], results: Any, timeout: float, stack_files: list[str], main_hint: str
 ) -> dict[int, dict[str, Any]]:
-    deadline = time.monotonic() + timeout
+    # Starting interpreters and importing torch is not the run: ``timeout`` counts from the
+    # moment every worker has joined the group; the start has its own allowance on top.
+    deadline = time.monotonic() + timeout + _STARTUP_S
+    started = False
     done: dict[int, dict[str, Any]] = {}
     reported: set[int] = set()
     while len(done) < len(procs):
+        if not started and results.joined():
+            started = True
+            deadline = time.monotonic() + timeout
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _timeout_error(procs, [r for r in range(len(procs)) if r not in done], timeout, stack_files)
@@ -419,9 +492,12 @@ def run_pipeline(
     num_microbatches: int,
     schedule: str = ...,
     *,
+    stages_per_rank: int = ...,
     loss_fn: None = ...,
     target: None = ...,
     timeout: float = ...,
+    steps: int = ...,
+    warmup: int = ...,
 ) -> Any: ...
 
 
@@ -432,9 +508,12 @@ def run_pipeline(
     num_microbatches: int,
     schedule: str = ...,
     *,
+    stages_per_rank: int = ...,
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor],
     target: torch.Tensor,
     timeout: float = ...,
+    steps: int = ...,
+    warmup: int = ...,
 ) -> PipelineResult: ...
 
 
@@ -444,11 +523,14 @@ def run_pipeline(
     num_microbatches: int,
     schedule: str = "gpipe",
     *,
+    stages_per_rank: int = 1,
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
     target: torch.Tensor | None = None,
     timeout: float = 120.0,
+    steps: int = 1,
+    warmup: int = 0,
 ) -> Any:
-    """Run ``plan``'s stages on ``torch.distributed.pipelining``, one CPU process per stage.
+    """Run ``plan``'s stages on ``torch.distributed.pipelining``, one CPU process per rank.
 
     Inputs (and ``target``) are split into ``num_microbatches`` microbatches on
     dim 0. Stages pass tensors only: a model whose output is a tuple, a dict or a
@@ -459,34 +541,51 @@ def run_pipeline(
     the pipeline (gradients scaled by ``1 / num_microbatches``, which matches a
     mean-reduced loss over the whole batch).
 
-    Workers start from a ``forkserver`` and do not re-run the caller's script, so
-    it works from a notebook and from a script without an ``if __name__ ==
+    The plan's ``num_stages`` stages run on ``num_stages // stages_per_rank`` ranks.
+    ``"gpipe"`` and ``"1f1b"`` hold one stage per rank; ``"interleaved_1f1b"`` and
+    ``"interleaved_zero_bubble"`` hold ``stages_per_rank`` stages, looped (rank ``r``
+    holds stages ``r, r + ranks, r + 2 * ranks, ...``); ``"zbv"`` holds two in a V
+    (rank ``r`` holds stages ``r`` and ``2 * ranks - 1 - r``). See
+    :func:`~unitscale.stages.placement`.
+
+    Workers are fresh interpreters (``python -m unitscale.stages._worker``) with the
+    environment ``torchrun`` gives (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``); stages and job travel as pickled files. So it
+    works from a notebook, from stdin and from a script without an ``if __name__ ==
     "__main__":`` guard. Only when the stages or ``loss_fn`` use a class or function
-    defined in the script itself do the workers import it, and then it needs that
-    guard. A ``loss_fn`` must be importable by the workers: a torch loss module, or
-    a function in a module (not one defined in a notebook).
+    defined in the script itself do the workers run the script first (as
+    ``multiprocessing`` does), and then it needs that guard. A ``loss_fn`` must be
+    importable by the workers: a torch loss module, or a function in a module (not
+    one defined in a notebook).
 
     Args:
         plan: the :class:`~unitscale.StagePlan` (its :meth:`~unitscale.StagePlan.stage_modules` are run).
         inputs: a tensor or tuple of tensors, the model's inputs.
         num_microbatches: microbatch count (at most the batch size).
-        schedule: ``"gpipe"`` or ``"1f1b"``.
+        schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
+        stages_per_rank: stages each rank holds (must divide ``plan.num_stages``).
         loss_fn: ``loss_fn(output, target) -> scalar`` for a training step (picklable).
         target: the targets for ``loss_fn``.
-        timeout: seconds before a stuck run is abandoned (finite, > 0).
+        timeout: seconds before a stuck run is abandoned (finite, > 0), counted from the
+            moment every worker has joined the group (starting them has 60 s more).
+        steps: timed steps (the result is the last one's; gradients are zeroed before each).
+        warmup: untimed steps before them.
 
     Returns:
         The output (forward only), or a :class:`PipelineResult` with ``output``,
-        ``loss`` and ``grads`` when ``loss_fn`` is given.
+        ``loss``, ``grads`` and ``step_time`` when ``loss_fn`` is given.
 
     Raises:
         InputError: inputs that are not tensors, have fewer rows than microbatches or
             a batch size ``num_microbatches`` does not divide; a ``target`` whose
             batch differs from the inputs'; a ``timeout`` that is not a finite
-            number > 0; ``plan`` not a :class:`~unitscale.StagePlan`.
-        UnknownScheduleError: a schedule other than ``"gpipe"`` and ``"1f1b"``.
+            number > 0; ``plan`` not a :class:`~unitscale.StagePlan`; a
+            ``stages_per_rank`` that does not divide the stages or fit the schedule;
+            a microbatch count the schedule cannot use (see
+            :func:`~unitscale.stages.check_schedule`).
+        UnknownScheduleError: a schedule not named above.
         PipelineError: something unpicklable, a worker that
-            failed or a timeout. The message's first line names the failing stage
+            failed or a timeout. The message's first line names the failing rank
             and its cause (exception type and message, exit code or signal); the
             worker's traceback follows.
 
@@ -501,10 +600,13 @@ def run_pipeline(
     >>> torch.allclose(out, model(x), atol=1e-5)
     True
     """
+    import sys
+
+    from unitscale.stages.launch import check_schedule, placement
     from unitscale.stages.plan import StagePlan
 
-    if getattr(mp.current_process(), "_inheriting", False):
-        # A worker is re-importing the caller's script (it refers to something defined there).
+    if os.environ.get(_WORKER_ENV):
+        # A worker is running the caller's script (it refers to something defined there).
         raise PipelineError(
             "run_pipeline was called while a worker process re-imported your script; put the script's "
             'top-level code under `if __name__ == "__main__":`, or define the classes and functions '
@@ -516,9 +618,15 @@ def run_pipeline(
             "unitscale.partition(model, num_stages, example_inputs) returns"
         )
     timeout = _check_timeout(timeout)
+    for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"run_pipeline({name}={value!r}) must be an int >= {least}")
     args = inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
     args = flat_inputs(plan.graph, args)
-    _check_args(args, num_microbatches, schedule, plan.num_stages)
+    if schedule not in SCHEDULES:
+        raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
+    _check_args(args, num_microbatches)
+    world = check_schedule(schedule, plan.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)
     if (loss_fn is None) != (target is None):
         raise InputError("pass both loss_fn and target for a training step, or neither for a forward pass")
     if loss_fn is not None:
@@ -529,71 +637,125 @@ def run_pipeline(
             )
         _check_target(target, _batch_size(args[0]))
         _check_importable("loss_fn", loss_fn)
-        if plan.output_spec is not None and not plan.output_spec.is_leaf():
-            loss_fn = _OnModelOutput(loss_fn, plan.output_spec)
+        loss_fn = loss_on_model_output(loss_fn, plan.output_spec)
     stages = plan.stage_modules()
-    world = len(stages)
-    job = {"schedule": schedule, "num_microbatches": num_microbatches, "loss_fn": loss_fn, "target": None, "inputs": ()}
+    held = placement(schedule, world, stages_per_rank)
+    last = plan.num_stages - 1
     from_main: list[str] = []
+    # pickled one by one, so that what cannot travel is named
     stage_bytes = [_pickled(f"stage {s}", stage, from_main) for s, stage in enumerate(stages)]
+    loss_bytes = _pickled("loss_fn", loss_fn, from_main)
     jobs = []
-    for s in range(world):
-        job_s = dict(job, inputs=args if s == 0 else (), target=target if s == world - 1 else None)
-        jobs.append(_pickled("loss_fn" if loss_fn is not None else "the inputs", job_s, from_main))
+    for r in range(world):
+        job = {
+            "modules": {i: stage_bytes[i] for i in held[r]},
+            "num_stages": plan.num_stages,
+            "schedule": schedule,
+            "num_microbatches": num_microbatches,
+            "loss_fn": loss_bytes,
+            "inputs": args if 0 in held[r] else (),
+            "target": target if last in held[r] else None,
+            "steps": steps,
+            "warmup": warmup,
+        }
+        jobs.append(_pickled("the inputs" if loss_fn is None else "the inputs or target", job, from_main))
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
     main_hint = ""
     if from_main:
+        if not main_file:
+            raise PipelineError(
+                f"{', '.join(from_main[:3])} is defined in __main__ (a notebook, stdin or python -c), which the "
+                "worker processes cannot import; define it in a module of its own"
+            )
         main_hint = (
             f"; the workers re-import your script for {', '.join(from_main[:3])} (defined in __main__): "
             'guard its top level with `if __name__ == "__main__":` or move them into a module'
         )
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-    scratch = tempfile.TemporaryDirectory(prefix="unitscale-pipeline-")
-    stack_files = [os.path.join(scratch.name, f"stage{s}.stack") for s in range(world)]
-    procs: list[Any] = []
-    results: Any = None
-    try:
-        with _main_hidden(hide=not from_main):
-            ctx = _context()
-            results = ctx.Queue()
-            procs = [
-                ctx.Process(
-                    target=_worker,
-                    args=(s, world, store.port, stage_bytes[s], jobs[s], results, timeout, stack_files[s]),
-                    daemon=True,
-                )
-                for s in range(world)
-            ]
-            for p in procs:
-                try:
-                    p.start()
-                except Exception as exc:
-                    raise PipelineError(
-                        f"could not start the stage worker processes: {type(exc).__name__}: {exc}{main_hint}"
-                    ) from exc
-        done = _collect(procs, results, timeout, stack_files, main_hint)
-    finally:
-        started = [p for p in procs if p.pid is not None]
-        for p in started:
-            if p.is_alive():
-                p.terminate()
-        for p in started:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        if results is not None:
-            results.close()
-        scratch.cleanup()
-        del store
-    output = plan.output_from_leaves(done[world - 1]["output"])
+    done = _launch(jobs, held, timeout, main_hint, os.path.abspath(main_file) if from_main and main_file else None)
+    held_last = next(r for r in range(world) if last in held[r])
+    output = plan.output_from_leaves(done[held_last]["output"])
     if loss_fn is None:
         return output
     grads: dict[str, torch.Tensor] = {}
-    for s in range(world):
-        for name, g in done[s]["grads"].items():
+    for r in range(world):
+        for name, g in done[r]["grads"].items():
             grads[name] = grads[name] + g if name in grads else g
-    losses = done[world - 1]["losses"]
-    return PipelineResult(output=output, loss=torch.stack([x.detach() for x in losses]).mean(), grads=grads)
+    losses = done[held_last]["losses"]
+    per_step = [max(col) for col in zip(*(done[r]["times"] for r in range(world)), strict=True)]
+    return PipelineResult(
+        output=output,
+        loss=torch.stack([x.detach() for x in losses]).mean(),
+        grads=grads,
+        step_time=statistics.median(per_step),
+    )
+
+
+def _worker_env(rank: int, world: int, port: int, timeout: float, main_path: str | None) -> dict[str, str]:
+    import sys
+
+    env = dict(os.environ)
+    # the workers import what this process can: the same unitscale, the modules a loss comes from
+    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        **{_TIMEOUT_ENV: repr(timeout), _WORKER_ENV: "1"},
+    )
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.pop(_MAIN_ENV, None)
+    if main_path:
+        env[_MAIN_ENV] = main_path
+    return env
+
+
+def _launch(
+    jobs: list[bytes], held: list[list[int]], timeout: float, main_hint: str, main_path: str | None
+) -> dict[int, dict[str, Any]]:
+    """Start one interpreter per rank, as torchrun would, and collect what each returns."""
+    import sys
+
+    import torch.distributed as dist
+
+    world = len(jobs)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout + _STARTUP_S)
+    )
+    scratch = tempfile.TemporaryDirectory(prefix="unitscale-pipeline-")
+    stack_files = [os.path.join(scratch.name, f"rank{r}.stack") for r in range(world)]
+    for r, job in enumerate(jobs):
+        with open(os.path.join(scratch.name, f"rank{r}.job"), "wb") as f:
+            f.write(job)
+    procs: list[_Worker] = []
+    try:
+        for r in range(world):
+            try:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "unitscale.stages._worker", scratch.name],
+                    env=_worker_env(r, world, store.port, timeout, main_path),
+                    stdin=subprocess.DEVNULL,
+                )
+            except OSError as exc:
+                raise PipelineError(
+                    f"could not start the worker process of rank {r}: {type(exc).__name__}: {exc}"
+                ) from exc
+            name = f"stage {held[r][0]}" if len(held[r]) == 1 else f"rank {r} (stages {', '.join(map(str, held[r]))})"
+            procs.append(_Worker(popen, name))
+        return _collect(procs, _Results(scratch.name, world), timeout, stack_files, main_hint)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.popen.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.popen.kill()
+                p.join(timeout=5)
+        scratch.cleanup()
+        del store

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ from unitscale.stages.split import (
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from unitscale.stages.saved import SavedPlan
     from unitscale.stages.schedule_costs import ChainCosts
 
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
@@ -341,6 +343,31 @@ class StagePlan:
             )
             for out in outputs[1:]
         )
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the stage modules (code and weights) and the output structure to ``path``.
+
+        :meth:`load` reads it back without the model's class; :func:`~unitscale.stages.pipeline_stage`
+        runs it under ``torchrun``.
+
+        >>> import tempfile, torch
+        >>> from unitscale import StagePlan, partition
+        >>> from unitscale.examples.models import MLP
+        >>> path = tempfile.mkdtemp() + "/plan.pt"
+        >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).save(path)
+        >>> StagePlan.load(path).num_stages
+        2
+        """
+        from unitscale.stages.saved import save_plan
+
+        save_plan(self, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike[str]) -> SavedPlan:
+        """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure)."""
+        from unitscale.stages.saved import load_plan
+
+        return load_plan(path)
 
     def output_from_leaves(self, out: Any) -> Any:
         """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves).

@@ -1,0 +1,109 @@
+"""Saved plans and ``pipeline_stage`` under ``torchrun``: the same numbers as the unsplit model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from unitscale import StagePlan, partition
+from unitscale.errors import InputError
+from unitscale.examples.models import TinyGPT
+from unitscale.stages import SavedPlan, pipeline_stage
+
+REPO = Path(__file__).resolve().parents[2]
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def test_a_saved_plan_loads_without_the_model_class_and_computes_the_same(tmp_path: Path) -> None:
+    class Local(nn.Module):  # a local class cannot be pickled by reference: loading must not need it
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt = TinyGPT(vocab_size=16, d_model=16, n_layers=2, n_heads=2, seq_len=8)
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return self.gpt(idx).tanh()
+
+    torch.manual_seed(0)
+    model = Local()
+    idx = torch.randint(0, 16, (2, 8))
+    plan = partition(model, 3, idx, boundary_depth=3)
+    plan.save(tmp_path / "plan.pt")
+    loaded = StagePlan.load(tmp_path / "plan.pt")
+    assert isinstance(loaded, SavedPlan)
+    assert (loaded.num_stages, loaded.model_name, loaded.stage_costs) == (3, "Local", plan.stage_costs)
+    assert torch.equal(loaded(idx), model(idx))
+
+
+def test_a_saved_llama_plan_rebuilds_the_model_output(tmp_path: Path) -> None:
+    from real_models import llama
+
+    model, (ids,) = llama()
+    plan = partition(model, 2, ids, boundary_depth=3)
+    plan.save(tmp_path / "llama.pt")
+    out = StagePlan.load(tmp_path / "llama.pt")(ids)
+    assert type(out) is type(model(ids))
+    assert torch.equal(out.logits, model(ids).logits)
+
+
+def test_loading_something_else_and_running_outside_torchrun_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(InputError, match=r"no saved plan at '.*missing\.pt'; write one with plan\.save"):
+        StagePlan.load(tmp_path / "missing.pt")
+    torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
+    with pytest.raises(InputError, match=r"other\.pt' is not a plan written by StagePlan\.save"):
+        StagePlan.load(tmp_path / "other.pt")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(
+        InputError, match=r"needs the environment variable RANK \(got None\); run the script with torchrun"
+    ):
+        pipeline_stage(tmp_path / "other.pt", 2)
+
+
+def test_pipeline_stage_refuses_a_world_size_that_does_not_fit_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2), nn.ReLU(), nn.Linear(2, 2))
+    partition(model, 3, torch.randn(2, 4)).save(tmp_path / "plan.pt")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(InputError, match=r"3 stages, 1 per rank, so it needs 3 ranks, but WORLD_SIZE=2"):
+        pipeline_stage(tmp_path / "plan.pt", 4, "1f1b")
+
+
+def test_torchrun_two_processes_train_a_saved_plan_like_the_unsplit_model(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    x, y = torch.randn(4, 4), torch.randn(4, 3)
+    partition(model, 2, x).save(tmp_path / "plan.pt")
+    torch.save({"x": x, "y": y}, tmp_path / "data.pt")
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    script = Path(__file__).with_name("torchrun_train.py")
+    done = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script)]
+        + [str(tmp_path / "plan.pt"), str(tmp_path / "data.pt"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, last = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
+    assert first["output"] is None
+    torch.testing.assert_close(last["output"], model(x), atol=1e-6, rtol=0)
+    loss = nn.MSELoss()(model(x), y)
+    loss.backward()
+    torch.testing.assert_close(torch.stack(last["losses"]).mean(), loss.detach(), atol=1e-6, rtol=0)
+    grads = {**first["grads"], **last["grads"]}
+    assert sorted(grads) == sorted(n for n, _ in model.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=0)

@@ -1,0 +1,293 @@
+"""This rank's pipeline stages and schedule, for a script launched by ``torchrun``.
+
+Save a plan where the model is (``plan.save("plan.pt")``), then in the script that
+``torchrun`` starts on every machine (the whole recipe: ``docs/torchrun.md``)::
+
+    # train.py, run as: torchrun --nnodes 2 --nproc-per-node 2 --rdzv-endpoint host0:29500 train.py
+    import torch
+    from torch import nn
+    from unitscale.stages import pipeline_stage
+
+    rank = pipeline_stage("plan.pt", num_microbatches=4, schedule="1f1b", loss_fn=nn.MSELoss())
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    output = rank.step(x, target=y)  # the model's output on the last stage's rank, else None
+
+``pipeline_stage`` joins the process group from the environment ``torchrun`` sets
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), keeps the
+stages this rank holds and builds the schedule over them. Every rank may pass the whole
+batch: :meth:`RankPipeline.step` hands the inputs to the rank holding stage 0 and the
+target to the rank holding the last stage.
+
+Placement: ``num_stages = ranks * stages_per_rank``. The looped schedules put stages
+``r, r + ranks, r + 2 * ranks, ...`` on rank ``r``; ``"zbv"`` (two stages per rank) puts
+stages ``r`` and ``2 * ranks - 1 - r`` on rank ``r`` (a V: rank 0 holds the first and
+the last stage). :func:`placement` gives the table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from unitscale.errors import InputError, UnknownScheduleError
+
+if TYPE_CHECKING:
+    from unitscale.stages.plan import StagePlan
+    from unitscale.stages.saved import SavedPlan
+
+__all__ = ["SCHEDULES", "RankPipeline", "check_schedule", "pipeline_stage", "placement"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv")
+_SINGLE = ("gpipe", "1f1b")
+_INTERLEAVED = ("interleaved_1f1b", "interleaved_zero_bubble")
+
+
+def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[list[int]]:
+    """The stage indices each rank holds, rank by rank.
+
+    >>> from unitscale.stages import placement
+    >>> placement("interleaved_1f1b", 2, 2), placement("zbv", 2, 2)
+    ([[0, 2], [1, 3]], [[0, 3], [1, 2]])
+    """
+    if schedule == "zbv":
+        return [[r, 2 * num_ranks - 1 - r] for r in range(num_ranks)]
+    return [[r + k * num_ranks for k in range(stages_per_rank)] for r in range(num_ranks)]
+
+
+def _microbatch_counts(ok: Callable[[int], bool], limit: int = 32) -> list[int]:
+    return [n for n in range(1, limit + 1) if ok(n)][:8]
+
+
+def check_schedule(
+    schedule: str, num_stages: int, stages_per_rank: int, num_microbatches: int, *, training: bool = True
+) -> int:
+    """Check that ``schedule`` runs ``num_stages`` stages, ``stages_per_rank`` per rank; return the rank count.
+
+    >>> from unitscale.stages import check_schedule
+    >>> check_schedule("interleaved_1f1b", num_stages=4, stages_per_rank=2, num_microbatches=4)
+    2
+
+    Raises:
+        UnknownScheduleError: ``schedule`` is not one of :data:`SCHEDULES`.
+        InputError: ``stages_per_rank`` does not divide ``num_stages`` or does not fit the schedule
+            (GPipe and 1F1B hold one stage per rank, ZBV two); a microbatch count the schedule
+            cannot split (1F1B needs at least one per stage; the interleaved schedules need
+            ``num_microbatches`` to be a multiple of ``max(1, num_microbatches // ranks)``); a
+            forward-only step (``training=False``) with ``"zbv"``, which torch 2.13's ZBV schedule
+            cannot run (it steps its backward actions without a loss).
+    """
+    if schedule not in SCHEDULES:
+        raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
+    if isinstance(stages_per_rank, bool) or not isinstance(stages_per_rank, int) or stages_per_rank < 1:
+        raise InputError(f"stages_per_rank={stages_per_rank!r} must be an int >= 1")
+    if num_stages % stages_per_rank:
+        divisors = [d for d in range(1, num_stages + 1) if num_stages % d == 0]
+        raise InputError(
+            f"stages_per_rank={stages_per_rank} does not divide the plan's {num_stages} stages; "
+            f"use stages_per_rank in {divisors} or partition into a multiple of {stages_per_rank} stages"
+        )
+    ranks = num_stages // stages_per_rank
+    if schedule in _SINGLE and stages_per_rank != 1:
+        raise InputError(
+            f"schedule={schedule!r} runs one stage per rank but stages_per_rank={stages_per_rank}; use "
+            "schedule='interleaved_1f1b' or 'interleaved_zero_bubble' for several stages per rank "
+            "(or 'zbv' for two), or stages_per_rank=1"
+        )
+    if schedule == "zbv" and stages_per_rank != 2:
+        raise InputError(
+            f"schedule='zbv' places exactly two stages per rank (a V) but stages_per_rank={stages_per_rank}; "
+            "pass stages_per_rank=2 with a plan of 2 * ranks stages, or use 'interleaved_1f1b'"
+        )
+    if schedule == "zbv" and not training:
+        raise InputError(
+            "schedule='zbv' cannot run a forward-only step (torch's ZBV schedule steps its backward actions "
+            "even without a loss); use schedule='interleaved_1f1b' with the same plan and stages_per_rank=2, "
+            "or pass loss_fn and target for a training step"
+        )
+    if schedule == "1f1b" and num_microbatches < num_stages:
+        raise InputError(
+            f"schedule='1f1b' needs num_microbatches >= the number of stages ({num_stages}) but got "
+            f"{num_microbatches}; use num_microbatches >= {num_stages} or schedule='gpipe'"
+        )
+    if schedule in _INTERLEAVED:
+
+        def fits(n: int) -> bool:
+            return n % max(1, n // ranks) == 0
+
+        if not fits(num_microbatches):
+            raise InputError(
+                f"schedule={schedule!r} splits microbatches into rounds of {ranks} (one per rank) and cannot use "
+                f"num_microbatches={num_microbatches} on {ranks} ranks: it must be a multiple of "
+                f"max(1, num_microbatches // {ranks}) = {max(1, num_microbatches // ranks)}; use num_microbatches "
+                f"in {_microbatch_counts(fits)}... (a multiple of {ranks}, or at most {ranks})"
+            )
+    return ranks
+
+
+def _schedule_class(schedule: str) -> Any:
+    from torch.distributed import pipelining as pp
+
+    return {
+        "gpipe": pp.ScheduleGPipe,
+        "1f1b": pp.Schedule1F1B,
+        "interleaved_1f1b": pp.ScheduleInterleaved1F1B,
+        "interleaved_zero_bubble": pp.ScheduleInterleavedZeroBubble,
+        "zbv": pp.ScheduleZBVZeroBubble,
+    }[schedule]
+
+
+@dataclass
+class RankPipeline:
+    """The stages one rank holds and the schedule that steps them (what :func:`pipeline_stage` returns).
+
+    Unpacks as ``stages, schedule = rank_pipeline``.
+
+    >>> from unitscale.stages import RankPipeline
+    >>> RankPipeline(stages=[], schedule=None, stage_indices=[0], num_stages=2).is_first
+    True
+
+    Attributes:
+        stages: this rank's :class:`~torch.distributed.pipelining.PipelineStage`\\ s, by stage index.
+        schedule: the ``torch.distributed.pipelining`` schedule over them.
+        stage_indices: the plan's stage index of each of ``stages``.
+        num_stages: the plan's stage count.
+        output_from_leaves: rebuilds the model's output structure from the last stage's leaves.
+    """
+
+    stages: list[Any]
+    schedule: Any
+    stage_indices: list[int]
+    num_stages: int
+    output_from_leaves: Callable[[Any], Any] = field(default=lambda out: out)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.stages
+        yield self.schedule
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank holds stage 0 (it feeds the inputs)."""
+        return 0 in self.stage_indices
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank holds the last stage (it sees the target and the output)."""
+        return self.num_stages - 1 in self.stage_indices
+
+    def step(self, *inputs: Any, target: Any = None, losses: list[Any] | None = None) -> Any:
+        """One schedule step over the whole batch; every rank may pass the same ``inputs`` and ``target``.
+
+        Returns:
+            The model's output (its own structure) on the rank holding the last stage, else ``None``.
+        """
+        args = inputs if self.is_first else ()
+        kwargs: dict[str, Any] = {}
+        if self.is_last and target is not None:
+            kwargs = {"target": target, "losses": losses}
+        out = self.schedule.step(*args, **kwargs)
+        return self.output_from_leaves(out) if self.is_last and out is not None else None
+
+
+def build_rank(
+    modules: Mapping[int, nn.Module],
+    num_stages: int,
+    schedule: str,
+    num_microbatches: int,
+    loss_fn: Callable[..., Any] | None,
+    device: torch.device,
+    group: Any = None,
+) -> RankPipeline:
+    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group."""
+    from torch.distributed.pipelining import PipelineStage
+
+    indices = sorted(modules)
+    stages = [PipelineStage(modules[i], i, num_stages, device, group=group) for i in indices]
+    cls = _schedule_class(schedule)
+    runner = cls(stages[0] if schedule in _SINGLE else stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    return RankPipeline(stages, runner, indices, num_stages)
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None or not value.isdigit():
+        raise InputError(
+            f"pipeline_stage needs the environment variable {name} (got {value!r}); run the script with "
+            "torchrun --nproc-per-node N script.py, which sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR "
+            "and MASTER_PORT"
+        )
+    return int(value)
+
+
+def pipeline_stage(
+    plan: StagePlan | SavedPlan | str | os.PathLike[str],
+    num_microbatches: int,
+    schedule: str = "1f1b",
+    *,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+    stages_per_rank: int = 1,
+    device: torch.device | str | None = None,
+    backend: str | None = None,
+) -> RankPipeline:
+    """This rank's pipeline stages and schedule, built from ``torchrun``'s environment.
+
+    Joins the default process group if the script has not (``backend`` defaults to
+    ``"nccl"`` with CUDA, else ``"gloo"``), loads the plan if given a path, keeps the
+    stages :func:`placement` gives this rank and builds the schedule. Needs ``RANK``,
+    ``WORLD_SIZE`` and ``LOCAL_RANK`` (``torchrun`` sets them) and ``WORLD_SIZE *
+    stages_per_rank == plan.num_stages``.
+
+    Args:
+        plan: a :class:`~unitscale.StagePlan`, a plan loaded by :meth:`~unitscale.StagePlan.load`,
+            or the path :meth:`~unitscale.StagePlan.save` wrote.
+        num_microbatches: microbatches per step.
+        schedule: one of :data:`SCHEDULES`.
+        loss_fn: ``loss_fn(output, target)`` for training (sees the model's own output structure);
+            ``None`` for forward-only steps.
+        stages_per_rank: stages on each rank (2 for ``"zbv"``; 2 or more for the interleaved schedules).
+        device: where the stages run (default ``cuda:LOCAL_RANK`` with CUDA, else CPU).
+        backend: process-group backend when this call starts the group.
+
+    Returns:
+        A :class:`RankPipeline`; ``rank.step(x, target=y)`` runs one step.
+
+    Raises:
+        InputError: a missing environment variable, a world size that does not match the plan.
+        UnknownScheduleError: an unknown schedule.
+
+    >>> import os
+    >>> from unitscale.stages import pipeline_stage
+    >>> "RANK" in os.environ or callable(pipeline_stage)  # run it under torchrun; see docs/torchrun.md
+    True
+    """
+    import torch.distributed as dist
+
+    from unitscale.stages.pipeline import loss_on_model_output
+    from unitscale.stages.saved import SavedPlan, load_plan
+
+    rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+    loaded = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
+    if not isinstance(loaded, SavedPlan):
+        loaded = SavedPlan.from_plan(loaded)
+    ranks = check_schedule(schedule, loaded.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)
+    if ranks != world:
+        raise InputError(
+            f"the plan has {loaded.num_stages} stages, {stages_per_rank} per rank, so it needs {ranks} ranks, "
+            f"but WORLD_SIZE={world}; launch with --nproc-per-node/--nnodes giving {ranks} processes, or "
+            f"partition into {world * stages_per_rank} stages"
+        )
+    cuda = torch.cuda.is_available()
+    where = torch.device(device) if device is not None else torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend or ("nccl" if cuda and where.type == "cuda" else "gloo"))
+    mine = placement(schedule, ranks, stages_per_rank)[rank]
+    modules = {i: loaded.stage_modules[i].to(where) for i in mine}
+    if loss_fn is not None:
+        loss_fn = loss_on_model_output(loss_fn, loaded.output_spec)
+    built = build_rank(modules, loaded.num_stages, schedule, num_microbatches, loss_fn, where)
+    built.output_from_leaves = loaded.output_from_leaves
+    return built
