@@ -17,7 +17,6 @@ Each op here divides out the scale change its multiplier would cause at initiali
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -29,14 +28,20 @@ from unitscale.scaling.umup_params import check_mult
 __all__ = ["silu_glu", "linear_readout", "attention", "cross_entropy"]
 
 
-@functools.lru_cache(maxsize=64)
+# A plain dict, not functools.lru_cache: TorchDynamo (simulate_fp8) reads a dict of floats
+# without a warning, and SwiGLU fills it when built, so a traced forward only looks up.
+_RMS: dict[tuple[str, float], float] = {}
+
+
 def _gauss_rms(kind: str, mult: float) -> float:
     """Root-mean-square of ``x·sigmoid(mult·x)`` (``kind="value"``) or of its derivative, x ~ N(0, 1)."""
-    x = torch.linspace(-12.0, 12.0, 48_001, dtype=torch.float64)
-    density = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-    s = torch.sigmoid(mult * x)
-    f = x * s if kind == "value" else s + mult * x * s * (1 - s)
-    return float(torch.trapezoid(f * f * density, x).sqrt())
+    if (kind, mult) not in _RMS:
+        x = torch.linspace(-12.0, 12.0, 48_001, dtype=torch.float64)
+        density = torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+        s = torch.sigmoid(mult * x)
+        f = x * s if kind == "value" else s + mult * x * s * (1 - s)
+        _RMS[kind, mult] = float(torch.trapezoid(f * f * density, x).sqrt())
+    return _RMS[kind, mult]
 
 
 def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:

@@ -228,6 +228,7 @@ class SwiGLU(nn.Module):
     def __init__(self, width: int, expansion: int = 4, mult: float = 1.0) -> None:
         super().__init__()
         self.mult = check_mult("SwiGLU", "mult", mult)
+        UF._gauss_rms("value", self.mult)
         self.up = Linear(width, expansion * width)
         self.gate = Linear(width, expansion * width)
         self.down = Linear(expansion * width, width)
