@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from unitscale.errors import ConfigError
 from unitscale.examples._checks import check_int
 from unitscale.examples.data import MarkovSource
-from unitscale.errors import ConfigError
 from unitscale.scaling import umup
 
 __all__ = ["UmupGPT", "SPGPT", "markov_batches"]
@@ -207,4 +207,3 @@ def markov_batches(
         return kept[step]
 
     return data
-

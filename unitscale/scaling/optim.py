@@ -178,7 +178,7 @@ def lr_scales(model: nn.Module, rule: str = "adam", allow_untagged: bool = False
         from unitscale.errors import NotAModuleError
 
         raise NotAModuleError(f"lr_scales: model is a {type(model).__name__}; pass a torch.nn.Module")
-    named = list(model.named_parameters())
+    named: list[tuple[str, Tensor]] = list(model.named_parameters())
     return dict(zip([n for n, _ in named], _scales(named, rule, allow_untagged, "lr_scales"), strict=True))
 
 

@@ -52,7 +52,7 @@ def _batch(data: Data, step: int) -> tuple[Tensor, Tensor]:
 
 def _loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
     if callable(getattr(model, "loss", None)):
-        return model.loss(inputs, targets)  # type: ignore[operator, no-any-return]
+        return model.loss(inputs, targets)  # type: ignore[operator]
     out = model(inputs)
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1))
 
@@ -139,7 +139,8 @@ class CoordCheck:
             ax.tick_params(labelsize=9)
             ax.axhspan(0.5, 2.0, color="0.9", zorder=0)
         axes[0].set_ylabel("activation std", fontsize=10)
-        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right", fontsize=9, frameon=False)
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside right upper", fontsize=9, frameon=False)
         return fig
 
 
@@ -286,11 +287,11 @@ class LRSweep:
             ax.plot([best], [self.losses[width][self.lrs.index(best)]], marker="*", ms=11, color=colour)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("learning rate", fontsize=10)
-        ax.set_ylabel(f"final loss", fontsize=10)
+        ax.set_ylabel("final loss", fontsize=10)
         ax.tick_params(labelsize=9)
         ax.set_title(title or f"best lr moves {self.drift_octaves:.3g} octaves", fontsize=10)
         ax.legend(fontsize=9, frameon=False)
-        return fig  # type: ignore[no-any-return]
+        return fig
 
 
 def _check_lrs(lrs: Any) -> list[float]:
@@ -382,6 +383,6 @@ def lr_sweep(
             model = make_model(width)
             row.append(_train(model, make_optimizer(model.parameters(), lr=lr), data, steps, tail))
         losses[width] = row
-    best = {w: grid[min(range(len(grid)), key=lambda i, w=w: losses[w][i])] for w in widths}
+    best = {w: grid[losses[w].index(min(losses[w]))] for w in widths}
     drift = math.log2(max(best.values()) / min(best.values()))
     return LRSweep(widths, grid, losses, best, drift)

@@ -192,4 +192,3 @@ def cross_entropy(logits: Tensor, target: Tensor, mult: float = 1.0) -> Tensor:
     if mult != 1.0:
         flat = U.scale(flat, mult, 1.0)
     return U.cross_entropy(flat, target.reshape(-1))
-

@@ -149,7 +149,10 @@ class RMSNorm(nn.RMSNorm):
     """
 
     def __init__(
-        self, normalized_shape: int | list[int] | tuple[int, ...], eps: float | None = None, elementwise_affine: bool = True
+        self,
+        normalized_shape: int | list[int] | tuple[int, ...],
+        eps: float | None = None,
+        elementwise_affine: bool = True,
     ) -> None:
         super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
         if self.weight is not None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from torch import nn
+from torch import Tensor, nn
 
 from unitscale.errors import MultiplierError, UnknownRoleError
 
@@ -32,6 +32,7 @@ ROLES = ("weight", "bias", "norm", "readout", "embedding")
 """The u-μP roles. ``"output"`` (the reference library's name for ``"readout"``) is accepted as an alias."""
 
 _ALIASES = {"output": "readout"}
+_P = TypeVar("_P", bound=Tensor)
 _ATTR = "umup_role"
 
 
@@ -76,7 +77,7 @@ def _default_width(role: str, shape: tuple[int, ...]) -> int:
     return max(math.prod(shape[1:]), 1)
 
 
-def tag(param: nn.Parameter, role: str, width: int | None = None, depth: int | None = None) -> nn.Parameter:
+def tag(param: _P, role: str, width: int | None = None, depth: int | None = None) -> _P:
     """Tag ``param`` with a u-μP role, in place, and return it.
 
     The learning-rate rules of :mod:`unitscale.optim` read the tag (u-μP, Section 4):
@@ -121,7 +122,7 @@ def tag(param: nn.Parameter, role: str, width: int | None = None, depth: int | N
     if depth is not None:
         _check_size("tag", "depth", depth)
     if type(param) is nn.Parameter:
-        param.__class__ = _RoleParameter
+        param.__class__ = _RoleParameter  # type: ignore[assignment]
     setattr(param, _ATTR, ParamRole(name, width, depth))
     return param
 
