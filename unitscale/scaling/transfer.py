@@ -130,8 +130,9 @@ class CoordCheck:
 
         fig, axes = plt.subplots(1, 2, figsize=(7.5, 3.6), sharey=True, layout="constrained")
         for ax, table, title in ((axes[0], self.init, "at init"), (axes[1], self.trained, f"after {self.steps} steps")):
-            for kind, row in table.items():
-                ax.plot(self.widths, row, marker="o", ms=3, lw=1, label=kind)
+            for i, (kind, row) in enumerate(table.items()):
+                # matplotlib cycles ten colours: a new line style for each further ten kinds
+                ax.plot(self.widths, row, ["-", "--", ":", "-."][i // 10 % 4], marker="o", ms=3, lw=1, label=kind)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
             ax.set_xlabel("width", fontsize=10)
