@@ -70,10 +70,12 @@ notebooks: html
 	@cp _build/html/_sources/tutorials/*.ipynb notebooks/
 	@ls notebooks/*.ipynb
 
-## dist: a wheel and an sdist in dist/, built by the venv's own setuptools (no isolated env: works offline)
+## dist: a wheel and an sdist in dist/, built by the venv's own setuptools (no isolated env: works offline),
+## then checked by `twine check --strict`
 dist: $(STAMP)
 	rm -rf dist
 	$(PY) -m build --no-isolation --outdir dist .
+	$(PY) -m twine check --strict dist/*  # metadata and README as PyPI renders them; offline
 	@ls dist
 
 lint: $(STAMP)

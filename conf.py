@@ -116,6 +116,7 @@ nitpick_ignore_regex = [
 html_theme = "sphinx_book_theme"
 html_title = "unitscale"
 html_static_path = [str(ROOT / "docs" / "_static")]
+html_css_files = ["unitscale.css"]  # docs/_static: readable figures, outputs and tables (see the file)
 html_extra_path = [str(ROOT / "docs" / "_extra")]  # index.html at the site root: a redirect to docs/index.html
 html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
 html_theme_options = {

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitscale.errors import FormatError
-from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
+from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat, underflow_fraction
 
 CASTS = [
     (FP8_E4M3, torch.float8_e4m3fn),
@@ -145,3 +145,49 @@ def test_impossible_formats_raise_format_error(kwargs: dict, message: str) -> No
 def test_quantising_integers_raises_format_error() -> None:
     with pytest.raises(FormatError, match=r"can only quantise floating-point tensors, got dtype torch.int64"):
         FP16.round(torch.arange(3))
+
+
+SMALL_FLOATS = st.floats(min_value=-(2.0**-10), max_value=2.0**-10, width=32, allow_subnormal=False)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(SMALL_FLOATS, min_size=1, max_size=40))
+def test_underflow_fraction_counts_the_nonzeros_torchs_e5m2_cast_sends_to_zero(values: list[float]) -> None:
+    x = torch.tensor(values)
+    nonzero = x != 0
+    expected = (nonzero & (x.to(torch.float8_e5m2).float() == 0)).sum().item() / max(1, nonzero.sum().item())
+    assert underflow_fraction(x, FP8_E5M2) == pytest.approx(expected)
+
+
+def test_underflow_fraction_threshold_is_half_the_smallest_subnormal() -> None:
+    half = FP8_E5M2.min_subnormal / 2  # 2**-17: a tie, rounded to the even neighbour, zero
+    above = torch.nextafter(torch.tensor(half), torch.tensor(1.0)).item()
+    assert underflow_fraction(torch.tensor([half, -half]), FP8_E5M2) == 1.0
+    assert underflow_fraction(torch.tensor([above, -above]), FP8_E5M2) == 0.0
+    assert underflow_fraction(torch.tensor([half, above, 1.0, 1e-30]), FP8_E5M2) == 0.5
+
+
+def test_underflow_fraction_ignores_zeros_and_non_finite_values() -> None:
+    x = torch.tensor([0.0, -0.0, float("nan"), float("inf"), 1e-9, 1.0])
+    assert underflow_fraction(x, FP8_E5M2) == 0.5
+    assert underflow_fraction(torch.zeros(3), FP8_E5M2) == 0.0
+    assert underflow_fraction(torch.empty(0), FP16) == 0.0
+
+
+def test_underflow_fraction_of_a_unit_normal_gradient_scaled_down() -> None:
+    torch.manual_seed(0)
+    g = torch.randn(100_000)
+    # |z| <= 2**-17 / sigma for z ~ N(0, 1): erf(t / sqrt(2)).
+    for fmt, sigma in ((FP8_E5M2, 2.0**-14), (FP8_E5M2, 2.0**-17), (FP8_E5M2, 2.0**-20), (FP16, 2.0**-17)):
+        t = fmt.min_subnormal / 2 / sigma
+        expected = torch.erf(torch.tensor(t / 2**0.5)).item()
+        assert underflow_fraction(g * sigma, fmt) == pytest.approx(expected, abs=0.01)
+
+
+def test_underflow_fraction_rejects_a_non_format_and_integer_tensors() -> None:
+    with pytest.raises(FormatError, match=r"fmt='e5m2' is not an FPFormat"):
+        underflow_fraction(torch.ones(2), "e5m2")  # type: ignore[arg-type]
+    with pytest.raises(FormatError, match=r"floating-point tensor, got a tensor of dtype torch.int64"):
+        underflow_fraction(torch.ones(2, dtype=torch.long), FP8_E5M2)
+    with pytest.raises(FormatError, match=r"floating-point tensor, got list"):
+        underflow_fraction([1.0], FP8_E5M2)  # type: ignore[arg-type]

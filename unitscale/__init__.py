@@ -29,6 +29,7 @@ from unitscale.fx import (
 from unitscale.scaling import amean, gmean, hmean, to_grad_input_scale, to_output_scale
 from unitscale.stages import StagePlan, partition, run_pipeline
 from unitscale.tracking import (
+    ScaleMonitor,
     ScalePair,
     ScaleReport,
     ScaleTracker,
@@ -92,4 +93,6 @@ __all__ = [
     "apply_transform",
     # data
     "MarkovSource",
+    # monitor
+    "ScaleMonitor",
 ]

@@ -60,6 +60,11 @@ __all__ = [
     "TransformError",
     "ConfigError",
     "NodeNotFoundError",
+    "MemoryLimitError",
+    "MonitorSettingError",
+    "MonitorStateError",
+    "NoRecordsError",
+    "UnknownStatError",
     "UnknownRoleError",
     "MultiplierError",
     "UntaggedParameterError",
@@ -198,6 +203,40 @@ class NodeNotFoundError(UnitscaleError, KeyError):
     """A report or plan was indexed by a node name it does not hold."""
 
 
+class MemoryLimitError(UnitscaleError, ValueError):
+    """No pipeline plan fits the memory limit; ``needed`` is the least limit (bytes per device) that works.
+
+    >>> from unitscale.errors import MemoryLimitError
+    >>> MemoryLimitError("too small", needed=2e9).needed
+    2000000000.0
+    """
+
+    def __init__(self, message: str, needed: float = float("nan")) -> None:
+        super().__init__(message)
+        self.needed = float(needed)
+
+
+class MonitorSettingError(InputError):
+    """A :class:`~unitscale.ScaleMonitor` setting is impossible: ``every`` not an int >= 1, a
+    format that is not an :class:`~unitscale.FPFormat`, a step that is not an int >= 0.
+
+    >>> import torch, unitscale
+    >>> unitscale.ScaleMonitor(torch.nn.Linear(2, 2), every=0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.MonitorSettingError: ScaleMonitor: every=0 must be an int >= 1 ...
+    """
+
+
+class MonitorStateError(UnitscaleError, RuntimeError):
+    """A :class:`~unitscale.ScaleMonitor` used out of order: a step opened inside another, or after ``close()``."""
+
+
+class NoRecordsError(MonitorStateError):
+    """A heat map or drift table asked of a monitor (or history) that has recorded nothing yet."""
+
+
+class UnknownStatError(UnitscaleError, ValueError):
+    """A statistic name that a monitor's history does not hold (``std``, ``absmax``, ...)."""
 class UnknownRoleError(UnitscaleError, ValueError):
     """A u-μP parameter role that is not one of ``unitscale.scaling.umup.ROLES``.
 

@@ -35,7 +35,7 @@ import torch
 
 from unitscale.errors import FormatError
 
-__all__ = ["FPFormat", "FP8_E4M3", "FP8_E5M2", "FP16", "BF16"]
+__all__ = ["FPFormat", "FP8_E4M3", "FP8_E5M2", "FP16", "BF16", "underflow_fraction"]
 
 _ROUNDING_MODES = ("nearest", "stochastic")
 
@@ -256,3 +256,43 @@ FP8_E4M3 = FPFormat(4, 3, infinities=False)
 FP8_E5M2 = FPFormat(5, 2)
 FP16 = FPFormat(5, 10)
 BF16 = FPFormat(8, 7)
+
+
+def underflow_fraction(x: torch.Tensor, fmt: FPFormat) -> float:
+    """The fraction of the nonzero elements of ``x`` that ``fmt`` rounds to zero.
+
+    Zeros already in ``x`` (masked values, unused embedding rows) are not counted as
+    underflow, and NaN and infinities are not counted at all. With round-to-nearest an
+    element underflows when its magnitude is at most half of ``fmt.min_subnormal``
+    (``2**-17`` for E5M2); with stochastic rounding the result is one random draw.
+
+    Args:
+        x: a floating-point tensor, such as a gradient.
+        fmt: the format to round to.
+
+    Returns:
+        A number in ``[0, 1]``; ``0.0`` when ``x`` has no nonzero finite element.
+
+    Raises:
+        FormatError: ``fmt`` is not an :class:`FPFormat`, or ``x`` is not a
+            floating-point tensor.
+
+    >>> import torch
+    >>> from unitscale.formats import FP8_E5M2, FP16, underflow_fraction
+    >>> grad = torch.tensor([0.0, 1e-3, 1e-5, 1e-6, 2.0**-17, -2.0**-18])
+    >>> underflow_fraction(grad, FP8_E5M2)  # 1e-6, 2**-17 and -2**-18 of the five nonzero values
+    0.6
+    >>> underflow_fraction(grad, FP16)
+    0.0
+    """
+    if not isinstance(fmt, FPFormat):
+        raise FormatError(f"underflow_fraction: fmt={fmt!r} is not an FPFormat (e.g. unitscale.FP8_E5M2)")
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        got = f"a tensor of dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise FormatError(f"underflow_fraction: x must be a floating-point tensor, got {got}")
+    x = x.detach()
+    nonzero = (x != 0) & torch.isfinite(x)
+    count = int(nonzero.sum())
+    if count == 0:
+        return 0.0
+    return int((nonzero & (fmt.round(x) == 0)).sum()) / count

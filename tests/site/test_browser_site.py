@@ -22,33 +22,12 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # External hosts a page may ask for: none (see the module docstring).
 ALLOWED_EXTERNAL_HOSTS: set[str] = set()
 
 # every page a reader can reach (not the theme's template macros copied into _static)
 PAGES = sorted(str(path) for path in (p.relative_to(SITE) for p in SITE.rglob("*.html")) if path.parts[0] != "_static")
 TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"no Chromium at {CHROMIUM}: `make chromium` installs Debian's package")
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 class Visit:

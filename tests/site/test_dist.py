@@ -41,8 +41,12 @@ def _build_wheel(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel_names(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, set[str]]:
-    wheel = _build_wheel(tmp_path_factory.mktemp("wheel"))
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel: Path) -> tuple[str, set[str]]:
     with zipfile.ZipFile(wheel) as zf:
         return wheel.name, set(zf.namelist())
 
@@ -67,3 +71,13 @@ def test_wheel_holds_every_module_and_nothing_outside_unitscale(wheel_names: tup
     assert {n for n in names if n.endswith(".py")} == modules  # no tests, docs or benchmarks leak in
     assert {n.split("/")[0] for n in names} == {"unitscale", f"unitscale-{VERSION}.dist-info"}
     assert name == f"unitscale-{VERSION}-py3-none-any.whl"
+
+
+def test_twine_check_passes_on_the_wheel(wheel: Path) -> None:
+    """What PyPI would say of the metadata and README (``make dist`` runs the same check); offline."""
+    pytest.importorskip("twine")
+    done = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", str(wheel)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "PASSED" in done.stdout and "WARNING" not in done.stdout

@@ -140,13 +140,16 @@ def test_unscaled_ops_are_logged_and_listed(caplog) -> None:
     scaled = unit_scale(MLP(8, activation=nn.Tanh()))
     with caplog.at_level(logging.WARNING, logger="unitscale.transforms"):
         scaled(torch.randn(4, 8))
-    assert scaled.unscaled_ops == [f"torch.tanh (node tanh) at models.py:{MLP_LINE}"]
-    assert f"unit_scale left 1 op(s) unscaled: torch.tanh (node tanh) at models.py:{MLP_LINE}" in caplog.text
+    assert scaled.unscaled_ops == [f"torch.tanh (node tanh, module act) at models.py:{MLP_LINE}"]
+    assert (
+        f"unit_scale left 1 op(s) unscaled: torch.tanh (node tanh, module act) at models.py:{MLP_LINE}" in caplog.text
+    )
 
 
 def test_strict_raises_unscaled_ops_error_naming_the_op() -> None:
     with pytest.raises(
-        UnscaledOpsError, match=rf"left 1 op\(s\) unscaled: torch.tanh \(node tanh\) at models.py:{MLP_LINE}"
+        UnscaledOpsError,
+        match=rf"left 1 op\(s\) unscaled: torch.tanh \(node tanh, module act\) at models.py:{MLP_LINE}",
     ):
         unit_scale(MLP(8, activation=nn.Tanh()), strict=True)(torch.randn(4, 8))
 

@@ -14,7 +14,7 @@ from torch import fx, nn
 
 from unitscale.capture._eager import EagerRecord, RecordedOp, record_eager
 from unitscale.capture._meta import normalise_graph
-from unitscale.capture._routes import GRAPH_ROUTES, export_route
+from unitscale.capture._routes import GRAPH_ROUTES, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
@@ -201,13 +201,14 @@ def capture(
     route: str | Sequence[str] = "auto",
     *,
     dynamic_batch: bool = False,
+    flat: bool = False,
 ) -> Capture:
     """Capture ``module``'s forward on example inputs, trying routes until one works.
 
     Routes (:data:`ROUTES`), tried in this order: ``"fx"`` (``torch.fx`` symbolic trace
     with its standard leaf rule: ``torch.nn`` modules stay ``call_module`` nodes),
     ``"export"`` (``torch.export.export(strict=False)``), ``"export-strict"``,
-    ``"dynamo"`` (``torch._dynamo.export``), ``"eager"`` (run once, record the ops: no
+    ``"dynamo"`` (TorchDynamo, ``fullgraph=True``), ``"eager"`` (run once, record the ops: no
     graph). Every graph is run on the example inputs and must give the model's outputs,
     or the route counts as failed. The model's buffers and the RNG are left as they were.
 
@@ -220,6 +221,10 @@ def capture(
         dynamic_batch: on the export routes, leave dimension 0 of every tensor input
             symbolic, so the graph also runs on other batch sizes (microbatches); the
             shapes stay static where the model pins them.
+        flat: on the ``fx`` route, trace through ``torch.nn`` modules too, so the graph
+            holds torch functions (``F.linear`` reading ``get_attr`` weights) and no
+            ``call_module`` node, as the other routes' graphs do; what a graph transform
+            such as :func:`unitscale.unit_scale` needs.
 
     Returns:
         A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
@@ -248,18 +253,22 @@ def capture(
             f"capture() got {type(module).__name__} {module!r:.60}; pass an nn.Module (wrap a function in one)"
         )
     routes = _routes(route)
-    if not isinstance(dynamic_batch, bool):
-        raise InputError(
-            f"capture(dynamic_batch=...) got {type(dynamic_batch).__name__} {dynamic_batch!r:.60}; pass True or False"
-        )
+    for flag, value in (("dynamic_batch", dynamic_batch), ("flat", flat)):
+        if not isinstance(value, bool):
+            raise InputError(f"capture({flag}=...) got {type(value).__name__} {value!r:.60}; pass True or False")
     args, kw = _check_inputs(module, example_inputs, kwargs)
     # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
     with torch.random.fork_rng(devices=[]):
-        return _capture(module, routes, args, kw, dynamic_batch)
+        return _capture(module, routes, args, kw, dynamic_batch, flat)
 
 
 def _capture(
-    module: nn.Module, routes: tuple[str, ...], args: tuple[Any, ...], kw: dict[str, Any], dynamic_batch: bool
+    module: nn.Module,
+    routes: tuple[str, ...],
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    dynamic_batch: bool,
+    flat: bool,
 ) -> Capture:
     expected = _run_reference(module, args, kw)
     reasons: dict[str, str] = {}
@@ -276,6 +285,8 @@ def _capture(
                     route_fn = GRAPH_ROUTES[name]
                     if dynamic_batch and name.startswith("export"):
                         route_fn = export_route(strict=name == "export-strict", dynamic_batch=True)
+                    if flat and name == "fx":
+                        route_fn = flat_fx_route
                     gm, ep = route_fn(module, args, kw)
                     normalise_graph(gm, module)
                     record_and_compare(gm, module, args, kw, expected)

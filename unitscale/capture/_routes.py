@@ -14,10 +14,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from unitscale.capture._dynamo import dynamo_graph, with_call_signature
 from unitscale.capture._where import user_code_frame
 from unitscale.fx.tracers import ModulePathTracer
 
-__all__ = ["GRAPH_ROUTES", "RouteFn", "export_route"]
+__all__ = ["GRAPH_ROUTES", "RouteFn", "export_route", "flat_fx_route"]
 
 RouteFn = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], tuple[fx.GraphModule, Any]]
 
@@ -41,10 +42,25 @@ class _CaptureTracer(ModulePathTracer):
         return node
 
 
+class _FlatCaptureTracer(_CaptureTracer):
+    """Traces through every module, ``torch.nn`` ones too: a graph of torch functions, no ``call_module``."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return False
+
+
 def fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
+    return _fx(_CaptureTracer(), module, kwargs)
+
+
+def flat_fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
+    """The ``fx`` route for ``capture(flat=True)``: ``nn.Linear`` is ``F.linear`` on its ``get_attr`` weight."""
+    return _fx(_FlatCaptureTracer(), module, kwargs)
+
+
+def _fx(tracer: _CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
-    tracer = _CaptureTracer()
     graph = tracer.trace(module, concrete_args=concrete or None)
     return fx.GraphModule(tracer.root, graph, type(module).__name__), None
 
@@ -74,8 +90,8 @@ def export_route(strict: bool, dynamic_batch: bool = False) -> RouteFn:
 
 
 def dynamo_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
-    result = torch._dynamo.export(module)(*args, **kwargs)
-    return result.graph_module, None
+    # The graph the transforms capture per signature, given the model's call signature.
+    return with_call_signature(dynamo_graph(module, args, kwargs), module, args, kwargs), None
 
 
 #: route name -> function, in the order ``route="auto"`` tries them.

@@ -15,5 +15,25 @@ from unitscale.stages.plan import StageReport as StageReport
 from unitscale.stages.plan import StageRow as StageRow
 from unitscale.stages.plan import bubble_fraction as bubble_fraction
 from unitscale.stages.plan import partition as partition
+from unitscale.stages.planner import ChainPlan as ChainPlan
+from unitscale.stages.planner import plan_chain as plan_chain
+from unitscale.stages.planner import plan_pipeline as plan_pipeline
+from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
+from unitscale.stages.simulate import Timeline as Timeline
+from unitscale.stages.simulate import simulate as simulate
 
-__all__ = ["partition", "StagePlan", "StageReport", "StageRow", "run_pipeline", "PipelineResult", "bubble_fraction"]
+__all__ = [
+    "partition",
+    "StagePlan",
+    "StageReport",
+    "StageRow",
+    "run_pipeline",
+    "PipelineResult",
+    "bubble_fraction",
+    "plan_pipeline",
+    "plan_chain",
+    "ChainPlan",
+    "ChainCosts",
+    "simulate",
+    "Timeline",
+]

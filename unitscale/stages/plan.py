@@ -58,6 +58,8 @@ from unitscale.stages.split import (
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from unitscale.stages.schedule_costs import ChainCosts
+
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
 
 METHODS = ("optimal", "equal_count", "greedy_threshold")
@@ -210,6 +212,40 @@ class StagePlan:
         }
         self.stage_costs = search.stage_sums([c for _, c in node_costs], bounds)
         self._example_inputs = example_inputs
+        #: per-node schedule costs (forward, backward, memory, traffic), set by ``plan_pipeline``
+        self.chain_costs: ChainCosts | None = None
+
+    def with_bounds(self, bounds: list[int]) -> StagePlan:
+        """The same model and node costs split at other node-index ``bounds`` (a subsequence of ``pieces``).
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from unitscale import partition
+        >>> plan = partition(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)), 2, torch.randn(1, 2))
+        >>> plan.with_bounds([0, 1, 3]).stage_costs
+        [6.0, 6.0]
+        """
+        pieces = set(self.pieces)
+        if bounds[0] != 0 or bounds[-1] != len(self.node_costs) or any(b not in pieces for b in bounds):
+            raise StageCountError(
+                f"bounds {bounds} must run from 0 to {len(self.node_costs)} through allowed cuts (plan.pieces)"
+            )
+        if any(b <= a for a, b in itertools.pairwise(bounds)):
+            raise StageCountError(f"bounds {bounds} hold an empty stage; every stage needs at least one node")
+        other = StagePlan(
+            self._root,
+            self.graph,
+            self.node_costs,
+            list(bounds),
+            self.cost,
+            self._example_inputs,
+            self.pieces,
+            self.route,
+            self.output_spec,
+            self.model_name,
+        )
+        other.chain_costs = self.chain_costs
+        return other
 
     @functools.cached_property
     def module(self) -> fx.GraphModule:
@@ -451,7 +487,7 @@ class StagePlan:
         ax.set_xticks(range(self.num_stages))
         ax.set_xlabel("stage")
         ax.set_ylabel(f"cost ({self.cost})")
-        ax.legend(fontsize="small")
+        ax.legend(fontsize=9)
         return ax
 
 

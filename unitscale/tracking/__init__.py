@@ -13,6 +13,13 @@ from unitscale.tracking.analysis import ScaleTrackingInterpreter as ScaleTrackin
 from unitscale.tracking.analysis import analyse_module as analyse_module
 from unitscale.tracking.analysis import record_scales as record_scales
 from unitscale.tracking.analysis import track_scales as track_scales
+from unitscale.tracking.cast_stats import CastStats as CastStats
+from unitscale.tracking.cast_stats import cast_stats as cast_stats
+from unitscale.tracking.history import Drift as Drift
+from unitscale.tracking.history import DriftTable as DriftTable
+from unitscale.tracking.history import MonitorRecord as MonitorRecord
+from unitscale.tracking.history import ScaleHistory as ScaleHistory
+from unitscale.tracking.monitor import ScaleMonitor as ScaleMonitor
 from unitscale.tracking.report import FORMAT_RANGES as FORMAT_RANGES
 from unitscale.tracking.report import ScaleReport as ScaleReport
 from unitscale.tracking.report import ScaleRow as ScaleRow
@@ -33,4 +40,11 @@ __all__ = [
     "AnnotatedCode",
     "FORMAT_RANGES",
     "clear_trace_cache",
+    "ScaleMonitor",
+    "ScaleHistory",
+    "MonitorRecord",
+    "DriftTable",
+    "Drift",
+    "CastStats",
+    "cast_stats",
 ]

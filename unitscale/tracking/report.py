@@ -262,7 +262,7 @@ class ScaleReport:
                 f"ScaleReport.plot(ax=...) got {type(ax).__name__} {ax!r:.60}; pass matplotlib Axes or None"
             )
         if ax is None:
-            fig, ax = plt.subplots(figsize=(max(7.0, 0.12 * len(self.rows) + 5), 4.5))
+            fig, ax = plt.subplots(figsize=(7.5, 4.5))
         else:
             fig = ax.get_figure(root=True)  # type: ignore[assignment]
         x = list(range(len(self.rows)))
@@ -307,7 +307,7 @@ class ScaleReport:
         ax.set_ylim(lo, hi)
         ax.set_xlim(-0.5, max(len(x), 1) - 0.5)
         ticks = x if len(x) <= 40 else x[:: math.ceil(len(x) / 40)]
-        ax.set_xticks(ticks, [self.rows[i].node for i in ticks], rotation=90, fontsize=7)
+        ax.set_xticks(ticks, [self.rows[i].node for i in ticks], rotation=90, fontsize=9)
         ax.set_ylabel("log2(std)")
         title = f"Scales through {self.model} (forward and backward)"
         bad = self.first_nonfinite
@@ -321,10 +321,10 @@ class ScaleReport:
                 xytext=(3, -12),
                 textcoords="offset points",
                 color="red",
-                fontsize=8,
+                fontsize=9,
             )
             title += f"\nNON-FINITE from node '{bad.node}' ({'forward' if 'fwd' in bad.nonfinite else 'backward'})"
         ax.set_title(title)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.legend(fontsize=9, loc="best", ncol=2, framealpha=0.9)  # inside: the axes keep the full width
         fig.tight_layout()
         return fig

@@ -1,6 +1,8 @@
-"""Graph transforms over a TorchDynamo capture: unit scaling and simulated number formats.
+"""Graph transforms over the capture layer's graphs: unit scaling and simulated number formats.
 
-They nest: ``simulate_fp8(unit_scale(model))`` captures once and runs both.
+Captured lazily with TorchDynamo on the first call, or at once by
+:func:`unitscale.capture.capture`'s routes with ``example_inputs=``. They nest:
+``simulate_fp8(unit_scale(model))`` captures once and runs both.
 
 >>> import torch
 >>> from unitscale.transforms import unit_scale

@@ -1,24 +1,35 @@
-"""Capture a module's forward with TorchDynamo and run graph transforms over it.
+"""Graph transforms over a captured forward: the module that runs them, per input signature.
 
 A transform here is a function from a captured :class:`torch.fx.GraphModule` to a
-new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule` that,
-on the first call with a new input signature, captures the module's forward with
-TorchDynamo (``torch.compile`` with a custom backend, ``fullgraph=True``) and runs
-every transform over the captured graph, in order. Transforms nest because a
-transformed module only collects transforms: ``simulate_fp8(unit_scale(model))``
-captures once and runs the unit-scaling transform, then the FP8 one.
+new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule`. Its
+graph comes from the capture layer (:mod:`unitscale.capture`), in one of two ways:
+
+- **lazily** (no example inputs): on the first call with a new input signature,
+  :func:`unitscale.capture._dynamo.dynamo_graph` captures the call with TorchDynamo
+  (``fullgraph=True``, static shapes), and the transforms run over that graph;
+- **eagerly** (``example_inputs=``): :func:`unitscale.capture.capture` tries its graph
+  routes (``fx`` flat, ``torch.export`` with a free batch dimension, strict export,
+  TorchDynamo) at once, an exported graph is read as torch functions
+  (:func:`unitscale.transforms.aten.to_torch_functions`), and the transforms run over
+  it. That graph serves every call that differs from the example inputs only in the
+  batch size (dimension 0, where the route left it free: always on ``fx``, on export
+  when the model does not pin it) and in nothing else (training mode, dtypes, other
+  dimensions, plain values); any other call is captured lazily, as above.
+
+Either way every node carries the capture layer's ``module_path``, ``module_type`` and
+``source``, and an ``example_value``. Transforms nest because a transformed module only
+collects transforms: ``simulate_fp8(unit_scale(model))`` captures once and runs the
+unit-scaling transform, then the FP8 one.
 
 The result is a plain ``nn.Module`` whose forward runs the transformed graph: it
 trains eagerly, compiles with ``torch.compile`` and traces with a
-:class:`~unitscale.DeepTracer` (after one real call, which does the capture).
+:class:`~unitscale.DeepTracer` (after its graph exists).
 """
 
 from __future__ import annotations
 
 import inspect
-import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +37,12 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from unitscale.errors import CaptureError, TraceError, TransformError, UnitscaleError
+from unitscale.capture import GRAPH_ROUTE_NAMES, capture
+from unitscale.capture._dynamo import DynamoGraph, dynamo_graph, no_torch_function_modes
+from unitscale.capture._verify import flat_graph_inputs
+from unitscale.errors import InputError, TraceError, TransformError, UnitscaleError
+from unitscale.fx.nodes import MODULE_PATH_KEY
+from unitscale.transforms.aten import to_torch_functions
 
 __all__ = ["GraphTransform", "TransformedModule"]
 
@@ -35,21 +51,40 @@ GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
 
 @dataclass
 class _CompiledGraph:
-    """One captured and transformed graph, with how to feed it and rebuild the output."""
+    """One lazily captured and transformed graph, with how to feed it and rebuild the output."""
 
-    graph_module: fx.GraphModule
-    input_positions: list[int]
-    output_plan: list[tuple[str, Any]]
-    output_spec: pytree.TreeSpec
+    captured: DynamoGraph
+
+    @property
+    def graph_module(self) -> fx.GraphModule:
+        return self.captured.graph_module
 
     def run(self, leaves: list[Any]) -> Any:
-        inputs = [leaves[i] for i in self.input_positions]
+        inputs = [leaves[i] for i in self.captured.input_positions]
         if any(isinstance(x, fx.Proxy) for x in inputs):
             outs = _ProxyInliner(self.graph_module).run(*inputs)
         else:
             outs = self.graph_module.forward(*inputs)
-        rebuilt = [outs[v] if kind == "graph" else leaves[v] if kind == "input" else v for kind, v in self.output_plan]
-        return pytree.tree_unflatten(rebuilt, self.output_spec)
+        return self.captured.rebuild(outs, leaves)
+
+
+@dataclass
+class _EagerGraph:
+    """The graph captured with example inputs: it has the model's call signature."""
+
+    graph_module: fx.GraphModule
+    module: nn.Module
+    key: Any
+    batch_free: bool
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        inputs = flat_graph_inputs(self.graph_module, self.module, args, kwargs)
+        if any(isinstance(x, fx.Proxy) for x in pytree.tree_leaves(inputs)):
+            flat = _ProxyInliner(self.graph_module).run(*inputs, enable_io_processing=False)
+            return self.graph_module.graph._codegen.process_outputs(flat)
+        if isinstance(self.graph_module.graph._codegen, fx.graph._PyTreeCodeGen):
+            return self.graph_module(*args, **kwargs)
+        return self.graph_module(*inputs)
 
 
 class _ProxyInliner(fx.Interpreter):
@@ -76,11 +111,11 @@ class _ProxyInliner(fx.Interpreter):
         tracer = proxies[0].tracer
         node = self._node
         name = None if node is None else node.name
-        path = None if node is None else _module_path(node)
-        if path is None or not hasattr(tracer, "current_module_path"):
+        if node is None or MODULE_PATH_KEY not in node.meta or not hasattr(tracer, "current_module_path"):
             return tracer.create_proxy(kind, target, args, kwargs, name=name)
         outer = tracer.current_module_path
-        tracer.current_module_path = path
+        # the wrapped model is the transformed module's submodule ``module``
+        tracer.current_module_path = ".".join(p for p in ("module", node.meta[MODULE_PATH_KEY]) if p)
         try:
             return tracer.create_proxy(kind, target, args, kwargs, name=name)
         finally:
@@ -93,26 +128,18 @@ class _ProxyInliner(fx.Interpreter):
         return self._emit("call_method", target, args, kwargs)
 
 
-def _module_path(node: fx.Node) -> str | None:
-    """``module.<path>`` of the module a TorchDynamo node came from (``None`` if not recorded)."""
-    stack = node.meta.get("nn_module_stack")
-    if stack is None:
-        return None
-    if not stack:
-        return "module"
-    source = re.sub(r"^L\['[^']*'\]", "", str(list(stack.values())[-1][0]))
-    return ".".join(["module", *(name for name in re.findall(r"\w+", source) if name != "_modules")])
-
-
 class TransformedModule(nn.Module):
-    """A module whose forward runs ``module``'s TorchDynamo graph after ``transforms``.
+    """A module whose forward runs ``module``'s captured graph after ``transforms``.
 
     Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
     ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and
-    ``.to()`` work as usual. The graph is captured once per input signature (shapes,
-    dtypes, non-tensor values, training mode). A capture runs eagerly: under
-    ``torch.compile`` a call with a new signature breaks the graph once, so for
-    ``fullgraph=True`` call the module once eagerly first.
+    ``.to()`` work as usual. Without example inputs, the graph is captured with
+    TorchDynamo once per input signature (shapes, dtypes, non-tensor values, training
+    mode), on the first call with it; the capture runs eagerly: under ``torch.compile``
+    a call with a new signature breaks the graph once, so for ``fullgraph=True`` call
+    the module once eagerly first. With example inputs the graph is captured at once,
+    by whichever route of :func:`unitscale.capture.capture` takes the model, and
+    serves calls of any batch size (see :mod:`unitscale.transforms.dynamo`).
 
     Hook map: a new behaviour is a transform (a ``GraphModule -> GraphModule`` callable,
     ``GraphTransform``) given to :func:`apply_transform`, not a subclass; the
@@ -121,17 +148,22 @@ class TransformedModule(nn.Module):
     .. code-block:: text
 
         forward(*args, **kwargs)
-        +-- (inputs are fx proxies) the latest capture is replayed into the tracer
-        +-- key: training mode, argument count, keyword names, each leaf's signature
-        +-- _capture(args, kwargs, leaves, key)     once per key
-        |   +-- TorchDynamo graph of module
-        |   +-- transform(graph_module) for each of transforms, in order
-        +-- captured.run(leaves)
+        +-- (inputs are fx proxies) the eager graph, else the latest, is replayed into the tracer
+        +-- the eager graph, if the call fits it (batch size aside)
+        +-- else key: training mode, argument count, keyword names, each leaf's signature
+            +-- _capture(args, kwargs, leaves, key)     once per key
+            |   +-- dynamo_graph(module, ...)          (unitscale.capture)
+            |   +-- transform(graph_module) for each of transforms, in order
+            +-- captured.run(leaves)
 
     Attributes:
         module: the module whose forward is captured.
         transforms: the graph transforms, applied in order.
-        unscaled_ops: ops :func:`unit_scale` left as they were, one line each.
+        route: the capture route of the latest graph (``"fx"``, ``"export"``,
+            ``"export-strict"``, ``"dynamo"``; ``None`` before any capture).
+        reasons: why each route tried before ``route`` failed (eager capture).
+        unscaled_ops: ops :func:`unit_scale` left as they were, one line each, naming
+            the op, its node, its module path and source line.
         kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
             of unit-scaled operands (rotary embeddings, products of activations), one
             ``"<op>: <reason>"`` line each.
@@ -140,10 +172,10 @@ class TransformedModule(nn.Module):
     >>> from torch import nn
     >>> from unitscale import unit_scale
     >>> scaled = unit_scale(nn.Sequential(nn.Linear(8, 8), nn.GELU()))
-    >>> scaled.graph_module is None  # nothing captured before the first call
-    True
-    >>> scaled(torch.randn(4, 8)).shape, scaled.unscaled_ops
-    (torch.Size([4, 8]), [])
+    >>> scaled.graph_module is None, scaled.route  # nothing captured before the first call
+    (True, None)
+    >>> scaled(torch.randn(4, 8)).shape, scaled.unscaled_ops, scaled.route
+    (torch.Size([4, 8]), [], 'dynamo')
     """
 
     def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:
@@ -151,13 +183,17 @@ class TransformedModule(nn.Module):
         self.module = module
         self.transforms = tuple(transforms)
         self._captured: dict[Any, _CompiledGraph] = {}
-        self._latest: _CompiledGraph | None = None
+        self._latest: _CompiledGraph | _EagerGraph | None = None
+        self._eager: _EagerGraph | None = None
+        self._eager_spec: tuple[tuple[Any, ...], dict[str, Any], str | Sequence[str]] | None = None
+        self.route: str | None = None
+        self.reasons: dict[str, str] = {}
         self.unscaled_ops: list[str] = []
         self.kept_ops: list[str] = []
 
     @property
     def graph_module(self) -> fx.GraphModule | None:
-        """The transformed graph of the latest capture (``None`` before the first call)."""
+        """The transformed graph of the latest capture (``None`` before the first)."""
         return None if self._latest is None else self._latest.graph_module
 
     @classmethod
@@ -183,9 +219,16 @@ class TransformedModule(nn.Module):
             if self._latest is None:
                 raise TraceError(
                     f"{type(self.module).__name__} was transformed but never called: call it once on real "
-                    f"inputs (which captures its graph) before tracing it with torch.fx"
+                    f"inputs (which captures its graph) before tracing it with torch.fx, or pass example_inputs"
                 )
+            # A tracer's proxies have no shapes: the eager graph, when there is one, takes any batch.
+            if self._eager is not None:
+                return self._eager.run(args, kwargs)
+            assert isinstance(self._latest, _CompiledGraph)  # only captures set _latest
             return self._latest.run(leaves)
+        eager = self._eager
+        if eager is not None and eager.key == _eager_key(self.training, args, kwargs, leaves, eager.batch_free):
+            return eager.run(args, kwargs)
         key = (self.training, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
         captured = self._captured.get(key)
         if captured is None:
@@ -194,15 +237,88 @@ class TransformedModule(nn.Module):
 
     @torch._dynamo.disable
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any) -> _CompiledGraph:
-        captured = _capture(self.module, args, kwargs, leaves, self.transforms)
+        found = dynamo_graph(self.module, args, kwargs)
+        found.graph_module = _run_transforms(self.module, self.transforms, found.graph_module)
+        captured = _CompiledGraph(found)
         self._captured[key] = captured
-        self._latest = captured
-        self.unscaled_ops = list(captured.graph_module.meta.get("unscaled_ops", []))
-        self.kept_ops = list(captured.graph_module.meta.get("kept_ops", []))
+        self._adopt(captured, "dynamo")
         return captured
 
+    def _adopt(self, graph: _CompiledGraph | _EagerGraph, route: str) -> None:
+        self._latest = graph
+        self.route = route
+        self.unscaled_ops = list(graph.graph_module.meta.get("unscaled_ops", []))
+        self.kept_ops = list(graph.graph_module.meta.get("kept_ops", []))
+
+    @torch._dynamo.disable
+    def capture_now(
+        self,
+        example_inputs: Any,
+        example_kwargs: dict[str, Any] | None = None,
+        route: str | Sequence[str] = "auto",
+    ) -> TransformedModule:
+        """Capture the graph now, on example inputs, by the capture layer's routes; returns ``self``.
+
+        ``route="auto"`` tries every graph route of :func:`unitscale.capture.capture` in
+        order (``fx`` traced flat, ``export`` with a free batch dimension,
+        ``export-strict``, ``dynamo``); one name or a tuple forces them. The transforms
+        run over the graph at once, so their errors are raised here.
+
+        Raises:
+            InputError: example inputs the model cannot take.
+            UnknownRouteError: an unknown route name.
+            NoRouteError: no route captured the model (``NoGraphError`` for ``route="eager"``,
+                which records ops and makes no graph); the message lists each route's reason.
+
+        >>> import torch
+        >>> from unitscale import unit_scale
+        >>> scaled = unit_scale(torch.nn.Sequential(torch.nn.Linear(4, 4)), example_inputs=torch.randn(2, 4))
+        >>> scaled.route, scaled(torch.randn(5, 4)).shape
+        ('fx', torch.Size([5, 4]))
+        """
+        routes = GRAPH_ROUTE_NAMES if route == "auto" else route
+        with no_torch_function_modes():
+            cap = capture(self.module, example_inputs, example_kwargs, route=routes, dynamic_batch=True, flat=True)
+        gm = cap.require_graph(f"{type(self).__name__} (apply_transform, unit_scale, simulate_format)")
+        if cap.route.startswith("export"):
+            to_torch_functions(gm)
+        for node in gm.graph.nodes:
+            if "example_value" not in node.meta and "val" in node.meta:
+                node.meta["example_value"] = node.meta["val"]
+        batch_free = _batch_free(gm, cap.route)
+        gm = _run_transforms(self.module, self.transforms, gm)
+        args, kwargs = cap.example_inputs, cap.example_kwargs
+        leaves = pytree.tree_leaves((args, kwargs))
+        eager = _EagerGraph(gm, self.module, _eager_key(self.training, args, kwargs, leaves, batch_free), batch_free)
+        self._eager, self._eager_spec, self.reasons = eager, (args, kwargs, route), dict(cap.reasons)
+        self._adopt(eager, cap.route)
+        return self
+
     def extra_repr(self) -> str:
-        return "transforms=[" + ", ".join(getattr(t, "__name__", type(t).__name__) for t in self.transforms) + "]"
+        names = ", ".join(getattr(t, "__name__", type(t).__name__) for t in self.transforms)
+        return f"route={self.route!r}, transforms=[{names}]"
+
+
+def _batch_free(gm: fx.GraphModule, route: str) -> bool:
+    """Whether the graph takes any batch size: fx graphs do; an exported one where dim 0 stayed symbolic."""
+    if route == "fx":
+        return True
+    if not route.startswith("export"):
+        return False
+    values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    tensors = [v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return bool(tensors) and all(isinstance(v.shape[0], torch.SymInt) for v in tensors)
+
+
+def _eager_key(
+    training: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], batch_free: bool
+) -> Any:
+    def leaf_key(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and batch_free and leaf.dim() > 0:
+            return (tuple(leaf.shape[1:]), leaf.dim(), leaf.dtype, leaf.device)
+        return _signature(leaf)
+
+    return (training, len(args), tuple(kwargs), tuple(leaf_key(leaf) for leaf in leaves))
 
 
 _CLASSES: dict[tuple[str, ...], type[TransformedModule]] = {}
@@ -240,31 +356,6 @@ def _signature(leaf: Any) -> Any:
     return (type(leaf), id(leaf))
 
 
-def _capture_error(module: nn.Module, exc: Exception) -> CaptureError:
-    where = ""
-    stack = getattr(exc, "real_stack", None)
-    if stack:
-        # the user's line, not the torch.nn line it called into
-        frame = next((f for f in reversed(stack) if "/torch/" not in f.filename.replace("\\", "/")), stack[-1])
-        where = f" at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    failed = re.search(r"got (\w+)\((['\"])(.*?)\2\)", str(exc), re.S)
-    if isinstance(exc, torch._dynamo.exc.TorchRuntimeError) and failed:
-        # The op itself failed on the example tensors: the model would fail eagerly too.
-        inner = failed.group(3).rstrip(".")
-        advice = (
-            "update the parameter under torch.no_grad() or outside forward"
-            if "in-place operation" in inner
-            else "check the input shapes and dtypes and the layers' widths (the model fails the same way eagerly)"
-        )
-        return CaptureError(f"{type(module).__name__}.forward fails{where}: {failed.group(1)}: {inner}; {advice}")
-    return CaptureError(
-        f"TorchDynamo could not capture {type(module).__name__}.forward in one graph{where}: {reason}. "
-        f"Rewrite that line without data-dependent Python control flow or calls TorchDynamo cannot trace "
-        f"(print, .item(), .tolist(), numpy)"
-    )
-
-
 def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.GraphModule) -> fx.GraphModule:
     name = getattr(transform, "__name__", type(transform).__name__)
     try:
@@ -284,126 +375,15 @@ def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.Grap
     return result
 
 
-@contextmanager
-def _no_torch_function_modes() -> Iterator[None]:
-    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures."""
-    modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
-    try:
-        yield
-    finally:
-        for mode in reversed(modes):
-            torch._C._push_on_torch_function_stack(mode)
-
-
-def _capture(
-    module: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    leaves: list[Any],
-    transforms: tuple[GraphTransform, ...],
-) -> _CompiledGraph:
-    record: dict[str, Any] = {}
-
-    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        record["gm"], record["inputs"] = gm, list(example_inputs)
-
-        def run(*inputs: Any) -> Any:
-            record["outputs"] = gm(*inputs)
-            return record["outputs"]
-
-        return run
-
-    def call(*a: Any, **k: Any) -> Any:
-        return module(*a, **k)
-
-    try:
-        with _no_torch_function_modes():
-            result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
-    except torch._dynamo.exc.TorchDynamoException as exc:
-        raise _capture_error(module, exc) from None
-    finally:
-        # Each capture compiles a fresh frame; drop its cache entry so repeated captures
-        # never reach TorchDynamo's recompile limit.
-        torch._dynamo.reset_code(call.__code__)
-    if "gm" not in record:
-        raise CaptureError(
-            f"TorchDynamo found no tensor ops in {type(module).__name__}.forward, so there is no graph to "
-            f"transform; apply the transform to a module that computes something"
-        )
-    _check_outputs(module, result)
-    gm = _to_standalone(module, record["gm"], record["inputs"], leaves)
+def _run_transforms(module: nn.Module, transforms: tuple[GraphTransform, ...], gm: fx.GraphModule) -> fx.GraphModule:
     for transform in transforms:
         gm = _run_transform(module, transform, gm)
-    out_leaves, out_spec = pytree.tree_flatten(result)
-    graph_outputs = {id(t): i for i, t in enumerate(record.get("outputs", ()))}
-    input_ids = {id(leaf): i for i, leaf in enumerate(leaves)}
-    plan: list[tuple[str, Any]] = []
-    for leaf in out_leaves:
-        if id(leaf) in graph_outputs:
-            plan.append(("graph", graph_outputs[id(leaf)]))
-        elif id(leaf) in input_ids:
-            plan.append(("input", input_ids[id(leaf)]))
-        elif isinstance(leaf, torch.Tensor):
-            raise CaptureError(
-                f"{type(module).__name__}.forward returns a tensor that is neither computed by its graph nor an "
-                f"input (a parameter or a global?); return a computed tensor instead"
-            )
-        else:
-            plan.append(("const", leaf))
-    positions = gm.meta["input_positions"]
-    return _CompiledGraph(gm, positions, plan, out_spec)
+    return gm
 
 
-# Output leaves a captured graph may hand back as they were at capture: they hold no tensors.
-_PLAIN_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.Size)
-
-
-def _check_outputs(module: nn.Module, result: Any) -> None:
-    """Refuse an output object the graph cannot recompute (a KV cache, say): it would be the capture's, stale."""
-    for path, leaf in pytree.tree_flatten_with_path(result)[0]:
-        if isinstance(leaf, (torch.Tensor, *_PLAIN_OUTPUTS)):
-            continue
-        where = pytree.keystr(path) or "its output"
-        hint = (
-            " (a transformers KV cache: build the model with use_cache=False, or pass use_cache=False)"
-            if "cache" in type(leaf).__name__.lower()
-            else ""
+def _check_route_inputs(example_inputs: Any, route: Any) -> None:
+    if example_inputs is None and route != "auto":
+        raise InputError(
+            f"route={route!r} chooses how example inputs are captured, but no example_inputs were given; "
+            "pass example_inputs=(...) as well, or leave route='auto' for a lazy TorchDynamo capture"
         )
-        raise CaptureError(
-            f"{type(module).__name__}.forward returns a {type(leaf).__name__} at {where}{hint}: an object that is "
-            f"not a tensor or a plain value, so a transformed graph cannot rebuild it on each call (every call "
-            f"would return the one made while capturing); return tensors only"
-        )
-
-
-def _to_standalone(
-    module: nn.Module, gm: fx.GraphModule, example_inputs: list[Any], leaves: list[Any]
-) -> fx.GraphModule:
-    """Turn TorchDynamo's graph (parameters lifted to inputs) into one that reads them as attributes."""
-    names: dict[int, str] = {}
-    for name, tensor in [*module.named_buffers(), *module.named_parameters()]:
-        names.setdefault(id(tensor), name)
-    leaf_position = {id(leaf): i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
-    graph = gm.graph
-    graph.owning_module = None  # rebuilt below, on a root that holds the attributes
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    first_op = next(n for n in graph.nodes if n.op != "placeholder")
-    positions: list[int] = []
-    attrs: dict[str, torch.Tensor] = {}
-    for node, value in zip(placeholders, example_inputs, strict=True):
-        if id(value) in leaf_position:
-            positions.append(leaf_position[id(value)])
-            continue
-        # A tensor that is neither an input nor module state (a global) becomes a constant.
-        target = names.get(id(value), f"_captured_constant_{len(attrs)}")
-        attrs[target] = value
-        with graph.inserting_before(first_op):
-            attr = graph.get_attr(target)
-        attr.meta = dict(node.meta)
-        node.replace_all_uses_with(attr)
-        graph.erase_node(node)
-    for node in graph.nodes:
-        node.meta.pop("grapharg", None)
-    out = fx.GraphModule(attrs, graph, class_name=f"{type(module).__name__}Graph")
-    out.meta["input_positions"] = positions
-    return out

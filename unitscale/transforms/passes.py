@@ -1,7 +1,9 @@
-"""Graph transforms built on TorchDynamo: unit scaling and simulated low precision.
+"""Graph transforms over the capture layer's graphs: unit scaling and simulated low precision.
 
 Each transform wraps a module in a :class:`TransformedModule` that captures the
-forward with TorchDynamo on its first call and rewrites the captured graph.
+forward (with TorchDynamo on its first call, or at once by
+:func:`unitscale.capture.capture`'s routes when given ``example_inputs``) and
+rewrites the captured graph.
 Transforms nest, and ``torch.compile`` goes on top:
 ``torch.compile(simulate_fp8(unit_scale(model)))``.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +30,7 @@ from unitscale.errors import (
     UnscaledOpsError,
 )
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.transforms.dynamo import GraphTransform, TransformedModule
+from unitscale.transforms.dynamo import GraphTransform, TransformedModule, _check_route_inputs
 from unitscale.transforms.unit_scale_pass import UnitScalePass
 
 __all__ = ["TransformedModule", "apply_transform", "simulate_format", "simulate_fp8", "unit_scale"]
@@ -36,19 +38,36 @@ __all__ = ["TransformedModule", "apply_transform", "simulate_format", "simulate_
 logger = logging.getLogger(__name__)
 
 
-def apply_transform(module: nn.Module, transform: GraphTransform) -> TransformedModule:
-    """Wrap ``module`` so that ``transform`` runs over its TorchDynamo graph.
+def apply_transform(
+    module: nn.Module,
+    transform: GraphTransform,
+    example_inputs: Any = None,
+    example_kwargs: dict[str, Any] | None = None,
+    route: str | Sequence[str] = "auto",
+) -> TransformedModule:
+    """Wrap ``module`` so that ``transform`` runs over its captured graph.
 
     The graph handed to ``transform`` reads parameters and buffers as attributes
-    (``get_attr`` nodes named as in ``module``), takes the tensor inputs as
-    placeholders, and carries TorchDynamo's ``example_value`` in each node's meta.
-    ``transform`` returns the new ``GraphModule``. Applied to a
-    :class:`TransformedModule`, the transform runs after the ones it already has,
-    and the parameters stay shared.
+    (``get_attr`` nodes named as in ``module``), holds torch functions (an exported
+    graph's aten ops are read as the torch functions they are), and carries an
+    ``example_value`` and the capture layer's ``module_path``, ``module_type`` and
+    ``source`` in each node's meta. ``transform`` returns the new ``GraphModule``.
+    Without ``example_inputs`` the graph is TorchDynamo's, captured on the first call
+    per input signature; with them it is captured now by
+    :func:`unitscale.capture.capture` (``fx`` traced flat, ``torch.export``,
+    strict export, TorchDynamo: the first that takes the model, or the ``route``
+    forced), and ``result.route`` says which. Applied to a :class:`TransformedModule`,
+    the transform runs after the ones it already has, the parameters stay shared,
+    and example inputs it was captured with are used again.
 
     Args:
-        module: any module TorchDynamo can capture in one graph.
+        module: any module TorchDynamo (or, with example inputs, any capture route)
+            can capture in one graph.
         transform: ``GraphModule -> GraphModule``.
+        example_inputs: a tensor or tuple of positional inputs: capture now.
+        example_kwargs: keyword inputs to capture with.
+        route: ``"auto"`` (every graph route, in order), a route name or a tuple of
+            them (needs ``example_inputs``).
 
     Returns:
         The wrapped module (``module`` itself is not changed).
@@ -56,8 +75,10 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         NotCallableError: ``transform`` is not callable.
-        TransformError: (when the wrapped module is first called) ``transform`` raised or
-            did not return an ``fx.GraphModule``.
+        TransformError: (at capture) ``transform`` raised or did not return an ``fx.GraphModule``.
+        InputError: ``route`` without ``example_inputs``, or inputs the model cannot take.
+        NoRouteError: (with ``example_inputs``) no allowed route captured the model;
+            the message lists each route's reason.
 
     >>> import torch
     >>> from unitscale import apply_transform
@@ -79,9 +100,31 @@ def apply_transform(module: nn.Module, transform: GraphTransform) -> Transformed
         raise NotCallableError(
             f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
         )
+    _check_route_inputs(example_inputs, route)
     if isinstance(module, TransformedModule):
-        return TransformedModule.wrap(module.module, (*module.transforms, transform))
-    return TransformedModule.wrap(module, (transform,))
+        return _captured(
+            TransformedModule.wrap(module.module, (*module.transforms, transform)),
+            module,
+            example_inputs,
+            example_kwargs,
+            route,
+        )
+    return _captured(TransformedModule.wrap(module, (transform,)), None, example_inputs, example_kwargs, route)
+
+
+def _captured(
+    wrapped: TransformedModule,
+    inner: TransformedModule | None,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None,
+    route: str | Sequence[str],
+) -> TransformedModule:
+    """Capture ``wrapped`` now if example inputs are given, or if ``inner`` was captured with some."""
+    if example_inputs is None and inner is not None and inner._eager_spec is not None:
+        example_inputs, example_kwargs, route = inner._eager_spec
+    if example_inputs is None:
+        return wrapped
+    return wrapped.capture_now(example_inputs, example_kwargs, route)
 
 
 def _check_replace(replace: Any) -> dict[Any, Callable[..., Any]]:
@@ -105,13 +148,24 @@ def _check_replace(replace: Any) -> dict[Any, Callable[..., Any]]:
 
 
 def unit_scale(
-    module: nn.Module, replace: Mapping[Any, Callable[..., Any]] | None = None, strict: bool = False
+    module: nn.Module,
+    replace: Mapping[Any, Callable[..., Any]] | None = None,
+    strict: bool = False,
+    example_inputs: Any = None,
+    example_kwargs: dict[str, Any] | None = None,
+    route: str | Sequence[str] = "auto",
 ) -> TransformedModule:
-    """Unit-scale a model: swap every torch op for its unit-scaled twin, as a TorchDynamo backend.
+    """Unit-scale a model: swap every torch op for its unit-scaled twin in its captured graph.
 
-    On the first call the forward is captured with TorchDynamo, whether the model is
-    written with modules (``nn.Sequential(nn.Linear, nn.GELU, ...)``) or functional
-    calls. In the graph: ``replace`` first, then :data:`unitscale.scaling.functional.torch_map`;
+    Without ``example_inputs``, the forward is captured with TorchDynamo on the first
+    call (once per input signature). With them, it is captured now by
+    :func:`unitscale.capture.capture`: ``fx`` (traced through ``torch.nn`` modules),
+    ``torch.export`` non-strict (batch dimension left free), strict, TorchDynamo, the
+    first that takes the model (or the ``route`` forced); ``result.route`` says which,
+    and the graph serves calls of other batch sizes. Whether the model is written with
+    modules (``nn.Sequential(nn.Linear, nn.GELU, ...)``) or functional calls, and
+    whatever the route (an exported graph's aten ops are read as torch functions).
+    In the graph: ``replace`` first, then :data:`unitscale.scaling.functional.torch_map`;
     residual adds (one operand an ancestor of the other) become
     :func:`~unitscale.scaling.functional.residual_split` / :func:`~unitscale.scaling.functional.residual_add`
     (``tau`` 0.01 for attention branches, 0.5 otherwise); other adds become unconstrained
@@ -127,7 +181,8 @@ def unit_scale(
     an op left unscaled keeps the parameters it was written for.
 
     Ops left as they were (not mapped, and not scale-neutral like reshapes) are logged
-    on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``;
+    on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``
+    (op, node, module path, file and line);
     ops left as they were because they keep a unit scale (rotary embeddings, the product
     of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``.
 
@@ -135,18 +190,27 @@ def unit_scale(
         module: the model.
         replace: extra or overriding replacements, ``{torch function: replacement}``.
         strict: ``True``: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
+        example_inputs: a tensor or tuple of positional inputs: capture now, by the
+            capture layer's routes.
+        example_kwargs: keyword inputs to capture with (``decoder_input_ids`` of T5).
+        route: ``"auto"`` (every graph route, in order), one route name or a tuple of
+            them (needs ``example_inputs``).
 
     Returns:
-        A :class:`TransformedModule`; the capture (and the check) happens on its first call.
+        A :class:`TransformedModule`; the capture (and the check) happens on its first
+        call, or now with ``example_inputs``.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
-        InputError: ``strict`` is not a bool.
+        InputError: ``strict`` is not a bool, ``route`` without ``example_inputs``, or
+            example inputs the model cannot take.
+        NoRouteError: (with ``example_inputs``) no allowed route captured the model; the
+            message lists each route's reason with the user's file and line.
         CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph,
             or the forward returns an object that is not a tensor or a plain value (a
             ``transformers`` KV cache: build the model with ``use_cache=False``).
-        UnscaledOpsError: (on the first call, with ``strict=True``) some ops were left unscaled.
+        UnscaledOpsError: (at capture, with ``strict=True``) some ops were left unscaled.
 
     >>> import torch
     >>> from torch import nn
@@ -156,16 +220,22 @@ def unit_scale(
     >>> x = torch.randn(512, 256)
     >>> round(model(x).std().item(), 2), round(unit_scale(model)(x).std().item(), 1)
     (0.2, 1.1)
+    >>> scaled = unit_scale(model, example_inputs=x)
+    >>> scaled.route, round(scaled(x[:64]).std().item(), 1)
+    ('fx', 1.1)
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"unit_scale: expected an nn.Module, got {type(module).__name__}")
     if not isinstance(strict, bool):
         raise InputError(f"unit_scale: strict={strict!r:.60} is a {type(strict).__name__}; pass True or False")
     replacements = _check_replace(replace)
+    _check_route_inputs(example_inputs, route)
     inner = module.module if isinstance(module, TransformedModule) else module
     earlier = module.transforms if isinstance(module, TransformedModule) else ()
     scaled = copy.deepcopy(inner)
-    return TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict)))
+    wrapped = TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict)))
+    outer = module if isinstance(module, TransformedModule) else None
+    return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 
 
 class _UnitScale(UnitScalePass):
@@ -234,7 +304,14 @@ class _SimulateFormat:
         return gm
 
 
-def simulate_format(module: nn.Module, fwd_format: FPFormat, bwd_format: FPFormat) -> TransformedModule:
+def simulate_format(
+    module: nn.Module,
+    fwd_format: FPFormat,
+    bwd_format: FPFormat,
+    example_inputs: Any = None,
+    example_kwargs: dict[str, Any] | None = None,
+    route: str | Sequence[str] = "auto",
+) -> TransformedModule:
     """Simulate a number format around every matmul-like op (linear, matmul, conv, attention).
 
     Each float tensor input of such an op is rounded to ``fwd_format`` in the forward
@@ -245,6 +322,9 @@ def simulate_format(module: nn.Module, fwd_format: FPFormat, bwd_format: FPForma
         module: the model (or a :class:`TransformedModule`).
         fwd_format: format of forward tensors.
         bwd_format: format of gradients.
+        example_inputs: capture now, as :func:`apply_transform` does.
+        example_kwargs: keyword inputs to capture with.
+        route: the capture routes to try (needs ``example_inputs``).
 
     Returns:
         A :class:`TransformedModule`.
@@ -265,7 +345,7 @@ def simulate_format(module: nn.Module, fwd_format: FPFormat, bwd_format: FPForma
     for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
         if not isinstance(fmt, FPFormat):
             raise FormatError(f"simulate_format: {name}={fmt!r} is not an FPFormat (e.g. unitscale.FP8_E4M3)")
-    return apply_transform(module, _SimulateFormat(fwd_format, bwd_format))
+    return apply_transform(module, _SimulateFormat(fwd_format, bwd_format), example_inputs, example_kwargs, route)
 
 
 def simulate_fp8(module: nn.Module) -> TransformedModule:

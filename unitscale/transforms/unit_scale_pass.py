@@ -1,6 +1,8 @@
 """The graph pass behind :func:`unitscale.unit_scale`.
 
-On a TorchDynamo graph (see :mod:`unitscale.transforms.dynamo`):
+On a graph of torch functions (TorchDynamo's, a flat ``torch.fx`` trace, or an exported
+graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes carry
+``example_value`` and the capture layer's ``module_path``/``source``:
 
 1. user replacements first: a node whose function is a key of ``replace`` calls the value;
    then written-out composites (RMS norm, tanh GELU) are folded into their twins
@@ -51,7 +53,15 @@ import torch.nn.functional as F
 from torch import fx
 
 import unitscale.scaling.functional as U
-from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS, SCALE_NEUTRAL_METHODS, op_name
+from unitscale.fx.nodes import (
+    MODULE_PATH_KEY,
+    MODULE_TYPE_KEY,
+    SCALE_NEUTRAL_FUNCTIONS,
+    SCALE_NEUTRAL_METHODS,
+    SOURCE_KEY,
+    op_name,
+)
+from unitscale.transforms.aten import ATEN_NEUTRAL
 from unitscale.transforms.patterns import fold_patterns
 
 __all__ = ["UnitScalePass", "unit_init_"]
@@ -109,6 +119,9 @@ def _is_add(node: fx.Node) -> bool:
 
 
 def _location(node: fx.Node) -> str:
+    source = str(node.meta.get(SOURCE_KEY) or "")
+    if source:
+        return f" at {os.path.basename(source)}"
     trace = node.meta.get("stack_trace") or ""
     found = re.findall(r'File "([^"]+)", line (\d+)', trace)
     if not found:
@@ -118,8 +131,14 @@ def _location(node: fx.Node) -> str:
 
 
 def describe(node: fx.Node) -> str:
-    """``"<op> (node <name>) at <file>:<line>"`` for reports and errors."""
-    return f"{op_name(_function_of(node), qualified=True)} (node {node.name}){_location(node)}"
+    """``"<op> (node <name>, module <path>) at <file>:<line>"`` for reports and errors.
+
+    The module path and source are the capture layer's normalised meta; the module part
+    is left out for an op of the root module.
+    """
+    path = node.meta.get(MODULE_PATH_KEY) or ""
+    module = f", module {path}" if path else ""
+    return f"{op_name(_function_of(node), qualified=True)} (node {node.name}{module}){_location(node)}"
 
 
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
@@ -158,7 +177,9 @@ def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
 def _is_neutral(node: fx.Node) -> bool:
     if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS:
         return True
-    return node.op == "call_function" and _member(node.target, SCALE_NEUTRAL_FUNCTIONS)
+    return node.op == "call_function" and (
+        _member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _member(node.target, ATEN_NEUTRAL)
+    )
 
 
 def _consumers(node: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
@@ -375,20 +396,31 @@ def _rotary_ops(
             if len(args) != 2 or len(factors) != 1:
                 break
             table = factors[0]
-            tables.append(
-                {_TRIG[fn] for fn in map(_function_of, ancestors[table] | {table}) if _member(fn, set(_TRIG))}
-            )
+            functions = [fn for n in ancestors[table] | {table} for fn in _functions_run_by(n)]
+            tables.append({_TRIG[fn] for fn in functions if _member(fn, set(_TRIG))})
         if len(tables) == 2 and tables[0] and tables[1] and tables[0] | tables[1] == {"cos", "sin"}:
             for n in (node, *products):
                 kept[n] = "rotary embedding (x * cos + rotate_half(x) * sin keeps the std of x)"
     return kept
 
 
+def _functions_run_by(node: fx.Node) -> list[Any]:
+    """The node's function, and those of a higher-order op's body (export's ``wrap_with_set_grad_enabled``)."""
+    functions = [_function_of(node)]
+    owner = node.graph.owning_module
+    for arg in node.args:
+        if owner is not None and isinstance(arg, fx.Node) and arg.op == "get_attr":
+            body = getattr(owner, str(arg.target), None)
+            if isinstance(body, fx.GraphModule):
+                functions += [_function_of(n) for n in body.graph.nodes]
+    return functions
+
+
 def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, like: fx.Node, value: Any) -> fx.Node:
     """Insert ``fn(*args)`` after ``where``, attributed to the module ``like`` came from."""
     with where.graph.inserting_after(where):
         node = where.graph.create_node("call_function", fn, args, {}, name=name)
-    for key in ("nn_module_stack", "stack_trace"):
+    for key in ("nn_module_stack", "stack_trace", MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY):
         if key in like.meta:
             node.meta[key] = like.meta[key]
     node.meta["example_value"] = value
@@ -507,6 +539,6 @@ class UnitScalePass:
         fn = _function_of(node)
         if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS:
             return False
-        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED):
+        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _member(fn, ATEN_NEUTRAL):
             return False
         return not (isinstance(fn, torch._ops.OpOverload) and fn.namespace == "unitscale")

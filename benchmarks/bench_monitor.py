@@ -1,0 +1,146 @@
+"""Training with a ``ScaleMonitor`` recording every 10th step, as a ratio to the same training without it.
+
+Each model takes the same training steps (forward, loss, backward, Adam) on the same batch,
+with and without a :class:`unitscale.ScaleMonitor` (``every=10``: one step in ten records every
+module output, gradient, parameter and parameter gradient against FP8 E4M3 / E5M2). The
+ratio is the time of ten monitored steps over ten plain ones, measured in the same run, the
+two interleaved so that load from other processes hits both alike; a ``record step`` column
+gives one recording step over one plain step. Target: <= 1.10x for every 10th step. Models:
+TinyGPT, a tiny Llama from ``transformers`` (random weights, no download), and
+``unitscale.resnet18``.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
+
+from unitscale import ScaleMonitor, TinyGPT, resnet18  # noqa: E402
+
+EVERY = 10
+VOCAB, SEQ = 256, 64
+
+
+def _llama(width: int) -> nn.Module | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    cfg = transformers.AutoConfig.for_model(
+        "llama",
+        vocab_size=VOCAB,
+        hidden_size=width,
+        intermediate_size=4 * width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        use_cache=False,
+    )
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def _zoo(quick: bool) -> dict[str, tuple[Callable[[], nn.Module | None], Any, Any]]:
+    batch = 8 if quick else 16
+    ids = torch.randint(0, VOCAB, (batch, SEQ + 1))
+    lm_inputs, lm_targets = ids[:, :-1], ids[:, 1:]
+    return {
+        "TinyGPT": (lambda: TinyGPT(VOCAB, 128, 2, 4, SEQ), lm_inputs, lm_targets),
+        "Llama": (lambda: _llama(128), lm_inputs, lm_targets),
+        "resnet18": (
+            lambda: resnet18(num_classes=10, width=16),
+            torch.randn(batch, 3, 32, 32),
+            torch.randint(0, 10, (batch,)),
+        ),
+    }
+
+
+def _logits(out: Any) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def _steps(model: nn.Module, x: Any, y: Any, monitor: ScaleMonitor | None) -> Callable[[int], None]:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def run(n: int) -> None:
+        for step in range(n):
+            if monitor is None:
+                logits = _logits(model(x))
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+            else:
+                with monitor.step(step):
+                    logits = _logits(model(x))
+                    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    return run
+
+
+def _time(fn: Callable[[], object]) -> float:
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def main(quick: bool = False, threads: int = 1) -> list[dict]:
+    """Time plain and monitored training steps per model; print and return rows."""
+    torch.set_num_threads(threads)
+    rounds = 3 if quick else 7
+    rows = []
+    print(f"{threads} threads; best of {rounds} rounds of {EVERY} steps; monitor every {EVERY} steps")
+    print(f"{'model':<10} {'every 10th':>11} {'record step':>12} {'plain ms/step':>14} {'tensors':>8}")
+    for name, (build, x, y) in _zoo(quick).items():
+        torch.manual_seed(0)
+        model = build()
+        if model is None:
+            print(f"{name:<10} (transformers is not installed)")
+            continue
+        model.train()
+        monitor = ScaleMonitor(model, every=EVERY)
+        plain, monitored = _steps(model, x, y, None), _steps(model, x, y, monitor)
+        always = ScaleMonitor(model, every=1)
+        recording = _steps(model, x, y, always)
+        plain(1), monitored(1), recording(1)  # warm-up: allocator, lazy imports
+        best = {"plain": float("inf"), "monitored": float("inf"), "record": float("inf")}
+        runs = {"plain": (plain, EVERY), "monitored": (monitored, EVERY), "record": (recording, 1)}
+        for _ in range(rounds):
+            for key, (fn, n) in runs.items():
+                best[key] = min(best[key], _time(partial(fn, n)))
+        tensors = len(always.history) // (rounds + 1)  # warm-up and each round record once
+        monitor.close()
+        always.close()
+        row = {
+            "model": name,
+            "every 10th": best["monitored"] / best["plain"],
+            "record step": best["record"] / (best["plain"] / EVERY),
+            "plain ms/step": best["plain"] / EVERY * 1e3,
+            "tensors": tensors,
+        }
+        rows.append(row)
+        print(
+            f"{name:<10} {row['every 10th']:>10.3f}x {row['record step']:>11.2f}x "
+            f"{row['plain ms/step']:>14.1f} {tensors:>8}"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
+    main(quick="--quick" in sys.argv, threads=threads)

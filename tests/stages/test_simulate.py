@@ -1,0 +1,140 @@
+"""The schedule simulator and the schedule cost model (``unitscale.stages.simulate``, ``schedule_costs``)."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unitscale.errors import CostError, InputError, StageCountError, UnknownScheduleError
+from unitscale.stages import bubble_fraction
+from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
+from unitscale.stages.simulate import simulate, simulate_bounds
+
+matplotlib.use("Agg")
+
+
+def _even(p: int, v: int = 1, f: float = 1.0, **kw: float) -> tuple[ChainCosts, list[int]]:
+    return ChainCosts.uniform([f] * (p * v), 2.0, **kw), list(range(p * v + 1))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(1, 1), (2, 4), (4, 8), (3, 5)])
+def test_even_stages_take_m_plus_p_minus_1_slots(schedule: str, p: int, m: int) -> None:
+    costs, bounds = _even(p)
+    t = simulate_bounds(costs, bounds, schedule, m)
+    assert t.step_time == pytest.approx((m + p - 1) * 3.0)
+    assert t.bubble == pytest.approx(bubble_fraction(p, m))
+    assert len(t.blocks) == 2 * m * p
+
+
+def test_communication_delays_each_hop_both_ways() -> None:
+    costs = ChainCosts.uniform([1.0, 1.0], 2.0, boundary_bytes=100.0, bandwidth=50.0, latency=0.5)
+    # f, send (0.5 + 2), f, b, send back, b
+    assert simulate_bounds(costs, [0, 1, 2], "gpipe", 1).step_time == pytest.approx(1 + 2.5 + 1 + 2 + 2.5 + 2)
+
+
+def test_a_faster_rank_takes_less_time() -> None:
+    costs, bounds = _even(2)
+    slow = simulate_bounds(costs, bounds, "1f1b", 4)
+    fast = simulate_bounds(costs, bounds, "1f1b", 4, device_speeds=[1.0, 2.0])
+    assert [b.end - b.start for b in fast.blocks if b.rank == 1 and b.kind == "F"] == [0.5] * 4
+    assert fast.step_time < slow.step_time
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.floats(0.01, 5), min_size=1, max_size=5),
+    st.integers(1, 6),
+    st.lists(st.floats(0, 3), min_size=4, max_size=4),
+)
+def test_gpipe_matches_its_closed_form(f: list[float], m: int, sent: list[float]) -> None:
+    p = len(f)
+    cuts = [0.0, *sent[: p - 1], 0.0]
+    costs = ChainCosts.uniform(f, 2.0, boundary_bytes=cuts, bandwidth=1.0)
+    t = simulate_bounds(costs, list(range(p + 1)), "gpipe", m)
+    comm = sum(cuts)
+    closed = 3 * sum(f) + 2 * comm + (m - 1) * 3 * max(f)
+    assert t.step_time == pytest.approx(closed)
+
+
+def test_memory_follows_what_each_schedule_holds() -> None:
+    costs, bounds = _even(4, param_bytes=10.0, activation_bytes=1.0)
+    gpipe = simulate_bounds(costs, bounds, "gpipe", 8)
+    one = simulate_bounds(costs, bounds, "1f1b", 8)
+    assert gpipe.stage_memory == [18.0] * 4  # parameters + 8 microbatches
+    assert one.stage_memory == [14.0, 13.0, 12.0, 11.0]  # parameters + p - rank
+    assert in_flight("gpipe", 4, 1, 8) == [8] * 4
+
+
+def test_interleaving_shrinks_the_bubble_and_zero_bubble_more() -> None:
+    costs, bounds = _even(4, v=2, f=0.5)
+    one = simulate_bounds(*_even(4), "1f1b", 8)
+    inter = simulate_bounds(costs, bounds, "interleaved_1f1b", 8, stages_per_rank=2)
+    zb = simulate_bounds(costs, bounds, "interleaved_zero_bubble", 8, stages_per_rank=2)
+    assert inter.busy == pytest.approx(one.busy)
+    assert zb.bubble < inter.bubble < one.bubble
+    assert {b.kind for b in zb.blocks} == {"F", "I", "W"}
+    assert inter.stage_ranks == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_zbv_places_stages_in_a_v() -> None:
+    costs, bounds = _even(2, v=2)
+    t = simulate_bounds(costs, bounds, "zbv", 4, stages_per_rank=2)
+    assert stage_ranks("zbv", 2, 2) == [0, 1, 1, 0]
+    assert {(b.stage, b.rank) for b in t.blocks} == {(0, 0), (1, 1), (2, 1), (3, 0)}
+    assert sum(b.end - b.start for b in t.blocks) == pytest.approx(4 * 4 * 3.0)
+
+
+def test_orders_hold_every_op_once() -> None:
+    for schedule, v in [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_zero_bubble", 3)]:
+        ops = [op for rank in schedule_order(schedule, 3, v, 6) for op in rank]
+        kinds = ("F", "I", "W") if "zero" in schedule else ("F", "B")
+        assert sorted(ops) == sorted((k, s, i) for k in kinds for s in range(3 * v) for i in range(6))
+
+
+def test_plot_has_one_row_per_rank_and_fits_the_page() -> None:
+    costs, bounds = _even(3)
+    fig = simulate_bounds(costs, bounds, "1f1b", 4).plot()
+    assert fig.get_size_inches()[0] <= 7.5
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
+    assert len(ax.patches) == 2 * 3 * 4
+    assert "0" in {t.get_text() for t in ax.texts}
+
+
+def test_simulate_uses_the_plan_and_its_costs() -> None:
+    import torch
+    from torch import nn
+
+    from unitscale import partition
+
+    plan = partition(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), 2, torch.randn(2, 4))
+    assert simulate(plan, "gpipe", 2).step_time == pytest.approx(3 * 20 * 3)
+
+
+def test_bad_schedule_arguments_say_what_works() -> None:
+    costs, bounds = _even(2)
+    with pytest.raises(UnknownScheduleError, match="'1f1b'"):
+        simulate_bounds(costs, bounds, "pipedream", 2)
+    with pytest.raises(StageCountError, match="spread evenly with stages_per_rank=2"):
+        simulate_bounds(costs, [0, 1, 2, 3], "interleaved_1f1b", 4, stages_per_rank=2)
+    with pytest.raises(StageCountError, match="exactly 2 stages per rank"):
+        check_schedule("zbv", 2, 1, 4)
+    with pytest.raises(StageCountError, match="one stage per rank"):
+        check_schedule("1f1b", 2, 2, 4)
+    with pytest.raises(InputError, match=r"num_microbatches=9 .* use one of .*multiple of 4"):
+        check_schedule("interleaved_1f1b", 4, 2, 9)
+    with pytest.raises(InputError, match="at least 2 \\* ranks - 1 = 5"):
+        check_schedule("zbv", 3, 2, 4)
+    with pytest.raises(InputError, match="device_speeds"):
+        simulate_bounds(costs, bounds, "1f1b", 2, device_speeds=[1.0, 0.0])
+    with pytest.raises(CostError, match="bandwidth=0"):
+        ChainCosts.uniform([1.0], bandwidth=0)
+    with pytest.raises(CostError, match="n \\+ 1 = 3"):
+        ChainCosts((1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
+    with pytest.raises(CostError, match="finite and >= 0"):
+        ChainCosts.uniform([1.0, math.nan])

@@ -1,0 +1,375 @@
+"""ScaleMonitor: its numbers, when it records, that it leaves the model as it was, and its errors."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from unitscale import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat, ScaleMonitor, TinyGPT
+from unitscale.errors import (
+    InputError,
+    MonitorSettingError,
+    MonitorStateError,
+    NoRecordsError,
+    NotAModuleError,
+    UnknownStatError,
+)
+from unitscale.tracking import MonitorRecord, ScaleHistory, cast_stats
+from unitscale.tracking.cast_stats import Scratch, rounding_error
+
+matplotlib.use("Agg")
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def _normed_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.LayerNorm(16, elementwise_affine=False), nn.Linear(16, 4)
+    )
+
+
+def _train(model: nn.Module, monitor: ScaleMonitor, steps: int, lr: float = 0.01, hook=None) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        if hook is not None:
+            hook(step)
+        with monitor.step():
+            model(torch.randn(32, 8, generator=gen)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+# Numbers --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 300), st.floats(-12, 12), st.integers(0, 2**31 - 1))
+def test_std_and_absmax_equal_torchs(n: int, log2_scale: float, seed: int) -> None:
+    t = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2.0**log2_scale
+    s = cast_stats(t, FP8_E4M3)
+    assert s.std == pytest.approx(torch.std(t).item(), rel=1e-4)
+    assert s.absmax == t.abs().max().item()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 40), st.integers(1, 40), st.integers(0, 40))
+def test_underflow_and_overflow_fractions_are_exact(zeros: int, small: int, normal: int, big: int) -> None:
+    fmt = FP8_E4M3
+    t = torch.cat(
+        [
+            torch.zeros(zeros),
+            torch.full((small,), fmt.min_subnormal * 0.75),  # below the smallest subnormal
+            torch.full((normal,), 1.5),
+            torch.full((big,), -fmt.max_value * 2),  # above the largest value
+        ]
+    )
+    s = cast_stats(t, fmt)
+    nonzero = small + normal + big
+    assert s.underflow == small / nonzero
+    assert s.overflow == big / nonzero
+
+
+def test_fractions_of_an_all_zero_tensor_are_zero_and_its_sqnr_inf() -> None:
+    s = cast_stats(torch.zeros(5), FP8_E4M3)
+    assert (s.underflow, s.overflow, s.sqnr_db) == (0.0, 0.0, math.inf)
+
+
+def test_sqnr_is_inf_on_values_the_format_holds_exactly() -> None:
+    exact = torch.tensor([0.0, 1.0, -2.5, 448.0, FP8_E4M3.min_subnormal, 1.125])
+    assert cast_stats(exact, FP8_E4M3).sqnr_db == math.inf
+    assert cast_stats(exact, FP8_E5M2).sqnr_db < math.inf  # 1.125 needs 3 mantissa bits
+
+
+def test_sqnr_matches_its_definition_and_mantissa_bits() -> None:
+    t = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    q = FP8_E4M3.round(t)
+    expected = 10 * math.log10((t * t).sum().item() / ((t - q) ** 2).sum().item())
+    assert cast_stats(t, FP8_E4M3).sqnr_db == pytest.approx(expected, rel=1e-4)
+    # Each mantissa bit halves the rounding error: +6.02 dB (20 log10 2) per bit.
+    e5m2, e4m3, fp16 = (cast_stats(t, fmt).sqnr_db for fmt in (FP8_E5M2, FP8_E4M3, FP16))
+    assert e4m3 - e5m2 == pytest.approx(6.02, abs=0.5)
+    assert fp16 - e4m3 == pytest.approx(7 * 6.02, abs=0.5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([FP8_E4M3, FP8_E5M2, FP16, BF16]), st.floats(-30, 20), st.integers(0, 2**31 - 1))
+def test_fast_rounding_error_equals_the_formats_own_rounding(fmt: FPFormat, log2_scale: float, seed: int) -> None:
+    t = torch.randn(500, generator=torch.Generator().manual_seed(seed)) * 2.0**log2_scale
+    t = torch.cat([t, torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e30, fmt.min_subnormal / 2])])
+    expected = fmt.round(t) - t
+    assert torch.equal(rounding_error(t, fmt, Scratch()).nan_to_num(nan=7.0), expected.nan_to_num(nan=7.0))
+
+
+def test_nan_gives_nan_sqnr() -> None:
+    assert math.isnan(cast_stats(torch.tensor([1.0, float("nan")]), FP8_E4M3).sqnr_db)
+
+
+def test_monitor_records_the_numbers_of_the_tensors_it_saw() -> None:
+    model = _net()
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(3))
+    seen: dict[str, torch.Tensor] = {}
+    handles = [model[0].register_forward_hook(lambda m, a, out: seen.__setitem__("0", out.detach().clone()))]
+    with ScaleMonitor(model, every=1) as monitor, monitor.step():
+        y = model(x)
+        y.retain_grad()
+        y.sum().backward()
+    handles[0].remove()
+    rec = {(r.tensor, r.direction): r for r in monitor.history}
+    assert rec["0", "fwd"].std == pytest.approx(seen["0"].std().item(), rel=1e-5)
+    assert rec["0", "fwd"].absmax == seen["0"].abs().max().item()
+    assert rec["2", "bwd"].std == pytest.approx(y.grad.std().item(), abs=1e-7)  # all ones: std 0
+    w = model[0].weight
+    assert rec["0.weight", "fwd"].std == pytest.approx(w.std().item(), rel=1e-5)
+    assert rec["0.weight", "bwd"].std == pytest.approx(w.grad.std().item(), rel=1e-5)
+    assert rec["0.weight", "bwd"].sqnr_db == pytest.approx(cast_stats(w.grad, FP8_E5M2).sqnr_db)
+    assert {r.kind for r in monitor.history if r.tensor.endswith(("weight", "bias"))} == {"parameter"}
+
+
+# When it records ------------------------------------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 20))
+def test_records_only_at_multiples_of_every(every: int, steps: int) -> None:
+    model = _net()
+    monitor = ScaleMonitor(model, every=every)
+    _train(model, monitor, steps)
+    assert monitor.history.steps == list(range(0, steps, every))
+
+
+def test_explicit_step_numbers_decide_and_yield_whether_it_records() -> None:
+    model = _net()
+    monitor = ScaleMonitor(model, every=5)
+    flags = []
+    for step in (3, 5, 7, 10):
+        with monitor.step(step) as recording:
+            model(torch.randn(2, 8)).sum().backward()
+        flags.append(recording)
+    assert flags == [False, True, False, True]
+    assert monitor.history.steps == [5, 10]
+    with monitor.step() as recording:  # counts on from the last step given
+        pass
+    assert not recording
+
+
+def test_a_parent_returning_its_childs_output_is_recorded_once() -> None:
+    monitor = ScaleMonitor(_net(), every=1, parameters=False)
+    with monitor.step():
+        monitor.model(torch.randn(4, 8)).sum().backward()
+    names = [r.tensor for r in monitor.history if r.direction == "fwd"]
+    assert names == ["0", "1", "2"]  # the Sequential's output is "2"'s: no "(root)" row
+
+
+def test_inplace_module_output_is_recorded_under_its_own_name() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True))
+    monitor = ScaleMonitor(model, every=1, parameters=False)
+    with monitor.step():
+        model(torch.randn(64, 4)).sum().backward()
+    fwd = {r.tensor: r for r in monitor.history if r.direction == "fwd"}
+    assert set(fwd) == {"0", "1"}
+    assert fwd["1"].std < fwd["0"].std  # the ReLU's output, measured after it zeroed the negatives
+
+
+def test_failed_step_records_nothing_and_leaves_no_hooks() -> None:
+    model = _net()
+    monitor = ScaleMonitor(model, every=1)
+    with pytest.raises(ZeroDivisionError), monitor.step():
+        model(torch.randn(2, 8))
+        raise ZeroDivisionError
+    assert len(monitor.history) == 0
+    assert all(not m._forward_hooks for m in model.modules())
+    with monitor.step():  # usable again
+        model(torch.randn(2, 8)).sum().backward()
+    assert monitor.history.steps == [1]
+
+
+# The model is left as it was -------------------------------------------------------------------
+
+
+def _hooks(model: nn.Module) -> list[int]:
+    return [
+        len(getattr(m, a))
+        for m in model.modules()
+        for a in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_forward_hooks_with_kwargs")
+    ]
+
+
+def test_hooks_are_removed_and_the_model_is_unchanged() -> None:
+    model = TinyGPT(vocab_size=16, d_model=16, n_layers=1, n_heads=2, seq_len=8)
+    idx = torch.randint(0, 16, (2, 8))
+    before_out = model(idx).detach()
+    before_state = {k: v.clone() for k, v in model.state_dict().items()}
+    before_hooks, before_dict = _hooks(model), set(vars(model))
+    monitor = ScaleMonitor(model, every=2)
+    for step in range(3):
+        with monitor.step():
+            model(idx).sum().backward()
+            if step == 0:
+                assert sum(_hooks(model)) > 0  # armed while a record step runs
+        model.zero_grad(set_to_none=True)
+        assert _hooks(model) == before_hooks  # disarmed between steps
+    monitor.close()
+    assert _hooks(model) == before_hooks and set(vars(model)) == before_dict
+    assert all(p._post_accumulate_grad_hooks is None for p in model.parameters())
+    assert all(torch.equal(v, before_state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(model(idx), before_out)
+
+
+def test_closed_monitor_refuses_steps_and_nested_steps_are_refused() -> None:
+    monitor = ScaleMonitor(_net())
+    with monitor.step(), pytest.raises(MonitorStateError, match="already open"), monitor.step():
+        pass
+    monitor.close()
+    with pytest.raises(MonitorStateError, match="closed"), monitor.step():
+        pass
+
+
+# Drift ----------------------------------------------------------------------------------------
+
+
+def test_a_weight_scaled_by_2_to_the_8_mid_training_drifts_first() -> None:
+    model = _normed_net()  # the layer norm after layer 2 keeps the jump from spreading downstream
+    monitor = ScaleMonitor(model, every=2)
+
+    def bump(step: int) -> None:
+        if step == 5:
+            with torch.no_grad():
+                model[2].weight.mul_(2.0**8)
+
+    _train(model, monitor, 10, lr=1e-3, hook=bump)
+    top = monitor.drifted(top=5)
+    # layer 2's weight and output go up 8 octaves, the gradients reaching them down about 8
+    assert {d.tensor for d in top} <= {"2", "2.weight", "2.bias"}
+    assert all(abs(d.octaves) > 6 for d in top)
+    assert all(abs(d.octaves) < 1 for d in monitor.drifted(top=20)[len(top) + 1 :])
+    weight = monitor.drifted(top=1, kind="parameter", direction="fwd")[0]
+    assert (weight.tensor, weight.first_step, weight.last_step) == ("2.weight", 0, 8)
+    assert weight.octaves == pytest.approx(8.0, abs=0.05)
+    assert "2.weight" in repr(monitor.drifted())
+
+
+def test_drift_leaves_out_zero_std_and_ranks_by_absmax_on_request() -> None:
+    records = [MonitorRecord(s, "ln.weight", "parameter", "fwd", 0.0, 1.0 + s, 0, 0, math.inf) for s in (0, 10)] + [
+        MonitorRecord(s, "fc", "activation", "fwd", 1.0 + s, 2.0, 0, 0, 30.0) for s in (0, 10)
+    ]
+    history = ScaleHistory(records)
+    assert [d.tensor for d in history.drifted()] == ["fc"]
+    assert [d.tensor for d in history.drifted(stat="absmax")] == ["ln.weight", "fc"]
+    assert history.drifted(stat="absmax")[0].octaves == pytest.approx(math.log2(11))
+
+
+# Heat map -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stat", ["std", "absmax", "underflow", "overflow", "sqnr_db"])
+def test_heatmap_is_a_tensor_by_step_grid_that_fits_the_page(stat: str) -> None:
+    import matplotlib.pyplot as plt
+
+    model = _net()
+    monitor = ScaleMonitor(model, every=2)
+    _train(model, monitor, 5)
+    fig = monitor.heatmap(stat)
+    assert fig.get_size_inches()[0] <= 7.5
+    assert [ax.get_title().split()[0] for ax in fig.axes[:2]] == ["forward", "backward"]
+    image = fig.axes[0].images[0].get_array()
+    assert image.shape == (len(monitor.history.tensors()), 3)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[:3] == ["0", "1", "2"] and "0.weight" in labels
+    sizes = [t.get_fontsize() for ax in fig.axes for t in ax.get_yticklabels() + ax.get_xticklabels()]
+    assert min(sizes) >= 9
+    if stat == "std":
+        row = [r for r in monitor.history if r.tensor == "0" and r.direction == "fwd"]
+        assert image[0, 0] == pytest.approx(math.log2(row[0].std))
+    plt.close(fig)
+
+
+def test_relative_heatmap_starts_every_row_at_zero() -> None:
+    import matplotlib.pyplot as plt
+
+    model = _net()
+    monitor = ScaleMonitor(model, every=1)
+    _train(model, monitor, 3, lr=0.5)
+    fig = monitor.heatmap(direction="fwd", kind="activation", relative=True)
+    image = fig.axes[0].images[0].get_array()
+    assert len(fig.axes) == 2  # one panel and its colour bar
+    assert list(image[:, 0]) == [0.0, 0.0, 0.0]
+    plt.close(fig)
+
+
+# Real models ----------------------------------------------------------------------------------
+
+
+def test_tinygpt_records_every_layer_in_both_directions() -> None:
+    model = TinyGPT(vocab_size=16, d_model=16, n_layers=2, n_heads=2, seq_len=8)
+    with ScaleMonitor(model, every=1) as monitor, monitor.step():
+        model(torch.randint(0, 16, (2, 8))).sum().backward()
+    acts = monitor.history.tensors("activation")
+    assert acts[:3] == ["tok_emb", "pos_emb", "blocks.0.ln1"]
+    assert "blocks.1" in acts and acts[-1] == "head"  # block outputs (the residual stream) are rows
+    assert "blocks.0.attn" not in acts  # its output is its proj's
+    bwd = {r.tensor for r in monitor.history if r.direction == "bwd" and r.kind == "activation"}
+    assert bwd == set(acts)
+    params = {r.tensor for r in monitor.history if r.kind == "parameter" and r.direction == "bwd"}
+    assert params == {n for n, _ in model.named_parameters()}
+
+
+def test_llama_from_transformers() -> None:
+    real_models = pytest.importorskip("real_models")
+    model, (ids,) = real_models.llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with ScaleMonitor(model, every=1) as monitor, monitor.step():
+        model(ids).logits.float().pow(2).mean().backward()
+    acts = monitor.history.tensors("activation")
+    assert "model.layers.0.self_attn.q_proj" in acts and "model.layers.1.mlp.down_proj" in acts
+    assert acts[-1] == "lm_head"
+    assert all(math.isfinite(r.std) for r in monitor.history)
+    assert {r.tensor for r in monitor.history if r.direction == "bwd"} >= {"lm_head", "model.layers.1"}
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+# Errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("every", [0, -3, 2.5, "10", True])
+def test_every_must_be_a_positive_int(every: object) -> None:
+    with pytest.raises(MonitorSettingError, match=r"every=.* must be an int >= 1"):
+        ScaleMonitor(_net(), every=every)  # type: ignore[arg-type]
+
+
+def test_bad_settings_are_typed_errors() -> None:
+    with pytest.raises(NotAModuleError, match="not a torch.nn.Module"):
+        ScaleMonitor(lambda x: x)  # type: ignore[arg-type]
+    with pytest.raises(MonitorSettingError, match="fwd_format=.*FPFormat"):
+        ScaleMonitor(_net(), fwd_format="e4m3")  # type: ignore[arg-type]
+    with pytest.raises(MonitorSettingError, match="step=-1"), ScaleMonitor(_net()).step(-1):
+        pass
+
+
+def test_heatmap_and_drift_errors() -> None:
+    monitor = ScaleMonitor(_net())
+    with pytest.raises(NoRecordsError, match="nothing recorded"):
+        monitor.heatmap()
+    with pytest.raises(NoRecordsError, match="nothing recorded"):
+        monitor.drifted()
+    _train(monitor.model, monitor, 1)
+    with pytest.raises(UnknownStatError, match="stat='mean' is not known; use one of std, absmax"):
+        monitor.heatmap("mean")
+    with pytest.raises(UnknownStatError, match="use one of std, absmax$"):
+        monitor.drifted(stat="sqnr_db")
+    with pytest.raises(InputError, match="direction='forward'"):
+        monitor.heatmap(direction="forward")
+    with pytest.raises(InputError, match="top=0"):
+        monitor.drifted(top=0)
+    assert issubclass(NoRecordsError, RuntimeError) and issubclass(UnknownStatError, ValueError)

@@ -1,0 +1,324 @@
+"""What a pipeline schedule costs: per-item forward/backward time, boundary traffic, memory.
+
+One home for the cost model that :mod:`~unitscale.stages.simulate` and
+:mod:`~unitscale.stages.planner` share. A model is a chain of *items* (the pieces a
+cut may fall between). :class:`ChainCosts` holds, per item, its forward and backward
+time (at speed 1), the bytes its parameters take with their gradients and optimiser
+state, and the bytes of activations it keeps per microbatch until its backward; per
+possible cut, the bytes that cross it per microbatch. A boundary costs
+``latency + bytes / bandwidth`` each way (activations forward, gradients backward).
+
+Schedules (the names :func:`~unitscale.run_pipeline` takes): ``"gpipe"`` and
+``"1f1b"`` with one stage per rank; ``"interleaved_1f1b"`` and
+``"interleaved_zero_bubble"`` with ``v`` stages per rank placed in a loop (stage
+``s`` on rank ``s % ranks``); ``"zbv"`` with two stages per rank in a V (rank ``r``
+holds stages ``r`` and ``2 * ranks - 1 - r``). The order each rank runs its work in is
+the one :mod:`torch.distributed.pipelining` uses: GPipe runs every forward then every
+backward; 1F1B runs ``ranks - rank`` forwards, then alternates; the interleaved and
+zero-bubble orders are read from torch's own schedule classes (torch 2.13), so the
+simulator and the runtime agree on what runs when.
+
+>>> from unitscale.stages.schedule_costs import in_flight, stage_ranks
+>>> in_flight("1f1b", ranks=4, stages_per_rank=1, num_microbatches=8)
+[4, 3, 2, 1]
+>>> stage_ranks("zbv", ranks=2, stages_per_rank=2)
+[0, 1, 1, 0]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from unitscale.errors import CostError, InputError, StageCountError, UnknownScheduleError
+
+__all__ = [
+    "SCHEDULES",
+    "ChainCosts",
+    "Op",
+    "schedule_order",
+    "stage_ranks",
+    "in_flight",
+    "check_schedule",
+    "valid_microbatches",
+]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv")
+_LOOPED = ("interleaved_1f1b", "interleaved_zero_bubble")
+#: Adam in mixed precision: fp32 master weight, gradient, two moments (4 + 4 + 8 bytes per parameter).
+ADAM_BYTES_PER_PARAM = 16.0
+
+
+class Op(NamedTuple):
+    """One unit of work on a rank: ``kind`` is ``"F"`` (forward), ``"B"`` (full backward),
+    ``"I"`` (backward to the input) or ``"W"`` (backward to the weights)."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class ChainCosts:
+    """Costs of a chain of ``n`` items, per microbatch.
+
+    Attributes:
+        forward: forward time of each item at speed 1 (seconds, or any unit used throughout).
+        backward: backward time of each item (input and weight gradients together).
+        param_bytes: bytes each item's parameters hold with gradients and optimiser state.
+        activation_bytes: bytes each item keeps per microbatch from its forward to its backward.
+        boundary_bytes: ``n + 1`` values; ``boundary_bytes[i]`` crosses a cut before item ``i``
+            (ends are 0).
+        bandwidth: bytes per second between neighbouring ranks (``inf``: free).
+        latency: seconds per message.
+        weight_grad_share: the part of ``backward`` that is the weight gradient (zero-bubble
+            schedules run it apart, as ``"W"``).
+
+    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> c = ChainCosts.uniform([1.0, 2.0, 3.0], backward_ratio=2.0, boundary_bytes=100.0, bandwidth=1e3)
+    >>> c.backward, c.comm_time(1)
+    ((2.0, 4.0, 6.0), 0.1)
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    param_bytes: tuple[float, ...]
+    activation_bytes: tuple[float, ...]
+    boundary_bytes: tuple[float, ...]
+    bandwidth: float = math.inf
+    latency: float = 0.0
+    weight_grad_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        n = len(self.forward)
+        if n == 0:
+            raise StageCountError("ChainCosts needs at least one item")
+        for name in ("backward", "param_bytes", "activation_bytes"):
+            if len(getattr(self, name)) != n:
+                raise CostError(f"ChainCosts.{name} has {len(getattr(self, name))} values for {n} items; give one each")
+        if len(self.boundary_bytes) != n + 1:
+            raise CostError(
+                f"ChainCosts.boundary_bytes has {len(self.boundary_bytes)} values; give n + 1 = {n + 1} "
+                "(one per possible cut, ends included)"
+            )
+        for name in ("forward", "backward", "param_bytes", "activation_bytes", "boundary_bytes"):
+            values = getattr(self, name)
+            bad = next((v for v in values if not (math.isfinite(v) and v >= 0)), None)
+            if bad is not None:
+                raise CostError(f"ChainCosts.{name} holds {bad}; every cost must be finite and >= 0")
+        check_link(self.bandwidth, self.latency)
+        if not 0.0 <= self.weight_grad_share <= 1.0:
+            raise CostError(f"weight_grad_share={self.weight_grad_share} must be between 0 and 1")
+
+    @classmethod
+    def uniform(
+        cls,
+        forward: Sequence[float],
+        backward_ratio: float = 2.0,
+        param_bytes: float | Sequence[float] = 0.0,
+        activation_bytes: float | Sequence[float] = 0.0,
+        boundary_bytes: float | Sequence[float] = 0.0,
+        bandwidth: float = math.inf,
+        latency: float = 0.0,
+    ) -> ChainCosts:
+        """Costs from forward times alone: backward ``backward_ratio`` times the forward (2 for
+        matmul-heavy layers), scalars broadcast to every item (and every inner cut).
+
+        >>> from unitscale.stages.schedule_costs import ChainCosts
+        >>> ChainCosts.uniform([1.0, 1.0], boundary_bytes=8.0).boundary_bytes
+        (0.0, 8.0, 0.0)
+        """
+        n = len(forward)
+
+        def each(value: float | Sequence[float], count: int) -> tuple[float, ...]:
+            return tuple(float(v) for v in value) if isinstance(value, Sequence) else (float(value),) * count
+
+        inner = each(boundary_bytes, n - 1) if not isinstance(boundary_bytes, Sequence) else None
+        return cls(
+            forward=tuple(float(f) for f in forward),
+            backward=tuple(float(f) * backward_ratio for f in forward),
+            param_bytes=each(param_bytes, n),
+            activation_bytes=each(activation_bytes, n),
+            boundary_bytes=(0.0, *inner, 0.0) if inner is not None else each(boundary_bytes, n + 1),
+            bandwidth=bandwidth,
+            latency=latency,
+        )
+
+    def __len__(self) -> int:
+        return len(self.forward)
+
+    def comm_time(self, cut: int) -> float:
+        """Seconds to send what crosses a cut before item ``cut`` (one microbatch, one way)."""
+        if cut <= 0 or cut >= len(self):
+            return 0.0
+        return self.latency + self.boundary_bytes[cut] / self.bandwidth
+
+
+def check_link(bandwidth: float, latency: float) -> None:
+    """Typed errors for a bandwidth that is not > 0 or a latency that is not >= 0."""
+    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+        raise CostError(
+            f"bandwidth={bandwidth!r} must be a number > 0 (bytes per second between ranks); "
+            "use math.inf to ignore communication"
+        )
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not (latency >= 0 and latency < math.inf):
+        raise CostError(f"latency={latency!r} must be a finite number >= 0 (seconds per message)")
+
+
+def valid_microbatches(schedule: str, ranks: int, near: int) -> list[int]:
+    """Microbatch counts near ``near`` that ``schedule`` accepts on ``ranks`` ranks.
+
+    >>> from unitscale.stages.schedule_costs import valid_microbatches
+    >>> valid_microbatches("interleaved_1f1b", 4, 10)[:4]
+    [1, 2, 3, 4]
+    """
+    return [m for m in range(1, max(2 * near, 4 * ranks) + 1) if _microbatch_problem(schedule, ranks, m) is None]
+
+
+def _microbatch_problem(schedule: str, ranks: int, m: int) -> str | None:
+    if schedule in _LOOPED:
+        rounds = max(1, m // ranks)
+        if m % rounds:
+            return f"{schedule} splits the microbatches into max(1, m // ranks) = {rounds} rounds, which must divide m"
+    if schedule == "zbv" and m < 2 * ranks - 1:
+        return f"zbv needs at least 2 * ranks - 1 = {2 * ranks - 1} microbatches"
+    return None
+
+
+def check_schedule(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> None:
+    """Typed errors for a schedule, rank count, stages per rank or microbatch count that cannot run.
+
+    >>> from unitscale.stages.schedule_costs import check_schedule
+    >>> check_schedule("interleaved_1f1b", ranks=4, stages_per_rank=2, num_microbatches=9)
+    Traceback (most recent call last):
+    ...
+    unitscale.errors.InputError: num_microbatches=9 does not fit interleaved_1f1b on 4 ranks: ...
+    """
+    if schedule not in SCHEDULES:
+        raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
+    for name, value in (("ranks", ranks), ("stages_per_rank", stages_per_rank)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise StageCountError(f"{name}={value!r} must be an int >= 1")
+    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise InputError(f"num_microbatches={num_microbatches!r} must be an int >= 1")
+    if schedule in ("gpipe", "1f1b") and stages_per_rank != 1:
+        raise StageCountError(
+            f"schedule {schedule!r} runs one stage per rank, got stages_per_rank={stages_per_rank}; "
+            "use 'interleaved_1f1b' or 'interleaved_zero_bubble' for several"
+        )
+    if schedule == "zbv" and stages_per_rank != 2:
+        raise StageCountError(f"schedule 'zbv' places exactly 2 stages per rank, got stages_per_rank={stages_per_rank}")
+    problem = _microbatch_problem(schedule, ranks, num_microbatches)
+    if problem is not None:
+        good = valid_microbatches(schedule, ranks, num_microbatches)
+        nearby = sorted(good, key=lambda m: (abs(m - num_microbatches), m))[:4]
+        raise InputError(
+            f"num_microbatches={num_microbatches} does not fit {schedule} on {ranks} ranks: {problem}; "
+            f"use one of {sorted(nearby)} (any multiple of {ranks} works)"
+        )
+
+
+def stage_ranks(schedule: str, ranks: int, stages_per_rank: int) -> list[int]:
+    """The rank that runs each stage: in order for one stage per rank, looped for interleaved
+    schedules, a V for ``"zbv"``."""
+    total = ranks * stages_per_rank
+    if schedule == "zbv":
+        return [s if s < ranks else total - 1 - s for s in range(total)]
+    return [s % ranks for s in range(total)]
+
+
+def _gpipe(ranks: int, m: int) -> list[list[Op]]:
+    return [[Op("F", r, i) for i in range(m)] + [Op("B", r, i) for i in range(m)] for r in range(ranks)]
+
+
+def _one_f_one_b(ranks: int, m: int) -> list[list[Op]]:
+    orders = []
+    for r in range(ranks):
+        warmup = min(m, ranks - r)
+        ops = [Op("F", r, i) for i in range(warmup)]
+        for i in range(m - warmup):
+            ops += [Op("B", r, i), Op("F", r, warmup + i)]
+        ops += [Op("B", r, i) for i in range(m - warmup, m)]
+        orders.append(ops)
+    return orders
+
+
+def _from_torch(schedule: str, ranks: int, v: int, m: int) -> list[list[Op]]:
+    """The per-rank order torch's own schedule class computes (no process group needed)."""
+    from torch.distributed.pipelining import schedules as ts
+
+    cls = {
+        "interleaved_1f1b": ts.ScheduleInterleaved1F1B,
+        "interleaved_zero_bubble": ts.ScheduleInterleavedZeroBubble,
+        "zbv": ts.ScheduleZBVZeroBubble,
+    }[schedule]
+    sched: Any = cls.__new__(cls)
+    # the attributes _calculate_single_rank_operations reads, as the constructor sets them
+    sched.pp_group_size = ranks
+    sched.n_local_stages = v
+    sched._n_microbatches = m
+    sched.number_of_rounds = max(1, m // ranks)
+    sched.microbatches_per_round = m // sched.number_of_rounds
+    sched.num_stages = sched._num_stages = ranks * v
+    per_rank = {}
+    for r in range(ranks):
+        sched.rank = r
+        per_rank[r] = sched._calculate_single_rank_operations(r)
+    if schedule == "interleaved_zero_bubble":
+        sched.pipeline_order = per_rank
+        per_rank = sched._add_bubbles_to_actions(ranks * v)
+    kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
+    orders = []
+    for r in range(ranks):
+        ops = []
+        for action in per_rank[r]:
+            if action is None or action.microbatch_index is None or action.microbatch_index >= m:
+                continue
+            ops.append(Op(kinds[str(action.computation_type.value)], action.stage_index, action.microbatch_index))
+        orders.append(ops)
+    return orders
+
+
+@functools.lru_cache(maxsize=64)
+def _order(schedule: str, ranks: int, v: int, m: int) -> tuple[tuple[Op, ...], ...]:
+    if schedule == "gpipe":
+        orders = _gpipe(ranks, m)
+    elif schedule == "1f1b":
+        orders = _one_f_one_b(ranks, m)
+    else:
+        orders = _from_torch(schedule, ranks, v, m)
+    return tuple(tuple(o) for o in orders)
+
+
+def schedule_order(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> list[list[Op]]:
+    """Each rank's work in the order ``schedule`` runs it.
+
+    >>> from unitscale.stages.schedule_costs import schedule_order
+    >>> [f"{op.kind}{op.microbatch}" for op in schedule_order("1f1b", 2, 1, 3)[0]]
+    ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
+    """
+    check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    return [list(o) for o in _order(schedule, ranks, stages_per_rank, num_microbatches)]
+
+
+def in_flight(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> list[int]:
+    """Per stage, the most microbatches whose activations it holds at once under ``schedule``.
+
+    A forward stores a microbatch's activations; they are freed when its backward ends
+    (the ``"W"`` part, for zero-bubble schedules, which still needs the inputs).
+    GPipe holds all ``m``; 1F1B holds ``ranks - rank``.
+    """
+    orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
+    held = [0] * (ranks * stages_per_rank)
+    peak = [0] * (ranks * stages_per_rank)
+    for ops in orders:
+        for op in ops:
+            if op.kind == "F":
+                held[op.stage] += 1
+                peak[op.stage] = max(peak[op.stage], held[op.stage])
+            elif op.kind in ("B", "W"):
+                held[op.stage] -= 1
+    return peak

@@ -1,0 +1,320 @@
+"""Event-driven simulation of a pipeline schedule: step time, bubble, memory, timeline.
+
+Each rank runs its work in the schedule's order (:func:`~unitscale.stages.schedule_costs.schedule_order`,
+torch's own for the interleaved and zero-bubble schedules). A piece of work starts when its
+rank is free and its inputs have arrived: a forward needs the previous stage's forward of
+the same microbatch, a backward the next stage's backward and its own forward; a value
+that changes rank arrives ``latency + bytes / bandwidth`` after it was made (sends do not
+block compute, links do not contend). Times are exact for this model: it is a longest path
+through a fixed graph.
+
+>>> from unitscale.stages.schedule_costs import ChainCosts
+>>> from unitscale.stages.simulate import simulate_bounds
+>>> costs = ChainCosts.uniform([1.0] * 4, backward_ratio=2.0)
+>>> t = simulate_bounds(costs, [0, 1, 2, 3, 4], "gpipe", num_microbatches=4)
+>>> t.step_time, round(t.bubble, 3)  # (m + p - 1) * (f + b) = 7 * 3
+(21.0, 0.429)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from unitscale.errors import InputError, StageCountError
+from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from unitscale.stages.plan import StagePlan
+
+__all__ = ["Block", "Timeline", "simulate", "simulate_bounds"]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One piece of work on the timeline: ``kind`` ``F``/``B``/``I``/``W`` of ``stage`` on ``microbatch``."""
+
+    rank: int
+    stage: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclass
+class Timeline:
+    """What :func:`~unitscale.stages.simulate` predicts for one training step.
+
+    Attributes:
+        schedule: the schedule's name.
+        ranks: number of ranks (devices).
+        num_microbatches: microbatches per step.
+        blocks: every piece of work, with start and end times.
+        step_time: when the last backward ends.
+        stage_memory: peak bytes per stage (parameters, gradients, optimiser state and
+            the activations the schedule holds at once).
+        rank_memory: peak bytes per rank (its stages together).
+        stage_ranks: the rank of each stage.
+    """
+
+    schedule: str
+    ranks: int
+    num_microbatches: int
+    blocks: list[Block]
+    step_time: float
+    stage_memory: list[float]
+    rank_memory: list[float]
+    stage_ranks: list[int] = field(default_factory=list)
+
+    @property
+    def busy(self) -> list[float]:
+        """Seconds of work per rank."""
+        busy = [0.0] * self.ranks
+        for b in self.blocks:
+            busy[b.rank] += b.end - b.start
+        return busy
+
+    @property
+    def bubble(self) -> float:
+        """Share of ``ranks * step_time`` the ranks spend idle."""
+        if self.step_time <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy) / (self.ranks * self.step_time)
+
+    def __repr__(self) -> str:
+        return (
+            f"Timeline({self.schedule}, {self.ranks} ranks, m={self.num_microbatches}: step {self.step_time:.4g}, "
+            f"bubble {self.bubble:.1%}, peak memory {max(self.rank_memory):.4g} B)"
+        )
+
+    def plot(self, ax: object | None = None, title: str | None = None, labels: bool = True) -> Figure:
+        """Draw the timeline: one row per rank, one block per piece of work, labelled with its microbatch.
+
+        Forward blocks are blue, backward orange (input gradient orange, weight gradient
+        green for zero-bubble schedules); a darker shade marks later stages of a rank.
+
+        Args:
+            ax: matplotlib axes to draw on (default: a new figure 7.5 in wide).
+            title: the axes' title (default: schedule, step time and bubble).
+            labels: write the microbatch index in blocks wide enough to hold it.
+
+        Returns:
+            The figure.
+        """
+        import matplotlib.pyplot as plt
+        from matplotlib.axes import Axes
+        from matplotlib.patches import Patch
+
+        if ax is None:
+            fig, axes = plt.subplots(figsize=(7.5, 0.45 * self.ranks + 1.2))
+        else:
+            assert isinstance(ax, Axes)
+            axes, fig = ax, ax.figure  # type: ignore[assignment]
+        colours = {"F": "#4C72B0", "B": "#DD8452", "I": "#DD8452", "W": "#55A868"}
+        chunks = max((self.stage_ranks.count(r) for r in range(self.ranks)), default=1)
+        for b in self.blocks:
+            chunk = sorted(s for s, r in enumerate(self.stage_ranks) if r == b.rank).index(b.stage)
+            alpha = 1.0 - 0.45 * chunk / max(chunks - 1, 1) if chunks > 1 else 1.0
+            axes.barh(
+                b.rank,
+                b.end - b.start,
+                left=b.start,
+                height=0.8,
+                color=colours[b.kind],
+                alpha=alpha,
+                edgecolor="white",
+                linewidth=0.5,
+            )
+            if labels and (b.end - b.start) > self.step_time / 45:
+                axes.text((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center", fontsize=8)
+        axes.set_yticks(range(self.ranks), [f"rank {r}" for r in range(self.ranks)])
+        axes.invert_yaxis()
+        axes.set_xlim(0, self.step_time * 1.01 if self.step_time > 0 else 1)
+        axes.set_xlabel("time")
+        kinds = sorted({b.kind for b in self.blocks}, key="FBIW".index)
+        names = {"F": "forward", "B": "backward", "I": "input grad", "W": "weight grad"}
+        axes.legend(
+            handles=[Patch(color=colours[k], label=names[k]) for k in kinds],
+            fontsize=9,
+            loc="lower right",
+            bbox_to_anchor=(1.0, 1.0),
+            ncols=len(kinds),
+            frameon=False,
+            borderaxespad=0.1,
+        )
+        axes.set_title(
+            title or f"{self.schedule}: step {self.step_time:.3g}, bubble {self.bubble:.0%}", fontsize=10, loc="left"
+        )
+        return fig
+
+
+def _durations(costs: ChainCosts, bounds: Sequence[int], speeds: Sequence[float]) -> tuple[list[float], list[float]]:
+    fwd, bwd = [], []
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        fwd.append(math.fsum(costs.forward[a:b]) / speeds[s])
+        bwd.append(math.fsum(costs.backward[a:b]) / speeds[s])
+    return fwd, bwd
+
+
+def _check_bounds(bounds: Sequence[int], n: int, stages: int) -> None:
+    if len(bounds) != stages + 1 or bounds[0] != 0 or bounds[-1] != n:
+        raise StageCountError(
+            f"the plan has {len(bounds) - 1} stages but the schedule needs ranks * stages_per_rank = {stages}; "
+            f"partition into {stages} stages"
+        )
+    if any(b <= a for a, b in zip(bounds, bounds[1:], strict=False)):
+        raise StageCountError(f"bounds {list(bounds)} hold an empty stage; every stage needs at least one item")
+
+
+def _speeds(device_speeds: Sequence[float] | None, ranks: int) -> list[float]:
+    if device_speeds is None:
+        return [1.0] * ranks
+    speeds = [float(s) for s in device_speeds]
+    if len(speeds) != ranks or not all(math.isfinite(s) and s > 0 for s in speeds):
+        raise InputError(
+            f"device_speeds={list(device_speeds)!r} must hold one finite number > 0 per rank ({ranks}); "
+            "1.0 is the speed the costs were measured at"
+        )
+    return speeds
+
+
+def simulate_bounds(
+    costs: ChainCosts,
+    bounds: Sequence[int],
+    schedule: str,
+    num_microbatches: int,
+    stages_per_rank: int = 1,
+    device_speeds: Sequence[float] | None = None,
+) -> Timeline:
+    """Simulate one step of ``schedule`` for the stages ``bounds`` of a chain with ``costs``.
+
+    Args:
+        costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
+        bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``; ``ranks * stages_per_rank`` stages.
+        schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
+        num_microbatches: microbatches per step.
+        stages_per_rank: stages on each rank (1, or more for interleaved schedules; 2 for ``"zbv"``).
+        device_speeds: relative speed of each rank (default all 1.0).
+
+    Returns:
+        The :class:`Timeline`.
+
+    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.simulate import simulate_bounds
+    >>> c = ChainCosts.uniform([1.0, 1.0], boundary_bytes=1.0, bandwidth=2.0)
+    >>> simulate_bounds(c, [0, 1, 2], "1f1b", 1).step_time  # f, send 0.5, f, b, send 0.5, b
+    7.0
+    """
+    num_stages = len(bounds) - 1
+    if stages_per_rank < 1 or num_stages % stages_per_rank:
+        raise StageCountError(f"{num_stages} stages cannot be spread evenly with stages_per_rank={stages_per_rank}")
+    ranks = num_stages // stages_per_rank
+    check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    _check_bounds(bounds, len(costs), num_stages)
+    placement = stage_ranks(schedule, ranks, stages_per_rank)
+    speeds = _speeds(device_speeds, ranks)
+    fwd, bwd = _durations(costs, bounds, [speeds[r] for r in placement])
+    share = costs.weight_grad_share
+    duration = {"F": fwd, "B": bwd, "I": [b * (1 - share) for b in bwd], "W": [b * share for b in bwd]}
+    comm = [costs.comm_time(b) for b in bounds]  # comm[s]: between stage s - 1 and s
+
+    def arrival(stage_from: int, stage_to: int, done: float) -> float:
+        if placement[stage_from] == placement[stage_to]:
+            return done
+        return done + comm[max(stage_from, stage_to)]
+
+    orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
+    finished: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * ranks
+    nxt = [0] * ranks
+    blocks: list[Block] = []
+    last = num_stages - 1
+    grad = "I" if any(op.kind == "I" for o in orders for op in o) else "B"
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(ranks):
+            while nxt[r] < len(orders[r]):
+                op = orders[r][nxt[r]]
+                s, i = op.stage, op.microbatch
+                if op.kind == "F":
+                    deps = [] if s == 0 else [(("F", s - 1, i), s - 1)]
+                elif op.kind == "W":
+                    deps = [(("I", s, i), s)]
+                else:
+                    deps = [(("F", s, i), s)] + ([] if s == last else [((grad, s + 1, i), s + 1)])
+                if any(key not in finished for key, _ in deps):
+                    break
+                ready = max([free[r], *(arrival(src, s, finished[key]) for key, src in deps)])
+                end = ready + duration[op.kind][s]
+                finished[(op.kind, s, i)] = end
+                blocks.append(Block(r, s, op.kind, i, ready, end))
+                free[r] = end
+                nxt[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - torch's orders are deadlock-free
+            raise RuntimeError(f"schedule {schedule} deadlocked in simulation at {nxt}")
+    held = in_flight(schedule, ranks, stages_per_rank, num_microbatches)
+    stage_memory = [
+        math.fsum(costs.param_bytes[a:b]) + held[s] * math.fsum(costs.activation_bytes[a:b])
+        for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+    ]
+    rank_memory = [0.0] * ranks
+    for s, r in enumerate(placement):
+        rank_memory[r] += stage_memory[s]
+    return Timeline(
+        schedule=schedule,
+        ranks=ranks,
+        num_microbatches=num_microbatches,
+        blocks=blocks,
+        step_time=max(free),
+        stage_memory=stage_memory,
+        rank_memory=rank_memory,
+        stage_ranks=placement,
+    )
+
+
+def simulate(
+    plan: StagePlan,
+    schedule: str,
+    num_microbatches: int,
+    stages_per_rank: int = 1,
+    device_speeds: Sequence[float] | None = None,
+    costs: ChainCosts | None = None,
+) -> Timeline:
+    """Predict one training step of ``plan`` under ``schedule``: step time, bubble, memory, timeline.
+
+    Args:
+        plan: a :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages.
+        schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
+        num_microbatches: microbatches per step.
+        stages_per_rank: stages per rank (looped placement; a V for ``"zbv"``).
+        device_speeds: relative speed of each rank (default all 1.0).
+        costs: per-node costs (default: the plan's own ``plan.chain_costs`` from ``plan_pipeline``, else
+            its node costs as forward times, backward twice that, no memory or communication).
+
+    Returns:
+        The :class:`Timeline` (``.step_time``, ``.bubble``, ``.stage_memory``, ``.plot()``).
+
+    Raises:
+        UnknownScheduleError: an unknown schedule name.
+        StageCountError: the plan's stage count is not ``ranks * stages_per_rank``.
+        InputError: a microbatch count the schedule cannot run, or bad ``device_speeds``.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from unitscale import partition
+    >>> from unitscale.stages.simulate import simulate
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    >>> simulate(partition(model, 2, torch.randn(2, 4)), "1f1b", num_microbatches=4).step_time
+    300.0
+    """
+    if costs is None:
+        costs = plan.chain_costs or ChainCosts.uniform([c for _, c in plan.node_costs])
+    return simulate_bounds(costs, plan.bounds, schedule, num_microbatches, stages_per_rank, device_speeds)

@@ -1,0 +1,375 @@
+"""What a :class:`~unitscale.ScaleMonitor` recorded: tidy records, a table, a heat map, a drift table.
+
+A :class:`ScaleHistory` holds one :class:`MonitorRecord` per tensor, direction and recorded
+step, as plain Python values, so it pickles and outlives the model
+(``pandas.DataFrame(list(history))`` gives a data frame with the records' fields as columns).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from unitscale.errors import InputError, NoRecordsError, UnknownStatError
+from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["Drift", "DriftTable", "MonitorRecord", "ScaleHistory", "STATS"]
+
+STATS = ("std", "absmax", "underflow", "overflow", "sqnr_db")
+"""The statistics a :class:`MonitorRecord` holds, by name."""
+
+_LOG2_STATS = ("std", "absmax")
+_LABELS = {
+    "std": "log2(std)",
+    "absmax": "log2(abs-max)",
+    "underflow": "underflow fraction",
+    "overflow": "overflow fraction",
+    "sqnr_db": "SQNR (dB)",
+}
+
+
+class MonitorRecord(NamedTuple):
+    """One tensor at one recorded step, in one direction.
+
+    Attributes:
+        step: the training step.
+        tensor: a module's qualified name for its output (``blocks.0.mlp.fc1``; ``(root)``
+            for the model's own output; ``name[i]`` or ``name.key`` where a module returns
+            several tensors; ``name#2`` for a module's second call in a step), or a
+            parameter's name (``blocks.0.mlp.fc1.weight``).
+        kind: ``"activation"`` (a module's output) or ``"parameter"``.
+        direction: ``"fwd"`` (the value; measured against the forward format) or
+            ``"bwd"`` (its gradient; against the backward format).
+        std, absmax, underflow, overflow, sqnr_db: see
+            :class:`~unitscale.tracking.cast_stats.CastStats`.
+
+    >>> from unitscale.tracking import MonitorRecord
+    >>> MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2).std
+    1.0
+    """
+
+    step: int
+    tensor: str
+    kind: str
+    direction: str
+    std: float
+    absmax: float
+    underflow: float
+    overflow: float
+    sqnr_db: float
+
+
+class Drift(NamedTuple):
+    """How far one tensor's statistic moved between its first and last record.
+
+    ``octaves`` is ``log2(last / first)``: +1 means the statistic doubled.
+
+    >>> from unitscale.tracking import Drift
+    >>> Drift("fc", "activation", "fwd", 0, 100, 0.5, 2.0, 2.0).octaves
+    2.0
+    """
+
+    tensor: str
+    kind: str
+    direction: str
+    first_step: int
+    last_step: int
+    first: float
+    last: float
+    octaves: float
+
+
+class DriftTable:
+    """The tensors that drifted most, largest ``|octaves|`` first; prints as a table.
+
+    Iterate it (or index it) for :class:`Drift` rows.
+
+    >>> from unitscale.tracking import Drift, DriftTable
+    >>> print(DriftTable([Drift("fc.weight", "parameter", "fwd", 0, 90, 0.1, 25.6, 8.0)], "std"))
+    tensor     kind       dir  steps  first std  last std  octaves
+    fc.weight  parameter  fwd  0-90   0.1        25.6      +8.00
+    """
+
+    def __init__(self, rows: Iterable[Drift], stat: str) -> None:
+        self.rows = list(rows)
+        self.stat = stat
+
+    def __iter__(self) -> Iterator[Drift]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Drift:
+        return self.rows[i]
+
+    def table(self) -> str:
+        """The rows as a fixed-width text table (3 significant digits)."""
+        header = ("tensor", "kind", "dir", "steps", f"first {self.stat}", f"last {self.stat}", "octaves")
+        body = [
+            (
+                d.tensor,
+                d.kind,
+                d.direction,
+                f"{d.first_step}-{d.last_step}",
+                f"{d.first:.3g}",
+                f"{d.last:.3g}",
+                f"{d.octaves:+.2f}",
+            )
+            for d in self.rows
+        ]
+        return _text_table(header, body)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+
+def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
+    )
+
+
+def _format_name(fmt: FPFormat) -> str:
+    from unitscale.formats import BF16, FP16
+
+    names = {FP8_E4M3: "FP8 E4M3", FP8_E5M2: "FP8 E5M2", FP16: "FP16", BF16: "BF16"}
+    return names.get(fmt, repr(fmt))
+
+
+def _check_stat(caller: str, stat: object, allowed: tuple[str, ...] = STATS) -> str:
+    if not isinstance(stat, str) or stat not in allowed:
+        raise UnknownStatError(f"{caller}: stat={stat!r:.60} is not known; use one of {', '.join(allowed)}")
+    return stat
+
+
+def _check_choice(caller: str, name: str, value: object, allowed: tuple[str | None, ...]) -> None:
+    if value not in allowed:
+        raise InputError(f"{caller}: {name}={value!r:.60} is not one of {allowed}")
+
+
+class ScaleHistory:
+    """Every :class:`MonitorRecord` of a monitor, with views: :meth:`table`, :meth:`heatmap`, :meth:`drifted`.
+
+    Args:
+        records: the records, in the order they were taken.
+        fwd_format: the format forward values were measured against.
+        bwd_format: the format gradients were measured against.
+
+    >>> from unitscale.tracking import MonitorRecord, ScaleHistory
+    >>> history = ScaleHistory([MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2),
+    ...                         MonitorRecord(10, "fc", "activation", "fwd", 4.0, 14.0, 0.0, 0.0, 31.0)])
+    >>> history.steps, history.drifted()[0].octaves
+    ([0, 10], 2.0)
+    """
+
+    def __init__(
+        self,
+        records: Iterable[MonitorRecord] = (),
+        fwd_format: FPFormat = FP8_E4M3,
+        bwd_format: FPFormat = FP8_E5M2,
+    ) -> None:
+        self.records: list[MonitorRecord] = list(records)
+        self.fwd_format = fwd_format
+        self.bwd_format = bwd_format
+
+    def __iter__(self) -> Iterator[MonitorRecord]:
+        return iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> MonitorRecord:
+        return self.records[i]
+
+    def __repr__(self) -> str:
+        return f"<ScaleHistory: {len(self.records)} records, {len(self.tensors())} tensors, steps {self.steps}>"
+
+    @property
+    def steps(self) -> list[int]:
+        """The recorded steps, in increasing order."""
+        return sorted({r.step for r in self.records})
+
+    def tensors(self, kind: str | None = None) -> list[str]:
+        """Tensor names, activations first (in the order the forward pass met them), then parameters."""
+        seen: dict[str, str] = {}
+        for r in self.records:
+            seen.setdefault(r.tensor, r.kind)
+        names = [n for n, k in seen.items() if kind is None or k == kind]
+        return sorted(names, key=lambda n: seen[n] != "activation")
+
+    def select(
+        self, step: int | None = None, kind: str | None = None, direction: str | None = None
+    ) -> list[MonitorRecord]:
+        """The records of one step, kind or direction (``None``: all)."""
+        return [
+            r
+            for r in self.records
+            if (step is None or r.step == step)
+            and (kind is None or r.kind == kind)
+            and (direction is None or r.direction == direction)
+        ]
+
+    def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
+        """A fixed-width text table of the records (all, or one step, kind or direction), 3 significant digits.
+
+        >>> from unitscale.tracking import MonitorRecord, ScaleHistory
+        >>> print(ScaleHistory([MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2)]).table())
+        step  tensor  kind        dir  std  absmax  underflow  overflow  sqnr dB
+        0     fc      activation  fwd  1    3.5     0          0         31.2
+        """
+        header = ("step", "tensor", "kind", "dir", "std", "absmax", "underflow", "overflow", "sqnr dB")
+        body = [
+            (
+                str(r.step),
+                r.tensor,
+                r.kind,
+                r.direction,
+                f"{r.std:.3g}",
+                f"{r.absmax:.3g}",
+                f"{r.underflow:.3g}",
+                f"{r.overflow:.3g}",
+                f"{r.sqnr_db:.3g}",
+            )
+            for r in self.select(step, kind, direction)
+        ]
+        return _text_table(header, body)
+
+    def drifted(
+        self, top: int = 10, stat: str = "std", kind: str | None = None, direction: str | None = None
+    ) -> DriftTable:
+        """The ``top`` tensors whose ``stat`` moved most, in octaves, from their first record to their last.
+
+        A tensor and direction whose statistic is zero or not finite at its first or last
+        record (a zero-initialised bias, a layer norm's all-ones weight: std 0) has no
+        drift in octaves and is left out; rank by ``stat="absmax"`` to see those.
+
+        Args:
+            top: how many rows (the largest ``|octaves|`` first).
+            stat: ``"std"`` or ``"absmax"``.
+            kind: ``"activation"``, ``"parameter"`` or ``None`` (both).
+            direction: ``"fwd"``, ``"bwd"`` or ``None`` (both).
+
+        Raises:
+            UnknownStatError: ``stat`` is not ``"std"`` or ``"absmax"``.
+            NoRecordsError: nothing has been recorded.
+            InputError: ``top`` is not an int >= 1, or ``kind``/``direction`` unknown.
+        """
+        _check_stat("drifted", stat, _LOG2_STATS)
+        _check_choice("drifted", "kind", kind, ("activation", "parameter", None))
+        _check_choice("drifted", "direction", direction, ("fwd", "bwd", None))
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise InputError(f"drifted: top={top!r:.60} must be an int >= 1")
+        if not self.records:
+            raise NoRecordsError("drifted: nothing recorded yet; run a step that records (step % every == 0) first")
+        first: dict[tuple[str, str], MonitorRecord] = {}
+        last: dict[tuple[str, str], MonitorRecord] = {}
+        for r in self.select(None, kind, direction):
+            key = (r.tensor, r.direction)
+            first.setdefault(key, r)
+            last[key] = r
+        rows = []
+        for key, a in first.items():
+            b = last[key]
+            va, vb = getattr(a, stat), getattr(b, stat)
+            if b.step == a.step or not (0 < va < math.inf and 0 < vb < math.inf):
+                continue
+            rows.append(Drift(a.tensor, a.kind, a.direction, a.step, b.step, va, vb, math.log2(vb / va)))
+        rows.sort(key=lambda d: -abs(d.octaves))
+        return DriftTable(rows[:top], stat)
+
+    def heatmap(
+        self,
+        stat: str = "std",
+        kind: str | None = None,
+        direction: str | None = None,
+        relative: bool = False,
+    ) -> Figure:
+        """A heat map of one statistic: a row per tensor, a column per recorded step.
+
+        ``std`` and ``absmax`` are coloured by ``log2``; the fractions and the SQNR as they
+        are. With both directions (``direction=None``) forward values and gradients are
+        two panels side by side, each with its own colour scale. Cells with no value (a
+        tensor with no gradient, a std of 0) are grey.
+
+        Args:
+            stat: one of :data:`STATS`.
+            kind: ``"activation"``, ``"parameter"`` or ``None`` (both: activations first).
+            direction: ``"fwd"``, ``"bwd"`` or ``None`` (both panels).
+            relative: colour each row by its change since its first record (in octaves for
+                ``std`` and ``absmax``), on a diverging scale centred at 0: drift stands out
+                even where tensors differ in scale by many octaves.
+
+        Returns:
+            A matplotlib figure 7.5 in wide, fonts of 9 pt or more.
+
+        Raises:
+            UnknownStatError: ``stat`` is not in :data:`STATS`.
+            NoRecordsError: nothing has been recorded (for this kind and direction).
+            InputError: ``kind`` or ``direction`` unknown.
+
+        >>> from unitscale.tracking import MonitorRecord, ScaleHistory
+        >>> h = ScaleHistory([MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1.0, 0.0, 0.0, 30.0) for s in (0, 1)])
+        >>> h.heatmap().axes[0].get_title()
+        'forward (FP8 E4M3)'
+        """
+        _check_stat("heatmap", stat)
+        _check_choice("heatmap", "kind", kind, ("activation", "parameter", None))
+        _check_choice("heatmap", "direction", direction, ("fwd", "bwd", None))
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        records = self.select(None, kind, direction)
+        if not records:
+            raise NoRecordsError(
+                f"heatmap: nothing recorded (kind={kind!r}, direction={direction!r}); "
+                "run a step that records (step % every == 0) first"
+            )
+        present = {r.direction for r in records}
+        directions = [d for d in ("fwd", "bwd") if d in present]
+        names = [n for n in self.tensors(kind) if any(r.tensor == n for r in records)]
+        steps = sorted({r.step for r in records})
+        row_of = {n: i for i, n in enumerate(names)}
+        col_of = {s: j for j, s in enumerate(steps)}
+        height = min(max(2.4, 0.16 * len(names) + 1.3), 20.0)
+        fig, axes = plt.subplots(
+            1, len(directions), figsize=(7.5, height), sharey=True, squeeze=False, layout="constrained"
+        )
+        for ax, d in zip(axes[0], directions, strict=True):
+            grid = np.full((len(names), len(steps)), np.nan)
+            for r in records:
+                if r.direction == d:
+                    v = getattr(r, stat)
+                    if stat in _LOG2_STATS:
+                        v = math.log2(v) if 0 < v < math.inf else math.nan
+                    grid[row_of[r.tensor], col_of[r.step]] = v
+            grid[~np.isfinite(grid)] = np.nan
+            label = _LABELS[stat]
+            if relative:
+                first = np.array([row[np.isfinite(row)][0] if np.isfinite(row).any() else np.nan for row in grid])
+                grid = grid - first[:, None]
+                limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
+                limit = max(limit, 1e-9)
+                cmap, vmin, vmax = plt.get_cmap("RdBu_r").with_extremes(bad="0.85"), -limit, limit
+                label = f"change in {label}" + (" (octaves)" if stat in _LOG2_STATS else "")
+            else:
+                cmap, vmin, vmax = plt.get_cmap("viridis").with_extremes(bad="0.85"), None, None
+            image = ax.imshow(
+                np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax
+            )
+            fmt = self.fwd_format if d == "fwd" else self.bwd_format
+            ax.set_title(f"{'forward' if d == 'fwd' else 'backward'} ({_format_name(fmt)})", fontsize=9)
+            ticks = list(range(len(steps)))[:: max(1, math.ceil(len(steps) / 6))]
+            ax.set_xticks(ticks, [str(steps[j]) for j in ticks], fontsize=9)
+            ax.set_xlabel("step", fontsize=9)
+            colorbar = fig.colorbar(image, ax=ax, shrink=min(1.0, 3.0 / height + 0.3))
+            colorbar.set_label(label, fontsize=9)
+            colorbar.ax.tick_params(labelsize=9)
+        rows = list(range(len(names)))[:: max(1, math.ceil(len(names) / 110))]
+        axes[0][0].set_yticks(rows, [names[i] for i in rows], fontsize=9)
+        return fig

@@ -1,0 +1,302 @@
+"""Scales over training: a monitor that measures every tensor every N steps of your own loop.
+
+A check at initialisation misses a layer whose scale jumps after a thousand steps.
+:class:`ScaleMonitor` watches a model while it trains. On a record step it measures, against
+a low-precision format (FP8 E4M3 forward, E5M2 backward by default):
+
+- every module's output in forward (``kind="activation"``, ``direction="fwd"``), and the
+  gradient that reaches it in backward (``"bwd"``);
+- every parameter's value (``kind="parameter"``, ``"fwd"``: the weights an FP8 matmul
+  would cast) and its gradient (``"bwd"``).
+
+A module whose output is the very tensor one of its submodules returned (a ``Sequential``,
+a block ending in its last linear layer) is recorded once, under the submodule.
+
+Hooks exist only during a record step: ``step()`` registers a forward hook per module on
+entry, a tensor hook per output as the forward pass meets it, and removes every one on exit,
+so other steps run the bare model. On an accelerator the statistics stay on the device
+until the step ends, then are read in one transfer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleError
+from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
+from unitscale.tracking.cast_stats import Scratch, finish_cast_stats, raw_cast_stats
+from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
+from unitscale.tracking.stats import Stat
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["ScaleMonitor", "ROOT"]
+
+ROOT = "(root)"
+"""The tensor name of the model's own output (when no submodule returned it)."""
+
+_Pending = tuple[str, str, str, tuple[Stat, ...]]
+
+
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise MonitorSettingError(
+            f"ScaleMonitor: {name}={value!r:.60} must be an int >= {low} (got {type(value).__name__})"
+        )
+    return value
+
+
+def _float_tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
+    """The nonempty floating-point tensors of a module's output, one level deep, with name suffixes."""
+    if isinstance(output, torch.Tensor):
+        items: list[tuple[str, Any]] = [("", output)]
+    elif isinstance(output, (tuple, list)):
+        items = [(f"[{i}]", v) for i, v in enumerate(output)]
+    elif isinstance(output, Mapping):
+        items = [(f".{k}", v) for k, v in output.items()]
+    else:
+        return []
+    found = [(s, v) for s, v in items if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0]
+    return [("", found[0][1])] if len(found) == 1 else found
+
+
+def _version(t: torch.Tensor) -> int:
+    return 0 if t.is_inference() else t._version
+
+
+class ScaleMonitor:
+    """Record every tensor's scale, underflow, overflow and SQNR every ``every`` steps of training.
+
+    Wrap each training step in ``with monitor.step():``; the monitor records when the step
+    number is a multiple of ``every`` and does nothing otherwise. Read the results from
+    :attr:`history` (a :class:`~unitscale.tracking.ScaleHistory`), :meth:`table`,
+    :meth:`heatmap` and :meth:`drifted`. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
+    removes every hook; the model is then exactly as before.
+
+    Forward values are measured against ``fwd_format``, gradients against ``bwd_format``.
+    Parameter values are read when a record step starts, their gradients when it ends:
+    zero gradients after the ``with`` block (or with ``set_to_none=True``), not inside it.
+
+    Args:
+        model: the model to watch.
+        every: record steps whose number is a multiple of this (0, every, 2*every, ...).
+        fwd_format: the format forward values would be cast to.
+        bwd_format: the format gradients would be cast to.
+        activations: record module outputs and their gradients.
+        parameters: record parameters and their gradients.
+
+    Raises:
+        NotAModuleError: ``model`` is not an ``nn.Module``.
+        MonitorSettingError: ``every`` is not an int >= 1, or a format is not an ``FPFormat``.
+
+    >>> import torch
+    >>> from unitscale import ScaleMonitor
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> with ScaleMonitor(model, every=2) as monitor:
+    ...     for step in range(4):
+    ...         with monitor.step():
+    ...             model(torch.randn(16, 8)).pow(2).mean().backward()
+    ...         opt.step(); opt.zero_grad()
+    >>> monitor.history.steps, monitor.history.tensors("activation")
+    ([0, 2], ['0', '1', '2'])
+    >>> [(r.tensor, r.direction) for r in monitor.history.select(step=0, kind="activation")][:4]
+    [('0', 'fwd'), ('1', 'fwd'), ('2', 'fwd'), ('2', 'bwd')]
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        every: int = 10,
+        fwd_format: FPFormat = FP8_E4M3,
+        bwd_format: FPFormat = FP8_E5M2,
+        *,
+        activations: bool = True,
+        parameters: bool = True,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise NotAModuleError(
+                f"ScaleMonitor: model is a {type(model).__name__}, not a torch.nn.Module; pass the model you train"
+            )
+        self.every = _check_int("every", every, 1)
+        for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
+            if not isinstance(fmt, FPFormat):
+                raise MonitorSettingError(
+                    f"ScaleMonitor: {name}={fmt!r:.60} is a {type(fmt).__name__}; pass an FPFormat "
+                    "such as unitscale.FP8_E4M3"
+                )
+        for name, flag in (("activations", activations), ("parameters", parameters)):
+            if not isinstance(flag, bool):
+                raise MonitorSettingError(f"ScaleMonitor: {name}={flag!r:.60} must be True or False")
+        self.model = model
+        self.fwd_format, self.bwd_format = fwd_format, bwd_format
+        self.activations, self.parameters = activations, parameters
+        self.history = ScaleHistory(fwd_format=fwd_format, bwd_format=bwd_format)
+        self._modules = [(ROOT if name == "" else name, m) for name, m in model.named_modules()]
+        self._next_step = 0
+        self._in_step = False
+        self._closed = False
+        self._handles: list[RemovableHandle] = []
+        self._pending: list[_Pending] = []
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._calls: dict[str, int] = {}
+        self._scratch = Scratch()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"next step {self._next_step}"
+        return f"<ScaleMonitor every {self.every} steps, {len(self.history.steps)} steps recorded, {state}>"
+
+    def __enter__(self) -> ScaleMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def is_record_step(self, step: int) -> bool:
+        """Whether step number ``step`` records (is a multiple of ``every``)."""
+        return step % self.every == 0
+
+    @contextmanager
+    def step(self, step: int | None = None) -> Iterator[bool]:
+        """A context for one training step (forward and backward); records if the step is a multiple of ``every``.
+
+        Args:
+            step: the step's number; ``None`` counts on from the last step given (0 first).
+
+        Yields:
+            Whether this step records.
+
+        Raises:
+            MonitorSettingError: ``step`` is not an int >= 0.
+            MonitorStateError: the monitor is closed, or a step is already open.
+        """
+        if step is not None:
+            _check_int("step", step, 0)
+        if self._closed:
+            raise MonitorStateError("ScaleMonitor.step(): the monitor is closed; make a new ScaleMonitor")
+        if self._in_step:
+            raise MonitorStateError("ScaleMonitor.step(): a step is already open; close it before opening another")
+        n = self._next_step if step is None else step
+        self._next_step = n + 1
+        if n % self.every:
+            self._in_step = True
+            try:
+                yield False
+            finally:
+                self._in_step = False
+            return
+        self._in_step = True
+        self._arm()
+        try:
+            yield True
+        except BaseException:
+            self._disarm()
+            self._pending.clear()
+            raise
+        else:
+            self._disarm()
+            self._collect(n)
+        finally:
+            self._in_step = False
+
+    def close(self) -> None:
+        """Remove every hook (there are none outside a record step) and refuse further steps."""
+        self._disarm()
+        self._pending.clear()
+        self._scratch = Scratch()
+        self._closed = True
+
+    # Recording ----------------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        self._pending, self._seen, self._calls = [], {}, {}
+        self._scratch = Scratch()  # buffers live for one record step, then go
+        if self.parameters:
+            for name, p in self.model.named_parameters():
+                if p.numel() and p.is_floating_point():
+                    self._pending.append((name, "parameter", "fwd", raw_cast_stats(p, self.fwd_format, self._scratch)))
+        if self.activations:
+            for name, module in self._modules:
+                self._handles.append(module.register_forward_hook(partial(self._on_forward, name)))
+
+    def _disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._seen.clear()
+
+    def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
+        for suffix, t in _float_tensors(output):
+            # A parent that returns its child's output unchanged (same tensor, no in-place op
+            # since) would record the same numbers twice: keep the child's name only.
+            seen = self._seen.get(id(t))
+            version = _version(t)
+            if seen is not None and seen[0]() is t and seen[1] == version:
+                continue
+            self._seen[id(t)] = (weakref.ref(t), version)
+            full = name + suffix
+            calls = self._calls[full] = self._calls.get(full, 0) + 1
+            if calls > 1:
+                full = f"{full}#{calls}"
+            self._pending.append((full, "activation", "fwd", raw_cast_stats(t, self.fwd_format, self._scratch)))
+            if t.requires_grad:
+                self._handles.append(t.register_hook(partial(self._on_grad, full)))
+
+    def _on_grad(self, name: str, grad: torch.Tensor) -> None:
+        if grad.numel():
+            self._pending.append((name, "activation", "bwd", raw_cast_stats(grad, self.bwd_format, self._scratch)))
+
+    def _collect(self, step: int) -> None:
+        if self.parameters:
+            for name, p in self.model.named_parameters():
+                if p.grad is not None and p.grad.numel() and p.grad.is_floating_point():
+                    self._pending.append(
+                        (name, "parameter", "bwd", raw_cast_stats(p.grad, self.bwd_format, self._scratch))
+                    )
+        values = _read([raw for *_, raw in self._pending])
+        for (name, kind, direction, _), raw in zip(self._pending, values, strict=True):
+            self.history.records.append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(raw)))
+        self._pending = []
+        self._scratch = Scratch()
+
+    # Views --------------------------------------------------------------------------------------
+
+    def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
+        """:meth:`ScaleHistory.table` of :attr:`history`."""
+        return self.history.table(step, kind, direction)
+
+    def heatmap(
+        self, stat: str = "std", kind: str | None = None, direction: str | None = None, relative: bool = False
+    ) -> Figure:
+        """:meth:`ScaleHistory.heatmap` of :attr:`history`: a row per tensor, a column per recorded step."""
+        return self.history.heatmap(stat, kind, direction, relative)
+
+    def drifted(
+        self, top: int = 10, stat: str = "std", kind: str | None = None, direction: str | None = None
+    ) -> DriftTable:
+        """:meth:`ScaleHistory.drifted` of :attr:`history`: the tensors whose ``stat`` moved most, in octaves."""
+        return self.history.drifted(top, stat, kind, direction)
+
+
+def _read(rows: list[tuple[Stat, ...]]) -> list[tuple[float, ...]]:
+    """Every row's values as floats: tensors left on a device are stacked and read once per device."""
+    out = [list(row) for row in rows]
+    groups: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
+    for i, row in enumerate(rows):
+        for j, v in enumerate(row):
+            if isinstance(v, torch.Tensor):
+                groups.setdefault(v.device, []).append((i, j, v))
+    for group in groups.values():
+        values = torch.stack([v.double() for _, _, v in group]).tolist()
+        for (i, j, _), value in zip(group, values, strict=True):
+            out[i][j] = value
+    return [tuple(float(v) if not isinstance(v, float) else v for v in row) for row in out]

@@ -1,0 +1,201 @@
+"""Read an exported (aten-level) graph as torch functions, so the passes see one vocabulary.
+
+``torch.export`` graphs name ops as aten overloads (``aten.linear.default``,
+``aten.embedding.default(weight, indices)``); TorchDynamo and ``torch.fx`` graphs name
+the torch functions users call (``F.linear``, ``F.embedding(input, weight)``). The
+unit-scaling pass, its patterns (RMS norm, tanh GELU, rotary embeddings) and
+:func:`unitscale.simulate_format` are written against the second vocabulary, and
+:data:`unitscale.scaling.functional.torch_map` keys on it. :func:`to_torch_functions`
+rewrites each aten op of :data:`TORCH_LEVEL` into its torch function, putting the
+arguments in that function's order; the training IR that ``torch.export`` produces
+keeps the high-level ops (``linear``, ``layer_norm``, ``scaled_dot_product_attention``),
+so the rewrite is a table, not a pattern search. Ops outside the table stay as they
+are: those that only move data (:data:`ATEN_NEUTRAL`) are scale-neutral, every other
+one on the activation path is listed by ``unit_scale`` as unscaled, by its aten name.
+
+Export's dtype checks (``aten._assert_tensor_metadata``, one after each ``.to()``) are
+dropped: as second readers of a tensor they would hide patterns whose inner values
+must have one reader (an RMS norm's ``x * rsqrt(...)``), and the graph was checked
+against the model when it was captured.
+
+In-place ops (``relu_``, ``add_``) become their out-of-place twins only when nothing
+else reads the tensor they overwrite, so the rewrite never changes what a later op sees.
+The bodies of higher-order ops (``wrap_with_set_grad_enabled``: Llama's rotary tables
+under ``no_grad``) are rewritten too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+__all__ = ["ATEN_NEUTRAL", "TORCH_LEVEL", "to_torch_functions"]
+
+aten = torch.ops.aten
+
+Rewrite = Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, Any, tuple[Any, ...], dict[str, Any]]]
+
+
+def _same(target: Any, op: str = "call_function") -> Rewrite:
+    return lambda args, kwargs: (op, target, args, kwargs)
+
+
+def _at(args: tuple[Any, ...], i: int, default: Any) -> Any:
+    return args[i] if len(args) > i else default
+
+
+def _embedding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    weight, indices = args[0], args[1]
+    padding_idx = _at(args, 2, kwargs.get("padding_idx", -1))
+    return (
+        "call_function",
+        F.embedding,
+        (indices, weight),
+        {
+            "padding_idx": None if padding_idx == -1 else padding_idx,
+            "scale_grad_by_freq": _at(args, 3, kwargs.get("scale_grad_by_freq", False)),
+            "sparse": _at(args, 4, kwargs.get("sparse", False)),
+        },
+    )
+
+
+def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # aten's sixth argument (cudnn_enable) has no torch-function counterpart
+    return "call_function", F.layer_norm, tuple(args[:5]), {k: v for k, v in kwargs.items() if k != "cudnn_enable"}
+
+
+def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    x, weight, bias, mean, var, training, momentum, eps = args[:8]
+    return "call_function", F.batch_norm, (x, mean, var, weight, bias, training, momentum, eps), {}
+
+
+def _softmax(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return "call_function", F.softmax, (args[0],), {"dim": args[1], "dtype": _at(args, 2, kwargs.get("dtype"))}
+
+
+def _internal_softmax(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return "call_function", F.softmax, (args[0],), {"dim": args[1]}
+
+
+def _pool(fn: Any) -> Rewrite:
+    def rewrite(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        stride = _at(args, 2, kwargs.get("stride", []))
+        return "call_function", fn, (args[0], args[1], stride or None, *args[3:]), {}
+
+    return rewrite
+
+
+def _mean(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return "call_function", torch.mean, tuple(args[:2]), {"keepdim": _at(args, 2, kwargs.get("keepdim", False))}
+
+
+def _gelu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return "call_function", F.gelu, (args[0],), {"approximate": kwargs.get("approximate", "none")}
+
+
+#: aten overload -> how to write it as the torch function the passes know.
+TORCH_LEVEL: dict[Any, Rewrite] = {
+    aten.linear.default: _same(F.linear),
+    aten.addmm.default: _same(torch.addmm),
+    aten.matmul.default: _same(torch.matmul),
+    aten.mm.default: _same(torch.mm),
+    aten.bmm.default: _same(torch.bmm),
+    aten.embedding.default: _embedding,
+    aten.layer_norm.default: _layer_norm,
+    aten.rms_norm.default: _same(F.rms_norm),
+    aten.batch_norm.default: _batch_norm,
+    aten.gelu.default: _gelu,
+    aten.silu.default: _same(F.silu),
+    aten.relu.default: _same(F.relu),
+    aten.relu_.default: _same(F.relu),
+    aten.softmax.int: _softmax,
+    aten._softmax.default: _internal_softmax,
+    aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
+    aten.dropout.default: _same(F.dropout),
+    aten.conv2d.default: _same(F.conv2d),
+    aten.max_pool2d.default: _pool(F.max_pool2d),
+    aten.avg_pool2d.default: _pool(F.avg_pool2d),
+    aten.adaptive_avg_pool2d.default: _same(F.adaptive_avg_pool2d),
+    aten.add.Tensor: _same(torch.add),
+    aten.add_.Tensor: _same(torch.add),
+    aten.mul.Tensor: _same(torch.mul),
+    aten.div.Tensor: _same(torch.div),
+    aten.pow.Tensor_Scalar: _same(torch.pow),
+    aten.mean.dim: _mean,
+    aten.rsqrt.default: _same(torch.rsqrt),
+    aten.tanh.default: _same(torch.tanh),
+    aten.cos.default: _same(torch.cos),
+    aten.sin.default: _same(torch.sin),
+    aten.neg.default: _same(torch.neg),
+    aten.cat.default: _same(torch.cat),
+    aten.view.default: _same("view", "call_method"),
+    aten.reshape.default: _same(torch.reshape),
+    aten.transpose.int: _same(torch.transpose),
+    aten.permute.default: _same(torch.permute),
+    aten.unsqueeze.default: _same(torch.unsqueeze),
+    aten.squeeze.dim: _same(torch.squeeze),
+    aten.flatten.using_ints: _same(torch.flatten),
+    aten.t.default: _same(torch.t),
+    aten.select.int: _same(torch.select),
+    aten.split.Tensor: _same(torch.split),
+    aten.clone.default: _same(torch.clone),
+    aten.expand.default: _same("expand", "call_method"),
+    aten.contiguous.default: _same("contiguous", "call_method"),
+    aten.to.dtype: _same("to", "call_method"),
+}  # fmt: skip
+
+_IN_PLACE = {aten.relu_.default, aten.add_.Tensor}
+
+#: aten ops left as they are that only move, select or cast data: scale-neutral.
+ATEN_NEUTRAL: frozenset[Any] = frozenset(
+    {aten.slice.Tensor, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.detach.default}
+    | {aten.index.Tensor, aten.gather.default, aten.where.self, aten.squeeze.default, aten.unbind.int}
+    | {aten.chunk.default, aten.split_with_sizes.default, aten.narrow.default, aten.lift_fresh_copy.default}
+    | {aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar, aten.masked_fill.Scalar}
+)
+
+_CHECKS = {aten._assert_tensor_metadata.default}
+
+
+def _overwrites_a_shared_tensor(node: fx.Node) -> bool:
+    target = node.args[0]
+    return isinstance(target, fx.Node) and len(target.users) > 1
+
+
+def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite ``gm``'s aten ops of :data:`TORCH_LEVEL` into torch functions, in place; returns ``gm``.
+
+    Node names, meta (module path, source, example values) and users are kept.
+
+    >>> import torch
+    >>> from unitscale.transforms.aten import to_torch_functions
+    >>> ep = torch.export.export(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU()), (torch.randn(1, 2),))
+    >>> gm = to_torch_functions(ep.module())
+    >>> [n.target.__name__ for n in gm.graph.nodes if n.op == "call_function"]
+    ['linear', 'gelu']
+    """
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr":
+            sub = getattr(gm, str(node.target), None)
+            if isinstance(sub, fx.GraphModule):
+                to_torch_functions(sub)
+            continue
+        if node.op != "call_function":
+            continue
+        if node.target in _CHECKS and not node.users:
+            gm.graph.erase_node(node)
+            continue
+        try:
+            rewrite = TORCH_LEVEL.get(node.target)
+        except TypeError:  # an unhashable target
+            continue
+        if rewrite is None or (node.target in _IN_PLACE and _overwrites_a_shared_tensor(node)):
+            continue
+        node.op, node.target, node.args, node.kwargs = rewrite(tuple(node.args), dict(node.kwargs))
+    gm.graph.lint()
+    gm.recompile()
+    return gm
