@@ -65,6 +65,11 @@ __all__ = [
     "MonitorStateError",
     "NoRecordsError",
     "UnknownStatError",
+    "UnknownRoleError",
+    "MultiplierError",
+    "UntaggedParameterError",
+    "UntaggedParameterWarning",
+    "SweepGridError",
 ]
 
 
@@ -232,3 +237,28 @@ class NoRecordsError(MonitorStateError):
 
 class UnknownStatError(UnitscaleError, ValueError):
     """A statistic name that a monitor's history does not hold (``std``, ``absmax``, ...)."""
+class UnknownRoleError(UnitscaleError, ValueError):
+    """A u-μP parameter role that is not one of ``unitscale.scaling.umup.ROLES``.
+
+    >>> import torch
+    >>> from unitscale.scaling.umup import tag
+    >>> tag(torch.nn.Parameter(torch.zeros(2)), "gain", width=2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.UnknownRoleError: tag: role='gain' is not a u-μP role; pass one of ...
+    """
+
+
+class MultiplierError(UnitscaleError, ValueError):
+    """A u-μP multiplier (``mult``, an α of the paper) or a width/depth that is not a finite number > 0."""
+
+
+class UntaggedParameterError(UnitscaleError, TypeError):
+    """A u-μP optimiser (or ``lr_scales``) was given a parameter that has no u-μP role."""
+
+
+class UntaggedParameterWarning(UserWarning):
+    """A u-μP optimiser fell back to the default learning-rate scale (1) for a parameter without a role."""
+
+
+class SweepGridError(UnitscaleError, ValueError):
+    """A learning-rate sweep or coordinate check was given too few, non-positive or repeated grid points."""

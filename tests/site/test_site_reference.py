@@ -65,6 +65,7 @@ def test_api_reference_groups_by_task_under_the_import_names():
         "Tracing with torch.fx",
         "Tracking scales",
         "Unit-scaled ops and modules",
+        "u-μP optimisers",
         "Formats",
         "Transforms",
         "Pipeline stages",

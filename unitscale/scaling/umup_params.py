@@ -1,0 +1,234 @@
+"""u-μP parameter roles: what a parameter is, the width and depth its learning rate scales with.
+
+u-μP (Blake et al., "u-μP: The Unit-Scaled Maximal Update Parametrization", arXiv
+2407.17465, Section 4) gives every parameter a role, and the role fixes how its
+learning rate scales with the model's width and depth. The modules of
+:mod:`unitscale.scaling.umup` tag their parameters; :func:`tag` tags a parameter of
+your own model. The tag is a :class:`ParamRole` held by the parameter itself (it
+survives ``copy.deepcopy`` and ``torch.save`` of the module), so an optimiser that
+is handed ``model.parameters()`` can read it.
+
+>>> import torch
+>>> from unitscale.scaling.umup import role_of, tag
+>>> w = tag(torch.nn.Parameter(torch.randn(64, 32)), "weight", depth=4)
+>>> role_of(w)
+ParamRole(role='weight', width=32, depth=4)
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import Tensor, nn
+
+from unitscale.errors import MultiplierError, UnknownRoleError
+
+__all__ = ["ROLES", "ParamRole", "tag", "role_of", "set_depth", "check_mult", "residual_taus"]
+
+ROLES = ("weight", "bias", "norm", "readout", "embedding")
+"""The u-μP roles. ``"output"`` (the reference library's name for ``"readout"``) is accepted as an alias."""
+
+_ALIASES = {"output": "readout"}
+_P = TypeVar("_P", bound=Tensor)
+_ATTR = "umup_role"
+
+
+@dataclass(frozen=True)
+class ParamRole:
+    """A parameter's u-μP role and the sizes its learning rate scales with.
+
+    Attributes:
+        role: one of :data:`ROLES`.
+        width: the width the role's rule reads: the fan-in of a ``weight`` or ``readout``
+            matrix (input features, times the kernel size of a convolution), the embedding
+            dimension of an ``embedding`` (its fan-out), the size of a ``bias`` or ``norm``.
+        depth: the number of residual blocks when the parameter sits in a residual branch
+            whose output is weighted by depth (:func:`residual_taus`), else ``None``.
+    """
+
+    role: str
+    width: int
+    depth: int | None = None
+
+
+class _RoleParameter(nn.Parameter):
+    """A ``Parameter`` whose ``deepcopy`` keeps its attributes (torch's drops them)."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> nn.Parameter:
+        result = super().__deepcopy__(memo)
+        result.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return result
+
+
+def _check_size(owner: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MultiplierError(f"{owner}: {name}={value!r:.60} must be an int >= 1")
+    return value
+
+
+def _default_width(role: str, shape: tuple[int, ...]) -> int:
+    if role in ("bias", "norm") or len(shape) < 2:
+        return max(math.prod(shape), 1)
+    if role == "embedding":
+        return shape[1]
+    return max(math.prod(shape[1:]), 1)
+
+
+def tag(param: _P, role: str, width: int | None = None, depth: int | None = None) -> _P:
+    """Tag ``param`` with a u-μP role, in place, and return it.
+
+    The learning-rate rules of :mod:`unitscale.optim` read the tag (u-μP, Section 4):
+    with Adam, a ``weight`` learns at ``lr * width**-0.5``, an ``embedding`` at
+    ``lr * width**-0.5`` (its fan-out: the paper's embedding rule, Section 4), a
+    ``readout``, ``bias`` or ``norm`` at ``lr``; a parameter with a ``depth`` at a
+    further ``depth**-0.5`` (the paper follows depth-μP there).
+
+    Args:
+        param: the parameter to tag.
+        role: one of :data:`ROLES` (or ``"output"``, an alias of ``"readout"``).
+        width: the width the rule reads (see :class:`ParamRole`); ``None`` reads it from the
+            shape: ``shape[1:]``'s product for a weight or readout, ``shape[1]`` for an
+            embedding, the element count for a bias or norm.
+        depth: the number of residual blocks, for a parameter inside a depth-weighted
+            residual branch; ``None`` otherwise.
+
+    Returns:
+        ``param`` itself, tagged.
+
+    Raises:
+        UnknownRoleError: ``role`` is not a u-μP role.
+        MultiplierError: ``width`` or ``depth`` is not an int >= 1.
+        TypeError: ``param`` is not a ``torch.nn.Parameter`` (an :class:`~unitscale.errors.UntaggedParameterError`).
+
+    >>> import torch
+    >>> from unitscale.scaling.umup import role_of, tag
+    >>> emb = tag(torch.nn.Parameter(torch.randn(100, 64)), "embedding")
+    >>> role_of(emb).width
+    64
+    """
+    from unitscale.errors import UntaggedParameterError
+
+    if not isinstance(param, nn.Parameter):
+        raise UntaggedParameterError(
+            f"tag: param is a {type(param).__name__}; pass a torch.nn.Parameter (e.g. module.weight)"
+        )
+    name = _ALIASES.get(role, role) if isinstance(role, str) else role
+    if name not in ROLES:
+        raise UnknownRoleError(f"tag: role={role!r:.60} is not a u-μP role; pass one of {', '.join(ROLES)}")
+    width = _default_width(name, tuple(param.shape)) if width is None else _check_size("tag", "width", width)
+    if depth is not None:
+        _check_size("tag", "depth", depth)
+    if type(param) is nn.Parameter:
+        param.__class__ = _RoleParameter  # type: ignore[assignment]
+    setattr(param, _ATTR, ParamRole(name, width, depth))
+    return param
+
+
+def role_of(param: object) -> ParamRole | None:
+    """The :class:`ParamRole` of a tagged parameter, or ``None``.
+
+    >>> import torch
+    >>> from unitscale.scaling.umup import role_of
+    >>> role_of(torch.nn.Parameter(torch.zeros(3))) is None
+    True
+    """
+    role = getattr(param, _ATTR, None)
+    return role if isinstance(role, ParamRole) else None
+
+
+def set_depth(module: nn.Module, depth: int) -> nn.Module:
+    """Record ``depth`` (the number of residual blocks) on every tagged parameter of ``module``, in place.
+
+    Call it on the blocks of a residual stack weighted by :func:`residual_taus`: their
+    parameters then learn at a further ``depth**-0.5`` under the u-μP optimisers
+    (depth-μP's rule, which u-μP adopts, Section 4). Untagged parameters are left alone.
+
+    Args:
+        module: a module whose parameters sit inside residual branches.
+        depth: the number of residual blocks of the stack.
+
+    Returns:
+        ``module``.
+
+    Raises:
+        MultiplierError: ``depth`` is not an int >= 1.
+
+    >>> import torch
+    >>> from unitscale.scaling.umup import Linear, role_of, set_depth
+    >>> role_of(set_depth(Linear(8, 8), 6).weight).depth
+    6
+    """
+    _check_size("set_depth", "depth", depth)
+    for param in module.parameters():
+        role = role_of(param)
+        if role is not None:
+            setattr(param, _ATTR, ParamRole(role.role, role.width, depth))
+    return module
+
+
+def check_mult(owner: str, name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite number > 0, else :class:`~unitscale.errors.MultiplierError`.
+
+    Every α of the paper is a positive factor: 0 switches a path off, a negative one flips it.
+
+    >>> from unitscale.scaling.umup import check_mult
+    >>> check_mult("Softmax", "mult", 2)
+    2.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise MultiplierError(
+            f"{owner}: {name}={value!r:.60} must be a finite number > 0 (an α of u-μP; 1 is the default)"
+        )
+    return float(value)
+
+
+def residual_taus(blocks: int, residual_mult: float = 1.0, attn_ratio: float = 1.0) -> list[float]:
+    """The residual weights of a transformer of ``blocks`` (attention, MLP) blocks: u-μP's depth rule.
+
+    u-μP, Appendix G: with the embedding first and attention and MLP branches
+    alternating, every attention branch contributes the same variance, every MLP
+    branch too; all attention branches together contribute ``α_res² · α_attn²``
+    (relative) and all MLP branches ``α_res²``, against the embedding's 1, where
+    ``α_attn`` is normalised so that ``(α_attn² + α_mlp²) / 2 = α_res²``. Each branch
+    therefore carries a share of the variance that falls as ``1 / depth`` (depth-μP's
+    ``1/sqrt(L)`` branch multiplier).
+
+    The values are in this library's convention (:func:`~unitscale.functional.residual_add`):
+    ``tau`` is the share of the output's variance the branch carries,
+    ``sqrt(tau)·branch + sqrt(1 - tau)·skip``. The reference library's
+    ``transformer_residual_scaling_rule`` returns the ratio ``t`` of branch to skip
+    weights instead; the two are related by ``tau = t² / (1 + t²)``.
+
+    Args:
+        blocks: number of transformer blocks (each has two branches).
+        residual_mult: α_res, the branches' total contribution relative to the embedding.
+        attn_ratio: α_res-attn-ratio, attention's contribution relative to the MLP's.
+
+    Returns:
+        ``2 * blocks`` taus: attention, MLP, attention, ...
+
+    Raises:
+        MultiplierError: ``blocks`` is not an int >= 1, or a multiplier is not a finite number > 0.
+
+    >>> from unitscale.scaling.umup import residual_taus
+    >>> [round(t, 3) for t in residual_taus(2)]
+    [0.333, 0.25, 0.2, 0.167]
+    """
+    _check_size("residual_taus", "blocks", blocks)
+    residual_mult = check_mult("residual_taus", "residual_mult", residual_mult)
+    attn_ratio = check_mult("residual_taus", "attn_ratio", attn_ratio)
+    alpha_mlp = residual_mult * (2 / (1 + attn_ratio**2)) ** 0.5
+    alpha_attn = attn_ratio * alpha_mlp
+    # Variances in units of one branch at α = 1: the embedding carries `blocks` of them,
+    # so that the attention branches, the MLP branches and the embedding all weigh the same
+    # when every α is 1.
+    accumulated = float(blocks)
+    taus = []
+    for index in range(2 * blocks):
+        alpha = alpha_attn if index % 2 == 0 else alpha_mlp
+        taus.append(alpha**2 / (accumulated + alpha**2))
+        accumulated += alpha**2
+    return taus
