@@ -34,6 +34,7 @@ from unitscale import (
     LeafTracer,
     MarkovSource,
     ModulePathTracer,
+    ScaleMonitor,
     ScalePair,
     ScaleReport,
     ScaleTracker,
@@ -66,8 +67,10 @@ from unitscale.errors import (
     CostError,
     FormatError,
     InputError,
+    MonitorSettingError,
     NodeNotFoundError,
     NoFloatOutputError,
+    NoRecordsError,
     NotAModuleError,
     NotCallableError,
     NotInvertibleError,
@@ -81,6 +84,7 @@ from unitscale.errors import (
     UnitscaleError,
     UnknownConstraintError,
     UnknownScheduleError,
+    UnknownStatError,
 )
 from unitscale.stages import bubble_fraction
 from unitscale.tracking.report import ScaleRow
@@ -671,6 +675,16 @@ CASES: dict[str, Case] = {
 }
 
 MODEL_CASES: dict[str, ModelCase] = {
+    # a scale monitor that cannot watch, or has nothing to show, leaves the model unhooked
+    "scalemonitor-every-zero": ModelCase(
+        "probe", lambda m: ScaleMonitor(m, every=0), MonitorSettingError, ("every=0", "int >= 1")
+    ),
+    "scalemonitor-heatmap-before-records": ModelCase(
+        "probe", lambda m: ScaleMonitor(m).heatmap(), NoRecordsError, ("nothing recorded", "step % every == 0")
+    ),
+    "scalemonitor-heatmap-unknown-stat": ModelCase(
+        "probe", lambda m: ScaleMonitor(m).heatmap(stat="mean"), UnknownStatError, ("stat='mean'", "std, absmax")
+    ),
     # tracers and execution order on models that cannot be traced
     "deeptracer-untraceable": ModelCase(
         "branchy", lambda m: DeepTracer().trace(m), TraceError, ("could not trace Branchy", "control flow")
