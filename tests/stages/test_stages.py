@@ -342,7 +342,7 @@ class DictOut(nn.Module):
 
 
 def test_dict_output_is_sent_as_leaves_and_rebuilt() -> None:
-    from unitscale.stages.pipeline import _OnModelOutput
+    from unitscale.stages.launch import _OnModelOutput
 
     torch.manual_seed(0)
     model, x = DictOut(), torch.randn(3, 4)

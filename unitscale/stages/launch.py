@@ -6,6 +6,7 @@ Save a plan where the model is (``plan.save("plan.pt")``), then in the script th
     # train.py, run as: torchrun --nnodes 2 --nproc-per-node 2 --rdzv-endpoint host0:29500 train.py
     import torch
     from torch import nn
+from torch.utils._pytree import TreeSpec, tree_unflatten
     from unitscale.stages import pipeline_stage
 
     rank = pipeline_stage("plan.pt", num_microbatches=4, schedule="1f1b", loss_fn=nn.MSELoss())
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, UnknownScheduleError
 
@@ -46,6 +48,28 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zb
 _SINGLE = ("gpipe", "1f1b")
 _INTERLEAVED = ("interleaved_1f1b", "interleaved_zero_bubble")
 
+
+
+class _OnModelOutput:
+    """A loss that sees the model's output as the model returns it (a dict, a ``ModelOutput``),
+    rebuilt from the flat leaves the last stage sends."""
+
+    def __init__(self, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec) -> None:
+        self.loss_fn = loss_fn
+        self.spec = spec
+
+    def __call__(self, output: Any, target: torch.Tensor) -> torch.Tensor:
+        leaves = list(output) if isinstance(output, tuple) and self.spec.num_leaves != 1 else [output]
+        return self.loss_fn(tree_unflatten(leaves, self.spec), target)
+
+
+def loss_on_model_output(
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec | None
+) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    """``loss_fn`` seeing the model's own output structure, where the last stage sends flat leaves."""
+    if spec is None or spec.is_leaf():
+        return loss_fn
+    return _OnModelOutput(loss_fn, spec)
 
 def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[list[int]]:
     """The stage indices each rank holds, rank by rank.
@@ -266,7 +290,6 @@ def pipeline_stage(
     """
     import torch.distributed as dist
 
-    from unitscale.stages.pipeline import loss_on_model_output
     from unitscale.stages.saved import SavedPlan, load_plan
 
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")

@@ -36,11 +36,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 import torch
-from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
 from unitscale.stages.costs import flat_inputs
-from unitscale.stages.launch import SCHEDULES
+from unitscale.stages.launch import SCHEDULES, loss_on_model_output
 
 if TYPE_CHECKING:
     from unitscale.stages.plan import StagePlan
@@ -51,19 +50,6 @@ _WORKER_ENV = "UNITSCALE_PIPELINE_WORKER"
 _MAIN_ENV = "UNITSCALE_PIPELINE_MAIN"  # the caller's script, when the job names things defined in it
 _TIMEOUT_ENV = "UNITSCALE_PIPELINE_TIMEOUT"
 _STARTUP_S = 60.0  # allowance for starting the interpreters, on top of ``timeout``
-
-
-class _OnModelOutput:
-    """A loss that sees the model's output as the model returns it (a dict, a ``ModelOutput``),
-    rebuilt from the flat leaves the last stage sends."""
-
-    def __init__(self, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec) -> None:
-        self.loss_fn = loss_fn
-        self.spec = spec
-
-    def __call__(self, output: Any, target: torch.Tensor) -> torch.Tensor:
-        leaves = list(output) if isinstance(output, tuple) and self.spec.num_leaves != 1 else [output]
-        return self.loss_fn(tree_unflatten(leaves, self.spec), target)
 
 
 @dataclass
@@ -88,15 +74,6 @@ class PipelineResult:
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
     step_time: float = math.nan
-
-
-def loss_on_model_output(
-    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec | None
-) -> Callable[[Any, torch.Tensor], torch.Tensor]:
-    """``loss_fn`` seeing the model's own output structure, where the last stage sends flat leaves."""
-    if spec is None or spec.is_leaf():
-        return loss_fn
-    return _OnModelOutput(loss_fn, spec)
 
 
 def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:

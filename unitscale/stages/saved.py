@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx
@@ -19,8 +19,16 @@ from torch.utils._pytree import TreeSpec, tree_structure, tree_unflatten
 
 from unitscale.errors import InputError
 
-if TYPE_CHECKING:
-    from unitscale.stages.plan import StagePlan
+
+class _Plan(Protocol):
+    """What :meth:`SavedPlan.from_plan` reads of a :class:`~unitscale.StagePlan` (no import of plan.py,
+    which imports this module for ``StagePlan.save``)."""
+
+    output_spec: TreeSpec | None
+    model_name: str
+    stage_costs: list[float]
+
+    def stage_modules(self) -> list[fx.GraphModule]: ...
 
 __all__ = ["SavedPlan", "load_plan", "save_plan"]
 
@@ -56,11 +64,9 @@ class SavedPlan:
         return len(self.stage_modules)
 
     @classmethod
-    def from_plan(cls, plan: StagePlan) -> SavedPlan:
-        """The stage modules and output structure of ``plan``."""
-        from unitscale.stages.plan import StagePlan
-
-        if not isinstance(plan, StagePlan):
+    def from_plan(cls, plan: _Plan) -> SavedPlan:
+        """The stage modules and output structure of ``plan`` (a :class:`~unitscale.StagePlan`)."""
+        if not callable(getattr(plan, "stage_modules", None)) or not hasattr(plan, "output_spec"):
             raise InputError(
                 f"expected a StagePlan, a SavedPlan or a path to a saved plan, got {type(plan).__name__} "
                 f"{plan!r:.60}; make one with unitscale.partition(model, num_stages, example_inputs)"
@@ -82,7 +88,7 @@ class SavedPlan:
         return self.output_from_leaves(out)
 
 
-def save_plan(plan: StagePlan | SavedPlan, path: str | os.PathLike[str]) -> None:
+def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
     """Write ``plan``'s stage modules and output structure to ``path`` (``torch.save``)."""
     saved = plan if isinstance(plan, SavedPlan) else SavedPlan.from_plan(plan)
     torch.save(
