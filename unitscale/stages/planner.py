@@ -49,10 +49,11 @@ certifies it.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,7 @@ from unitscale.stages.schedule_costs import (
     in_flight,
     stage_ranks,
 )
+from unitscale.stages.simulate import simulate_bounds, step_times
 
 __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "model_step_time", "chain_costs_for"]
 
@@ -78,12 +80,17 @@ class ChainPlan:
 
     Attributes:
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``.
-        step_time: the model's step time of this plan (the minimum).
-        lower_bound: a proven lower bound on the model's step time of every plan that fits
-            (equal to ``step_time`` up to rounding: the certificate of optimality).
-        bottleneck: the largest per-microbatch stage time ``max_s c_s``.
+        step_time: the simulated step time of this plan (:func:`~unitscale.stages.simulate`).
+        lower_bound: a proven lower bound on the simulated step time of every plan that fits;
+            equal to ``step_time`` (up to rounding, and ties within ``1e-9`` relative) when the
+            search finished: the certificate of optimality.
+        bottleneck: the largest per-microbatch stage time ``max_s (F_s + B_s) / speed``.
         stage_memory: bytes each stage needs.
-        probes: dynamic programmes run by the search.
+        probes: dynamic programmes run for the first plans (the step-time formula's optimum).
+        simulated: plans and partial plans whose step the search simulated.
+        optimal: whether the search finished (``False``: it hit its budget, and
+            ``lower_bound`` bounds how far from optimal ``step_time`` can be).
+        rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
     """
 
     bounds: list[int]
@@ -92,6 +99,9 @@ class ChainPlan:
     bottleneck: float
     stage_memory: list[float]
     probes: int
+    simulated: int = 0
+    optimal: bool = True
+    rank_memory: list[float] = field(default_factory=list)
 
 
 class _Problem:
@@ -303,6 +313,235 @@ def _most_even(problem: _Problem, cap: float) -> list[int] | None:
     return bounds[::-1]
 
 
+#: relative tolerance within which two simulated step times count as equal (ties go to the most even plan)
+TIE = 1e-9
+#: plans whose bound the search evaluates before it stops with a certified gap (``ChainPlan.optimal`` False)
+SEARCH_BUDGET = 300_000
+
+
+class _Search:
+    """Branch and bound over the cuts, judged by the simulator itself.
+
+    A node fixes stages ``0..j-1``; its children fix stage ``j`` at every end that fits in
+    memory. A child's bound is the simulated step with every later stage (and cut) taking
+    no time, which never exceeds the step of any completion (a longest path only grows
+    with its weights), raised by a water level: the work left must run on the ranks of
+    the later stages. A child with every stage fixed is a plan and its bound is its
+    simulated step. Children are evaluated a batch at a time (:func:`~unitscale.stages.simulate.step_times`).
+    """
+
+    def __init__(
+        self,
+        costs: ChainCosts,
+        ranks: int,
+        schedule: str,
+        num_microbatches: int,
+        stages_per_rank: int,
+        memory_limit: float | None,
+        device_speeds: Sequence[float] | None,
+    ) -> None:
+        self.costs, self.schedule = costs, schedule
+        self.n, self.p, self.v, self.m = len(costs), ranks, stages_per_rank, num_microbatches
+        self.k = ranks * stages_per_rank
+        self.placement = stage_ranks(schedule, ranks, stages_per_rank)
+        speeds = [1.0] * ranks if device_speeds is None else [float(s) for s in device_speeds]
+        self.rank_speed = np.asarray(speeds)
+        self.speed = np.asarray([speeds[r] for r in self.placement])
+
+        def prefix(values: Sequence[float]) -> np.ndarray:
+            return np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=np.float64))))
+
+        self.pf, self.pb = prefix(costs.forward), prefix(costs.backward)
+        self.pw = self.pf + self.pb
+        self.pp, self.pa = prefix(costs.param_bytes), prefix(costs.activation_bytes)
+        self.held = np.asarray(in_flight(schedule, ranks, stages_per_rank, num_microbatches), dtype=np.float64)
+        self.comm = np.array([costs.comm_time(j) for j in range(self.n + 1)], dtype=np.float64)
+        self.limit = math.inf if memory_limit is None else float(memory_limit)
+        # 1F1B-like orders (one stage per rank) give a sharper water level: see _bounds
+        self.chain = stages_per_rank == 1
+        self.fits_after = self._fits_after()
+        self.evaluated = 0
+
+    def _fits_after(self) -> list[np.ndarray]:
+        """``fits_after[s][a]``: items ``a:n`` split into stages ``s..k-1``, each alone within the limit
+        (necessary for a rank's sum to fit; exact with one stage per rank)."""
+        n, k = self.n, self.k
+        ok = [np.zeros(n + 1, dtype=bool) for _ in range(k + 1)]
+        ok[k][n] = True
+        idx = np.arange(n + 1)
+        for s in range(k - 1, -1, -1):
+            # the first end b > a where the rest fits; the stage a:b holds least memory at the first such b
+            later = np.where(ok[s + 1], idx, n + 1)
+            first = np.minimum.accumulate(later[::-1])[::-1]
+            nxt = np.concatenate((first[1:], [n + 1]))
+            valid = nxt <= n
+            b = np.where(valid, nxt, n)
+            mem = self.pp[b] - self.pp + self.held[s] * (self.pa[b] - self.pa)
+            ok[s] = valid & (mem <= self.limit)
+        return ok
+
+    def stage_memory(self, bounds: Sequence[int]) -> list[float]:
+        return [
+            float(self.pp[b] - self.pp[a] + self.held[s] * (self.pa[b] - self.pa[a]))
+            for s, (a, b) in enumerate(itertools.pairwise(bounds))
+        ]
+
+    def rank_memory(self, bounds: Sequence[int]) -> list[float]:
+        total = [0.0] * self.p
+        for s, q in enumerate(self.stage_memory(bounds)):
+            total[self.placement[s]] += q
+        return total
+
+    def fits(self, bounds: Sequence[int]) -> bool:
+        return max(self.rank_memory(bounds)) <= self.limit
+
+    def times(self, bounds: Sequence[int]) -> list[float]:
+        """Per-microbatch time ``(F + B) / speed`` of each stage."""
+        return [float((self.pw[b] - self.pw[a]) / self.speed[s]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
+
+    def evaluate(self, plans: Sequence[Sequence[int]]) -> np.ndarray:
+        """Simulated step times of complete plans."""
+        b = np.asarray(plans, dtype=np.int64)
+        forward = (self.pf[b[:, 1:]] - self.pf[b[:, :-1]]) / self.speed
+        backward = (self.pb[b[:, 1:]] - self.pb[b[:, :-1]]) / self.speed
+        comm = self.comm[b[:, :-1]]
+        comm[:, 0] = 0.0
+        self.evaluated += len(b)
+        return step_times(
+            self.schedule, self.p, self.v, self.m, forward, backward, comm, self.costs.weight_grad_share
+        )
+
+    def children(self, node: tuple[int, ...]) -> np.ndarray:
+        """Ends for the next stage after ``node`` that fit in memory (with room for the stages after)."""
+        j, a = len(node) - 1, node[-1]
+        if j == self.k - 1:
+            ends = np.array([self.n], dtype=np.int64)
+        else:
+            ends = np.arange(a + 1, self.n - (self.k - 1 - j) + 1, dtype=np.int64)
+        rank = self.placement[j]
+        used = sum(
+            float(self.pp[node[s + 1]] - self.pp[node[s]] + self.held[s] * (self.pa[node[s + 1]] - self.pa[node[s]]))
+            for s in range(j)
+            if self.placement[s] == rank
+        )
+        mem = used + self.pp[ends] - self.pp[a] + self.held[j] * (self.pa[ends] - self.pa[a])
+        keep = (mem <= self.limit) & self.fits_after[j + 1][ends]
+        return ends[keep]
+
+    def bounds(self, nodes: Sequence[tuple[int, ...]], ends: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Lower bounds on the step time and on the sum of squared stage times of every plan below
+        each child (``node`` + one end), for a batch of nodes."""
+        k = self.k
+        rows = sum(len(e) for e in ends)
+        forward = np.zeros((rows, k))
+        backward = np.zeros((rows, k))
+        comm = np.zeros((rows, k))
+        squares = np.zeros(rows)
+        level = np.zeros(rows)
+        at = 0
+        for node, end in zip(nodes, ends, strict=True):
+            j, a, c = len(node) - 1, node[-1], len(end)
+            sl = slice(at, at + c)
+            for s in range(j):
+                forward[sl, s] = (self.pf[node[s + 1]] - self.pf[node[s]]) / self.speed[s]
+                backward[sl, s] = (self.pb[node[s + 1]] - self.pb[node[s]]) / self.speed[s]
+                if s:
+                    comm[sl, s] = self.comm[node[s]]
+            if j:
+                comm[sl, j] = self.comm[a]
+            forward[sl, j] = (self.pf[end] - self.pf[a]) / self.speed[j]
+            backward[sl, j] = (self.pb[end] - self.pb[a]) / self.speed[j]
+            if j + 1 < k:
+                comm[sl, j + 1] = self.comm[end]
+            stage = forward[sl, : j + 1] + backward[sl, : j + 1]
+            squares[sl] = np.sum(stage * stage, axis=1)
+            if j + 1 < k:
+                rest = self.pw[self.n] - self.pw[end]
+                later = range(j + 1, k)
+                # Σ (w_s / speed_s)^2 with Σ w_s = rest is least with w_s ∝ speed_s^2
+                squares[sl] += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
+                ranks_left = sorted({self.placement[s] for s in later})
+                capacity = float(np.sum(self.rank_speed[ranks_left]))
+                if self.chain:
+                    # every op of a later stage starts after microbatch 0's forward reaches it, and the
+                    # rank's last backward is followed by the backward of every stage before
+                    fill = np.sum(forward[sl, : j + 1] + backward[sl, : j + 1], axis=1) + 2 * np.sum(
+                        comm[sl, : j + 2], axis=1
+                    )
+                    level[sl] = fill + self.m * rest / capacity
+                else:
+                    busy = np.zeros((c, self.p))
+                    for s in range(j + 1):
+                        busy[:, self.placement[s]] += stage[:, s] * self.m
+                    level[sl] = np.min(busy[:, ranks_left], axis=1) + self.m * rest / capacity
+            at += c
+        self.evaluated += rows
+        simulated = step_times(
+            self.schedule, self.p, self.v, self.m, forward, backward, comm, self.costs.weight_grad_share
+        )
+        return np.maximum(simulated, level), squares
+
+    def run(self, seeds: Sequence[Sequence[int]], budget: int) -> tuple[list[int], float, float, bool]:
+        """The plan with the least simulated step (ties: least sum of squared stage times), a lower
+        bound on every plan's step, and whether the search finished (else the bound is a gap)."""
+        leaves: list[tuple[float, float, tuple[int, ...]]] = []
+        seeds = [tuple(s) for s in seeds if self.fits(s)]
+        if seeds:
+            for t, plan in zip(self.evaluate(seeds).tolist(), seeds, strict=True):
+                leaves.append((t, sum(x * x for x in self.times(plan)), plan))
+        best_t = min((t for t, _, _ in leaves), default=math.inf)
+
+        def best_square() -> float:
+            return min((q for t, q, _ in leaves if t <= best_t * (1 + TIE)), default=math.inf)
+
+        best_q = best_square()
+        heap: list[tuple[float, float, int, tuple[int, ...]]] = [(0.0, 0.0, 0, (0,))]
+        count, floor = 1, math.inf  # floor: least bound of a node dropped for its squares
+        finished = True
+        while heap:
+            top = heap[0][0]
+            if top > best_t * (1 + TIE):
+                break
+            if self.evaluated >= budget and best_t < math.inf:
+                finished = False
+                break
+            batch, ends = [], []
+            while heap and len(batch) < 64 and heap[0][0] <= best_t * (1 + TIE):
+                bound, square, _, node = heapq.heappop(heap)
+                if bound >= best_t * (1 - TIE) and square > best_q:
+                    floor = min(floor, bound)
+                    continue
+                end = self.children(node)
+                if len(end):
+                    batch.append(node)
+                    ends.append(end)
+            if not batch:
+                continue
+            found, squares = self.bounds(batch, ends)
+            at = 0
+            for node, end in zip(batch, ends, strict=True):
+                leaf = len(node) == self.k
+                for b, t, q in zip(end.tolist(), found[at : at + len(end)].tolist(), squares[at : at + len(end)].tolist(), strict=True):
+                    child = (*node, b)
+                    if leaf:
+                        leaves.append((t, q, child))
+                        if t < best_t:
+                            best_t = t
+                        best_q = best_square()
+                    elif t <= best_t * (1 + TIE):
+                        if t >= best_t * (1 - TIE) and q > best_q:
+                            floor = min(floor, t)
+                        else:
+                            heapq.heappush(heap, (t, q, count, child))
+                            count += 1
+                at += len(end)
+        if best_t == math.inf:
+            raise _NoFit
+        lower = min(best_t, floor, heap[0][0] if heap and not finished else math.inf)
+        chosen = min((q, plan) for t, q, plan in leaves if t <= best_t * (1 + TIE))[1]
+        return list(chosen), lower, best_t, finished
+
+
 def _smallest_memory(problem: _Problem) -> float:
     """The least per-stage memory limit some plan meets (bisection over the float line)."""
     saved = problem.limit
@@ -345,6 +584,93 @@ def model_step_time(
     return problem.weight * problem.bottleneck(bounds) + problem.kappa * (work + comm)
 
 
+def _formula_plan(problem: _Problem) -> tuple[list[int], float, float, int]:
+    """The plan minimising the step-time formula ``(m - 1) v max c_s + κ A``, that minimum,
+    a lower bound certifying it, and the programmes run (raises ``_NoFit``)."""
+    floor = problem.least_cap()
+    probes = 2
+    first = problem.cheapest(floor, strict=False)
+    unbounded = problem.cheapest(math.inf, strict=False)
+    assert first is not None and unbounded is not None
+    best_a, best_bounds = first
+    best_t = problem.weight * problem.bottleneck(best_bounds) + problem.kappa * best_a
+    if problem.weight == 0:
+        best_a, best_bounds = unbounded
+        best_t = problem.kappa * best_a
+        cap = -math.inf
+    else:
+        cap = floor + problem.kappa * (best_a - unbounded[0]) / problem.weight
+    strict = False
+    lower = best_t
+    while cap >= floor:
+        found = problem.cheapest(cap, strict)
+        probes += 1
+        if found is None:
+            break
+        a, bounds = found
+        top = problem.bottleneck(bounds)
+        t = problem.weight * top + problem.kappa * a
+        if t < best_t:
+            best_t, best_a, best_bounds = t, a, bounds
+        # every plan left has bottleneck >= floor and A >= a
+        lower = problem.weight * floor + problem.kappa * a
+        if lower >= best_t:
+            break
+        cap, strict = top, True
+    return list(best_bounds), best_t, min(lower, best_t), probes
+
+
+def _polish(search: _Search, bounds: list[int], rounds: int = 2, window: int = 64) -> list[int]:
+    """Move one cut at a time to where the simulated step is least (a good first incumbent)."""
+    bounds = list(bounds)
+    best = float(search.evaluate([bounds])[0])
+    for _ in range(rounds):
+        moved = False
+        for c in range(1, search.k):
+            lo, hi = max(bounds[c - 1] + 1, bounds[c] - window), min(bounds[c + 1] - 1, bounds[c] + window)
+            plans = [bounds[:c] + [b] + bounds[c + 1 :] for b in range(lo, hi + 1) if b != bounds[c]]
+            plans = [q for q in plans if search.fits(q)]
+            if not plans:
+                continue
+            times = search.evaluate(plans)
+            i = int(np.argmin(times))
+            if times[i] < best * (1 - TIE):
+                best, bounds, moved = float(times[i]), plans[i], True
+        if not moved:
+            break
+    return bounds
+
+
+def _least_rank_memory(search: _Search) -> tuple[float, list[int]]:
+    """The least per-rank memory any plan needs, and such a plan (best first over the cuts:
+    a rank's memory only grows as stages are added, so the first complete plan popped is optimal)."""
+    saved, search.limit = search.limit, math.inf
+    saved_fits, search.fits_after = search.fits_after, search._fits_after()
+    try:
+        heap: list[tuple[float, tuple[int, ...]]] = [(0.0, (0,))]
+        while heap:
+            worst, node = heapq.heappop(heap)
+            if len(node) == search.k + 1:
+                return worst, list(node)
+            for b in search.children(node).tolist():
+                child = (*node, b)
+                used = [0.0] * search.p
+                for s, q in enumerate(search.stage_memory(child)):
+                    used[search.placement[s]] += q
+                heapq.heappush(heap, (max(worst, *used), child))
+        raise AssertionError("a chain with at least k items always has a plan")  # pragma: no cover
+    finally:
+        search.limit, search.fits_after = saved, saved_fits
+
+
+def _proportional(costs: ChainCosts) -> bool:
+    """Whether every item's backward is the same multiple of its forward (GPipe's formula is then exact)."""
+    ratio = next((b / f for f, b in zip(costs.forward, costs.backward, strict=True) if f > 0), None)
+    if ratio is None:
+        return not any(costs.backward)
+    return all(math.isclose(b, ratio * f, rel_tol=1e-12, abs_tol=0.0) for f, b in zip(costs.forward, costs.backward, strict=True))
+
+
 def plan_chain(
     costs: ChainCosts,
     ranks: int,
@@ -353,30 +679,29 @@ def plan_chain(
     stages_per_rank: int = 1,
     memory_limit: float | None = None,
     device_speeds: Sequence[float] | None = None,
+    search_budget: int = SEARCH_BUDGET,
 ) -> ChainPlan:
-    """The split of a chain into ``ranks * stages_per_rank`` stages with the least modelled step time.
+    """The split of a chain into ``ranks * stages_per_rank`` stages with the least simulated step time.
 
-    The model: stage ``s`` takes ``c_s = (F_s + B_s) / speed`` per microbatch, a cut
-    ``t = latency + bytes / bandwidth`` each way, and a step
-    ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ_cuts t)`` with ``κ = (v + p - 1) / (p v)``
-    (``p`` ranks, ``v`` stages per rank). For GPipe with a backward that is a fixed multiple
-    of the forward this is exactly the simulated step (:func:`~unitscale.stages.simulate`):
-    the forward phase is a flow shop of ``m`` identical jobs, whose makespan is
-    ``Σ F_s + Σ t + (m - 1) max F_s``, and the backward phase mirrors it. For 1F1B it is the
-    textbook ``(m + p - 1)``-slot formula, which the simulator can beat or exceed by a few
-    percent when stages are uneven or links slow; for interleaved schedules ``v max c_s``
-    bounds a rank's work and ``κ`` is their ``(p - 1) / v`` bubble. Each stage must fit
-    ``memory_limit / v``: its parameters with gradients and optimiser state, plus the
-    activations of the microbatches the schedule holds at once.
+    The step time is what :func:`~unitscale.stages.simulate` predicts for ``schedule``
+    (stage ``s`` takes ``(F_s + B_s) / speed`` per microbatch on its rank, a cut
+    ``latency + bytes / bandwidth`` each way), and a plan fits when every rank's stages
+    together (parameters with gradients and optimiser state, plus the activations of the
+    microbatches the schedule holds at once) need at most ``memory_limit`` bytes.
 
-    The search: for a cap ``U`` on every stage, a dynamic programme over prefixes (range
-    minima with numpy) finds the least ``A = Σ c_s + 2 Σ t``; ``A`` only falls as ``U``
-    grows, so the optimum sits at a realised bottleneck between the least one ``M0``
-    (bisection) and ``M0 + κ (A(M0) - A(∞)) / ((m - 1) v)``. The search walks down that
-    range through the programme's own bottlenecks and stops once ``(m - 1) v M0 + κ A``
-    cannot beat the best plan; that bound is ``lower_bound``, the certificate. Among
-    optimal plans without traffic, speeds or memory limits, the most even one is kept
-    (``search.balanced_bounds``).
+    The search is a branch and bound over the cuts, stage by stage, whose bounds are the
+    simulator's own step with the stages not yet placed taking no time (never more than the
+    step of any completion), raised by the work those stages must still do. Its first
+    incumbent is the optimum of the formula ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``,
+    ``κ = (v + p - 1) / (p v)`` (a dynamic programme over prefixes), polished cut by cut.
+    It stops when no open branch can beat the best simulated plan: ``lower_bound`` is then
+    the certificate. For GPipe with a backward that is a fixed multiple of the forward the
+    formula is the simulated step exactly (the forward phase is a flow shop of ``m``
+    identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``, the backward mirrors it), so
+    the programme's optimum is certified by itself. Among plans with the same step time
+    (within ``1e-9`` relative) the one with the least sum of squared stage times is kept.
+    After ``search_budget`` bound evaluations the search stops with the best plan found,
+    ``optimal=False`` and a ``lower_bound`` below it (the gap is certified).
 
     Args:
         costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
@@ -384,8 +709,9 @@ def plan_chain(
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
         num_microbatches: microbatches per step.
         stages_per_rank: stages per rank (``v``).
-        memory_limit: bytes per device (``None``: unlimited).
+        memory_limit: bytes per device, for all its stages (``None``: unlimited).
         device_speeds: relative speed of each rank (default all 1.0).
+        search_budget: partial plans the branch and bound may simulate before it stops.
 
     Returns:
         A :class:`ChainPlan`.
@@ -417,63 +743,51 @@ def plan_chain(
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
     ):
         raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
+    if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
+        raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
+    # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
     problem = _Problem(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    search = _Search(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    seeds: list[list[int]] = []
+    probes, certified = 0, None
     try:
-        floor = problem.least_cap()
+        bounds, formula, formula_lower, probes = _formula_plan(problem)
+        seeds.append(bounds)
+        if schedule == "gpipe" and _proportional(costs):
+            certified = formula_lower
+            if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
+                even = _most_even(problem, problem.bottleneck(bounds))
+                if even is not None:
+                    seeds.append(even)
     except _NoFit:
-        need = _smallest_memory(problem) * stages_per_rank
-        raise MemoryLimitError(
-            f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per device "
-            f"under {schedule} with {num_microbatches} microbatches; the least limit that works is {need:.4g} bytes "
-            "(raise the limit, or use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
-            needed=need,
-        ) from None
-    probes = 0
-    first = problem.cheapest(floor, strict=False)
-    unbounded = problem.cheapest(math.inf, strict=False)
-    probes += 2
-    assert first is not None and unbounded is not None
-    best_a, best_bounds = first
-    best_t = problem.weight * problem.bottleneck(best_bounds) + problem.kappa * best_a
-    least_a = unbounded[0]
-    if problem.weight == 0:
-        best_a, best_bounds = unbounded
-        best_t = problem.kappa * best_a
-        cap = -math.inf
-    else:
-        cap = floor + problem.kappa * (best_a - least_a) / problem.weight
-    strict = False
-    lower = best_t
-    while cap >= floor:
-        found = problem.cheapest(cap, strict)
-        probes += 1
-        if found is None:
-            break
-        a, bounds = found
-        top = problem.bottleneck(bounds)
-        t = problem.weight * top + problem.kappa * a
-        if t < best_t:
-            best_t, best_a, best_bounds = t, a, bounds
-        # every plan left has bottleneck >= floor and A >= a
-        lower = problem.weight * floor + problem.kappa * a
-        if lower >= best_t:
-            break
-        cap, strict = top, True
-    lower = min(lower, best_t)
-    same_speed = len({float(x[-1]) for x in problem.x}) == 1
-    if problem.weight and not problem.comm.any() and same_speed:
-        # A is the same for every plan, so every plan within the bottleneck (and memory) is optimal:
-        # keep the most even of them (a stage of cost 0 beside the heaviest helps nobody)
-        even = _most_even(problem, problem.bottleneck(best_bounds))
-        if even is not None:
-            best_bounds = even
+        need, plan = (
+            (_smallest_memory(problem), None) if stages_per_rank == 1 else _least_rank_memory(search)
+        )
+        if plan is None or memory_limit is None or need > memory_limit:
+            raise MemoryLimitError(
+                f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
+                f"device under {schedule} with {num_microbatches} microbatches; the least limit that works is "
+                f"{need:.4g} bytes (raise the limit, or use more ranks, fewer microbatches in flight (1f1b) or "
+                "fewer bytes per parameter)",
+                needed=need,
+            ) from None
+        seeds.append(plan)
+    if certified is None:
+        seeds.append(_polish(search, seeds[0]))
+    chosen, lower, best, finished = search.run(seeds, search_budget)
+    if certified is not None:
+        lower, finished = certified, True  # the programme's optimum is the simulator's
+    step = simulate_bounds(costs, chosen, schedule, num_microbatches, stages_per_rank, device_speeds).step_time
     return ChainPlan(
-        bounds=list(best_bounds),
-        step_time=best_t,
-        lower_bound=lower,
-        bottleneck=problem.bottleneck(best_bounds),
-        stage_memory=problem.memory(best_bounds),
+        bounds=chosen,
+        step_time=step,
+        lower_bound=min(lower, step),  # equal up to the rounding of prefix sums against fsum
+        bottleneck=max(search.times(chosen)),
+        stage_memory=search.stage_memory(chosen),
         probes=probes,
+        simulated=search.evaluated,
+        optimal=finished,
+        rank_memory=search.rank_memory(chosen),
     )
 
 
