@@ -316,7 +316,7 @@ def _most_even(problem: _Problem, cap: float) -> list[int] | None:
 #: relative tolerance within which two simulated step times count as equal (ties go to the most even plan)
 TIE = 1e-9
 #: plans whose bound the search evaluates before it stops with a certified gap (``ChainPlan.optimal`` False)
-SEARCH_BUDGET = 300_000
+SEARCH_BUDGET = 50_000
 
 
 class _Search:
@@ -355,12 +355,15 @@ class _Search:
         self.pw = self.pf + self.pb
         self.pp, self.pa = prefix(costs.param_bytes), prefix(costs.activation_bytes)
         self.held = np.asarray(in_flight(schedule, ranks, stages_per_rank, num_microbatches), dtype=np.float64)
+        #: q[s][b] - q[s][a]: bytes of stage s over items a:b (the same arithmetic as _Problem's)
+        self.q = [self.pp + self.held[s] * self.pa for s in range(self.k)]
         self.comm = np.array([costs.comm_time(j) for j in range(self.n + 1)], dtype=np.float64)
         self.limit = math.inf if memory_limit is None else float(memory_limit)
         # 1F1B-like orders (one stage per rank) give a sharper water level: see _bounds
         self.chain = stages_per_rank == 1
         self.fits_after = self._fits_after()
-        self.evaluated = 0
+        self.evaluated = 0  # plans and partial plans simulated
+        self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
 
     def _fits_after(self) -> list[np.ndarray]:
         """``fits_after[s][a]``: items ``a:n`` split into stages ``s..k-1``, each alone within the limit
@@ -376,15 +379,12 @@ class _Search:
             nxt = np.concatenate((first[1:], [n + 1]))
             valid = nxt <= n
             b = np.where(valid, nxt, n)
-            mem = self.pp[b] - self.pp + self.held[s] * (self.pa[b] - self.pa)
+            mem = self.q[s][b] - self.q[s]
             ok[s] = valid & (mem <= self.limit)
         return ok
 
     def stage_memory(self, bounds: Sequence[int]) -> list[float]:
-        return [
-            float(self.pp[b] - self.pp[a] + self.held[s] * (self.pa[b] - self.pa[a]))
-            for s, (a, b) in enumerate(itertools.pairwise(bounds))
-        ]
+        return [float(self.q[s][b] - self.q[s][a]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
 
     def rank_memory(self, bounds: Sequence[int]) -> list[float]:
         total = [0.0] * self.p
@@ -419,29 +419,60 @@ class _Search:
         else:
             ends = np.arange(a + 1, self.n - (self.k - 1 - j) + 1, dtype=np.int64)
         rank = self.placement[j]
-        used = sum(
-            float(self.pp[node[s + 1]] - self.pp[node[s]] + self.held[s] * (self.pa[node[s + 1]] - self.pa[node[s]]))
-            for s in range(j)
-            if self.placement[s] == rank
-        )
-        mem = used + self.pp[ends] - self.pp[a] + self.held[j] * (self.pa[ends] - self.pa[a])
+        used = sum(float(self.q[s][node[s + 1]] - self.q[s][node[s]]) for s in range(j) if self.placement[s] == rank)
+        mem = used + (self.q[j][ends] - self.q[j][a])
         keep = (mem <= self.limit) & self.fits_after[j + 1][ends]
         return ends[keep]
 
-    def bounds(self, nodes: Sequence[tuple[int, ...]], ends: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _rank_terms(self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, rest: np.ndarray) -> np.ndarray:
+        """For one stage per rank: a lower bound on the step from each placed stage's own rank.
+
+        Stage ``s`` (rank ``s``) starts after microbatch 0's forward reaches it (``H``) and its
+        last backward is followed by the backward of every stage before (``D``). Under 1F1B it
+        runs ``w = min(m, p - s)`` forwards before its first backward, which also waits for
+        microbatch 0's round trip through the later stages (``R``); its last ``w`` backwards
+        wait for microbatch ``m - 1``'s. Under GPipe the first backward waits for the last
+        forward's round trip. ``R`` counts the stages not yet placed by their work alone.
+        """
+        j = forward.shape[1] - 1
+        cut = comm[:, : j + 1]
+        sent = np.cumsum(cut, axis=1)  # Σ of cuts 1..s
+        zero = np.zeros((forward.shape[0], 1))
+        head = np.concatenate((zero, np.cumsum(forward, axis=1)[:, :-1]), axis=1) + sent
+        tail = np.concatenate((zero, np.cumsum(backward, axis=1)[:, :-1]), axis=1) + sent
+        work = forward + backward
+        after = np.sum(work, axis=1, keepdims=True) - np.cumsum(work, axis=1)
+        links = np.sum(comm[:, : j + 2], axis=1, keepdims=True) - sent
+        trip = after + 2 * links + rest[:, None]
+        f, b, m = forward, backward, self.m
+        if self.schedule == "gpipe":
+            own = m * f + trip + m * b
+        else:
+            w = np.minimum(m, self.p - np.arange(j + 1))[None, :]
+            steady = np.maximum(w * f, f + trip) + (m - w) * work + np.maximum(w * b, trip + b)
+            drained = np.maximum(np.maximum(m * f, f + trip) + m * b, m * f + trip + b)
+            own = np.where(m > w, steady, drained)
+        return np.max(head + own + tail, axis=1)
+
+    def bounds(
+        self, nodes: Sequence[tuple[int, ...]], ends: Sequence[np.ndarray], cutoff: float = math.inf
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Lower bounds on the step time and on the sum of squared stage times of every plan below
-        each child (``node`` + one end), for a batch of nodes."""
+        each child (``node`` + one end), for a batch of nodes; children whose closed-form bound
+        already exceeds ``cutoff`` are not simulated."""
         k = self.k
         rows = sum(len(e) for e in ends)
+        self.considered += rows
         forward = np.zeros((rows, k))
         backward = np.zeros((rows, k))
         comm = np.zeros((rows, k))
         squares = np.zeros(rows)
-        level = np.zeros(rows)
+        closed = np.zeros(rows)
         at = 0
         for node, end in zip(nodes, ends, strict=True):
             j, a, c = len(node) - 1, node[-1], len(end)
             sl = slice(at, at + c)
+            at += c
             for s in range(j):
                 forward[sl, s] = (self.pf[node[s + 1]] - self.pf[node[s]]) / self.speed[s]
                 backward[sl, s] = (self.pb[node[s + 1]] - self.pb[node[s]]) / self.speed[s]
@@ -451,35 +482,47 @@ class _Search:
                 comm[sl, j] = self.comm[a]
             forward[sl, j] = (self.pf[end] - self.pf[a]) / self.speed[j]
             backward[sl, j] = (self.pb[end] - self.pb[a]) / self.speed[j]
-            if j + 1 < k:
-                comm[sl, j + 1] = self.comm[end]
             stage = forward[sl, : j + 1] + backward[sl, : j + 1]
             squares[sl] = np.sum(stage * stage, axis=1)
-            if j + 1 < k:
-                rest = self.pw[self.n] - self.pw[end]
-                later = range(j + 1, k)
-                # Σ (w_s / speed_s)^2 with Σ w_s = rest is least with w_s ∝ speed_s^2
-                squares[sl] += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
-                ranks_left = sorted({self.placement[s] for s in later})
-                capacity = float(np.sum(self.rank_speed[ranks_left]))
-                if self.chain:
-                    # every op of a later stage starts after microbatch 0's forward reaches it, and the
-                    # rank's last backward is followed by the backward of every stage before
-                    fill = np.sum(forward[sl, : j + 1] + backward[sl, : j + 1], axis=1) + 2 * np.sum(
-                        comm[sl, : j + 2], axis=1
-                    )
-                    level[sl] = fill + self.m * rest / capacity
-                else:
-                    busy = np.zeros((c, self.p))
-                    for s in range(j + 1):
-                        busy[:, self.placement[s]] += stage[:, s] * self.m
-                    level[sl] = np.min(busy[:, ranks_left], axis=1) + self.m * rest / capacity
-            at += c
-        self.evaluated += rows
-        simulated = step_times(
-            self.schedule, self.p, self.v, self.m, forward, backward, comm, self.costs.weight_grad_share
-        )
-        return np.maximum(simulated, level), squares
+            if j + 1 == k:
+                continue
+            comm[sl, j + 1] = self.comm[end]
+            rest = self.pw[self.n] - self.pw[end]
+            later = range(j + 1, k)
+            # Σ (w_s / speed_s)^2 with Σ w_s = rest is least with w_s ∝ speed_s^2
+            squares[sl] += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
+            ranks_left = sorted({self.placement[s] for s in later})
+            capacity = float(np.sum(self.rank_speed[ranks_left]))
+            if self.chain:
+                # every op of a later stage starts after microbatch 0's forward reaches it, and the
+                # rank's last backward is followed by the backward of every stage before
+                fill = np.sum(stage, axis=1) + 2 * np.sum(comm[sl, : j + 2], axis=1)
+                level = fill + self.m * rest / capacity
+                # ... and rank s > j takes at least Σ_{j<s'<s} c_s' + m c_s after that fill; for
+                # Σ c = X the least max over s is X / (1 - r^L), r = (m - 1) / m, with the c_s geometric
+                spread = rest / float(np.max(self.speed[j + 1 :]))
+                level = np.maximum(level, fill + spread / (1 - ((self.m - 1) / self.m) ** (k - j - 1)))
+                unplaced = rest / float(np.max(self.speed[j + 1 :])) + 2 * self.costs.latency * (k - j - 2)
+                level = np.maximum(
+                    level,
+                    self._rank_terms(forward[sl, : j + 1], backward[sl, : j + 1], comm[sl, : j + 2], unplaced),
+                )
+            else:
+                busy = np.zeros((c, self.p))
+                for s in range(j + 1):
+                    busy[:, self.placement[s]] += stage[:, s] * self.m
+                level = np.min(busy[:, ranks_left], axis=1) + self.m * rest / capacity
+            closed[sl] = level
+        run = closed <= cutoff
+        found = closed.copy()
+        if run.any():
+            self.evaluated += int(run.sum())
+            simulated = step_times(
+                self.schedule, self.p, self.v, self.m, forward[run], backward[run], comm[run],
+                self.costs.weight_grad_share,
+            )
+            found[run] = np.maximum(simulated, closed[run])
+        return found, squares
 
     def run(self, seeds: Sequence[Sequence[int]], budget: int) -> tuple[list[int], float, float, bool]:
         """The plan with the least simulated step (ties: least sum of squared stage times), a lower
@@ -502,11 +545,12 @@ class _Search:
             top = heap[0][0]
             if top > best_t * (1 + TIE):
                 break
-            if self.evaluated >= budget and best_t < math.inf:
+            spent = self.evaluated >= budget or self.considered >= 20 * budget
+            if spent and best_t < math.inf and self.considered:  # the root is always expanded
                 finished = False
                 break
-            batch, ends = [], []
-            while heap and len(batch) < 64 and heap[0][0] <= best_t * (1 + TIE):
+            batch, ends, rows = [], [], 0
+            while heap and len(batch) < 64 and rows < 50_000 and heap[0][0] <= best_t * (1 + TIE):
                 bound, square, _, node = heapq.heappop(heap)
                 if bound >= best_t * (1 - TIE) and square > best_q:
                     floor = min(floor, bound)
@@ -515,26 +559,31 @@ class _Search:
                 if len(end):
                     batch.append(node)
                     ends.append(end)
+                    rows += len(end)
             if not batch:
                 continue
-            found, squares = self.bounds(batch, ends)
+            found, squares = self.bounds(batch, ends, best_t * (1 + TIE))
             at = 0
             for node, end in zip(batch, ends, strict=True):
                 leaf = len(node) == self.k
-                for b, t, q in zip(end.tolist(), found[at : at + len(end)].tolist(), squares[at : at + len(end)].tolist(), strict=True):
-                    child = (*node, b)
-                    if leaf:
-                        leaves.append((t, q, child))
-                        if t < best_t:
-                            best_t = t
-                        best_q = best_square()
-                    elif t <= best_t * (1 + TIE):
-                        if t >= best_t * (1 - TIE) and q > best_q:
-                            floor = min(floor, t)
-                        else:
-                            heapq.heappush(heap, (t, q, count, child))
-                            count += 1
+                t_all, q_all = found[at : at + len(end)], squares[at : at + len(end)]
                 at += len(end)
+                keep = np.nonzero(t_all <= best_t * (1 + TIE))[0]
+                if leaf:
+                    for i in keep.tolist():
+                        leaves.append((float(t_all[i]), float(q_all[i]), (*node, int(end[i]))))
+                        best_t = min(best_t, float(t_all[i]))
+                    best_q = best_square()
+                    continue
+                for i in keep.tolist():
+                    t, q = float(t_all[i]), float(q_all[i])
+                    if t > best_t * (1 + TIE):
+                        continue
+                    if t >= best_t * (1 - TIE) and q > best_q:
+                        floor = min(floor, t)
+                    else:
+                        heapq.heappush(heap, (t, q, count, (*node, int(end[i]))))
+                        count += 1
         if best_t == math.inf:
             raise _NoFit
         lower = min(best_t, floor, heap[0][0] if heap and not finished else math.inf)
