@@ -18,8 +18,8 @@ through a fixed graph.
 
 from __future__ import annotations
 
-import math
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -349,9 +349,7 @@ def _program(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: 
                     deps = [(("F", s, i), s)] + ([] if s == last else [((grad, s + 1, i), s + 1)])
                 if any(key not in index for key, _ in deps):
                     break
-                wired = tuple(
-                    (index[key], -1 if placement[src] == placement[s] else max(src, s)) for key, src in deps
-                )
+                wired = tuple((index[key], -1 if placement[src] == placement[s] else max(src, s)) for key, src in deps)
                 index[(op.kind, s, i)] = len(program)
                 program.append((r, op.kind, s, wired))
                 nxt[r] += 1
