@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import matplotlib
@@ -162,9 +163,9 @@ def test_step_times_of_many_plans_match_the_simulator(schedule: tuple[str, int],
     speeds = data.draw(st.lists(st.sampled_from([0.5, 1.0, 3.0]), min_size=p, max_size=p))
     plans = [[0, *range(1, k), k + 2], [0, *range(3, k + 2), k + 2]]
     place = stage_ranks(name, p, v)
-    fwd = np.array([[sum(f[a:e]) / speeds[place[s]] for s, (a, e) in enumerate(zip(q, q[1:]))] for q in plans])
-    bwd = np.array([[sum(b[a:e]) / speeds[place[s]] for s, (a, e) in enumerate(zip(q, q[1:]))] for q in plans])
+    fwd = np.array([[sum(f[a:e]) / speeds[place[s]] for s, (a, e) in enumerate(itertools.pairwise(q))] for q in plans])
+    bwd = np.array([[sum(b[a:e]) / speeds[place[s]] for s, (a, e) in enumerate(itertools.pairwise(q))] for q in plans])
     comm = np.array([[costs.comm_time(a) for a in q[:-1]] for q in plans])
     batch = step_times(name, p, v, m, fwd, bwd, comm, costs.weight_grad_share)
-    for plan, t in zip(plans, batch.tolist()):
+    for plan, t in zip(plans, batch.tolist(), strict=True):
         assert t == pytest.approx(simulate_bounds(costs, plan, name, m, v, speeds).step_time, rel=1e-12, abs=1e-12)
