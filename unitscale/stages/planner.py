@@ -78,6 +78,7 @@ from unitscale.stages.schedule_costs import (
     check_link,
     check_schedule,
     in_flight,
+    schedule_order,
     stage_ranks,
 )
 from unitscale.stages.simulate import simulate_bounds, step_times
@@ -372,6 +373,14 @@ class _Search:
         self.limit = math.inf if memory_limit is None else float(memory_limit)
         # 1F1B-like orders (one stage per rank) give a sharper water level: see _bounds
         self.chain = stages_per_rank == 1
+        orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
+        #: per rank, the stage of its first op (a forward) and the kind and stage of its last
+        self.first_stage = [o[0].stage for o in orders]
+        self.last_op = [(o[-1].kind, o[-1].stage) for o in orders]
+        #: crossing[c]: 1 where the cut before stage c joins two ranks (a message), else 0
+        self.crossing = np.array(
+            [0.0] + [float(self.placement[c - 1] != self.placement[c]) for c in range(1, self.k)] + [1.0]
+        )
         self.fits_after = self._fits_after()
         self.evaluated = 0  # plans and partial plans simulated
         self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
@@ -463,6 +472,40 @@ class _Search:
             own = np.where(m > w, steady, drained)
         return np.max(head + own + tail, axis=1)
 
+    def _water_level(
+        self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, ranks_left: list[int], rest: np.ndarray
+    ) -> np.ndarray:
+        """Several stages per rank: the ranks of the later stages share the work left, ``m X``.
+
+        Rank ``r`` is busy from its first op (which starts after microbatch 0's forward reaches
+        that stage) to its last (which the backward of the stages before still follows): a base
+        ``H_r + m Σ(placed c on r) + D_r``, counting stages not yet placed as free, plus its share of
+        the rest. The step is at least the water level ``τ`` with ``Σ_r speed_r (τ - base_r)^+ = m X``,
+        the least over the ranks of lowest bases of ``(m X + Σ speed base) / Σ speed``.
+        """
+        j = forward.shape[1] - 1
+        rows, m = forward.shape[0], self.m
+        sent = np.cumsum(comm[:, : j + 2] * self.crossing[: j + 2], axis=1)  # Σ of cuts 1..s that change rank
+        heads = np.concatenate((np.zeros((rows, 1)), np.cumsum(forward, axis=1)), axis=1)
+        share = self.costs.weight_grad_share
+        base = np.zeros((rows, len(ranks_left)))
+        for i, r in enumerate(ranks_left):
+            first, (kind, last) = self.first_stage[r], self.last_op[r]
+            f = min(first, j + 1)
+            base[:, i] = heads[:, f] + sent[:, f]
+            if kind != "W":
+                grads = backward * (1 - share if kind == "I" else 1.0)
+                t = min(last, j + 1)
+                base[:, i] += np.sum(grads[:, :t], axis=1) + sent[:, t]
+            mine = [s for s in range(j + 1) if self.placement[s] == r]
+            if mine:
+                base[:, i] += m * np.sum(forward[:, mine] + backward[:, mine], axis=1)
+        order = np.argsort(base, axis=1)
+        sorted_base = np.take_along_axis(base, order, axis=1)
+        speed = self.rank_speed[np.asarray(ranks_left)][order]
+        levels = (m * rest[:, None] + np.cumsum(speed * sorted_base, axis=1)) / np.cumsum(speed, axis=1)
+        return np.min(levels, axis=1)
+
     def bounds(
         self, nodes: Sequence[tuple[int, ...]], ends: Sequence[np.ndarray], cutoff: float = math.inf
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -517,10 +560,9 @@ class _Search:
                     self._rank_terms(forward[sl, : j + 1], backward[sl, : j + 1], comm[sl, : j + 2], unplaced),
                 )
             else:
-                busy = np.zeros((c, self.p))
-                for s in range(j + 1):
-                    busy[:, self.placement[s]] += stage[:, s] * self.m
-                level = np.min(busy[:, ranks_left], axis=1) + self.m * rest / capacity
+                level = self._water_level(
+                    forward[sl, : j + 1], backward[sl, : j + 1], comm[sl, : j + 2], ranks_left, rest
+                )
             closed[sl] = level
         run = closed <= cutoff
         found = closed.copy()
