@@ -512,58 +512,57 @@ class _Search:
         """Lower bounds on the step time and on the sum of squared stage times of every plan below
         each child (``node`` + one end), for a batch of nodes; children whose closed-form bound
         already exceeds ``cutoff`` are not simulated."""
-        k = self.k
-        rows = sum(len(e) for e in ends)
-        self.considered += rows
-        forward = np.zeros((rows, k))
-        backward = np.zeros((rows, k))
-        comm = np.zeros((rows, k))
-        squares = np.zeros(rows)
+        sizes = [len(e) for e in ends]
+        offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        self.considered += int(offsets[-1])
+        found, squares = np.empty(offsets[-1]), np.empty(offsets[-1])
+        depths: dict[int, list[int]] = {}
+        for i, node in enumerate(nodes):
+            depths.setdefault(len(node), []).append(i)
+        for depth, members in depths.items():
+            cuts = np.concatenate(
+                [np.column_stack((np.broadcast_to(np.asarray(nodes[i]), (sizes[i], depth)), ends[i])) for i in members]
+            )
+            at = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in members])
+            found[at], squares[at] = self._bound_rows(cuts, cutoff)
+        return found, squares
+
+    def _bound_rows(self, cuts: np.ndarray, cutoff: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`bounds` for rows of cuts ``b_0 .. b_{j+1}`` (stages ``0..j`` placed)."""
+        k, rows = self.k, cuts.shape[0]
+        j = cuts.shape[1] - 2
+        lo, hi = cuts[:, :-1], cuts[:, 1:]
+        forward, backward, comm = np.zeros((rows, k)), np.zeros((rows, k)), np.zeros((rows, k))
+        forward[:, : j + 1] = (self.pf[hi] - self.pf[lo]) / self.speed[: j + 1]
+        backward[:, : j + 1] = (self.pb[hi] - self.pb[lo]) / self.speed[: j + 1]
+        comm[:, 1 : j + 1] = self.comm[cuts[:, 1 : j + 1]]
+        stage = forward[:, : j + 1] + backward[:, : j + 1]
+        squares = np.sum(stage * stage, axis=1)
         closed = np.zeros(rows)
-        at = 0
-        for node, end in zip(nodes, ends, strict=True):
-            j, a, c = len(node) - 1, node[-1], len(end)
-            sl = slice(at, at + c)
-            at += c
-            for s in range(j):
-                forward[sl, s] = (self.pf[node[s + 1]] - self.pf[node[s]]) / self.speed[s]
-                backward[sl, s] = (self.pb[node[s + 1]] - self.pb[node[s]]) / self.speed[s]
-                if s:
-                    comm[sl, s] = self.comm[node[s]]
-            if j:
-                comm[sl, j] = self.comm[a]
-            forward[sl, j] = (self.pf[end] - self.pf[a]) / self.speed[j]
-            backward[sl, j] = (self.pb[end] - self.pb[a]) / self.speed[j]
-            stage = forward[sl, : j + 1] + backward[sl, : j + 1]
-            squares[sl] = np.sum(stage * stage, axis=1)
-            if j + 1 == k:
-                continue
-            comm[sl, j + 1] = self.comm[end]
+        if j + 1 < k:
+            end = cuts[:, -1]
+            comm[:, j + 1] = self.comm[end]
             rest = self.pw[self.n] - self.pw[end]
-            later = range(j + 1, k)
             # Σ (w_s / speed_s)^2 with Σ w_s = rest is least with w_s ∝ speed_s^2
-            squares[sl] += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
-            ranks_left = sorted({self.placement[s] for s in later})
-            capacity = float(np.sum(self.rank_speed[ranks_left]))
+            squares += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
+            ranks_left = sorted({self.placement[s] for s in range(j + 1, k)})
             if self.chain:
+                capacity = float(np.sum(self.rank_speed[ranks_left]))
                 # every op of a later stage starts after microbatch 0's forward reaches it, and the
                 # rank's last backward is followed by the backward of every stage before
-                fill = np.sum(stage, axis=1) + 2 * np.sum(comm[sl, : j + 2], axis=1)
-                level = fill + self.m * rest / capacity
+                fill = np.sum(stage, axis=1) + 2 * np.sum(comm[:, : j + 2], axis=1)
+                closed = fill + self.m * rest / capacity
                 # ... and rank s > j takes at least Σ_{j<s'<s} c_s' + m c_s after that fill; for
                 # Σ c = X the least max over s is X / (1 - r^L), r = (m - 1) / m, with the c_s geometric
                 spread = rest / float(np.max(self.speed[j + 1 :]))
-                level = np.maximum(level, fill + spread / (1 - ((self.m - 1) / self.m) ** (k - j - 1)))
-                unplaced = rest / float(np.max(self.speed[j + 1 :])) + 2 * self.costs.latency * (k - j - 2)
-                level = np.maximum(
-                    level,
-                    self._rank_terms(forward[sl, : j + 1], backward[sl, : j + 1], comm[sl, : j + 2], unplaced),
-                )
+                closed = np.maximum(closed, fill + spread / (1 - ((self.m - 1) / self.m) ** (k - j - 1)))
+                unplaced = spread + 2 * self.costs.latency * (k - j - 2)
+                terms = self._rank_terms(forward[:, : j + 1], backward[:, : j + 1], comm[:, : j + 2], unplaced)
+                closed = np.maximum(closed, terms)
             else:
-                level = self._water_level(
-                    forward[sl, : j + 1], backward[sl, : j + 1], comm[sl, : j + 2], ranks_left, rest
+                closed = self._water_level(
+                    forward[:, : j + 1], backward[:, : j + 1], comm[:, : j + 2], ranks_left, rest
                 )
-            closed[sl] = level
         run = closed <= cutoff
         found = closed.copy()
         if run.any():
