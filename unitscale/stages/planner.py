@@ -382,6 +382,7 @@ class _Search:
             [0.0] + [float(self.placement[c - 1] != self.placement[c]) for c in range(1, self.k)] + [1.0]
         )
         self.fits_after = self._fits_after()
+        self._shares: dict[int, float] = {}
         self.evaluated = 0  # plans and partial plans simulated
         self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
 
@@ -472,6 +473,47 @@ class _Search:
             own = np.where(m > w, steady, drained)
         return np.max(head + own + tail, axis=1)
 
+    def _later_share(self, j: int) -> float:
+        """One stage per rank, stages ``0..j`` placed: ``κ`` with every completion's step at least
+        the fill plus ``κ X`` (``X``: the time of the stages left, ``Σ_{s>j} c_s``).
+
+        Rank ``s > j`` takes at least ``Σ_{j<s'<s} c_s' + m c_s`` after the fill, and under 1F1B
+        also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (its first and last backwards
+        wait for a round trip through the later stages; under GPipe ``m c_s + Σ_{s'>s} c_s'``).
+        ``κ`` is the least, over splits of ``X = 1``, of the largest of these: a matrix game
+        between the split and the bound, whose value any mixture of bounds bounds from below.
+        A few hundred rounds of multiplicative weights find a good mixture; the value returned
+        is that mixture's own guarantee, so it is a valid bound however far the rounds got.
+        """
+        if j in self._shares:
+            return self._shares[j]
+        later = list(range(j + 1, self.k))
+        m, rows = self.m, []
+        for s in later:
+            before = [1.0 if i < s else 0.0 for i in later]
+            rows.append([b + (m if i == s else 0.0) for b, i in zip(before, later, strict=True)])
+            if self.schedule == "gpipe":
+                rows.append([b + (m if i == s else 1.0 if i > s else 0.0) for b, i in zip(before, later, strict=True)])
+            else:
+                w = min(m, self.p - s)
+                if m > w:
+                    row = [
+                        b + (m - w + 1 if i == s else 2.0 if i > s else 0.0) for b, i in zip(before, later, strict=True)
+                    ]
+                    rows.append(row)
+        game = np.asarray(rows)  # game[r, i]: bound r when all of X sits in stage i
+        scale = float(np.max(game))
+        split = np.full(len(later), 1.0 / len(later))
+        mixture = np.zeros(len(rows))
+        for _ in range(400):
+            worst = int(np.argmax(game @ split))
+            mixture[worst] += 1.0
+            split = split * np.exp(-0.5 * game[worst] / scale)
+            split /= split.sum()
+        share = float(np.min(mixture @ game) / mixture.sum())
+        self._shares[j] = share
+        return share
+
     def _water_level(
         self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, ranks_left: list[int], rest: np.ndarray
     ) -> np.ndarray:
@@ -556,6 +598,7 @@ class _Search:
                 # Σ c = X the least max over s is X / (1 - r^L), r = (m - 1) / m, with the c_s geometric
                 spread = rest / float(np.max(self.speed[j + 1 :]))
                 closed = np.maximum(closed, fill + spread / (1 - ((self.m - 1) / self.m) ** (k - j - 1)))
+                closed = np.maximum(closed, fill + spread * self._later_share(j))
                 unplaced = spread + 2 * self.costs.latency * (k - j - 2)
                 terms = self._rank_terms(forward[:, : j + 1], backward[:, : j + 1], comm[:, : j + 2], unplaced)
                 closed = np.maximum(closed, terms)
