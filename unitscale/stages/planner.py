@@ -659,7 +659,7 @@ class _Search:
             rows = 0
             while heap and len(batch) < 64 and rows < 50_000 and heap[0][0] <= best_t * (1 + TIE):
                 bound, square, _, node = heapq.heappop(heap)
-                if bound >= best_t * (1 - TIE) and square > best_q:
+                if bound >= best_t * (1 - TIE) and square >= best_q:
                     floor = min(floor, bound)
                     continue
                 end = self.children(node)
@@ -686,7 +686,7 @@ class _Search:
                     t, q = float(t_all[i]), float(q_all[i])
                     if t > best_t * (1 + TIE):
                         continue
-                    if t >= best_t * (1 - TIE) and q > best_q:
+                    if t >= best_t * (1 - TIE) and q >= best_q:
                         floor = min(floor, t)
                     else:
                         heapq.heappush(heap, (t, q, count, (*node, int(end[i]))))
