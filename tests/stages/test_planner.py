@@ -243,3 +243,20 @@ def test_chain_costs_take_a_backward_callable() -> None:
     assert costs.backward == (3.0, 3.0)
     with pytest.raises(CostError, match="bytes_per_param"):
         chain_costs_for(plan, 1, bytes_per_param=-1)
+
+
+def test_memory_error_gives_a_limit_that_works_when_the_least_is_out_of_reach() -> None:
+    rng = random.Random(2)
+    n = 50
+    costs = ChainCosts.uniform(
+        [rng.lognormvariate(0, 1) for _ in range(n)],
+        param_bytes=[rng.uniform(0, 10) for _ in range(n)],
+        activation_bytes=[rng.uniform(0, 1) for _ in range(n)],
+    )
+    # the search for the least per-rank limit gives up on 50 pieces in 8 interleaved stages
+    with pytest.raises(
+        MemoryLimitError, match=r"memory_limit=1 .* bytes works \(the least limit that works lies"
+    ) as info:
+        plan_chain(costs, 4, "interleaved_1f1b", 8, 2, memory_limit=1.0)
+    found = plan_chain(costs, 4, "interleaved_1f1b", 8, 2, memory_limit=info.value.needed, search_budget=100)
+    assert max(found.rank_memory) <= info.value.needed

@@ -798,23 +798,47 @@ def _polish(search: _Search, bounds: list[int], rounds: int = 2, window: int = 6
     return bounds
 
 
-def _least_rank_memory(search: _Search) -> tuple[float, list[int]]:
-    """The least per-rank memory any plan needs, and such a plan (best first over the cuts:
-    a rank's memory only grows as stages are added, so the first complete plan popped is optimal)."""
+def _least_rank_memory(search: _Search, budget: int = 500) -> tuple[float, list[int] | None]:
+    """The least per-rank memory any plan needs, and such a plan; or, past ``budget`` partial
+    plans, a lower bound on it and ``None``.
+
+    Best first over the cuts: a rank's memory only grows as stages are added, and the ranks
+    of the stages not yet placed share at least the parameters and the fewest activations in
+    flight of the items left, so a partial plan's priority (the larger of its worst rank and
+    that average) bounds every completion, and the first complete plan popped is optimal. A
+    partial plan ending where another ended with no rank holding less is dropped.
+    """
     saved, search.limit = search.limit, math.inf
     saved_fits, search.fits_after = search.fits_after, search._fits_after()
+    n, k = search.n, search.k
     try:
-        heap: list[tuple[float, tuple[int, ...]]] = [(0.0, (0,))]
+        heap: list[tuple[float, tuple[int, ...], tuple[float, ...]]] = [(0.0, (0,), (0.0,) * search.p)]
+        seen: dict[tuple[int, int], list[tuple[float, ...]]] = {}
+        pops = 0
         while heap:
-            worst, node = heapq.heappop(heap)
-            if len(node) == search.k + 1:
+            worst, node, used = heapq.heappop(heap)
+            if len(node) == k + 1:
                 return worst, list(node)
+            pops += 1
+            if pops > budget:
+                return worst, None
+            j, a = len(node) - 1, node[-1]
+            left = sorted({search.placement[s] for s in range(j + 1, k)})
+            least_held = float(min(search.held[j + 1 :], default=0.0))
             for b in search.children(node).tolist():
-                child = (*node, b)
-                used = [0.0] * search.p
-                for s, q in enumerate(search.stage_memory(child)):
-                    used[search.placement[s]] += q
-                heapq.heappush(heap, (max(worst, *used), child))
+                ranks = list(used)
+                ranks[search.placement[j]] += float(search.q[j][b] - search.q[j][a])
+                mine = tuple(ranks)
+                bucket = seen.setdefault((j, b), [])
+                if any(all(x <= y for x, y in zip(other, mine, strict=True)) for other in bucket):
+                    continue
+                if len(bucket) < 8:
+                    bucket.append(mine)
+                share = 0.0
+                if left:
+                    rest = float(search.pp[n] - search.pp[b]) + least_held * float(search.pa[n] - search.pa[b])
+                    share = (sum(mine[r] for r in left) + rest) / len(left)
+                heapq.heappush(heap, (max(worst, *mine, share), (*node, b), mine))
         raise AssertionError("a chain with at least k items always has a plan")  # pragma: no cover
     finally:
         search.limit, search.fits_after = saved, saved_fits
@@ -922,13 +946,21 @@ def plan_chain(
                 if even is not None:
                     seeds.append(even)
     except _NoFit:
-        need, plan = (_smallest_memory(problem), None) if stages_per_rank == 1 else _least_rank_memory(search)
+        if stages_per_rank == 1:
+            need, plan = _smallest_memory(problem), None
+            least = f"the least limit that works is {need:.4g} bytes"
+        else:
+            need, plan = _least_rank_memory(search)
+            least = f"the least limit that works is {need:.4g} bytes"
+            if plan is None:
+                # the search for the least gave up: a plan within limit / v per stage fits v times that
+                low, need = need, _smallest_memory(problem) * stages_per_rank
+                least = f"{need:.4g} bytes works (the least limit that works lies between {low:.4g} and that)"
         if plan is None or memory_limit is None or need > memory_limit:
             raise MemoryLimitError(
                 f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
-                f"device under {schedule} with {num_microbatches} microbatches; the least limit that works is "
-                f"{need:.4g} bytes (raise the limit, or use more ranks, fewer microbatches in flight (1f1b) or "
-                "fewer bytes per parameter)",
+                f"device under {schedule} with {num_microbatches} microbatches; {least} (raise the limit, or "
+                "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
                 needed=need,
             ) from None
         seeds.append(plan)
