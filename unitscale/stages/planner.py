@@ -903,7 +903,9 @@ def plan_chain(
         A :class:`ChainPlan`.
 
     Raises:
-        MemoryLimitError: no split fits ``memory_limit``; the message gives the least limit that works.
+        MemoryLimitError: no split fits ``memory_limit``; the message gives the least limit that works
+            (with several stages per rank, where finding the least takes too long: a limit that
+            works and the range the least lies in; ``needed`` is a limit that works).
         StageCountError: more stages than items.
         InputError: a microbatch count the schedule cannot run, or bad ``device_speeds``/``memory_limit``.
         UnknownScheduleError: an unknown schedule.
