@@ -106,8 +106,9 @@ class ChainPlan:
         stage_memory: bytes each stage needs.
         probes: dynamic programmes run for the first plans (the step-time formula's optimum).
         simulated: plans and partial plans whose step the search simulated.
-        optimal: whether the search finished (``False``: it hit its budget, and
-            ``lower_bound`` bounds how far from optimal ``step_time`` can be).
+        optimal: whether ``lower_bound`` proves ``step_time`` optimal (``False``: the search hit
+            its budget, and ``lower_bound`` bounds how far from optimal ``step_time`` can be; for
+            GPipe the formula's programme proves it, and a spent budget only cuts the tie-break short).
         rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
     """
 
