@@ -18,7 +18,8 @@
    boundaries group nodes), and a 512-node chain on 4 ranks, where the search finishes.
 6. Against the anchors: torchgpipe's ``balance_cost`` (block partition) and DeepSpeed's
    ``partition_balanced`` (a DP on max - min), on the zoo and on random chains: bottleneck and
-   simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to our plan. The
+   simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to our plan (which
+   minimises the simulated step, so an anchor's bottleneck can be smaller: a ratio below 1). The
    real torchgpipe code is used when it is installed; otherwise, and always for DeepSpeed (whose
    package imports far more than this function), a re-implementation written here from their
    published code, checked against it on random chains (see the functions' docstrings).
