@@ -11,10 +11,15 @@
 4. Time for ``partition()`` on tiny ``transformers`` GPT-2 and Llama (they go through
    ``torch.export``, which dominates), when ``transformers`` is installed.
 5. Schedule-aware planning (``unitscale.stages.planner.plan_chain``) of a 20,000-node chain for 8
-   ranks with a memory limit and communication, against the min-max search on the same chain.
+   ranks with a memory limit and communication, against the min-max search on the same chain:
+   seconds, the certified gap (0: proved optimal; else the search spent its budget and the gap
+   bounds how far from optimal its plan can be), and how much slower the plan that minimises
+   the step-time formula simulates. Also the same chain grouped into 128 pieces (as module
+   boundaries group nodes), and a 512-node chain on 4 ranks, where the search finishes.
 6. Against the anchors: torchgpipe's ``balance_cost`` (block partition) and DeepSpeed's
    ``partition_balanced`` (a DP on max - min), on the zoo and on random chains: bottleneck and
-   simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to our plan. The
+   simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to our plan (which
+   minimises the simulated step, so an anchor's bottleneck can be smaller: a ratio below 1). The
    real torchgpipe code is used when it is installed; otherwise, and always for DeepSpeed (whose
    package imports far more than this function), a re-implementation written here from their
    published code, checked against it on random chains (see the functions' docstrings).
@@ -151,12 +156,10 @@ def large_graph(quick: bool) -> list[dict]:
     return rows
 
 
-def planning_large(quick: bool) -> list[dict]:
-    """Seconds to plan a 20,000-node chain for 8 ranks under 1F1B with memory limit and communication."""
-    n = 20_000
-    rng = random.Random(0)
+def _random_chain(n: int, seed: int = 0) -> ChainCosts:
+    rng = random.Random(seed)
     forward = [rng.lognormvariate(0.0, 1.0) * 1e-4 for _ in range(n)]
-    costs = ChainCosts.uniform(
+    return ChainCosts.uniform(
         forward,
         2.0,
         param_bytes=[rng.uniform(0, 1e6) for _ in range(n)],
@@ -165,20 +168,51 @@ def planning_large(quick: bool) -> list[dict]:
         bandwidth=1e9,
         latency=1e-4,
     )
+
+
+def _pieces(costs: ChainCosts, size: int) -> ChainCosts:
+    """``costs`` grouped into runs of ``size`` items (as module boundaries group nodes)."""
+    from unitscale.stages.planner import _units
+
+    return _units(costs, [*range(0, len(costs), size), len(costs)])
+
+
+def planning_large(quick: bool) -> list[dict]:
+    """Seconds to plan a 20,000-node chain for 8 ranks under 1F1B with memory limit and communication,
+    the certified gap (step / lower bound - 1: 0 when the search proved its plan optimal), and the
+    simulated step of the formula's optimum (the first incumbent) as a ratio to the plan returned."""
+    from unitscale.stages.planner import _formula_plan, _Problem
+
+    n = 20_000
+    costs = _random_chain(n)
     rows = []
     start = time.perf_counter()
-    P.optimal_bounds([f * 3 for f in forward], 8)
+    P.optimal_bounds([(f + b) for f, b in zip(costs.forward, costs.backward, strict=True)], 8)
     base = time.perf_counter() - start
-    rows.append({"benchmark": "20,000-node chain, 8 ranks", "case": "min-max search (baseline)", "seconds": base})
-    for label, limit in (("1F1B, communication", None), ("1F1B, communication, memory limit", 1.8e9)):
+    rows.append(
+        {"benchmark": "20,000-node chain, 8 ranks", "case": "min-max search (baseline)", "seconds": base, "gap": 0.0}
+        | {"formula plan / ours": math.nan}
+    )
+    cases = [
+        ("1F1B, communication", costs, 8, "1f1b", None),
+        ("1F1B, communication, memory limit", costs, 8, "1f1b", 1.8e9),
+        ("GPipe, communication, memory limit", costs, 8, "gpipe", 3.6e9),
+    ]
+    if not quick:
+        cases.append(("1F1B, same chain in 128 pieces", _pieces(costs, 157), 8, "1f1b", 2e9))
+        cases.append(("1F1B, 512-node chain, 4 ranks", _random_chain(512), 4, "1f1b", None))
+    for label, chain, ranks, schedule, limit in cases:
         start = time.perf_counter()
-        found = plan_chain(costs, 8, "1f1b", 16, memory_limit=limit)
+        found = plan_chain(chain, ranks, schedule, 16, memory_limit=limit)
         seconds = time.perf_counter() - start
+        formula = _formula_plan(_Problem(chain, ranks, schedule, 16, 1, limit, None))[0]
         rows.append(
             {
                 "benchmark": "20,000-node chain, 8 ranks",
-                "case": f"{label} ({found.probes} programmes)",
+                "case": f"{label} ({found.simulated} simulated, {'optimal' if found.optimal else 'budget spent'})",
                 "seconds": seconds,
+                "gap": found.step_time / found.lower_bound - 1,
+                "formula plan / ours": simulate_bounds(chain, formula, schedule, 16).step_time / found.step_time,
             }
         )
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import matplotlib
@@ -138,3 +139,33 @@ def test_bad_schedule_arguments_say_what_works() -> None:
         ChainCosts((1.0, 1.0), (1.0, 1.0), (0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
     with pytest.raises(CostError, match="finite and >= 0"):
         ChainCosts.uniform([1.0, math.nan])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_zero_bubble", 2), ("zbv", 2)]),
+    st.integers(1, 3),
+    st.data(),
+)
+def test_step_times_of_many_plans_match_the_simulator(schedule: tuple[str, int], p: int, data: st.DataObject) -> None:
+    import numpy as np
+
+    from unitscale.stages.schedule_costs import valid_microbatches
+    from unitscale.stages.simulate import step_times
+
+    name, v = schedule
+    k = p * v
+    m = data.draw(st.sampled_from([x for x in valid_microbatches(name, p, 5) if x <= 5 or x == 2 * p - 1]))
+    f = data.draw(st.lists(st.floats(0, 3), min_size=k + 2, max_size=k + 2))
+    b = data.draw(st.lists(st.floats(0, 3), min_size=k + 2, max_size=k + 2))
+    sent = data.draw(st.lists(st.floats(0, 2), min_size=k + 1, max_size=k + 1))
+    costs = ChainCosts(tuple(f), tuple(b), (0.0,) * (k + 2), (0.0,) * (k + 2), (0.0, *sent, 0.0), 2.0, 0.1)
+    speeds = data.draw(st.lists(st.sampled_from([0.5, 1.0, 3.0]), min_size=p, max_size=p))
+    plans = [[0, *range(1, k), k + 2], [0, *range(3, k + 2), k + 2]]
+    place = stage_ranks(name, p, v)
+    fwd = np.array([[sum(f[a:e]) / speeds[place[s]] for s, (a, e) in enumerate(itertools.pairwise(q))] for q in plans])
+    bwd = np.array([[sum(b[a:e]) / speeds[place[s]] for s, (a, e) in enumerate(itertools.pairwise(q))] for q in plans])
+    comm = np.array([[costs.comm_time(a) for a in q[:-1]] for q in plans])
+    batch = step_times(name, p, v, m, fwd, bwd, comm, costs.weight_grad_share)
+    for plan, t in zip(plans, batch.tolist(), strict=True):
+        assert t == pytest.approx(simulate_bounds(costs, plan, name, m, v, speeds).step_time, rel=1e-12, abs=1e-12)

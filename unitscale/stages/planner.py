@@ -1,58 +1,76 @@
-"""Exact pipeline planning for a schedule: the split with the smallest step time that fits in memory.
+"""Exact pipeline planning for a schedule: the split with the least simulated step time that fits in memory.
 
-The step-time model
--------------------
-Stage ``s`` (of ``p * v``: ``p`` ranks, ``v`` stages per rank) takes
-``c_s = (F_s + B_s) / speed`` per microbatch on its rank; a cut costs
-``t = latency + bytes / bandwidth`` each way. The planner minimises
+What is minimised
+-----------------
+The step time that :func:`~unitscale.stages.simulate` predicts for the chosen schedule
+(GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble, ZBV): stage ``s`` takes
+``F_s / speed`` and ``B_s / speed`` per microbatch on its rank, a cut costs
+``t = latency + bytes / bandwidth`` each way, and each rank runs its work in the
+schedule's order. A plan fits when every rank's stages together (parameters with
+gradients and optimiser state, plus the activations of the microbatches the schedule
+keeps in flight, :func:`~unitscale.stages.schedule_costs.in_flight`) need at most
+``memory_limit`` bytes. Among plans whose step times agree within ``1e-9`` (relative),
+the one with the least sum of squared stage times ``Σ_s c_s²`` wins, with communication
+and device speeds too (``c_s = (F_s + B_s) / speed``).
 
-.. math::
+The search (a branch and bound with a lower-bound certificate)
+--------------------------------------------------------------
+The simulated step is a longest path through a graph whose shape the schedule fixes
+and whose weights are the stage times and cut times, so it never falls when a weight
+grows. A partial plan fixes stages ``0..j``; a lower bound on every completion is the
+maximum of
 
-    T = (m - 1)\\, v \\max_s c_s + \\kappa \\Big(\\sum_s c_s + 2 \\sum_{\\text{cuts}} t\\Big),
-    \\qquad \\kappa = \\frac{v + p - 1}{p\\, v}.
+* the simulated step with the stages not yet placed taking no time (the simulator
+  itself, :func:`~unitscale.stages.simulate.step_times`, many plans at once);
+* a water level: the work left, ``X``, runs on the ranks of the later stages;
+* with one stage per rank, for each placed stage ``s``: the fill ``H_s`` (microbatch 0's
+  forward reaching it), the drain ``D_s`` (the backward of every stage before it), and what
+  its rank must do in between: under 1F1B ``max(w F, F + R) + (m - w) c + max(w B, R + B)``
+  (``w = min(m, p - s)`` forwards before its first backward, which waits for microbatch 0's
+  round trip ``R`` through the later stages, as the last ``w`` backwards wait for microbatch
+  ``m - 1``'s), under GPipe ``m F + R + m B``;
+* with one stage per rank, for the later stages: rank ``s`` takes at least
+  ``Σ_{j<s'<s} c_s' + m c_s`` after the fill (over every split of their time ``X`` the least
+  largest such time is ``X / (1 - ((m - 1) / m)^L)``, ``L`` later stages, the ``c_s``
+  geometric), and under 1F1B also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (its
+  round trips): the least largest of all of these over the splits of ``X`` is the value of a
+  small matrix game, bounded from below by a mixture that multiplicative weights find.
 
-For GPipe (``v = 1``, ``κ = 1``) this is the simulator's step time exactly whenever the
-backward is a fixed multiple of the forward (the default, ``backward=2.0``): GPipe's
-forward phase is a flow shop of ``m`` identical jobs, whose makespan is
-``Σ F_s + Σ t + (m - 1) max F_s`` (the longest path through the grid of microbatches and
-stages spends its ``m - 1`` extra steps at the slowest stage), and the backward phase is
-the same in reverse. For 1F1B it is the textbook ``(m + p - 1)``-slot formula of
-Narayanan et al. (2021); with uneven stages or slow links the simulator
-(:mod:`~unitscale.stages.simulate`) can differ from it (``tests/stages/test_planner.py``
-measures by how much). For interleaved schedules ``v max c_s`` bounds a rank's work and
-``κ`` is the ``(p - 1) / v`` bubble of the interleaved schedule.
+The first incumbent is the optimum of the formula
+``(m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``, ``κ = (v + p - 1) / (p v)`` (a dynamic
+programme over prefixes, walked down through its realised bottlenecks), polished one cut
+at a time with the simulator. Best first, the search expands the partial plan of least
+bound and stops when that bound exceeds the best simulated plan: ``lower_bound`` is then
+the certificate (``ChainPlan.optimal``). For GPipe with a backward that is a fixed multiple
+of the forward the formula *is* the simulated step (the forward phase is a flow shop of
+``m`` identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``; the backward mirrors
+it), so the programme's optimum is certified on its own and the search only breaks ties.
 
-Memory: stage ``s`` holds its parameters with gradients and optimiser state plus the
-activations of every microbatch in flight (GPipe ``m``, 1F1B ``p - s``, interleaved and
-zero-bubble as torch's orders say, :func:`~unitscale.stages.schedule_costs.in_flight`);
-with ``v`` stages per rank each stage gets ``memory_limit / v``.
-
-The search (exact for the model)
---------------------------------
-``T = (m - 1) v M + κ A(plan)`` with ``M`` the bottleneck. For a cap ``U``, a dynamic
-programme over prefixes finds ``A*(U)``, the least ``A`` with every stage ``<= U`` and in
-memory (range minima over the window of feasible starts: ``O(k n log n)`` with numpy).
-``A*`` only falls as ``U`` grows, so the optimum lies at some realised bottleneck between
-``M0`` (the least bottleneck, by bisection over the float line with a feasibility
-programme) and ``M0 + κ (A*(M0) - A*(∞)) / ((m - 1) v)``. The search walks down that range
-through the programme's own realised bottlenecks, each time asking for plans strictly
-below the last, and stops once ``(m - 1) v M0 + κ A`` (a lower bound on everything
-left) cannot beat the best plan: the returned plan is optimal, and ``lower_bound``
-certifies it.
+What it costs: the search finishes (a proof of optimality) on the pieces
+:func:`plan_pipeline` cuts between (module boundaries: tens to a few hundred) for GPipe and
+1F1B, and on small interleaved problems; the bounds for several stages per rank are weaker,
+so 8 interleaved stages over a few dozen pieces can already spend the budget. On a
+20,000-item chain for 8 ranks under 1F1B with communication it stops after
+``search_budget`` (about a second) with the best plan found, ``optimal=False`` and a
+``lower_bound`` that certifies the gap: 0.25% without a memory limit, about 9% with one
+(the bounds ignore memory; ``benchmarks/bench_stages.py`` prints both). The gap bounds the
+bound's looseness as much as the plan's: the plan may well be optimal.
 
 >>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
 >>> costs = ChainCosts.uniform([4, 1, 1, 1, 1, 1, 1, 1, 1], backward_ratio=2.0)
->>> plan_chain(costs, ranks=2, schedule="gpipe", num_microbatches=4).bounds
-[0, 3, 9]
+>>> found = plan_chain(costs, ranks=2, schedule="1f1b", num_microbatches=4)
+>>> found.bounds, found.step_time == found.lower_bound, found.optimal
+([0, 3, 9], True, True)
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -66,8 +84,10 @@ from unitscale.stages.schedule_costs import (
     check_link,
     check_schedule,
     in_flight,
+    schedule_order,
     stage_ranks,
 )
+from unitscale.stages.simulate import simulate_bounds, step_times
 
 __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "model_step_time", "chain_costs_for"]
 
@@ -78,12 +98,18 @@ class ChainPlan:
 
     Attributes:
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``.
-        step_time: the model's step time of this plan (the minimum).
-        lower_bound: a proven lower bound on the model's step time of every plan that fits
-            (equal to ``step_time`` up to rounding: the certificate of optimality).
-        bottleneck: the largest per-microbatch stage time ``max_s c_s``.
+        step_time: the simulated step time of this plan (:func:`~unitscale.stages.simulate`).
+        lower_bound: a proven lower bound on the simulated step time of every plan that fits;
+            equal to ``step_time`` (up to rounding, and ties within ``1e-9`` relative) when the
+            search finished: the certificate of optimality.
+        bottleneck: the largest per-microbatch stage time ``max_s (F_s + B_s) / speed``.
         stage_memory: bytes each stage needs.
-        probes: dynamic programmes run by the search.
+        probes: dynamic programmes run for the first plans (the step-time formula's optimum).
+        simulated: plans and partial plans whose step the search simulated.
+        optimal: whether ``lower_bound`` proves ``step_time`` optimal (``False``: the search hit
+            its budget, and ``lower_bound`` bounds how far from optimal ``step_time`` can be; for
+            GPipe the formula's programme proves it, and a spent budget only cuts the tie-break short).
+        rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
     """
 
     bounds: list[int]
@@ -92,6 +118,9 @@ class ChainPlan:
     bottleneck: float
     stage_memory: list[float]
     probes: int
+    simulated: int = 0
+    optimal: bool = True
+    rank_memory: list[float] = field(default_factory=list)
 
 
 class _Problem:
@@ -303,6 +332,373 @@ def _most_even(problem: _Problem, cap: float) -> list[int] | None:
     return bounds[::-1]
 
 
+#: relative tolerance within which two simulated step times count as equal (ties go to the most even plan)
+TIE = 1e-9
+#: plans whose bound the search evaluates before it stops with a certified gap (``ChainPlan.optimal`` False)
+SEARCH_BUDGET = 50_000
+
+
+class _Search:
+    """Branch and bound over the cuts, judged by the simulator itself.
+
+    A node fixes stages ``0..j-1``; its children fix stage ``j`` at every end that fits in
+    memory. A child's bound is the simulated step with every later stage (and cut) taking
+    no time, which never exceeds the step of any completion (a longest path only grows
+    with its weights), raised by a water level: the work left must run on the ranks of
+    the later stages. A child with every stage fixed is a plan and its bound is its
+    simulated step. Children are evaluated a batch at a time (:func:`~unitscale.stages.simulate.step_times`).
+    """
+
+    def __init__(
+        self,
+        costs: ChainCosts,
+        ranks: int,
+        schedule: str,
+        num_microbatches: int,
+        stages_per_rank: int,
+        memory_limit: float | None,
+        device_speeds: Sequence[float] | None,
+    ) -> None:
+        self.costs, self.schedule = costs, schedule
+        self.n, self.p, self.v, self.m = len(costs), ranks, stages_per_rank, num_microbatches
+        self.k = ranks * stages_per_rank
+        self.placement = stage_ranks(schedule, ranks, stages_per_rank)
+        speeds = [1.0] * ranks if device_speeds is None else [float(s) for s in device_speeds]
+        self.rank_speed = np.asarray(speeds)
+        self.speed = np.asarray([speeds[r] for r in self.placement])
+
+        def prefix(values: Sequence[float]) -> np.ndarray:
+            return np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=np.float64))))
+
+        self.pf, self.pb = prefix(costs.forward), prefix(costs.backward)
+        self.pw = self.pf + self.pb
+        self.pp, self.pa = prefix(costs.param_bytes), prefix(costs.activation_bytes)
+        self.held = np.asarray(in_flight(schedule, ranks, stages_per_rank, num_microbatches), dtype=np.float64)
+        #: q[s][b] - q[s][a]: bytes of stage s over items a:b (the same arithmetic as _Problem's)
+        self.q = [self.pp + self.held[s] * self.pa for s in range(self.k)]
+        self.comm = np.array([costs.comm_time(j) for j in range(self.n + 1)], dtype=np.float64)
+        self.limit = math.inf if memory_limit is None else float(memory_limit)
+        # 1F1B-like orders (one stage per rank) give a sharper water level: see _bounds
+        self.chain = stages_per_rank == 1
+        orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
+        #: per rank, the stage of its first op (a forward) and the kind and stage of its last
+        self.first_stage = [o[0].stage for o in orders]
+        self.last_op = [(o[-1].kind, o[-1].stage) for o in orders]
+        #: crossing[c]: 1 where the cut before stage c joins two ranks (a message), else 0
+        self.crossing = np.array(
+            [0.0] + [float(self.placement[c - 1] != self.placement[c]) for c in range(1, self.k)] + [1.0]
+        )
+        self.fits_after = self._fits_after()
+        self._shares: dict[int, float] = {}
+        self.evaluated = 0  # plans and partial plans simulated
+        self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
+
+    def _fits_after(self) -> list[np.ndarray]:
+        """``fits_after[s][a]``: items ``a:n`` split into stages ``s..k-1``, each alone within the limit
+        (necessary for a rank's sum to fit; exact with one stage per rank)."""
+        n, k = self.n, self.k
+        ok = [np.zeros(n + 1, dtype=bool) for _ in range(k + 1)]
+        ok[k][n] = True
+        idx = np.arange(n + 1)
+        for s in range(k - 1, -1, -1):
+            # the first end b > a where the rest fits; the stage a:b holds least memory at the first such b
+            later = np.where(ok[s + 1], idx, n + 1)
+            first = np.minimum.accumulate(later[::-1])[::-1]
+            nxt = np.concatenate((first[1:], [n + 1]))
+            valid = nxt <= n
+            b = np.where(valid, nxt, n)
+            mem = self.q[s][b] - self.q[s]
+            ok[s] = valid & (mem <= self.limit)
+        return ok
+
+    def stage_memory(self, bounds: Sequence[int]) -> list[float]:
+        return [float(self.q[s][b] - self.q[s][a]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
+
+    def rank_memory(self, bounds: Sequence[int]) -> list[float]:
+        total = [0.0] * self.p
+        for s, q in enumerate(self.stage_memory(bounds)):
+            total[self.placement[s]] += q
+        return total
+
+    def fits(self, bounds: Sequence[int]) -> bool:
+        return max(self.rank_memory(bounds)) <= self.limit
+
+    def times(self, bounds: Sequence[int]) -> list[float]:
+        """Per-microbatch time ``(F + B) / speed`` of each stage."""
+        return [float((self.pw[b] - self.pw[a]) / self.speed[s]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
+
+    def evaluate(self, plans: Sequence[Sequence[int]]) -> np.ndarray:
+        """Simulated step times of complete plans."""
+        b = np.asarray(plans, dtype=np.int64)
+        forward = (self.pf[b[:, 1:]] - self.pf[b[:, :-1]]) / self.speed
+        backward = (self.pb[b[:, 1:]] - self.pb[b[:, :-1]]) / self.speed
+        comm = self.comm[b[:, :-1]]
+        comm[:, 0] = 0.0
+        self.evaluated += len(b)
+        return step_times(self.schedule, self.p, self.v, self.m, forward, backward, comm, self.costs.weight_grad_share)
+
+    def children(self, node: tuple[int, ...]) -> np.ndarray:
+        """Ends for the next stage after ``node`` that fit in memory (with room for the stages after)."""
+        j, a = len(node) - 1, node[-1]
+        if j == self.k - 1:
+            ends = np.array([self.n], dtype=np.int64)
+        else:
+            ends = np.arange(a + 1, self.n - (self.k - 1 - j) + 1, dtype=np.int64)
+        rank = self.placement[j]
+        used = sum(float(self.q[s][node[s + 1]] - self.q[s][node[s]]) for s in range(j) if self.placement[s] == rank)
+        mem = used + (self.q[j][ends] - self.q[j][a])
+        keep = (mem <= self.limit) & self.fits_after[j + 1][ends]
+        return ends[keep]
+
+    def _rank_terms(self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, rest: np.ndarray) -> np.ndarray:
+        """For one stage per rank: a lower bound on the step from each placed stage's own rank.
+
+        Stage ``s`` (rank ``s``) starts after microbatch 0's forward reaches it (``H``) and its
+        last backward is followed by the backward of every stage before (``D``). Under 1F1B it
+        runs ``w = min(m, p - s)`` forwards before its first backward, which also waits for
+        microbatch 0's round trip through the later stages (``R``); its last ``w`` backwards
+        wait for microbatch ``m - 1``'s. Under GPipe the first backward waits for the last
+        forward's round trip. ``R`` counts the stages not yet placed by their work alone.
+        """
+        j = forward.shape[1] - 1
+        cut = comm[:, : j + 1]
+        sent = np.cumsum(cut, axis=1)  # Σ of cuts 1..s
+        zero = np.zeros((forward.shape[0], 1))
+        head = np.concatenate((zero, np.cumsum(forward, axis=1)[:, :-1]), axis=1) + sent
+        tail = np.concatenate((zero, np.cumsum(backward, axis=1)[:, :-1]), axis=1) + sent
+        work = forward + backward
+        after = np.sum(work, axis=1, keepdims=True) - np.cumsum(work, axis=1)
+        links = np.sum(comm[:, : j + 2], axis=1, keepdims=True) - sent
+        trip = after + 2 * links + rest[:, None]
+        f, b, m = forward, backward, self.m
+        if self.schedule == "gpipe":
+            own = m * f + trip + m * b
+        else:
+            w = np.minimum(m, self.p - np.arange(j + 1))[None, :]
+            steady = np.maximum(w * f, f + trip) + (m - w) * work + np.maximum(w * b, trip + b)
+            drained = np.maximum(np.maximum(m * f, f + trip) + m * b, m * f + trip + b)
+            own = np.where(m > w, steady, drained)
+        return np.max(head + own + tail, axis=1)
+
+    def _later_share(self, j: int) -> float:
+        """One stage per rank, stages ``0..j`` placed: ``κ`` with every completion's step at least
+        the fill plus ``κ X`` (``X``: the time of the stages left, ``Σ_{s>j} c_s``).
+
+        Rank ``s > j`` takes at least ``Σ_{j<s'<s} c_s' + m c_s`` after the fill, and under 1F1B
+        also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (its first and last backwards
+        wait for a round trip through the later stages; under GPipe ``m c_s + Σ_{s'>s} c_s'``).
+        ``κ`` is the least, over splits of ``X = 1``, of the largest of these: a matrix game
+        between the split and the bound, whose value any mixture of bounds bounds from below.
+        A few hundred rounds of multiplicative weights find a good mixture; the value returned
+        is that mixture's own guarantee, so it is a valid bound however far the rounds got.
+        """
+        if j in self._shares:
+            return self._shares[j]
+        later = list(range(j + 1, self.k))
+        m, rows = self.m, []
+        for s in later:
+            before = [1.0 if i < s else 0.0 for i in later]
+            rows.append([b + (m if i == s else 0.0) for b, i in zip(before, later, strict=True)])
+            if self.schedule == "gpipe":
+                rows.append([b + (m if i == s else 1.0 if i > s else 0.0) for b, i in zip(before, later, strict=True)])
+            else:
+                w = min(m, self.p - s)
+                if m > w:
+                    row = [
+                        b + (m - w + 1 if i == s else 2.0 if i > s else 0.0) for b, i in zip(before, later, strict=True)
+                    ]
+                    rows.append(row)
+        game = np.asarray(rows)  # game[r, i]: bound r when all of X sits in stage i
+        scale = float(np.max(game))
+        split = np.full(len(later), 1.0 / len(later))
+        mixture = np.zeros(len(rows))
+        for _ in range(400):
+            worst = int(np.argmax(game @ split))
+            mixture[worst] += 1.0
+            split = split * np.exp(-0.5 * game[worst] / scale)
+            split /= split.sum()
+        share = float(np.min(mixture @ game) / mixture.sum())
+        self._shares[j] = share
+        return share
+
+    def _water_level(
+        self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, ranks_left: list[int], rest: np.ndarray
+    ) -> np.ndarray:
+        """Several stages per rank: the ranks of the later stages share the work left, ``m X``.
+
+        Rank ``r`` is busy from its first op (which starts after microbatch 0's forward reaches
+        that stage) to its last (which the backward of the stages before still follows): a base
+        ``H_r + m Σ(placed c on r) + D_r``, counting stages not yet placed as free, plus its share of
+        the rest. The step is at least the water level ``τ`` with ``Σ_r speed_r (τ - base_r)^+ = m X``,
+        the least over the ranks of lowest bases of ``(m X + Σ speed base) / Σ speed``.
+        """
+        j = forward.shape[1] - 1
+        rows, m = forward.shape[0], self.m
+        sent = np.cumsum(comm[:, : j + 2] * self.crossing[: j + 2], axis=1)  # Σ of cuts 1..s that change rank
+        heads = np.concatenate((np.zeros((rows, 1)), np.cumsum(forward, axis=1)), axis=1)
+        share = self.costs.weight_grad_share
+        base = np.zeros((rows, len(ranks_left)))
+        for i, r in enumerate(ranks_left):
+            first, (kind, last) = self.first_stage[r], self.last_op[r]
+            f = min(first, j + 1)
+            base[:, i] = heads[:, f] + sent[:, f]
+            if kind != "W":
+                grads = backward * (1 - share if kind == "I" else 1.0)
+                t = min(last, j + 1)
+                base[:, i] += np.sum(grads[:, :t], axis=1) + sent[:, t]
+            mine = [s for s in range(j + 1) if self.placement[s] == r]
+            if mine:
+                base[:, i] += m * np.sum(forward[:, mine] + backward[:, mine], axis=1)
+        order = np.argsort(base, axis=1)
+        sorted_base = np.take_along_axis(base, order, axis=1)
+        speed = self.rank_speed[np.asarray(ranks_left)][order]
+        levels = (m * rest[:, None] + np.cumsum(speed * sorted_base, axis=1)) / np.cumsum(speed, axis=1)
+        return np.min(levels, axis=1)
+
+    def bounds(
+        self, nodes: Sequence[tuple[int, ...]], ends: Sequence[np.ndarray], cutoff: float = math.inf
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Lower bounds on the step time and on the sum of squared stage times of every plan below
+        each child (``node`` + one end), for a batch of nodes; children whose closed-form bound
+        already exceeds ``cutoff`` are not simulated."""
+        sizes = [len(e) for e in ends]
+        offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        self.considered += int(offsets[-1])
+        found, squares = np.empty(offsets[-1]), np.empty(offsets[-1])
+        depths: dict[int, list[int]] = {}
+        for i, node in enumerate(nodes):
+            depths.setdefault(len(node), []).append(i)
+        for depth, members in depths.items():
+            cuts = np.concatenate(
+                [np.column_stack((np.broadcast_to(np.asarray(nodes[i]), (sizes[i], depth)), ends[i])) for i in members]
+            )
+            at = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in members])
+            found[at], squares[at] = self._bound_rows(cuts, cutoff)
+        return found, squares
+
+    def _bound_rows(self, cuts: np.ndarray, cutoff: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`bounds` for rows of cuts ``b_0 .. b_{j+1}`` (stages ``0..j`` placed)."""
+        k, rows = self.k, cuts.shape[0]
+        j = cuts.shape[1] - 2
+        lo, hi = cuts[:, :-1], cuts[:, 1:]
+        forward, backward, comm = np.zeros((rows, k)), np.zeros((rows, k)), np.zeros((rows, k))
+        forward[:, : j + 1] = (self.pf[hi] - self.pf[lo]) / self.speed[: j + 1]
+        backward[:, : j + 1] = (self.pb[hi] - self.pb[lo]) / self.speed[: j + 1]
+        comm[:, 1 : j + 1] = self.comm[cuts[:, 1 : j + 1]]
+        stage = forward[:, : j + 1] + backward[:, : j + 1]
+        squares = np.sum(stage * stage, axis=1)
+        closed = np.zeros(rows)
+        if j + 1 < k:
+            end = cuts[:, -1]
+            comm[:, j + 1] = self.comm[end]
+            rest = self.pw[self.n] - self.pw[end]
+            # Σ (w_s / speed_s)^2 with Σ w_s = rest is least with w_s ∝ speed_s^2
+            squares += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
+            ranks_left = sorted({self.placement[s] for s in range(j + 1, k)})
+            if self.chain:
+                capacity = float(np.sum(self.rank_speed[ranks_left]))
+                # every op of a later stage starts after microbatch 0's forward reaches it, and the
+                # rank's last backward is followed by the backward of every stage before
+                fill = np.sum(stage, axis=1) + 2 * np.sum(comm[:, : j + 2], axis=1)
+                closed = fill + self.m * rest / capacity
+                # ... and rank s > j takes at least Σ_{j<s'<s} c_s' + m c_s after that fill; for
+                # Σ c = X the least max over s is X / (1 - r^L), r = (m - 1) / m, with the c_s geometric
+                spread = rest / float(np.max(self.speed[j + 1 :]))
+                closed = np.maximum(closed, fill + spread / (1 - ((self.m - 1) / self.m) ** (k - j - 1)))
+                closed = np.maximum(closed, fill + spread * self._later_share(j))
+                unplaced = spread + 2 * self.costs.latency * (k - j - 2)
+                terms = self._rank_terms(forward[:, : j + 1], backward[:, : j + 1], comm[:, : j + 2], unplaced)
+                closed = np.maximum(closed, terms)
+            else:
+                closed = self._water_level(
+                    forward[:, : j + 1], backward[:, : j + 1], comm[:, : j + 2], ranks_left, rest
+                )
+        run = closed <= cutoff
+        found = closed.copy()
+        if run.any():
+            self.evaluated += int(run.sum())
+            simulated = step_times(
+                self.schedule,
+                self.p,
+                self.v,
+                self.m,
+                forward[run],
+                backward[run],
+                comm[run],
+                self.costs.weight_grad_share,
+            )
+            found[run] = np.maximum(simulated, closed[run])
+        return found, squares
+
+    def run(self, seeds: Sequence[Sequence[int]], budget: int) -> tuple[list[int], float, float, bool]:
+        """The plan with the least simulated step (ties: least sum of squared stage times), a lower
+        bound on every plan's step, and whether the search finished (else the bound is a gap)."""
+        leaves: list[tuple[float, float, tuple[int, ...]]] = []
+        plans = [tuple(s) for s in seeds if self.fits(s)]
+        if plans:
+            for t, plan in zip(self.evaluate(plans).tolist(), plans, strict=True):
+                leaves.append((float(t), sum(x * x for x in self.times(plan)), plan))
+        best_t = min((t for t, _, _ in leaves), default=math.inf)
+
+        def best_square() -> float:
+            return min((q for t, q, _ in leaves if t <= best_t * (1 + TIE)), default=math.inf)
+
+        best_q = best_square()
+        heap: list[tuple[float, float, int, tuple[int, ...]]] = [(0.0, 0.0, 0, (0,))]
+        count, floor = 1, math.inf  # floor: least bound of a node dropped for its squares
+        finished = True
+        while heap:
+            top = heap[0][0]
+            if top > best_t * (1 + TIE):
+                break
+            spent = self.evaluated >= budget or self.considered >= 10 * budget
+            if spent and best_t < math.inf and self.considered:  # the root is always expanded
+                finished = False
+                break
+            batch: list[tuple[int, ...]] = []
+            ends: list[np.ndarray] = []
+            rows = 0
+            while heap and len(batch) < 64 and rows < 50_000 and heap[0][0] <= best_t * (1 + TIE):
+                bound, square, _, node = heapq.heappop(heap)
+                if bound >= best_t * (1 - TIE) and square >= best_q:
+                    floor = min(floor, bound)
+                    continue
+                end = self.children(node)
+                if len(end):
+                    batch.append(node)
+                    ends.append(end)
+                    rows += len(end)
+            if not batch:
+                continue
+            found, squares = self.bounds(batch, ends, best_t * (1 + TIE))
+            at = 0
+            for node, end in zip(batch, ends, strict=True):
+                leaf = len(node) == self.k
+                t_all, q_all = found[at : at + len(end)], squares[at : at + len(end)]
+                at += len(end)
+                keep = np.nonzero(t_all <= best_t * (1 + TIE))[0]
+                if leaf:
+                    for i in keep.tolist():
+                        leaves.append((float(t_all[i]), float(q_all[i]), (*node, int(end[i]))))
+                        best_t = min(best_t, float(t_all[i]))
+                    best_q = best_square()
+                    continue
+                for i in keep.tolist():
+                    t, q = float(t_all[i]), float(q_all[i])
+                    if t > best_t * (1 + TIE):
+                        continue
+                    if t >= best_t * (1 - TIE) and q >= best_q:
+                        floor = min(floor, t)
+                    else:
+                        heapq.heappush(heap, (t, q, count, (*node, int(end[i]))))
+                        count += 1
+        if best_t == math.inf:
+            raise _NoFit
+        lower = min(best_t, floor, heap[0][0] if heap and not finished else math.inf)
+        chosen = min((q, plan) for t, q, plan in leaves if t <= best_t * (1 + TIE))[1]
+        return list(chosen), lower, best_t, finished
+
+
 def _smallest_memory(problem: _Problem) -> float:
     """The least per-stage memory limit some plan meets (bisection over the float line)."""
     saved = problem.limit
@@ -329,7 +725,8 @@ def model_step_time(
     stages_per_rank: int = 1,
     device_speeds: Sequence[float] | None = None,
 ) -> float:
-    """The planner's step-time model ``(m - 1) v max c_s + κ (Σ c_s + 2 Σ t)`` for ``bounds``.
+    """The step-time formula ``(m - 1) v max c_s + κ (Σ c_s + 2 Σ t)`` for ``bounds`` (the simulated
+    step for GPipe with ``backward`` a fixed multiple of the forward; the first incumbent otherwise).
 
     >>> from unitscale.stages.planner import model_step_time
     >>> from unitscale.stages.schedule_costs import ChainCosts
@@ -345,6 +742,120 @@ def model_step_time(
     return problem.weight * problem.bottleneck(bounds) + problem.kappa * (work + comm)
 
 
+def _formula_plan(problem: _Problem) -> tuple[list[int], float, float, int]:
+    """The plan minimising the step-time formula ``(m - 1) v max c_s + κ A``, that minimum,
+    a lower bound certifying it, and the programmes run (raises ``_NoFit``)."""
+    floor = problem.least_cap()
+    probes = 2
+    first = problem.cheapest(floor, strict=False)
+    unbounded = problem.cheapest(math.inf, strict=False)
+    assert first is not None and unbounded is not None
+    best_a, best_bounds = first
+    best_t = problem.weight * problem.bottleneck(best_bounds) + problem.kappa * best_a
+    if problem.weight == 0:
+        best_a, best_bounds = unbounded
+        best_t = problem.kappa * best_a
+        cap = -math.inf
+    else:
+        cap = floor + problem.kappa * (best_a - unbounded[0]) / problem.weight
+    strict = False
+    lower = best_t
+    while cap >= floor:
+        found = problem.cheapest(cap, strict)
+        probes += 1
+        if found is None:
+            break
+        a, bounds = found
+        top = problem.bottleneck(bounds)
+        t = problem.weight * top + problem.kappa * a
+        if t < best_t:
+            best_t, best_a, best_bounds = t, a, bounds
+        # every plan left has bottleneck >= floor and A >= a
+        lower = problem.weight * floor + problem.kappa * a
+        if lower >= best_t:
+            break
+        cap, strict = top, True
+    return list(best_bounds), best_t, min(lower, best_t), probes
+
+
+def _polish(search: _Search, bounds: list[int], rounds: int = 2, window: int = 64) -> list[int]:
+    """Move one cut at a time to where the simulated step is least (a good first incumbent)."""
+    bounds = list(bounds)
+    best = float(search.evaluate([bounds])[0])
+    for _ in range(rounds):
+        moved = False
+        for c in range(1, search.k):
+            lo, hi = max(bounds[c - 1] + 1, bounds[c] - window), min(bounds[c + 1] - 1, bounds[c] + window)
+            plans = [bounds[:c] + [b] + bounds[c + 1 :] for b in range(lo, hi + 1) if b != bounds[c]]
+            plans = [q for q in plans if search.fits(q)]
+            if not plans:
+                continue
+            times = search.evaluate(plans)
+            i = int(np.argmin(times))
+            if times[i] < best * (1 - TIE):
+                best, bounds, moved = float(times[i]), plans[i], True
+        if not moved:
+            break
+    return bounds
+
+
+def _least_rank_memory(search: _Search, budget: int = 500) -> tuple[float, list[int] | None]:
+    """The least per-rank memory any plan needs, and such a plan; or, past ``budget`` partial
+    plans, a lower bound on it and ``None``.
+
+    Best first over the cuts: a rank's memory only grows as stages are added, and the ranks
+    of the stages not yet placed share at least the parameters and the fewest activations in
+    flight of the items left, so a partial plan's priority (the larger of its worst rank and
+    that average) bounds every completion, and the first complete plan popped is optimal. A
+    partial plan ending where another ended with no rank holding less is dropped.
+    """
+    saved, search.limit = search.limit, math.inf
+    saved_fits, search.fits_after = search.fits_after, search._fits_after()
+    n, k = search.n, search.k
+    try:
+        heap: list[tuple[float, tuple[int, ...], tuple[float, ...]]] = [(0.0, (0,), (0.0,) * search.p)]
+        seen: dict[tuple[int, int], list[tuple[float, ...]]] = {}
+        pops = 0
+        while heap:
+            worst, node, used = heapq.heappop(heap)
+            if len(node) == k + 1:
+                return worst, list(node)
+            pops += 1
+            if pops > budget:
+                return worst, None
+            j, a = len(node) - 1, node[-1]
+            left = sorted({search.placement[s] for s in range(j + 1, k)})
+            least_held = float(min(search.held[j + 1 :], default=0.0))
+            for b in search.children(node).tolist():
+                ranks = list(used)
+                ranks[search.placement[j]] += float(search.q[j][b] - search.q[j][a])
+                mine = tuple(ranks)
+                bucket = seen.setdefault((j, b), [])
+                if any(all(x <= y for x, y in zip(other, mine, strict=True)) for other in bucket):
+                    continue
+                if len(bucket) < 8:
+                    bucket.append(mine)
+                share = 0.0
+                if left:
+                    rest = float(search.pp[n] - search.pp[b]) + least_held * float(search.pa[n] - search.pa[b])
+                    share = (sum(mine[r] for r in left) + rest) / len(left)
+                heapq.heappush(heap, (max(worst, *mine, share), (*node, b), mine))
+        raise AssertionError("a chain with at least k items always has a plan")  # pragma: no cover
+    finally:
+        search.limit, search.fits_after = saved, saved_fits
+
+
+def _proportional(costs: ChainCosts) -> bool:
+    """Whether every item's backward is the same multiple of its forward (GPipe's formula is then exact)."""
+    ratio = next((b / f for f, b in zip(costs.forward, costs.backward, strict=True) if f > 0), None)
+    if ratio is None:
+        return not any(costs.backward)
+    return all(
+        math.isclose(b, ratio * f, rel_tol=1e-12, abs_tol=0.0)
+        for f, b in zip(costs.forward, costs.backward, strict=True)
+    )
+
+
 def plan_chain(
     costs: ChainCosts,
     ranks: int,
@@ -353,30 +864,30 @@ def plan_chain(
     stages_per_rank: int = 1,
     memory_limit: float | None = None,
     device_speeds: Sequence[float] | None = None,
+    search_budget: int = SEARCH_BUDGET,
 ) -> ChainPlan:
-    """The split of a chain into ``ranks * stages_per_rank`` stages with the least modelled step time.
+    """The split of a chain into ``ranks * stages_per_rank`` stages with the least simulated step time.
 
-    The model: stage ``s`` takes ``c_s = (F_s + B_s) / speed`` per microbatch, a cut
-    ``t = latency + bytes / bandwidth`` each way, and a step
-    ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ_cuts t)`` with ``κ = (v + p - 1) / (p v)``
-    (``p`` ranks, ``v`` stages per rank). For GPipe with a backward that is a fixed multiple
-    of the forward this is exactly the simulated step (:func:`~unitscale.stages.simulate`):
-    the forward phase is a flow shop of ``m`` identical jobs, whose makespan is
-    ``Σ F_s + Σ t + (m - 1) max F_s``, and the backward phase mirrors it. For 1F1B it is the
-    textbook ``(m + p - 1)``-slot formula, which the simulator can beat or exceed by a few
-    percent when stages are uneven or links slow; for interleaved schedules ``v max c_s``
-    bounds a rank's work and ``κ`` is their ``(p - 1) / v`` bubble. Each stage must fit
-    ``memory_limit / v``: its parameters with gradients and optimiser state, plus the
-    activations of the microbatches the schedule holds at once.
+    The step time is what :func:`~unitscale.stages.simulate` predicts for ``schedule``
+    (stage ``s`` takes ``(F_s + B_s) / speed`` per microbatch on its rank, a cut
+    ``latency + bytes / bandwidth`` each way), and a plan fits when every rank's stages
+    together (parameters with gradients and optimiser state, plus the activations of the
+    microbatches the schedule holds at once) need at most ``memory_limit`` bytes.
 
-    The search: for a cap ``U`` on every stage, a dynamic programme over prefixes (range
-    minima with numpy) finds the least ``A = Σ c_s + 2 Σ t``; ``A`` only falls as ``U``
-    grows, so the optimum sits at a realised bottleneck between the least one ``M0``
-    (bisection) and ``M0 + κ (A(M0) - A(∞)) / ((m - 1) v)``. The search walks down that
-    range through the programme's own bottlenecks and stops once ``(m - 1) v M0 + κ A``
-    cannot beat the best plan; that bound is ``lower_bound``, the certificate. Among
-    optimal plans without traffic, speeds or memory limits, the most even one is kept
-    (``search.balanced_bounds``).
+    The search is a branch and bound over the cuts, stage by stage, whose bounds are the
+    simulator's own step with the stages not yet placed taking no time (never more than the
+    step of any completion), raised by the work those stages must still do. Its first
+    incumbent is the optimum of the formula ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``,
+    ``κ = (v + p - 1) / (p v)`` (a dynamic programme over prefixes), polished cut by cut.
+    It stops when no open branch can beat the best simulated plan: ``lower_bound`` is then
+    the certificate. For GPipe with a backward that is a fixed multiple of the forward the
+    formula is the simulated step exactly (the forward phase is a flow shop of ``m``
+    identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``, the backward mirrors it), so
+    the programme's optimum is certified by itself. Among plans with the same step time
+    (within ``1e-9`` relative) the one with the least sum of squared stage times is kept.
+    After ``search_budget`` simulated partial plans the search stops with the best plan found,
+    ``optimal=False`` and a ``lower_bound`` below it (the gap is certified). The bounds are
+    listed in the module's docstring (:mod:`unitscale.stages.planner`).
 
     Args:
         costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
@@ -384,14 +895,18 @@ def plan_chain(
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
         num_microbatches: microbatches per step.
         stages_per_rank: stages per rank (``v``).
-        memory_limit: bytes per device (``None``: unlimited).
+        memory_limit: bytes per device, for all its stages (``None``: unlimited).
         device_speeds: relative speed of each rank (default all 1.0).
+        search_budget: partial plans the branch and bound may simulate (and ten times as many
+            it may bound in closed form) before it stops.
 
     Returns:
         A :class:`ChainPlan`.
 
     Raises:
-        MemoryLimitError: no split fits ``memory_limit``; the message gives the least limit that works.
+        MemoryLimitError: no split fits ``memory_limit``; the message gives the least limit that works
+            (with several stages per rank, where finding the least takes too long: a limit that
+            works and the range the least lies in; ``needed`` is a limit that works).
         StageCountError: more stages than items.
         InputError: a microbatch count the schedule cannot run, or bad ``device_speeds``/``memory_limit``.
         UnknownScheduleError: an unknown schedule.
@@ -417,63 +932,57 @@ def plan_chain(
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
     ):
         raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
+    if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
+        raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
+    # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
     problem = _Problem(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    search = _Search(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    seeds: list[list[int]] = []
+    probes, certified = 0, None
     try:
-        floor = problem.least_cap()
+        bounds, formula, formula_lower, probes = _formula_plan(problem)
+        seeds.append(bounds)
+        if schedule == "gpipe" and _proportional(costs):
+            certified = formula_lower
+            if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
+                even = _most_even(problem, problem.bottleneck(bounds))
+                if even is not None:
+                    seeds.append(even)
     except _NoFit:
-        need = _smallest_memory(problem) * stages_per_rank
-        raise MemoryLimitError(
-            f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per device "
-            f"under {schedule} with {num_microbatches} microbatches; the least limit that works is {need:.4g} bytes "
-            "(raise the limit, or use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
-            needed=need,
-        ) from None
-    probes = 0
-    first = problem.cheapest(floor, strict=False)
-    unbounded = problem.cheapest(math.inf, strict=False)
-    probes += 2
-    assert first is not None and unbounded is not None
-    best_a, best_bounds = first
-    best_t = problem.weight * problem.bottleneck(best_bounds) + problem.kappa * best_a
-    least_a = unbounded[0]
-    if problem.weight == 0:
-        best_a, best_bounds = unbounded
-        best_t = problem.kappa * best_a
-        cap = -math.inf
-    else:
-        cap = floor + problem.kappa * (best_a - least_a) / problem.weight
-    strict = False
-    lower = best_t
-    while cap >= floor:
-        found = problem.cheapest(cap, strict)
-        probes += 1
-        if found is None:
-            break
-        a, bounds = found
-        top = problem.bottleneck(bounds)
-        t = problem.weight * top + problem.kappa * a
-        if t < best_t:
-            best_t, best_a, best_bounds = t, a, bounds
-        # every plan left has bottleneck >= floor and A >= a
-        lower = problem.weight * floor + problem.kappa * a
-        if lower >= best_t:
-            break
-        cap, strict = top, True
-    lower = min(lower, best_t)
-    same_speed = len({float(x[-1]) for x in problem.x}) == 1
-    if problem.weight and not problem.comm.any() and same_speed:
-        # A is the same for every plan, so every plan within the bottleneck (and memory) is optimal:
-        # keep the most even of them (a stage of cost 0 beside the heaviest helps nobody)
-        even = _most_even(problem, problem.bottleneck(best_bounds))
-        if even is not None:
-            best_bounds = even
+        if stages_per_rank == 1:
+            need, plan = _smallest_memory(problem), None
+            least = f"the least limit that works is {need:.4g} bytes"
+        else:
+            need, plan = _least_rank_memory(search)
+            least = f"the least limit that works is {need:.4g} bytes"
+            if plan is None:
+                # the search for the least gave up: a plan within limit / v per stage fits v times that
+                low, need = need, _smallest_memory(problem) * stages_per_rank
+                least = f"{need:.4g} bytes works (the least limit that works lies between {low:.4g} and that)"
+        if plan is None or memory_limit is None or need > memory_limit:
+            raise MemoryLimitError(
+                f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
+                f"device under {schedule} with {num_microbatches} microbatches; {least} (raise the limit, or "
+                "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
+                needed=need,
+            ) from None
+        seeds.append(plan)
+    if certified is None:
+        seeds.append(_polish(search, seeds[0]))
+    chosen, lower, best, finished = search.run(seeds, search_budget)
+    if certified is not None:
+        lower, finished = certified, True  # the programme's optimum is the simulator's
+    step = simulate_bounds(costs, chosen, schedule, num_microbatches, stages_per_rank, device_speeds).step_time
     return ChainPlan(
-        bounds=list(best_bounds),
-        step_time=best_t,
-        lower_bound=lower,
-        bottleneck=problem.bottleneck(best_bounds),
-        stage_memory=problem.memory(best_bounds),
+        bounds=chosen,
+        step_time=step,
+        lower_bound=min(lower, step),  # equal up to the rounding of prefix sums against fsum
+        bottleneck=max(search.times(chosen)),
+        stage_memory=search.stage_memory(chosen),
         probes=probes,
+        simulated=search.evaluated,
+        optimal=finished,
+        rank_memory=search.rank_memory(chosen),
     )
 
 
@@ -594,8 +1103,9 @@ def plan_pipeline(
     """Split ``module`` for ``schedule`` on ``ranks`` devices with the least step time that fits in memory.
 
     The model is captured and costed as :func:`~unitscale.partition` does; then
-    :func:`~unitscale.stages.plan_chain` picks the split (exact for the step-time model in its
-    docstring). The plan keeps its costs (``plan.chain_costs``), so
+    :func:`~unitscale.stages.plan_chain` picks, over the pieces a cut may fall between, the split
+    with the least simulated step time that fits (a branch and bound with a lower-bound
+    certificate, exact unless its budget runs out). The plan keeps its costs (``plan.chain_costs``), so
     :func:`~unitscale.stages.simulate` predicts its timeline.
 
     Args:
@@ -611,7 +1121,7 @@ def plan_pipeline(
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, or a callable ``node -> seconds``.
-        memory_limit: bytes per device, or ``None``.
+        memory_limit: bytes per device (all its stages together), or ``None``.
         bytes_per_param: bytes per parameter for weights, gradients and optimiser state.
         bandwidth: bytes per second between ranks (``math.inf``: free).
         latency: seconds per message between ranks.

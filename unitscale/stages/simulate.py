@@ -18,10 +18,13 @@ through a fixed graph.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from unitscale.errors import InputError, StageCountError
 from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 
     from unitscale.stages.plan import StagePlan
 
-__all__ = ["Block", "Timeline", "simulate", "simulate_bounds"]
+__all__ = ["Block", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
 
 @dataclass(frozen=True)
@@ -318,3 +321,94 @@ def simulate(
     if costs is None:
         costs = plan.chain_costs or ChainCosts.uniform([c for _, c in plan.node_costs])
     return simulate_bounds(costs, plan.bounds, schedule, num_microbatches, stages_per_rank, device_speeds)
+
+
+@functools.lru_cache(maxsize=32)
+def _program(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> tuple[tuple, ...]:
+    """The simulator's work as a straight-line programme: per op, in an order that respects every
+    dependency, ``(rank, kind, stage, deps)`` with ``deps`` pairs ``(op index, cut or -1)``: the op
+    waits for that op's end plus the time of the cut (``-1``: same rank, no message)."""
+    orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
+    placement = stage_ranks(schedule, ranks, stages_per_rank)
+    last = ranks * stages_per_rank - 1
+    grad = "I" if any(op.kind == "I" for o in orders for op in o) else "B"
+    index: dict[tuple[str, int, int], int] = {}
+    program: list[tuple] = []
+    nxt = [0] * ranks
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        for r in range(ranks):
+            while nxt[r] < len(orders[r]):
+                op = orders[r][nxt[r]]
+                s, i = op.stage, op.microbatch
+                if op.kind == "F":
+                    deps = [] if s == 0 else [(("F", s - 1, i), s - 1)]
+                elif op.kind == "W":
+                    deps = [(("I", s, i), s)]
+                else:
+                    deps = [(("F", s, i), s)] + ([] if s == last else [((grad, s + 1, i), s + 1)])
+                if any(key not in index for key, _ in deps):
+                    break
+                wired = tuple((index[key], -1 if placement[src] == placement[s] else max(src, s)) for key, src in deps)
+                index[(op.kind, s, i)] = len(program)
+                program.append((r, op.kind, s, wired))
+                nxt[r] += 1
+                remaining -= 1
+    return tuple(program)
+
+
+def step_times(
+    schedule: str,
+    ranks: int,
+    stages_per_rank: int,
+    num_microbatches: int,
+    forward: np.ndarray,
+    backward: np.ndarray,
+    comm: np.ndarray,
+    weight_grad_share: float = 0.5,
+) -> np.ndarray:
+    """Simulated step times of many plans at once (the same model as :func:`simulate_bounds`).
+
+    Args:
+        schedule: the schedule's name.
+        ranks: ranks (``p``).
+        stages_per_rank: stages per rank (``v``).
+        num_microbatches: microbatches per step.
+        forward: ``(plans, p * v)`` forward time of each stage on its rank (speed applied).
+        backward: ``(plans, p * v)`` backward time of each stage on its rank.
+        comm: ``(plans, p * v)``; ``comm[:, s]`` is the message time between stages ``s - 1`` and ``s``.
+        weight_grad_share: the weight-gradient part of the backward (zero-bubble schedules).
+
+    Returns:
+        ``(plans,)`` step times. The step time never falls when a duration grows (it is a
+        longest path), so durations that are lower bounds give a lower bound.
+
+    >>> import numpy as np
+    >>> from unitscale.stages.simulate import step_times
+    >>> ones = np.ones((1, 4))
+    >>> step_times("1f1b", 4, 1, 4, ones, 2 * ones, 0 * ones)  # (m + p - 1) * 3
+    array([21.])
+    """
+    check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    program = _program(schedule, ranks, stages_per_rank, num_microbatches)
+    forward = np.asarray(forward, dtype=np.float64)
+    backward = np.asarray(backward, dtype=np.float64)
+    comm = np.asarray(comm, dtype=np.float64)
+    duration = {
+        "F": forward.T,
+        "B": backward.T,
+        "I": (backward * (1 - weight_grad_share)).T,
+        "W": (backward * weight_grad_share).T,
+    }
+    cut = comm.T
+    free = np.zeros((ranks, forward.shape[0]))
+    ends: list[np.ndarray] = []
+    for r, kind, s, deps in program:
+        ready = free[r]
+        for d, c in deps:
+            arrive = ends[d] if c < 0 else ends[d] + cut[c]
+            ready = np.maximum(ready, arrive)
+        end = ready + duration[kind][s]
+        ends.append(end)
+        free[r] = end
+    return free.max(axis=0) if ranks else np.zeros(forward.shape[0])
