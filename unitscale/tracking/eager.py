@@ -9,6 +9,7 @@ recorded like a node of a traced graph, with the module it ran in.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +20,22 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from unitscale.fx.nodes import op_name
+from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
-__all__ = ["ScaleRecording", "OpScaleRecorder", "input_leaf", "record_ops"]
+__all__ = ["ScaleRecording", "OpScaleRecorder", "SAME_VALUE_OPS", "input_leaf", "record_ops"]
+
+#: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values
+#: as their first argument, rearranged or copied, when it keeps that argument's dtype and size:
+#: the views, and copies and casts that cast nothing. Their forward statistics are the
+#: argument's (see :meth:`ScaleRecording.track_same_values`).
+SAME_VALUE_OPS: frozenset[str] = frozenset(
+    {f"Tensor.{m}" for m in VIEW_METHODS}
+    | {op_name(f) for f in VIEW_FUNCTIONS}
+    | {"Tensor.to", "Tensor.float", "Tensor.double", "Tensor.half", "Tensor.bfloat16", "Tensor.type"}
+    | {"Tensor.type_as", "Tensor.clone", "clone", "Tensor.detach", "detach", "Tensor.cpu", "Tensor.cuda"}
+)
 
 
 @dataclass
@@ -51,6 +63,8 @@ class ScaleRecording:
     entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
     leaves: list[torch.Tensor] = field(default_factory=list)
     handles: list[RemovableHandle] = field(default_factory=list)
+    # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record)
+    _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord]] = field(default_factory=dict, repr=False)
 
     def track(
         self,
@@ -74,13 +88,67 @@ class ScaleRecording:
             self.handles.append(t.register_hook(record.record_backward))
         row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         self.entries.append((row, record))
+        version = _version(t)
+        if version is not None:
+            self._latest[id(t)] = (weakref.ref(t), version, record)
         return record
+
+    def track_same_values(
+        self, t: torch.Tensor, source: Any, node: str, module_path: str, op: str, abs_max: bool, hook: bool = True
+    ) -> ScaleRecord:
+        """Record ``t``, which holds the values of ``source`` (a view or copy of it), as one row.
+
+        Where ``source`` is a tensor recorded here whose values have not changed since (its
+        version counter, which its views share, is the same), the forward statistics are
+        taken from its record instead of computed again: same values, same std and
+        abs-max. ``t`` being ``source`` itself (``x.to(x.dtype)``, dropout in eval mode)
+        shares the whole record, gradient included. Otherwise as :meth:`track` (``hook``
+        as there).
+
+        >>> import torch
+        >>> from unitscale.tracking.eager import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> x = torch.tensor([1.0, 2.0, 3.0, 6.0])
+        >>> first = captured.track(x, "x", "", "input", abs_max=False)
+        >>> captured.track_same_values(x.view(2, 2), x, "view", "", "Tensor.view", abs_max=False).forward
+        2.160246899469287
+        >>> _ = x.mul_(2)  # changed in place: computed afresh
+        >>> captured.track_same_values(x.view(2, 2), x, "view_1", "", "Tensor.view", abs_max=False).forward
+        4.320493798938574
+        """
+        known = self._latest.get(id(source)) if isinstance(source, torch.Tensor) else None
+        if (
+            known is None
+            or not isinstance(source, torch.Tensor)
+            or known[0]() is not source
+            or known[1] != _version(source)
+            or t.dtype != source.dtype
+            or t.device != source.device
+            or t.numel() != source.numel()
+            or (abs_max and known[2].abs_max is None and t.numel() > 0)
+        ):
+            return self.track(t, node, module_path, op, abs_max, hook=hook)
+        if t is source:
+            return self.track(t, node, module_path, op, abs_max, record=known[2], hook=False)
+        record = ScaleRecord()
+        record.forward = known[2].forward
+        if abs_max:
+            record.abs_max = known[2].abs_max
+        return self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
 
     def remove_hooks(self) -> None:
         """Remove every gradient hook (some sit on the model's parameters)."""
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor counts no versions
+        return None
 
 
 def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +164,13 @@ def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
     return leaf, leaf.clone()
+
+
+# Ops that return their input itself when they change nothing (dropout in eval mode) and
+# another tensor with other values otherwise: only the first case shares a record.
+_SAME_OBJECT_OPS = frozenset(
+    {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"}
+)
 
 
 class OpScaleRecorder(TorchFunctionMode):
@@ -143,9 +218,16 @@ class OpScaleRecorder(TorchFunctionMode):
             op = op_name(func)
             name = self._node_name(op)
             path = self.module_names.get(self.module_stack[-1], "") if self.module_stack else ""
-            single = isinstance(out, torch.Tensor)
-            for i, t in enumerate(tensors):
-                self.captured.track(t, name if single else f"{name}[{i}]", path, op, self.abs_max)
+            if isinstance(out, torch.Tensor):
+                if op in SAME_VALUE_OPS and args:
+                    self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)
+                elif op in _SAME_OBJECT_OPS and args and out is args[0]:
+                    self.captured.track_same_values(out, out, name, path, op, self.abs_max)
+                else:
+                    self.captured.track(out, name, path, op, self.abs_max)
+            else:
+                for i, t in enumerate(tensors):
+                    self.captured.track(t, f"{name}[{i}]", path, op, self.abs_max)
         return out
 
     def _enter_module(self, module: nn.Module, *_: Any) -> None:
