@@ -34,9 +34,10 @@ class ViewsAndCopies(nn.Module):
 
 def _without_shortcut(monkeypatch: pytest.MonkeyPatch) -> None:
     def track_same_values(
-        self: ScaleRecording, t: torch.Tensor, source: object, node: str, path: str, op: str, am: bool, hook: bool = True
+        self: ScaleRecording, t: torch.Tensor, source: object, node: str, path: str, op: str, *flags: bool
     ) -> stats.ScaleRecord:
-        return self.track(t, node, path, op, am, hook=hook)
+        abs_max, hook = (*flags, True)[:2]
+        return self.track(t, node, path, op, abs_max, hook=hook)
 
     monkeypatch.setattr(ScaleRecording, "track_same_values", track_same_values)
 
