@@ -106,3 +106,51 @@ def test_a_cast_that_changes_the_dtype_is_computed_afresh() -> None:
     report = track_scales(Cast(), x, capture="eager")
     assert report["to"].forward == pytest.approx(x.to(torch.bfloat16).float().std().item(), rel=1e-6)
     assert report["to"].forward != report["mul"].forward
+
+
+class ViewChain(nn.Module):
+    """A linear output read only through a chain of views: one gradient std serves the chain."""
+
+    def __init__(self, also_return_source: bool) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.also_return_source = also_return_source
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        h = self.fc(x)
+        y = h.view(4, 2, 4).transpose(1, 2).reshape(4, 8) * torch.arange(8.0)
+        return (y, h) if self.also_return_source else y
+
+
+@pytest.mark.parametrize("also_return_source", [False, True])
+def test_a_source_read_only_by_its_view_takes_the_views_gradient_std(
+    monkeypatch: pytest.MonkeyPatch, also_return_source: bool
+) -> None:
+    torch.manual_seed(0)
+    model, x = ViewChain(also_return_source), torch.randn(4, 8)
+    grads = (torch.randn(4, 8), torch.randn(4, 8)) if also_return_source else torch.randn(4, 8)
+    with monkeypatch.context() as m:
+        calls = _count_stds(m)
+        shared = track_scales(model, x, grads, capture="eager")
+        shared_calls = calls[0]
+    with monkeypatch.context() as m:
+        _without_shortcut(m)
+        calls = _count_stds(m)
+        fresh = track_scales(model, x, grads, capture="eager")
+        fresh_calls = calls[0]
+    for got, want in zip(shared, fresh, strict=True):
+        assert (got.backward is None) == (want.backward is None) == (got.op == "arange"), (got, want)
+        if got.backward is not None and want.backward is not None:
+            assert math.isclose(got.backward, want.backward, rel_tol=1e-6), (got, want)
+    h = x @ model.fc.weight.T + model.fc.bias
+    y_grad = grads[0] if isinstance(grads, tuple) else grads
+    h_grad = (y_grad * torch.arange(8.0)).reshape(4, 4, 2).transpose(1, 2).reshape(4, 8)
+    if isinstance(grads, tuple):
+        h_grad = h_grad + grads[1]  # h is also an output: two gradients meet in it
+    assert math.isclose(shared["linear"].backward, h_grad.std().item(), rel_tol=1e-5)
+    assert h.shape == h_grad.shape
+    # the view, the transpose and the reshape: three forward stds saved; two gradient stds on
+    # top (h and the view, each read by one view only), one where h is also an output. The
+    # transpose keeps its own: the reshape of a transposed tensor copies it in two autograd
+    # steps (a clone, then a view), and only a single step is taken as the same gradient.
+    assert fresh_calls - shared_calls == (4 if also_return_source else 5)

@@ -63,8 +63,18 @@ class ScaleRecording:
     entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
     leaves: list[torch.Tensor] = field(default_factory=list)
     handles: list[RemovableHandle] = field(default_factory=list)
-    # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record)
-    _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord]] = field(default_factory=dict, repr=False)
+    # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record;
+    # the gradient hook that fills it, if any)
+    _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord, RemovableHandle | None]] = field(
+        default_factory=dict, repr=False
+    )
+    # (source's grad_fn, its output_nr, source's record, its hook, view's grad_fn, view's record)
+    # per view that took its source's forward numbers: candidates for sharing the gradient's too
+    _views: list[tuple[Any, int, ScaleRecord, RemovableHandle, Any, ScaleRecord]] = field(
+        default_factory=list, repr=False
+    )
+    # (record, record whose gradient std it takes) once the backward pass is done
+    _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
 
     def track(
         self,
@@ -84,13 +94,15 @@ class ScaleRecording:
         if record is None:
             record = ScaleRecord()
             record.record_forward(t, abs_max)
+        handle = None
         if hook and t.requires_grad:
-            self.handles.append(t.register_hook(record.record_backward))
+            handle = t.register_hook(record.record_backward)
+            self.handles.append(handle)
         row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         self.entries.append((row, record))
         version = _version(t)
         if version is not None:
-            self._latest[id(t)] = (weakref.ref(t), version, record)
+            self._latest[id(t)] = (weakref.ref(t), version, record, handle)
         return record
 
     def track_same_values(
@@ -134,13 +146,83 @@ class ScaleRecording:
         record.forward = known[2].forward
         if abs_max:
             record.abs_max = known[2].abs_max
-        return self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
+        self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
+        if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
+            self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
+        return record
+
+    def share_view_gradients(self) -> None:
+        """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
+
+        The gradient of ``x`` is the sum of what flows back along each edge into it. Where
+        the autograd graph from the outputs has a single edge into ``x`` and it comes from
+        a view (or same-valued copy) of ``x``, the gradient of ``x`` holds the values of the
+        view's gradient, so its std is not computed twice: ``x``'s hook is removed and
+        :meth:`remove_hooks` copies the view's number. Counting edges in the autograd
+        graph sees every consumer, whatever recorded it or not.
+
+        >>> import torch
+        >>> from unitscale.tracking.eager import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> x = torch.ones(4, requires_grad=True) * 2
+        >>> _ = captured.track(x, "x", "", "mul", abs_max=False)
+        >>> view = x.view(2, 2)
+        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", abs_max=False)
+        >>> captured.output = view * torch.tensor([1.0, 3.0])
+        >>> captured.share_view_gradients()
+        >>> _ = captured.output.backward(torch.ones(2, 2)); captured.remove_hooks()
+        >>> [record.backward for _, record in captured.entries]
+        [1.1547005383792515, 1.1547005383792515]
+        """
+        if not self._views:
+            return
+        edges: Counter[tuple[Any, int]] = Counter()
+        via: dict[tuple[Any, int], Any] = {}
+        stack = []
+        for t in _tensors(self.output):
+            if t.grad_fn is not None:
+                edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
+                stack.append(t.grad_fn)
+        seen = set(stack)
+        while stack:
+            fn = stack.pop()
+            for nxt, nr in fn.next_functions:
+                if nxt is None:
+                    continue
+                edges[(nxt, nr)] += 1
+                via[(nxt, nr)] = fn
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        # last view first: along x -> view -> view_1, view takes view_1's number before x takes view's
+        for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
+            if edges[(fn, nr)] == 1 and via.get((fn, nr)) is view_fn:
+                handle.remove()
+                self._copies.append((record, view_record))
+        self._views.clear()
 
     def remove_hooks(self) -> None:
-        """Remove every gradient hook (some sit on the model's parameters)."""
+        """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
+
+        Records that take a view's gradient std (:meth:`share_view_gradients`) take it here.
+        """
+        for record, source in self._copies:
+            record.backward = source.backward
+        self._copies.clear()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside nested tuples, lists and dicts (a model's output)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -281,6 +363,7 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     try:
         with recorder:
             captured.output = module(*args)
+        captured.share_view_gradients()
     except BaseException:
         captured.remove_hooks()
         raise
