@@ -65,7 +65,8 @@ class ScaleTrackingInterpreter(fx.Interpreter):
 
         run(*inputs)
         +-- run_node(n) *           records the output's scale; a view hands its
-            |                       record on to its only user (one record per chain)
+            |                       record on to its only user (one record per chain),
+            |                       else takes its input's forward numbers
             +-- placeholder()       (floating-point inputs become leaves that require grad)
             +-- get_attr()
             +-- call_function()
@@ -118,15 +119,13 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         # input's only user, so does its gradient: one record serves the whole chain.
         users = list(n.users)
         hand_on = len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,)
-        record = self.captured.track(
-            out,
-            n.name,
-            n.meta.get(MODULE_PATH_KEY, ""),
-            self._op(n, out),
-            self.abs_max,
-            record=self._shared.pop(n, None),
-            hook=not hand_on,
-        )
+        shared = self._shared.pop(n, None)
+        path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
+        if shared is None and _is_view(n) and isinstance(n.args[0], fx.Node):
+            # the input has other users too: same forward numbers, its own gradient
+            record = self.captured.track_same_values(out, load(n.args[0]), n.name, path, op, self.abs_max, not hand_on)
+        else:
+            record = self.captured.track(out, n.name, path, op, self.abs_max, record=shared, hook=not hand_on)
         if hand_on:
             self._shared[users[0]] = record
         return out

@@ -9,6 +9,7 @@ recorded like a node of a traced graph, with the module it ran in.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,11 +20,22 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
-from unitscale.fx.nodes import op_name
+from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
-__all__ = ["ScaleRecording", "OpScaleRecorder", "input_leaf", "record_ops"]
+__all__ = ["ScaleRecording", "OpScaleRecorder", "SAME_VALUE_OPS", "input_leaf", "record_ops"]
+
+#: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values
+#: as their first argument, rearranged or copied, when it keeps that argument's dtype and size:
+#: the views, and copies and casts that cast nothing. Their forward statistics are the
+#: argument's (see :meth:`ScaleRecording.track_same_values`).
+SAME_VALUE_OPS: frozenset[str] = frozenset(
+    {f"Tensor.{m}" for m in VIEW_METHODS}
+    | {op_name(f) for f in VIEW_FUNCTIONS}
+    | {"Tensor.to", "Tensor.float", "Tensor.double", "Tensor.half", "Tensor.bfloat16", "Tensor.type"}
+    | {"Tensor.type_as", "Tensor.clone", "clone", "Tensor.detach", "detach", "Tensor.cpu", "Tensor.cuda"}
+)
 
 
 @dataclass
@@ -51,6 +63,18 @@ class ScaleRecording:
     entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
     leaves: list[torch.Tensor] = field(default_factory=list)
     handles: list[RemovableHandle] = field(default_factory=list)
+    # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record;
+    # the gradient hook that fills it, if any)
+    _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord, RemovableHandle | None]] = field(
+        default_factory=dict, repr=False
+    )
+    # (source's grad_fn, its output_nr, source's record, its hook, view's grad_fn, view's record)
+    # per view that took its source's forward numbers: candidates for sharing the gradient's too
+    _views: list[tuple[Any, int, ScaleRecord, RemovableHandle, Any, ScaleRecord]] = field(
+        default_factory=list, repr=False
+    )
+    # (record, record whose gradient std it takes) once the backward pass is done
+    _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
 
     def track(
         self,
@@ -70,17 +94,143 @@ class ScaleRecording:
         if record is None:
             record = ScaleRecord()
             record.record_forward(t, abs_max)
+        handle = None
         if hook and t.requires_grad:
-            self.handles.append(t.register_hook(record.record_backward))
+            handle = t.register_hook(record.record_backward)
+            self.handles.append(handle)
         row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         self.entries.append((row, record))
+        version = _version(t)
+        if version is not None:
+            self._latest[id(t)] = (weakref.ref(t), version, record, handle)
         return record
 
+    def track_same_values(
+        self, t: torch.Tensor, source: Any, node: str, module_path: str, op: str, abs_max: bool, hook: bool = True
+    ) -> ScaleRecord:
+        """Record ``t``, which holds the values of ``source`` (a view or copy of it), as one row.
+
+        Where ``source`` is a tensor recorded here whose values have not changed since (its
+        version counter, which its views share, is the same), the forward statistics are
+        taken from its record instead of computed again: same values, same std and
+        abs-max. ``t`` being ``source`` itself (``x.to(x.dtype)``, dropout in eval mode)
+        shares the whole record, gradient included. Otherwise as :meth:`track` (``hook``
+        as there).
+
+        >>> import torch
+        >>> from unitscale.tracking.eager import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> x = torch.tensor([1.0, 2.0, 3.0, 6.0])
+        >>> first = captured.track(x, "x", "", "input", abs_max=False)
+        >>> captured.track_same_values(x.view(2, 2), x, "view", "", "Tensor.view", abs_max=False).forward
+        2.160246899469287
+        >>> _ = x.mul_(2)  # changed in place: computed afresh
+        >>> captured.track_same_values(x.view(2, 2), x, "view_1", "", "Tensor.view", abs_max=False).forward
+        4.320493798938574
+        """
+        known = self._latest.get(id(source)) if isinstance(source, torch.Tensor) else None
+        if (
+            known is None
+            or not isinstance(source, torch.Tensor)
+            or known[0]() is not source
+            or known[1] != _version(source)
+            or t.dtype != source.dtype
+            or t.device != source.device
+            or t.numel() != source.numel()
+            or (abs_max and known[2].abs_max is None and t.numel() > 0)
+        ):
+            return self.track(t, node, module_path, op, abs_max, hook=hook)
+        if t is source:
+            return self.track(t, node, module_path, op, abs_max, record=known[2], hook=False)
+        record = ScaleRecord()
+        record.forward = known[2].forward
+        if abs_max:
+            record.abs_max = known[2].abs_max
+        self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
+        if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
+            self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
+        return record
+
+    def share_view_gradients(self) -> None:
+        """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
+
+        The gradient of ``x`` is the sum of what flows back along each edge into it. Where
+        the autograd graph from the outputs has a single edge into ``x`` and it comes from
+        a view (or same-valued copy) of ``x``, the gradient of ``x`` holds the values of the
+        view's gradient, so its std is not computed twice: ``x``'s hook is removed and
+        :meth:`remove_hooks` copies the view's number. Counting edges in the autograd
+        graph sees every consumer, whatever recorded it or not.
+
+        >>> import torch
+        >>> from unitscale.tracking.eager import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> x = torch.ones(4, requires_grad=True) * 2
+        >>> _ = captured.track(x, "x", "", "mul", abs_max=False)
+        >>> view = x.view(2, 2)
+        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", abs_max=False)
+        >>> captured.output = view * torch.tensor([1.0, 3.0])
+        >>> captured.share_view_gradients()
+        >>> _ = captured.output.backward(torch.ones(2, 2)); captured.remove_hooks()
+        >>> [record.backward for _, record in captured.entries]
+        [1.1547005383792515, 1.1547005383792515]
+        """
+        if not self._views:
+            return
+        edges: Counter[tuple[Any, int]] = Counter()
+        via: dict[tuple[Any, int], Any] = {}
+        stack = []
+        for t in _tensors(self.output):
+            if t.grad_fn is not None:
+                edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
+                stack.append(t.grad_fn)
+        seen = set(stack)
+        while stack:
+            fn = stack.pop()
+            for nxt, nr in fn.next_functions:
+                if nxt is None:
+                    continue
+                edges[(nxt, nr)] += 1
+                via[(nxt, nr)] = fn
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        # last view first: along x -> view -> view_1, view takes view_1's number before x takes view's
+        for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
+            if edges[(fn, nr)] == 1 and via.get((fn, nr)) is view_fn:
+                handle.remove()
+                self._copies.append((record, view_record))
+        self._views.clear()
+
     def remove_hooks(self) -> None:
-        """Remove every gradient hook (some sit on the model's parameters)."""
+        """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
+
+        Records that take a view's gradient std (:meth:`share_view_gradients`) take it here.
+        """
+        for record, source in self._copies:
+            record.backward = source.backward
+        self._copies.clear()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside nested tuples, lists and dicts (a model's output)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor counts no versions
+        return None
 
 
 def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +246,13 @@ def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
     return leaf, leaf.clone()
+
+
+# Ops that return their input itself when they change nothing (dropout in eval mode) and
+# another tensor with other values otherwise: only the first case shares a record.
+_SAME_OBJECT_OPS = frozenset(
+    {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d"}
+)
 
 
 class OpScaleRecorder(TorchFunctionMode):
@@ -143,9 +300,16 @@ class OpScaleRecorder(TorchFunctionMode):
             op = op_name(func)
             name = self._node_name(op)
             path = self.module_names.get(self.module_stack[-1], "") if self.module_stack else ""
-            single = isinstance(out, torch.Tensor)
-            for i, t in enumerate(tensors):
-                self.captured.track(t, name if single else f"{name}[{i}]", path, op, self.abs_max)
+            if isinstance(out, torch.Tensor):
+                if op in SAME_VALUE_OPS and args:
+                    self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)
+                elif op in _SAME_OBJECT_OPS and args and out is args[0]:
+                    self.captured.track_same_values(out, out, name, path, op, self.abs_max)
+                else:
+                    self.captured.track(out, name, path, op, self.abs_max)
+            else:
+                for i, t in enumerate(tensors):
+                    self.captured.track(t, f"{name}[{i}]", path, op, self.abs_max)
         return out
 
     def _enter_module(self, module: nn.Module, *_: Any) -> None:
@@ -199,6 +363,7 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     try:
         with recorder:
             captured.output = module(*args)
+        captured.share_view_gradients()
     except BaseException:
         captured.remove_hooks()
         raise
