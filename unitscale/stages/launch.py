@@ -37,6 +37,7 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, UnknownScheduleError
+from unitscale.stages.schedule_costs import SCHEDULES, stage_ranks
 
 if TYPE_CHECKING:
     from unitscale.stages.plan import StagePlan
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEDULES", "RankPipeline", "check_schedule", "pipeline_stage", "placement"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv")
 _SINGLE = ("gpipe", "1f1b")
 _INTERLEAVED = ("interleaved_1f1b", "interleaved_zero_bubble")
 
@@ -78,9 +78,8 @@ def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[l
     >>> placement("interleaved_1f1b", 2, 2), placement("zbv", 2, 2)
     ([[0, 2], [1, 3]], [[0, 3], [1, 2]])
     """
-    if schedule == "zbv":
-        return [[r, 2 * num_ranks - 1 - r] for r in range(num_ranks)]
-    return [[r + k * num_ranks for k in range(stages_per_rank)] for r in range(num_ranks)]
+    ranks = stage_ranks(schedule, num_ranks, 2 if schedule == "zbv" else stages_per_rank)
+    return [[s for s, rank in enumerate(ranks) if rank == r] for r in range(num_ranks)]
 
 
 def _microbatch_counts(ok: Callable[[int], bool], limit: int = 32) -> list[int]:
