@@ -55,23 +55,13 @@ class CastStats(NamedTuple):
     sqnr_db: float
 
 
-def _value(t: torch.Tensor) -> Stat:
-    return t.item() if reads_at_once(t.device) else t
-
-
-# Formats that formats.py documents as bit-identical to a torch cast (round to nearest, and with
-# saturation once clamped to the format's range): one vectorised cast instead of FPFormat.round's
-# frexp/ldexp arithmetic, several times faster. tests/tracking/test_monitor.py checks them equal.
-_TORCH_CASTS = {
-    (4, 3, False): torch.float8_e4m3fn,
-    (5, 2, True): torch.float8_e5m2,
-    (5, 10, True): torch.float16,
-    (8, 7, True): torch.bfloat16,
-}
+# Scratch slots: the magnitudes, a 0/1 indicator (later the rounded values), the magic numbers
+# (int32) and, only when something overflows, the clamped magnitudes.
+_ABS, _WORK, _MAGIC, _CLAMPED = range(4)
 
 
 class Scratch:
-    """Reusable buffers, one per dtype and device, grown to the largest tensor seen.
+    """Reusable buffers, one per dtype, device and slot, grown to the largest tensor seen.
 
     A fresh multi-megabyte temporary per op costs its page faults again every time; a
     monitor's record step measures hundreds of tensors, so it lends them one set of buffers.
@@ -89,6 +79,52 @@ class Scratch:
         return buffer[:n]
 
 
+# Rounding by a magic number. For a float32 c whose format spacing there is ulp = 2**(e - m)
+# (e = max(floor(log2|c|), emin)), M = 1.5 * 2**(e - m + 23) is a float32 whose own spacing is
+# exactly ulp, and c + M stays in M's binade while |c| < M / 3. So the hardware's round-to-
+# nearest-even of c + M rounds c to the format's grid (ties to even: M / ulp = 3 * 2**22 is
+# even), and subtracting M again is exact. M is c's exponent field, clamped to the format's
+# range, plus a constant: four vectorised passes where torch's float8 casts convert element by
+# element (the E4M3 round trip costs about 4x more). Needs m <= 21 (so |c| < M / 3) and
+# e - m + 23 within float32's normal exponents, which holds for E4M3, E5M2 and FP16 (not BF16).
+_EXPONENT_FIELD = 0x7F800000
+
+
+class _Magic(NamedTuple):
+    low: int  # the smallest exponent field allowed (the format's emin)
+    high: int  # the largest (the format's largest binade)
+    add: int  # (23 - m) binades up, and the mantissa's top bit: 1.5 * 2**(e - m + 23)
+
+
+def _magic(fmt: FPFormat) -> _Magic | None:
+    """Constants for rounding float32 to ``fmt`` by a magic number, or ``None`` where the trick does not apply."""
+    if fmt.rounding != "nearest" or not fmt.saturate or fmt.mantissa_bits > 21:
+        return None
+    m, emin = fmt.mantissa_bits, 1 - fmt.bias
+    emax = math.frexp(fmt.max_value)[1] - 1
+    if not (-126 <= emin - m + 23 and emax - m + 23 <= 127):
+        return None
+    return _Magic((emin + 127) << 23, (emax + 127) << 23, ((23 - m) << 23) + (1 << 22))
+
+
+def _round_magic(c: torch.Tensor, magic: _Magic, scratch: Scratch) -> torch.Tensor:
+    """``c`` (1-D float32, within the format's range or NaN) rounded to the format, in a scratch buffer."""
+    n = c.numel()
+    big = torch.bitwise_and(c.view(torch.int32), _EXPONENT_FIELD, out=scratch.get(n, torch.int32, c.device, _MAGIC))
+    big = big.clamp_(magic.low, magic.high).add_(magic.add).view(torch.float32)
+    return torch.add(c, big, out=scratch.get(n, torch.float32, c.device, _WORK)).sub_(big)
+
+
+# Formats that formats.py documents as bit-identical to a torch cast (round to nearest, and with
+# saturation once clamped to the format's range), for those the magic number cannot round.
+_TORCH_CASTS = {
+    (4, 3, False): torch.float8_e4m3fn,
+    (5, 2, True): torch.float8_e5m2,
+    (5, 10, True): torch.float16,
+    (8, 7, True): torch.bfloat16,
+}
+
+
 def rounding_error(x: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = None) -> torch.Tensor:
     """``fmt.round(x) - x`` for a 1-D float32 or float64 tensor, in a scratch buffer where one is given.
 
@@ -96,14 +132,18 @@ def rounding_error(x: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
     >>> rounding_error(torch.tensor([0.3, 500.0]), FP8_E4M3).tolist()
     [0.012499988079071045, -52.0]
     """
-    low = _TORCH_CASTS.get((fmt.exponent_bits, fmt.mantissa_bits, fmt.infinities))
-    if low is None or fmt.rounding != "nearest" or not fmt.saturate or x.dtype != torch.float32:
-        return fmt.round(x).sub_(x)
     scratch = scratch or Scratch()
     n = x.numel()
-    error = torch.clamp(x, -fmt.max_value, fmt.max_value, out=scratch.get(n, x.dtype, x.device, 1))
-    error.copy_(scratch.get(n, low, x.device).copy_(error))
-    return error.sub_(x)
+    magic = _magic(fmt) if x.dtype == torch.float32 else None
+    low = _TORCH_CASTS.get((fmt.exponent_bits, fmt.mantissa_bits, fmt.infinities))
+    if magic is None and (low is None or fmt.rounding != "nearest" or not fmt.saturate or x.dtype != torch.float32):
+        return fmt.round(x).sub_(x)
+    clamped = torch.clamp(x, -fmt.max_value, fmt.max_value, out=scratch.get(n, x.dtype, x.device, _CLAMPED))
+    if magic is not None:
+        return _round_magic(clamped, magic, scratch).sub_(x)
+    assert low is not None
+    error = scratch.get(n, x.dtype, x.device, _WORK)
+    return error.copy_(scratch.get(n, low, x.device).copy_(clamped)).sub_(x)
 
 
 def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = None) -> tuple[Stat, ...]:
@@ -125,22 +165,82 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
         if x.dtype != torch.float32 and x.dtype != torch.float64:
             x = x.float()
         x = x.reshape(-1)
-        n = x.numel()
-        std = std_stat(x)
-        if std is None:
+        if x.numel() == 0:
             raise ValueError("raw_cast_stats needs a nonempty tensor")
-        low, high = torch.aminmax(x)
-        absmax = torch.maximum(high, -low)
-        a = torch.abs(x, out=scratch.get(n, x.dtype, x.device))
-        flags = scratch.get(n, torch.bool, x.device)
-        nonzero = torch.count_nonzero(x)
-        # a < smallest subnormal also holds for the exact zeros, which are not underflow
-        under = torch.count_nonzero(torch.lt(a, fmt.min_subnormal, out=flags)) - (n - nonzero)
-        over = torch.count_nonzero(torch.gt(a, fmt.max_value, out=flags))
-        signal = torch.dot(x, x)
+        if reads_at_once(x.device):
+            return _host_stats(x, fmt, scratch)
+        return _device_stats(x, fmt, scratch)
+
+
+# How the statistics are computed, in passes over the data (the old form took about 16, two of
+# them torch's element-by-element float8 conversions): the sum and the dot product x.x give the
+# std and the SQNR's signal; |x| is taken once and everything else reads it: its max, 0/1
+# indicators (written as floats: a float compare-and-sum is about 4x faster than counting a bool
+# tensor) for |x| < smallest subnormal, |x| == 0 and |x| > largest value, and the rounding error
+# of |x| (rounding to nearest is symmetric, so its square equals that of x's). On the CPU each
+# value is read as it comes, which lets a tensor skip what it does not need: the zero count
+# when nothing is below the smallest subnormal, the overflow count and the clamp when the
+# abs-max is in range.
+
+
+def _count(flags: torch.Tensor) -> int:
+    """The number of ones in a 0/1 float tensor; exact (every partial sum is an integer below 2**24)."""
+    if flags.numel() < 2**24 or flags.dtype == torch.float64:
+        return int(flags.sum().item())
+    return int(flags.sum(dtype=torch.float64).item())
+
+
+def _host_std(x: torch.Tensor, total: float, squares: float) -> float:
+    """:func:`~unitscale.tracking.stats.std_stat` of ``x`` from its sum and dot product, already read."""
+    n = x.numel()
+    if n == 1:
+        return 0.0
+    mean = total / n
+    var = (squares - total * mean) / (n - 1)
+    if mean * mean <= var < math.inf:
+        return math.sqrt(var)
+    std = std_stat(x)  # cancellation or overflow: std_stat's careful path
+    assert isinstance(std, float)
+    return std
+
+
+def _host_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
+    n, device = x.numel(), x.device
+    total = x.sum().item()
+    signal = torch.dot(x, x).item()
+    a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
+    absmax = a.max().item()
+    flags = scratch.get(n, x.dtype, device, _WORK)
+    small = _count(torch.lt(a, fmt.min_subnormal, out=flags))
+    zeros = _count(torch.eq(a, 0, out=flags)) if small else 0
+    in_range = absmax <= fmt.max_value  # False for NaN too
+    over = 0 if in_range else _count(torch.gt(a, fmt.max_value, out=flags))
+    magic = _magic(fmt) if x.dtype == torch.float32 else None
+    if magic is None:
         error = rounding_error(x, fmt, scratch)
-        noise = torch.dot(error, error)
-    return (std, *(_value(v) for v in (absmax, nonzero, under, over, signal, noise)))
+    else:
+        clamped = a if in_range else torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
+        error = _round_magic(clamped, magic, scratch).sub_(a)
+    noise = torch.dot(error, error).item()
+    return (_host_std(x, total, signal), absmax, n - zeros, small - zeros, over, signal, noise)
+
+
+def _device_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
+    """:func:`_host_stats` with no value read: everything is computed, the results stay 0-dim tensors."""
+    n, device = x.numel(), x.device
+    std = std_stat(x)
+    assert std is not None
+    a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
+    zeros = torch.count_nonzero(torch.eq(a, 0))
+    small = torch.count_nonzero(torch.lt(a, fmt.min_subnormal))
+    over = torch.count_nonzero(torch.gt(a, fmt.max_value))
+    magic = _magic(fmt) if x.dtype == torch.float32 else None
+    if magic is None:
+        error = rounding_error(x, fmt, scratch)
+    else:
+        clamped = torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
+        error = _round_magic(clamped, magic, scratch).sub_(a)
+    return (std, a.max(), n - zeros, small - zeros, over, torch.dot(x, x), torch.dot(error, error))
 
 
 def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:
