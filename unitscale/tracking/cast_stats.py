@@ -17,6 +17,7 @@ the data, would cost most.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -109,6 +110,7 @@ class _Magic(NamedTuple):
     add: int  # (23 - m) binades up, and the mantissa's top bit: 1.5 * 2**(e - m + 23)
 
 
+@functools.lru_cache(maxsize=64)  # asked once per tensor measured
 def _magic(fmt: FPFormat) -> _Magic | None:
     """Constants for rounding float32 to ``fmt`` by a magic number, or ``None`` where the trick does not apply."""
     if fmt.rounding != "nearest" or not fmt.saturate or fmt.mantissa_bits > 21:
@@ -327,22 +329,17 @@ class CastBatch:
 def _row_stats(rows: torch.Tensor, fmt: FPFormat) -> list[tuple[float, ...]]:
     """:data:`RAW_FIELDS` of each row of a 2-D float32 tensor of at most :data:`BATCH_MAX` columns.
 
-    Row sums, not einsum or bmm (several times slower here); the counts and the overflow clamp
-    are skipped for the whole group where its abs-maxes and small counts show none is needed.
+    Row sums, not einsum or bmm (several times slower here); the second pass of the std, the
+    zero count and the overflow clamp are skipped for the whole group where no row needs them.
     """
     g, n = rows.shape
-    # Std about the float32 mean, corrected by the deviations' own sum (so an inexact mean costs
-    # nothing). For a constant row the deviations are one small multiple of the value's ulp, so
-    # every sum below is exact and the std exactly 0, as raw_cast_stats gives.
-    deviations = rows - (rows.sum(1) / n)[:, None]
-    shift = deviations.sum(1).double()
-    squares = deviations.mul_(deviations).sum(1).double()
-    std = ((squares - shift * shift / n) / max(n - 1, 1)).clamp_(min=0).sqrt_()
+    total = rows.sum(1)
+    signal = (rows * rows).sum(1)
     a = rows.abs()
-    absmax = a.amax(1)
     flags = torch.empty_like(a)  # 0/1 floats: their row sums are exact counts (n <= 2**24)
     small = torch.lt(a, fmt.min_subnormal, out=flags).sum(1)
     zeros = torch.eq(a, 0, out=flags).sum(1) if bool(small.any()) else torch.zeros_like(small)
+    absmax = a.amax(1)
     in_range = bool((absmax <= fmt.max_value).all())
     over = torch.zeros_like(small) if in_range else torch.gt(a, fmt.max_value, out=flags).sum(1)
     magic = _magic(fmt)
@@ -350,21 +347,34 @@ def _row_stats(rows: torch.Tensor, fmt: FPFormat) -> list[tuple[float, ...]]:
         error = _round_magic(a.view(-1), magic, Scratch()).sub_(a.view(-1)).view(g, n)
     else:
         error = rounding_error(a.view(-1), fmt).view(g, n)  # |x|'s error squares as x's does
-    signal = (rows * rows).sum(1)
     noise = error.mul_(error).sum(1)
-    stats = torch.stack(
-        [
-            std,
-            absmax.double(),
-            (n - zeros).double(),
-            (small - zeros).double(),
-            over.double(),
-            signal.double(),
-            noise.double(),
-        ],
-        1,
-    ).tolist()
-    return [(s[0], s[1], int(s[2]), int(s[3]), int(s[4]), s[5], s[6]) for s in stats]
+    stats = torch.stack([absmax, n - zeros, small - zeros, over, signal, noise], 1).tolist()
+    return [
+        (std, r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5])
+        for std, r in zip(_row_std(rows, total, signal), stats, strict=True)
+    ]
+
+
+def _row_std(rows: torch.Tensor, total: torch.Tensor, squares: torch.Tensor) -> list[float]:
+    """Each row's std from its sum and sum of squares where they do not cancel, else about the mean.
+
+    As :func:`~unitscale.tracking.stats.std_stat` decides: where the mean squared exceeds the
+    variance so found (a constant row, all-positive data) the group is summed again about its
+    float32 mean, corrected by the deviations' own sum. For a constant row the deviations are
+    one small multiple of the value's ulp, every sum is exact and the std exactly 0.
+    """
+    n = rows.shape[1]
+    if n == 1:
+        return [0.0] * rows.shape[0]
+    total64, squares64 = total.double(), squares.double()
+    mean = total64 / n
+    var = (squares64 - total64 * mean) / (n - 1)
+    if bool((mean * mean <= var).all()):
+        return var.sqrt_().tolist()
+    deviations = rows - (total / n)[:, None]
+    shift = deviations.sum(1).double()
+    squares64 = deviations.mul_(deviations).sum(1).double()
+    return ((squares64 - shift * shift / n) / (n - 1)).clamp_(min=0).sqrt_().tolist()
 
 
 def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:
