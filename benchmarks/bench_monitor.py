@@ -4,19 +4,22 @@ Each model takes the same training steps (forward, loss, backward, Adam) on the 
 with and without a :class:`unitscale.ScaleMonitor` (``every=10``: one step in ten records every
 module output, gradient, parameter and parameter gradient against FP8 E4M3 / E5M2). The
 ratio is the time of ten monitored steps over ten plain ones, measured in the same run, the
-two interleaved so that load from other processes hits both alike; a ``record step`` column
-gives one recording step over one plain step. Target: <= 1.10x for every 10th step. Models:
-TinyGPT, a tiny Llama from ``transformers`` (random weights, no download), and
+two interleaved step by step so that load from other processes hits both alike; a ``record
+step`` column gives one recording step over the round's mean plain step. Each is the median
+over rounds. Target: <= 1.10x for every 10th step. On one thread the clock is the thread's
+own CPU time (``time.thread_time``), which time slices taken by other processes on a shared
+machine do not inflate (wall time there swung by 30% between rounds); with more threads it is
+wall time. Models: TinyGPT, a tiny Llama from ``transformers`` (random weights, no download), and
 ``unitscale.resnet18``.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,41 +73,37 @@ def _logits(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def _steps(model: nn.Module, x: Any, y: Any, monitor: ScaleMonitor | None) -> Callable[[int], None]:
+def _step(model: nn.Module, x: Any, y: Any, monitor: ScaleMonitor | None) -> Callable[[int], None]:
+    """One training step numbered ``step``: forward, loss, backward, Adam (its own optimiser)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 
-    def run(n: int) -> None:
-        for step in range(n):
-            if monitor is None:
+    def run(step: int) -> None:
+        if monitor is None:
+            logits = _logits(model(x))
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
+        else:
+            with monitor.step(step):
                 logits = _logits(model(x))
                 F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
-            else:
-                with monitor.step(step):
-                    logits = _logits(model(x))
-                    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
     return run
 
 
-def _time(fn: Callable[[], object]) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
+def _timed(fn: Callable[[int], None], step: int, clock: Callable[[], float]) -> float:
+    start = clock()
+    fn(step)
+    return clock() - start
 
 
 def main(quick: bool = False, threads: int = 1) -> list[dict]:
     """Time plain and monitored training steps per model; print and return rows."""
     torch.set_num_threads(threads)
-    rounds = 3 if quick else 7
+    rounds = 5 if quick else 11
     rows = []
-    print(f"{threads} threads; best of {rounds} rounds of {EVERY} steps; monitor every {EVERY} steps")
+    clock, clock_name = (time.thread_time, "thread CPU time") if threads == 1 else (time.perf_counter, "wall time")
+    print(f"{threads} threads ({clock_name}); median of {rounds} rounds of {EVERY} steps; monitor every {EVERY} steps")
     print(f"{'model':<10} {'every 10th':>11} {'record step':>12} {'plain ms/step':>14} {'tensors':>8}")
     for name, (build, x, y) in _zoo(quick).items():
         torch.manual_seed(0)
@@ -113,24 +112,32 @@ def main(quick: bool = False, threads: int = 1) -> list[dict]:
             print(f"{name:<10} (transformers is not installed)")
             continue
         model.train()
-        monitor = ScaleMonitor(model, every=EVERY)
-        plain, monitored = _steps(model, x, y, None), _steps(model, x, y, monitor)
-        always = ScaleMonitor(model, every=1)
-        recording = _steps(model, x, y, always)
-        plain(1), monitored(1), recording(1)  # warm-up: allocator, lazy imports
-        best = {"plain": float("inf"), "monitored": float("inf"), "record": float("inf")}
-        runs = {"plain": (plain, EVERY), "monitored": (monitored, EVERY), "record": (recording, 1)}
-        for _ in range(rounds):
-            for key, (fn, n) in runs.items():
-                best[key] = min(best[key], _time(partial(fn, n)))
+        monitor, always = ScaleMonitor(model, every=EVERY), ScaleMonitor(model, every=1)
+        plain, monitored, recording = (_step(model, x, y, m) for m in (None, monitor, always))
+        plain(0), monitored(0), recording(0)  # warm-up: allocator, lazy imports
+        every, record, plain_ms = [], [], []
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(rounds):
+                # Step by step, a plain step beside each monitored one, so that load from other
+                # processes (which moves within a second) hits both alike.
+                pairs = [(_timed(plain, i, clock), _timed(monitored, i, clock)) for i in range(EVERY)]
+                base = sum(p for p, _ in pairs)
+                every.append(sum(m for _, m in pairs) / base)
+                record.append(_timed(recording, 0, clock) / (base / EVERY))
+                plain_ms.append(base / EVERY * 1e3)
+                gc.collect()
+        finally:
+            gc.enable()
         tensors = len(always.history) // (rounds + 1)  # warm-up and each round record once
         monitor.close()
         always.close()
         row = {
             "model": name,
-            "every 10th": best["monitored"] / best["plain"],
-            "record step": best["record"] / (best["plain"] / EVERY),
-            "plain ms/step": best["plain"] / EVERY * 1e3,
+            "every 10th": statistics.median(every),
+            "record step": statistics.median(record),
+            "plain ms/step": statistics.median(plain_ms),
             "tensors": tensors,
         }
         rows.append(row)

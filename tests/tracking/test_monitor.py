@@ -21,7 +21,16 @@ from unitscale.errors import (
     UnknownStatError,
 )
 from unitscale.tracking import MonitorRecord, ScaleHistory, cast_stats
-from unitscale.tracking.cast_stats import Scratch, rounding_error
+from unitscale.tracking.cast_stats import (
+    BATCH_MAX,
+    CastBatch,
+    Scratch,
+    _device_stats,
+    finish_cast_stats,
+    raw_cast_stats,
+    rounding_error,
+)
+from unitscale.tracking.stats import std_stat
 
 matplotlib.use("Agg")
 
@@ -373,3 +382,130 @@ def test_heatmap_and_drift_errors() -> None:
     with pytest.raises(InputError, match="top=0"):
         monitor.drifted(top=0)
     assert issubclass(NoRecordsError, RuntimeError) and issubclass(UnknownStatError, ValueError)
+
+
+# The fast paths equal the plain definitions ---------------------------------------------------
+
+
+def _plain_raw(x: torch.Tensor, fmt: FPFormat) -> tuple[float, ...]:
+    """raw_cast_stats as first written: one torch op per statistic, fmt.round for the cast."""
+    x = x.detach().float().reshape(-1)
+    a = x.abs()
+    error = fmt.round(x) - x
+    return (
+        std_stat(x),
+        a.max().item(),
+        torch.count_nonzero(x).item(),
+        torch.count_nonzero((a > 0) & (a < fmt.min_subnormal)).item(),
+        torch.count_nonzero(a > fmt.max_value).item(),
+        torch.dot(x, x).item(),
+        torch.dot(error, error).item(),
+    )
+
+
+_SPECIALS = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, 1e-40, 448.0, 460.0, 2.0**-10]
+
+
+def _values(n: int, log2_scale: float, seed: int, zeros: float, special: int, offset: float) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randn(n, generator=gen) * 2.0**log2_scale + offset
+    t[torch.rand(n, generator=gen) < zeros] = 0.0
+    if special >= 0:
+        t[0] = _SPECIALS[special]
+    return t
+
+
+_FORMATS = st.sampled_from([FP8_E4M3, FP8_E5M2, FP16, BF16, FPFormat(3, 1), FPFormat(6, 4, infinities=False)])
+_TENSORS = st.builds(
+    _values,
+    st.integers(1, 3000),
+    st.floats(-30, 25),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([0.0, 0.0, 0.5]),
+    st.integers(-5, len(_SPECIALS) - 1),
+    st.sampled_from([0.0, 0.0, 5.0]),
+)
+
+
+def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b, strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(_TENSORS, _FORMATS)
+def test_raw_cast_stats_are_bit_identical_to_the_plain_definitions(t: torch.Tensor, fmt: FPFormat) -> None:
+    # abs once, float 0/1 counts, the magic-number rounding and the shared dot product change
+    # how the numbers are computed, not one bit of them
+    assert _same(tuple(float(v) for v in raw_cast_stats(t, fmt)), _plain_raw(t, fmt))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.integers(0, 23), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
+def test_magic_number_rounding_equals_the_formats_own(e: int, m: int, inf: bool, saturate: bool, seed: int) -> None:
+    if not inf and m == 0:
+        return
+    fmt = FPFormat(e, m, infinities=inf, saturate=saturate)
+    if fmt.max_value > torch.finfo(torch.float32).max:  # an 8-bit "fn" format: float32 cannot simulate it
+        return
+    gen = torch.Generator().manual_seed(seed)
+    t = torch.randn(2000, generator=gen) * 2.0 ** (torch.rand(2000, generator=gen) * 60 - 30)
+    t = torch.cat([t, fmt.min_subnormal * torch.tensor([0.5, 1.5, 2.5, -0.5]), torch.tensor([0.0, fmt.max_value])])
+    expected = fmt.round(t) - t
+    assert torch.equal(rounding_error(t, fmt, Scratch()).nan_to_num(nan=7.0), expected.nan_to_num(nan=7.0))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_TENSORS, min_size=1, max_size=6), _FORMATS, st.booleans())
+def test_a_batch_measures_as_raw_cast_stats_does(tensors: list[torch.Tensor], fmt: FPFormat, constant: bool) -> None:
+    if constant:
+        tensors = tensors + [torch.full((len(tensors[0]),), 0.1), torch.full((3,), -7.0)]
+    batch = CastBatch(fmt)
+    assert [batch.add(t) for t in tensors] == list(range(len(tensors)))
+    for t, row in zip(tensors, batch.finish(), strict=True):
+        own = tuple(float(v) for v in raw_cast_stats(t, fmt))
+        assert _same(row[1:5], own[1:5])  # abs-max and counts: identical
+        for got, want in zip(finish_cast_stats(row), finish_cast_stats(own), strict=True):
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-4, nan_ok=True)
+        if not t.isfinite().all():
+            assert _same(row, own)  # measured again by raw_cast_stats itself
+        if t.numel() > 1 and bool((t == t[0]).all()):
+            assert row[0] == 0.0 and own[0] < 1e-12 * abs(t[0].item())  # a constant tensor's std is 0
+    assert len(batch) == 0  # finish empties it
+
+
+def test_a_batch_takes_small_tensors_only() -> None:
+    assert CastBatch.takes(torch.zeros(BATCH_MAX, dtype=torch.bfloat16))
+    assert not CastBatch.takes(torch.zeros(BATCH_MAX + 1))
+    assert not CastBatch.takes(torch.zeros(4, dtype=torch.float64))
+    assert not CastBatch.takes(torch.zeros(0))
+
+
+@settings(max_examples=20, deadline=None)
+@given(_TENSORS, _FORMATS)
+def test_the_device_path_agrees_with_the_host_path(t: torch.Tensor, fmt: FPFormat) -> None:
+    host = tuple(float(v) for v in raw_cast_stats(t, fmt))
+    device = tuple(float(v) for v in _device_stats(t.reshape(-1), fmt, Scratch()))
+    assert _same(device[1:5], host[1:5])
+    assert device == pytest.approx(host, rel=1e-5, abs=1e-30, nan_ok=True)
+
+
+def test_monitor_records_small_and_large_tensors_as_cast_stats_measures_them() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(inplace=True), nn.Linear(256, 4))
+    x = torch.randn(64, 64)
+    seen: dict[str, torch.Tensor] = {}
+    hook = model[0].register_forward_hook(lambda m, a, out: seen.__setitem__("0", out.detach().clone()))
+    with ScaleMonitor(model, every=1) as monitor, monitor.step():
+        model(x).pow(2).sum().backward()
+    hook.remove()
+    rec = {(r.tensor, r.direction): r for r in monitor.history}
+    for key, t, fmt in [
+        (("0", "fwd"), seen["0"], FP8_E4M3),  # 16384 elements: measured at once
+        (("2", "fwd"), model(x).detach(), FP8_E4M3),  # 256: batched
+        (("0.weight", "bwd"), model[0].weight.grad, FP8_E5M2),  # 16384
+        (("2.bias", "bwd"), model[2].bias.grad, FP8_E5M2),  # 4: batched
+    ]:
+        want = cast_stats(t, fmt)
+        got = rec[key]
+        assert (got.absmax, got.underflow, got.overflow) == (want.absmax, want.underflow, want.overflow)
+        assert (got.std, got.sqnr_db) == pytest.approx((want.std, want.sqnr_db), rel=1e-5)

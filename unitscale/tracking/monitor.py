@@ -16,6 +16,15 @@ Hooks exist only during a record step: ``step()`` registers a forward hook per m
 entry, a tensor hook per output as the forward pass meets it, and removes every one on exit,
 so other steps run the bare model. On an accelerator the statistics stay on the device
 until the step ends, then are read in one transfer.
+
+What a record step costs: a large tensor is measured where the hook meets it (about 15
+passes over its data, see :mod:`~unitscale.tracking.cast_stats`); a small one (at most
+:data:`~unitscale.tracking.cast_stats.BATCH_MAX` elements, where the cost is the ~20 op calls
+rather than the data) is copied and measured with the other small ones when the step ends, in
+one :class:`~unitscale.tracking.cast_stats.CastBatch` per format. Memory: those copies (at most
+``BATCH_MAX`` float32 elements each) until the step ends, and scratch buffers of about four
+times the largest tensor measured, kept from one record step to the next (a fresh multi-
+megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -32,7 +41,7 @@ from torch.utils.hooks import RemovableHandle
 
 from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.tracking.cast_stats import Scratch, finish_cast_stats, raw_cast_stats
+from unitscale.tracking.cast_stats import CastBatch, Scratch, finish_cast_stats, raw_cast_stats
 from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
 from unitscale.tracking.stats import Stat
 
@@ -44,7 +53,15 @@ __all__ = ["ScaleMonitor", "ROOT"]
 ROOT = "(root)"
 """The tensor name of the model's own output (when no submodule returned it)."""
 
-_Pending = tuple[str, str, str, tuple[Stat, ...]]
+
+class _Batched(NamedTuple):
+    """A record's place in one of the step's :class:`CastBatch` objects, measured when the step ends."""
+
+    batch: CastBatch
+    row: int
+
+
+_Pending = tuple[str, str, str, "tuple[Stat, ...] | _Batched"]
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -150,6 +167,7 @@ class ScaleMonitor:
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._calls: dict[str, int] = {}
         self._scratch = Scratch()
+        self._batches = {"fwd": CastBatch(fwd_format), "bwd": CastBatch(bwd_format)}
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"next step {self._next_step}"
@@ -200,7 +218,7 @@ class ScaleMonitor:
             yield True
         except BaseException:
             self._disarm()
-            self._pending.clear()
+            self._drop_pending()
             raise
         else:
             self._disarm()
@@ -211,22 +229,26 @@ class ScaleMonitor:
     def close(self) -> None:
         """Remove every hook (there are none outside a record step) and refuse further steps."""
         self._disarm()
-        self._pending.clear()
+        self._drop_pending()
         self._scratch = Scratch()
         self._closed = True
 
     # Recording ----------------------------------------------------------------------------------
 
     def _arm(self) -> None:
-        self._pending, self._seen, self._calls = [], {}, {}
-        self._scratch = Scratch()  # buffers live for one record step, then go
+        self._seen, self._calls = {}, {}
+        self._drop_pending()
         if self.parameters:
             for name, p in self.model.named_parameters():
                 if p.numel() and p.is_floating_point():
-                    self._pending.append((name, "parameter", "fwd", raw_cast_stats(p, self.fwd_format, self._scratch)))
+                    self._measure(name, "parameter", "fwd", p)
         if self.activations:
             for name, module in self._modules:
                 self._handles.append(module.register_forward_hook(partial(self._on_forward, name)))
+
+    def _drop_pending(self) -> None:
+        self._pending = []
+        self._batches = {"fwd": CastBatch(self.fwd_format), "bwd": CastBatch(self.bwd_format)}
 
     def _disarm(self) -> None:
         for handle in self._handles:
@@ -247,26 +269,33 @@ class ScaleMonitor:
             calls = self._calls[full] = self._calls.get(full, 0) + 1
             if calls > 1:
                 full = f"{full}#{calls}"
-            self._pending.append((full, "activation", "fwd", raw_cast_stats(t, self.fwd_format, self._scratch)))
+            self._measure(full, "activation", "fwd", t)
             if t.requires_grad:
                 self._handles.append(t.register_hook(partial(self._on_grad, full)))
 
     def _on_grad(self, name: str, grad: torch.Tensor) -> None:
         if grad.numel():
-            self._pending.append((name, "activation", "bwd", raw_cast_stats(grad, self.bwd_format, self._scratch)))
+            self._measure(name, "activation", "bwd", grad)
+
+    def _measure(self, name: str, kind: str, direction: str, t: torch.Tensor) -> None:
+        batch = self._batches[direction]
+        if CastBatch.takes(t):
+            self._pending.append((name, kind, direction, _Batched(batch, batch.add(t))))
+        else:
+            self._pending.append((name, kind, direction, raw_cast_stats(t, batch.fmt, self._scratch)))
 
     def _collect(self, step: int) -> None:
         if self.parameters:
             for name, p in self.model.named_parameters():
                 if p.grad is not None and p.grad.numel() and p.grad.is_floating_point():
-                    self._pending.append(
-                        (name, "parameter", "bwd", raw_cast_stats(p.grad, self.bwd_format, self._scratch))
-                    )
-        values = _read([raw for *_, raw in self._pending])
+                    self._measure(name, "parameter", "bwd", p.grad)
+        batched = {id(batch): batch.finish() for batch in self._batches.values()}
+        values = _read(
+            [batched[id(raw.batch)][raw.row] if isinstance(raw, _Batched) else raw for *_, raw in self._pending]
+        )
         for (name, kind, direction, _), raw in zip(self._pending, values, strict=True):
             self.history.records.append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(raw)))
-        self._pending = []
-        self._scratch = Scratch()
+        self._drop_pending()
 
     # Views --------------------------------------------------------------------------------------
 
