@@ -3,7 +3,7 @@
 Both twins have the same architecture (token and position embeddings, pre-norm blocks of
 causal attention and a SwiGLU MLP, a final RMS norm, a linear readout) and take the width
 and depth as arguments, so a learning-rate sweep over widths can compare how the best
-learning rate moves. :class:`UmupGPT` is built from :mod:`unitscale.scaling.umup` modules
+learning rate moves. :class:`UmupGPT` is built from ``unitscale.scaling.umup`` modules
 (tagged parameters, residual weights from the depth rule) and trains with
 :mod:`unitscale.optim`; :class:`SPGPT` is plain torch (torch's default initialisation,
 ``x + f(x)`` residuals, attention scaled by ``d_head**-0.5``) and trains with

@@ -1,6 +1,6 @@
 """u-μP optimisers (import as ``unitscale.optim``): torch's, with learning rates set per parameter role.
 
-The rules and why they are what they are: :mod:`unitscale.scaling.optim`.
+The rules and why they are what they are: ``unitscale.scaling.optim``.
 
 >>> import torch
 >>> import unitscale.optim

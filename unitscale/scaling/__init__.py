@@ -1,7 +1,7 @@
 """Unit-scaled ops (:mod:`unitscale.functional`), modules (:mod:`unitscale.nn`), the
-constraints that reconcile forward and backward scales, u-μP (:mod:`unitscale.scaling.umup`:
+constraints that reconcile forward and backward scales, u-μP (``unitscale.scaling.umup``:
 parameter roles, ops with multipliers, modules; learning rates in :mod:`unitscale.optim`) and
-the checks that a parametrisation transfers across width (:mod:`unitscale.scaling.transfer`).
+the checks that a parametrisation transfers across width (``unitscale.scaling.transfer``).
 
 >>> import torch
 >>> from unitscale.scaling import functional as U

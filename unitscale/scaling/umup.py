@@ -6,13 +6,13 @@ Three parts, one module each, gathered here:
   :func:`set_depth`, :func:`residual_taus` (the depth rule), :func:`check_mult`;
 - ops with the paper's multipliers (:mod:`~unitscale.scaling.umup_functional`):
   :func:`silu_glu`, :func:`linear_readout`, :func:`attention`, :func:`cross_entropy`;
-- modules whose parameters carry their role (:mod:`~unitscale.scaling.umup_nn`):
+- modules whose parameters carry their role (``unitscale.scaling.umup_nn``):
   :class:`Linear`, :class:`LinearReadout`, :class:`Embedding`, :class:`RMSNorm`,
   :class:`Conv2d`, :class:`SwiGLU`, :class:`MHSA`, :class:`TransformerLayer`.
 
 The learning-rate rules that read the roles are in :mod:`unitscale.optim`; the checks
 that the parametrisation holds (coordinate check, learning-rate sweep) in
-:mod:`unitscale.scaling.transfer`.
+``unitscale.scaling.transfer``.
 
 >>> import torch
 >>> from unitscale.scaling import umup

@@ -3,7 +3,7 @@
 u-μP (Blake et al., "u-μP: The Unit-Scaled Maximal Update Parametrization", arXiv
 2407.17465, Section 4) gives every parameter a role, and the role fixes how its
 learning rate scales with the model's width and depth. The modules of
-:mod:`unitscale.scaling.umup` tag their parameters; :func:`tag` tags a parameter of
+``unitscale.scaling.umup`` tag their parameters; :func:`tag` tags a parameter of
 your own model. The tag is a :class:`ParamRole` held by the parameter itself (it
 survives ``copy.deepcopy`` and ``torch.save`` of the module), so an optimiser that
 is handed ``model.parameters()`` can read it.

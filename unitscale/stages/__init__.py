@@ -24,6 +24,7 @@ from unitscale.stages.planner import plan_chain as plan_chain
 from unitscale.stages.planner import plan_pipeline as plan_pipeline
 from unitscale.stages.saved import SavedPlan as SavedPlan
 from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
+from unitscale.stages.simulate import Block as Block
 from unitscale.stages.simulate import Timeline as Timeline
 from unitscale.stages.simulate import simulate as simulate
 
@@ -41,6 +42,7 @@ __all__ = [
     "ChainCosts",
     "simulate",
     "Timeline",
+    "Block",
     "pipeline_stage",
     "RankPipeline",
     "SavedPlan",

@@ -96,7 +96,7 @@ def check_schedule(
     2
 
     Raises:
-        UnknownScheduleError: ``schedule`` is not one of :data:`SCHEDULES`.
+        UnknownScheduleError: ``schedule`` is not one of ``SCHEDULES``.
         InputError: ``stages_per_rank`` does not divide ``num_stages`` or does not fit the schedule
             (GPipe and 1F1B hold one stage per rank, ZBV two); a microbatch count the schedule
             cannot split (1F1B needs at least one per stage; the interleaved schedules need
@@ -268,7 +268,7 @@ def pipeline_stage(
         plan: a :class:`~unitscale.StagePlan`, a plan loaded by :meth:`~unitscale.StagePlan.load`,
             or the path :meth:`~unitscale.StagePlan.save` wrote.
         num_microbatches: microbatches per step.
-        schedule: one of :data:`SCHEDULES`.
+        schedule: one of ``SCHEDULES``.
         loss_fn: ``loss_fn(output, target)`` for training (sees the model's own output structure);
             ``None`` for forward-only steps.
         stages_per_rank: stages on each rank (2 for ``"zbv"``; 2 or more for the interleaved schedules).

@@ -887,7 +887,7 @@ def plan_chain(
     (within ``1e-9`` relative) the one with the least sum of squared stage times is kept.
     After ``search_budget`` simulated partial plans the search stops with the best plan found,
     ``optimal=False`` and a ``lower_bound`` below it (the gap is certified). The bounds are
-    listed in the module's docstring (:mod:`unitscale.stages.planner`).
+    listed in the module's docstring (``unitscale.stages.planner``).
 
     Args:
         costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).

@@ -1,7 +1,7 @@
 """What a pipeline schedule costs: per-item forward/backward time, boundary traffic, memory.
 
 One home for the cost model that :mod:`~unitscale.stages.simulate` and
-:mod:`~unitscale.stages.planner` share. A model is a chain of *items* (the pieces a
+``unitscale.stages.planner`` share. A model is a chain of *items* (the pieces a
 cut may fall between). :class:`ChainCosts` holds, per item, its forward and backward
 time (at speed 1), the bytes its parameters take with their gradients and optimiser
 state, and the bytes of activations it keeps per microbatch until its backward; per

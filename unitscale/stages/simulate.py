@@ -39,7 +39,12 @@ __all__ = ["Block", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
 @dataclass(frozen=True)
 class Block:
-    """One piece of work on the timeline: ``kind`` ``F``/``B``/``I``/``W`` of ``stage`` on ``microbatch``."""
+    """One piece of work on the timeline: ``kind`` ``F``/``B``/``I``/``W`` of ``stage`` on ``microbatch``.
+
+    >>> from unitscale.stages import Block
+    >>> Block(rank=0, stage=1, kind="F", microbatch=2, start=0.5, end=1.5).end
+    1.5
+    """
 
     rank: int
     stage: int

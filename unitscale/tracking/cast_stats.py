@@ -406,6 +406,7 @@ def cast_stats(t: torch.Tensor, fmt: FPFormat) -> CastStats:
 
     >>> import torch
     >>> from unitscale import FP8_E4M3
+    >>> from unitscale.tracking import cast_stats
     >>> s = cast_stats(torch.tensor([0.0, 0.5, 1e-4, 1000.0]), FP8_E4M3)
     >>> s.absmax, round(s.underflow, 3), round(s.overflow, 3)
     (1000.0, 0.333, 0.333)

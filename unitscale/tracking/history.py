@@ -154,7 +154,7 @@ def _check_choice(caller: str, name: str, value: object, allowed: tuple[str | No
 
 
 class ScaleHistory:
-    """Every :class:`MonitorRecord` of a monitor, with views: :meth:`table`, :meth:`heatmap`, :meth:`drifted`.
+    """Every :class:`MonitorRecord` of a monitor, with views: ``table()``, ``heatmap()``, ``drifted()``.
 
     Args:
         records: the records, in the order they were taken.
@@ -298,7 +298,7 @@ class ScaleHistory:
         tensor with no gradient, a std of 0) are grey.
 
         Args:
-            stat: one of :data:`STATS`.
+            stat: one of ``STATS``.
             kind: ``"activation"``, ``"parameter"`` or ``None`` (both: activations first).
             direction: ``"fwd"``, ``"bwd"`` or ``None`` (both panels).
             relative: colour each row by its change since its first record (in octaves for
@@ -309,7 +309,7 @@ class ScaleHistory:
             A matplotlib figure 7.5 in wide, fonts of 9 pt or more.
 
         Raises:
-            UnknownStatError: ``stat`` is not in :data:`STATS`.
+            UnknownStatError: ``stat`` is not in ``STATS``.
             NoRecordsError: nothing has been recorded (for this kind and direction).
             InputError: ``kind`` or ``direction`` unknown.
 

@@ -95,8 +95,8 @@ class ScaleMonitor:
 
     Wrap each training step in ``with monitor.step():``; the monitor records when the step
     number is a multiple of ``every`` and does nothing otherwise. Read the results from
-    :attr:`history` (a :class:`~unitscale.tracking.ScaleHistory`), :meth:`table`,
-    :meth:`heatmap` and :meth:`drifted`. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
+    ``history`` (a :class:`~unitscale.tracking.ScaleHistory`), ``table()``,
+    ``heatmap()`` and ``drifted()``. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
     removes every hook; the model is then exactly as before.
 
     Forward values are measured against ``fwd_format``, gradients against ``bwd_format``.
@@ -300,19 +300,19 @@ class ScaleMonitor:
     # Views --------------------------------------------------------------------------------------
 
     def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
-        """:meth:`ScaleHistory.table` of :attr:`history`."""
+        """:meth:`ScaleHistory.table` of ``history``."""
         return self.history.table(step, kind, direction)
 
     def heatmap(
         self, stat: str = "std", kind: str | None = None, direction: str | None = None, relative: bool = False
     ) -> Figure:
-        """:meth:`ScaleHistory.heatmap` of :attr:`history`: a row per tensor, a column per recorded step."""
+        """:meth:`ScaleHistory.heatmap` of ``history``: a row per tensor, a column per recorded step."""
         return self.history.heatmap(stat, kind, direction, relative)
 
     def drifted(
         self, top: int = 10, stat: str = "std", kind: str | None = None, direction: str | None = None
     ) -> DriftTable:
-        """:meth:`ScaleHistory.drifted` of :attr:`history`: the tensors whose ``stat`` moved most, in octaves."""
+        """:meth:`ScaleHistory.drifted` of ``history``: the tensors whose ``stat`` moved most, in octaves."""
         return self.history.drifted(top, stat, kind, direction)
 
 
