@@ -43,7 +43,7 @@ test: $(STAMP) chromium
 	$(call step,2/3: site build from scratch with every notebook executed)
 	NB_EXECUTION_MODE=force $(SPHINX) -E
 	$(call step,3/3: browser tests)
-	$(PY) -m pytest -m browser -p no:cacheprovider tests
+	$(PY) -m pytest -m browser -p no:cacheprovider -n 2 tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not browser and not slow" tests
@@ -57,8 +57,10 @@ site: $(STAMP)
 browser: $(STAMP) chromium
 	$(PY) -m pytest -m browser tests
 
+## bench: every benchmark at full settings; the rows go to docs/benchmark_runs/, which the
+## Benchmarks page shows (the site build does not re-time them)
 bench: $(STAMP)
-	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	$(PY) benchmarks/record.py
 
 serve: $(STAMP)
 	$(PY) -m sphinx_autobuild --host 127.0.0.1 --port 8000 --watch unitscale . _build/html -d _build/doctrees
