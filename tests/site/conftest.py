@@ -29,9 +29,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_url() -> Iterator[str]:
-    """The built site, served on 127.0.0.1 (a free port) for the module's tests."""
+    """The built site, served on 127.0.0.1 (a free port) for the whole run."""
     if not (SITE / "index.html").is_file():
         pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(SITE)))

@@ -1,7 +1,10 @@
 """Can a reader read every page? Figures, code outputs and layout, measured in Chromium.
 
 Every page of the built site (today's and any added later: the list comes from the build) is
-checked for three things a reader notices and a build does not:
+checked for what a reader notices and a build does not:
+
+- **Nothing broken or fetched from outside**: no console or page error, no failed request, no
+  request that leaves the machine (see :class:`browser_tab.Visit`).
 
 - **Figure text size.** Tutorials draw figures at 100 dpi with text of at least 9 pt (12.5 px at
   native size). A figure shown at a fraction ``s`` of its native width shows that text at
@@ -21,6 +24,7 @@ import os
 from pathlib import Path
 
 import pytest
+from browser_tab import Visit
 
 pytestmark = pytest.mark.browser
 
@@ -128,22 +132,17 @@ CONTRAST_JS = f"""() => {{
 
 @pytest.fixture(scope="module")
 def pages(browser):
-    """``open(url, viewport)``: a page at that viewport, one tab per viewport for the module."""
-    contexts = {}
+    """``open(url, viewport)``: a :class:`browser_tab.Visit` at that viewport, one tab per viewport."""
+    tabs: dict[str, Visit] = {}
 
     def open_(url, viewport):
-        if viewport not in contexts:
-            context = browser.new_context(viewport=VIEWPORTS[viewport])
-            context.add_init_script("window.localStorage.clear()")
-            contexts[viewport] = context.new_page()
-        page = contexts[viewport]
-        response = page.goto(url, wait_until="load")
-        assert response is not None and response.ok, f"{url}: HTTP {response and response.status}"
-        return page
+        if viewport not in tabs:
+            tabs[viewport] = Visit(browser, VIEWPORTS[viewport])
+        return tabs[viewport].goto(url)
 
     yield open_
-    for page in contexts.values():
-        page.context.close()
+    for tab in tabs.values():
+        tab.close()
 
 
 def _figure_problems(tab) -> list[str]:
@@ -172,9 +171,12 @@ def _contrast_problems(tab) -> list[str]:
 @pytest.mark.parametrize("viewport", VIEWPORTS)
 @pytest.mark.parametrize("page", PAGES)
 def test_page_reads(pages, base_url, page, viewport):
-    """Figures' text >= 9 px, nothing wider than its box; at desktop width, code contrast in both modes."""
-    tab = pages(f"{base_url}/{page}", viewport)
-    problems = _figure_problems(tab) + tab.evaluate(OVERFLOW_JS)
+    """No console error or request off the machine; figures' text >= 9 px; nothing wider than its box;
+    at desktop width, code contrast in both modes."""
+    visit = pages(f"{base_url}/{page}", viewport)
+    tab = visit.page
+    problems = visit.errors + [f"asks for {host} (a reader may have no network)" for host in sorted(visit.external)]
+    problems += _figure_problems(tab) + tab.evaluate(OVERFLOW_JS)
     if viewport == "desktop":
         problems += _contrast_problems(tab)
     assert problems == [], f"{page} at {viewport} width:\n" + "\n".join(problems)
@@ -182,7 +184,7 @@ def test_page_reads(pages, base_url, page, viewport):
 
 def test_the_checks_see_a_shrunk_figure_clipped_text_and_low_contrast(pages, base_url):
     """The three checks, on a page made to fail each: they are not vacuous."""
-    tab = pages(f"{base_url}/{PAGES[0]}", "desktop")
+    tab = pages(f"{base_url}/{PAGES[0]}", "desktop").page
     tab.set_content(
         '<div class="bd-article" style="width:300px">'
         '<img style="width:100px" src="data:image/svg+xml,'

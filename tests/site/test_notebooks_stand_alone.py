@@ -105,30 +105,3 @@ def test_the_import_check_sees_unguarded_imports():
     assert _unguarded_myst_nb_imports("import torch\nimport myst_nb.ext") == [2]
     guarded = "try:\n    from myst_nb import glue\nexcept ImportError:\n    glue = print"
     assert _unguarded_myst_nb_imports(guarded) == []
-
-
-def _texts(cells: list) -> list[tuple[str, list[str]]]:
-    """Per code cell: its stdout, joined (a kernel splits a stream into pieces as it flushes,
-    differently from run to run) and without trailing blank lines, and its results' ``text/plain``."""
-    texts = []
-    for cell in (cell for cell in cells if cell.cell_type == "code"):
-        stdout = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
-        results = [o.data.get("text/plain") for o in cell.outputs if o.output_type == "execute_result"]
-        texts.append((stdout.rstrip("\n"), results))
-    return texts
-
-
-def test_a_downloaded_notebook_runs_in_a_kernel_without_myst_nb(tmp_path, monkeypatch):
-    from nbclient import NotebookClient
-
-    notebook = download("01_writing_a_tracer")
-    expected = _texts(notebook.cells)
-    # the project's kernel has myst_nb installed; a reader's has not: make importing it fail
-    notebook.cells.insert(0, nbformat.v4.new_code_cell('import sys\nsys.modules["myst_nb"] = None'))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # this checkout's unitscale, from the reader's folder
-    resources = {"metadata": {"path": str(tmp_path)}}  # the kernel's cwd
-    NotebookClient(notebook, timeout=30, kernel_name="python3", resources=resources).execute()
-    cells = notebook.cells[1:]
-    assert not [o for c in cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert _texts(cells) == expected, "re-running the download gives other outputs than the page's"

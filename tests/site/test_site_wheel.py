@@ -1,12 +1,10 @@
-"""``pip install <site URL>/unitscale-<version>-py3-none-any.whl`` works against the built site.
+"""The built site (``_build/html``, or ``$UNITSCALE_SITE``) serves the wheel of this checkout.
 
-Serves the built site (``_build/html``, or ``$UNITSCALE_SITE``) on 127.0.0.1 as the browser
-tests do, installs the wheel from its URL into a fresh folder (offline: ``--no-deps
---no-index``), and checks that the installed package is this checkout's, file for file.
+``test_reader_environment`` installs it from the site's URL into a fresh environment; this
+checks that what it installs is this checkout's package, file for file.
 """
 
 import os
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -29,20 +27,3 @@ def test_the_site_serves_the_wheel_of_these_sources():
         packaged = {name: archive.read(name) for name in archive.namelist() if name.endswith(".py")}
     sources = {str(p.relative_to(ROOT)): p.read_bytes() for p in (ROOT / "unitscale").rglob("*.py")}
     assert packaged == sources, "the served wheel is stale: rebuild the site"
-
-
-def test_pip_installs_the_wheel_from_the_base_url(base_url, tmp_path):
-    target = tmp_path / "site-packages"
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PYTHONPATH": ""}
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
-    install = subprocess.run([*command, f"{base_url}/{wheel_name(ROOT)}"], env=env, capture_output=True, text=True)
-    assert install.returncode == 0, install.stderr[-2000:]
-    where = subprocess.run(
-        [sys.executable, "-c", "import unitscale; print(unitscale.__file__)"],
-        cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(target)},
-        capture_output=True,
-        text=True,
-    )
-    assert where.returncode == 0, where.stderr[-2000:]
-    assert Path(where.stdout.strip()) == target / "unitscale" / "__init__.py"

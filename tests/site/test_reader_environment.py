@@ -1,0 +1,151 @@
+"""A reader with only the built site and pip: every tutorial's download runs in a fresh environment.
+
+Serves the built site (``_build/html``, or ``$UNITSCALE_SITE``) on 127.0.0.1, makes a new virtual
+environment, and does there what the Install page tells a reader to do: ``pip install <site
+URL>/unitscale-<version>-py3-none-any.whl`` (pip resolves the wheel's own dependencies, so a
+dependency the wheel forgot to declare fails here), a smoke test with no extras, then ``pip
+install`` of a Jupyter kernel and ``transformers`` (for *Your own model*). Then every tutorial's
+``.ipynb`` is downloaded from the site and executed in that environment's kernel, from a folder
+outside the checkout: no ``myst_nb``, no Sphinx, no source tree on the path.
+
+pip runs with ``-c constraints.txt`` so the environment holds the versions the site was built
+with (and pip finds them in its cache) rather than whatever is newest on the index that day.
+The environment is made once per run and shared by the xdist workers (a file lock guards it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from filelock import FileLock
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+ROLE = re.compile(r"\{[\w:.+-]+\}`")
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+
+from wheel_download import wheel_name  # noqa: E402
+
+# what only the project's own environment has: a reader's must not need any of it
+PROJECT_ONLY = ("myst_nb", "sphinx", "jupytext", "pytest", "hypothesis", "playwright")
+DETERMINISTIC = ("01_writing_a_tracer",)  # no timings, no threads: its outputs must come out as the page's
+SMOKE = """
+import importlib.util, json, sys
+import matplotlib.pyplot, torch, unitscale
+from unitscale import MLP, track_scales
+torch.manual_seed(0)
+report = track_scales(MLP(16, 32), torch.randn(64, 16))
+print(json.dumps({
+    "file": unitscale.__file__,
+    "rows": len(report),
+    "missing": [m for m in sys.argv[1:] if importlib.util.find_spec(m) is None],
+}))
+"""
+
+
+def _texts(cells: list) -> list[tuple[str, list[str]]]:
+    """Per code cell: its stdout, joined (a kernel splits a stream into pieces as it flushes,
+    differently from run to run) and without trailing blank lines, and its results' ``text/plain``."""
+    texts = []
+    for cell in (cell for cell in cells if cell.cell_type == "code"):
+        stdout = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+        results = [o.data.get("text/plain") for o in cell.outputs if o.output_type == "execute_result"]
+        texts.append((stdout.rstrip("\n"), results))
+    return texts
+
+
+def _run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    # the environment's own bytecode is written as it is first imported (pip's --no-compile skips
+    # compiling all of torch; a kernel then reads what the smoke test compiled)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def _make_reader_env(where: Path, base_url: str) -> Path:
+    """A new venv with the wheel from the site, smoke-tested bare, then a kernel and transformers."""
+    _run([sys.executable, "-m", "venv", str(where / "venv")], cwd=where)
+    python = where / "venv" / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "-c", str(ROOT / "constraints.txt")]
+    _run([*pip, f"{base_url}/{wheel_name(ROOT)}"], cwd=where)  # as the Install page says
+    smoke = json.loads(_run([str(python), "-c", SMOKE, *PROJECT_ONLY], cwd=where).stdout)
+    (where / "smoke.json").write_text(json.dumps(smoke))
+    _run([*pip, "ipykernel", "transformers"], cwd=where)  # a kernel; transformers for "Your own model"
+    kernels = where / "kernels" / "unitscale-reader"
+    kernels.mkdir(parents=True)
+    argv = [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (kernels / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "reader", "language": "python"}))
+    return where
+
+
+@pytest.fixture(scope="session")
+def reader_env(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reader's environment, made by the first worker that asks; the others wait for it."""
+    shared = tmp_path_factory.getbasetemp().parent  # the same folder for every xdist worker
+    where = shared / "reader-env"
+    failed = shared / "reader-env.failed"
+    with FileLock(str(shared / "reader-env.lock")):
+        if not (where / "kernels").is_dir() and not failed.exists():
+            where.mkdir(exist_ok=True)
+            try:
+                _make_reader_env(where, base_url)
+            except AssertionError as error:
+                failed.write_text(str(error))  # the other workers fail with it instead of retrying
+                raise
+    if failed.exists():
+        pytest.fail(f"making the reader's environment failed:\n{failed.read_text()}")
+    return where
+
+
+def test_the_wheel_installs_with_its_dependencies_and_runs_without_extras(reader_env: Path) -> None:
+    smoke = json.loads((reader_env / "smoke.json").read_text())
+    assert Path(smoke["file"]).is_relative_to(reader_env / "venv"), "unitscale came from elsewhere than the wheel"
+    assert smoke["rows"] > 0
+    assert sorted(smoke["missing"]) == sorted(PROJECT_ONLY), "the bare install pulled in a project-only package"
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS)
+def test_the_downloaded_notebook_runs_in_the_readers_environment(
+    tutorial: str, reader_env: Path, base_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbclient import NotebookClient
+
+    with urllib.request.urlopen(f"{base_url}/_sources/tutorials/{tutorial}.ipynb") as response:
+        notebook = nbformat.reads(response.read().decode("utf-8"), as_version=4)
+    markdown = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
+    assert "{glue" not in markdown and not ROLE.findall(markdown), ROLE.findall(markdown)[:5]
+    # the first cell checks where the kernel finds unitscale and that myst_nb is not there at all
+    check = (
+        "import importlib.util, unitscale\n"
+        f"assert unitscale.__file__.startswith({str(reader_env / 'venv')!r}), unitscale.__file__\n"
+        "assert importlib.util.find_spec('myst_nb') is None"
+    )
+    expected = _texts(notebook.cells)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(check))
+    monkeypatch.setenv("JUPYTER_PATH", str(reader_env))  # finds kernels/unitscale-reader
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    resources = {"metadata": {"path": str(tmp_path)}}  # the kernel's working folder: not the checkout
+    client = NotebookClient(notebook, timeout=300, kernel_name="unitscale-reader", resources=resources)
+    client.execute()
+    errors = [
+        o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs if o.output_type == "error"
+    ]
+    assert not errors, errors[:1]
+    if tutorial in DETERMINISTIC:
+        assert _texts(notebook.cells[1:]) == expected, "re-running the download gives other outputs than the page's"
+    else:
+        assert sum(bool(cell.outputs) for cell in notebook.cells[1:] if cell.cell_type == "code") > 0
