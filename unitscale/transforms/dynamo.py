@@ -28,6 +28,7 @@ trains eagerly, compiles with ``torch.compile`` and traces with a
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,24 @@ from unitscale.transforms.aten import to_torch_functions
 __all__ = ["GraphTransform", "TransformedModule"]
 
 GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
+
+
+def _outside_dynamo(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch._dynamo.disable(method)``, made on the first call.
+
+    Decorating with ``torch._dynamo.disable`` directly imports TorchDynamo when this module is
+    imported: about 1.5 s added to every ``import unitscale``, in every notebook kernel and
+    pipeline worker, even those that never capture a graph.
+    """
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not disabled:
+            disabled.append(torch._dynamo.disable(method))
+        return disabled[0](*args, **kwargs)
+
+    return call
 
 
 @dataclass
@@ -235,7 +254,7 @@ class TransformedModule(nn.Module):
             captured = self._capture(args, kwargs, leaves, key)
         return captured.run(leaves)
 
-    @torch._dynamo.disable
+    @_outside_dynamo
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any) -> _CompiledGraph:
         found = dynamo_graph(self.module, args, kwargs)
         found.graph_module = _run_transforms(self.module, self.transforms, found.graph_module)
@@ -250,7 +269,7 @@ class TransformedModule(nn.Module):
         self.unscaled_ops = list(graph.graph_module.meta.get("unscaled_ops", []))
         self.kept_ops = list(graph.graph_module.meta.get("kept_ops", []))
 
-    @torch._dynamo.disable
+    @_outside_dynamo
     def capture_now(
         self,
         example_inputs: Any,
