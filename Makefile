@@ -14,14 +14,23 @@ export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
-.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist
+.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist wheelhouse
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip -c constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[docs,test]'
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	$(MAKE) --no-print-directory wheelhouse
 	touch $(STAMP)
+
+## wheelhouse: the wheels a reader's environment needs (the package's dependencies, a kernel,
+## transformers), fetched once at set-up, so the test that installs the site's wheel into a fresh
+## environment and runs every tutorial's download there works offline
+wheelhouse:
+	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
+		> $(VENV)/reader-requirements.txt
+	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse -r $(VENV)/reader-requirements.txt ipykernel transformers
 
 ## html: build the site, executing the tutorials through jupyter-cache (an unchanged tutorial is not re-run)
 html: $(STAMP)

@@ -8,8 +8,10 @@ install`` of a Jupyter kernel and ``transformers`` (for *Your own model*). Then 
 ``.ipynb`` is downloaded from the site and executed in that environment's kernel, from a folder
 outside the checkout: no ``myst_nb``, no Sphinx, no source tree on the path.
 
-pip runs with ``-c constraints.txt`` so the environment holds the versions the site was built
-with (and pip finds them in its cache) rather than whatever is newest on the index that day.
+pip runs offline (``--no-index``) from the wheelhouse ``make`` fetched at set-up (``make
+wheelhouse``: the package's declared dependencies, a kernel and ``transformers``, pinned by
+``constraints.txt``), so the test needs no network and a dependency the wheel forgot to declare
+is missing here as it would be for a reader.
 The environment is made once per run and shared by the xdist workers (a file lock guards it).
 """
 
@@ -39,6 +41,7 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 from wheel_download import wheel_name  # noqa: E402
 
 # what only the project's own environment has: a reader's must not need any of it
+WHEELHOUSE = Path(os.environ.get("UNITSCALE_WHEELHOUSE", Path(sys.prefix) / "wheelhouse"))
 PROJECT_ONLY = ("myst_nb", "sphinx", "jupytext", "pytest", "hypothesis", "playwright")
 DETERMINISTIC = ("01_writing_a_tracer",)  # no timings, no threads: its outputs must come out as the page's
 SMOKE = """
@@ -80,7 +83,10 @@ def _make_reader_env(where: Path, base_url: str) -> Path:
     """A new venv with the wheel from the site, smoke-tested bare, then a kernel and transformers."""
     _run([sys.executable, "-m", "venv", str(where / "venv")], cwd=where)
     python = where / "venv" / "bin" / "python"
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-compile", "-c", str(ROOT / "constraints.txt")]
+    if not WHEELHOUSE.is_dir():
+        raise AssertionError(f"no wheelhouse at {WHEELHOUSE}: run `make wheelhouse` (make test does at set-up)")
+    offline = ["--no-index", "--find-links", str(WHEELHOUSE)]
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-compile", *offline]
     _run([*pip, f"{base_url}/{wheel_name(ROOT)}"], cwd=where)  # as the Install page says
     smoke = json.loads(_run([str(python), "-c", SMOKE, *PROJECT_ONLY], cwd=where).stdout)
     (where / "smoke.json").write_text(json.dumps(smoke))
