@@ -52,7 +52,7 @@ test: $(STAMP) chromium
 	$(call step,2/3: site build from scratch with every notebook executed)
 	NB_EXECUTION_MODE=force $(SPHINX) -E
 	$(call step,3/3: browser tests)
-	$(PY) -m pytest -m browser -p no:cacheprovider -n 2 --dist loadgroup tests
+	$(PY) -m pytest -m browser -p no:cacheprovider -n 2 tests
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not browser and not slow" tests

@@ -29,9 +29,7 @@ import nbformat
 import pytest
 from filelock import FileLock
 
-# one xdist worker runs them all (``make test`` passes ``--dist loadgroup``): the other keeps
-# driving the browser instead of waiting for the environment to be made
-pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("reader-environment")]
+pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
