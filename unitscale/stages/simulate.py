@@ -138,8 +138,8 @@ class Timeline:
                 edgecolor="white",
                 linewidth=0.5,
             )
-            if labels and (b.end - b.start) > self.step_time / 45:
-                axes.text((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center", fontsize=8)
+            if labels and (b.end - b.start) > self.step_time / 35:  # wide enough for a 9 pt number
+                axes.text((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center", fontsize=9)
         axes.set_yticks(range(self.ranks), [f"rank {r}" for r in range(self.ranks)])
         axes.invert_yaxis()
         axes.set_xlim(0, self.step_time * 1.01 if self.step_time > 0 else 1)
