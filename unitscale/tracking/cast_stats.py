@@ -11,8 +11,9 @@ number or torch's cast where the two are bit-identical), in dB:
 sync per tensor); :func:`finish_cast_stats` turns the sums, once read, into the statistics.
 On the CPU its numbers are bit-identical to the plain definitions (``torch.std``-style sums,
 ``abs().max()``, ``count_nonzero``, ``fmt.round``), in about 15 passes over the data.
-:class:`CastBatch` measures many small tensors together, where ~20 op calls per tensor, not
-the data, would cost most.
+:class:`CastBatch` measures many tensors together: it copies them into one buffer in rows of
+:data:`BLOCK` elements and measures every row at once, so ~25 op calls serve hundreds of
+tensors; its sums are float32 per row, float64 across rows.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "BATCH_MAX",
     "BLOCK",
     "CAPACITY",
+    "DEVICE_CAPACITY",
     "CastBatch",
     "CastStats",
     "Scratch",
@@ -267,8 +269,12 @@ BLOCK = 256
 """:class:`CastBatch` lays each tensor out in rows of this many elements, its last row padded with zeros."""
 
 CAPACITY = 2**20
-"""Elements a :class:`CastBatch` holds per device before it measures them: with its work buffers
-about 2.5 MB, within a core's cache, where each of the ~15 passes over the data is cheapest."""
+"""Elements a :class:`CastBatch` holds in CPU memory before it measures them (4 MB; its work
+buffers take about four times that): larger buffers fall out of cache, smaller ones pay the
+~25 op calls of a measurement more often."""
+
+DEVICE_CAPACITY = 2**23
+"""The same on an accelerator, where each measurement ends in one read (a host sync): 32 MB."""
 
 # Sums outside this range may have overflowed or lost terms to underflow in float32 block sums;
 # such tensors are measured again by raw_cast_stats, so both paths agree on inf and NaN SQNRs.
@@ -323,7 +329,8 @@ class CastBatch:
 
     Args:
         fmt: the format.
-        capacity: elements per device buffer (grown to the largest tensor added).
+        capacity: elements per buffer (at least :data:`DEVICE_CAPACITY` on an accelerator; grown
+            to the largest tensor added).
 
     >>> import torch
     >>> from unitscale import FP8_E4M3
@@ -375,7 +382,8 @@ class CastBatch:
             if flat is not None and flat.segments:
                 self._measure(flat)
             if flat is None or need > flat.size:
-                flat = self._flats[t.device] = _Flat(max(self._capacity, need), t.device)
+                capacity = self._capacity if reads_at_once(t.device) else max(self._capacity, DEVICE_CAPACITY)
+                flat = self._flats[t.device] = _Flat(max(capacity, need), t.device)
             used = 0
         if n < need:  # the last block's tail is padding: zeros
             flat.buffer.narrow(0, used + need - BLOCK, BLOCK).zero_()

@@ -17,14 +17,18 @@ entry, a tensor hook per output as the forward pass meets it, and removes every 
 so other steps run the bare model. On an accelerator the statistics stay on the device
 until the step ends, then are read in one transfer.
 
-What a record step costs: a large tensor is measured where the hook meets it (about 15
-passes over its data, see :mod:`~unitscale.tracking.cast_stats`); a small one (at most
-:data:`~unitscale.tracking.cast_stats.BATCH_MAX` elements, where the cost is the ~20 op calls
-rather than the data) is copied and measured with the other small ones when the step ends, in
-one :class:`~unitscale.tracking.cast_stats.CastBatch` per format. Memory: those copies (at most
-``BATCH_MAX`` float32 elements each) until the step ends, and scratch buffers of about four
-times the largest tensor measured, kept from one record step to the next (a fresh multi-
-megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`.
+What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
+tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements, and every
+parameter and parameter gradient, is copied into one
+:class:`~unitscale.tracking.cast_stats.CastBatch` per format (parameters with one ``torch.cat``
+each time) and measured with the others, a buffer at a time, in ~25 op calls rather than ~20 per
+tensor. A larger activation or gradient is measured where the hook meets it, while its data is
+still in cache (:func:`~unitscale.tracking.cast_stats.raw_cast_stats`). Memory: the batch's
+buffer (:data:`~unitscale.tracking.cast_stats.CAPACITY` float32 elements on the CPU,
+:data:`~unitscale.tracking.cast_stats.DEVICE_CAPACITY` on an accelerator) and work buffers of
+about four times its size or the largest tensor, kept from one record step to the next (a fresh
+multi-megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`. On an
+accelerator nothing is read per tensor: one read per full buffer, one at the step's end.
 """
 
 from __future__ import annotations
@@ -48,10 +52,11 @@ from unitscale.tracking.stats import Stat
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["ScaleMonitor", "ROOT"]
+__all__ = ["ScaleMonitor", "ROOT", "BATCH_LIMIT"]
 
 BATCH_LIMIT = 2**17
-"""Tensors of at most this many elements are copied and measured together (:class:`CastBatch`);
+"""Tensors of at most this many elements are copied and measured together (a
+:class:`~unitscale.tracking.cast_stats.CastBatch`);
 larger ones where the hook meets them, while their data is still in cache."""
 
 ROOT = "(root)"
@@ -289,7 +294,7 @@ class ScaleMonitor:
             self._pending.append((name, kind, direction, raw_cast_stats(t, batch.fmt, self._scratch)))
 
     def _measure_all(self, direction: str, named: list[tuple[str, torch.Tensor]]) -> None:
-        """Parameters or their gradients: copied into the batch together (they cannot change before the step ends)."""
+        """Parameters or their gradients (nonempty, floating point): copied into the batch with one cat."""
         named = [(name, t) for name, t in named if t.numel()]
         batch = self._batches[direction]
         rows = batch.add_many([t for _, t in named])
