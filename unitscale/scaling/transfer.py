@@ -345,8 +345,9 @@ def lr_sweep(
     as the answer needs (half-octave steps resolve half an octave).
 
     Args:
-        make_model: ``width -> module``.
-        widths: the widths (distinct ints >= 1).
+        make_model: ``width -> module``; the int may be any size the model scales with, such
+            as its depth (a depth-transfer check sweeps depths the same way).
+        widths: the widths (distinct ints >= 1), or depths.
         lrs: the learning rates (3 or more distinct, finite numbers > 0).
         data: ``step -> (inputs, targets)``, or one fixed batch.
         steps: updates per run (>= 1).

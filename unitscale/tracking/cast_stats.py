@@ -11,8 +11,9 @@ number or torch's cast where the two are bit-identical), in dB:
 sync per tensor); :func:`finish_cast_stats` turns the sums, once read, into the statistics.
 On the CPU its numbers are bit-identical to the plain definitions (``torch.std``-style sums,
 ``abs().max()``, ``count_nonzero``, ``fmt.round``), in about 15 passes over the data.
-:class:`CastBatch` measures many small tensors together, where ~20 op calls per tensor, not
-the data, would cost most.
+:class:`CastBatch` measures many tensors together: it copies them into one buffer in rows of
+:data:`BLOCK` elements and measures every row at once, so ~25 op calls serve hundreds of
+tensors; its sums are float32 per row, float64 across rows.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from unitscale.tracking.stats import Stat, reads_at_once, std_stat
 
 __all__ = [
     "BATCH_MAX",
+    "BLOCK",
+    "CAPACITY",
+    "DEVICE_CAPACITY",
     "CastBatch",
     "CastStats",
     "Scratch",
@@ -102,6 +106,7 @@ class Scratch:
 # element (the E4M3 round trip costs about 4x more). Needs m <= 21 (so |c| < M / 3) and
 # e - m + 23 within float32's normal exponents, which holds for E4M3, E5M2 and FP16 (not BF16).
 _EXPONENT_FIELD = 0x7F800000
+_FLOAT32_TINY = 2.0**-126  # float32's smallest normal
 
 
 class _Magic(NamedTuple):
@@ -258,27 +263,74 @@ def _device_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Sta
 
 
 BATCH_MAX = 8192
-"""A :class:`CastBatch` takes tensors of at most this many elements (larger ones cost more per element than per op)."""
+"""The size up to which :meth:`CastBatch.takes` calls a tensor small (any size may be added)."""
 
-# Sums outside this range may have overflowed or lost terms to underflow in the float32 sums of
-# raw_cast_stats; such rows are measured again by it, so both paths agree on inf and NaN SQNRs.
+BLOCK = 256
+""":class:`CastBatch` lays each tensor out in rows of this many elements, its last row padded with zeros."""
+
+CAPACITY = 2**20
+"""Elements a :class:`CastBatch` holds in CPU memory before it measures them (4 MB; its work
+buffers take about four times that): larger buffers fall out of cache, smaller ones pay the
+~25 op calls of a measurement more often."""
+
+DEVICE_CAPACITY = 2**23
+"""The same on an accelerator, where each measurement ends in one read (a host sync): 32 MB."""
+
+# Sums outside this range may have overflowed or lost terms to underflow in float32 block sums;
+# such tensors are measured again by raw_cast_stats, so both paths agree on inf and NaN SQNRs.
 _SAFE_SUMS = (2.0**-60, 2.0**60)
 
 
-class CastBatch:
-    """Many small tensors measured against one format together: :func:`raw_cast_stats` in a few big ops.
+class _Segment(NamedTuple):
+    """One added tensor's place in a device's buffer."""
 
-    Measuring a tensor of a few hundred elements costs about 20 op calls, whatever its size;
-    a ResNet's record step has a couple of hundred such tensors (norm weights, biases, their
-    gradients). :meth:`add` keeps a float32 copy of each (the tensor itself may change in
-    place before the step ends, as under an in-place ReLU); :meth:`finish` stacks the copies
-    of equal length into one matrix and measures its rows with one set of row-wise ops.
+    row: int  # its index in finish()
+    start: int  # its first block
+    blocks: int
+    n: int  # its elements (the rest of its last block is zeros)
+
+
+@functools.lru_cache(maxsize=8)
+def _zeros(device: torch.device) -> torch.Tensor:
+    """:data:`BLOCK` float32 zeros on ``device``, to pad with."""
+    return torch.zeros(BLOCK, dtype=torch.float32, device=device)
+
+
+class _Flat:
+    """A device's buffer of copies waiting to be measured, in blocks of :data:`BLOCK`."""
+
+    def __init__(self, capacity: int, device: torch.device) -> None:
+        self.buffer = torch.empty(capacity, dtype=torch.float32, device=device)
+        self.size = capacity
+        self.used = 0
+        self.segments: list[_Segment] = []
+
+
+class CastBatch:
+    """Many tensors measured against one format together: :func:`raw_cast_stats` in a few big ops.
+
+    Measuring one tensor costs about 20 op calls whatever its size, and a model's record step
+    has hundreds of tensors. :meth:`add` copies each (as float32: the tensor itself may change in
+    place before the step ends, as under an in-place ReLU) into one buffer per device, in rows
+    of :data:`BLOCK` elements; when the buffer holds :data:`CAPACITY` elements (or at
+    :meth:`finish`) every row is measured with one set of ops, and the rows' sums are added up
+    per tensor. So the cost is the data's passes, not the op calls, and the buffers stay small
+    enough to stay in cache. float64 tensors are measured at once by :func:`raw_cast_stats`.
 
     Compared with :func:`raw_cast_stats` the abs-max and the counts are identical; the sums
-    (std about the mean, in two passes; signal; noise) are float32 sums in another order, so
-    they agree with its own to float32 rounding. A row whose sums fall outside
+    (std, signal, noise) are float32 sums per row added in float64, so they agree with its own
+    to float32 rounding. The std comes from the sum and sum of squares where they do not cancel
+    (``mean**2 <= var``), else from the deviations about the mean, as
+    :func:`~unitscale.tracking.stats.std_stat` decides. A tensor whose sums fall outside
     ``[2**-60, 2**60]`` (infinities, NaNs, values near float32's limits) is measured again by
-    :func:`raw_cast_stats` itself. Memory: one copy of each added tensor until :meth:`finish`.
+    :func:`raw_cast_stats` itself. On an accelerator nothing is read until a buffer is
+    measured, then one small mask (which tensors need the careful std or :func:`raw_cast_stats`).
+    Memory: the buffer and about four work buffers of its size per device, kept for reuse.
+
+    Args:
+        fmt: the format.
+        capacity: elements per buffer (at least :data:`DEVICE_CAPACITY` on an accelerator; grown
+            to the largest tensor added).
 
     >>> import torch
     >>> from unitscale import FP8_E4M3
@@ -289,91 +341,244 @@ class CastBatch:
     [(3, 1, 1), (3, 0, 0)]
     """
 
-    def __init__(self, fmt: FPFormat) -> None:
+    def __init__(self, fmt: FPFormat, capacity: int = CAPACITY) -> None:
         self.fmt = fmt
-        self._groups: dict[tuple[int, torch.device], list[tuple[int, torch.Tensor]]] = {}
-        self._size = 0
+        self._capacity = max(BLOCK, -(-capacity // BLOCK) * BLOCK)
+        self._flats: dict[torch.device, _Flat] = {}
+        self._scratch = Scratch()
+        self.clear()
 
     def __len__(self) -> int:
         return self._size
 
     @staticmethod
     def takes(t: torch.Tensor) -> bool:
-        """Whether ``t`` is batched: nonempty, at most :data:`BATCH_MAX` elements, not float64."""
+        """Whether ``t`` is small (nonempty, at most :data:`BATCH_MAX` elements, not float64): batching it pays most."""
         return 0 < t.numel() <= BATCH_MAX and t.dtype != torch.float64
 
+    def clear(self) -> None:
+        """Forget every tensor added and not yet read (the buffers stay, for reuse)."""
+        self._size = 0
+        self._done: list[tuple[list[int], list[tuple[float, ...]]]] = []
+        self._raw: dict[int, tuple[Stat, ...]] = {}
+        for flat in self._flats.values():
+            flat.used, flat.segments = 0, []
+
     def add(self, t: torch.Tensor) -> int:
-        """Keep a float32 copy of ``t`` (see :meth:`takes`); returns its row in :meth:`finish`."""
-        x = t.detach().reshape(-1)
-        x = x.clone() if x.dtype == torch.float32 else x.float()
-        self._groups.setdefault((x.numel(), x.device), []).append((self._size, x))
+        """Copy a nonempty floating-point ``t`` into the batch; returns its row in :meth:`finish`."""
+        n = t.numel()
+        if n == 0:
+            raise ValueError("CastBatch.add needs a nonempty tensor")
+        row = self._size
         self._size += 1
-        return self._size - 1
+        if t.dtype == torch.float64:
+            self._raw[row] = raw_cast_stats(t, self.fmt, self._scratch)
+            return row
+        blocks = -(-n // BLOCK)
+        need = blocks * BLOCK
+        flat = self._flats.get(t.device)
+        used = -1 if flat is None else flat.used
+        if flat is None or used + need > flat.size:
+            if flat is not None and flat.segments:
+                self._measure(flat)
+            if flat is None or need > flat.size:
+                capacity = self._capacity if reads_at_once(t.device) else max(self._capacity, DEVICE_CAPACITY)
+                flat = self._flats[t.device] = _Flat(max(capacity, need), t.device)
+            used = 0
+        if n < need:  # the last block's tail is padding: zeros
+            flat.buffer.narrow(0, used + need - BLOCK, BLOCK).zero_()
+        flat.buffer.narrow(0, used, n).view(t.shape).copy_(t.detach())
+        flat.segments.append(_Segment(row, used // BLOCK, blocks, n))
+        flat.used = used + need
+        return row
+
+    def add_many(self, tensors: list[torch.Tensor]) -> list[int]:
+        """:meth:`add` for many tensors, copied with one ``torch.cat`` per buffer rather than one op each.
+
+        >>> import torch
+        >>> from unitscale import FP8_E4M3
+        >>> batch = CastBatch(FP8_E4M3)
+        >>> batch.add_many([torch.ones(3), torch.tensor([0.5, -2.0])])
+        [0, 1]
+        >>> [(round(std, 6), absmax, nonzero) for std, absmax, nonzero, *_ in batch.finish()]
+        [(0.0, 1.0, 3), (1.767767, 2.0, 2)]
+        """
+        rows: list[int] = []
+        group: list[torch.Tensor] = []  # pieces for one cat into the current buffer
+        flat: _Flat | None = None
+        start = 0
+        for t in tensors:
+            n = t.numel()
+            if n == 0 or t.dtype == torch.float64 or (flat is not None and t.device != flat.buffer.device):
+                if group:
+                    assert flat is not None
+                    torch.cat(group, out=flat.buffer[start : flat.used])
+                    group, flat = [], None
+                rows.append(self.add(t))
+                continue
+            need = -(-n // BLOCK) * BLOCK
+            current = self._flats.get(t.device)
+            if current is None or current.used + need > current.size:
+                if group:
+                    assert flat is not None
+                    torch.cat(group, out=flat.buffer[start : flat.used])
+                    group, flat = [], None
+                rows.append(self.add(t))  # measures the full buffer or makes a new one
+                continue
+            if flat is None:
+                flat, start = current, current.used
+            piece = t.detach().reshape(-1)
+            group.append(piece if piece.dtype == torch.float32 else piece.float())
+            if need > n:
+                group.append(_zeros(t.device)[: need - n])
+            row = self._size
+            self._size += 1
+            flat.segments.append(_Segment(row, flat.used // BLOCK, need // BLOCK, n))
+            flat.used += need
+            rows.append(row)
+        if group:
+            assert flat is not None
+            torch.cat(group, out=flat.buffer[start : flat.used])
+        return rows
 
     def finish(self) -> list[tuple[float, ...]]:
         """Every added tensor's :func:`raw_cast_stats`, read to Python numbers, in the order added; then empty."""
+        for flat in self._flats.values():
+            if flat.segments:
+                self._measure(flat)
         rows: list[tuple[float, ...]] = [()] * self._size
-        for members in self._groups.values():
-            stacked = torch.stack([x for _, x in members])
-            for (i, x), row in zip(members, _row_stats(stacked, self.fmt), strict=True):
-                low, high = _SAFE_SUMS
-                if all(v == 0 or low <= v <= high for v in row[5:]):
-                    rows[i] = row
-                else:
-                    rows[i] = tuple(float(v) for v in raw_cast_stats(x, self.fmt))
-        self._groups, self._size = {}, 0
+        for members, measured in self._done:
+            for i, row in zip(members, measured, strict=True):
+                rows[i] = row
+        for i, raw in self._raw.items():
+            rows[i] = tuple(float(v) for v in raw)
+        self.clear()
         return rows
 
+    def _measure(self, flat: _Flat) -> None:
+        used = flat.buffer[: flat.used]
+        self._done.append(
+            ([s.row for s in flat.segments], _segment_stats(used, flat.segments, self.fmt, self._scratch))
+        )
+        flat.used, flat.segments = 0, []
 
-def _row_stats(rows: torch.Tensor, fmt: FPFormat) -> list[tuple[float, ...]]:
-    """:data:`RAW_FIELDS` of each row of a 2-D float32 tensor of at most :data:`BATCH_MAX` columns.
 
-    Row sums, not einsum or bmm (several times slower here); the second pass of the std, the
-    zero count and the overflow clamp are skipped for the whole group where no row needs them.
+def _segment_stats(
+    data: torch.Tensor, segments: list[_Segment], fmt: FPFormat, scratch: Scratch
+) -> list[tuple[float, ...]]:
+    """:data:`RAW_FIELDS` of each segment of ``data`` (float32, whole blocks, zeros after each segment).
+
+    Row-wise reductions over the blocks, then one ``segment_reduce`` per kind (sum, max), read
+    once; the few numbers per tensor are then finished in Python. On the CPU the zero count,
+    the overflow count and the clamp are skipped where nothing needs them.
     """
-    g, n = rows.shape
-    total = rows.sum(1)
-    signal = (rows * rows).sum(1)
-    a = rows.abs()
-    flags = torch.empty_like(a)  # 0/1 floats: their row sums are exact counts (n <= 2**24)
-    small = torch.lt(a, fmt.min_subnormal, out=flags).sum(1)
-    zeros = torch.eq(a, 0, out=flags).sum(1) if bool(small.any()) else torch.zeros_like(small)
-    absmax = a.amax(1)
-    in_range = bool((absmax <= fmt.max_value).all())
-    over = torch.zeros_like(small) if in_range else torch.gt(a, fmt.max_value, out=flags).sum(1)
+    device, size = data.device, data.numel()
+    host = reads_at_once(device)
+    x = data.view(-1, BLOCK)
+    flags = scratch.get(size, torch.float32, device, _WORK).view_as(x)  # 0/1 floats: exact row counts
+    total = x.sum(1)
+    root_signal = torch.linalg.vector_norm(x, dim=1)  # one read, where x * x then a sum is a write and two reads
+    absmax = torch.maximum(x.amax(1), x.amin(1).neg_())  # aminmax(dim=1) is many times slower on the CPU
+    # |x|'s binade, 2**floor(log2|x|) (0 for float32's subnormals and zeros), read as a float:
+    # below the smallest subnormal (a power of two) exactly where |x| is. No |x| is written.
+    binade = torch.bitwise_and(
+        data.view(torch.int32), _EXPONENT_FIELD, out=scratch.get(size, torch.int32, device, _MAGIC)
+    )
+    binade = binade.view(torch.float32).view_as(x)
+    if fmt.min_subnormal >= _FLOAT32_TINY:
+        small = torch.lt(binade, fmt.min_subnormal, out=flags).sum(1)
+    else:  # float32's own subnormals may be above it: compare magnitudes
+        small = torch.lt(torch.abs(x, out=flags), fmt.min_subnormal, out=flags).sum(1)
+    padding = size - sum(s.n for s in segments)
+    # Padding is zeros, below the smallest subnormal: only where something else is, count zeros.
+    need_zeros = not host or small.sum(dtype=torch.float64).item() > padding
+    zeros = torch.eq(x, 0, out=flags).sum(1) if need_zeros else torch.zeros_like(small)
+    in_range = host and bool(absmax.max() <= fmt.max_value)  # False for NaN too
+    if in_range:
+        over = torch.zeros_like(small)
+    else:
+        a = torch.abs(x, out=scratch.get(size, torch.float32, device, _ABS).view_as(x))
+        over = torch.gt(a, fmt.max_value, out=flags).sum(1)
     magic = _magic(fmt)
     if magic is not None and in_range:
-        error = _round_magic(a.view(-1), magic, Scratch()).sub_(a.view(-1)).view(g, n)
+        error = _round_binade(data, binade.view(-1), magic, scratch).sub_(data)
     else:
-        error = rounding_error(a.view(-1), fmt).view(g, n)  # |x|'s error squares as x's does
-    noise = error.mul_(error).sum(1)
-    stats = torch.stack([absmax, n - zeros, small - zeros, over, signal, noise], 1).tolist()
-    return [
-        (std, r[0], int(r[1]), int(r[2]), int(r[3]), r[4], r[5])
-        for std, r in zip(_row_std(rows, total, signal), stats, strict=True)
-    ]
+        error = rounding_error(data, fmt, scratch)
+    root_noise = torch.linalg.vector_norm(error.view_as(x), dim=1)
+    parts = torch.stack([total, root_signal, small, zeros, over, root_noise], 1).double()
+    parts[:, 1::4].square_()  # the signal and noise per block
+    lengths = torch.tensor([s.blocks for s in segments], device=device)
+    sums = torch.segment_reduce(parts, "sum", lengths=lengths, axis=0).tolist()  # the one read per buffer
+    maxes = torch.segment_reduce(absmax, "max", lengths=lengths).tolist()
+    low, high = _SAFE_SUMS
+    rows: list[tuple[float, ...]] = []
+    careful: list[int] = []
+    for i, (s, (t, signal, smalls, zero, over_, noise), absmax_) in enumerate(zip(segments, sums, maxes, strict=True)):
+        pad = s.blocks * BLOCK - s.n
+        zero = zero - pad if need_zeros else 0.0
+        if not all(v == 0 or low <= v <= high for v in (signal, noise)):  # NaN too
+            raw = raw_cast_stats(data[s.start * BLOCK : s.start * BLOCK + s.n], fmt)
+            rows.append(tuple(float(v) for v in raw))
+            continue
+        std = 0.0
+        if s.n > 1:
+            mean = t / s.n
+            var = (signal - t * mean) / (s.n - 1)
+            if mean * mean <= var:
+                std = math.sqrt(var)
+            else:
+                careful.append(i)
+        rows.append((std, absmax_, s.n - int(zero), int(smalls - pad - zero), int(over_), signal, noise))
+    if careful:
+        chosen = [segments[i] for i in careful]
+        means = [sums[i][0] / segments[i].n for i in careful]
+        for i, std in zip(careful, _careful_std(x, chosen, means), strict=True):
+            rows[i] = (std, *rows[i][1:])
+    return rows
 
 
-def _row_std(rows: torch.Tensor, total: torch.Tensor, squares: torch.Tensor) -> list[float]:
-    """Each row's std from its sum and sum of squares where they do not cancel, else about the mean.
+def _round_binade(c: torch.Tensor, binade: torch.Tensor, magic: _Magic, scratch: Scratch) -> torch.Tensor:
+    """:func:`_round_magic` from ``binade``, ``c``'s exponent field alone read as a float (``2**e``; overwritten).
 
-    As :func:`~unitscale.tracking.stats.std_stat` decides: where the mean squared exceeds the
-    variance so found (a constant row, all-positive data) the group is summed again about its
-    float32 mean, corrected by the deviations' own sum. For a constant row the deviations are
-    one small multiple of the value's ulp, every sum is exact and the std exactly 0.
+    Clamped to the format's binades and times ``K = 1.5 * 2**(23 - m)`` it is the magic number,
+    exactly (a power of two times 1.5), so ``c + K * p - K * p`` rounds as ``c + M - M`` does.
     """
-    n = rows.shape[1]
-    if n == 1:
-        return [0.0] * rows.shape[0]
-    total64, squares64 = total.double(), squares.double()
-    mean = total64 / n
-    var = (squares64 - total64 * mean) / (n - 1)
-    if bool((mean * mean <= var).all()):
-        return var.sqrt_().tolist()
-    deviations = rows - (total / n)[:, None]
-    shift = deviations.sum(1).double()
-    squares64 = deviations.mul_(deviations).sum(1).double()
-    return ((squares64 - shift * shift / n) / (n - 1)).clamp_(min=0).sqrt_().tolist()
+    p = binade.clamp_(_POW2[magic.low], _POW2[magic.high])
+    k = _POW2[magic.add - (1 << 22) + (127 << 23)] * 1.5
+    return torch.add(c, p, alpha=k, out=scratch.get(c.numel(), torch.float32, c.device, _WORK)).sub_(p, alpha=k)
+
+
+class _Pow2(dict[int, float]):
+    """The float32 whose bits are a given exponent field (mantissa zero), computed on first use."""
+
+    def __missing__(self, bits: int) -> float:
+        value = self[bits] = math.ldexp(1.0, (bits >> 23) - 127)
+        return value
+
+
+_POW2 = _Pow2()
+
+
+def _careful_std(x: torch.Tensor, segments: list[_Segment], means: list[float]) -> list[float]:
+    """The std of each segment of ``x`` (rows of blocks) about its float32 mean, corrected by the deviations' sum.
+
+    Where the mean squared exceeds the variance, the sum of squares cancels; the deviations do
+    not. For a constant tensor they are one small multiple of the value's ulp, every sum is
+    exact and the std exactly 0. Padding is masked out.
+    """
+    device = x.device
+    rows = torch.tensor([b for s in segments for b in range(s.start, s.start + s.blocks)], device=device)
+    lengths = torch.tensor([s.blocks for s in segments], device=device)
+    ns = torch.tensor([float(s.n) for s in segments], dtype=torch.float64, device=device)
+    valid = torch.tensor(
+        [v for s in segments for v in [BLOCK] * (s.blocks - 1) + [s.n - (s.blocks - 1) * BLOCK]], device=device
+    )
+    keep = torch.arange(BLOCK, device=device) < valid[:, None]
+    mean = torch.tensor(means, dtype=torch.float32, device=device).repeat_interleave(lengths)
+    deviations = (x[rows] - mean[:, None]).mul_(keep)
+    shift = torch.segment_reduce(deviations.sum(1).double(), "sum", lengths=lengths)
+    squares = torch.segment_reduce(deviations.mul_(deviations).sum(1).double(), "sum", lengths=lengths)
+    return ((squares - shift * shift / ns) / (ns - 1)).clamp_(min=0).sqrt_().tolist()
 
 
 def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:

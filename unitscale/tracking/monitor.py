@@ -17,14 +17,18 @@ entry, a tensor hook per output as the forward pass meets it, and removes every 
 so other steps run the bare model. On an accelerator the statistics stay on the device
 until the step ends, then are read in one transfer.
 
-What a record step costs: a large tensor is measured where the hook meets it (about 15
-passes over its data, see :mod:`~unitscale.tracking.cast_stats`); a small one (at most
-:data:`~unitscale.tracking.cast_stats.BATCH_MAX` elements, where the cost is the ~20 op calls
-rather than the data) is copied and measured with the other small ones when the step ends, in
-one :class:`~unitscale.tracking.cast_stats.CastBatch` per format. Memory: those copies (at most
-``BATCH_MAX`` float32 elements each) until the step ends, and scratch buffers of about four
-times the largest tensor measured, kept from one record step to the next (a fresh multi-
-megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`.
+What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
+tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements, and every
+parameter and parameter gradient, is copied into one
+:class:`~unitscale.tracking.cast_stats.CastBatch` per format (parameters with one ``torch.cat``
+each time) and measured with the others, a buffer at a time, in ~25 op calls rather than ~20 per
+tensor. A larger activation or gradient is measured where the hook meets it, while its data is
+still in cache (:func:`~unitscale.tracking.cast_stats.raw_cast_stats`). Memory: the batch's
+buffer (:data:`~unitscale.tracking.cast_stats.CAPACITY` float32 elements on the CPU,
+:data:`~unitscale.tracking.cast_stats.DEVICE_CAPACITY` on an accelerator) and work buffers of
+about four times its size or the largest tensor, kept from one record step to the next (a fresh
+multi-megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`. On an
+accelerator nothing is read per tensor: one read per full buffer, one at the step's end.
 """
 
 from __future__ import annotations
@@ -48,7 +52,12 @@ from unitscale.tracking.stats import Stat
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["ScaleMonitor", "ROOT"]
+__all__ = ["ScaleMonitor", "ROOT", "BATCH_LIMIT"]
+
+BATCH_LIMIT = 2**17
+"""Tensors of at most this many elements are copied and measured together (a
+:class:`~unitscale.tracking.cast_stats.CastBatch`);
+larger ones where the hook meets them, while their data is still in cache."""
 
 ROOT = "(root)"
 """The tensor name of the model's own output (when no submodule returned it)."""
@@ -231,6 +240,7 @@ class ScaleMonitor:
         self._disarm()
         self._drop_pending()
         self._scratch = Scratch()
+        self._batches = {"fwd": CastBatch(self.fwd_format), "bwd": CastBatch(self.bwd_format)}  # frees buffers
         self._closed = True
 
     # Recording ----------------------------------------------------------------------------------
@@ -239,16 +249,15 @@ class ScaleMonitor:
         self._seen, self._calls = {}, {}
         self._drop_pending()
         if self.parameters:
-            for name, p in self.model.named_parameters():
-                if p.numel() and p.is_floating_point():
-                    self._measure(name, "parameter", "fwd", p)
+            self._measure_all("fwd", [(n, p) for n, p in self.model.named_parameters() if p.is_floating_point()])
         if self.activations:
             for name, module in self._modules:
                 self._handles.append(module.register_forward_hook(partial(self._on_forward, name)))
 
     def _drop_pending(self) -> None:
         self._pending = []
-        self._batches = {"fwd": CastBatch(self.fwd_format), "bwd": CastBatch(self.bwd_format)}
+        for batch in self._batches.values():
+            batch.clear()
 
     def _disarm(self) -> None:
         for handle in self._handles:
@@ -279,22 +288,31 @@ class ScaleMonitor:
 
     def _measure(self, name: str, kind: str, direction: str, t: torch.Tensor) -> None:
         batch = self._batches[direction]
-        if CastBatch.takes(t):
+        if t.numel() <= BATCH_LIMIT and t.dtype != torch.float64:
             self._pending.append((name, kind, direction, _Batched(batch, batch.add(t))))
         else:
             self._pending.append((name, kind, direction, raw_cast_stats(t, batch.fmt, self._scratch)))
 
+    def _measure_all(self, direction: str, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Parameters or their gradients (nonempty, floating point): copied into the batch with one cat."""
+        named = [(name, t) for name, t in named if t.numel()]
+        batch = self._batches[direction]
+        rows = batch.add_many([t for _, t in named])
+        self._pending.extend(
+            (name, "parameter", direction, _Batched(batch, row)) for (name, _), row in zip(named, rows, strict=True)
+        )
+
     def _collect(self, step: int) -> None:
         if self.parameters:
-            for name, p in self.model.named_parameters():
-                if p.grad is not None and p.grad.numel() and p.grad.is_floating_point():
-                    self._measure(name, "parameter", "bwd", p.grad)
+            grads = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+            self._measure_all("bwd", [(n, g) for n, g in grads if g.is_floating_point()])
         batched = {id(batch): batch.finish() for batch in self._batches.values()}
-        values = _read(
-            [batched[id(raw.batch)][raw.row] if isinstance(raw, _Batched) else raw for *_, raw in self._pending]
-        )
-        for (name, kind, direction, _), raw in zip(self._pending, values, strict=True):
-            self.history.records.append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(raw)))
+        alone = [i for i, (*_, raw) in enumerate(self._pending) if not isinstance(raw, _Batched)]
+        read = dict(zip(alone, _read([self._pending[i][3] for i in alone]), strict=True))  # type: ignore[misc]
+        append = self.history.records.append
+        for i, (name, kind, direction, raw) in enumerate(self._pending):
+            values = batched[id(raw.batch)][raw.row] if isinstance(raw, _Batched) else read[i]
+            append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(values)))
         self._drop_pending()
 
     # Views --------------------------------------------------------------------------------------
