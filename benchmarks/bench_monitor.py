@@ -100,7 +100,7 @@ def _timed(fn: Callable[[int], None], step: int, clock: Callable[[], float]) -> 
 def main(quick: bool = False, threads: int = 1) -> list[dict]:
     """Time plain and monitored training steps per model; print and return rows."""
     torch.set_num_threads(threads)
-    rounds = 5 if quick else 11
+    rounds = 1 if quick else 11  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     rows = []
     clock, clock_name = (time.thread_time, "thread CPU time") if threads == 1 else (time.perf_counter, "wall time")
     print(f"{threads} threads ({clock_name}); median of {rounds} rounds of {EVERY} steps; monitor every {EVERY} steps")
