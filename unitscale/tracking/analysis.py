@@ -34,6 +34,7 @@ from unitscale.fx.trace_cache import DeepPathTracer, Trace, _fingerprint, _graph
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
+from unitscale.tracking.compiled import compiled_tracking
 from unitscale.tracking.eager import ScaleRecording, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
@@ -204,6 +205,22 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
     seen = {id(leaf) for leaf in interp.captured.leaves}  # parameters the graph read are there already
     interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
     return interp.captured
+
+
+def _capture_compiled(module: nn.Module, trace: Trace, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+    """As :func:`_capture_fx`, running the cached trace's compiled code instead of an interpreter."""
+    program = compiled_tracking(module, trace.graph)
+    try:
+        captured = program.run(module, inputs + trace.extra_inputs, abs_max)
+    except Exception as e:
+        n = program.failed_node
+        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
+        raise InputError(
+            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. {_advice(str(e))}"
+        ) from e
+    seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
+    captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    return captured
 
 
 def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
@@ -412,7 +429,10 @@ def track_scales(
     # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
     # buffers or assigns to its module is undone (the caller's model is only observed).
     with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
-        if trace is not None:
+        if trace is not None and not isinstance(module, fx.GraphModule):
+            # a cached trace's graph: compiled once, run as Python code (no interpreter)
+            captured = _capture_compiled(module, trace, inputs, abs_max)
+        elif trace is not None:
             captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
         elif exported is not None:
             captured = _capture_fx(exported, exported.graph, inputs, abs_max)
