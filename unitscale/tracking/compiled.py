@@ -143,7 +143,7 @@ class CompiledTracking:
             source = _is_view(n) and isinstance(n.args[0], fx.Node)
             path = n.meta.get(MODULE_PATH_KEY, "")
             steps.append(_Step(n, n.op, path, _static_op(module, n), hand_on, source))
-            args = (copy, index[n]) + ((env[n.args[0]],) if source else ())  # type: ignore[index]
+            args = (copy, index[n]) + ((env[n.args[0]],) if source else ())
             env[n] = new.call_function(_track, args)
         code = new.python_code(root_module="self")
         namespace = dict(code.globals)
