@@ -209,7 +209,9 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
 
 def _capture_compiled(module: nn.Module, trace: Trace, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
     """As :func:`_capture_fx`, running the cached trace's compiled code instead of an interpreter."""
-    program = compiled_tracking(module, trace.graph)
+    program = compiled_tracking(module, trace)
+    if program is None:
+        return _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
     try:
         captured = program.run(module, inputs + trace.extra_inputs, abs_max)
     except Exception as e:

@@ -13,6 +13,7 @@ interpreter's.
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from typing import Any, NamedTuple
@@ -21,6 +22,7 @@ import torch
 from torch import fx, nn
 
 from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
+from unitscale.fx.trace_cache import Trace
 from unitscale.tracking.eager import ScaleRecording, input_leaf
 from unitscale.tracking.stats import ScaleRecord
 
@@ -114,43 +116,33 @@ class CompiledTracking:
     Args:
         module: the module the graph was traced from (the code's ``self``).
         graph: the traced graph (left unchanged).
+        code: the graph's code as fx writes it (``graph.python_code(root_module="self").src``).
+        namespace: the globals that code runs in.
 
     >>> import torch
-    >>> from torch import fx
     >>> from unitscale.examples.models import MLP
     >>> from unitscale.tracking.compiled import CompiledTracking
+    >>> from unitscale.fx.trace_cache import trace_for_scales
     >>> model = MLP(4)
-    >>> program = CompiledTracking(model, fx.symbolic_trace(model).graph)
+    >>> trace = trace_for_scales(model)
+    >>> program = CompiledTracking(model, trace.graph, trace.code, trace.namespace)
     >>> captured = program.run(model, (torch.randn(8, 4),), abs_max=False)
     >>> [row.node for row, _ in captured.entries]
-    ['x', 'fc1', 'act', 'fc2']
+    ['x', 'fc1_weight', 'fc1_bias', 'linear', 'relu', 'fc2_weight', 'fc2_bias', 'linear_1']
     >>> captured.remove_hooks()
     """
 
-    def __init__(self, module: nn.Module, graph: fx.Graph) -> None:
+    def __init__(self, module: nn.Module, graph: fx.Graph, code: str, namespace: dict[str, Any]) -> None:
         nodes = [n for n in graph.nodes if n.op != "output"]
-        index = {n: i for i, n in enumerate(nodes)}
-        new = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
-        steps: list[_Step] = []
-        for n in graph.nodes:
-            if n.op == "output":
-                new.output(fx.node.map_arg(n.args[0], env.__getitem__))
-                break
-            copy = new.node_copy(n, env.__getitem__)
-            users = list(n.users)
-            hand_on = index[users[0]] if len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,) else -1
-            source = _is_view(n) and isinstance(n.args[0], fx.Node)
-            path = n.meta.get(MODULE_PATH_KEY, "")
-            steps.append(_Step(n, n.op, path, _static_op(module, n), hand_on, source))
-            args = (copy, index[n]) + ((env[n.args[0]],) if source else ())
-            env[n] = new.call_function(_track, args)
-        code = new.python_code(root_module="self")
-        namespace = dict(code.globals)
-        exec(compile(code.src, f"<unitscale tracking of {type(module).__name__}>", "exec"), namespace)
+        steps = _steps(module, nodes)
+        src = _instrumented(code, nodes, steps)
+        if src is None:
+            raise _NotCompiled(f"the code of {type(module).__name__}'s graph has a line this rewrite does not know")
+        scope = dict(namespace, _unitscale_track=_track)
+        exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
         self.steps = steps
         self.nodes = nodes
-        self._forward = namespace["forward"]
+        self._forward = scope["forward"]
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
         """Run ``module`` on ``inputs`` (the graph's placeholders, in order), recording each node's output.
@@ -179,12 +171,75 @@ class CompiledTracking:
         return self.nodes[self.failed] if 0 <= self.failed < len(self.nodes) else None
 
 
+def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
+    """What the recording call needs per node (the graph's nodes but its output, in order)."""
+    index = {n: i for i, n in enumerate(nodes)}
+    steps = []
+    for n in nodes:
+        users = list(n.users)
+        hand_on = index[users[0]] if len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,) else -1
+        source = _is_view(n) and isinstance(n.args[0], fx.Node)
+        steps.append(_Step(n, n.op, n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n), hand_on, source))
+    return steps
+
+
+class _NotCompiled(Exception):
+    """The graph's code is not in the form :func:`_instrumented` rewrites: run it with the interpreter."""
+
+
+_CLEANUP = re.compile(r";  (?:\w+ = )+None$")
+
+
+def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | None:
+    """``code`` (fx's, one line per node) with each node's value passed through the recording call.
+
+    ``None`` where a node's line is not found as fx writes it (``name = expression``,
+    maybe followed by ``;  a = b = None``): the caller falls back to the interpreter.
+    """
+    lines = code.split("\n")
+    try:
+        at = next(i for i, line in enumerate(lines) if line.startswith("def forward(self"))
+    except StopIteration:
+        return None
+    signature = lines[at]
+    out = lines[: at + 1]
+    i = at + 1
+    for k, (n, step) in enumerate(zip(nodes, steps, strict=True)):
+        if n.op == "placeholder":
+            if not re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
+                return None
+            out.append(f"    {n.name} = _unitscale_track({n.name}, {k})")
+            continue
+        prefix = f"    {n.name} = "
+        while i < len(lines) and not lines[i].startswith(prefix):
+            if lines[i].startswith("    ") and " = " in lines[i].split("(")[0]:
+                return None  # another node's assignment first: not the order expected
+            out.append(lines[i])
+            i += 1
+        if i == len(lines):
+            return None
+        line = lines[i]
+        cleanup = _CLEANUP.search(line)
+        expr = line[len(prefix) : cleanup.start() if cleanup else len(line)]
+        source = f", {n.args[0].name}" if step.from_source else ""  # type: ignore[union-attr]
+        out.append(f"{prefix}_unitscale_track({expr}, {k}{source}){cleanup.group(0) if cleanup else ''}")
+        i += 1
+    out.extend(lines[i:])
+    return "\n".join(out)
+
+
+_FIRST: Any = object()  # a graph run once, by the interpreter
+
 # graph -> its compiled tracking: the graphs of cached traces live as long as their trace
-_compiled: weakref.WeakKeyDictionary[fx.Graph, CompiledTracking] = weakref.WeakKeyDictionary()
+_compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary()
 
 
-def compiled_tracking(module: nn.Module, graph: fx.Graph) -> CompiledTracking:
-    """The :class:`CompiledTracking` of a cached trace's ``graph`` of ``module``, made once per graph.
+def compiled_tracking(module: nn.Module, trace: Trace) -> CompiledTracking | None:
+    """The :class:`CompiledTracking` of a cached ``trace`` of ``module``, made once per graph.
+
+    ``None`` on the trace's first run (not compiled until it is run again), or where the
+    trace keeps no code namespace or its code is not in the form fx writes: run the graph
+    with the interpreter then.
 
     Only for graphs nobody edits after the first call (those of the trace cache): an edited
     graph would keep its old code.
@@ -192,11 +247,25 @@ def compiled_tracking(module: nn.Module, graph: fx.Graph) -> CompiledTracking:
     >>> from unitscale.examples.models import MLP
     >>> from unitscale.fx.trace_cache import trace_for_scales
     >>> model = MLP(4)
-    >>> graph = trace_for_scales(model).graph
-    >>> compiled_tracking(model, graph) is compiled_tracking(model, graph)
+    >>> trace = trace_for_scales(model)
+    >>> compiled_tracking(model, trace) is None  # first run: the interpreter
+    True
+    >>> program = compiled_tracking(model, trace)
+    >>> program is not None and compiled_tracking(model, trace) is program
     True
     """
-    program = _compiled.get(graph)
-    if program is None:
-        program = _compiled[graph] = CompiledTracking(module, graph)
+    program: Any = _compiled.get(trace.graph, False)
+    if program is False:
+        # A trace's first run: compiling it would cost about what the interpreter loses over
+        # one pass, so only a trace that is run again (from the cache) is compiled.
+        _compiled[trace.graph] = _FIRST
+        return None
+    if program is _FIRST:
+        try:
+            if trace.namespace is None:
+                raise _NotCompiled("no namespace")
+            program = CompiledTracking(module, trace.graph, trace.code, trace.namespace)
+        except _NotCompiled:
+            program = None
+        _compiled[trace.graph] = program
     return program
