@@ -45,7 +45,6 @@ def _interpreted(model: nn.Module, inputs: object, abs_max: bool = True) -> list
 
 
 def _compiled_rows(model: nn.Module, inputs: object, abs_max: bool = True) -> list[tuple]:
-    track_scales(model, inputs, abs_max=abs_max)  # the trace's first run, by the interpreter
     trace = trace_for_scales(model)
     assert compiled_tracking(model, trace) is not None
     torch.manual_seed(1)
@@ -137,12 +136,45 @@ def test_code_not_as_fx_writes_it_is_left_to_the_interpreter() -> None:
     assert _instrumented(trace.code.replace("relu = ", "relu_x = "), nodes, steps) is None
 
 
-def test_first_run_of_a_trace_is_interpreted_then_compiled_once() -> None:
+def test_a_trace_is_compiled_once() -> None:
     clear_trace_cache()
     model = MLP(4)
     trace = trace_for_scales(model)
-    assert compiled_tracking(model, trace) is None
     program = compiled_tracking(model, trace)
     assert program is not None and compiled_tracking(model, trace) is program
     clear_trace_cache()
-    assert compiled_tracking(model, trace_for_scales(model)) is None  # a new trace starts again
+    assert compiled_tracking(model, trace_for_scales(model)) is not program  # a new trace, compiled again
+
+
+def apply_fn(fn, x: torch.Tensor) -> torch.Tensor:
+    return fn(x) * 2
+
+
+class Applies(nn.Module):
+    """Passes a function to an autowrapped function: the trace makes it an extra placeholder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return apply_fn(torch.tanh, self.fc(x))
+
+
+def test_a_function_argument_is_passed_to_compiled_code_as_the_interpreter_passes_it() -> None:
+    model = Applies()
+    x = torch.randn(3, 4)
+    trace = trace_for_scales(model, autowrap_functions=(apply_fn,))
+    assert trace.extra_inputs == (torch.tanh,)
+    compiled = analysis._capture_compiled
+    analysis._capture_compiled = lambda m, t, i, a: analysis._capture_fx(m, t.graph, i + t.extra_inputs, a)
+    try:
+        torch.manual_seed(1)
+        expected = list(track_scales(model, x, autowrap_functions=(apply_fn,)).rows)
+    finally:
+        analysis._capture_compiled = compiled
+    assert compiled_tracking(model, trace) is not None
+    torch.manual_seed(1)
+    got = list(track_scales(model, x, autowrap_functions=(apply_fn,)).rows)
+    _same(expected, got)
+    assert got[-1].op == "apply_fn" and got[-1].forward is not None and got[-1].backward is not None

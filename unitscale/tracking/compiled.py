@@ -228,8 +228,6 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | 
     return "\n".join(out)
 
 
-_FIRST: Any = object()  # a graph run once, by the interpreter
-
 # graph -> its compiled tracking: the graphs of cached traces live as long as their trace
 _compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary()
 
@@ -237,9 +235,10 @@ _compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary(
 def compiled_tracking(module: nn.Module, trace: Trace) -> CompiledTracking | None:
     """The :class:`CompiledTracking` of a cached ``trace`` of ``module``, made once per graph.
 
-    ``None`` on the trace's first run (not compiled until it is run again), or where the
-    trace keeps no code namespace or its code is not in the form fx writes: run the graph
-    with the interpreter then.
+    Compiling costs about what the interpreter loses over one pass (Python's ``compile``
+    of the code: a few milliseconds for a ResNet-18), so the first call costs about the
+    same and every later one less. ``None`` where the trace keeps no code namespace or its
+    code is not in the form fx writes: run the graph with the interpreter then.
 
     Only for graphs nobody edits after the first call (those of the trace cache): an edited
     graph would keep its old code.
@@ -248,19 +247,12 @@ def compiled_tracking(module: nn.Module, trace: Trace) -> CompiledTracking | Non
     >>> from unitscale.fx.trace_cache import trace_for_scales
     >>> model = MLP(4)
     >>> trace = trace_for_scales(model)
-    >>> compiled_tracking(model, trace) is None  # first run: the interpreter
-    True
     >>> program = compiled_tracking(model, trace)
     >>> program is not None and compiled_tracking(model, trace) is program
     True
     """
     program: Any = _compiled.get(trace.graph, False)
     if program is False:
-        # A trace's first run: compiling it would cost about what the interpreter loses over
-        # one pass, so only a trace that is run again (from the cache) is compiled.
-        _compiled[trace.graph] = _FIRST
-        return None
-    if program is _FIRST:
         try:
             if trace.namespace is None:
                 raise _NotCompiled("no namespace")
