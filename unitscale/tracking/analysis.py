@@ -1,8 +1,10 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
 The model is traced with a :class:`~unitscale.DeepTracer` that also records
-module paths, run by a :class:`ScaleTrackingInterpreter` that records every
-floating-point node output, and backpropagated once. On an accelerator the stds stay on
+module paths, run with every floating-point node output recorded, and backpropagated
+once. A cached trace runs as its own compiled code with a recording call after each
+node (``unitscale.tracking.compiled``); a ``GraphModule`` passed in, or an exported graph,
+is run by a :class:`ScaleTrackingInterpreter`, node by node, with the same records. On an accelerator the stds stay on
 the device until one read at the end. When ``torch.fx`` cannot trace the model
 (``transformers`` models, data-dependent control flow) the ops are recorded as they run
 instead (``unitscale.tracking.eager``), each with its module path: that costs about as
