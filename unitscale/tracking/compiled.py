@@ -245,6 +245,7 @@ def compiled_tracking(module: nn.Module, trace: Trace) -> CompiledTracking | Non
 
     >>> from unitscale.examples.models import MLP
     >>> from unitscale.fx.trace_cache import trace_for_scales
+    >>> from unitscale.tracking.compiled import compiled_tracking
     >>> model = MLP(4)
     >>> trace = trace_for_scales(model)
     >>> program = compiled_tracking(model, trace)
