@@ -178,3 +178,21 @@ def test_a_function_argument_is_passed_to_compiled_code_as_the_interpreter_passe
     got = list(track_scales(model, x, autowrap_functions=(apply_fn,)).rows)
     _same(expected, got)
     assert got[-1].op == "apply_fn" and got[-1].forward is not None and got[-1].backward is not None
+
+
+def test_an_exported_graph_runs_compiled_with_the_interpreters_rows() -> None:
+    torch.manual_seed(0)
+    model = Views()
+    x = torch.randn(4, 8)
+    compiled = analysis._capture_compiled
+    analysis._capture_compiled = lambda m, t, i, a: analysis._capture_fx(m, t.graph, i + t.extra_inputs, a)
+    try:
+        expected = track_scales(model, x, capture="export")
+    finally:
+        analysis._capture_compiled = compiled
+    gm = analysis._exported_graph(model, (x,))
+    assert compiled_tracking(gm, analysis._exported_trace(gm)) is not None
+    got = track_scales(model, x, capture="export")
+    _same(list(expected.rows), list(got.rows))
+    assert got.code == expected.code and got.capture == "export"
+    assert analysis._exported_trace(gm) is analysis._exported_trace(gm)  # the code is written once

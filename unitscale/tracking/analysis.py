@@ -32,7 +32,14 @@ from torch import fx, nn
 from unitscale.errors import CaptureError, InputError, NotAModuleError
 from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
-from unitscale.fx.trace_cache import DeepPathTracer, Trace, _fingerprint, _graph_code, trace_for_scales, trace_or_reason
+from unitscale.fx.trace_cache import (
+    DeepPathTracer,
+    Trace,
+    _fingerprint,
+    _graph_code_and_globals,
+    trace_for_scales,
+    trace_or_reason,
+)
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
@@ -344,6 +351,19 @@ def _exported_graph(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModul
     return gm
 
 
+# exported graph -> its code: written once per cached export (thousands of aten nodes), not per call
+_exported_code: weakref.WeakKeyDictionary[fx.GraphModule, Trace] = weakref.WeakKeyDictionary()
+
+
+def _exported_trace(gm: fx.GraphModule) -> Trace:
+    """The exported graph with its code and the code's globals, made once per exported graph."""
+    trace = _exported_code.get(gm)
+    if trace is None:
+        src, namespace = _graph_code_and_globals(gm.graph)
+        trace = _exported_code[gm] = Trace(gm.graph, (), src, namespace)
+    return trace
+
+
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     width = max([len(r.node) for r in rows] + [4])
     why = f"; torch.fx could not trace it at {failure}" if failure else ""
@@ -439,14 +459,14 @@ def track_scales(
         elif trace is not None:
             captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
         elif exported is not None:
-            captured = _capture_fx(exported, exported.graph, inputs, abs_max)
+            captured = _capture_compiled(exported, _exported_trace(exported), inputs, abs_max)
         else:
             captured = _capture_eager(module, inputs, abs_max)
         rows = _finish(captured, backward, model)
     if trace is not None:
         return ScaleReport(rows, model, _annotate(trace, rows), "fx")
     if exported is not None:
-        code = _annotate_capture(Trace(exported.graph, (), _graph_code(exported.graph)), rows, model, failure)
+        code = _annotate_capture(_exported_trace(exported), rows, model, failure)
         return ScaleReport(rows, model, code, "export", failure)
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
 

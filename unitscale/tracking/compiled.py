@@ -188,6 +188,7 @@ class _NotCompiled(Exception):
 
 
 _CLEANUP = re.compile(r";  (?:\w+ = )+None$")
+_FLATTEN = re.compile(r"^    [\w, ]+ = fx_pytree\.tree_flatten_spec\(")
 
 
 def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | None:
@@ -202,8 +203,10 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | 
     except StopIteration:
         return None
     signature = lines[at]
-    out = lines[: at + 1]
     i = at + 1
+    if i < len(lines) and _FLATTEN.match(lines[i]):
+        i += 1  # an exported graph's inputs, unpacked from the call's arguments before any node
+    out = lines[:i]
     for k, (n, step) in enumerate(zip(nodes, steps, strict=True)):
         if n.op == "placeholder":
             if not re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
