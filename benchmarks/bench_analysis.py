@@ -3,7 +3,8 @@
 The ratio is the cost of scale tracking: capturing the model, running it so that every tensor
 is seen, and one std per tensor in forward and backward. The "first call" column starts from
 empty caches (the capture and the code listing are made again); "cached" is every later call
-on the same model and input shapes. Target: <= 1.15x in both. Models: TinyGPT, FusedGPT (a GPT
+on the same model and input shapes (an fx trace's code, compiled with a recording call per
+node on the first call, is run directly). Target: <= 1.15x in both. Models: TinyGPT, FusedGPT (a GPT
 written differently: one fused qkv projection, explicit ``torch.softmax`` attention),
 ``unitscale.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
 weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale be
 
 from unitscale import analyse_module, track_scales  # noqa: E402
 from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
-from unitscale.tracking import analysis, clear_trace_cache  # noqa: E402
+from unitscale.tracking import analysis, clear_trace_cache, compiled  # noqa: E402
 
 BATCH, SEQ, WIDTH, LAYERS, HEADS, VOCAB = 8, 128, 256, 4, 4, 512
 
@@ -136,8 +137,9 @@ def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 
 
 def _forget_captures() -> None:
-    """Empty every cache a first call fills: fx traces, exported graphs, parsed code."""
+    """Empty every cache a first call fills: fx traces, exported graphs, parsed code, compiled tracking code."""
     clear_trace_cache()
+    compiled._compiled.clear()
     analysis._exported.clear()
     analysis._code_lines.cache_clear()
 

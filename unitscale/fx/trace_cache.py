@@ -68,11 +68,15 @@ class DeepPathTracer(ModulePathTracer, DeepTracer):
 
 @dataclass(frozen=True)
 class Trace:
-    """A traced graph, the callables to pass after the inputs, and the graph's code."""
+    """A traced graph, the callables to pass after the inputs, and the graph's code.
+
+    ``namespace``: the globals the code runs in (``None`` where not kept).
+    """
 
     graph: fx.Graph
     extra_inputs: tuple[Any, ...]
     code: str
+    namespace: dict[str, Any] | None = None
 
 
 def _value_key(value: Any) -> Any:
@@ -123,13 +127,18 @@ def _fingerprint(module: nn.Module) -> tuple[Any, ...]:
 
 
 def _graph_code(graph: fx.Graph) -> str:
+    return _graph_code_and_globals(graph)[0]
+
+
+def _graph_code_and_globals(graph: fx.Graph) -> tuple[str, dict[str, Any]]:
     # Type annotations (``x : _torch_Tensor_``) are noise here: hide them while
     # generating, then put them back, so the graph is left as it was.
     saved = [(n, n.type) for n in graph.nodes if n.type is not None]
     try:
         for n, _ in saved:
             n.type = None
-        return graph.python_code(root_module="self").src
+        code = graph.python_code(root_module="self")
+        return code.src, code.globals
     finally:
         for n, t in saved:
             n.type = t
@@ -161,7 +170,8 @@ def trace_or_reason(
         )
         try:
             graph = tracer.trace(module)
-            result: Trace | str = Trace(graph, tuple(tracer.callable_args.values()), _graph_code(graph))
+            src, namespace = _graph_code_and_globals(graph)
+            result: Trace | str = Trace(graph, tuple(tracer.callable_args.values()), src, namespace)
         except Exception as e:
             result = describe_failure(e)
         cached = (key, result)

@@ -1,8 +1,10 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
 The model is traced with a :class:`~unitscale.DeepTracer` that also records
-module paths, run by a :class:`ScaleTrackingInterpreter` that records every
-floating-point node output, and backpropagated once. On an accelerator the stds stay on
+module paths, run with every floating-point node output recorded, and backpropagated
+once. A cached trace runs as its own compiled code with a recording call after each
+node (``unitscale.tracking.compiled``); a ``GraphModule`` passed in, or an exported graph,
+is run by a :class:`ScaleTrackingInterpreter`, node by node, with the same records. On an accelerator the stds stay on
 the device until one read at the end. When ``torch.fx`` cannot trace the model
 (``transformers`` models, data-dependent control flow) the ops are recorded as they run
 instead (``unitscale.tracking.eager``), each with its module path: that costs about as
@@ -30,10 +32,18 @@ from torch import fx, nn
 from unitscale.errors import CaptureError, InputError, NotAModuleError
 from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
-from unitscale.fx.trace_cache import DeepPathTracer, Trace, _fingerprint, _graph_code, trace_for_scales, trace_or_reason
+from unitscale.fx.trace_cache import (
+    DeepPathTracer,
+    Trace,
+    _fingerprint,
+    _graph_code_and_globals,
+    trace_for_scales,
+    trace_or_reason,
+)
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
+from unitscale.tracking.compiled import compiled_tracking
 from unitscale.tracking.eager import ScaleRecording, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
@@ -206,6 +216,24 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
     return interp.captured
 
 
+def _capture_compiled(module: nn.Module, trace: Trace, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+    """As :func:`_capture_fx`, running the cached trace's compiled code instead of an interpreter."""
+    program = compiled_tracking(module, trace)
+    if program is None:
+        return _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
+    try:
+        captured = program.run(module, inputs + trace.extra_inputs, abs_max)
+    except Exception as e:
+        n = program.failed_node
+        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
+        raise InputError(
+            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. {_advice(str(e))}"
+        ) from e
+    seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
+    captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    return captured
+
+
 def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
     try:
         return record_ops(module, inputs, abs_max)
@@ -323,6 +351,19 @@ def _exported_graph(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModul
     return gm
 
 
+# exported graph -> its code: written once per cached export (thousands of aten nodes), not per call
+_exported_code: weakref.WeakKeyDictionary[fx.GraphModule, Trace] = weakref.WeakKeyDictionary()
+
+
+def _exported_trace(gm: fx.GraphModule) -> Trace:
+    """The exported graph with its code and the code's globals, made once per exported graph."""
+    trace = _exported_code.get(gm)
+    if trace is None:
+        src, namespace = _graph_code_and_globals(gm.graph)
+        trace = _exported_code[gm] = Trace(gm.graph, (), src, namespace)
+    return trace
+
+
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     width = max([len(r.node) for r in rows] + [4])
     why = f"; torch.fx could not trace it at {failure}" if failure else ""
@@ -412,17 +453,20 @@ def track_scales(
     # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
     # buffers or assigns to its module is undone (the caller's model is only observed).
     with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
-        if trace is not None:
+        if trace is not None and not isinstance(module, fx.GraphModule):
+            # a cached trace's graph: compiled once, run as Python code (no interpreter)
+            captured = _capture_compiled(module, trace, inputs, abs_max)
+        elif trace is not None:
             captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
         elif exported is not None:
-            captured = _capture_fx(exported, exported.graph, inputs, abs_max)
+            captured = _capture_compiled(exported, _exported_trace(exported), inputs, abs_max)
         else:
             captured = _capture_eager(module, inputs, abs_max)
         rows = _finish(captured, backward, model)
     if trace is not None:
         return ScaleReport(rows, model, _annotate(trace, rows), "fx")
     if exported is not None:
-        code = _annotate_capture(Trace(exported.graph, (), _graph_code(exported.graph)), rows, model, failure)
+        code = _annotate_capture(_exported_trace(exported), rows, model, failure)
         return ScaleReport(rows, model, code, "export", failure)
     return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
 

@@ -1,0 +1,267 @@
+"""Scale tracking as compiled Python: the traced graph's code with a recording call after each node.
+
+:class:`~unitscale.tracking.analysis.ScaleTrackingInterpreter` dispatches every node
+through :class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's
+users and kind looked up on every call): on a small model that costs several percent of a
+forward and backward pass. Here the graph is rewritten once per cached trace into code that
+runs each op directly and hands its output to one recording call, whose per-node facts
+(name, module path, op, which view shares whose record) were worked out when the code was
+made. The code takes the traced module itself as ``self``, so it reads the module's current
+parameters and submodules, as the interpreter does. The rows and numbers are the
+interpreter's.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from typing import Any, NamedTuple
+
+import torch
+from torch import fx, nn
+
+from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
+from unitscale.fx.trace_cache import Trace
+from unitscale.tracking.eager import ScaleRecording, input_leaf
+from unitscale.tracking.stats import ScaleRecord
+
+__all__ = ["CompiledTracking", "compiled_tracking"]
+
+
+class _Step(NamedTuple):
+    """What the recording call needs to know about one node, fixed when the code is made."""
+
+    node: fx.Node
+    kind: str  # the node's op: placeholder, get_attr, call_function, ...
+    path: str
+    op: str  # "" for get_attr: "parameter" or "buffer" depends on the value
+    hand_on: int  # index of the only user, a view taking this record over; -1 if none
+    from_source: bool  # a view whose source's value is passed along (same forward numbers)
+
+
+def _is_view(n: fx.Node) -> bool:
+    """Whether ``n`` only rearranges its first argument's elements (same multiset of values)."""
+    if n.op == "call_method":
+        is_view = n.target in VIEW_METHODS
+    else:
+        is_view = n.op == "call_function" and n.target in VIEW_FUNCTIONS
+    # x.view(torch.float16) reinterprets the bits: not the same numbers.
+    return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
+
+
+def _static_op(module: nn.Module, n: fx.Node) -> str:
+    if n.op == "placeholder":
+        return "input"
+    if n.op == "get_attr":
+        return ""
+    if n.op == "call_method":
+        return f"Tensor.{n.target}"
+    if n.op == "call_module":
+        return type(module.get_submodule(str(n.target))).__name__
+    if isinstance(n.target, torch._ops.OpOverload):
+        return n.target._opname
+    return op_name(n.target)
+
+
+class _Run(threading.local):
+    """The tracking run in progress on this thread (the compiled code's recording call reads it)."""
+
+    program: CompiledTracking | None = None
+    captured: ScaleRecording
+    abs_max: bool = False
+    last: int = -1
+    shared: dict[int, ScaleRecord]
+
+
+_run = _Run()
+
+
+def _track(value: Any, i: int, *source: Any) -> Any:
+    """Record node ``i``'s output (``source``: the value a view was taken of); return what the code goes on with."""
+    run = _run
+    run.last = i
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return value
+    step = run.program.steps[i]  # type: ignore[union-attr]
+    captured = run.captured
+    op = step.op
+    if step.kind == "placeholder":
+        leaf, value = input_leaf(value)
+        captured.leaves.append(leaf)
+    elif step.kind == "get_attr":
+        op = "parameter" if isinstance(value, nn.Parameter) else "buffer"
+        if value.requires_grad and value.is_leaf:
+            captured.leaves.append(value)
+    hand_on = step.hand_on >= 0
+    shared = run.shared.pop(i, None) if run.shared else None
+    name = step.node.name
+    if shared is None and step.from_source:
+        # the input has other users too: same forward numbers, its own gradient
+        record = captured.track_same_values(value, source[0], name, step.path, op, run.abs_max, not hand_on)
+    else:
+        record = captured.track(value, name, step.path, op, run.abs_max, record=shared, hook=not hand_on)
+    if hand_on:
+        run.shared[step.hand_on] = record
+    return value
+
+
+class CompiledTracking:
+    """A traced graph compiled into a function that records every floating-point node output.
+
+    Made by :func:`compiled_tracking` (cached per graph). :meth:`run` records what
+    :class:`~unitscale.tracking.analysis.ScaleTrackingInterpreter` records, with the same
+    rows, records, leaves and hooks, and gives back the model's output.
+
+    Args:
+        module: the module the graph was traced from (the code's ``self``).
+        graph: the traced graph (left unchanged).
+        code: the graph's code as fx writes it (``graph.python_code(root_module="self").src``).
+        namespace: the globals that code runs in.
+
+    >>> import torch
+    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.tracking.compiled import CompiledTracking
+    >>> from unitscale.fx.trace_cache import trace_for_scales
+    >>> model = MLP(4)
+    >>> trace = trace_for_scales(model)
+    >>> program = CompiledTracking(model, trace.graph, trace.code, trace.namespace)
+    >>> captured = program.run(model, (torch.randn(8, 4),), abs_max=False)
+    >>> [row.node for row, _ in captured.entries]
+    ['x', 'fc1_weight', 'fc1_bias', 'linear', 'relu', 'fc2_weight', 'fc2_bias', 'linear_1']
+    >>> captured.remove_hooks()
+    """
+
+    def __init__(self, module: nn.Module, graph: fx.Graph, code: str, namespace: dict[str, Any]) -> None:
+        nodes = [n for n in graph.nodes if n.op != "output"]
+        steps = _steps(module, nodes)
+        src = _instrumented(code, nodes, steps)
+        if src is None:
+            raise _NotCompiled(f"the code of {type(module).__name__}'s graph has a line this rewrite does not know")
+        scope = dict(namespace, _unitscale_track=_track)
+        exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
+        self.steps = steps
+        self.nodes = nodes
+        self._forward = scope["forward"]
+
+    def run(self, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+        """Run ``module`` on ``inputs`` (the graph's placeholders, in order), recording each node's output.
+
+        Gradient hooks stay in place for the backward pass (``captured.remove_hooks()``
+        after it); on an error they are removed and :attr:`failed_node` names the node.
+        """
+        captured = ScaleRecording()
+        saved = (_run.program, getattr(_run, "captured", None), _run.abs_max, _run.last, getattr(_run, "shared", None))
+        _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = self, captured, abs_max, -1, {}
+        try:
+            captured.output = self._forward(module, *inputs)
+        except BaseException:
+            captured.remove_hooks()
+            self.failed = _run.last + 1
+            raise
+        finally:
+            _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = saved  # type: ignore[assignment]
+        return captured
+
+    failed: int = -1
+
+    @property
+    def failed_node(self) -> fx.Node | None:
+        """The node the last failed :meth:`run` stopped at (``None`` at the output or before any run failed)."""
+        return self.nodes[self.failed] if 0 <= self.failed < len(self.nodes) else None
+
+
+def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
+    """What the recording call needs per node (the graph's nodes but its output, in order)."""
+    index = {n: i for i, n in enumerate(nodes)}
+    steps = []
+    for n in nodes:
+        users = list(n.users)
+        hand_on = index[users[0]] if len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,) else -1
+        source = _is_view(n) and isinstance(n.args[0], fx.Node)
+        steps.append(_Step(n, n.op, n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n), hand_on, source))
+    return steps
+
+
+class _NotCompiled(Exception):
+    """The graph's code is not in the form :func:`_instrumented` rewrites: run it with the interpreter."""
+
+
+_CLEANUP = re.compile(r";  (?:\w+ = )+None$")
+_FLATTEN = re.compile(r"^    [\w, ]+ = fx_pytree\.tree_flatten_spec\(")
+
+
+def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | None:
+    """``code`` (fx's, one line per node) with each node's value passed through the recording call.
+
+    ``None`` where a node's line is not found as fx writes it (``name = expression``,
+    maybe followed by ``;  a = b = None``): the caller falls back to the interpreter.
+    """
+    lines = code.split("\n")
+    try:
+        at = next(i for i, line in enumerate(lines) if line.startswith("def forward(self"))
+    except StopIteration:
+        return None
+    signature = lines[at]
+    i = at + 1
+    if i < len(lines) and _FLATTEN.match(lines[i]):
+        i += 1  # an exported graph's inputs, unpacked from the call's arguments before any node
+    out = lines[:i]
+    for k, (n, step) in enumerate(zip(nodes, steps, strict=True)):
+        if n.op == "placeholder":
+            if not re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
+                return None
+            out.append(f"    {n.name} = _unitscale_track({n.name}, {k})")
+            continue
+        prefix = f"    {n.name} = "
+        while i < len(lines) and not lines[i].startswith(prefix):
+            if lines[i].startswith("    ") and " = " in lines[i].split("(")[0]:
+                return None  # another node's assignment first: not the order expected
+            out.append(lines[i])
+            i += 1
+        if i == len(lines):
+            return None
+        line = lines[i]
+        cleanup = _CLEANUP.search(line)
+        expr = line[len(prefix) : cleanup.start() if cleanup else len(line)]
+        source = f", {n.args[0].name}" if step.from_source else ""  # type: ignore[union-attr]
+        out.append(f"{prefix}_unitscale_track({expr}, {k}{source}){cleanup.group(0) if cleanup else ''}")
+        i += 1
+    out.extend(lines[i:])
+    return "\n".join(out)
+
+
+# graph -> its compiled tracking: the graphs of cached traces live as long as their trace
+_compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary()
+
+
+def compiled_tracking(module: nn.Module, trace: Trace) -> CompiledTracking | None:
+    """The :class:`CompiledTracking` of a cached ``trace`` of ``module``, made once per graph.
+
+    Compiling costs about what the interpreter loses over one pass (Python's ``compile``
+    of the code: a few milliseconds for a ResNet-18), so the first call costs about the
+    same and every later one less. ``None`` where the trace keeps no code namespace or its
+    code is not in the form fx writes: run the graph with the interpreter then.
+
+    Only for graphs nobody edits after the first call (those of the trace cache): an edited
+    graph would keep its old code.
+
+    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.fx.trace_cache import trace_for_scales
+    >>> from unitscale.tracking.compiled import compiled_tracking
+    >>> model = MLP(4)
+    >>> trace = trace_for_scales(model)
+    >>> program = compiled_tracking(model, trace)
+    >>> program is not None and compiled_tracking(model, trace) is program
+    True
+    """
+    program: Any = _compiled.get(trace.graph, False)
+    if program is False:
+        try:
+            if trace.namespace is None:
+                raise _NotCompiled("no namespace")
+            program = CompiledTracking(module, trace.graph, trace.code, trace.namespace)
+        except _NotCompiled:
+            program = None
+        _compiled[trace.graph] = program
+    return program
