@@ -151,8 +151,8 @@ def _output(out: Any) -> torch.Tensor:
 def main(quick: bool = False, threads: int = 2) -> list[dict]:
     """Time plain forward+backward and ``analyse_module`` (first call, cached) per model; print and return rows."""
     torch.set_num_threads(threads)
-    repeats = 2 if quick else 11
-    batch = BATCH // 2 if quick else BATCH  # quick: half the work, still tens of milliseconds a pass
+    repeats = 1 if quick else 11  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
+    batch = BATCH // 4 if quick else BATCH
     try:
         from unit_scaling.utils import analyse_module as theirs  # type: ignore[import-not-found]
     except ImportError:
