@@ -135,7 +135,8 @@ def test_default_call_result_has_a_step_time_and_keeps_its_fields() -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(4, 4), torch.randn(4, 2)
     result = run_pipeline(partition(model, 2, x), x, 2, loss_fn=nn.MSELoss(), target=y, timeout=60)
-    assert [f for f in vars(result)] == ["output", "loss", "grads", "step_time"]
+    # the first four fields keep their places; the measurements follow
+    assert [f for f in vars(result)][:4] == ["output", "loss", "grads", "step_time"]
     assert 0 < result.step_time < 60
     torch.testing.assert_close(result.loss, nn.MSELoss()(model(x), y).detach(), atol=1e-6, rtol=0)
 

@@ -6,7 +6,6 @@ Save a plan where the model is (``plan.save("plan.pt")``), then in the script th
     # train.py, run as: torchrun --nnodes 2 --nproc-per-node 2 --rdzv-endpoint host0:29500 train.py
     import torch
     from torch import nn
-from torch.utils._pytree import TreeSpec, tree_unflatten
     from unitscale.stages import pipeline_stage
 
     rank = pipeline_stage("plan.pt", num_microbatches=4, schedule="1f1b", loss_fn=nn.MSELoss())

@@ -30,8 +30,8 @@ import tempfile
 import time
 import traceback
 import types
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
@@ -42,7 +42,10 @@ from unitscale.stages.costs import flat_inputs
 from unitscale.stages.launch import SCHEDULES, loss_on_model_output
 
 if TYPE_CHECKING:
+    from unitscale.stages.measured import RankRecord
     from unitscale.stages.plan import StagePlan
+    from unitscale.stages.schedule_costs import ChainCosts
+    from unitscale.stages.simulate import Timeline
 
 __all__ = ["PipelineResult", "run_pipeline"]
 
@@ -68,12 +71,63 @@ class PipelineResult:
             the stages that hold the parameter.
         step_time: seconds per training step, the median over the timed steps of the
             slowest rank's time (each step starts on a barrier).
+        stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with
+            one item per stage: median forward and backward seconds per microbatch, the bytes
+            each stage sends, the gloo link (ping-pong latency and bandwidth) and the
+            schedule's bookkeeping per action (see :mod:`unitscale.stages.measured`).
+        timeline: the measured :class:`~unitscale.stages.Timeline` of the timed step whose time
+            is ``step_time`` (every action's start and end on its rank).
+        schedule: the schedule that ran.
+        num_microbatches: microbatches per step.
+        stages_per_rank: stages each rank held.
+        records: each rank's raw measurements (:class:`~unitscale.stages.measured.RankRecord`):
+            every timed action and message wait, the steps' starts and ends.
     """
 
     output: Any
     loss: torch.Tensor
     grads: dict[str, torch.Tensor]
     step_time: float = math.nan
+    stage_costs: ChainCosts | None = None
+    timeline: Timeline | None = None
+    schedule: str = "gpipe"
+    num_microbatches: int = 1
+    stages_per_rank: int = 1
+    records: list[RankRecord] = field(default_factory=list)
+
+    def predicted(self, device_speeds: Sequence[float] | None = None) -> Timeline:
+        """The simulator's step for the durations measured in the workers (:attr:`stage_costs`).
+
+        The same :func:`~unitscale.stages.simulate.simulate_bounds` the planner uses, fed
+        with what the pipeline's own processes measured instead of a planning estimate:
+        how close its ``step_time`` comes to :attr:`step_time` tests the timing model.
+
+        Raises:
+            InputError: the result carries no measurements (built by hand).
+
+        >>> import torch
+        >>> from unitscale.stages import ChainCosts, PipelineResult
+        >>> costs = ChainCosts.uniform([1.0, 1.0], backward_ratio=2.0)
+        >>> r = PipelineResult(None, torch.tensor(0.0), {}, 12.0, costs, None, "gpipe", 3)
+        >>> r.predicted().step_time  # (m + p - 1) * (f + b)
+        12.0
+        """
+        from unitscale.stages.simulate import simulate_bounds
+
+        if self.stage_costs is None:
+            raise InputError(
+                "this PipelineResult carries no measured stage_costs; use the one run_pipeline(..., loss_fn=..., "
+                "target=...) returns"
+            )
+        stages = len(self.stage_costs)
+        return simulate_bounds(
+            self.stage_costs,
+            list(range(stages + 1)),
+            self.schedule,
+            self.num_microbatches,
+            self.stages_per_rank,
+            device_speeds,
+        )
 
 
 def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
@@ -81,13 +135,17 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
     from unitscale.stages.launch import build_rank
+    from unitscale.stages.measured import ActionClock, RankRecord, measure_link
 
     modules: dict[int, torch.nn.Module] = {i: pickle.loads(b) for i, b in job["modules"].items()}
     loss_fn = pickle.loads(job["loss_fn"])
     built = build_rank(
         modules, job["num_stages"], job["schedule"], job["num_microbatches"], loss_fn, torch.device("cpu")
     )
-    times: list[float] = []
+    clock = ActionClock()
+    for stage in built.stages:
+        clock.watch(stage)
+    steps: list[tuple[float, float]] = []
     output: Any = None
     losses: list[torch.Tensor] = []
     for _ in range(job["warmup"] + job["steps"]):
@@ -100,9 +158,18 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
         args = job["inputs"] if built.is_first else ()
         dist.barrier()
         started = time.perf_counter()
-        with torch.set_grad_enabled(loss_fn is not None):
+        with torch.set_grad_enabled(loss_fn is not None), clock.timing_waits():
             output = built.schedule.step(*args, **kwargs)
-        times.append(time.perf_counter() - started)
+        steps.append((started, time.perf_counter()))
+    timed = steps[job["warmup"] :]
+    since = timed[0][0] if timed else math.inf
+    record = RankRecord(
+        actions=[a for a in clock.actions if a[3] >= since],
+        waits=[w for w in clock.waits if w[0] >= since],
+        steps=timed,
+        output_bytes=clock.output_bytes,
+    )
+    record.latency, record.bandwidth = measure_link(rank, dist.get_world_size())
     grads: dict[str, torch.Tensor] = {}
     for module in modules.values():
         for name, p in module.named_parameters():
@@ -113,7 +180,8 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
         "output": output if built.is_last else None,
         "losses": losses,
         "grads": grads,
-        "times": times[job["warmup"] :],
+        "times": [end - start for start, end in timed],
+        "record": record,
     }
 
 
@@ -580,7 +648,9 @@ def run_pipeline(
     import sys
 
     from unitscale.stages.launch import check_schedule, placement
+    from unitscale.stages.measured import measured_costs, measured_timeline
     from unitscale.stages.plan import StagePlan
+    from unitscale.stages.schedule_costs import stage_ranks as stage_ranks_of
 
     if os.environ.get(_WORKER_ENV):
         # A worker is running the caller's script (it refers to something defined there).
@@ -660,11 +730,22 @@ def run_pipeline(
             grads[name] = grads[name] + g if name in grads else g
     losses = done[held_last]["losses"]
     per_step = [max(col) for col in zip(*(done[r]["times"] for r in range(world)), strict=True)]
+    step_time = statistics.median(per_step)
+    records = [done[r]["record"] for r in range(world)]
+    shown = min(range(len(per_step)), key=lambda i: abs(per_step[i] - step_time))
     return PipelineResult(
         output=output,
         loss=torch.stack([x.detach() for x in losses]).mean(),
         grads=grads,
-        step_time=statistics.median(per_step),
+        step_time=step_time,
+        stage_costs=measured_costs(records, plan.num_stages),
+        timeline=measured_timeline(
+            records, shown, schedule, num_microbatches, stage_ranks_of(schedule, world, stages_per_rank)
+        ),
+        schedule=schedule,
+        num_microbatches=num_microbatches,
+        stages_per_rank=stages_per_rank,
+        records=records,
     )
 
 

@@ -76,6 +76,10 @@ class ChainCosts:
         latency: seconds per message.
         weight_grad_share: the part of ``backward`` that is the weight gradient (zero-bubble
             schedules run it apart, as ``"W"``).
+        action_overhead: seconds of the schedule's own bookkeeping (posting messages, the loss,
+            splitting and merging microbatches) added to every forward and every backward (split
+            between ``"I"`` and ``"W"`` like the backward); not scaled by device speed. Measured
+            by :func:`~unitscale.run_pipeline` (``PipelineResult.stage_costs``); 0 by default.
 
     >>> from unitscale.stages.schedule_costs import ChainCosts
     >>> c = ChainCosts.uniform([1.0, 2.0, 3.0], backward_ratio=2.0, boundary_bytes=100.0, bandwidth=1e3)
@@ -91,6 +95,7 @@ class ChainCosts:
     bandwidth: float = math.inf
     latency: float = 0.0
     weight_grad_share: float = 0.5
+    action_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.forward)
@@ -112,6 +117,8 @@ class ChainCosts:
         check_link(self.bandwidth, self.latency)
         if not 0.0 <= self.weight_grad_share <= 1.0:
             raise CostError(f"weight_grad_share={self.weight_grad_share} must be between 0 and 1")
+        if not (math.isfinite(self.action_overhead) and self.action_overhead >= 0):
+            raise CostError(f"action_overhead={self.action_overhead} must be a finite number of seconds >= 0")
 
     @classmethod
     def uniform(

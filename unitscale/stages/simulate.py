@@ -164,13 +164,17 @@ class Timeline:
 def _durations(costs: ChainCosts, bounds: Sequence[int], speeds: Sequence[float]) -> tuple[list[float], list[float]]:
     fwd, bwd = [], []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        fwd.append(math.fsum(costs.forward[a:b]) / speeds[s])
-        bwd.append(math.fsum(costs.backward[a:b]) / speeds[s])
+        fwd.append(math.fsum(costs.forward[a:b]) / speeds[s] + costs.action_overhead)
+        bwd.append(math.fsum(costs.backward[a:b]) / speeds[s] + costs.action_overhead)
     return fwd, bwd
 
 
 def _check_bounds(bounds: Sequence[int], n: int, stages: int) -> None:
-    if len(bounds) != stages + 1 or bounds[0] != 0 or bounds[-1] != n:
+    if len(bounds) == stages + 1 and (bounds[0] != 0 or bounds[-1] != n):
+        raise StageCountError(
+            f"bounds {list(bounds)} must run from 0 to the chain's {n} items; the costs and the plan disagree"
+        )
+    if len(bounds) != stages + 1:
         raise StageCountError(
             f"the plan has {len(bounds) - 1} stages but the schedule needs ranks * stages_per_rank = {stages}; "
             f"partition into {stages} stages"

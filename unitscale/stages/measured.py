@@ -1,0 +1,270 @@
+"""What a pipeline costs where it runs: each action's start and end, the message waits, the link.
+
+A prediction is only as good as the durations it is fed. Per-node timings taken in
+the planning process miss what the pipeline's own processes pay: autograd, the
+schedule's bookkeeping, a gloo thread, other work on the same cores. So each worker
+of :func:`~unitscale.run_pipeline` times itself (:class:`ActionClock`):
+
+- every action of its stages: the forward, the backward (``"I"`` and ``"W"`` apart for
+  the zero-bubble schedules), by wrapping the
+  :class:`~torch.distributed.pipelining.PipelineStage`'s ``forward_one_chunk``,
+  ``backward_one_chunk`` and ``backward_weight_one_chunk``;
+- every wait on a message (torch's schedules wait through one function,
+  ``schedules._wait_batch_p2p``, which the clock wraps while a step runs);
+- each step's start (leaving the barrier) and end;
+- the link, by a ping-pong between neighbouring ranks after the steps.
+
+What the rank does apart from computing and waiting is the schedule's bookkeeping
+(posting messages, splitting microbatches, the loss, merging outputs): it is measured
+as what is left, per action. :func:`measured_costs` turns the records of all ranks
+into per-stage :class:`~unitscale.stages.ChainCosts` (one item per stage), which
+:func:`~unitscale.stages.simulate.simulate_bounds` replays; :func:`measured_timeline`
+turns one step's records into a :class:`~unitscale.stages.Timeline` to draw beside the
+simulated one.
+
+>>> from unitscale.stages.measured import ActionClock
+>>> clock = ActionClock()
+>>> clock.actions, clock.waits
+([], [])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unitscale.stages.schedule_costs import ChainCosts
+from unitscale.stages.simulate import Block, Timeline
+
+__all__ = ["ActionClock", "RankRecord", "measure_link", "measured_costs", "measured_timeline"]
+
+#: an action: (kind "F"/"B"/"I"/"W", stage, microbatch, start, end), perf_counter seconds
+Action = tuple[str, int, int, float, float]
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
+@dataclass
+class ActionClock:
+    """Times one worker's pipeline actions and message waits (``time.perf_counter`` seconds).
+
+    Attributes:
+        actions: ``(kind, stage, microbatch, start, end)`` of every forward (``"F"``),
+            backward (``"B"``), input gradient (``"I"``) and weight gradient (``"W"``).
+        waits: ``(start, end)`` of every wait on sends or receives.
+        output_bytes: stage index -> bytes of one microbatch's output (what it sends on).
+    """
+
+    actions: list[Action] = field(default_factory=list)
+    waits: list[tuple[float, float]] = field(default_factory=list)
+    output_bytes: dict[int, int] = field(default_factory=dict)
+
+    def watch(self, stage: Any) -> None:
+        """Wrap ``stage``'s forward and backward methods (a ``PipelineStage``) so each call is timed."""
+        index = int(stage.stage_index)
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+        weight = getattr(stage, "backward_weight_one_chunk", None)
+        clock = time.perf_counter
+
+        def forward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            out = forward(chunk, *args, **kwargs)
+            self.actions.append(("F", index, chunk, start, clock()))
+            self.output_bytes.setdefault(index, _nbytes(out))
+            return out
+
+        def backward_one_chunk(chunk: int, *args: Any, full_backward: bool = True, **kwargs: Any) -> Any:
+            start = clock()
+            out = backward(chunk, *args, full_backward=full_backward, **kwargs)
+            self.actions.append(("B" if full_backward else "I", index, chunk, start, clock()))
+            return out
+
+        def backward_weight_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            assert weight is not None
+            out = weight(chunk, *args, **kwargs)
+            self.actions.append(("W", index, chunk, start, clock()))
+            return out
+
+        stage.forward_one_chunk = forward_one_chunk
+        stage.backward_one_chunk = backward_one_chunk
+        if weight is not None:
+            stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+    @contextlib.contextmanager
+    def timing_waits(self) -> Iterator[None]:
+        """While inside, every wait of torch's schedules on a message is recorded."""
+        from torch.distributed.pipelining import schedules
+
+        original = getattr(schedules, "_wait_batch_p2p", None)
+        if original is None:  # another torch: no wait records, bookkeeping then includes the waits
+            yield
+            return
+
+        def _wait_batch_p2p(work: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(work)
+            finally:
+                self.waits.append((start, time.perf_counter()))
+
+        schedules._wait_batch_p2p = _wait_batch_p2p
+        try:
+            yield
+        finally:
+            schedules._wait_batch_p2p = original
+
+
+
+def measure_link(rank: int, world: int, nbytes: int = 1 << 20, repeats: int = 7) -> tuple[float, float]:
+    """Latency (s) and bandwidth (B/s) between ranks 0 and 1 by ping-pong, in a joined gloo group.
+
+    Every rank calls it; ranks other than 0 and 1 only wait. The latency is half the
+    shortest round trip of a 4-byte message; the bandwidth is ``nbytes`` over half the
+    shortest round trip of ``nbytes`` less the latency. The shortest, not the median:
+    on busy cores a round trip also waits for the scheduler, which the pipeline's
+    measured bookkeeping and durations already hold. One rank: ``(0.0, inf)``.
+    """
+    import torch.distributed as dist
+
+    if world < 2:
+        return 0.0, math.inf
+    half_trips = []
+    for size in (4, nbytes):
+        buffer = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        trips = []
+        for _ in range(repeats + 1):  # the first round trip sets up the pair
+            if rank == 0:
+                start = time.perf_counter()
+                dist.send(buffer, 1)
+                dist.recv(buffer, 1)
+                trips.append(time.perf_counter() - start)
+            elif rank == 1:
+                dist.recv(buffer, 0)
+                dist.send(buffer, 0)
+        half_trips.append(min(trips[1:]) / 2 if trips else 0.0)
+    pair = torch.tensor(half_trips if rank == 0 else [0.0, 0.0], dtype=torch.float64)
+    dist.broadcast(pair, 0)
+    latency, big = float(pair[0]), float(pair[1])
+    return latency, (nbytes / (big - latency) if big > latency else math.inf)
+
+
+@dataclass
+class RankRecord:
+    """One worker's measurements, as it sends them back (plain data: it is pickled).
+
+    Attributes:
+        actions: ``(kind, stage, microbatch, start, end)`` of the timed steps' actions.
+        waits: ``(start, end)`` of the timed steps' message waits.
+        steps: ``(start, end)`` of each timed step (start: leaving the barrier).
+        output_bytes: stage -> bytes of one microbatch's output.
+        latency: seconds per message (ping-pong), the same on every rank.
+        bandwidth: bytes per second (ping-pong).
+    """
+
+    actions: list[Action]
+    waits: list[tuple[float, float]]
+    steps: list[tuple[float, float]]
+    output_bytes: dict[int, int]
+    latency: float = 0.0
+    bandwidth: float = math.inf
+
+    def units(self) -> int:
+        """Forwards and backwards this rank ran (an ``"I"`` and its ``"W"`` count once, as a backward)."""
+        return sum(1 for kind, *_ in self.actions if kind != "W")
+
+    def bookkeeping(self) -> float:
+        """Seconds per forward or backward this rank spent neither computing nor waiting on a message."""
+        spent = sum(end - start for start, end in self.steps)
+        computing = sum(end - start for *_, start, end in self.actions)
+        waiting = sum(end - start for start, end in self.waits)
+        return max(0.0, spent - computing - waiting) / max(1, self.units())
+
+
+def _mean_by(actions: Sequence[Action], kind: str, stage: int) -> float:
+    times = [end - start for k, s, _, start, end in actions if k == kind and s == stage]
+    return math.fsum(times) / len(times) if times else 0.0
+
+
+def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts:
+    """Per-stage costs (one item per stage) from every rank's records: median durations per stage and kind.
+
+    A stage's forward is the median of its ``"F"`` actions; its backward the median
+    ``"B"``, or ``"I"`` plus ``"W"`` for the zero-bubble schedules (their ratio sets
+    ``weight_grad_share``); each cut carries the bytes the stage before it sends; the
+    link is the ping-pong's; ``action_overhead`` is the ranks' mean bookkeeping per forward or backward.
+
+    >>> from unitscale.stages.measured import RankRecord, measured_costs
+    >>> r0 = RankRecord([("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 3.0, 5.0)], [(1.0, 3.0)], [(0.0, 5.0)], {0: 8})
+    >>> r1 = RankRecord([("F", 1, 0, 1.0, 2.0), ("B", 1, 0, 2.0, 3.0)], [], [(0.0, 5.0)], {1: 8})
+    >>> c = measured_costs([r0, r1], 2)
+    >>> c.forward, c.backward, c.boundary_bytes, c.action_overhead
+    ((1.0, 1.0), (2.0, 1.0), (0.0, 8.0, 0.0), 0.75)
+    """
+    actions = [a for r in records for a in r.actions]
+    forward = [_mean_by(actions, "F", s) for s in range(num_stages)]
+    full = [_mean_by(actions, "B", s) for s in range(num_stages)]
+    inputs = [_mean_by(actions, "I", s) for s in range(num_stages)]
+    weights = [_mean_by(actions, "W", s) for s in range(num_stages)]
+    backward = [b if b > 0 else i + w for b, i, w in zip(full, inputs, weights, strict=True)]
+    split = sum(inputs) + sum(weights)
+    share = sum(weights) / split if split > 0 else 0.5
+    sent: dict[int, int] = {}
+    for r in records:
+        sent.update(r.output_bytes)
+    counted = sum(r.units() for r in records)
+    overhead = sum(r.bookkeeping() * r.units() for r in records) / max(1, counted)
+    first = records[0] if records else RankRecord([], [], [], {})
+    return ChainCosts(
+        forward=tuple(forward),
+        backward=tuple(backward),
+        param_bytes=(0.0,) * num_stages,
+        activation_bytes=(0.0,) * num_stages,
+        boundary_bytes=(0.0, *(float(sent.get(s, 0)) for s in range(num_stages - 1)), 0.0),
+        bandwidth=first.bandwidth,
+        latency=first.latency,
+        weight_grad_share=share,
+        action_overhead=overhead,
+    )
+
+
+def measured_timeline(
+    records: Sequence[RankRecord], step: int, schedule: str, num_microbatches: int, stage_ranks: Sequence[int]
+) -> Timeline:
+    """Timed step ``step`` as a :class:`~unitscale.stages.Timeline`: times from the earliest rank's start.
+
+    Workers on one machine share ``perf_counter``'s clock (``CLOCK_MONOTONIC``), so their
+    times line up. Memory is not measured (``nan``).
+    """
+    origin = min(r.steps[step][0] for r in records)
+    blocks = []
+    for rank, r in enumerate(records):
+        begin, end = r.steps[step]
+        for kind, stage, microbatch, start, stop in r.actions:
+            if begin <= start and stop <= end:
+                blocks.append(Block(rank, stage, kind, microbatch, start - origin, stop - origin))
+    blocks.sort(key=lambda b: (b.rank, b.start))
+    return Timeline(
+        schedule=schedule,
+        ranks=len(records),
+        num_microbatches=num_microbatches,
+        blocks=blocks,
+        step_time=max(r.steps[step][1] for r in records) - origin,
+        stage_memory=[math.nan] * len(stage_ranks),
+        rank_memory=[math.nan] * len(records),
+        stage_ranks=list(stage_ranks),
+    )
