@@ -106,7 +106,7 @@ def model_zoo(quick: bool) -> list[dict]:
 def random_instances(quick: bool) -> list[dict]:
     """Mean and worst ratio to the optimum of each heuristic on random log-normal chains."""
     rng = random.Random(0)
-    count = 300 if quick else 2000
+    count = 40 if quick else 2000  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     samples = []
     for _ in range(count):
         n, k = rng.randint(16, 48), rng.choice((2, 4, 8))
@@ -327,7 +327,7 @@ def anchors(quick: bool) -> list[dict]:
                 rows.append(case | _anchor_row(pieces, k))
     rng = random.Random(1)
     samples = []
-    for _ in range(60 if quick else 400):
+    for _ in range(10 if quick else 400):
         n, k = rng.randint(16, 48), rng.choice((2, 4, 8))
         samples.append(_anchor_row([rng.lognormvariate(0.0, 1.0) for _ in range(n)], k))
     for how, reduce in (("mean", statistics.fmean), ("worst", max)):
