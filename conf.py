@@ -115,6 +115,8 @@ nitpick_ignore = [
     ("py:class", "unitscale.scaling.umup_params._P"),
     ("py:class", "unitscale.stages.saved._Plan"),
     ("py:class", "unitscale.scaling.umup_nn.Linear"),
+    ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.measured
+    ("py:class", "unitscale.stages.measured.RankRecord"),
 ]
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_external_packages)})(\..+)?"),

@@ -74,13 +74,13 @@ class PipelineResult:
         stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with
             one item per stage: median forward and backward seconds per microbatch, the bytes
             each stage sends, the gloo link (ping-pong latency and bandwidth) and the
-            schedule's bookkeeping per action (see :mod:`unitscale.stages.measured`).
+            schedule's bookkeeping per action (see ``unitscale.stages.measured``).
         timeline: the measured :class:`~unitscale.stages.Timeline` of the timed step whose time
             is ``step_time`` (every action's start and end on its rank).
         schedule: the schedule that ran.
         num_microbatches: microbatches per step.
         stages_per_rank: stages each rank held.
-        records: each rank's raw measurements (:class:`~unitscale.stages.measured.RankRecord`):
+        records: each rank's raw measurements (``unitscale.stages.measured.RankRecord``):
             every timed action and message wait, the steps' starts and ends.
     """
 
@@ -98,7 +98,7 @@ class PipelineResult:
     def predicted(self, device_speeds: Sequence[float] | None = None) -> Timeline:
         """The simulator's step for the durations measured in the workers (:attr:`stage_costs`).
 
-        The same :func:`~unitscale.stages.simulate.simulate_bounds` the planner uses, fed
+        The same simulator the planner uses (``simulate_bounds``), fed
         with what the pipeline's own processes measured instead of a planning estimate:
         how close its ``step_time`` comes to :attr:`step_time` tests the timing model.
 
