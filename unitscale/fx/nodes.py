@@ -39,6 +39,7 @@ __all__ = [
     "op_name",
     "VIEW_METHODS",
     "VIEW_FUNCTIONS",
+    "is_view_node",
     "SCALE_NEUTRAL_METHODS",
     "SCALE_NEUTRAL_FUNCTIONS",
     "tensor_metadata",
@@ -120,6 +121,25 @@ VIEW_FUNCTIONS: frozenset[Any] = frozenset(
     {torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.squeeze, torch.unsqueeze, torch.t}
     | {torch.movedim, torch.swapaxes, torch.swapdims, einops.rearrange}
 )
+
+
+def is_view_node(n: torch.fx.Node) -> bool:
+    """Whether ``n`` only rearranges its first argument's elements (same multiset of values).
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.fx.nodes import is_view_node
+    >>> graph = fx.symbolic_trace(lambda x: x.view(-1).view(torch.float16) + 1).graph
+    >>> [is_view_node(n) for n in graph.nodes if n.op == "call_method"]
+    [True, False]
+    """
+    if n.op == "call_method":
+        is_view = n.target in VIEW_METHODS
+    else:
+        is_view = n.op == "call_function" and n.target in VIEW_FUNCTIONS
+    # x.view(torch.float16) reinterprets the bits: not the same numbers.
+    return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
+
 
 # Ops that move, select, copy or cast values without changing their scale: the views, and
 # more (``cat`` joins tensors of like scale; dropout keeps the scale in expectation).

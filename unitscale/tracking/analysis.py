@@ -31,7 +31,7 @@ from torch import fx, nn
 
 from unitscale.errors import CaptureError, InputError, NotAModuleError
 from unitscale.fx._module_state import module_state_kept
-from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
+from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
 from unitscale.fx.trace_cache import (
     DeepPathTracer,
     Trace,
@@ -128,10 +128,10 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         # A reshape or transpose holds the same numbers as its input, and when it is the
         # input's only user, so does its gradient: one record serves the whole chain.
         users = list(n.users)
-        hand_on = len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,)
+        hand_on = len(users) == 1 and is_view_node(users[0]) and users[0].args[:1] == (n,)
         shared = self._shared.pop(n, None)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
-        if shared is None and _is_view(n) and isinstance(n.args[0], fx.Node):
+        if shared is None and is_view_node(n) and isinstance(n.args[0], fx.Node):
             # the input has other users too: same forward numbers, its own gradient
             record = self.captured.track_same_values(out, load(n.args[0]), n.name, path, op, self.abs_max, not hand_on)
         else:
@@ -152,16 +152,6 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         if isinstance(n.target, torch._ops.OpOverload):  # an exported graph's aten.linear.default
             return n.target._opname
         return op_name(n.target)
-
-
-def _is_view(n: fx.Node) -> bool:
-    """Whether ``n`` only rearranges its first argument's elements (same multiset of values)."""
-    if n.op == "call_method":
-        is_view = n.target in VIEW_METHODS
-    else:
-        is_view = n.op == "call_function" and n.target in VIEW_FUNCTIONS
-    # x.view(torch.float16) reinterprets the bits: not the same numbers.
-    return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
 
 
 def _check_module(module: Any, fn: str) -> nn.Module:

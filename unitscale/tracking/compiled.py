@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx, nn
 
-from unitscale.fx.nodes import MODULE_PATH_KEY, VIEW_FUNCTIONS, VIEW_METHODS, op_name
+from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
 from unitscale.fx.trace_cache import Trace
 from unitscale.tracking.eager import ScaleRecording, input_leaf
 from unitscale.tracking.stats import ScaleRecord
@@ -38,16 +38,6 @@ class _Step(NamedTuple):
     op: str  # "" for get_attr: "parameter" or "buffer" depends on the value
     hand_on: int  # index of the only user, a view taking this record over; -1 if none
     from_source: bool  # a view whose source's value is passed along (same forward numbers)
-
-
-def _is_view(n: fx.Node) -> bool:
-    """Whether ``n`` only rearranges its first argument's elements (same multiset of values)."""
-    if n.op == "call_method":
-        is_view = n.target in VIEW_METHODS
-    else:
-        is_view = n.op == "call_function" and n.target in VIEW_FUNCTIONS
-    # x.view(torch.float16) reinterprets the bits: not the same numbers.
-    return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
 
 
 def _static_op(module: nn.Module, n: fx.Node) -> str:
@@ -177,8 +167,8 @@ def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
     steps = []
     for n in nodes:
         users = list(n.users)
-        hand_on = index[users[0]] if len(users) == 1 and _is_view(users[0]) and users[0].args[:1] == (n,) else -1
-        source = _is_view(n) and isinstance(n.args[0], fx.Node)
+        hand_on = index[users[0]] if len(users) == 1 and is_view_node(users[0]) and users[0].args[:1] == (n,) else -1
+        source = is_view_node(n) and isinstance(n.args[0], fx.Node)
         steps.append(_Step(n, n.op, n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n), hand_on, source))
     return steps
 
