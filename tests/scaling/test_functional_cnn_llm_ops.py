@@ -1,4 +1,4 @@
-"""Twins for the ops of CNNs and modern LLMs: addmm, conv2d, silu, relu, rms_norm, batch_norm, pooling."""
+"""Twins for the ops of CNNs and modern LLMs: addmm, conv2d, silu, relu, relu6, rms_norm, batch_norm, pooling."""
 
 import math
 
@@ -111,6 +111,42 @@ def test_relu_has_unit_rms_both_ways_and_its_true_gradient():
     assert_unit(rms(x.grad), tol=0.02)
     assert torch.equal(x.grad, g * (x > 0) * 2**0.5)  # the gradient of sqrt(2) * relu, unaltered
     assert_unit(y.std().item(), (1 - 1 / math.pi) ** 0.5, tol=0.02)  # std 0.826: the mean is 0.56
+
+
+@pytest.mark.parametrize("low,high", [(0.0, 6.0), (-1.0, 1.0), (-3.0, 0.5), (-0.2, 0.2)])
+def test_hardtanh_is_torchs_clamp_with_unit_rms_both_ways(low, high):
+    x = torch.randn(200_000, requires_grad=True)
+    y = U.hardtanh(x, low, high, constraint=None)
+    y.backward(torch.randn_like(y))
+    reference = F.hardtanh(x.detach(), low, high)
+    scale = (y.detach() / reference)[reference.abs() > 1e-3]
+    assert torch.allclose(scale, scale[0].expand_as(scale))  # one factor: the clamp itself is torch's
+    assert_unit(rms(y), tol=0.02)
+    assert_unit(rms(x.grad), tol=0.02)
+
+
+def test_relu6_takes_relus_scale_and_the_constraint_joins_unequal_scales():
+    x = torch.randn(100_000)
+    assert torch.allclose(U.relu6(x), 2**0.5 * F.relu6(x), rtol=1e-4)
+    # [-1, 1]: output RMS 0.72, derivative RMS 0.83; gmean scales both ways by one number
+    x = torch.randn(100_000, requires_grad=True)
+    y = U.hardtanh(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    forward = (y.detach() / F.hardtanh(x.detach()))[x.detach().abs() > 1e-3][0].item()
+    backward = (x.grad / g)[x.detach().abs() < 1][0].item()
+    assert forward == pytest.approx(backward, rel=1e-5)
+    assert forward == pytest.approx((1 / 0.516 * 1 / 0.6827) ** 0.25, rel=0.01)
+
+
+def test_a_relu6_convnet_is_unit_scaled_with_no_op_left_over():
+    from unitscale.transforms import unit_scale
+
+    model = nn.Sequential(nn.Conv2d(8, 32, 1), nn.ReLU6(), nn.Conv2d(32, 32, 3, padding=1, groups=32), nn.ReLU6())
+    scaled = unit_scale(model)
+    y = scaled(torch.randn(16, 8, 16, 16))
+    assert scaled.unscaled_ops == []
+    assert 0.7 < rms(y) < 1.3  # a plain ReLU6 stack at torch's init has RMS about 0.25
 
 
 # -- rms_norm, batch_norm --------------------------------------------------------------------------------

@@ -185,6 +185,29 @@ def test_unscaled_ops_keep_their_parameters_only_scaled_ones_are_reinitialised()
     ]
 
 
+def test_mobilenet_v2_relu6_depthwise_convolutions_and_tf_padding_are_all_unit_scaled() -> None:
+    # transformers' MobileNetV2: ReLU6 (hardtanh) after every expansion and depthwise
+    # convolution, TensorFlow-style explicit padding. Before ReLU6 had a twin, 17 blocks of
+    # an unscaled clamp took the output std to 2e-5. At 128 px the last feature maps are
+    # 4x4; much smaller images leave a 3x3 depthwise kernel mostly on padding, which no
+    # per-op scale can know about.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.AutoConfig.for_model("mobilenet_v2", image_size=128, depth_multiplier=0.25)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg).eval()
+    pixels = torch.randn(2, 3, 128, 128)
+    plain = model(pixels).last_hidden_state.std().item()
+    scaled = unit_scale(model)
+    x = pixels.clone().requires_grad_()
+    out = scaled(x).last_hidden_state
+    out.backward(torch.randn_like(out))
+    assert scaled.unscaled_ops == []
+    assert plain < 1e-6  # N(0, 0.02) convolutions through 52 layers
+    assert BAND[0] < out.std().item() < BAND[1] and BAND[0] < x.grad.std().item() < BAND[1]
+    kinds = {n.target for n in scaled.graph_module.graph.nodes if n.op == "call_function"}
+    assert U.hardtanh in kinds and U.conv2d in kinds
+
+
 def test_a_model_returning_a_kv_cache_raises_capture_error_naming_model_and_cache() -> None:
     torch.manual_seed(0)
     model = tiny("gpt2", use_cache=True)

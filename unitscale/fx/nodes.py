@@ -151,7 +151,7 @@ SCALE_NEUTRAL_METHODS = VIEW_METHODS | {
 SCALE_NEUTRAL_FUNCTIONS: frozenset[Any] = VIEW_FUNCTIONS | {
     operator.getitem, torch.cat, torch.concat, torch.stack, torch.split, torch.chunk, torch.unbind,
     torch.narrow, torch.select, torch.roll, torch.flip, torch.clone, torch.detach, torch.masked_fill,
-    F.pad, einops.repeat, F.dropout, operator.neg, torch.neg, torch.where,
+    F.pad, torch._C._nn.pad, einops.repeat, F.dropout, operator.neg, torch.neg, torch.where,
 }  # fmt: skip
 
 

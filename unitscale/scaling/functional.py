@@ -61,6 +61,8 @@ __all__ = [
     "conv2d",
     "silu",
     "relu",
+    "hardtanh",
+    "relu6",
     "rms_norm",
     "batch_norm",
     "max_pool2d",
@@ -997,6 +999,79 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
     return _F.relu(input) * _RELU_SCALE
 
 
+def _clamp_moments(low: float, high: float) -> tuple[float, float]:
+    """Mean squares of ``clamp(x, low, high)`` and of its derivative for ``x ~ N(0, 1)``."""
+    cdf = lambda v: 0.5 * (1.0 + _math.erf(v / 2**0.5))  # noqa: E731
+    pdf = lambda v: _math.exp(-v * v / 2) / (2 * _math.pi) ** 0.5  # noqa: E731
+    inside = cdf(high) - cdf(low)
+    # E[x^2; low < x < high] = P(low < x < high) - (high pdf(high) - low pdf(low))
+    output = inside - (high * pdf(high) - low * pdf(low)) + low * low * cdf(low) + high * high * (1 - cdf(high))
+    return output, inside
+
+
+def hardtanh(
+    input: Tensor,
+    min_val: float = -1.0,
+    max_val: float = 1.0,
+    inplace: bool = False,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.hardtanh` (``nn.Hardtanh``, ``nn.ReLU6``): a clamp.
+
+    Scaled to unit root-mean-square, as :func:`relu` is: output × ``1 / RMS(clamp(x))``
+    and input gradient × ``1 / RMS(clamp'(x))`` for ``x ~ N(0, 1)`` (both from the normal
+    distribution's closed forms). For ReLU6 (``min_val=0, max_val=6``) both are ``2**0.5``,
+    as for ReLU, since a unit-scaled input almost never reaches 6; for the default
+    ``[-1, 1]`` they differ and ``constraint`` reconciles them. A range no unit input
+    reaches (an empty or far-off interval) is left unscaled in the direction it empties.
+
+    Args:
+        input: any tensor.
+        min_val: the lower bound, as in torch.
+        max_val: the upper bound, as in torch.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``hardtanh(input, min_val, max_val)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import hardtanh
+    >>> _ = torch.manual_seed(0)
+    >>> y = hardtanh(torch.randn(100_000), 0.0, 6.0)
+    >>> round(y.pow(2).mean().sqrt().item(), 2)
+    1.0
+    """
+    output, inside = _clamp_moments(float(min_val), float(max_val))
+    output_scale = output**-0.5 if output > 1e-12 else 1.0
+    grad_scale = inside**-0.5 if inside > 1e-12 else 1.0
+    output_scale, grad_scale = _constrain(constraint, output_scale, grad_scale)
+    return scale(_F.hardtanh(input, min_val, max_val), output_scale, grad_scale)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.relu6`: :func:`hardtanh` on ``[0, 6]``, about ``2**0.5 * relu6(x)``.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor).
+
+    Returns:
+        ``relu6(input)``, scaled to unit root-mean-square for unit-normal input.
+
+    >>> import torch
+    >>> from unitscale.functional import relu6
+    >>> _ = torch.manual_seed(0)
+    >>> round(relu6(torch.randn(100_000)).pow(2).mean().sqrt().item(), 2)
+    1.0
+    """
+    return hardtanh(input, 0.0, 6.0)
+
+
 def rms_norm(
     input: Tensor,
     normalized_shape: list[int] | tuple[int, ...] | torch.Size,
@@ -1266,6 +1341,10 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _F.relu: relu,
     _torch.relu: relu,
     _torch.Tensor.relu: relu,
+    _F.hardtanh: hardtanh,
+    _F.relu6: relu6,
+    _torch._C._nn.hardtanh: hardtanh,
+    _torch._C._nn.relu6: relu6,
     _F.rms_norm: rms_norm,
     _F.batch_norm: batch_norm,
     _F.max_pool2d: max_pool2d,

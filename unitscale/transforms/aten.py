@@ -112,6 +112,9 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.silu.default: _same(F.silu),
     aten.relu.default: _same(F.relu),
     aten.relu_.default: _same(F.relu),
+    aten.hardtanh.default: _same(F.hardtanh),
+    aten.hardtanh_.default: _same(F.hardtanh),
+    aten.pad.default: _same(F.pad),
     aten.softmax.int: _softmax,
     aten._softmax.default: _internal_softmax,
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
@@ -148,13 +151,14 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.to.dtype: _same("to", "call_method"),
 }  # fmt: skip
 
-_IN_PLACE = {aten.relu_.default, aten.add_.Tensor}
+_IN_PLACE = {aten.relu_.default, aten.hardtanh_.default, aten.add_.Tensor}
 
 #: aten ops left as they are that only move, select or cast data: scale-neutral.
 ATEN_NEUTRAL: frozenset[Any] = frozenset(
     {aten.slice.Tensor, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.detach.default}
     | {aten.index.Tensor, aten.gather.default, aten.where.self, aten.squeeze.default, aten.unbind.int}
     | {aten.chunk.default, aten.split_with_sizes.default, aten.narrow.default, aten.lift_fresh_copy.default}
+    | {aten.constant_pad_nd.default}
     | {aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar, aten.masked_fill.Scalar}
 )
 
