@@ -23,7 +23,21 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-__all__ = ["BUILDERS", "VOCAB", "bart", "bert", "gpt2", "llama", "mistral", "qwen2", "t5", "token_ids", "vit"]
+__all__ = [
+    "BUILDERS",
+    "VOCAB",
+    "bart",
+    "bert",
+    "gemma",
+    "gpt2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "t5",
+    "token_ids",
+    "vit",
+]
 
 VOCAB = 128
 BATCH, SEQ = 2, 16
@@ -107,6 +121,20 @@ def mistral(**config: Any) -> Built:
 def qwen2(**config: Any) -> Built:
     """Qwen2 causal LM, sized as :func:`llama`; inputs ``(input_ids,)``."""
     return _llama_like("qwen2", **config), (token_ids(),)
+
+
+def gemma(**config: Any) -> Built:
+    """Gemma causal LM, sized as :func:`llama` (head dim 16); inputs ``(input_ids,)``. Not in :data:`BUILDERS`."""
+    return _llama_like("gemma", **{"head_dim": 16, **config}), (token_ids(),)
+
+
+def mixtral(**config: Any) -> Built:
+    """Mixtral (mixture of experts: 4 experts, 2 per token), sized as :func:`llama`; inputs ``(input_ids,)``.
+
+    Its experts run ``torch.ops.transformers.grouped_mm_fallback``, a custom op that
+    ``transformers.integrations.moe`` defines on import. Not in :data:`BUILDERS`.
+    """
+    return _llama_like("mixtral", **{"num_local_experts": 4, "num_experts_per_tok": 2, **config}), (token_ids(),)
 
 
 def t5(lm_head: bool = False, **config: Any) -> Built:

@@ -14,11 +14,17 @@ Two kinds of non-tensor value never cross a stage boundary, so they never forbid
 - a symbolic size of an exported graph (``aten.sym_size.int`` of the dynamic batch
   dimension, and arithmetic on such sizes): each stage recomputes it from a tensor it
   receives whose shape holds the same symbol.
+
+A stage whose graph calls a custom op (``torch.ops.transformers.grouped_mm_fallback`` in a
+mixture-of-experts layer) carries the names of the Python modules that define those ops
+(:func:`op_libraries`): unpickling the stage, in a pipeline worker or from a saved plan,
+imports them before the stage's code is rebuilt, since that code names the op.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +38,7 @@ from unitscale.fx.nodes import COMPUTE_OPS
 
 __all__ = [
     "INPUT_CONSTANT_KEY",
+    "op_libraries",
     "is_constant",
     "is_symbolic",
     "symbol_of",
@@ -267,7 +274,75 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
             leaves = [fx.graph.map_arg(leaf, lookup) for leaf in tree_leaves(output.args[0])]
             g.output(leaves[0] if len(leaves) == 1 else tuple(leaves))
         else:
-            outs = [env[v] for v in live[s]]
+            # sent to the next rank: gloo sends only contiguous tensors, and a cut after a
+            # transpose or a slice (Gemma's attention) would hand it a strided view
+            outs = [_contiguous(g, env[v]) for v in live[s]]
             g.output(outs[0] if len(outs) == 1 else tuple(outs))
-        stages.append(fx.GraphModule(module, g, f"{type(module).__name__}Stage{s}"))
+        stage = fx.GraphModule(module, g, f"{type(module).__name__}Stage{s}")
+        libraries = op_libraries(stage)
+        if libraries:
+            stage._unitscale_op_libraries = _OpLibraries(libraries)  # pickled before the code: see the module doc
+        stages.append(stage)
     return stages
+
+
+def _contiguous(g: fx.Graph, value: Any) -> Any:
+    """``value.contiguous()`` in ``g`` for a tensor-valued node (a copy only where it is strided)."""
+    meta = getattr(value, "meta", {})
+    example = meta.get("val", meta.get("tensor_meta"))
+    if not isinstance(value, fx.Node) or example is None or not hasattr(example, "stride"):
+        return value
+    node = g.call_method("contiguous", (value,))
+    node.meta = dict(value.meta)
+    return node
+
+
+def op_libraries(module: nn.Module) -> list[str]:
+    """The Python modules that define the custom ops ``module``'s graphs call (``torch.library.custom_op``).
+
+    A fresh interpreter knows an op such as ``torch.ops.transformers.grouped_mm_fallback``
+    only once its defining module is imported; torch's own ops need nothing.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.stages.split import op_libraries
+    >>> @torch.library.custom_op("unitscale_doc::twice", mutates_args=())
+    ... def twice(x: torch.Tensor) -> torch.Tensor:
+    ...     return 2 * x
+    >>> g = fx.Graph()
+    >>> x = g.placeholder("x")
+    >>> _ = g.output(g.call_function(torch.ops.unitscale_doc.twice.default, (g.call_function(torch.relu, (x,)),)))
+    >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]  # where twice was defined
+    True
+    """
+    from torch._library.custom_ops import OPDEFS
+
+    found: list[str] = []
+    for sub in module.modules():
+        graph = getattr(sub, "graph", None)
+        if not isinstance(graph, fx.Graph):
+            continue
+        for node in graph.nodes:
+            schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+            definition = OPDEFS.get(schema.name) if schema is not None else None
+            where = getattr(getattr(definition, "_init_fn", None), "__module__", None)
+            if where and where not in found:
+                found.append(where)
+    return found
+
+
+def _import_all(names: list[str]) -> _OpLibraries:
+    for name in names:
+        if name not in ("__main__", "__mp_main__"):
+            importlib.import_module(name)
+    return _OpLibraries(names)
+
+
+class _OpLibraries:
+    """Module names that unpickle by importing those modules (a stage's custom ops, defined on import)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _import_all, (self.names,)
