@@ -281,7 +281,7 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
         stage = fx.GraphModule(module, g, f"{type(module).__name__}Stage{s}")
         libraries = op_libraries(stage)
         if libraries:
-            stage._unitscale_op_libraries = _OpLibraries(libraries)  # pickled before the code: see the module doc
+            stage.__dict__["_unitscale_op_libraries"] = _OpLibraries(libraries)  # pickled before the code (module doc)
         stages.append(stage)
     return stages
 
