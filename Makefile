@@ -38,7 +38,7 @@ html: $(STAMP)
 	@echo "open _build/html/index.html"
 
 ## test: what CI runs. Any failing step fails it:
-##   0. lint: ruff and mypy over the package, tests and benchmarks;
+##   0. lint: ruff (rules and formatting) and mypy over the package, tests and benchmarks;
 ##   1. unit, property and error tests, the site meta-tests (a broken cell, a Sphinx warning and a
 ##      failing doctest each fail), and every docstring example (--doctest-modules);
 ##   2. the site, rebuilt from scratch (-E) with every notebook executed (force);
@@ -46,6 +46,7 @@ html: $(STAMP)
 test: $(STAMP) chromium
 	$(call step,0/3: lint (ruff and mypy))
 	$(VENV)/bin/ruff check unitscale tests benchmarks
+	$(VENV)/bin/ruff format --check unitscale tests benchmarks
 	$(VENV)/bin/mypy
 	$(call step,1/3: tests and doctests)
 	$(PY) -m pytest -m "not browser" -p no:cacheprovider -n 2 --doctest-modules tests unitscale
@@ -91,6 +92,7 @@ dist: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check unitscale tests benchmarks
+	$(VENV)/bin/ruff format --check unitscale tests benchmarks
 	$(VENV)/bin/mypy
 
 # Debian's Chromium for the browser tests; installed when missing.

@@ -237,6 +237,8 @@ class NoRecordsError(MonitorStateError):
 
 class UnknownStatError(UnitscaleError, ValueError):
     """A statistic name that a monitor's history does not hold (``std``, ``absmax``, ...)."""
+
+
 class UnknownRoleError(UnitscaleError, ValueError):
     """A u-μP parameter role that is not one of ``unitscale.scaling.umup.ROLES``.
 

@@ -45,9 +45,7 @@ def test_measured_costs_hold_mean_durations_bytes_and_bookkeeping_per_action() -
 
 
 def test_input_and_weight_gradients_make_the_backward_and_its_weight_share() -> None:
-    record = RankRecord(
-        [("F", 0, 0, 0.0, 1.0), ("I", 0, 0, 1.0, 2.0), ("W", 0, 0, 2.0, 5.0)], [], [(0.0, 5.0)], {0: 8}
-    )
+    record = RankRecord([("F", 0, 0, 0.0, 1.0), ("I", 0, 0, 1.0, 2.0), ("W", 0, 0, 2.0, 5.0)], [], [(0.0, 5.0)], {0: 8})
     costs = measured_costs([record], 1)
     assert costs.backward == (4.0,)
     assert costs.weight_grad_share == pytest.approx(0.75)

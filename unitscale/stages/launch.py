@@ -48,7 +48,6 @@ _SINGLE = ("gpipe", "1f1b")
 _INTERLEAVED = ("interleaved_1f1b", "interleaved_zero_bubble")
 
 
-
 class _OnModelOutput:
     """A loss that sees the model's output as the model returns it (a dict, a ``ModelOutput``),
     rebuilt from the flat leaves the last stage sends."""
@@ -69,6 +68,7 @@ def loss_on_model_output(
     if spec is None or spec.is_leaf():
         return loss_fn
     return _OnModelOutput(loss_fn, spec)
+
 
 def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[list[int]]:
     """The stage indices each rank holds, rank by rank.

@@ -129,7 +129,6 @@ class ActionClock:
             schedules._wait_batch_p2p = original
 
 
-
 def measure_link(rank: int, world: int, nbytes: int = 1 << 20, repeats: int = 7) -> tuple[float, float]:
     """Latency (s) and bandwidth (B/s) between ranks 0 and 1 by ping-pong, in a joined gloo group.
 

@@ -30,6 +30,7 @@ class _Plan(Protocol):
 
     def stage_modules(self) -> list[fx.GraphModule]: ...
 
+
 __all__ = ["SavedPlan", "load_plan", "save_plan"]
 
 _FORMAT = "unitscale.stages.saved/1"
