@@ -358,3 +358,40 @@ def test_dict_output_is_sent_as_leaves_and_rebuilt() -> None:
     loss = _OnModelOutput(lambda out, t: (out["logits"] - t).pow(2).mean(), plan.output_spec)
     target = torch.zeros(3, 2)
     assert torch.equal(loss(leaves, target), (model(x)["logits"] - target).pow(2).mean())
+
+
+# --- what crosses a cut: contiguous for gloo, with the model's own strides on the other side -----
+
+
+class _Strided(nn.Module):
+    """A channels-last view (a dense permutation) and a slice with gaps cross the cut after ``mid``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x).permute(0, 2, 3, 1)  # channels last, as ConvNeXt's blocks
+        gappy = y[:, :, ::2]
+        return self.out(self.norm(y)).sum(dim=(1, 2)) + gappy.sum(dim=(1, 2))
+
+
+def test_stages_send_contiguous_tensors_and_the_next_stage_sees_the_models_strides() -> None:
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from unitscale.stages.split import chain_stages
+
+    torch.manual_seed(0)
+    model, x = _Strided(), torch.randn(2, 3, 6, 6)
+    gm = fx.symbolic_trace(model)
+    ShapeProp(gm).propagate(x)
+    names = [n.name for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    assignment = {n: int(i >= names.index("norm")) for i, n in enumerate(names)}  # after the permute and the slice
+    first, second = chain_stages(gm, assignment, 2)
+    sent = first(x)
+    assert all(t.is_contiguous() for t in sent)
+    # the dense permutation travels permuted back to its own layout, no copy; the slice as a copy
+    assert [n.target for n in first.graph.nodes if n.op == "call_method"][-2:] == ["permute", "contiguous"]
+    assert torch.equal(second(*sent), model(x))

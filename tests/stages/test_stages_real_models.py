@@ -239,7 +239,7 @@ def test_gemma_pipeline_sends_a_strided_boundary_tensor_made_contiguous() -> Non
     first = plan.stage_modules()[0]
     sent = first(ids)
     assert all(t.is_contiguous() for t in tree_leaves(sent) if isinstance(t, torch.Tensor))
-    assert "contiguous" in {n.target for n in first.graph.nodes if n.op == "call_method"}
+    assert plan.verify()  # the next stage permutes what it receives back to the model's strides
     out = run_pipeline(plan, ids, num_microbatches=2, schedule="1f1b", timeout=120)
     torch.testing.assert_close(out.logits, model(ids).logits, atol=1e-5, rtol=0)
 

@@ -54,3 +54,27 @@ def test_an_in_place_op_on_a_tensor_others_read_is_left_as_it_is() -> None:
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert targets == [torch.mul, torch.ops.aten.relu_.default, torch.add]
     torch.testing.assert_close(gm(x), 2 * (2 * x).relu())
+
+
+class ClampPadT(nn.Module):
+    """ReLU6 and explicit padding (MobileNetV2 in transformers) and ``x @ w.T`` (Falcon's linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.pad(F.relu6(x), (1, 1), "constant", 0.0)[..., 1:-1] @ self.weight.T
+        return F.hardtanh(y, -2.0, 2.0) + x.mT.mT.sum()
+
+
+def test_clamps_padding_and_numpy_transposes_become_torch_functions_with_equal_outputs() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    gm = _exported(ClampPadT(), x)
+    expected = gm(x)
+    to_torch_functions(gm)
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert {F.hardtanh, F.pad, torch.t} <= targets
+    assert not {torch.ops.aten.hardtanh.default, torch.ops.aten.pad.default, torch.ops.aten.numpy_T.default} & targets
+    torch.testing.assert_close(gm(x), expected)

@@ -260,7 +260,12 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
                 if INPUT_CONSTANT_KEY in p.meta:
                     env[p] = p.meta[INPUT_CONSTANT_KEY]
             for v in live[s - 1]:
-                env[v] = g.placeholder(v.name)
+                received = g.placeholder(v.name)
+                order = _dense_order(v)
+                if order:  # sent as a contiguous permutation of itself: the same strides again, no copy
+                    received.meta = {k: x for k, x in v.meta.items() if k not in ("val", "tensor_meta")}
+                    received = g.call_method("permute", (received, tuple(order.index(d) for d in range(len(order)))))
+                env[v] = received
                 env[v].meta = dict(v.meta)
         tensors = list(placeholders if s == 0 else live[s - 1])
         lookup = functools.partial(_lookup, g, env, tensors, s)
@@ -274,9 +279,7 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
             leaves = [fx.graph.map_arg(leaf, lookup) for leaf in tree_leaves(output.args[0])]
             g.output(leaves[0] if len(leaves) == 1 else tuple(leaves))
         else:
-            # sent to the next rank: gloo sends only contiguous tensors, and a cut after a
-            # transpose or a slice (Gemma's attention) would hand it a strided view
-            outs = [_contiguous(g, env[v]) for v in live[s]]
+            outs = [_sendable(g, env[v], v) for v in live[s]]
             g.output(outs[0] if len(outs) == 1 else tuple(outs))
         stage = fx.GraphModule(module, g, f"{type(module).__name__}Stage{s}")
         libraries = op_libraries(stage)
@@ -286,14 +289,50 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
     return stages
 
 
-def _contiguous(g: fx.Graph, value: Any) -> Any:
-    """``value.contiguous()`` in ``g`` for a tensor-valued node (a copy only where it is strided)."""
-    meta = getattr(value, "meta", {})
-    example = meta.get("val", meta.get("tensor_meta"))
-    if not isinstance(value, fx.Node) or example is None or not hasattr(example, "stride"):
+def _dense_order(v: fx.Node) -> list[int] | None:
+    """How a strided tensor value crossing a cut is sent: ``[]`` as it is (contiguous, or not a
+    tensor), the dimension order that lays it out contiguously without a copy (a transpose, a
+    channels-last map: its strides order a dense layout), or ``None`` (only a copy makes it
+    contiguous: a slice with gaps)."""
+    example = v.meta.get("val", v.meta.get("tensor_meta"))
+    shape, stride = getattr(example, "shape", None), getattr(example, "stride", None)
+    if shape is None or stride is None:
+        return []
+    try:
+        sizes = [_hint(x) for x in shape]
+        steps = [_hint(x) for x in (stride() if callable(stride) else stride)]
+    except (TypeError, ValueError):
+        return []  # a size with no example value: sent as the stage makes it
+    layout = torch.empty_strided(sizes, steps, device="meta")
+    if layout.is_contiguous():
+        return []
+    order = sorted(range(len(sizes)), key=lambda d: -steps[d])
+    return order if layout.permute(order).is_contiguous() else None
+
+
+def _hint(size: Any) -> int:
+    """An int size or stride, or a symbolic one's example value (``TypeError`` if it has none)."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        if hint is None:
+            raise TypeError("a symbolic size without an example value")
+        return int(hint)
+    return int(size)
+
+
+def _sendable(g: fx.Graph, value: Any, v: fx.Node) -> Any:
+    """``value`` as the next rank receives it. Gloo sends only contiguous tensors, and a cut after a
+    transpose (Gemma's attention) or in a channels-last ConvNeXt block would hand it a strided
+    view. A view whose strides order a dense layout is sent permuted to that order, contiguous
+    with no copy, and the next stage permutes it back, so it computes on the very strides the
+    model did and the chained stages stay bit-exact; anything else is sent as a contiguous copy."""
+    if not isinstance(value, fx.Node):
         return value
-    node = g.call_method("contiguous", (value,))
-    node.meta = dict(value.meta)
+    order = _dense_order(v)
+    if order == []:
+        return value
+    node = g.call_method("permute", (value, tuple(order))) if order else g.call_method("contiguous", (value,))
+    node.meta = {k: x for k, x in value.meta.items() if k not in ("val", "tensor_meta")}
     return node
 
 

@@ -93,6 +93,15 @@ def _mean(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return "call_function", torch.mean, tuple(args[:2]), {"keepdim": _at(args, 2, kwargs.get("keepdim", False))}
 
 
+def _numpy_t(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # ``x.T`` (Falcon's linear: ``x @ self.weight.T``): ``t`` for a matrix, all dims reversed beyond
+    value = getattr(args[0], "meta", {}).get("val")
+    dims = value.dim() if isinstance(value, torch.Tensor) else 2
+    if dims <= 2:
+        return "call_function", torch.t, (args[0],), {}
+    return "call_function", torch.permute, (args[0], tuple(reversed(range(dims)))), {}
+
+
 def _gelu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return "call_function", F.gelu, (args[0],), {"approximate": kwargs.get("approximate", "none")}
 
@@ -143,6 +152,7 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.squeeze.dim: _same(torch.squeeze),
     aten.flatten.using_ints: _same(torch.flatten),
     aten.t.default: _same(torch.t),
+    aten.numpy_T.default: _numpy_t,
     aten.select.int: _same(torch.select),
     aten.split.Tensor: _same(torch.split),
     aten.clone.default: _same(torch.clone),
