@@ -390,6 +390,9 @@ class _Search:
         )
         self.fits_after = self._fits_after()
         self._shares: dict[int, float] = {}
+        #: per cut, the window its position must lie in for a step within the incumbent, and per
+        #: stage the furthest end from each start (:meth:`narrow`); ``None``: every position
+        self.window: tuple[list[int], list[int], list[np.ndarray]] | None = None
         self.evaluated = 0  # plans and partial plans simulated
         self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
 
@@ -410,6 +413,65 @@ class _Search:
             mem = self.q[s][b] - self.q[s]
             ok[s] = valid & (mem <= self.limit)
         return ok
+
+    def narrow(self, target: float) -> bool:
+        """Confine every cut to the positions a plan with step ``<= target`` can use (one stage per
+        rank, 1F1B or GPipe, equal speeds); ``False`` when no position is left (no such plan).
+
+        Two of :meth:`_rank_terms`'s bounds hold for every complete plan and tie each stage's
+        time ``c_s = x_{s+1} - x_s`` to the work ``x_s`` before it (``t``: the least message time):
+        ``x_s + m c_s + 2 s t`` (rank ``s`` is busy ``m c_s`` between the fill and the drain) and,
+        under 1F1B with ``m > w = p - s``, ``x_s + (m - w + 1) c_s + 2 (X - x_{s+1}) + 2 (k - 1) t``
+        (its first and last ``w`` backwards wait for a round trip; GPipe: ``x_s + m c_s + X - x_{s+1}
+        + 2 (k - 1) t``). Each, like the stage's memory, bounds cut ``s + 1`` by a function of cut ``s``
+        that never falls, so a few sweeps forward (furthest reach) and backward (least start) give
+        intervals that every such plan respects; the search then branches only inside them.
+        """
+        if not self.chain or self.schedule not in ("gpipe", "1f1b") or len(set(self.speed.tolist())) != 1:
+            return True
+        n, k, m = self.n, self.k, self.m
+        # a margin above the tie tolerance: prefix sums and the simulator round differently
+        top = target * (1 + 2 * TIE) + 1e-12 * abs(target)
+        x = self.pw / float(self.speed[0])
+        total = float(x[n])
+        least_t = float(np.min(self.comm[1:n])) if n > 1 else 0.0
+        reach: list[np.ndarray] = []
+        lo, hi = [max(s, 0) for s in range(k + 1)], [n - (k - s) for s in range(k + 1)]
+        lo[k] = hi[k] = n
+        for s in range(k):
+            caps = [(x, (top - 2 * s * least_t + (m - 1) * x) / m)]
+            if self.schedule == "gpipe" and m > 1:
+                caps.append((x, x + (top - 2 * (k - 1) * least_t - total) / (m - 1)))
+            w = min(m, self.p - s)
+            if self.schedule == "1f1b" and m > w:
+                a = m - w + 1
+                free = top - 2 * (k - 1) * least_t - 2 * total
+                if a > 2:
+                    caps.append((x, (free + (a - 1) * x) / (a - 2)))
+                else:  # a == 2: x_s >= -free on its own
+                    least = -free - 1e-12 * abs(free)
+                    lo[s] = max(lo[s], int(np.searchsorted(x, least, side="left")))
+            if self.limit < math.inf:
+                caps.append((self.q[s], self.q[s] + self.limit * (1 + 1e-12)))
+            furthest = np.full(n + 1, n, dtype=np.int64)
+            for prefix, cap in caps:
+                furthest = np.minimum(furthest, np.searchsorted(prefix, cap, side="right") - 1)
+            reach.append(np.maximum.accumulate(furthest))  # never falls (guards rounding)
+        for _ in range(2 * k + 2):
+            before = (list(lo), list(hi))
+            for s in range(k):
+                hi[s + 1] = min(hi[s + 1], int(reach[s][hi[s]]))
+                lo[s + 1] = max(lo[s + 1], lo[s] + 1)
+            for s in range(k - 1, -1, -1):
+                lo[s] = max(lo[s], int(np.searchsorted(reach[s], lo[s + 1], side="left")))
+                hi[s] = min(hi[s], hi[s + 1] - 1)
+            if any(a > b for a, b in zip(lo, hi, strict=True)):
+                self.window = None  # cannot happen with a plan at ``target``; search unconfined
+                return False
+            if (lo, hi) == before:
+                break
+        self.window = (lo, hi, reach)
+        return True
 
     def stage_memory(self, bounds: Sequence[int]) -> list[float]:
         return [float(self.q[s][b] - self.q[s][a]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
@@ -440,10 +502,13 @@ class _Search:
     def children(self, node: tuple[int, ...]) -> np.ndarray:
         """Ends for the next stage after ``node`` that fit in memory (with room for the stages after)."""
         j, a = len(node) - 1, node[-1]
+        first, last = a + 1, self.n - (self.k - 1 - j)
         if j == self.k - 1:
-            ends = np.array([self.n], dtype=np.int64)
-        else:
-            ends = np.arange(a + 1, self.n - (self.k - 1 - j) + 1, dtype=np.int64)
+            first = self.n
+        if self.window is not None:
+            lo, hi, reach = self.window
+            first, last = max(first, lo[j + 1]), min(last, hi[j + 1], int(reach[j][a]))
+        ends = np.arange(first, last + 1, dtype=np.int64)
         rank = self.placement[j]
         used = sum(float(self.q[s][node[s + 1]] - self.q[s][node[s]]) for s in range(j) if self.placement[s] == rank)
         mem = used + (self.q[j][ends] - self.q[j][a])
@@ -644,6 +709,8 @@ class _Search:
             return min((q for t, q, _ in leaves if t <= best_t * (1 + TIE)), default=math.inf)
 
         best_q = best_square()
+        if best_t < math.inf:
+            self.narrow(best_t)
         heap: list[tuple[float, float, int, tuple[int, ...]]] = [(0.0, 0.0, 0, (0,))]
         count, floor = 1, math.inf  # floor: least bound of a node dropped for its squares
         finished = True
@@ -678,10 +745,13 @@ class _Search:
                 at += len(end)
                 keep = np.nonzero(t_all <= best_t * (1 + TIE))[0]
                 if leaf:
+                    before = best_t
                     for i in keep.tolist():
                         leaves.append((float(t_all[i]), float(q_all[i]), (*node, int(end[i]))))
                         best_t = min(best_t, float(t_all[i]))
                     best_q = best_square()
+                    if best_t < before:
+                        self.narrow(best_t)
                     continue
                 for i in keep.tolist():
                     t, q = float(t_all[i]), float(q_all[i])
