@@ -1200,7 +1200,9 @@ def plan_pipeline(
         repeats: timings per node for ``cost="time"``.
 
     Returns:
-        The :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages.
+        The :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages, carrying the
+        certificate: ``schedule``, the simulated ``step_time`` (seconds), a ``lower_bound`` on
+        every split that fits, and ``optimal`` (whether the search proved ``step_time`` the least).
 
     Raises:
         MemoryLimitError: no split fits; the message says the least ``memory_limit`` that works.
@@ -1215,6 +1217,8 @@ def plan_pipeline(
     >>> plan = plan_pipeline(model, torch.randn(4, 8), 2, schedule="gpipe", num_microbatches=2, cost="params")
     >>> plan.stage_costs
     [216.0, 216.0]
+    >>> plan.optimal, plan.step_time == plan.lower_bound  # the search's certificate
+    (True, True)
     """
     from unitscale.stages.plan import StagePlan, partition
 
@@ -1240,4 +1244,10 @@ def plan_pipeline(
     )
     plan = base.with_bounds([pieces[b] for b in found.bounds])
     plan.chain_costs = costs
+    plan.schedule, plan.step_time, plan.lower_bound, plan.optimal = (
+        schedule,
+        found.step_time,
+        found.lower_bound,
+        found.optimal,
+    )
     return plan
