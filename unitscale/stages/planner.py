@@ -36,6 +36,16 @@ maximum of
   round trips): the least largest of all of these over the splits of ``X`` is the value of a
   small matrix game, bounded from below by a mixture that multiplicative weights find.
 
+With one stage per rank (GPipe, 1F1B) on devices of one speed, the search also branches only
+inside windows: two of the per-rank bounds above hold for every complete plan and tie a
+stage's time ``c_s = x_{s+1} - x_s`` to the work ``x_s`` before it (``m c_s + x_s`` and, under
+1F1B, ``(m - w + 1) c_s + x_s + 2 (X - x_{s+1})``, with the least message time for every cut),
+so with the stage's memory they cap cut ``s + 1`` by a function of cut ``s`` that never falls.
+Sweeping those caps forward (furthest reach) and backward (least start) until nothing moves
+confines each cut to the positions a plan within the incumbent can use
+(:meth:`_Search.narrow`, redone when the incumbent improves); with a memory limit this is where
+the limit enters the pruning, which the bounds above ignore.
+
 The first incumbent is the optimum of the formula
 ``(m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``, ``κ = (v + p - 1) / (p v)`` (a dynamic
 programme over prefixes, walked down through its realised bottlenecks), polished one cut
@@ -48,13 +58,16 @@ it), so the programme's optimum is certified on its own and the search only brea
 
 What it costs: the search finishes (a proof of optimality) on the pieces
 :func:`plan_pipeline` cuts between (module boundaries: tens to a few hundred) for GPipe and
-1F1B, and on small interleaved problems; the bounds for several stages per rank are weaker,
-so 8 interleaved stages over a few dozen pieces can already spend the budget. On a
-20,000-item chain for 8 ranks under 1F1B with communication it stops after
-``search_budget`` (about a second) with the best plan found, ``optimal=False`` and a
-``lower_bound`` that certifies the gap: 0.25% without a memory limit, about 9% with one
-(the bounds ignore memory; ``benchmarks/bench_stages.py`` prints both). The gap bounds the
-bound's looseness as much as the plan's: the plan may well be optimal.
+1F1B, and on small interleaved problems; the bounds for several stages per rank are weaker
+(and have no windows), so 8 interleaved stages over a few dozen pieces can already spend the
+budget, which then stops the search with the best plan found, ``optimal=False`` and a
+``lower_bound`` that certifies the gap. On a 20,000-item chain for 8 ranks and 16
+microbatches with communication the windows leave at most a few dozen positions per cut (a
+handful with a memory limit), and 1F1B is proven optimal in about 0.3 s without a memory limit
+and in about 0.25 s with one, as GPipe is with one (``benchmarks/bench_stages.py``; one loaded
+core, against 0.003 s for the min-max search on the same chain; the formula's programmes take
+half of it, the search a few hundred to a few thousand simulated plans). Devices of different
+speeds get no windows, and such a chain may then spend the budget.
 
 >>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
@@ -346,7 +359,9 @@ class _Search:
     no time, which never exceeds the step of any completion (a longest path only grows
     with its weights), raised by a water level: the work left must run on the ranks of
     the later stages. A child with every stage fixed is a plan and its bound is its
-    simulated step. Children are evaluated a batch at a time (:func:`~unitscale.stages.simulate.step_times`).
+    simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
+    window and within reach of its start. Children are evaluated a batch at a time
+    (:func:`~unitscale.stages.simulate.step_times`).
     """
 
     def __init__(
@@ -436,8 +451,8 @@ class _Search:
         total = float(x[n])
         least_t = float(np.min(self.comm[1:n])) if n > 1 else 0.0
         reach: list[np.ndarray] = []
-        lo, hi = [max(s, 0) for s in range(k + 1)], [n - (k - s) for s in range(k + 1)]
-        lo[k] = hi[k] = n
+        lo, hi = list(range(k + 1)), [n - (k - s) for s in range(k + 1)]
+        hi[0], lo[k] = 0, n
         for s in range(k):
             caps = [(x, (top - 2 * s * least_t + (m - 1) * x) / m)]
             if self.schedule == "gpipe" and m > 1:
@@ -881,6 +896,7 @@ def _least_rank_memory(search: _Search, budget: int = 500) -> tuple[float, list[
     """
     saved, search.limit = search.limit, math.inf
     saved_fits, search.fits_after = search.fits_after, search._fits_after()
+    saved_window, search.window = search.window, None  # windows assume a step target, not memory's
     n, k = search.n, search.k
     try:
         heap: list[tuple[float, tuple[int, ...], tuple[float, ...]]] = [(0.0, (0,), (0.0,) * search.p)]
@@ -912,7 +928,7 @@ def _least_rank_memory(search: _Search, budget: int = 500) -> tuple[float, list[
                 heapq.heappush(heap, (max(worst, *mine, share), (*node, b), mine))
         raise AssertionError("a chain with at least k items always has a plan")  # pragma: no cover
     finally:
-        search.limit, search.fits_after = saved, saved_fits
+        search.limit, search.fits_after, search.window = saved, saved_fits, saved_window
 
 
 def _proportional(costs: ChainCosts) -> bool:
