@@ -36,11 +36,12 @@ maximum of
   round trips): the least largest of all of these over the splits of ``X`` is the value of a
   small matrix game, bounded from below by a mixture that multiplicative weights find.
 
-With one stage per rank (GPipe, 1F1B) on devices of one speed, the search also branches only
-inside windows: two of the per-rank bounds above hold for every complete plan and tie a
-stage's time ``c_s = x_{s+1} - x_s`` to the work ``x_s`` before it (``m c_s + x_s`` and, under
-1F1B, ``(m - w + 1) c_s + x_s + 2 (X - x_{s+1})``, with the least message time for every cut),
-so with the stage's memory they cap cut ``s + 1`` by a function of cut ``s`` that never falls.
+With one stage per rank (GPipe, 1F1B), the search also branches only inside windows: two of
+the per-rank bounds above hold for every complete plan and tie a stage's time ``c_s`` to the
+time ``x_s`` before it (``m c_s + x_s`` and, under 1F1B, ``(m - w + 1) c_s + x_s + 2 (X - x_{s+1})``,
+with the least message time for every cut; on devices of different speeds ``x_s`` is bounded
+by the work before the cut over the fastest speed), so with the stage's memory they cap cut
+``s + 1`` by a function of cut ``s`` that never falls.
 Sweeping those caps forward (furthest reach) and backward (least start) until nothing moves
 confines each cut to the positions a plan within the incumbent can use
 (:meth:`_Search.narrow`, redone when the incumbent improves); with a memory limit this is where
@@ -66,8 +67,10 @@ microbatches with communication the windows leave at most a few dozen positions 
 handful with a memory limit), and 1F1B is proven optimal in about 0.3 s without a memory limit
 and in about 0.25 s with one, as GPipe is with one (``benchmarks/bench_stages.py``; one loaded
 core, against 0.003 s for the min-max search on the same chain; the formula's programmes take
-half of it, the search a few hundred to a few thousand simulated plans). Devices of different
-speeds get no windows, and such a chain may then spend the budget.
+half of it, the search a few hundred to a few thousand simulated plans). On devices of
+different speeds the windows are wider and the bounds looser: the same chain on four ranks of
+speed 1 and four of 1.5 spends the budget in about 1.5 s, certified within 15% (13% with the
+memory limit); GPipe is still proven optimal there by its formula.
 
 >>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
@@ -349,6 +352,8 @@ def _most_even(problem: _Problem, cap: float) -> list[int] | None:
 TIE = 1e-9
 #: plans whose bound the search evaluates before it stops with a certified gap (``ChainPlan.optimal`` False)
 SEARCH_BUDGET = 50_000
+#: dynamic programmes for the formula's plan where it is only the first incumbent (not GPipe's certificate)
+FORMULA_PROBES = 40
 
 
 class _Search:
@@ -431,41 +436,56 @@ class _Search:
 
     def narrow(self, target: float) -> bool:
         """Confine every cut to the positions a plan with step ``<= target`` can use (one stage per
-        rank, 1F1B or GPipe, equal speeds); ``False`` when no position is left (no such plan).
+        rank, 1F1B or GPipe); ``False`` when no position is left (no such plan).
 
         Two of :meth:`_rank_terms`'s bounds hold for every complete plan and tie each stage's
-        time ``c_s = x_{s+1} - x_s`` to the work ``x_s`` before it (``t``: the least message time):
+        time ``c_s`` to the time ``x_s = Σ_{s'<s} c_s'`` before it (``t``: the least message time):
         ``x_s + m c_s + 2 s t`` (rank ``s`` is busy ``m c_s`` between the fill and the drain) and,
         under 1F1B with ``m > w = p - s``, ``x_s + (m - w + 1) c_s + 2 (X - x_{s+1}) + 2 (k - 1) t``
         (its first and last ``w`` backwards wait for a round trip; GPipe: ``x_s + m c_s + X - x_{s+1}
-        + 2 (k - 1) t``). Each, like the stage's memory, bounds cut ``s + 1`` by a function of cut ``s``
-        that never falls, so a few sweeps forward (furthest reach) and backward (least start) give
-        intervals that every such plan respects; the search then branches only inside them.
+        + 2 (k - 1) t``). In the work ``P`` before a cut, ``c_s = (P_{s+1} - P_s) / u_s`` on a rank
+        of speed ``u_s``, and ``x_s`` and ``X - x_{s+1}`` are at least that work over the fastest
+        speed before and after. Each bound, weakened where needed so that its coefficients keep
+        their signs, and the stage's memory, cap cut ``s + 1`` by a function of cut ``s`` that never
+        falls (or bound cut ``s`` alone), so a few sweeps forward (furthest reach) and backward (least
+        start) give intervals that every such plan respects; the search branches only inside them.
         """
-        if not self.chain or self.schedule not in ("gpipe", "1f1b") or len(set(self.speed.tolist())) != 1:
+        if not self.chain or self.schedule not in ("gpipe", "1f1b"):
             return True
         n, k, m = self.n, self.k, self.m
         # a margin above the tie tolerance: prefix sums and the simulator round differently
         top = target * (1 + 2 * TIE) + 1e-12 * abs(target)
-        x = self.pw / float(self.speed[0])
-        total = float(x[n])
+        work = self.pw
+        total = float(work[n])
         least_t = float(np.min(self.comm[1:n])) if n > 1 else 0.0
+        speed = [float(u) for u in self.speed]
         reach: list[np.ndarray] = []
         lo, hi = list(range(k + 1)), [n - (k - s) for s in range(k + 1)]
         hi[0], lo[k] = 0, n
+
+        def least_start(s: int, bound: float) -> None:
+            lo[s] = max(lo[s], int(np.searchsorted(work, bound - 1e-12 * abs(bound), side="left")))
+
         for s in range(k):
-            caps = [(x, (top - 2 * s * least_t + (m - 1) * x) / m)]
+            ahead = 1.0 / max(speed[:s]) if s else math.inf  # x_s >= P_s * ahead
+            behind = 1.0 / max(speed[s + 1 :]) if s + 1 < k else 0.0  # X - x_{s+1} >= (P_n - P_{s+1}) * behind
+            # (a, factor of X - x_{s+1}, constant): the bound a c_s + x_s + factor (X - x_{s+1}) + constant
+            terms = [(m, 0.0, 2 * s * least_t)]
             if self.schedule == "gpipe" and m > 1:
-                caps.append((x, x + (top - 2 * (k - 1) * least_t - total) / (m - 1)))
+                terms.append((m, 1.0, 2 * (k - 1) * least_t))
             w = min(m, self.p - s)
             if self.schedule == "1f1b" and m > w:
-                a = m - w + 1
-                free = top - 2 * (k - 1) * least_t - 2 * total
-                if a > 2:
-                    caps.append((x, (free + (a - 1) * x) / (a - 2)))
-                else:  # a == 2: x_s >= -free on its own
-                    least = -free - 1e-12 * abs(free)
-                    lo[s] = max(lo[s], int(np.searchsorted(x, least, side="left")))
+                terms.append((m - w + 1, 2.0, 2 * (k - 1) * least_t))
+            caps = []
+            for a, factor, constant in terms:
+                r = a / speed[s]
+                alpha, gamma = min(ahead, r), min(factor * behind, r)
+                d = r - gamma
+                # alpha P_s + r (P_{s+1} - P_s) + gamma (P_n - P_{s+1}) + constant <= top
+                if d > 1e-9 * r:
+                    caps.append((work, (top - constant - gamma * total + (r - alpha) * work) / d))
+                elif r - alpha > 1e-9 * r:  # d P_{s+1} >= 0 dropped: a bound on P_s alone
+                    least_start(s, (gamma * total + constant - top) / (r - alpha))
             if self.limit < math.inf:
                 caps.append((self.q[s], self.q[s] + self.limit * (1 + 1e-12)))
             furthest = np.full(n + 1, n, dtype=np.int64)
@@ -827,9 +847,10 @@ def model_step_time(
     return problem.weight * problem.bottleneck(bounds) + problem.kappa * (work + comm)
 
 
-def _formula_plan(problem: _Problem) -> tuple[list[int], float, float, int]:
+def _formula_plan(problem: _Problem, max_probes: int | None = None) -> tuple[list[int], float, float, int]:
     """The plan minimising the step-time formula ``(m - 1) v max c_s + κ A``, that minimum,
-    a lower bound certifying it, and the programmes run (raises ``_NoFit``)."""
+    a lower bound certifying it, and the programmes run (raises ``_NoFit``). With
+    ``max_probes``, the best plan after that many programmes (the lower bound then certifies less)."""
     floor = problem.least_cap()
     probes = 2
     first = problem.cheapest(floor, strict=False)
@@ -845,7 +866,7 @@ def _formula_plan(problem: _Problem) -> tuple[list[int], float, float, int]:
         cap = floor + problem.kappa * (best_a - unbounded[0]) / problem.weight
     strict = False
     lower = best_t
-    while cap >= floor:
+    while cap >= floor and (max_probes is None or probes < max_probes):
         found = problem.cheapest(cap, strict)
         probes += 1
         if found is None:
@@ -1026,9 +1047,12 @@ def plan_chain(
     seeds: list[list[int]] = []
     probes, certified = 0, None
     try:
-        bounds, formula, formula_lower, probes = _formula_plan(problem)
+        exact = schedule == "gpipe" and _proportional(costs)
+        # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
+        # (devices of different speeds can otherwise take hundreds)
+        bounds, formula, formula_lower, probes = _formula_plan(problem, None if exact else FORMULA_PROBES)
         seeds.append(bounds)
-        if schedule == "gpipe" and _proportional(costs):
+        if exact:
             certified = formula_lower
             if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
                 even = _most_even(problem, problem.bottleneck(bounds))
