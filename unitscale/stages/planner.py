@@ -39,9 +39,9 @@ maximum of
 With one stage per rank (GPipe, 1F1B), the search also branches only inside windows: two of
 the per-rank bounds above hold for every complete plan and tie a stage's time ``c_s`` to the
 time ``x_s`` before it (``m c_s + x_s`` and, under 1F1B, ``(m - w + 1) c_s + x_s + 2 (X - x_{s+1})``,
-with the least message time for every cut; on devices of different speeds ``x_s`` is bounded
-by the work before the cut over the fastest speed), so with the stage's memory they cap cut
-``s + 1`` by a function of cut ``s`` that never falls.
+with the least message time for every cut; ``x_s`` and ``X - x_{s+1}`` at least the least time
+any split inside the windows takes before and after the cut, exact on devices of one speed),
+so with the stage's memory they cap cut ``s + 1`` by a function of cut ``s``.
 Sweeping those caps forward (furthest reach) and backward (least start) until nothing moves
 confines each cut to the positions a plan within the incumbent can use
 (:meth:`_Search.narrow`, redone when the incumbent improves); with a memory limit this is where
@@ -68,9 +68,11 @@ handful with a memory limit), and 1F1B is proven optimal in about 0.3 s without 
 and in about 0.25 s with one, as GPipe is with one (``benchmarks/bench_stages.py``; one loaded
 core, against 0.003 s for the min-max search on the same chain; the formula's programmes take
 half of it, the search a few hundred to a few thousand simulated plans). On devices of
-different speeds the windows are wider and the bounds looser: the same chain on four ranks of
-speed 1 and four of 1.5 spends the budget in about 1.5 s, certified within 15% (13% with the
-memory limit); GPipe is still proven optimal there by its formula.
+different speeds the windows are wider: the same chain on four ranks of speed 1 and four of
+1.5 is still proven optimal under 1F1B without a memory limit (about 1.5 s), but with the
+limit the search spends its budget (about 0.5 s) certified within 12%: there the step exceeds
+every bound above by about 1% (later ranks held at the limit delay the bottleneck's round
+trips), so the windows stay a hundred positions wide. GPipe is proven optimal by its formula.
 
 >>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
@@ -443,69 +445,80 @@ class _Search:
         ``x_s + m c_s + 2 s t`` (rank ``s`` is busy ``m c_s`` between the fill and the drain) and,
         under 1F1B with ``m > w = p - s``, ``x_s + (m - w + 1) c_s + 2 (X - x_{s+1}) + 2 (k - 1) t``
         (its first and last ``w`` backwards wait for a round trip; GPipe: ``x_s + m c_s + X - x_{s+1}
-        + 2 (k - 1) t``). In the work ``P`` before a cut, ``c_s = (P_{s+1} - P_s) / u_s`` on a rank
-        of speed ``u_s``, and ``x_s`` and ``X - x_{s+1}`` are at least that work over the fastest
-        speed before and after. Each bound, weakened where needed so that its coefficients keep
-        their signs, and the stage's memory, cap cut ``s + 1`` by a function of cut ``s`` that never
-        falls (or bound cut ``s`` alone), so a few sweeps forward (furthest reach) and backward (least
-        start) give intervals that every such plan respects; the search branches only inside them.
+        + 2 (k - 1) t``). With ``x_s`` at least the least time of any split before cut ``s`` and
+        ``X - x_{s+1}`` the least after cut ``s + 1`` (both over the windows found so far, and
+        exact on devices of one speed), each bound and the stage's memory cap cut ``s + 1`` by a
+        function of cut ``s`` (made never to fall by taking the furthest reach of any earlier start,
+        a relaxation). Sweeps forward (furthest reach) and backward (least start) until nothing
+        moves give intervals that every such plan respects; the search branches only inside them.
         """
         if not self.chain or self.schedule not in ("gpipe", "1f1b"):
             return True
-        n, k, m = self.n, self.k, self.m
+        n, k, m, inf = self.n, self.k, self.m, math.inf
         # a margin above the tie tolerance: prefix sums and the simulator round differently
         top = target * (1 + 2 * TIE) + 1e-12 * abs(target)
         work = self.pw
-        total = float(work[n])
         least_t = float(np.min(self.comm[1:n])) if n > 1 else 0.0
         speed = [float(u) for u in self.speed]
-        reach: list[np.ndarray] = []
-        lo, hi = list(range(k + 1)), [n - (k - s) for s in range(k + 1)]
-        hi[0], lo[k] = 0, n
-
-        def least_start(s: int, bound: float) -> None:
-            lo[s] = max(lo[s], int(np.searchsorted(work, bound - 1e-12 * abs(bound), side="left")))
-
+        idx = np.arange(n + 1)
+        # (a, factor of X - x_{s+1}, constant): the bound x_s + a c_s + factor (X - x_{s+1}) + constant
+        terms: list[list[tuple[int, float, float]]] = []
         for s in range(k):
-            ahead = 1.0 / max(speed[:s]) if s else math.inf  # x_s >= P_s * ahead
-            behind = 1.0 / max(speed[s + 1 :]) if s + 1 < k else 0.0  # X - x_{s+1} >= (P_n - P_{s+1}) * behind
-            # (a, factor of X - x_{s+1}, constant): the bound a c_s + x_s + factor (X - x_{s+1}) + constant
-            terms = [(m, 0.0, 2 * s * least_t)]
+            mine = [(m, 0.0, 2 * s * least_t)]
             if self.schedule == "gpipe" and m > 1:
-                terms.append((m, 1.0, 2 * (k - 1) * least_t))
+                mine.append((m, 1.0, 2 * (k - 1) * least_t))
             w = min(m, self.p - s)
             if self.schedule == "1f1b" and m > w:
-                terms.append((m - w + 1, 2.0, 2 * (k - 1) * least_t))
-            caps = []
-            for a, factor, constant in terms:
-                r = a / speed[s]
-                alpha, gamma = min(ahead, r), min(factor * behind, r)
-                d = r - gamma
-                # alpha P_s + r (P_{s+1} - P_s) + gamma (P_n - P_{s+1}) + constant <= top
-                if d > 1e-9 * r:
-                    caps.append((work, (top - constant - gamma * total + (r - alpha) * work) / d))
-                elif r - alpha > 1e-9 * r:  # d P_{s+1} >= 0 dropped: a bound on P_s alone
-                    least_start(s, (gamma * total + constant - top) / (r - alpha))
-            if self.limit < math.inf:
-                caps.append((self.q[s], self.q[s] + self.limit * (1 + 1e-12)))
-            furthest = np.full(n + 1, n, dtype=np.int64)
-            for prefix, cap in caps:
-                furthest = np.minimum(furthest, np.searchsorted(prefix, cap, side="right") - 1)
-            reach.append(np.maximum.accumulate(furthest))  # never falls (guards rounding)
-        for _ in range(2 * k + 2):
-            before = (list(lo), list(hi))
-            for s in range(k):
-                hi[s + 1] = min(hi[s + 1], int(reach[s][hi[s]]))
-                lo[s + 1] = max(lo[s + 1], lo[s] + 1)
+                mine.append((m - w + 1, 2.0, 2 * (k - 1) * least_t))
+            terms.append(mine)
+        lo, hi = list(range(k + 1)), [n - (k - s) for s in range(k + 1)]
+        hi[0], lo[k] = 0, n
+        for _ in range(4):
+            outer = (list(lo), list(hi))
+            # least time before cut s (stages 0..s-1) and after cut s (stages s..k-1), cuts in windows
+            before = [np.where(idx == 0, 0.0, inf)]
+            for s in range(1, k + 1):
+                g = np.where((idx >= lo[s - 1]) & (idx <= hi[s - 1]), before[-1] - work / speed[s - 1], inf)
+                least = np.concatenate(([inf], np.minimum.accumulate(g)[:-1]))  # over cuts b' < b
+                before.append(work / speed[s - 1] + least)
+            after = [np.empty(0)] * k + [np.where(idx == n, 0.0, inf)]
             for s in range(k - 1, -1, -1):
-                lo[s] = max(lo[s], int(np.searchsorted(reach[s], lo[s + 1], side="left")))
-                hi[s] = min(hi[s], hi[s + 1] - 1)
-            if any(a > b for a, b in zip(lo, hi, strict=True)):
-                self.window = None  # cannot happen with a plan at ``target``; search unconfined
-                return False
-            if (lo, hi) == before:
+                h = np.where((idx >= lo[s + 1]) & (idx <= hi[s + 1]), work / speed[s] + after[s + 1], inf)
+                least = np.concatenate((np.minimum.accumulate(h[::-1])[::-1][1:], [inf]))  # over cuts b' > b
+                after[s] = least - work / speed[s]
+            reach: list[np.ndarray] = []
+            for s in range(k):
+                furthest = np.full(n + 1, n, dtype=np.int64)
+                for a, factor, constant in terms[s]:
+                    r = a / speed[s]
+                    # x_s + r (P_{s+1} - P_s) + factor (X - x_{s+1}) + constant <= top, as
+                    # G(b_{s+1}) <= top - constant - x_s + r P_s with G made never to fall
+                    rising = r * work + factor * after[s + 1] if factor else r * work
+                    rising = np.minimum.accumulate(rising[::-1])[::-1]
+                    with np.errstate(invalid="ignore"):
+                        room = top - constant - before[s] + r * work
+                    room = np.where(np.isnan(room), -inf, room)
+                    furthest = np.minimum(furthest, np.searchsorted(rising, room, side="right") - 1)
+                if self.limit < inf:
+                    cap = self.q[s] + self.limit * (1 + 1e-12)
+                    furthest = np.minimum(furthest, np.searchsorted(self.q[s], cap, side="right") - 1)
+                reach.append(np.maximum.accumulate(furthest))  # the furthest of any earlier start
+            for _ in range(2 * k + 2):
+                inner = (list(lo), list(hi))
+                for s in range(k):
+                    hi[s + 1] = min(hi[s + 1], int(reach[s][hi[s]]))
+                    lo[s + 1] = max(lo[s + 1], lo[s] + 1)
+                for s in range(k - 1, -1, -1):
+                    lo[s] = max(lo[s], int(np.searchsorted(reach[s], lo[s + 1], side="left")))
+                    hi[s] = min(hi[s], hi[s + 1] - 1)
+                if any(a > b for a, b in zip(lo, hi, strict=True)):
+                    self.window = None  # cannot happen with a plan at ``target``; search unconfined
+                    return False
+                if (lo, hi) == inner:
+                    break
+            self.window = (lo, hi, reach)
+            if (lo, hi) == outer:
                 break
-        self.window = (lo, hi, reach)
         return True
 
     def stage_memory(self, bounds: Sequence[int]) -> list[float]:
