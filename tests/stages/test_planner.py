@@ -191,6 +191,33 @@ def test_one_stage_per_rank_plans_are_optimal_against_brute_force(problem: Probl
     assert _squares(costs, found.bounds, speeds, schedule, v) <= squares * (1 + 1e-9) + 1e-12
 
 
+def test_windows_certify_a_long_chain_within_a_small_budget() -> None:
+    """2,000 items on 8 ranks with slow links: the windows leave so few positions per cut that
+    1F1B is proven optimal, with and without a memory limit, in a tenth of the default budget."""
+    rng = random.Random(0)
+    n = 2000
+    costs = ChainCosts.uniform(
+        [rng.lognormvariate(0.0, 1.0) * 1e-4 for _ in range(n)],
+        2.0,
+        param_bytes=[rng.uniform(0, 1e6) for _ in range(n)],
+        activation_bytes=[rng.uniform(0, 1e5) for _ in range(n)],
+        boundary_bytes=[0.0, *[rng.uniform(1e4, 1e6) for _ in range(n - 1)], 0.0],
+        bandwidth=1e9,
+        latency=1e-4,
+    )
+    for limit, speeds in ((None, None), (1.8e8, None), (2.2e8, [1.0] * 8)):
+        found = plan_chain(costs, 8, "1f1b", 16, memory_limit=limit, device_speeds=speeds, search_budget=5000)
+        assert found.optimal, (limit, speeds)
+        assert found.lower_bound == pytest.approx(found.step_time, rel=1e-12)
+        if limit is not None:
+            assert max(found.rank_memory) <= limit
+        search = _Search(costs, 8, "1f1b", 16, 1, limit, speeds)
+        assert search.narrow(found.step_time) and search.window is not None
+        lo, hi, _ = search.window
+        assert all(a <= b <= c for a, b, c in zip(lo, found.bounds, hi, strict=True))
+        assert max(c - a + 1 for a, c in zip(lo, hi, strict=True)) < 100  # of 2,000 places
+
+
 def test_one_f_one_b_plans_beat_the_formula_plans() -> None:
     """The 1F1B formula is exact on even stages without traffic; with uneven stages and slow links
     the simulated step of its optimum is beaten by the plan the search certifies."""

@@ -69,8 +69,9 @@ and in about 0.25 s with one, as GPipe is with one (``benchmarks/bench_stages.py
 core, against 0.003 s for the min-max search on the same chain; the formula's programmes take
 half of it, the search a few hundred to a few thousand simulated plans). On devices of
 different speeds the windows are wider: the same chain on four ranks of speed 1 and four of
-1.5 is still proven optimal under 1F1B without a memory limit (about 1.5 s), but with the
-limit the search spends its budget (about 0.5 s) certified within 12%: there the step exceeds
+1.5 is proven optimal under 1F1B without a memory limit (about 1.5 s; other random chains of
+that size may stop at the budget, 1 to 3 s, certified within 0.05%), but with the limit the
+search spends its budget (about 0.5 s) certified only within 12%: there the step exceeds
 every bound above by about 1% (later ranks held at the limit delay the bottleneck's round
 trips), so the windows stay a hundred positions wide. GPipe is proven optimal by its formula.
 
