@@ -13,9 +13,9 @@
 5. Schedule-aware planning (``unitscale.stages.planner.plan_chain``) of a 20,000-node chain for 8
    ranks with a memory limit and communication, against the min-max search on the same chain:
    seconds, the certified gap (0: proved optimal; else the search spent its budget and the gap
-   bounds how far from optimal its plan can be), and how much slower the plan that minimises
-   the step-time formula simulates. Also the same chain grouped into 128 pieces (as module
-   boundaries group nodes), and a 512-node chain on 4 ranks, where the search finishes.
+   bounds how far from optimal its plan can be; rounding leaves about 1e-15), and how much slower
+   the plan that minimises the step-time formula simulates. Also the same chain grouped into 128
+   pieces (as module boundaries group nodes), and a 512-node chain on 4 ranks.
 6. Against the anchors: torchgpipe's ``balance_cost`` (block partition) and DeepSpeed's
    ``partition_balanced`` (a DP on max - min), on the zoo and on random chains: bottleneck and
    simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to our plan (which

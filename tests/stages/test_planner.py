@@ -120,6 +120,104 @@ def test_bounds_never_exceed_the_step_of_any_completion(problem: Problem, data: 
             assert sq <= _squares(costs, bounds, speeds, schedule, v) * (1 + 1e-12) + 1e-12
 
 
+@st.composite
+def chain_problems(draw: st.DrawFn) -> Problem:
+    """One stage per rank (where the search confines cuts to windows), up to 4 ranks."""
+    n = draw(st.integers(2, 9))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b"]))
+    p = draw(st.integers(1, min(4, n)))
+    m = draw(st.integers(1, 6))
+    item = st.one_of(st.just(0.0), st.floats(0.01, 4))
+    f = draw(st.lists(item, min_size=n, max_size=n))
+    b = [2 * x for x in f] if draw(st.booleans()) else draw(st.lists(item, min_size=n, max_size=n))
+    costs = ChainCosts(
+        tuple(f),
+        tuple(b),
+        tuple(draw(st.lists(st.floats(0, 5), min_size=n, max_size=n))),
+        tuple(draw(st.lists(st.floats(0, 2), min_size=n, max_size=n))),
+        (0.0, *draw(st.lists(st.floats(0, 3), min_size=n - 1, max_size=n - 1)), 0.0),
+        bandwidth=draw(st.sampled_from([math.inf, 1.0, 4.0])),
+        latency=draw(st.sampled_from([0.0, 0.1])),
+    )
+    limit = draw(st.one_of(st.none(), st.floats(2, 40)))
+    speed = st.sampled_from([0.5, 1.0, 1.5, 2.0])
+    speeds = [draw(speed)] * p if draw(st.booleans()) else draw(st.lists(speed, min_size=p, max_size=p))
+    return costs, p, schedule, m, 1, limit, speeds
+
+
+@settings(max_examples=150, deadline=None)
+@given(chain_problems(), st.data())
+def test_windows_hold_every_plan_within_the_target(problem: Problem, data: st.DataObject) -> None:
+    """Every plan that fits and whose step is at most the target lies inside the cut windows."""
+    costs, p, schedule, m, v, limit, speeds = problem
+    search = _Search(costs, p, schedule, m, v, limit, speeds)
+    n = len(costs)
+    plans = []
+    for cuts in itertools.combinations(range(1, n), p - 1):
+        bounds = [0, *cuts, n]
+        if search.fits(bounds):
+            plans.append((simulate_bounds(costs, bounds, schedule, m, v, speeds).step_time, bounds))
+    if not plans:
+        return
+    target = data.draw(st.sampled_from(sorted(t for t, _ in plans)))
+    assert search.narrow(target)
+    assert search.window is not None
+    lo, hi, reach = search.window
+    inside = 0
+    for t, bounds in plans:
+        if t > target:
+            continue
+        inside += 1
+        for c, b in enumerate(bounds):
+            assert lo[c] <= b <= hi[c], (c, b, lo, hi)
+        for s in range(p):
+            assert bounds[s + 1] <= reach[s][bounds[s]]
+    assert inside >= 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(chain_problems())
+def test_one_stage_per_rank_plans_are_optimal_against_brute_force(problem: Problem) -> None:
+    costs, p, schedule, m, v, limit, speeds = problem
+    best, squares = _brute_force(*problem)
+    if best == math.inf:
+        with pytest.raises(MemoryLimitError):
+            plan_chain(costs, p, schedule, m, v, limit, speeds)
+        return
+    found = plan_chain(costs, p, schedule, m, v, limit, speeds)
+    assert found.optimal
+    assert found.step_time == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert found.lower_bound == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert _squares(costs, found.bounds, speeds, schedule, v) <= squares * (1 + 1e-9) + 1e-12
+
+
+def test_windows_certify_a_long_chain_within_a_small_budget() -> None:
+    """2,000 items on 8 ranks with slow links: the windows leave so few positions per cut that
+    1F1B is proven optimal, with and without a memory limit, in a tenth of the default budget."""
+    rng = random.Random(0)
+    n = 2000
+    costs = ChainCosts.uniform(
+        [rng.lognormvariate(0.0, 1.0) * 1e-4 for _ in range(n)],
+        2.0,
+        param_bytes=[rng.uniform(0, 1e6) for _ in range(n)],
+        activation_bytes=[rng.uniform(0, 1e5) for _ in range(n)],
+        boundary_bytes=[0.0, *[rng.uniform(1e4, 1e6) for _ in range(n - 1)], 0.0],
+        bandwidth=1e9,
+        latency=1e-4,
+    )
+    for limit, speeds in ((None, None), (1.8e8, None), (2.2e8, [1.0] * 8)):
+        found = plan_chain(costs, 8, "1f1b", 16, memory_limit=limit, device_speeds=speeds, search_budget=5000)
+        assert found.optimal, (limit, speeds)
+        assert found.lower_bound == pytest.approx(found.step_time, rel=1e-12)
+        if limit is not None:
+            assert max(found.rank_memory) <= limit
+        search = _Search(costs, 8, "1f1b", 16, 1, limit, speeds)
+        assert search.narrow(found.step_time) and search.window is not None
+        lo, hi, _ = search.window
+        assert all(a <= b <= c for a, b, c in zip(lo, found.bounds, hi, strict=True))
+        assert max(c - a + 1 for a, c in zip(lo, hi, strict=True)) < 100  # of 2,000 places
+
+
 def test_one_f_one_b_plans_beat_the_formula_plans() -> None:
     """The 1F1B formula is exact on even stages without traffic; with uneven stages and slow links
     the simulated step of its optimum is beaten by the plan the search certifies."""
@@ -233,6 +331,34 @@ def test_plan_pipeline_on_a_model() -> None:
     assert max(timeline.rank_memory) <= 1e5
     inter = plan_pipeline(model, x, 2, schedule="interleaved_1f1b", num_microbatches=4, stages_per_rank=2, cost="flops")
     assert inter.num_stages == 4
+
+
+def test_plan_pipeline_carries_the_certificate() -> None:
+    from unitscale import partition
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(16, 16), nn.ReLU())])
+    x = torch.randn(8, 16)
+    plan = plan_pipeline(model, x, 2, schedule="1f1b", num_microbatches=4, cost="flops", bandwidth=1e9)
+    # the same numbers plan_chain certifies, and the simulator agrees on the step
+    assert plan.schedule == "1f1b" and plan.optimal is True
+    assert plan.step_time is not None and plan.lower_bound is not None
+    assert plan.lower_bound <= plan.step_time
+    assert plan.lower_bound == pytest.approx(plan.step_time, rel=1e-9)
+    assert simulate(plan, "1f1b", 4).step_time == pytest.approx(plan.step_time, rel=1e-12)
+    assert repr(plan).endswith(f"; 1f1b step {plan.step_time:.4g} s, optimal)")
+    assert str(plan.report(4)).splitlines()[-1] == (
+        f"planned for 1f1b: simulated step {plan.step_time:.4g} s, proven optimal (lower bound "
+        f"{plan.lower_bound:.4g} s)"
+    )
+    # a search cut short states its gap instead
+    plan.optimal, plan.lower_bound = False, plan.step_time / 1.25
+    assert repr(plan).endswith("gap <= 25.00%)")
+    assert "within 25.00% of optimal" in str(plan.report(4))
+    # plans not made by the planner carry no certificate, nor does a plan moved off its bounds
+    for other in (partition(model, 2, x), plan.with_bounds(plan.bounds)):
+        assert (other.schedule, other.step_time, other.lower_bound, other.optimal) == (None, None, None, None)
+        assert "step" not in repr(other) and "planned" not in str(other.report(4))
 
 
 def test_chain_costs_take_a_backward_callable() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -136,6 +137,11 @@ class StageReport:
     cost: str
     num_microbatches: int
     bubble: float
+    #: the certificate of a plan from :func:`~unitscale.stages.plan_pipeline` (see :class:`StagePlan`)
+    schedule: str | None = None
+    step_time: float | None = None
+    lower_bound: float | None = None
+    optimal: bool | None = None
 
     def table(self) -> str:
         """The report as a plain-text table."""
@@ -146,10 +152,20 @@ class StageReport:
             lines.append(f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  {sends}{sent}")
         p, m = len(self.rows), self.num_microbatches
         lines.append(f"bubble with {m} microbatches: (p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {self.bubble:.3f}")
+        if self.step_time is not None and self.lower_bound is not None:
+            lines.append(f"planned for {self.schedule}: {_certificate(self.step_time, self.lower_bound, self.optimal)}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _certificate(step_time: float, lower_bound: float, optimal: bool | None) -> str:
+    """The simulated step and how far from optimal it can be, in words."""
+    if optimal:
+        return f"simulated step {step_time:.4g} s, proven optimal (lower bound {lower_bound:.4g} s)"
+    gap = step_time / lower_bound - 1 if lower_bound > 0 else math.inf
+    return f"simulated step {step_time:.4g} s, within {gap:.2%} of optimal (lower bound {lower_bound:.4g} s)"
 
 
 def _meta_shapes(meta: Any) -> tuple[int, ...]:
@@ -175,6 +191,14 @@ class StagePlan:
         route: how the graph was had: ``"graph"`` (a GraphModule given), ``"fx"`` or ``"export"``.
         output_spec: the pytree structure of the model's output (a tensor, tuple, dict,
             ``ModelOutput``); the last stage returns its leaves and a pipeline rebuilds it.
+        schedule: the schedule :func:`~unitscale.stages.plan_pipeline` planned for (``None`` for
+            plans made by :func:`partition` or :meth:`with_bounds`; likewise the three below).
+        step_time: the simulated step time in seconds of this split under ``schedule``
+            (:func:`~unitscale.stages.simulate`).
+        lower_bound: a proven lower bound on the simulated step time of every split that fits
+            the memory limit; equal to ``step_time`` (up to rounding) when ``optimal``.
+        optimal: whether the planner's search finished, proving ``step_time`` the least
+            (``False``: its budget ran out, and ``step_time / lower_bound - 1`` bounds the gap).
 
     >>> import torch
     >>> from unitscale import partition
@@ -216,6 +240,10 @@ class StagePlan:
         self._example_inputs = example_inputs
         #: per-node schedule costs (forward, backward, memory, traffic), set by ``plan_pipeline``
         self.chain_costs: ChainCosts | None = None
+        self.schedule: str | None = None
+        self.step_time: float | None = None
+        self.lower_bound: float | None = None
+        self.optimal: bool | None = None
 
     def with_bounds(self, bounds: list[int]) -> StagePlan:
         """The same model and node costs split at other node-index ``bounds`` (a subsequence of ``pieces``).
@@ -260,7 +288,11 @@ class StagePlan:
 
     def __repr__(self) -> str:
         costs = ", ".join(f"{c:.4g}" for c in self.stage_costs)
-        return f"StagePlan({self.model_name}, {self.num_stages} stages by {self.cost}: [{costs}])"
+        planned = ""
+        if self.step_time is not None and self.lower_bound is not None:
+            proof = "optimal" if self.optimal else f"gap <= {self.step_time / self.lower_bound - 1:.2%}"
+            planned = f"; {self.schedule} step {self.step_time:.4g} s, {proof}"
+        return f"StagePlan({self.model_name}, {self.num_stages} stages by {self.cost}: [{costs}]{planned})"
 
     @property
     def bottleneck(self) -> float:
@@ -486,7 +518,16 @@ class StagePlan:
                     sends=sends,
                 )
             )
-        return StageReport(rows, self.cost, num_microbatches, bubble_fraction(self.num_stages, num_microbatches))
+        return StageReport(
+            rows,
+            self.cost,
+            num_microbatches,
+            bubble_fraction(self.num_stages, num_microbatches),
+            self.schedule,
+            self.step_time,
+            self.lower_bound,
+            self.optimal,
+        )
 
     def plot(self, ax: Axes | None = None, compare: dict[str, StagePlan] | None = None) -> Axes:
         """Bar chart of stage costs against the ideal ``total / num_stages``.

@@ -36,6 +36,17 @@ maximum of
   round trips): the least largest of all of these over the splits of ``X`` is the value of a
   small matrix game, bounded from below by a mixture that multiplicative weights find.
 
+With one stage per rank (GPipe, 1F1B), the search also branches only inside windows: two of
+the per-rank bounds above hold for every complete plan and tie a stage's time ``c_s`` to the
+time ``x_s`` before it (``m c_s + x_s`` and, under 1F1B, ``(m - w + 1) c_s + x_s + 2 (X - x_{s+1})``,
+with the least message time for every cut; ``x_s`` and ``X - x_{s+1}`` at least the least time
+any split inside the windows takes before and after the cut, exact on devices of one speed),
+so with the stage's memory they cap cut ``s + 1`` by a function of cut ``s``.
+Sweeping those caps forward (furthest reach) and backward (least start) until nothing moves
+confines each cut to the positions a plan within the incumbent can use
+(:meth:`_Search.narrow`, redone when the incumbent improves); with a memory limit this is where
+the limit enters the pruning, which the bounds above ignore.
+
 The first incumbent is the optimum of the formula
 ``(m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``, ``κ = (v + p - 1) / (p v)`` (a dynamic
 programme over prefixes, walked down through its realised bottlenecks), polished one cut
@@ -48,13 +59,21 @@ it), so the programme's optimum is certified on its own and the search only brea
 
 What it costs: the search finishes (a proof of optimality) on the pieces
 :func:`plan_pipeline` cuts between (module boundaries: tens to a few hundred) for GPipe and
-1F1B, and on small interleaved problems; the bounds for several stages per rank are weaker,
-so 8 interleaved stages over a few dozen pieces can already spend the budget. On a
-20,000-item chain for 8 ranks under 1F1B with communication it stops after
-``search_budget`` (about a second) with the best plan found, ``optimal=False`` and a
-``lower_bound`` that certifies the gap: 0.25% without a memory limit, about 9% with one
-(the bounds ignore memory; ``benchmarks/bench_stages.py`` prints both). The gap bounds the
-bound's looseness as much as the plan's: the plan may well be optimal.
+1F1B, and on small interleaved problems; the bounds for several stages per rank are weaker
+(and have no windows), so 8 interleaved stages over a few dozen pieces can already spend the
+budget, which then stops the search with the best plan found, ``optimal=False`` and a
+``lower_bound`` that certifies the gap. On a 20,000-item chain for 8 ranks and 16
+microbatches with communication the windows leave at most a few dozen positions per cut (a
+handful with a memory limit), and 1F1B is proven optimal in about 0.3 s without a memory limit
+and in about 0.25 s with one, as GPipe is with one (``benchmarks/bench_stages.py``; one loaded
+core, against 0.003 s for the min-max search on the same chain; the formula's programmes take
+half of it, the search a few hundred to a few thousand simulated plans). On devices of
+different speeds the windows are wider: the same chain on four ranks of speed 1 and four of
+1.5 is proven optimal under 1F1B without a memory limit (about 1.5 s; other random chains of
+that size may stop at the budget, 1 to 3 s, certified within 0.05%), but with the limit the
+search spends its budget (about 0.5 s) certified only within 12%: there the step exceeds
+every bound above by about 1% (later ranks held at the limit delay the bottleneck's round
+trips), so the windows stay a hundred positions wide. GPipe is proven optimal by its formula.
 
 >>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
@@ -336,6 +355,8 @@ def _most_even(problem: _Problem, cap: float) -> list[int] | None:
 TIE = 1e-9
 #: plans whose bound the search evaluates before it stops with a certified gap (``ChainPlan.optimal`` False)
 SEARCH_BUDGET = 50_000
+#: dynamic programmes for the formula's plan where it is only the first incumbent (not GPipe's certificate)
+FORMULA_PROBES = 40
 
 
 class _Search:
@@ -346,7 +367,9 @@ class _Search:
     no time, which never exceeds the step of any completion (a longest path only grows
     with its weights), raised by a water level: the work left must run on the ranks of
     the later stages. A child with every stage fixed is a plan and its bound is its
-    simulated step. Children are evaluated a batch at a time (:func:`~unitscale.stages.simulate.step_times`).
+    simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
+    window and within reach of its start. Children are evaluated a batch at a time
+    (:func:`~unitscale.stages.simulate.step_times`).
     """
 
     def __init__(
@@ -390,6 +413,9 @@ class _Search:
         )
         self.fits_after = self._fits_after()
         self._shares: dict[int, float] = {}
+        #: per cut, the window its position must lie in for a step within the incumbent, and per
+        #: stage the furthest end from each start (:meth:`narrow`); ``None``: every position
+        self.window: tuple[list[int], list[int], list[np.ndarray]] | None = None
         self.evaluated = 0  # plans and partial plans simulated
         self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
 
@@ -410,6 +436,91 @@ class _Search:
             mem = self.q[s][b] - self.q[s]
             ok[s] = valid & (mem <= self.limit)
         return ok
+
+    def narrow(self, target: float) -> bool:
+        """Confine every cut to the positions a plan with step ``<= target`` can use (one stage per
+        rank, 1F1B or GPipe); ``False`` when no position is left (no such plan).
+
+        Two of :meth:`_rank_terms`'s bounds hold for every complete plan and tie each stage's
+        time ``c_s`` to the time ``x_s = Σ_{s'<s} c_s'`` before it (``t``: the least message time):
+        ``x_s + m c_s + 2 s t`` (rank ``s`` is busy ``m c_s`` between the fill and the drain) and,
+        under 1F1B with ``m > w = p - s``, ``x_s + (m - w + 1) c_s + 2 (X - x_{s+1}) + 2 (k - 1) t``
+        (its first and last ``w`` backwards wait for a round trip; GPipe: ``x_s + m c_s + X - x_{s+1}
+        + 2 (k - 1) t``). With ``x_s`` at least the least time of any split before cut ``s`` and
+        ``X - x_{s+1}`` the least after cut ``s + 1`` (both over the windows found so far, and
+        exact on devices of one speed), each bound and the stage's memory cap cut ``s + 1`` by a
+        function of cut ``s`` (made never to fall by taking the furthest reach of any earlier start,
+        a relaxation). Sweeps forward (furthest reach) and backward (least start) until nothing
+        moves give intervals that every such plan respects; the search branches only inside them.
+        """
+        if not self.chain or self.schedule not in ("gpipe", "1f1b"):
+            return True
+        n, k, m, inf = self.n, self.k, self.m, math.inf
+        # a margin above the tie tolerance: prefix sums and the simulator round differently
+        top = target * (1 + 2 * TIE) + 1e-12 * abs(target)
+        work = self.pw
+        least_t = float(np.min(self.comm[1:n])) if n > 1 else 0.0
+        speed = [float(u) for u in self.speed]
+        idx = np.arange(n + 1)
+        # (a, factor of X - x_{s+1}, constant): the bound x_s + a c_s + factor (X - x_{s+1}) + constant
+        terms: list[list[tuple[int, float, float]]] = []
+        for s in range(k):
+            mine = [(m, 0.0, 2 * s * least_t)]
+            if self.schedule == "gpipe" and m > 1:
+                mine.append((m, 1.0, 2 * (k - 1) * least_t))
+            w = min(m, self.p - s)
+            if self.schedule == "1f1b" and m > w:
+                mine.append((m - w + 1, 2.0, 2 * (k - 1) * least_t))
+            terms.append(mine)
+        lo, hi = list(range(k + 1)), [n - (k - s) for s in range(k + 1)]
+        hi[0], lo[k] = 0, n
+        for _ in range(4):
+            outer = (list(lo), list(hi))
+            # least time before cut s (stages 0..s-1) and after cut s (stages s..k-1), cuts in windows
+            before = [np.where(idx == 0, 0.0, inf)]
+            for s in range(1, k + 1):
+                g = np.where((idx >= lo[s - 1]) & (idx <= hi[s - 1]), before[-1] - work / speed[s - 1], inf)
+                least = np.concatenate(([inf], np.minimum.accumulate(g)[:-1]))  # over cuts b' < b
+                before.append(work / speed[s - 1] + least)
+            after = [np.empty(0)] * k + [np.where(idx == n, 0.0, inf)]
+            for s in range(k - 1, -1, -1):
+                h = np.where((idx >= lo[s + 1]) & (idx <= hi[s + 1]), work / speed[s] + after[s + 1], inf)
+                least = np.concatenate((np.minimum.accumulate(h[::-1])[::-1][1:], [inf]))  # over cuts b' > b
+                after[s] = least - work / speed[s]
+            reach: list[np.ndarray] = []
+            for s in range(k):
+                furthest = np.full(n + 1, n, dtype=np.int64)
+                for a, factor, constant in terms[s]:
+                    r = a / speed[s]
+                    # x_s + r (P_{s+1} - P_s) + factor (X - x_{s+1}) + constant <= top, as
+                    # G(b_{s+1}) <= top - constant - x_s + r P_s with G made never to fall
+                    rising = r * work + factor * after[s + 1] if factor else r * work
+                    rising = np.minimum.accumulate(rising[::-1])[::-1]
+                    with np.errstate(invalid="ignore"):
+                        room = top - constant - before[s] + r * work
+                    room = np.where(np.isnan(room), -inf, room)
+                    furthest = np.minimum(furthest, np.searchsorted(rising, room, side="right") - 1)
+                if self.limit < inf:
+                    cap = self.q[s] + self.limit * (1 + 1e-12)
+                    furthest = np.minimum(furthest, np.searchsorted(self.q[s], cap, side="right") - 1)
+                reach.append(np.maximum.accumulate(furthest))  # the furthest of any earlier start
+            for _ in range(2 * k + 2):
+                inner = (list(lo), list(hi))
+                for s in range(k):
+                    hi[s + 1] = min(hi[s + 1], int(reach[s][hi[s]]))
+                    lo[s + 1] = max(lo[s + 1], lo[s] + 1)
+                for s in range(k - 1, -1, -1):
+                    lo[s] = max(lo[s], int(np.searchsorted(reach[s], lo[s + 1], side="left")))
+                    hi[s] = min(hi[s], hi[s + 1] - 1)
+                if any(a > b for a, b in zip(lo, hi, strict=True)):
+                    self.window = None  # cannot happen with a plan at ``target``; search unconfined
+                    return False
+                if (lo, hi) == inner:
+                    break
+            self.window = (lo, hi, reach)
+            if (lo, hi) == outer:
+                break
+        return True
 
     def stage_memory(self, bounds: Sequence[int]) -> list[float]:
         return [float(self.q[s][b] - self.q[s][a]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
@@ -440,10 +551,13 @@ class _Search:
     def children(self, node: tuple[int, ...]) -> np.ndarray:
         """Ends for the next stage after ``node`` that fit in memory (with room for the stages after)."""
         j, a = len(node) - 1, node[-1]
+        first, last = a + 1, self.n - (self.k - 1 - j)
         if j == self.k - 1:
-            ends = np.array([self.n], dtype=np.int64)
-        else:
-            ends = np.arange(a + 1, self.n - (self.k - 1 - j) + 1, dtype=np.int64)
+            first = self.n
+        if self.window is not None:
+            lo, hi, reach = self.window
+            first, last = max(first, lo[j + 1]), min(last, hi[j + 1], int(reach[j][a]))
+        ends = np.arange(first, last + 1, dtype=np.int64)
         rank = self.placement[j]
         used = sum(float(self.q[s][node[s + 1]] - self.q[s][node[s]]) for s in range(j) if self.placement[s] == rank)
         mem = used + (self.q[j][ends] - self.q[j][a])
@@ -644,6 +758,8 @@ class _Search:
             return min((q for t, q, _ in leaves if t <= best_t * (1 + TIE)), default=math.inf)
 
         best_q = best_square()
+        if best_t < math.inf:
+            self.narrow(best_t)
         heap: list[tuple[float, float, int, tuple[int, ...]]] = [(0.0, 0.0, 0, (0,))]
         count, floor = 1, math.inf  # floor: least bound of a node dropped for its squares
         finished = True
@@ -678,10 +794,13 @@ class _Search:
                 at += len(end)
                 keep = np.nonzero(t_all <= best_t * (1 + TIE))[0]
                 if leaf:
+                    before = best_t
                     for i in keep.tolist():
                         leaves.append((float(t_all[i]), float(q_all[i]), (*node, int(end[i]))))
                         best_t = min(best_t, float(t_all[i]))
                     best_q = best_square()
+                    if best_t < before:
+                        self.narrow(best_t)
                     continue
                 for i in keep.tolist():
                     t, q = float(t_all[i]), float(q_all[i])
@@ -742,9 +861,10 @@ def model_step_time(
     return problem.weight * problem.bottleneck(bounds) + problem.kappa * (work + comm)
 
 
-def _formula_plan(problem: _Problem) -> tuple[list[int], float, float, int]:
+def _formula_plan(problem: _Problem, max_probes: int | None = None) -> tuple[list[int], float, float, int]:
     """The plan minimising the step-time formula ``(m - 1) v max c_s + κ A``, that minimum,
-    a lower bound certifying it, and the programmes run (raises ``_NoFit``)."""
+    a lower bound certifying it, and the programmes run (raises ``_NoFit``). With
+    ``max_probes``, the best plan after that many programmes (the lower bound then certifies less)."""
     floor = problem.least_cap()
     probes = 2
     first = problem.cheapest(floor, strict=False)
@@ -760,7 +880,7 @@ def _formula_plan(problem: _Problem) -> tuple[list[int], float, float, int]:
         cap = floor + problem.kappa * (best_a - unbounded[0]) / problem.weight
     strict = False
     lower = best_t
-    while cap >= floor:
+    while cap >= floor and (max_probes is None or probes < max_probes):
         found = problem.cheapest(cap, strict)
         probes += 1
         if found is None:
@@ -811,6 +931,7 @@ def _least_rank_memory(search: _Search, budget: int = 500) -> tuple[float, list[
     """
     saved, search.limit = search.limit, math.inf
     saved_fits, search.fits_after = search.fits_after, search._fits_after()
+    saved_window, search.window = search.window, None  # windows assume a step target, not memory's
     n, k = search.n, search.k
     try:
         heap: list[tuple[float, tuple[int, ...], tuple[float, ...]]] = [(0.0, (0,), (0.0,) * search.p)]
@@ -842,7 +963,7 @@ def _least_rank_memory(search: _Search, budget: int = 500) -> tuple[float, list[
                 heapq.heappush(heap, (max(worst, *mine, share), (*node, b), mine))
         raise AssertionError("a chain with at least k items always has a plan")  # pragma: no cover
     finally:
-        search.limit, search.fits_after = saved, saved_fits
+        search.limit, search.fits_after, search.window = saved, saved_fits, saved_window
 
 
 def _proportional(costs: ChainCosts) -> bool:
@@ -940,9 +1061,12 @@ def plan_chain(
     seeds: list[list[int]] = []
     probes, certified = 0, None
     try:
-        bounds, formula, formula_lower, probes = _formula_plan(problem)
+        exact = schedule == "gpipe" and _proportional(costs)
+        # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
+        # (devices of different speeds can otherwise take hundreds)
+        bounds, formula, formula_lower, probes = _formula_plan(problem, None if exact else FORMULA_PROBES)
         seeds.append(bounds)
-        if schedule == "gpipe" and _proportional(costs):
+        if exact:
             certified = formula_lower
             if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
                 even = _most_even(problem, problem.bottleneck(bounds))
@@ -1130,7 +1254,9 @@ def plan_pipeline(
         repeats: timings per node for ``cost="time"``.
 
     Returns:
-        The :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages.
+        The :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages, carrying the
+        certificate: ``schedule``, the simulated ``step_time`` (seconds), a ``lower_bound`` on
+        every split that fits, and ``optimal`` (whether the search proved ``step_time`` the least).
 
     Raises:
         MemoryLimitError: no split fits; the message says the least ``memory_limit`` that works.
@@ -1145,6 +1271,8 @@ def plan_pipeline(
     >>> plan = plan_pipeline(model, torch.randn(4, 8), 2, schedule="gpipe", num_microbatches=2, cost="params")
     >>> plan.stage_costs
     [216.0, 216.0]
+    >>> plan.optimal, plan.step_time == plan.lower_bound  # the search's certificate
+    (True, True)
     """
     from unitscale.stages.plan import StagePlan, partition
 
@@ -1170,4 +1298,10 @@ def plan_pipeline(
     )
     plan = base.with_bounds([pieces[b] for b in found.bounds])
     plan.chain_costs = costs
+    plan.schedule, plan.step_time, plan.lower_bound, plan.optimal = (
+        schedule,
+        found.step_time,
+        found.lower_bound,
+        found.optimal,
+    )
     return plan
