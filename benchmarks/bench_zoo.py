@@ -135,7 +135,7 @@ def _verdict(fn: Callable[[], str]) -> str:
         said = fn()
     except Exception as exc:  # the point: typed or not, every failure is shown
         typed = type(exc).__module__.startswith("unitscale")
-        said = f"{'' if typed else 'UNTYPED '}{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+        said = f"{'' if typed else 'UNTYPED '}{type(exc).__name__}: {str(exc).splitlines()[0][:60]}..."
     return said
 
 
@@ -144,24 +144,24 @@ def _row(name: str, pipelines: bool) -> dict[str, Any]:
     row: dict[str, Any] = {"model": name}
 
     row["capture"] = _verdict(lambda: capture(model, inputs).route)
-    row["track_scales"] = _verdict(lambda: f"ok, {len(track_scales(model, inputs, abs_max=False).rows)} rows")
-    row["trace_exec_order"] = _verdict(
-        lambda: f"ok, {len(trace_exec_order(model, example_inputs=inputs).module_forward_order)} module calls"
+    row["track_scales"] = _verdict(lambda: f"{len(track_scales(model, inputs, abs_max=False).rows)} rows")
+    row["exec order"] = _verdict(
+        lambda: f"{len(trace_exec_order(model, example_inputs=inputs).module_forward_order)} calls"
     )
     plan: list[Any] = []
 
     def split() -> str:
         plan.append(partition(model, 2, inputs, cost="flops"))
-        return "ok, verified" if plan[0].verify() else "outputs differ"
+        return "verified" if plan[0].verify() else "outputs differ"
 
-    row["partition + verify"] = _verdict(split)
-    row["split_spec (of that cut)"] = _verdict(lambda: f"ok, {len(plan[0].split_spec())} split point(s)")
+    row["partition"] = _verdict(split)
+    row["split_spec"] = _verdict(lambda: f"{len(plan[0].split_spec())} split point(s)")
 
     def scaled() -> str:
         unit = unit_scale(model, example_inputs=inputs)
         std = _main_tensor(unit(*inputs)).float().std().item()
         left = len(unit.unscaled_ops)
-        return f"output std {std:.2g}, {left} op(s) unscaled" if left else f"output std {std:.2g}, all ops scaled"
+        return f"std {std:.2g}, {left} op(s) left" if left else f"std {std:.2g}, all scaled"
 
     row["unit_scale"] = _verdict(scaled)
     if pipelines:
@@ -169,9 +169,9 @@ def _row(name: str, pipelines: bool) -> dict[str, Any]:
         def piped() -> str:
             out = run_pipeline(plan[0], inputs, num_microbatches=2, schedule="1f1b", timeout=120)
             diff = (_main_tensor(out).float() - _main_tensor(model(*inputs)).float()).abs().max().item()
-            return f"ok, max diff {diff:.1g}"
+            return f"max diff {diff:.1g}"
 
-        row["run_pipeline"] = _verdict(piped if plan else lambda: "no plan")
+        row["pipeline"] = _verdict(piped if plan else lambda: "no plan")
     return row
 
 
