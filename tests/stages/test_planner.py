@@ -22,19 +22,13 @@ Problem = tuple[ChainCosts, int, str, int, int, "float | None", list[float]]
 
 
 @st.composite
-def problems(draw: st.DrawFn) -> Problem:
-    n = draw(st.integers(2, 8))
-    schedule, v = draw(st.sampled_from(SCHEDULES))
-    p = draw(st.integers(1, max(1, min(3, n // v))))
-    if n < p * v:
-        schedule, v = "1f1b", 1
-    m = draw(st.sampled_from([x for x in valid_microbatches(schedule, p, 6) if x <= 6 or x == 2 * p - 1]))
+def chain_costs(draw: st.DrawFn, n: int) -> ChainCosts:
+    """Costs of ``n`` items: zero or positive times, memory, boundary bytes, a link."""
     item = st.one_of(st.just(0.0), st.floats(0.01, 4))
     f = draw(st.lists(item, min_size=n, max_size=n))
     # a backward that is not always twice the forward takes GPipe off its closed form
-    ratio = draw(st.sampled_from([2.0, None]))
-    b = [2 * x for x in f] if ratio else draw(st.lists(item, min_size=n, max_size=n))
-    costs = ChainCosts(
+    b = [2 * x for x in f] if draw(st.booleans()) else draw(st.lists(item, min_size=n, max_size=n))
+    return ChainCosts(
         tuple(f),
         tuple(b),
         tuple(draw(st.lists(st.floats(0, 5), min_size=n, max_size=n))),
@@ -43,6 +37,17 @@ def problems(draw: st.DrawFn) -> Problem:
         bandwidth=draw(st.sampled_from([math.inf, 1.0, 4.0])),
         latency=draw(st.sampled_from([0.0, 0.1])),
     )
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> Problem:
+    n = draw(st.integers(2, 8))
+    schedule, v = draw(st.sampled_from(SCHEDULES))
+    p = draw(st.integers(1, max(1, min(3, n // v))))
+    if n < p * v:
+        schedule, v = "1f1b", 1
+    m = draw(st.sampled_from([x for x in valid_microbatches(schedule, p, 6) if x <= 6 or x == 2 * p - 1]))
+    costs = draw(chain_costs(n))
     limit = draw(st.one_of(st.none(), st.floats(2, 40)))
     speeds = draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=p, max_size=p))
     return costs, p, schedule, m, v, limit, speeds
@@ -127,18 +132,7 @@ def chain_problems(draw: st.DrawFn) -> Problem:
     schedule = draw(st.sampled_from(["gpipe", "1f1b"]))
     p = draw(st.integers(1, min(4, n)))
     m = draw(st.integers(1, 6))
-    item = st.one_of(st.just(0.0), st.floats(0.01, 4))
-    f = draw(st.lists(item, min_size=n, max_size=n))
-    b = [2 * x for x in f] if draw(st.booleans()) else draw(st.lists(item, min_size=n, max_size=n))
-    costs = ChainCosts(
-        tuple(f),
-        tuple(b),
-        tuple(draw(st.lists(st.floats(0, 5), min_size=n, max_size=n))),
-        tuple(draw(st.lists(st.floats(0, 2), min_size=n, max_size=n))),
-        (0.0, *draw(st.lists(st.floats(0, 3), min_size=n - 1, max_size=n - 1)), 0.0),
-        bandwidth=draw(st.sampled_from([math.inf, 1.0, 4.0])),
-        latency=draw(st.sampled_from([0.0, 0.1])),
-    )
+    costs = draw(chain_costs(n))
     limit = draw(st.one_of(st.none(), st.floats(2, 40)))
     speed = st.sampled_from([0.5, 1.0, 1.5, 2.0])
     speeds = [draw(speed)] * p if draw(st.booleans()) else draw(st.lists(speed, min_size=p, max_size=p))
