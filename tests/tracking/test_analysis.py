@@ -47,7 +47,8 @@ class Branchy(nn.Module):
 
 def test_classic_mlp_scales_match_the_reference_numbers() -> None:
     torch.manual_seed(0)
-    x, grad = torch.randn(256, 1024), torch.randn(256, 1024)
+    # as in Graphcore's example, the input requires grad, so its gradient is recorded
+    x, grad = torch.randn(256, 1024).requires_grad_(), torch.randn(256, 1024)
     scales = record_scales(MLP(1024), x, grad)
     expected = {
         "x": (1.0, 0.236),
@@ -225,7 +226,8 @@ def test_inplace_ops_on_tracked_tensors_work_in_resnet() -> None:
     report = track_scales(model, torch.randn(2, 3, 32, 32))
     assert report.capture == "fx"
     assert any(row.module_path == "layer4.1.bn2" for row in report)
-    assert all(row.backward is not None for row in report if row.op != "buffer")
+    assert all(row.backward is not None for row in report if row.op not in ("buffer", "input"))
+    assert [row.backward for row in report if row.op == "input"] == [None]  # the image does not require grad
 
 
 def test_a_model_may_modify_its_input_in_place() -> None:
@@ -254,7 +256,38 @@ def test_tracking_works_under_no_grad_and_on_inference_tensors() -> None:
     with torch.no_grad():
         report = track_scales(model, x)
         assert not torch.is_grad_enabled()  # the caller's mode is restored
-    assert all(row.backward is not None for row in report)
+    assert all(row.backward is not None for row in report if row.op != "input")
+    assert report["x"].backward is None  # an inference tensor cannot require grad
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager", "export"])
+def test_an_input_gets_a_gradient_only_when_it_requires_grad(capture: str) -> None:
+    torch.manual_seed(0)
+    model, x, grad = MLP(8), torch.randn(4, 8), torch.randn(4, 8)
+    plain = track_scales(model, x, grad, capture=capture)
+    assert plain["x"].backward is None  # as in a training step: nobody asked for it
+    assert all(row.backward is not None for row in plain if row.op != "input")
+    asked = track_scales(model, x.clone().requires_grad_(), grad, capture=capture)
+    leaf = x.clone().requires_grad_()
+    (want,) = torch.autograd.grad(model(leaf), leaf, grad)
+    assert asked["x"].backward == pytest.approx(want.std().item(), rel=1e-5)
+    for row, other in zip(plain, asked, strict=True):  # everything else is the same
+        if row.op != "input":
+            assert (row.forward, row.backward) == pytest.approx((other.forward, other.backward), rel=1e-6)
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_a_model_without_trainable_parameters_differentiates_its_inputs(capture: str) -> None:
+    torch.manual_seed(0)
+    x, grad = torch.randn(4, 8), torch.randn(4, 8)
+    frozen = MLP(8).requires_grad_(False)
+    for model in (nn.Sequential(nn.ReLU()), frozen):
+        report = track_scales(model, x, grad, capture=capture)
+        leaf = x.clone().requires_grad_()
+        (want,) = torch.autograd.grad(model(leaf), leaf, grad)
+        assert report[report.rows[0].node].backward == pytest.approx(want.std().item(), rel=1e-5)
+        assert not x.requires_grad and x.grad is None
+    assert all(p.grad is None for p in frozen.parameters())
 
 
 def test_the_model_and_inputs_are_left_untouched() -> None:
@@ -443,7 +476,7 @@ def test_unknown_capture_raises_input_error() -> None:
 
 def test_track_scales_reads_all_stds_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
-    model, x = MLP(8), torch.randn(4, 8)
+    model, x = MLP(8), torch.randn(4, 8, requires_grad=True)
     on_cpu = track_scales(model, x, backward=torch.ones(4, 8))
     # What an accelerator's device does, here on the CPU: values stay tensors until the end.
     monkeypatch.setattr("unitscale.tracking.stats.reads_at_once", lambda device: False)
@@ -494,5 +527,7 @@ def test_backward_is_taken_once_per_parameter(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(torch.autograd, "grad", grad)
     track_scales(model, torch.randn(4, 8))
-    (inputs,) = seen
-    assert len(inputs) == len(set(inputs)) == 1 + len(list(model.parameters()))  # the input, each parameter once
+    track_scales(model, torch.randn(4, 8, requires_grad=True))
+    without, with_input = seen
+    assert len(without) == len(set(without)) == len(list(model.parameters()))  # each parameter once
+    assert len(with_input) == len(set(with_input)) == 1 + len(list(model.parameters()))  # and the input

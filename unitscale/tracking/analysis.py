@@ -44,7 +44,7 @@ from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import _check_autowrap
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.compiled import compiled_tracking
-from unitscale.tracking.eager import ScaleRecording, input_leaf, record_ops
+from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
 
@@ -108,7 +108,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     def __init__(self, module: nn.Module, graph: fx.Graph | None = None, abs_max: bool = False) -> None:
         super().__init__(module, graph=graph)
         self.abs_max = abs_max
-        self.captured = ScaleRecording()
+        self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
         self.current_node: fx.Node | None = None
         self._shared: dict[fx.Node, ScaleRecord] = {}
 
@@ -121,8 +121,9 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return out
         if n.op == "placeholder":
-            leaf, out = input_leaf(out)
-            self.captured.leaves.append(leaf)
+            leaf, out = input_leaf(out, self.captured.differentiate_inputs)
+            if leaf is not None:
+                self.captured.leaves.append(leaf)
         elif n.op == "get_attr" and out.requires_grad and out.is_leaf:
             self.captured.leaves.append(out)
         # A reshape or transpose holds the same numbers as its input, and when it is the
@@ -379,7 +380,10 @@ def track_scales(
 
     Args:
         module: the model (a ``GraphModule`` is run as it is, without re-tracing).
-        inputs: a tensor, or a tuple/list of the model's positional inputs.
+        inputs: a tensor, or a tuple/list of the model's positional inputs. As in a
+            training step, an input's gradient is computed (and its row gets a backward
+            std) only if it requires grad: pass ``x.requires_grad_()`` to see it. A model
+            with no trainable parameter has its float inputs differentiated anyway.
         backward: the gradient of the output: a tensor, a tuple/list/dict shaped like
             the output, or ``None`` (1 for a one-element output such as a loss,
             unit-normal noise otherwise).
@@ -415,8 +419,10 @@ def track_scales(
     >>> report = track_scales(MLP(16), torch.randn(64, 16))
     >>> [(row.node, row.module_path, row.op) for row in report if row.op != "parameter"]
     [('x', '', 'input'), ('linear', 'fc1', 'linear'), ('relu', 'act', 'relu'), ('linear_1', 'fc2', 'linear')]
-    >>> report["x"].scale
-    (-> 0.98, <- 0.238)
+    >>> report["x"].scale  # the input does not require grad: no gradient is computed for it
+    (-> 0.98, <- n/a)
+    >>> track_scales(MLP(16), torch.randn(64, 16).requires_grad_())["x"].scale
+    (-> 1.01, <- 0.228)
     """
     module = _check_module(module, "track_scales")
     if not isinstance(capture, str) or capture not in _CAPTURES:
@@ -573,7 +579,8 @@ def analyse_module(
 
     Args:
         module: the model.
-        inputs: a tensor or a tuple/list of positional inputs.
+        inputs: a tensor or a tuple/list of positional inputs (an input's backward std
+            is shown where it requires grad, as in :func:`track_scales`).
         backward: the output's gradient, or ``None``.
         recurse_modules: trace into submodules (``False``: submodules are single lines).
         syntax_highlight: highlight with pygments (terminal and notebook).
@@ -594,7 +601,9 @@ def analyse_module(
     >>> from unitscale import analyse_module
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
-    >>> analyse_module(MLP(256), torch.randn(512, 256), torch.randn(512, 256))
+    >>> model = MLP(256)
+    >>> x = torch.randn(512, 256).requires_grad_()  # to see the input's gradient too
+    >>> analyse_module(model, x, torch.randn(512, 256))
     def forward(self, x):  # x (-> 0.999, <- 0.235)
         fc1_weight = self.fc1.weight  # (-> 0.0361, <- 4.61)
         fc1_bias = self.fc1.bias  # (-> 0.0363, <- 4.38)

@@ -23,7 +23,7 @@ from torch import fx, nn
 
 from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
 from unitscale.fx.trace_cache import Trace
-from unitscale.tracking.eager import ScaleRecording, input_leaf
+from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf
 from unitscale.tracking.stats import ScaleRecord
 
 __all__ = ["CompiledTracking", "compiled_tracking"]
@@ -77,8 +77,9 @@ def _track(value: Any, i: int, *source: Any) -> Any:
     captured = run.captured
     op = step.op
     if step.kind == "placeholder":
-        leaf, value = input_leaf(value)
-        captured.leaves.append(leaf)
+        leaf, value = input_leaf(value, captured.differentiate_inputs)
+        if leaf is not None:
+            captured.leaves.append(leaf)
     elif step.kind == "get_attr":
         op = "parameter" if isinstance(value, nn.Parameter) else "buffer"
         if value.requires_grad and value.is_leaf:
@@ -140,7 +141,7 @@ class CompiledTracking:
         Gradient hooks stay in place for the backward pass (``captured.remove_hooks()``
         after it); on an error they are removed and :attr:`failed_node` names the node.
         """
-        captured = ScaleRecording()
+        captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
         saved = (_run.program, getattr(_run, "captured", None), _run.abs_max, _run.last, getattr(_run, "shared", None))
         _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = self, captured, abs_max, -1, {}
         try:

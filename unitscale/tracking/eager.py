@@ -24,7 +24,14 @@ from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
-__all__ = ["ScaleRecording", "OpScaleRecorder", "SAME_VALUE_OPS", "input_leaf", "record_ops"]
+__all__ = [
+    "ScaleRecording",
+    "OpScaleRecorder",
+    "SAME_VALUE_OPS",
+    "has_trainable_parameters",
+    "input_leaf",
+    "record_ops",
+]
 
 #: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values
 #: as their first argument, rearranged or copied, when it keeps that argument's dtype and size:
@@ -47,6 +54,8 @@ class ScaleRecording:
         entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
         handles: gradient hooks to remove once the backward pass is done.
+        differentiate_inputs: whether inputs that do not require grad get a gradient too
+            (set for a model with no trainable parameter; see :func:`input_leaf`).
 
     >>> import torch
     >>> from unitscale.tracking.eager import ScaleRecording
@@ -63,6 +72,7 @@ class ScaleRecording:
     entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
     leaves: list[torch.Tensor] = field(default_factory=list)
     handles: list[RemovableHandle] = field(default_factory=list)
+    differentiate_inputs: bool = False
     # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record;
     # the gradient hook that fills it, if any)
     _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord, RemovableHandle | None]] = field(
@@ -233,19 +243,42 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-def input_leaf(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A leaf that requires grad for a model input, and the copy of it to run the model on.
+def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """For a model input: the leaf its gradient is taken with respect to, and the copy to run the model on.
 
-    The leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
-    stay untouched); the model gets a non-leaf copy, so it may modify its input in place.
-    Tensors made under ``torch.inference_mode`` are copied into ordinary ones first.
+    As in a training step, and in Graphcore's ``analyse_module``, an input's gradient is
+    computed only when the input requires grad (``x.requires_grad_()``), or when
+    ``always`` is set: scale tracking sets it for a model with no parameter that requires
+    grad, where the inputs are all a backward pass could reach. Otherwise the leaf is
+    ``None`` and the input's row has no backward std: computing it anyway would cost the
+    first layer a product (about a tenth of a ResNet's step) that the user's step never does.
 
-    >>> leaf, value = input_leaf(torch.ones(2))
+    A leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
+    stay untouched). The model gets a copy either way, so it may modify its input in
+    place; tensors made under ``torch.inference_mode`` become ordinary ones.
+
+    >>> leaf, value = input_leaf(torch.ones(2, requires_grad=True))
     >>> leaf.requires_grad, leaf.is_leaf, value.is_leaf
     (True, True, False)
+    >>> leaf, value = input_leaf(torch.ones(2))
+    >>> leaf is None, value.requires_grad
+    (True, False)
+    >>> input_leaf(torch.ones(2), always=True)[0].requires_grad
+    True
     """
+    if not (t.requires_grad or always):
+        return None, t.clone()
     leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
     return leaf, leaf.clone()
+
+
+def has_trainable_parameters(module: nn.Module) -> bool:
+    """Whether any parameter of ``module`` requires grad (else scale tracking differentiates the inputs).
+
+    >>> has_trainable_parameters(nn.Linear(2, 2)), has_trainable_parameters(nn.ReLU())
+    (True, False)
+    """
+    return any(p.requires_grad for p in module.parameters())
 
 
 # Ops that return their input itself when they change nothing (dropout in eval mode) and
@@ -344,7 +377,7 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     [('x', 'input'), ('sum', 'Tensor.sum'), ('mul', 'Tensor.mul')]
     >>> captured.remove_hooks()
     """
-    captured = ScaleRecording()
+    captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
     try:
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
@@ -352,8 +385,9 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     args = []
     for i, value in enumerate(inputs):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
-            leaf, value = input_leaf(value)
-            captured.leaves.append(leaf)
+            leaf, value = input_leaf(value, captured.differentiate_inputs)
+            if leaf is not None:
+                captured.leaves.append(leaf)
             captured.track(value, names[i] if i < len(names) else f"input_{i}", "", "input", abs_max)
         args.append(value)
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
