@@ -417,6 +417,13 @@ def test_plan_pipeline_bad_input_raises_the_exact_type_and_says_what_works() -> 
         "ranks * stages_per_rank = 2 * 4 = 8 stages, but the chain has only 6 pieces to place; use at most 6 "
         "stages (fewer ranks or stages_per_rank)"
     )
+    # fewer microbatches than stages, which torch's 1F1B refuses
+    few = error(schedule="1f1b", num_microbatches=1)
+    assert type(few) is InputError
+    assert str(few) == (
+        "schedule='1f1b' needs num_microbatches >= the number of stages (2) but got 1; use num_microbatches >= 2 "
+        "or schedule='gpipe'"
+    )
     # a microbatch count the interleaved schedules cannot split into rounds of the rank count
     for schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
         odd = error(schedule=schedule, num_microbatches=5, stages_per_rank=2)
