@@ -15,18 +15,25 @@
    seconds, the certified gap (0: proved optimal; else the search spent its budget and the gap
    bounds how far from optimal its plan can be; rounding leaves about 1e-15), and how much slower
    the plan that minimises the step-time formula simulates. Also the same chain grouped into 128
-   pieces (as module boundaries group nodes), and a 512-node chain on 4 ranks.
-6. Against the anchors: torchgpipe's ``balance_cost`` (block partition) and DeepSpeed's
-   ``partition_balanced`` (a DP on max - min), on the zoo and on random chains: bottleneck and
-   simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to our plan (which
-   minimises the simulated step, so an anchor's bottleneck can be smaller: a ratio below 1). The
-   real torchgpipe code is used when it is installed; otherwise, and always for DeepSpeed (whose
-   package imports far more than this function), a re-implementation written here from their
-   published code, checked against it on random chains (see the functions' docstrings).
+   pieces (as module boundaries group nodes), and a 512-node chain on 4 ranks. Then
+   ``plan_pipeline()`` on a 20,000-node *graph* (an ``nn.Module``), end to end (capture, the
+   graph checked against the model, shapes, costs, plan) and planning alone.
+6. Against the anchors: torchgpipe's ``balance_cost`` (block partition), DeepSpeed's
+   ``partition_balanced`` (a DP on max - min) and PiPPy's ``split_into_equal_size`` (a greedy
+   threshold; torch's own pipelining ships no split policy), on the zoo and on random chains:
+   bottleneck and simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to
+   our plan (which minimises the simulated step, so an anchor's bottleneck can be smaller: a
+   ratio below 1). The real torchgpipe code is used when it is installed; otherwise, and always
+   for DeepSpeed and PiPPy (DeepSpeed's package imports far more than this function; PiPPy's
+   policy reads parameter counts off a graph, not a list of costs), a re-implementation written
+   here from their published code, checked against it on random chains (see the functions'
+   docstrings). Where an anchor's rule gives no plan it can run (an empty stage, too few
+   stages), its cells say so.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import random
@@ -215,7 +222,45 @@ def planning_large(quick: bool) -> list[dict]:
                 "formula plan / ours": simulate_bounds(chain, formula, schedule, 16).step_time / found.step_time,
             }
         )
-    return rows
+    return rows + planning_graph(quick)
+
+
+def planning_graph(quick: bool) -> list[dict]:
+    """Seconds for ``plan_pipeline()`` on a 20,000-node graph end to end (capture, checking the graph,
+    shapes, costs, plan), and for planning alone from the captured plan: 1F1B on 8 ranks, 16
+    microbatches, a memory limit the unconstrained optimum breaks, 1 GB/s links with 0.1 ms latency."""
+    from unitscale.stages import plan_pipeline, simulate
+
+    n = 2_000 if quick else 20_000
+    model, x = _Chain(n), torch.randn(2)
+    # ~0.1 ms per node and microbatch, as in the chains above; every node keeps a 0.5-byte microbatch slice
+    setting = {"schedule": "1f1b", "num_microbatches": 16, "seconds_per_cost": 4e-4, "bandwidth": 1e9, "latency": 1e-4}
+    free = plan_pipeline(partition(model, 1, x, cost=_name_cost), x, 8, **setting)  # type: ignore[arg-type]
+    limit = 0.9 * max(simulate(free, "1f1b", 16).rank_memory)
+    del free
+    # what the parts before left behind would otherwise be collected on this clock (GC stays on)
+    gc.collect()
+    start = time.perf_counter()
+    plan = plan_pipeline(model, x, 8, cost=_name_cost, memory_limit=limit, **setting)  # type: ignore[arg-type]
+    whole = time.perf_counter() - start
+    captured = partition(model, 1, x, cost=_name_cost)
+    gc.collect()
+    start = time.perf_counter()
+    plan_pipeline(captured, x, 8, memory_limit=limit, **setting)  # type: ignore[arg-type]
+    alone = time.perf_counter() - start
+    gap = plan.step_time / plan.lower_bound - 1
+    state = "optimal" if plan.optimal else "budget spent"
+    label = f"{n:,}-node graph, 1F1B, communication, memory limit ({state})"
+    return [
+        {"benchmark": "plan_pipeline() on a graph", "case": f"{label}: end to end", "seconds": whole, "gap": gap}
+        | {"formula plan / ours": math.nan},
+        {"benchmark": "plan_pipeline() on a graph", "case": f"{label}: planning alone", "seconds": alone, "gap": gap}
+        | {"formula plan / ours": math.nan},
+    ]
+
+
+class NoPlan(Exception):
+    """An anchor's rule gave no usable plan for this case; the message is the table's cell."""
 
 
 def torchgpipe_balance(costs: Sequence[float], k: int) -> list[int]:
@@ -224,16 +269,30 @@ def torchgpipe_balance(costs: Sequence[float], k: int) -> list[int]:
     Uses the installed torchgpipe when there is one. Otherwise a re-implementation of
     its ``blockpartition.solve`` (Bárány et al., arXiv 1308.2452): costs normalised to
     ``[0, 1]`` by ``(c - min) / (max - min)``, equal counts to start, then one item at a
-    time moves toward the lightest block (nearest ties broken as Python's ``min`` over
-    ``(size, index)`` does) until the heaviest exceeds the lightest by at most 1, a
-    normalised unit. Checked equal to torchgpipe 0.0.7 on 2,000 random chains.
+    time moves toward the lightest block (ties broken as Python's ``min`` over
+    ``(size, index)`` does, not toward the nearest block as the paper asks) until the
+    heaviest exceeds the lightest by at most 1, a normalised unit. Checked equal to
+    torchgpipe 0.0.7 (its wheel, imported beside torch 2.13) on 2,000 random chains (half of
+    them with about a third of their items of cost 0) and on every zoo case here.
+
+    Raises:
+        NoPlan: the balance holds a stage of no layers (or does not add up to the layers).
+            That happens where several items normalise to 0 (the cheapest ones, often free
+            reshapes): a tie between empty blocks moves an item out of an empty block, and a
+            bound can run below 0. ``torchgpipe.GPipe`` refuses such a balance ("all balance
+            numbers must be positive integer", or "module and sum of balance have different
+            length"); or its moves cycle and it never returns (1 random chain in 2,000 with
+            zero-cost items; the re-implementation notices the repeated state).
     """
+    lengths = _block_partition_lengths(costs, k)  # first: it says when torchgpipe would never stop
     try:
         from torchgpipe.balance import balance_cost  # type: ignore[import-not-found]
     except ImportError:
-        lengths = _block_partition_lengths(costs, k)
+        pass
     else:
         lengths = balance_cost(list(costs), k)
+    if any(length <= 0 for length in lengths) or sum(lengths) != len(costs):
+        raise NoPlan(f"balance {lengths}")
     bounds = [0]
     for length in lengths:
         bounds.append(bounds[-1] + length)
@@ -249,12 +308,18 @@ def _block_partition_lengths(costs: Sequence[float], k: int) -> list[int]:
     def size(i: int) -> float:
         return sum(norm[(ends[i - 1] if i else 0) : ends[i]])
 
+    seen: set[tuple[int, ...]] = set()
     while True:
         heaviest, p = max((size(i), i) for i in range(k))
         while True:
+            state = (p, *ends)
+            if state in seen:  # the moves are deterministic: a state met again repeats forever
+                raise NoPlan("never stops")
+            seen.add(state)
             lightest, q = min((size(i), i) for i in range(k))
             if heaviest <= lightest + 1:
-                return [b - a for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+                # lengths of the slices torchgpipe takes (a bound gone negative wraps, as a slice does)
+                return [len(range(n)[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
             # move one item into the lightest block from its neighbour on the heaviest's side
             if p < q:
                 h = q - 1
@@ -297,18 +362,64 @@ def deepspeed_balanced(costs: Sequence[float], k: int) -> list[int]:
     return bounds[::-1]
 
 
-ANCHORS: dict[str, Heuristic] = {"torchgpipe balance": torchgpipe_balance, "DeepSpeed balanced": deepspeed_balanced}
+def pippy_equal_size(costs: Sequence[float], k: int) -> list[int]:
+    """PiPPy's ``split_into_equal_size`` policy (``pippy.ModelSplit``, torchpippy 0.2.0), re-implemented.
+
+    torch 2.13's ``torch.distributed.pipelining`` takes a ``split_policy`` callable in
+    ``pipeline()`` but ships no policy (its ``_IR.py`` has the hook only), so PiPPy's own is
+    the one to compare. Its rule, applied here to each item's cost where PiPPy reads the
+    parameter elements of each node (items are distinct, so its de-duplication of shared
+    parameters changes nothing): the threshold is ``total // k``; walking the items in
+    order, skipping those of cost 0, an item that fits under the threshold joins the
+    current stage; one that alone exceeds it, with the stage still empty, becomes a stage of
+    its own (the cut goes after it); otherwise a new stage starts at it. Only the first
+    ``k - 1`` cuts are kept. Checked equal to torchpippy 0.2.0's
+    ``_split_on_size_threshold_with_max_stages`` (its wheel, imported beside torch 2.13, on
+    graphs of modules holding that many parameters) on 2,000 random integer chains.
+
+    Raises:
+        NoPlan: the rule found fewer than ``k - 1`` cuts (PiPPy's ``assert rv_nstages ==
+            nstages`` fails), or its last cut falls after the last item (an empty stage).
+    """
+    n = len(costs)
+    threshold = math.fsum(costs) // k
+    cuts: list[int] = []
+    size = 0.0
+    for i, c in enumerate(costs):
+        if not c:
+            continue
+        if size + c <= threshold:
+            size += c
+        elif size == 0:
+            cuts.append(i + 1)
+        else:
+            cuts.append(i)
+            size = c
+    cuts = cuts[: k - 1]
+    if len(cuts) < k - 1:
+        raise NoPlan(f"{len(cuts) + 1} of {k} stages")
+    if cuts[-1] >= n:
+        raise NoPlan("empty last stage")
+    return [0, *cuts, n]
 
 
-def _anchor_row(costs: Sequence[float], k: int, m: int = 8) -> dict[str, float]:
+ANCHORS: dict[str, Heuristic] = {
+    "torchgpipe balance": torchgpipe_balance,
+    "DeepSpeed balanced": deepspeed_balanced,
+    "PiPPy equal size": pippy_equal_size,
+}
+
+
+def _anchor_row(costs: Sequence[float], k: int, m: int = 8) -> dict[str, float | str]:
     chain = ChainCosts.uniform(costs, 2.0)
     ours = plan_chain(chain, k, "1f1b", m).bounds
     best_b, best_t = P.bottleneck(costs, ours), simulate_bounds(chain, ours, "1f1b", m).step_time
-    row: dict[str, float] = {}
+    row: dict[str, float | str] = {}
     for label, anchor in ANCHORS.items():
-        bounds = anchor(costs, k)
-        if any(b <= a for a, b in itertools.pairwise(bounds)):  # an empty stage: count it as no plan
-            row[f"{label}: bottleneck"] = row[f"{label}: step"] = math.nan
+        try:
+            bounds = anchor(costs, k)
+        except NoPlan as reason:
+            row[f"{label}: bottleneck"], row[f"{label}: step"] = "no plan", str(reason)
             continue
         row[f"{label}: bottleneck"] = P.bottleneck(costs, bounds) / best_b
         row[f"{label}: step"] = simulate_bounds(chain, bounds, "1f1b", m).step_time / best_t
@@ -316,7 +427,7 @@ def _anchor_row(costs: Sequence[float], k: int, m: int = 8) -> dict[str, float]:
 
 
 def anchors(quick: bool) -> list[dict]:
-    """Bottleneck and simulated 1F1B step time of torchgpipe's and DeepSpeed's plans, as ratios to ours."""
+    """Bottleneck and simulated 1F1B step of torchgpipe's, DeepSpeed's and PiPPy's plans, as ratios to ours."""
     rows = []
     for name, model, x, depth in _zoo(quick):
         plan = partition(model, 1, x, cost="flops", boundary_depth=depth)
@@ -327,12 +438,19 @@ def anchors(quick: bool) -> list[dict]:
                 rows.append(case | _anchor_row(pieces, k))
     rng = random.Random(1)
     samples = []
-    for _ in range(10 if quick else 400):
+    count = 10 if quick else 400
+    for _ in range(count):
         n, k = rng.randint(16, 48), rng.choice((2, 4, 8))
         samples.append(_anchor_row([rng.lognormvariate(0.0, 1.0) for _ in range(n)], k))
+    chains = "random chains n=16..48"
     for how, reduce in (("mean", statistics.fmean), ("worst", max)):
-        summary = {key: reduce(r[key] for r in samples if not math.isnan(r[key])) for key in samples[0]}
-        rows.append({"benchmark": "anchors / ours", "case": f"random chains n=16..48, {how}", "N": "2/4/8"} | summary)
+        summary = {}
+        for key in samples[0]:
+            values = [r[key] for r in samples if isinstance(r[key], float)]
+            summary[key] = reduce(values) if values else "no plan"
+        rows.append({"benchmark": "anchors / ours", "case": f"{chains}, {how} (of plans)", "N": "2/4/8"} | summary)
+    refused = {key: f"{sum(isinstance(r[key], str) for r in samples)} of {count}" for key in samples[0]}
+    rows.append({"benchmark": "anchors / ours", "case": f"{chains}, no plan", "N": "2/4/8"} | refused)
     return rows
 
 
@@ -398,9 +516,9 @@ def main(quick: bool = False) -> list[dict]:
     if real:
         _table(real, "Seconds for partition() on tiny transformers models (torch.export route)")
     planning = planning_large(quick)
-    _table(planning, "Seconds to plan a 20,000-node chain for 8 ranks (schedule-aware, exact)")
+    _table(planning, "Seconds to plan a 20,000-node chain, and graph, for 8 ranks (schedule-aware, exact)")
     anchor = anchors(quick)
-    _table(anchor, "torchgpipe and DeepSpeed plans / our plan: bottleneck and simulated 1F1B step (m=8)")
+    _table(anchor, "torchgpipe, DeepSpeed and PiPPy plans / our plan: bottleneck and simulated 1F1B step (m=8)")
     return zoo + rand + big + real + planning + anchor
 
 

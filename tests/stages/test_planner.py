@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError
+from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError, UnitscaleError
 from unitscale.stages.planner import _formula_plan, _Problem, _Search, chain_costs_for, plan_chain, plan_pipeline
 from unitscale.stages.schedule_costs import ChainCosts, stage_ranks, valid_microbatches
 from unitscale.stages.simulate import simulate, simulate_bounds
@@ -380,3 +380,58 @@ def test_memory_error_gives_a_limit_that_works_when_the_least_is_out_of_reach() 
         plan_chain(costs, 4, "interleaved_1f1b", 8, 2, memory_limit=1.0)
     found = plan_chain(costs, 4, "interleaved_1f1b", 8, 2, memory_limit=info.value.needed, search_budget=100)
     assert max(found.rank_memory) <= info.value.needed
+
+
+def test_plan_pipeline_bad_input_raises_the_exact_type_and_says_what_works() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(16, 16), nn.ReLU())])
+    x = torch.randn(8, 16)
+
+    def error(**kwargs: object) -> UnitscaleError:
+        with pytest.raises(UnitscaleError) as info:
+            plan_pipeline(model, x, 2, cost="params", **kwargs)  # type: ignore[arg-type]
+        return info.value
+
+    # a memory limit no plan meets: the least that works, which then does work
+    tight = error(schedule="gpipe", num_microbatches=4, memory_limit=1000.0)
+    assert isinstance(tight, MemoryLimitError) and type(tight) is MemoryLimitError and tight.needed == 10240.0
+    assert str(tight) == (
+        "no split of 6 pieces into 2 stages fits memory_limit=1000 bytes per device under gpipe with 4 "
+        "microbatches; the least limit that works is 1.024e+04 bytes (raise the limit, or use more ranks, fewer "
+        "microbatches in flight (1f1b) or fewer bytes per parameter)"
+    )
+    fits = plan_pipeline(model, x, 2, cost="params", schedule="gpipe", num_microbatches=4, memory_limit=tight.needed)
+    assert fits.num_stages == 2 and max(simulate(fits, "gpipe", 4).rank_memory) <= tight.needed
+    # a bandwidth <= 0
+    for bad in (0.0, -1e9):
+        slow = error(bandwidth=bad)
+        assert type(slow) is CostError
+        assert str(slow) == (
+            f"bandwidth={bad!r} must be a number > 0 (bytes per second between ranks); use math.inf to ignore "
+            "communication"
+        )
+    # more (virtual) stages than pieces to place
+    many = error(schedule="interleaved_1f1b", num_microbatches=4, stages_per_rank=4)
+    assert type(many) is StageCountError
+    assert str(many) == (
+        "ranks * stages_per_rank = 2 * 4 = 8 stages, but the chain has only 6 pieces to place; use at most 6 "
+        "stages (fewer ranks or stages_per_rank)"
+    )
+    # fewer microbatches than stages, which torch's 1F1B refuses
+    few = error(schedule="1f1b", num_microbatches=1)
+    assert type(few) is InputError
+    assert str(few) == (
+        "schedule='1f1b' needs num_microbatches >= the number of stages (2) but got 1; use num_microbatches >= 2 "
+        "or schedule='gpipe'"
+    )
+    # a microbatch count the interleaved schedules cannot split into rounds of the rank count
+    for schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        odd = error(schedule=schedule, num_microbatches=5, stages_per_rank=2)
+        assert type(odd) is InputError
+        assert str(odd) == (
+            f"num_microbatches=5 does not fit {schedule} on 2 ranks: {schedule} splits the microbatches into "
+            "max(1, m // ranks) = 2 rounds, which must divide m; use one of [2, 3, 4, 6] (any multiple of 2 works)"
+        )
+        for m in (2, 3, 4, 6):
+            plan = plan_pipeline(model, x, 2, cost="params", schedule=schedule, num_microbatches=m, stages_per_rank=2)
+            assert plan.num_stages == 4

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from unitscale.capture._dynamo import dynamo_graph, with_call_signature
 from unitscale.capture._where import user_code_frame
@@ -62,7 +63,10 @@ def _fx(tracer: _CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tu
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
     graph = tracer.trace(module, concrete_args=concrete or None)
-    return fx.GraphModule(tracer.root, graph, type(module).__name__), None
+    # Python code for the graph is generated on first call, not here: capture checks the graph
+    # with an interpreter and partition splits it, so a 20,000-node graph never pays ~0.4 s for it.
+    with _use_lazy_graph_module(True):
+        return _make_graph_module(tracer.root, graph, type(module).__name__), None
 
 
 def export_route(strict: bool, dynamic_batch: bool = False) -> RouteFn:

@@ -1274,9 +1274,13 @@ def plan_pipeline(
     >>> plan.optimal, plan.step_time == plan.lower_bound  # the search's certificate
     (True, True)
     """
+    from unitscale.stages.launch import check_schedule as check_runnable
     from unitscale.stages.plan import StagePlan, partition
 
     check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    # the plan is made to run: what torch's schedule refuses (1F1B with fewer microbatches than
+    # stages), say now rather than in the workers
+    check_runnable(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     check_link(bandwidth, latency)
     if isinstance(module, StagePlan):
         base = module  # its graph and node costs, measured once, serve every schedule
