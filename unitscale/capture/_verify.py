@@ -19,6 +19,7 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from unitscale.fx.nodes import tensor_metadata
+from unitscale.fx.plain_run import run_plainly
 
 __all__ = ["GraphMismatch", "flat_graph_inputs", "kept_state", "record_and_compare", "tensor_leaves"]
 
@@ -68,7 +69,7 @@ def flat_graph_inputs(
 
 class _Recorder(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
-        out = super().run_node(n)
+        out = run_plainly(self, n)
         if n.op != "output":
             if "val" not in n.meta:
                 # most nodes give one tensor: skip pytree's walk (a third of this run on a long graph)

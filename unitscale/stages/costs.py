@@ -31,6 +31,7 @@ from unitscale.capture import capture
 from unitscale.capture._meta import normalise_graph
 from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
+from unitscale.fx.plain_run import run_plainly
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
 
 __all__ = ["COST_MODELS", "NodeProfiler", "run_profiler", "node_costs", "output_bytes"]
@@ -173,15 +174,15 @@ class NodeProfiler(fx.Interpreter):
             times = []
             for _ in range(self.repeats):
                 start = time.perf_counter()
-                fx.Interpreter.run_node(self, n)
+                run_plainly(self, n)
                 times.append(time.perf_counter() - start)
             self.seconds[n] = statistics.median(times)
         if n.op in COMPUTE_OPS and self.count_flops:
             with FlopCounterMode(display=False) as counter:
-                result = super().run_node(n)
+                result = run_plainly(self, n)
             self.flops[n] = float(counter.get_total_flops())
         else:
-            result = super().run_node(n)
+            result = run_plainly(self, n)
         if n.op == "placeholder" and is_constant(result):
             n.meta[INPUT_CONSTANT_KEY] = result
         meta = _tensor_meta(result)

@@ -32,6 +32,7 @@ from torch import fx, nn
 from unitscale.errors import CaptureError, InputError, NotAModuleError
 from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
+from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_cache import (
     DeepPathTracer,
     Trace,
@@ -114,10 +115,9 @@ class ScaleTrackingInterpreter(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self.current_node = n
-        # fx.Interpreter.run_node without its per-node context managers and debug log:
-        # on a small model they cost as much as the scale tracking itself.
+        # without fx's per-node context manager: on a small model it costs as much as the tracking itself
+        out = run_plainly(self, n)
         load = self.env.__getitem__
-        out = getattr(self, n.op)(n.target, fx.node.map_arg(n.args, load), fx.node.map_arg(n.kwargs, load))
         if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
             return out
         if n.op == "placeholder":
