@@ -435,3 +435,26 @@ def test_plan_pipeline_bad_input_raises_the_exact_type_and_says_what_works() -> 
         for m in (2, 3, 4, 6):
             plan = plan_pipeline(model, x, 2, cost="params", schedule=schedule, num_microbatches=m, stages_per_rank=2)
             assert plan.num_stages == 4
+
+
+def test_pieces_keep_every_cost_field_the_simulator_reads() -> None:
+    from unitscale.stages.planner import _units
+
+    costs = ChainCosts(
+        forward=(1.0, 2.0, 3.0),
+        backward=(2.0, 4.0, 6.0),
+        param_bytes=(1.0, 1.0, 1.0),
+        activation_bytes=(1.0, 1.0, 1.0),
+        boundary_bytes=(0.0, 5.0, 7.0, 0.0),
+        bandwidth=10.0,
+        latency=0.5,
+        weight_grad_share=0.25,
+        action_overhead=0.125,
+    )
+    pieces = _units(costs, [0, 2, 3])
+    assert (pieces.forward, pieces.backward, pieces.boundary_bytes) == ((3.0, 3.0), (6.0, 6.0), (0.0, 7.0, 0.0))
+    link = (pieces.bandwidth, pieces.latency, pieces.weight_grad_share, pieces.action_overhead)
+    assert link == (10.0, 0.5, 0.25, 0.125)
+    # a step over pieces is the step over the items they hold
+    over_pieces = simulate_bounds(pieces, [0, 1, 2], "1f1b", 2).step_time
+    assert over_pieces == simulate_bounds(costs, [0, 2, 3], "1f1b", 2).step_time

@@ -1125,6 +1125,7 @@ def _units(costs: ChainCosts, pieces: Sequence[int]) -> ChainCosts:
         bandwidth=costs.bandwidth,
         latency=costs.latency,
         weight_grad_share=costs.weight_grad_share,
+        action_overhead=costs.action_overhead,
     )
 
 
