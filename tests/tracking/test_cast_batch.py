@@ -44,7 +44,8 @@ def _agree(row: tuple[float, ...], t: torch.Tensor, fmt: FPFormat) -> None:
     own = tuple(float(v) for v in raw_cast_stats(t, fmt))
     assert row[1:5] == own[1:5]  # abs-max and counts: identical
     for got, want in zip(finish_cast_stats(row), finish_cast_stats(own), strict=True):
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-6, nan_ok=True)
+        # float32 sums in another order: Hypothesis found a std 1.1e-5 apart (a table shows 3 digits)
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6, nan_ok=True)
 
 
 @settings(max_examples=25, deadline=None)

@@ -154,3 +154,35 @@ def test_a_source_read_only_by_its_view_takes_the_views_gradient_std(
     # transpose keeps its own: the reshape of a transposed tensor copies it in two autograd
     # steps (a clone, then a view), and only a single step is taken as the same gradient.
     assert fresh_calls - shared_calls == (4 if also_return_source else 5)
+
+
+class Residual(nn.Module):
+    """``x + fc(x)``: autograd hands the add's gradient itself to the linear's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x + self.fc(x))
+
+
+@pytest.mark.parametrize("capture", ["fx", "eager"])
+def test_one_gradient_tensor_reaching_two_rows_is_measured_once(monkeypatch: pytest.MonkeyPatch, capture: str) -> None:
+    torch.manual_seed(0)
+    model, x, grad = Residual(), torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
+    with monkeypatch.context() as m:
+        calls = _count_stds(m)
+        report = track_scales(model, x, grad, capture=capture)
+    # the add's gradient, and the same tensor again as the linear output's
+    leaf = x.detach().requires_grad_()
+    h = model.fc(leaf)
+    h.retain_grad()
+    s = leaf + h
+    s.retain_grad()
+    torch.tanh(s).backward(grad)
+    assert report["linear"].backward == pytest.approx(h.grad.std().item(), rel=1e-6)
+    assert report["add"].backward == report["linear"].backward == pytest.approx(s.grad.std().item(), rel=1e-6)
+    assert report["x"].backward == pytest.approx(leaf.grad.std().item(), rel=1e-6)
+    measured = sum(row.backward is not None for row in report) + sum(row.forward is not None for row in report)
+    assert calls[0] == measured - 1  # every std but one: the shared gradient's

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,10 @@ class ScaleRecording:
     _views: list[tuple[Any, int, ScaleRecord, RemovableHandle, Any, ScaleRecord]] = field(
         default_factory=list, repr=False
     )
+    # id(gradient) -> (the gradient, weakly; its version when measured; its std): autograd hands
+    # one gradient tensor to several hooks (both operands of an add, an alias of a tensor), so
+    # each is measured once: about a third of GPT-2's backward elements
+    _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = field(default_factory=dict, repr=False)
     # (record, record whose gradient std it takes) once the backward pass is done
     _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
 
@@ -106,7 +111,7 @@ class ScaleRecording:
             record.record_forward(t, abs_max)
         handle = None
         if hook and t.requires_grad:
-            handle = t.register_hook(record.record_backward)
+            handle = t.register_hook(self._gradient_hook(record))
             self.handles.append(handle)
         row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         self.entries.append((row, record))
@@ -211,6 +216,22 @@ class ScaleRecording:
                 self._copies.append((record, view_record))
         self._views.clear()
 
+    def _gradient_hook(self, record: ScaleRecord) -> Callable[[torch.Tensor], None]:
+        """A hook recording a gradient's std into ``record``, measured once per gradient tensor."""
+        measured = self._grad_stds
+
+        def hook(grad: torch.Tensor) -> None:
+            key, version = id(grad), _version(grad)
+            known = measured.get(key)
+            if known is not None and known[0]() is grad and known[1] == version:
+                record.backward = known[2]
+                return
+            record.record_backward(grad)
+            if version is not None:
+                measured[key] = (weakref.ref(grad), version, record.backward)
+
+        return hook
+
     def remove_hooks(self) -> None:
         """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
 
@@ -222,6 +243,7 @@ class ScaleRecording:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        self._grad_stds.clear()
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
