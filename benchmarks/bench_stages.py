@@ -235,10 +235,10 @@ def planning_graph(quick: bool) -> list[dict]:
     model, x = _Chain(n), torch.randn(2)
     # ~0.1 ms per node and microbatch, as in the chains above; every node keeps a 0.5-byte microbatch slice
     setting = {"schedule": "1f1b", "num_microbatches": 16, "seconds_per_cost": 4e-4, "bandwidth": 1e9, "latency": 1e-4}
-    free = plan_pipeline(partition(model, 1, x, cost=_name_cost), x, 8, **setting)  # type: ignore[arg-type]
+    captured = partition(model, 1, x, cost=_name_cost)  # captured once: the limit, then planning alone
+    free = plan_pipeline(captured, x, 8, **setting)  # type: ignore[arg-type]
     limit = 0.9 * max(simulate(free, "1f1b", 16).rank_memory)
     del free
-    captured = partition(model, 1, x, cost=_name_cost)
     whole = alone = math.inf
     for _ in range(1 if quick else 3):  # the best of three: the least disturbed by other jobs
         # what the parts before left behind would otherwise be collected on this clock (GC stays on)

@@ -279,6 +279,8 @@ def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | No
     stay untouched). The model gets a copy either way, so it may modify its input in
     place; tensors made under ``torch.inference_mode`` become ordinary ones.
 
+    >>> import torch
+    >>> from unitscale.tracking.eager import input_leaf
     >>> leaf, value = input_leaf(torch.ones(2, requires_grad=True))
     >>> leaf.requires_grad, leaf.is_leaf, value.is_leaf
     (True, True, False)
@@ -297,6 +299,8 @@ def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | No
 def has_trainable_parameters(module: nn.Module) -> bool:
     """Whether any parameter of ``module`` requires grad (else scale tracking differentiates the inputs).
 
+    >>> from torch import nn
+    >>> from unitscale.tracking.eager import has_trainable_parameters
     >>> has_trainable_parameters(nn.Linear(2, 2)), has_trainable_parameters(nn.ReLU())
     (True, False)
     """
