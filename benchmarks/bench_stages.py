@@ -29,6 +29,10 @@
    here from their published code, checked against it on random chains (see the functions'
    docstrings). Where an anchor's rule gives no plan it can run (an empty stage, too few
    stages), its cells say so.
+7. Predicted against measured: real gloo pipelines on 2 ranks (one thread each), planned from
+   per-node timings as tutorial 11 does, run, re-planned with ``calibration=`` that run and run
+   again: the first estimate, the replay of the workers' durations and the calibrated estimate,
+   each over the step measured for its plan (quick mode: the wide MLP under 1F1B only).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -493,6 +498,85 @@ def real_models(quick: bool) -> list[dict]:
     return rows
 
 
+def _median_seconds(fn: Callable[[], object], repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _prediction_cases(quick: bool) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor, str, int]]:
+    """(name, model, batch, target, schedule, stages per rank)."""
+    torch.manual_seed(0)
+    d = 768
+    mlp = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(d, d), nn.GELU())], nn.Linear(d, 8))
+    x, y = torch.randn(512, d), torch.randn(512, 8)
+    cases = [("wide MLP (tutorial 11)", mlp, x, y, "1f1b", 1)]
+    if not quick:
+        cases.append(("wide MLP (tutorial 11)", mlp, x, y, "interleaved_1f1b", 2))
+        gpt = TinyGPT(vocab_size=256, d_model=256, n_layers=4, n_heads=4, seq_len=128)
+        ids = torch.randint(0, 256, (32, 128))
+        cases.append(("TinyGPT (4 x 256)", gpt, ids, torch.randn(32, 128, 256), "1f1b", 1))
+    return cases
+
+
+def prediction(quick: bool) -> list[dict]:
+    """Predicted against measured step time of real gloo pipelines (2 ranks, one thread each).
+
+    As tutorial 11 does it: every node timed once on one thread, scaled to the model's measured
+    forward on a microbatch, backward as the measured ratio; the planner's plan is run (8 timed
+    steps), then re-planned with ``calibration=`` that run and run again. Columns: the
+    first plan's estimate, the replay of the workers' durations and the calibrated plan's
+    estimate, each over the step measured for its plan (1.0 is exact).
+    """
+    from unitscale import run_pipeline
+    from unitscale.stages import plan_pipeline
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker computes
+    rows, ranks, m = [], 2, 4
+    try:
+        for name, model, x, y, schedule, v in _prediction_cases(quick):
+            base = partition(model, 1, x, cost="time")
+            mb = x[: len(x) // m]
+            forward = _median_seconds(lambda mb=mb, model=model: model(mb))
+            both = _median_seconds(lambda mb=mb, model=model: model(mb).float().pow(2).mean().backward())
+            options = {
+                "schedule": schedule,
+                "stages_per_rank": v,
+                "num_microbatches": m,
+                "seconds_per_cost": forward * m / sum(c for _, c in base.node_costs),
+                "backward": max(both - forward, 0.0) / forward,
+                "bandwidth": 1e9,
+                "latency": 1e-4,
+            }
+
+            def run(plan: Any, x: torch.Tensor = x, y: torch.Tensor = y, schedule: str = schedule, v: int = v) -> Any:
+                return run_pipeline(
+                    plan, x, m, schedule, stages_per_rank=v, loss_fn=nn.MSELoss(), target=y, steps=8, warmup=2
+                )
+
+            first = plan_pipeline(base, x, ranks, **options)
+            measured = run(first)
+            again = plan_pipeline(base, x, ranks, calibration=measured, **options)
+            rerun = run(again)
+            rows.append(
+                {
+                    "model": name,
+                    "schedule": schedule if v == 1 else f"{schedule} (v={v})",
+                    "measured ms": measured.step_time * 1e3,
+                    "planned / measured": first.step_time / measured.step_time,
+                    "replay / measured": measured.predicted().step_time / measured.step_time,
+                    "calibrated / measured": again.step_time / rerun.step_time,
+                }
+            )
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
 def _table(rows: list[dict], title: str) -> None:
     print(f"\n{title}")
     keys = list(rows[0])
@@ -521,7 +605,9 @@ def main(quick: bool = False) -> list[dict]:
     _table(planning, "Seconds to plan a 20,000-node chain, and graph, for 8 ranks (schedule-aware, exact)")
     anchor = anchors(quick)
     _table(anchor, "torchgpipe, DeepSpeed and PiPPy plans / our plan: bottleneck and simulated 1F1B step (m=8)")
-    return zoo + rand + big + real + planning + anchor
+    predicted = prediction(quick)
+    _table(predicted, "Predicted / measured step of gloo pipelines (2 ranks): first plan, replay, calibrated plan")
+    return zoo + rand + big + real + planning + anchor + predicted
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Timing a pipeline where it runs (``unitscale.stages.measured``) and predicting from those times.
 
 The arithmetic is pinned on hand-made records; two real gloo runs (1F1B and interleaved
-zero bubble, two ranks each) check that every action is timed and that the simulator,
-fed with what the workers measured, lands near the measured step. That tolerance (35%)
+zero bubble, two ranks each) check that every action is timed, that the simulator,
+fed with what the workers measured, lands near the measured step, and that a plan calibrated
+on the run predicts, for the run's own cuts, exactly what the replay does. That tolerance (35%)
 is generous for CI machines whose cores other jobs share; tutorial 11 reports the actual
 error on its build.
 """
@@ -19,6 +20,7 @@ from unitscale import partition, run_pipeline
 from unitscale.errors import CostError, InputError
 from unitscale.stages import ChainCosts, PipelineResult
 from unitscale.stages.measured import RankRecord, measured_costs, measured_timeline
+from unitscale.stages.planner import calibrated, chain_costs_for, plan_pipeline
 from unitscale.stages.simulate import simulate_bounds
 
 
@@ -134,3 +136,18 @@ def test_workers_time_every_action_and_the_simulator_replays_the_step(schedule: 
     serial = m * sum(costs.forward) + m * sum(costs.backward) + 2 * m * sum(map(costs.comm_time, range(2 * v)))
     assert max(work) * (1 - 1e-9) <= predicted.step_time <= serial + actions * costs.action_overhead + 1e-9
     assert predicted.step_time <= 1.35 * result.step_time
+    # Calibrated on this run, the run's own cuts predict exactly what the replay predicts (each
+    # stage's nodes scaled to its measured durations; the measured link and bookkeeping), and
+    # the plan made from the calibrated costs is at least as fast.
+    assert result.bounds == plan.bounds
+
+    def at(microbatches: int) -> ChainCosts:
+        return chain_costs_for(plan, microbatches, seconds_per_cost=1e-11)
+
+    now = calibrated(at(m), result, at)
+    assert (now.latency, now.bandwidth, now.action_overhead) == (costs.latency, costs.bandwidth, costs.action_overhead)
+    kept = simulate_bounds(now, plan.bounds, schedule, m, v)
+    assert kept.step_time == pytest.approx(predicted.step_time, rel=1e-9)
+    replanned = plan_pipeline(plan, x, 2, schedule=schedule, stages_per_rank=v, num_microbatches=m, calibration=result)
+    assert replanned.chain_costs.action_overhead == costs.action_overhead  # type: ignore[union-attr]
+    assert replanned.step_time <= predicted.step_time * (1 + 1e-9)

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from unitscale import StagePlan
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError, UnitscaleError
 from unitscale.stages.planner import _formula_plan, _Problem, _Search, chain_costs_for, plan_chain, plan_pipeline
 from unitscale.stages.schedule_costs import ChainCosts, stage_ranks, valid_microbatches
@@ -36,6 +37,7 @@ def chain_costs(draw: st.DrawFn, n: int) -> ChainCosts:
         (0.0, *draw(st.lists(st.floats(0, 3), min_size=n - 1, max_size=n - 1)), 0.0),
         bandwidth=draw(st.sampled_from([math.inf, 1.0, 4.0])),
         latency=draw(st.sampled_from([0.0, 0.1])),
+        action_overhead=draw(st.sampled_from([0.0, 0.0, 0.3])),
     )
 
 
@@ -56,7 +58,7 @@ def problems(draw: st.DrawFn) -> Problem:
 def _squares(costs: ChainCosts, bounds: list[int], speeds: list[float], schedule: str, v: int) -> float:
     placement = stage_ranks(schedule, len(speeds), v)
     return sum(
-        ((sum(costs.forward[a:b]) + sum(costs.backward[a:b])) / speeds[placement[s]]) ** 2
+        ((sum(costs.forward[a:b]) + sum(costs.backward[a:b])) / speeds[placement[s]] + 2 * costs.action_overhead) ** 2
         for s, (a, b) in enumerate(itertools.pairwise(bounds))
     )
 
@@ -435,6 +437,97 @@ def test_plan_pipeline_bad_input_raises_the_exact_type_and_says_what_works() -> 
         for m in (2, 3, 4, 6):
             plan = plan_pipeline(model, x, 2, cost="params", schedule=schedule, num_microbatches=m, stages_per_rank=2)
             assert plan.num_stages == 4
+
+
+def test_the_schedules_bookkeeping_is_planned_for() -> None:
+    """``action_overhead`` lands in the plan's costs and its step: GPipe on two equal stages
+    takes ``(m + p - 1)`` forwards and as many backwards, each ``o`` longer."""
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    x = torch.randn(4, 8)
+    plain = plan_pipeline(model, x, 2, schedule="gpipe", num_microbatches=2, cost="params", seconds_per_cost=1.0)
+    slow = plan_pipeline(
+        model, x, 2, schedule="gpipe", num_microbatches=2, cost="params", seconds_per_cost=1.0, action_overhead=5.0
+    )
+    assert slow.chain_costs.action_overhead == 5.0  # type: ignore[union-attr]
+    assert slow.bounds == plain.bounds == [0, 2, 4]
+    assert slow.step_time == pytest.approx(plain.step_time + 2 * (2 + 2 - 1) * 5.0, rel=1e-12)
+    assert slow.optimal and slow.step_time == simulate(slow, "gpipe", 2).step_time
+    with pytest.raises(CostError) as info:
+        plan_pipeline(model, x, 2, schedule="gpipe", num_microbatches=2, cost="params", action_overhead=-1.0)
+    assert str(info.value) == "action_overhead=-1.0 must be a finite number of seconds >= 0"
+
+
+def test_calibration_scales_each_stage_to_what_it_measured_and_moves_the_cuts() -> None:
+    """A run where the first stage measured four times its prediction: the calibrated planner
+    moves a layer off it, and takes the measured link and bookkeeping."""
+    from unitscale.stages import PipelineResult
+
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    x = torch.randn(4, 8)
+
+    def planned(**kwargs: object) -> StagePlan:
+        return plan_pipeline(
+            model,
+            x,
+            2,
+            schedule="gpipe",
+            num_microbatches=2,
+            cost="params",
+            seconds_per_cost=1.0,
+            backward=1.0,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    first = planned()
+    assert first.bounds == [0, 2, 4]
+    per_layer = first.chain_costs.forward[0]  # type: ignore[union-attr]  # 72 parameters / 2 microbatches
+    measured = ChainCosts(
+        (8 * per_layer, 2 * per_layer),
+        (8 * per_layer, 2 * per_layer),
+        (0.0, 0.0),
+        (0.0, 0.0),
+        (0.0, 64.0, 0.0),
+        bandwidth=1e3,
+        latency=0.5,
+        action_overhead=0.25,
+    )
+    run = PipelineResult(None, torch.tensor(0.0), {}, 1.0, measured, num_microbatches=2, bounds=first.bounds)
+    again = planned(calibration=run)
+    costs = again.chain_costs
+    assert costs is not None
+    assert costs.forward == pytest.approx([4 * per_layer] * 2 + [per_layer] * 2)
+    assert (costs.bandwidth, costs.latency, costs.action_overhead) == (1e3, 0.5, 0.25)
+    assert again.bounds == [0, 1, 4]  # 4 vs 4 + 1 + 1 layer-units: the slow first layers split
+    assert again.step_time == simulate(again, "gpipe", 2).step_time
+
+
+def test_calibration_that_is_not_a_run_of_this_graph_is_refused() -> None:
+    from unitscale.stages import PipelineResult
+
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+    x = torch.randn(4, 8)
+    costs = ChainCosts.uniform([1.0, 1.0])
+    cases = [
+        (
+            PipelineResult(None, torch.tensor(0.0), {}),
+            "calibration=PipelineResult is not a measured pipeline run; pass the PipelineResult that "
+            "run_pipeline(plan, ..., loss_fn=..., target=...) returns",
+        ),
+        (
+            PipelineResult(None, torch.tensor(0.0), {}, 1.0, costs, bounds=[0, 3, 6]),
+            "calibration ran a plan of 6 nodes in 2 stages, but this graph has 4 nodes; calibrate with a run of "
+            "a plan of the same model and example inputs",
+        ),
+        (
+            "fast",
+            "calibration=str is not a measured pipeline run; pass the PipelineResult that "
+            "run_pipeline(plan, ..., loss_fn=..., target=...) returns",
+        ),
+    ]
+    for bad, message in cases:
+        with pytest.raises(InputError) as info:
+            plan_pipeline(model, x, 2, schedule="gpipe", num_microbatches=2, cost="params", calibration=bad)
+        assert type(info.value) is InputError and str(info.value) == message
 
 
 def test_pieces_keep_every_cost_field_the_simulator_reads() -> None:

@@ -82,6 +82,9 @@ class PipelineResult:
         stages_per_rank: stages each rank held.
         records: each rank's raw measurements (``unitscale.stages.measured.RankRecord``):
             every timed action and message wait, the steps' starts and ends.
+        bounds: the node-index bounds of the plan's stages (``StagePlan.bounds``), so that the
+            measured durations can calibrate another plan of the graph
+            (``plan_pipeline(..., calibration=result)``).
     """
 
     output: Any
@@ -94,6 +97,7 @@ class PipelineResult:
     num_microbatches: int = 1
     stages_per_rank: int = 1
     records: list[RankRecord] = field(default_factory=list)
+    bounds: list[int] | None = None
 
     def predicted(self, device_speeds: Sequence[float] | None = None) -> Timeline:
         """The simulator's step for the durations measured in the workers (:attr:`stage_costs`).
@@ -746,6 +750,7 @@ def run_pipeline(
         num_microbatches=num_microbatches,
         stages_per_rank=stages_per_rank,
         records=records,
+        bounds=list(plan.bounds),
     )
 
 

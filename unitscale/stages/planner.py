@@ -89,7 +89,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -395,6 +395,11 @@ class _Search:
 
         self.pf, self.pb = prefix(costs.forward), prefix(costs.backward)
         self.pw = self.pf + self.pb
+        #: the schedule's bookkeeping, added to every forward and backward of every stage (not scaled by speed)
+        self.overhead = float(costs.action_overhead)
+        #: a lower bound on what each stage not yet placed adds to the work left: two actions'
+        #: bookkeeping, counted at the slowest speed so that dividing by any speed stays below it
+        self.unplaced_overhead = 2 * self.overhead * float(np.min(self.speed))
         self.pp, self.pa = prefix(costs.param_bytes), prefix(costs.activation_bytes)
         self.held = np.asarray(in_flight(schedule, ranks, stages_per_rank, num_microbatches), dtype=np.float64)
         #: q[s][b] - q[s][a]: bytes of stage s over items a:b (the same arithmetic as _Problem's)
@@ -535,14 +540,17 @@ class _Search:
         return max(self.rank_memory(bounds)) <= self.limit
 
     def times(self, bounds: Sequence[int]) -> list[float]:
-        """Per-microbatch time ``(F + B) / speed`` of each stage."""
-        return [float((self.pw[b] - self.pw[a]) / self.speed[s]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
+        """Per-microbatch time ``(F + B) / speed`` of each stage, with its two actions' bookkeeping."""
+        return [
+            float((self.pw[b] - self.pw[a]) / self.speed[s]) + 2 * self.overhead
+            for s, (a, b) in enumerate(itertools.pairwise(bounds))
+        ]
 
     def evaluate(self, plans: Sequence[Sequence[int]]) -> np.ndarray:
         """Simulated step times of complete plans."""
         b = np.asarray(plans, dtype=np.int64)
-        forward = (self.pf[b[:, 1:]] - self.pf[b[:, :-1]]) / self.speed
-        backward = (self.pb[b[:, 1:]] - self.pb[b[:, :-1]]) / self.speed
+        forward = (self.pf[b[:, 1:]] - self.pf[b[:, :-1]]) / self.speed + self.overhead
+        backward = (self.pb[b[:, 1:]] - self.pb[b[:, :-1]]) / self.speed + self.overhead
         comm = self.comm[b[:, :-1]]
         comm[:, 0] = 0.0
         self.evaluated += len(b)
@@ -696,8 +704,8 @@ class _Search:
         j = cuts.shape[1] - 2
         lo, hi = cuts[:, :-1], cuts[:, 1:]
         forward, backward, comm = np.zeros((rows, k)), np.zeros((rows, k)), np.zeros((rows, k))
-        forward[:, : j + 1] = (self.pf[hi] - self.pf[lo]) / self.speed[: j + 1]
-        backward[:, : j + 1] = (self.pb[hi] - self.pb[lo]) / self.speed[: j + 1]
+        forward[:, : j + 1] = (self.pf[hi] - self.pf[lo]) / self.speed[: j + 1] + self.overhead
+        backward[:, : j + 1] = (self.pb[hi] - self.pb[lo]) / self.speed[: j + 1] + self.overhead
         comm[:, 1 : j + 1] = self.comm[cuts[:, 1 : j + 1]]
         stage = forward[:, : j + 1] + backward[:, : j + 1]
         squares = np.sum(stage * stage, axis=1)
@@ -705,7 +713,7 @@ class _Search:
         if j + 1 < k:
             end = cuts[:, -1]
             comm[:, j + 1] = self.comm[end]
-            rest = self.pw[self.n] - self.pw[end]
+            rest = self.pw[self.n] - self.pw[end] + self.unplaced_overhead * (k - j - 1)
             # Σ (w_s / speed_s)^2 with Σ w_s = rest is least with w_s ∝ speed_s^2
             squares += rest * rest / float(np.sum(self.speed[j + 1 :] ** 2))
             ranks_left = sorted({self.placement[s] for s in range(j + 1, k)})
@@ -1061,7 +1069,7 @@ def plan_chain(
     seeds: list[list[int]] = []
     probes, certified = 0, None
     try:
-        exact = schedule == "gpipe" and _proportional(costs)
+        exact = schedule == "gpipe" and _proportional(costs) and costs.action_overhead == 0
         # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
         # (devices of different speeds can otherwise take hundreds)
         bounds, formula, formula_lower, probes = _formula_plan(problem, None if exact else FORMULA_PROBES)
@@ -1138,6 +1146,7 @@ def chain_costs_for(
     bytes_per_param: float = ADAM_BYTES_PER_PARAM,
     bandwidth: float = math.inf,
     latency: float = 0.0,
+    action_overhead: float = 0.0,
 ) -> ChainCosts:
     """Per-node :class:`~unitscale.stages.ChainCosts` of a :class:`~unitscale.StagePlan`.
 
@@ -1148,7 +1157,8 @@ def chain_costs_for(
     microbatch. Parameters take ``bytes_per_param`` each (16 for Adam with fp32 master
     weights); each node keeps its output for the backward; a cut sends the
     tensors that cross it. Activations and traffic are per microbatch (the example batch
-    split ``num_microbatches`` ways).
+    split ``num_microbatches`` ways). ``action_overhead`` is the schedule's own seconds per
+    forward or backward of a stage (what ``run_pipeline`` measures as ``stage_costs.action_overhead``).
 
     >>> import torch
     >>> from torch import nn
@@ -1203,6 +1213,67 @@ def chain_costs_for(
         boundary_bytes=tuple(max(b, 0.0) for b in boundary),
         bandwidth=bandwidth,
         latency=latency,
+        action_overhead=action_overhead,
+    )
+
+
+def calibrated(costs: ChainCosts, result: Any, costs_at: Callable[[int], ChainCosts]) -> ChainCosts:
+    """Per-node ``costs`` scaled, stage by stage, to the durations a pipeline run measured.
+
+    ``result`` is a :class:`~unitscale.stages.PipelineResult` of a plan of the same graph;
+    ``costs_at(m)`` gives the uncalibrated costs at that run's microbatch count ``m``. Every
+    node of stage ``s`` of that run has its forward scaled by ``measured F_s / predicted F_s``
+    (its backward likewise); a stage the costs predict as free takes the ratio of the totals.
+    The link, the bookkeeping per action and the weight-gradient share of the backward (measured
+    by the zero-bubble schedules, else the default half) become the measured ones.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from unitscale import partition
+    >>> from unitscale.stages import ChainCosts, PipelineResult
+    >>> from unitscale.stages.planner import calibrated, chain_costs_for
+    >>> plan = partition(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), 2, torch.randn(8, 4), cost="params")
+    >>> at = lambda m: chain_costs_for(plan, m, backward=1.0)
+    >>> zero = (0.0, 0.0)
+    >>> ran = ChainCosts((2.0, 1.0), (6.0, 3.0), zero, zero, (0.0, *zero), latency=0.5, action_overhead=0.25)
+    >>> run = PipelineResult(None, torch.tensor(0.0), {}, 1.0, ran, num_microbatches=2, bounds=[0, 1, 2])
+    >>> c = calibrated(at(4), run, at)  # each node ran at 2 s and 1 s a microbatch of 2; now 4 microbatches
+    >>> c.forward, c.backward, c.latency, c.action_overhead
+    ((1.0, 0.5), (3.0, 1.5), 0.5, 0.25)
+    """
+    measured, bounds = getattr(result, "stage_costs", None), getattr(result, "bounds", None)
+    if measured is None or bounds is None:
+        raise InputError(
+            f"calibration={type(result).__name__} is not a measured pipeline run; pass the PipelineResult that "
+            "run_pipeline(plan, ..., loss_fn=..., target=...) returns"
+        )
+    if bounds[-1] != len(costs) or len(bounds) != len(measured) + 1:
+        raise InputError(
+            f"calibration ran a plan of {bounds[-1]} nodes in {len(bounds) - 1} stages, but this graph has "
+            f"{len(costs)} nodes; calibrate with a run of a plan of the same model and example inputs"
+        )
+    ran = costs_at(result.num_microbatches)
+
+    def ratios(predicted: Sequence[float], seen: Sequence[float]) -> list[float]:
+        sums = [math.fsum(predicted[a:b]) for a, b in itertools.pairwise(bounds)]
+        total = math.fsum(sums)
+        overall = math.fsum(seen) / total if total > 0 else 1.0
+        return [t / p if p > 0 else overall for p, t in zip(sums, seen, strict=True)]
+
+    forward, backward = list(costs.forward), list(costs.backward)
+    scales = zip(ratios(ran.forward, measured.forward), ratios(ran.backward, measured.backward), strict=True)
+    for s, (rf, rb) in enumerate(scales):
+        for i in range(bounds[s], bounds[s + 1]):
+            forward[i] *= rf
+            backward[i] *= rb
+    return replace(
+        costs,
+        forward=tuple(forward),
+        backward=tuple(backward),
+        bandwidth=measured.bandwidth,
+        latency=measured.latency,
+        weight_grad_share=measured.weight_grad_share,
+        action_overhead=measured.action_overhead,
     )
 
 
@@ -1224,6 +1295,8 @@ def plan_pipeline(
     device_speeds: Sequence[float] | None = None,
     boundary_depth: int | None = None,
     repeats: int = 5,
+    action_overhead: float = 0.0,
+    calibration: Any = None,
 ) -> Any:
     """Split ``module`` for ``schedule`` on ``ranks`` devices with the least step time that fits in memory.
 
@@ -1253,6 +1326,14 @@ def plan_pipeline(
         device_speeds: relative speed of each rank.
         boundary_depth: cut only between modules at this depth (as in :func:`~unitscale.partition`).
         repeats: timings per node for ``cost="time"``.
+        action_overhead: seconds the schedule itself spends per forward or backward of a stage
+            (posting messages, the loss); ``run_pipeline`` measures it.
+        calibration: a :class:`~unitscale.stages.PipelineResult` of an earlier run of a plan of
+            the same graph (``run_pipeline`` with ``loss_fn``). Each node's forward and backward
+            time is scaled by what the workers measured for the stage it ran in over what these
+            costs predict for it, and the link (``bandwidth``, ``latency``) and
+            ``action_overhead`` become the measured ones: a plan made from the pipeline's own
+            durations, as on the cluster it will run on.
 
     Returns:
         The :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages, carrying the
@@ -1261,9 +1342,10 @@ def plan_pipeline(
 
     Raises:
         MemoryLimitError: no split fits; the message says the least ``memory_limit`` that works.
-        CostError: ``bandwidth <= 0``, a negative latency, or a bad cost model.
+        CostError: ``bandwidth <= 0``, a negative latency or ``action_overhead``, or a bad cost model.
         StageCountError: more stages than places to cut.
-        InputError: a microbatch count ``schedule`` cannot run (the message lists ones that can).
+        InputError: a microbatch count ``schedule`` cannot run (the message lists ones that can),
+            or a ``calibration`` that is not a measured run of this graph.
 
     >>> import torch
     >>> from torch import nn
@@ -1288,15 +1370,22 @@ def plan_pipeline(
     else:
         base = partition(module, 1, example_inputs, cost, boundary_depth=boundary_depth, repeats=repeats)
     scale = seconds_per_cost if seconds_per_cost is not None else (1.0 if base.cost == "time" else 1e-11)
-    costs = chain_costs_for(
-        base,
-        num_microbatches,
-        seconds_per_cost=scale,
-        backward=backward,
-        bytes_per_param=bytes_per_param,
-        bandwidth=bandwidth,
-        latency=latency,
-    )
+
+    def costs_at(microbatches: int) -> ChainCosts:
+        return chain_costs_for(
+            base,
+            microbatches,
+            seconds_per_cost=scale,
+            backward=backward,
+            bytes_per_param=bytes_per_param,
+            bandwidth=bandwidth,
+            latency=latency,
+            action_overhead=action_overhead,
+        )
+
+    costs = costs_at(num_microbatches)
+    if calibration is not None:
+        costs = calibrated(costs, calibration, costs_at)
     pieces = base.pieces
     found = plan_chain(
         _units(costs, pieces), ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds
