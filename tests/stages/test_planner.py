@@ -457,6 +457,33 @@ def test_the_schedules_bookkeeping_is_planned_for() -> None:
     assert str(info.value) == "action_overhead=-1.0 must be a finite number of seconds >= 0"
 
 
+def test_backward_time_times_each_nodes_backward_alone() -> None:
+    """``backward="time"``: a node computed from the model's input alone needs no gradient (0 s);
+    in-place ops work on their copy; the plan's per-microbatch backward is the timing over m."""
+    from unitscale import partition
+    from unitscale.stages.costs import backward_times
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.ReLU(), nn.Linear(64, 64), nn.ReLU(inplace=True), nn.Linear(64, 4))
+    x = torch.randn(32, 64)
+    base = partition(model, 1, x, cost="time")
+    seconds = backward_times(base, x, repeats=3)
+    assert [name for name, _ in base.node_costs] == ["_0", "_1", "_2", "_3"]
+    assert seconds[0] == 0.0 and all(t > 0 for t in seconds[1:])
+    plan = plan_pipeline(base, x, 2, schedule="gpipe", num_microbatches=2, backward="time", repeats=3)
+    backward = plan.chain_costs.backward  # type: ignore[union-attr]
+    assert backward[0] == 0.0 and all(b > 0 for b in backward[1:])
+    assert plan.step_time == simulate(plan, "gpipe", 2).step_time
+    with pytest.raises(CostError) as info:
+        plan_pipeline(base, x, 2, schedule="gpipe", num_microbatches=2, backward="measured")
+    assert str(info.value) == (
+        "backward='measured' is not a backward model; use a ratio to the forward, \"time\" or a callable "
+        "node -> seconds"
+    )
+    with pytest.raises(InputError, match=r"repeats=0 must be an int >= 1"):
+        backward_times(base, x, repeats=0)
+
+
 def test_calibration_scales_each_stage_to_what_it_measured_and_moves_the_cuts() -> None:
     """A run where the first stage measured four times its prediction: the calibrated planner
     moves a layer off it, and takes the measured link and bookkeeping."""

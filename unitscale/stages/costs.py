@@ -235,6 +235,88 @@ def run_profiler(
     return profiler
 
 
+class _BackwardTimer(fx.Interpreter):
+    """Runs the graph with autograd and times each compute node's backward alone (:func:`backward_times`)."""
+
+    def __init__(self, module: nn.Module, graph: fx.Graph, repeats: int) -> None:
+        super().__init__(module, graph=graph)
+        self.repeats = repeats
+        self.seconds: dict[fx.Node, float] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n.op not in COMPUTE_OPS:
+            return run_plainly(self, n)
+        load = self.env.__getitem__
+        args, kwargs = fx.node.map_arg(n.args, load), fx.node.map_arg(n.kwargs, load)
+        leaves: list[torch.Tensor] = []
+
+        def cut(value: Any) -> Any:
+            # each node's backward alone: its inputs become leaves; a copy takes in-place writes
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                leaf = value.detach().requires_grad_()
+                leaves.append(leaf)
+                return leaf.clone()
+            return value
+
+        with torch.enable_grad():
+            out = getattr(self, n.op)(n.target, map_aggregate(args, cut), map_aggregate(kwargs, cut))
+        weights = list(self.module.get_submodule(n.target).parameters()) if n.op == "call_module" else []  # type: ignore[arg-type]
+        inputs = leaves + [p for p in weights if p.requires_grad]
+        outs = [t for t in _leaf_tensors(out) if t.requires_grad and t.is_floating_point()]
+        if outs and inputs:
+            grads = [torch.ones_like(t) for t in outs]
+            times = []
+            for _ in range(self.repeats):
+                start = time.perf_counter()
+                torch.autograd.grad(outs, inputs, grads, retain_graph=True, allow_unused=True)
+                times.append(time.perf_counter() - start)
+            self.seconds[n] = statistics.median(times)
+        return out
+
+
+def _leaf_tensors(value: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_aggregate(value, lambda v: found.append(v) if isinstance(v, torch.Tensor) else None)
+    return found
+
+
+def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[float]:
+    """Seconds of each compute node's backward, timed alone: one per ``plan.node_costs`` entry.
+
+    The graph runs once with autograd on ``example_inputs`` (the whole batch); for each node,
+    the gradients of its output with respect to its inputs that need one (those computed from
+    parameters, and the parameters themselves) are taken ``repeats`` times and the median kept.
+    An input of the model needs no gradient (a pipeline's first stage computes none for it), so
+    the first layer's backward is its weight gradient alone. A node whose output needs no
+    gradient costs 0.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from unitscale import partition
+    >>> from unitscale.stages.costs import backward_times
+    >>> plan = partition(nn.Sequential(nn.Linear(64, 64), nn.ReLU()), 1, torch.randn(32, 64))
+    >>> [t > 0 for t in backward_times(plan, torch.randn(32, 64))]
+    [True, True]
+    """
+    from unitscale.stages.plan import _as_tuple
+
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise InputError(f"repeats={repeats!r} must be an int >= 1 (timings per node)")
+    module, graph = plan._root, plan.graph
+    inputs = flat_inputs(graph, _as_tuple(example_inputs))
+    _check_inputs(module, graph, inputs)
+    timer = _BackwardTimer(module, graph, repeats)
+    try:
+        timer.run(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+    except Exception as exc:
+        raise InputError(
+            f"the example inputs do not fit {type(module).__name__}: timing its backward failed with "
+            f"{type(exc).__name__}: {exc}. Pass the inputs the plan was made with"
+        ) from exc
+    by_name = {n.name: n for n in graph.nodes}
+    return [timer.seconds.get(by_name[name], 0.0) for name, _ in plan.node_costs]
+
+
 def _params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:
     seen: set[int] = set()
     costs: dict[fx.Node, float] = {}

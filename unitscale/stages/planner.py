@@ -1287,7 +1287,7 @@ def plan_pipeline(
     stages_per_rank: int = 1,
     cost: str | Callable[[fx.Node], float] = "time",
     seconds_per_cost: float | None = None,
-    backward: float | Callable[[fx.Node], float] = 2.0,
+    backward: float | str | Callable[[fx.Node], float] = 2.0,
     memory_limit: float | None = None,
     bytes_per_param: float = ADAM_BYTES_PER_PARAM,
     bandwidth: float = math.inf,
@@ -1308,8 +1308,8 @@ def plan_pipeline(
 
     Args:
         module: the model, or a :class:`~unitscale.StagePlan` of it (``partition(model, 1, x, cost="time")``)
-            whose graph, cut places and node costs are reused (``cost``, ``boundary_depth`` and
-            ``repeats`` are then ignored), so that timing the nodes once serves many plans.
+            whose graph, cut places and node costs are reused (``cost`` and ``boundary_depth``
+            are then ignored), so that timing the nodes once serves many plans.
         example_inputs: a tensor or tuple, the whole batch of one step (split into microbatches).
         ranks: devices in the pipeline.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
@@ -1318,14 +1318,17 @@ def plan_pipeline(
         cost: node cost as in :func:`~unitscale.partition` (``"time"``: measured seconds).
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
-        backward: backward time as a multiple of the forward, or a callable ``node -> seconds``.
+        backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
+            timed alone on the example batch, scaled by ``seconds_per_cost`` as the forward is:
+            :func:`~unitscale.stages.costs.backward_times`), or a callable ``node -> seconds``
+            per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.
         bytes_per_param: bytes per parameter for weights, gradients and optimiser state.
         bandwidth: bytes per second between ranks (``math.inf``: free).
         latency: seconds per message between ranks.
         device_speeds: relative speed of each rank.
         boundary_depth: cut only between modules at this depth (as in :func:`~unitscale.partition`).
-        repeats: timings per node for ``cost="time"``.
+        repeats: timings per node for ``cost="time"`` and ``backward="time"``.
         action_overhead: seconds the schedule itself spends per forward or backward of a stage
             (posting messages, the loss); ``run_pipeline`` measures it.
         calibration: a :class:`~unitscale.stages.PipelineResult` of an earlier run of a plan of
@@ -1370,13 +1373,26 @@ def plan_pipeline(
     else:
         base = partition(module, 1, example_inputs, cost, boundary_depth=boundary_depth, repeats=repeats)
     scale = seconds_per_cost if seconds_per_cost is not None else (1.0 if base.cost == "time" else 1e-11)
+    timed: dict[fx.Node, float] | None = None
+    if isinstance(backward, str):
+        if backward != "time":
+            raise CostError(
+                f'backward={backward!r} is not a backward model; use a ratio to the forward, "time" or a '
+                "callable node -> seconds"
+            )
+        from unitscale.stages.costs import backward_times
+
+        timed = dict(zip(base._compute_nodes(), backward_times(base, example_inputs, repeats), strict=True))
 
     def costs_at(microbatches: int) -> ChainCosts:
+        per_node: Any = backward
+        if timed is not None:  # measured on the whole batch, as the forward: a microbatch is 1/m of it
+            per_node = lambda node: timed[node] * scale / microbatches  # noqa: E731
         return chain_costs_for(
             base,
             microbatches,
             seconds_per_cost=scale,
-            backward=backward,
+            backward=per_node,
             bytes_per_param=bytes_per_param,
             bandwidth=bandwidth,
             latency=latency,
