@@ -564,8 +564,9 @@ def prediction(quick: bool) -> list[dict]:
             rerun = run(again)
             rows.append(
                 {
-                    "model": name,
-                    "schedule": schedule if v == 1 else f"{schedule} (v={v})",
+                    "benchmark": "predicted / measured",
+                    "case": f"{name}, {schedule}" + (f" (v={v})" if v > 1 else ""),
+                    "N": ranks,
                     "measured ms": measured.step_time * 1e3,
                     "planned / measured": first.step_time / measured.step_time,
                     "replay / measured": measured.predicted().step_time / measured.step_time,
