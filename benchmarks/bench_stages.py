@@ -23,7 +23,8 @@
    threshold; torch's own pipelining ships no split policy), on the zoo and on random chains:
    bottleneck and simulated 1F1B step time (8 microbatches, backward = 2 x forward) as ratios to
    our plan (which minimises the simulated step, so an anchor's bottleneck can be smaller: a
-   ratio below 1). The real torchgpipe code is used when it is installed; otherwise, and always
+   ratio below 1). The real torchgpipe code is used when it is installed (the ``test`` extra
+   installs torchgpipe 0.0.7, pure Python, which imports beside torch 2.13); otherwise, and always
    for DeepSpeed and PiPPy (DeepSpeed's package imports far more than this function; PiPPy's
    policy reads parameter counts off a graph, not a list of costs), a re-implementation written
    here from their published code, checked against it on random chains (see the functions'
