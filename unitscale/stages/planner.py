@@ -1320,7 +1320,7 @@ def plan_pipeline(
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
             timed alone on the example batch, scaled by ``seconds_per_cost`` as the forward is:
-            :func:`~unitscale.stages.costs.backward_times`), or a callable ``node -> seconds``
+            ``unitscale.stages.costs.backward_times``), or a callable ``node -> seconds``
             per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.
         bytes_per_param: bytes per parameter for weights, gradients and optimiser state.
