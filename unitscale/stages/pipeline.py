@@ -30,6 +30,7 @@ import tempfile
 import time
 import traceback
 import types
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -141,11 +142,14 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
     from unitscale.stages.launch import build_rank
     from unitscale.stages.measured import ActionClock, RankRecord, measure_link
 
-    modules: dict[int, torch.nn.Module] = {i: pickle.loads(b) for i, b in job["modules"].items()}
-    loss_fn = pickle.loads(job["loss_fn"])
-    built = build_rank(
-        modules, job["num_stages"], job["schedule"], job["num_microbatches"], loss_fn, torch.device("cpu")
-    )
+    with warnings.catch_warnings():
+        # an exported module's pytree specs trip torch's own LeafSpec deprecation as they load
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        modules: dict[int, torch.nn.Module] = {i: pickle.loads(b) for i, b in job["modules"].items()}
+        loss_fn = pickle.loads(job["loss_fn"])
+        built = build_rank(
+            modules, job["num_stages"], job["schedule"], job["num_microbatches"], loss_fn, torch.device("cpu")
+        )
     clock = ActionClock()
     for stage in built.stages:
         clock.watch(stage)
