@@ -474,6 +474,10 @@ def test_backward_time_times_each_nodes_backward_alone() -> None:
     backward = plan.chain_costs.backward  # type: ignore[union-attr]
     assert backward[0] == 0.0 and all(b > 0 for b in backward[1:])
     assert plan.step_time == simulate(plan, "gpipe", 2).step_time
+    # with FLOPs for the forward, the timed backward stays in seconds (not FLOP-scaled)
+    flops = plan_pipeline(model, x, 2, schedule="gpipe", num_microbatches=2, cost="flops", backward="time")
+    timed_seconds = [b for b in flops.chain_costs.backward if b > 0]  # type: ignore[union-attr]
+    assert len(timed_seconds) == 3 and min(timed_seconds) > 1e-7  # microseconds, not 1e-11 of them
     with pytest.raises(CostError) as info:
         plan_pipeline(base, x, 2, schedule="gpipe", num_microbatches=2, backward="measured")
     assert str(info.value) == (

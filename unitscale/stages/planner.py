@@ -1319,9 +1319,9 @@ def plan_pipeline(
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
-            timed alone on the example batch, scaled by ``seconds_per_cost`` as the forward is:
-            ``unitscale.stages.costs.backward_times``), or a callable ``node -> seconds``
-            per microbatch.
+            timed alone on the example batch, ``unitscale.stages.costs.backward_times``; with
+            ``cost="time"`` scaled by ``seconds_per_cost`` as the forward's timings are), or a
+            callable ``node -> seconds`` per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.
         bytes_per_param: bytes per parameter for weights, gradients and optimiser state.
         bandwidth: bytes per second between ranks (``math.inf``: free).
@@ -1387,7 +1387,9 @@ def plan_pipeline(
     def costs_at(microbatches: int) -> ChainCosts:
         per_node: Any = backward
         if timed is not None:  # measured on the whole batch, as the forward: a microbatch is 1/m of it
-            per_node = lambda node: timed[node] * scale / microbatches  # noqa: E731
+            # seconds, corrected as the forward's timings are when the forward is timed too
+            seconds = scale if base.cost == "time" else 1.0
+            per_node = lambda node: timed[node] * seconds / microbatches  # noqa: E731
         return chain_costs_for(
             base,
             microbatches,
