@@ -179,6 +179,25 @@ def test_partition_leaves_the_users_module_untouched() -> None:
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_costing_a_training_model_leaves_its_plan_with_the_models_running_statistics() -> None:
+    """Timing every node (and its backward) runs batch norms in training mode many times: the
+    plan's copy keeps the model's running statistics, so its stages match it in eval mode."""
+    from unitscale.stages.costs import backward_times
+
+    torch.manual_seed(0)
+    model = resnet18(num_classes=4, width=4).train()
+    x = torch.randn(2, 3, 16, 16) * 3 + 1
+    plan = partition(model, 2, x, cost="time", repeats=2)
+    backward_times(plan, x, repeats=2)
+    ours = {name.replace(".", "_"): b for name, b in model.named_buffers()}
+    # submod_0.layer1_0_bn1.running_mean -> layer1_0_bn1_running_mean
+    theirs = {name.split(".", 1)[1].replace(".", "_"): b for name, b in plan.split().named_buffers()}
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[name], ours[name]) for name in ours)
+    model.eval()
+    assert torch.equal(plan.split().eval()(x), model(x))
+
+
 def test_report_lists_boundary_tensors_params_and_bubble(gpt: tuple[TinyGPT, torch.Tensor]) -> None:
     model, idx = gpt
     report = partition(model, 2, idx, boundary_depth=2).report(num_microbatches=4)

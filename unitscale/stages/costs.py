@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from unitscale.capture import capture
 from unitscale.capture._meta import normalise_graph
 from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError
+from unitscale.fx._module_state import module_state_kept
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
@@ -223,7 +224,9 @@ def run_profiler(
     cloned = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     profiler = NodeProfiler(module, graph, count_flops=count_flops, repeats=repeats)
     try:
-        with torch.no_grad():
+        # running (and timing) the nodes must leave the plan's copy as the model was: a batch
+        # norm's running statistics, updated on every run, would otherwise differ in eval mode
+        with torch.no_grad(), module_state_kept(module, values=True):
             profiler.propagate(*cloned)
     except Exception as exc:
         node = profiler.current
@@ -307,7 +310,8 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
     _check_inputs(module, graph, inputs)
     timer = _BackwardTimer(module, graph, repeats)
     try:
-        timer.run(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        with module_state_kept(module, values=True):  # as run_profiler: running stats stay as they were
+            timer.run(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
     except Exception as exc:
         raise InputError(
             f"the example inputs do not fit {type(module).__name__}: timing its backward failed with "
