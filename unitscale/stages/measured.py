@@ -200,9 +200,9 @@ def _mean_by(actions: Sequence[Action], kind: str, stage: int) -> float:
 
 
 def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts:
-    """Per-stage costs (one item per stage) from every rank's records: median durations per stage and kind.
+    """Per-stage costs (one item per stage) from every rank's records: mean durations per stage and kind.
 
-    A stage's forward is the median of its ``"F"`` actions; its backward the median
+    A stage's forward is the mean of its ``"F"`` actions; its backward the mean
     ``"B"``, or ``"I"`` plus ``"W"`` for the zero-bubble schedules (their ratio sets
     ``weight_grad_share``); each cut carries the bytes the stage before it sends; the
     link is the ping-pong's; ``action_overhead`` is the ranks' mean bookkeeping per forward or backward.

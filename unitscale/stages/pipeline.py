@@ -73,7 +73,7 @@ class PipelineResult:
         step_time: seconds per training step, the median over the timed steps of the
             slowest rank's time (each step starts on a barrier).
         stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with
-            one item per stage: median forward and backward seconds per microbatch, the bytes
+            one item per stage: mean forward and backward seconds per microbatch, the bytes
             each stage sends, the gloo link (ping-pong latency and bandwidth) and the
             schedule's bookkeeping per action (see ``unitscale.stages.measured``).
         timeline: the measured :class:`~unitscale.stages.Timeline` of the timed step whose time
