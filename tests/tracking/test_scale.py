@@ -167,6 +167,30 @@ def test_cpu_std_of_float32_matches_float64_std(n: int, scale: float, shift: flo
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-30)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(2, 200_000),
+    ratio=st.floats(1.5, 1e5),
+    sign=st.sampled_from([-1.0, 1.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_cpu_std_where_the_mean_dwarfs_the_std_matches_float64_std(
+    n: int, ratio: float, sign: float, seed: int
+) -> None:
+    # mean > std sends std_stat around the mean: the float32 sums of the deviations keep 5 digits
+    torch.manual_seed(seed)
+    x = torch.randn(n) + sign * ratio
+    got = std_stat(x)
+    assert got == pytest.approx(torch.std(x.double()).item(), rel=1e-5)
+
+
+def test_cpu_std_of_a_constant_tensor_is_zero_to_the_last_digit_of_its_mean() -> None:
+    assert std_stat(torch.ones(512)) == 0.0  # a norm's weight: its sums are exact
+    for value in (-3.7, 1e20, 1e-20):
+        got = std_stat(torch.full((512,), value))
+        assert isinstance(got, float) and got <= 1e-14 * abs(value)
+
+
 @pytest.mark.parametrize(
     "make",
     [
