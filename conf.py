@@ -32,6 +32,7 @@ extensions = [
     "sphinx_design",
     # ours, in docs/_ext
     "api_reference",
+    "execute_alone",  # pages that time themselves execute with no other notebook beside them
     "library_cache",
     "notebook_download",
     "page_dependencies",
@@ -65,6 +66,9 @@ myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath"]
 nb_execution_mode = os.environ.get("NB_EXECUTION_MODE", "force" if os.environ.get("CI") else "cache")
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
+# The pipeline tutorial times real pipelines against the planner's prediction: under -j it
+# executes alone (execute_alone extension), not beside another notebook on the same cores.
+nb_execute_alone = ["tutorials/11_pipelines_at_scale"]
 nb_execution_timeout = 300
 nb_merge_streams = True
 nb_render_markdown_format = "myst"  # Markdown outputs (the Benchmarks page's tables) get tables
