@@ -24,6 +24,7 @@ root_doc = "index"
 exclude_patterns = ["_build"]
 # the API page and its stubs belong to the real site, not to this tiny one
 extensions = [e for e in extensions if e != "api_reference"]
+nb_execute_alone = []  # the real site's pipeline tutorial is no page here
 """
 
 FRONT_MATTER = """\
