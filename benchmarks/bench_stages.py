@@ -527,7 +527,7 @@ def prediction(quick: bool) -> list[dict]:
     """Predicted against measured step time of real gloo pipelines (2 ranks, one thread each).
 
     As tutorial 11 does it: every node timed once on one thread, scaled to the model's measured
-    forward on a microbatch, backward as the measured ratio; the planner's plan is run (8 timed
+    forward on a microbatch, backward as the measured ratio; the planner's plan is run (24 timed
     steps), then re-planned with ``calibration=`` that run and run again. Columns: the
     first plan's estimate, the replay of the workers' durations and the calibrated plan's
     estimate, each over the step measured for its plan (1.0 is exact).
@@ -556,7 +556,7 @@ def prediction(quick: bool) -> list[dict]:
 
             def run(plan: Any, x: torch.Tensor = x, y: torch.Tensor = y, schedule: str = schedule, v: int = v) -> Any:
                 return run_pipeline(
-                    plan, x, m, schedule, stages_per_rank=v, loss_fn=nn.MSELoss(), target=y, steps=8, warmup=2
+                    plan, x, m, schedule, stages_per_rank=v, loss_fn=nn.MSELoss(), target=y, steps=24, warmup=2
                 )
 
             first = plan_pipeline(base, x, ranks, **options)
