@@ -25,7 +25,8 @@ from torch import nn
 from unitscale import partition, run_pipeline
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
 from unitscale.examples.models import MLP, TinyGPT
-from unitscale.stages import check_schedule, placement
+from unitscale.stages import check_schedule, placement, plan_pipeline
+from unitscale.stages.schedule_costs import schedule_order
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,3 +213,17 @@ def test_placements_hold_every_stage_once(ranks: int, per_rank: int) -> None:
     v = placement("zbv", ranks, 2)
     assert sorted(s for held in v for s in held) == list(range(2 * ranks))
     assert all(a + b == 2 * ranks - 1 for a, b in v)
+
+
+def test_zbv_with_fewer_microbatches_than_stages_is_planned_and_runs_in_the_simulated_order() -> None:
+    # torch's ZBV takes any microbatch count; the planner used to refuse fewer than 2 * ranks - 1
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(8)])
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    plan = plan_pipeline(model, x, 2, schedule="zbv", stages_per_rank=2, num_microbatches=2, cost="params")
+    assert plan.num_stages == 4
+    result = run_pipeline(plan, x, 2, "zbv", stages_per_rank=2, loss_fn=nn.MSELoss(), target=y, steps=1, warmup=0)
+    torch.testing.assert_close(result.loss, nn.MSELoss()(model(x), y))
+    for rank, record in enumerate(result.records):
+        ran = [(kind, stage, mb) for kind, stage, mb, *_ in sorted(record.actions, key=lambda a: a[3])]
+        assert ran == [tuple(op) for op in schedule_order("zbv", 2, 2, 2)[rank]], rank

@@ -129,8 +129,7 @@ def test_bad_schedule_arguments_say_what_works() -> None:
         check_schedule("1f1b", 2, 2, 4)
     with pytest.raises(InputError, match=r"num_microbatches=9 .* use one of .*multiple of 4"):
         check_schedule("interleaved_1f1b", 4, 2, 9)
-    with pytest.raises(InputError, match="at least 2 \\* ranks - 1 = 5"):
-        check_schedule("zbv", 3, 2, 4)
+    check_schedule("zbv", 3, 2, 4)  # fewer microbatches than stages: torch's ZBV runs it (test_pipeline_schedules)
     with pytest.raises(InputError, match="device_speeds"):
         simulate_bounds(costs, bounds, "1f1b", 2, device_speeds=[1.0, 0.0])
     with pytest.raises(CostError, match="bandwidth=0"):
