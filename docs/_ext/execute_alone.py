@@ -2,8 +2,8 @@
 
 A parallel build (``-j``) executes two notebooks at once. A tutorial that measures how long
 something takes on this machine and compares it with a prediction (the pipeline tutorial
-runs real pipelines on every core) would then time the other notebook's work as well, and by
-how much changes from one second to the next. ``nb_execute_alone`` in ``conf.py`` lists such
+runs real pipelines on every core) would then share its cores with the other notebook, whose
+load changes from one second to the next. ``nb_execute_alone`` in ``conf.py`` lists such
 pages by docname. Every notebook executes holding a lock on a file in the doctree folder:
 shared for ordinary pages, so they still run side by side, exclusive for the listed ones, so
 each of those waits until no other notebook executes and keeps the others waiting until it is
