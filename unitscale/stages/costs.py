@@ -12,13 +12,14 @@ number per node.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -54,9 +55,7 @@ def _graph_for_stages(module: nn.Module, example_inputs: tuple[Any, ...]) -> tup
             f"partition() needs a torch.nn.Module, got {type(module).__name__}; pass the model itself"
         )
     if isinstance(module, fx.GraphModule):
-        with warnings.catch_warnings():
-            # copying an exported module's pytree specs trips torch's own LeafSpec deprecation
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        with pytree_specs_quiet():
             root: fx.GraphModule = copy.deepcopy(module)
         _drop_guards(root)
         normalise_graph(root, root)
@@ -319,6 +318,20 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
         ) from exc
     by_name = {n.name: n for n in graph.nodes}
     return [timer.seconds.get(by_name[name], 0.0) for name, _ in plan.node_costs]
+
+
+@contextlib.contextmanager
+def pytree_specs_quiet() -> Iterator[None]:
+    """Silence torch's ``LeafSpec`` FutureWarning, tripped by copying or unpickling an exported module's specs.
+
+    >>> import warnings
+    >>> from unitscale.stages.costs import pytree_specs_quiet
+    >>> with pytree_specs_quiet():
+    ...     warnings.warn("LeafSpec is deprecated", FutureWarning)  # not shown
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        yield
 
 
 def _params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:

@@ -30,7 +30,6 @@ import tempfile
 import time
 import traceback
 import types
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
-from unitscale.stages.costs import flat_inputs
+from unitscale.stages.costs import flat_inputs, pytree_specs_quiet
 from unitscale.stages.launch import SCHEDULES, loss_on_model_output
 
 if TYPE_CHECKING:
@@ -142,9 +141,7 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
     from unitscale.stages.launch import build_rank
     from unitscale.stages.measured import ActionClock, RankRecord, measure_link
 
-    with warnings.catch_warnings():
-        # an exported module's pytree specs trip torch's own LeafSpec deprecation as they load
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+    with pytree_specs_quiet():  # an exported module's specs, as they load
         modules: dict[int, torch.nn.Module] = {i: pickle.loads(b) for i, b in job["modules"].items()}
         loss_fn = pickle.loads(job["loss_fn"])
         built = build_rank(
