@@ -123,7 +123,15 @@ def test_workers_time_every_action_and_the_simulator_replays_the_step(schedule: 
     timeline = result.timeline
     assert timeline is not None and len(timeline.blocks) == len(kinds) * m * 2 * v
     assert all(0 <= b.start < b.end <= timeline.step_time for b in timeline.blocks)
-    assert timeline.step_time == pytest.approx(result.step_time, rel=0.05)
+    # the drawn step runs from the first rank leaving the barrier to the last one done: the
+    # median step's slowest rank, plus however far apart the ranks left the barrier (load)
+    shown = next(
+        i for i in range(steps) if max(r.steps[i][1] - r.steps[i][0] for r in result.records) == result.step_time
+    )
+    assert timeline.step_time == max(r.steps[shown][1] for r in result.records) - min(
+        r.steps[shown][0] for r in result.records
+    )
+    assert timeline.step_time >= result.step_time
     # The replay of the measured durations: at least the busiest rank's work, at most every
     # action and message one after another. How close it comes to the measured step is a
     # timing claim, left to the tutorial and bench_stages (within 15%): here other processes
