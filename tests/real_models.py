@@ -26,6 +26,7 @@ transformers = pytest.importorskip("transformers")
 __all__ = [
     "BUILDERS",
     "VOCAB",
+    "albert",
     "bart",
     "bert",
     "gemma",
@@ -167,6 +168,28 @@ def bart(**config: Any) -> Built:
             "encoder_ffn_dim": 128,
             "decoder_ffn_dim": 128,
             "max_position_embeddings": 64,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
+def albert(**config: Any) -> Built:
+    """ALBERT base model: 2 layers that share one layer group (run twice), width 64; inputs ``(input_ids,)``.
+
+    Not in :data:`BUILDERS`: kept for what its weight sharing tests (a module that runs more than once).
+    """
+    model = _build(
+        "albert",
+        transformers.AutoModel,
+        **{
+            "hidden_size": 64,
+            "embedding_size": 32,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            "pad_token_id": 0,
             **config,
         },
     )

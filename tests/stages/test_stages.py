@@ -414,3 +414,37 @@ def test_stages_send_contiguous_tensors_and_the_next_stage_sees_the_models_strid
     # the dense permutation travels permuted back to its own layout, no copy; the slice as a copy
     assert [n.target for n in first.graph.nodes if n.op == "call_method"][-2:] == ["permute", "contiguous"]
     assert torch.equal(second(*sent), model(x))
+
+
+class _SharedBlock(nn.Module):
+    """``block`` runs twice in one forward pass (shared weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 4)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.block(self.block(self.inp(x))))
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_split_spec_names_only_modules_that_run_once() -> None:
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    from unitscale.errors import SplitSpecError
+
+    model, x = _SharedBlock(), torch.randn(2, 4)
+    # before out: a module that runs once; torch's pipeline makes the same two stages
+    late = partition(model, 2, x, boundary_depth=1, cost=lambda n: 10.0 if n.name == "out" else 1.0)
+    assert late.split_spec() == {"out": SplitPoint.BEGINNING}
+    pipe = pipeline(model, (x,), split_spec=late.split_spec())
+    assert pipe.num_stages == 2
+    names = [sorted(n for n, _ in pipe.get_stage_module(s).named_parameters()) for s in range(2)]
+    assert names == [sorted(s) for s in late.stage_parameter_names()]
+    # before block's first call: torch would split before its second call too
+    early = partition(model, 2, x, boundary_depth=1, cost=lambda n: 10.0 if n.name == "inp" else 1.0)
+    with pytest.raises(SplitSpecError, match=r"\('block' runs 2 times, as do the 1 inside it that start there\)"):
+        early.split_spec()
+    assert pipeline(model, (x,), split_spec={"block": SplitPoint.BEGINNING}).num_stages > 2

@@ -12,7 +12,7 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from real_models import BUILDERS, gemma, mixtral, token_ids
+from real_models import BUILDERS, albert, gemma, mixtral, token_ids
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
@@ -200,6 +200,27 @@ def test_split_spec_refuses_a_cut_inside_a_module_naming_the_node() -> None:
     first = plan.node_costs[plan.bounds[1]][0]
     with pytest.raises(SplitSpecError, match=rf"^the cut before node '{first}' \(module .*boundary_depth="):
         plan.split_spec()
+
+
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_split_spec_refuses_a_module_that_runs_twice_where_torch_would_split_at_each_call() -> None:
+    """ALBERT runs one shared layer group for each of its layers: a cut before its first call is
+    a cut before every call to torch's pipeline(), which then builds 3 stages for a 2-stage plan."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    model, (ids,) = albert()
+    plan = partition(model, 2, ids, boundary_depth=2)
+    assert plan.verify(ids)
+    group = "encoder.albert_layer_groups.0"
+    assert plan.node_costs[plan.bounds[1]][0] == "linear_1"  # the group's first node, in its first call
+    message = (
+        r"^the cut before node 'linear_1' \(module '[\w.]+', after a node of 'encoder.embedding_hidden_mapping_in'\) "
+        rf"falls only before modules that run more than once in a forward pass \('{group}' runs 2 times, as do "
+        r"the 3 inside it that start there\), and torch's pipeline\(\) splits before every call"
+    )
+    with pytest.raises(SplitSpecError, match=message):
+        plan.split_spec()
+    assert pipeline(model, (ids[:1],), split_spec={group: SplitPoint.BEGINNING}).num_stages == 3
 
 
 # --- pipelines (processes: kept to two) -------------------------------------------------------------

@@ -35,7 +35,7 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
 
-from unitscale.capture._meta import normalise_path
+from unitscale.capture._meta import normalise_path, stack_entries
 from unitscale.errors import CostError, InputError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
@@ -446,14 +446,18 @@ class StagePlan:
         """The ``split_spec`` for :func:`torch.distributed.pipelining.pipeline` that makes the same stages.
 
         Each cut must fall right before a submodule's first node (``model.layers.1``);
-        that submodule gets ``SplitPoint.BEGINNING``.
+        that submodule gets ``SplitPoint.BEGINNING``. torch splits before *every* call of a
+        module named in the spec, so a module that runs more than once in a forward pass
+        (ALBERT's shared layer group, an activation module applied twice) cannot name a cut;
+        the captured graph's ``nn_module_stack`` counts the calls.
 
         Returns:
             ``{qualified module name: SplitPoint.BEGINNING}``, one entry per cut.
 
         Raises:
-            SplitSpecError: a cut falls inside a module (or between ops of the root module);
-                partition with ``boundary_depth=`` so that cuts land between modules.
+            SplitSpecError: a cut falls inside a module (or between ops of the root module),
+                or only before a module that runs more than once; partition with
+                ``boundary_depth=`` so that cuts land between modules that run once.
 
         >>> import torch
         >>> from unitscale import partition
@@ -467,14 +471,28 @@ class StagePlan:
         nodes = self._compute_nodes()
         paths = [str(n.meta.get(MODULE_PATH_KEY, "")) for n in nodes]
         called = _called_modules(self._root, self.graph)
+        calls = _call_counts(self.graph)
         spec: dict[str, Any] = {}
         for b in self.bounds[1:-1]:
-            module = _module_starting_at(paths, b, called)
+            starting = _modules_starting_at(paths, b, called)
+            module = next((q for q in starting if calls is None or calls.get(q, 1) == 1), None)
             if module is None:
                 node = nodes[b]
-                raise SplitSpecError(
+                where = (
                     f"the cut before node {node.name!r} (module {paths[b] or '<root>'!r}, after a node of "
-                    f"{paths[b - 1] or '<root>'!r}) does not fall on a module boundary, so no split_spec can "
+                    f"{paths[b - 1] or '<root>'!r})"
+                )
+                if starting and calls is not None:
+                    inner = f", as do the {len(starting) - 1} inside it that start there" if len(starting) > 1 else ""
+                    raise SplitSpecError(
+                        f"{where} falls only before modules that run more than once in a forward pass "
+                        f"({starting[0]!r} runs {calls.get(starting[0], 1)} times{inner}), and torch's pipeline() "
+                        "splits before every call of a module named in a split_spec; partition with another "
+                        "boundary_depth= or num_stages so that every cut lands before a module that runs once, "
+                        "or run this plan with run_pipeline"
+                    )
+                raise SplitSpecError(
+                    f"{where} does not fall on a module boundary, so no split_spec can "
                     "express it; partition with boundary_depth= (e.g. boundary_depth=3 for model.layers.N) "
                     "so that every cut lands right before a submodule"
                 )
@@ -579,16 +597,30 @@ def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
     return {name for name, m in root.named_modules() if name and not isinstance(m, containers)} or None
 
 
-def _module_starting_at(paths: list[str], b: int, called: set[str] | None) -> str | None:
-    """The outermost called submodule whose nodes all lie at or after ``b`` and which holds node ``b``."""
+def _modules_starting_at(paths: list[str], b: int, called: set[str] | None) -> list[str]:
+    """The called submodules whose nodes all lie at or after ``b`` and which hold node ``b``, outermost first."""
     parts = paths[b].split(".") if paths[b] else []
+    starting = []
     for depth in range(1, len(parts) + 1):
         q = ".".join(parts[:depth])
         if called is not None and q not in called:
             continue
         if not any(p == q or p.startswith(q + ".") for p in paths[:b]):
-            return q
-    return None
+            starting.append(q)
+    return starting
+
+
+def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
+    """How many times each module's ``forward`` ran while the graph was captured; None when unknown.
+
+    ``torch.fx`` and ``torch.export`` both key a node's ``nn_module_stack`` by call, a
+    module's second call as ``path@1``, so the distinct keys per path count the calls.
+    """
+    keys: dict[str, set[str]] = {}
+    for node in graph.nodes:
+        for key, path, _ in stack_entries(node) or ():
+            keys.setdefault(path, set()).add(key)
+    return {path: len(k) for path, k in keys.items()} or None
 
 
 def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
