@@ -243,3 +243,60 @@ def test_an_aten_op_without_a_twin_is_listed_by_its_aten_name_and_strict_refuses
     ]
     with pytest.raises(UnscaledOpsError, match=r"left 1 op\(s\) unscaled: torch.ops.aten.softplus.default"):
         unit_scale(MLP(8, activation=nn.Softplus()), strict=True, example_inputs=x, route="export")
+
+
+def test_a_same_padded_convolution_is_unit_scaled_alike_on_every_route() -> None:
+    """``Conv2d(padding="same")`` (EfficientNet's) exports as ``aten.conv2d.padding``, not ``.default``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding="same"), nn.ReLU(), nn.Conv2d(64, 64, 3, padding="same")).eval()
+    x = torch.randn(8, 3, 16, 16)
+    outputs = {}
+    for route in ("fx", "export", "dynamo"):
+        torch.manual_seed(1)  # unit_scale draws new unit-normal weights: the same ones on each route
+        scaled_model = unit_scale(model, example_inputs=x, route=route)
+        assert scaled_model.route == route and scaled_model.unscaled_ops == [], route
+        with torch.no_grad():
+            outputs[route] = scaled_model(x)
+    assert 0.8 < outputs["fx"].std().item() < 1.2
+    torch.testing.assert_close(outputs["export"], outputs["fx"])
+    torch.testing.assert_close(outputs["dynamo"], outputs["fx"])
+
+
+def test_a_transposed_weight_read_as_w_T_is_a_view_not_an_unscaled_op() -> None:
+    """Falcon's linear is ``x @ self.weight.T``: fx and Dynamo write ``getattr(weight, 'T')``."""
+
+    class TransposedWeight(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight.T
+
+    x = torch.randn(16, 32)
+    for route in ("fx", "dynamo", "export"):
+        torch.manual_seed(0)
+        scaled_model = unit_scale(TransposedWeight(), example_inputs=x, route=route)
+        assert scaled_model.unscaled_ops == [], route
+        with torch.no_grad():
+            assert 0.8 < scaled_model(x).std().item() < 1.2, route
+
+
+def test_stacking_rolling_and_flipping_are_scale_neutral_on_the_export_route_as_on_the_others() -> None:
+    """GPT-J's rotary embedding stacks; the export route spells these as aten ops."""
+
+    class Rearranging(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(32, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.proj(x)
+            z = torch.stack([y, y.roll(1, -1)], dim=-1).flatten(-2)
+            return z.flip(-1).repeat(1, 2).masked_fill(torch.zeros_like(z.repeat(1, 2), dtype=torch.bool), 0.0)
+
+    x = torch.randn(16, 32)
+    for route in ("fx", "export"):
+        torch.manual_seed(0)
+        scaled_model = unit_scale(Rearranging(), example_inputs=x, route=route)
+        assert scaled_model.unscaled_ops == [], route

@@ -39,6 +39,7 @@ __all__ = [
     "op_name",
     "VIEW_METHODS",
     "VIEW_FUNCTIONS",
+    "VIEW_ATTRIBUTES",
     "is_view_node",
     "SCALE_NEUTRAL_METHODS",
     "SCALE_NEUTRAL_FUNCTIONS",
@@ -121,6 +122,10 @@ VIEW_FUNCTIONS: frozenset[Any] = frozenset(
     {torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.squeeze, torch.unsqueeze, torch.t}
     | {torch.movedim, torch.swapaxes, torch.swapdims, einops.rearrange}
 )
+
+#: Tensor attributes that are views of the tensor (``w.T`` in ``x @ w.T``): a graph reads them
+#: as ``getattr(w, "T")``.
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH"})
 
 
 def is_view_node(n: torch.fx.Node) -> bool:

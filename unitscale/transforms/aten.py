@@ -129,6 +129,7 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
     aten.dropout.default: _same(F.dropout),
     aten.conv2d.default: _same(F.conv2d),
+    aten.conv2d.padding: _same(F.conv2d),  # padding="same" or "valid"
     aten.max_pool2d.default: _pool(F.max_pool2d),
     aten.avg_pool2d.default: _pool(F.avg_pool2d),
     aten.adaptive_avg_pool2d.default: _same(F.adaptive_avg_pool2d),
@@ -170,6 +171,8 @@ ATEN_NEUTRAL: frozenset[Any] = frozenset(
     | {aten.chunk.default, aten.split_with_sizes.default, aten.narrow.default, aten.lift_fresh_copy.default}
     | {aten.constant_pad_nd.default}
     | {aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar, aten.masked_fill.Scalar}
+    # the aten spellings of SCALE_NEUTRAL_FUNCTIONS' torch.stack, roll, flip, repeat, masked_fill
+    | {aten.stack.default, aten.roll.default, aten.flip.default, aten.repeat.default, aten.masked_fill.Tensor}
 )
 
 _CHECKS = {aten._assert_tensor_metadata.default}

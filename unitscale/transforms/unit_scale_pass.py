@@ -59,6 +59,7 @@ from unitscale.fx.nodes import (
     SCALE_NEUTRAL_FUNCTIONS,
     SCALE_NEUTRAL_METHODS,
     SOURCE_KEY,
+    VIEW_ATTRIBUTES,
     op_name,
 )
 from unitscale.transforms.aten import ATEN_NEUTRAL
@@ -175,10 +176,20 @@ def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
 
 
 def _is_neutral(node: fx.Node) -> bool:
-    if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS:
+    if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
         return True
     return node.op == "call_function" and (
         _member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _member(node.target, ATEN_NEUTRAL)
+    )
+
+
+def _is_view_attribute(node: fx.Node) -> bool:
+    """``getattr(w, "T")``: how fx and Dynamo write ``w.T``."""
+    return (
+        node.op == "call_function"
+        and node.target is getattr
+        and len(node.args) == 2
+        and node.args[1] in VIEW_ATTRIBUTES
     )
 
 
@@ -537,7 +548,7 @@ class UnitScalePass:
         if not _is_float_tensor(node.meta.get("example_value")):
             return False
         fn = _function_of(node)
-        if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS:
+        if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
             return False
         if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _member(fn, ATEN_NEUTRAL):
             return False
