@@ -168,13 +168,18 @@ def std_stat(t: torch.Tensor) -> Stat | None:
         return math.sqrt(var)
     # Around the mean: the deviations' own mean is near 0, so nothing cancels. This path is
     # common (a norm's weight of ones, all-positive activations), so it stays one subtraction
-    # and two reads in the tensor's dtype; only where the mean is still far from the deviations'
+    # and three passes in the tensor's dtype; only where the mean is still far from the deviations'
     # scale (a std below about 1e-6 of the mean) does it sum again in float64.
     deviations = torch.sub(flat, mean, out=_buffer(n, flat.dtype))
-    shift, squares = deviations.sum().item(), torch.dot(deviations, deviations).item()
+    shift = deviations.sum().item()
+    # Squared in place (the buffer is ours) and summed by torch's cascade, not BLAS's dot: the
+    # deviations from a large mean are multiples of its ulp, and the dot's running float32 sums
+    # round such squares with a bias (3e-5 of a 200,000-element sum; the cascade: 2e-8).
+    squares = deviations.square_().sum().item()
     var = (squares - shift * shift / n) / (n - 1)
     if (shift / n) ** 2 <= var < math.inf:
         return math.sqrt(max(var, 0.0))
+    deviations = torch.sub(flat, mean, out=deviations)
     total = deviations.sum(dtype=torch.float64).item()
     squares = torch.linalg.vector_norm(deviations, dtype=torch.float64).item() ** 2
     var = (squares - total * total / n) / (n - 1)
