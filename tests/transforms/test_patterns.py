@@ -60,6 +60,24 @@ def test_a_written_out_rms_norm_folds_into_one_twin_that_computes_the_same() -> 
     assert norm.args[1:] == ((32,), norm.args[2], 1e-6) and norm.args[2].target == "1.weight"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_low_precision_rms_norm_folds_with_its_casts_and_computes_the_same(dtype: torch.dtype) -> None:
+    """A bf16 Llama's norm upcasts, normalises and casts back: the fold must hand on its dtype."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(32, 32), HandRMSNorm(32), nn.Linear(32, 8)).to(dtype), torch.randn(16, 32)
+    x = x.to(dtype)
+    folded = _folded(model)
+    out = folded(x)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, model(x), rtol=0.02, atol=0.02)
+    calls = [n.target for n in folded.graph_module.graph.nodes if n.op in ("call_function", "call_method")]
+    assert calls == [F.linear, "to", "to", U.rms_norm, "to", F.linear]  # input and gain up, the result back
+    for route in ("fx", "dynamo", "export"):
+        torch.manual_seed(0)
+        scaled = unit_scale(model, example_inputs=x, route=route)
+        assert scaled.unscaled_ops == [] and scaled(x).dtype == dtype, route
+
+
 def test_a_written_out_tanh_gelu_folds_into_the_unit_scaled_gelu() -> None:
     torch.manual_seed(0)
     model, x = nn.Sequential(nn.Linear(32, 32), HandGELU()), torch.randn(16, 32)

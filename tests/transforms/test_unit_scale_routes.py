@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from real_models import BUILDERS, VOCAB
 from torch import nn
 
@@ -300,3 +301,26 @@ def test_stacking_rolling_and_flipping_are_scale_neutral_on_the_export_route_as_
         torch.manual_seed(0)
         scaled_model = unit_scale(Rearranging(), example_inputs=x, route=route)
         assert scaled_model.unscaled_ops == [], route
+
+
+def test_a_cross_entropy_loss_is_unit_scaled_on_the_export_route_as_on_fx() -> None:
+    """A model that returns its loss (``labels=`` in transformers) exports ``aten.cross_entropy_loss``."""
+
+    class WithLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(16, 32)
+
+        def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(self.head(x), target, reduction="sum", ignore_index=3, label_smoothing=0.1)
+
+    x, target = torch.randn(8, 16), torch.arange(8)
+    grads = {}
+    for route in ("fx", "export"):
+        torch.manual_seed(0)
+        scaled_model = unit_scale(WithLoss(), example_inputs=(x, target), route=route)
+        assert scaled_model.unscaled_ops == [], route
+        loss = scaled_model(x, target)
+        loss.backward()
+        grads[route] = (loss.detach(), scaled_model.module.head.weight.grad)
+    torch.testing.assert_close(grads["export"], grads["fx"])

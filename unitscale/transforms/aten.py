@@ -93,6 +93,24 @@ def _mean(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return "call_function", torch.mean, tuple(args[:2]), {"keepdim": _at(args, 2, kwargs.get("keepdim", False))}
 
 
+_REDUCTIONS = ("none", "mean", "sum")  # aten's int reduction, as torch.nn.functional names it
+
+
+def _cross_entropy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    # aten.cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0)
+    return (
+        "call_function",
+        F.cross_entropy,
+        (args[0], args[1]),
+        {
+            "weight": _at(args, 2, kwargs.get("weight")),
+            "reduction": _REDUCTIONS[_at(args, 3, kwargs.get("reduction", 1))],
+            "ignore_index": _at(args, 4, kwargs.get("ignore_index", -100)),
+            "label_smoothing": _at(args, 5, kwargs.get("label_smoothing", 0.0)),
+        },
+    )
+
+
 def _numpy_t(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     # ``x.T`` (Falcon's linear: ``x @ self.weight.T``): ``t`` for a matrix, all dims reversed beyond
     value = getattr(args[0], "meta", {}).get("val")
@@ -128,6 +146,7 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten._softmax.default: _internal_softmax,
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
     aten.dropout.default: _same(F.dropout),
+    aten.cross_entropy_loss.default: _cross_entropy,
     aten.conv2d.default: _same(F.conv2d),
     aten.conv2d.padding: _same(F.conv2d),  # padding="same" or "valid"
     aten.max_pool2d.default: _pool(F.max_pool2d),

@@ -19,6 +19,7 @@ stack trace; pattern nodes no one else reads are erased.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from typing import Any
@@ -137,8 +138,27 @@ def _fold_rms_norm(graph: fx.Graph) -> list[fx.Node]:
                         final, weight = user, w
                         pattern.append(user)
                         break
-        folded.append(_replace(final, U.rms_norm, (x, (d,), weight, eps), {}, pattern))
+        upcast, result = _dtype_of(x), _dtype_of(final)
+        if upcast is not None and result is not None and upcast != result:
+            # Llama's norm upcasts its input, normalises, casts back, then applies its gain (a bf16
+            # model): the fold normalises in the upcast dtype, gain included, and casts back once
+            if isinstance(weight, fx.Node) and _dtype_of(weight) not in (None, upcast):
+                with graph.inserting_before(final):
+                    weight = graph.call_method("to", (weight, upcast))
+            new = _replace(final, U.rms_norm, (x, (d,), weight, eps), {}, pattern)
+            with graph.inserting_after(new):
+                back = graph.call_method("to", (new, result))
+            new.replace_all_uses_with(back, delete_user_cb=functools.partial(operator.is_not, back))
+            back.meta = dict(new.meta)
+        else:
+            new = _replace(final, U.rms_norm, (x, (d,), weight, eps), {}, pattern)
+        folded.append(new)
     return folded
+
+
+def _dtype_of(node: fx.Node) -> torch.dtype | None:
+    value = node.meta.get("example_value")
+    return value.dtype if isinstance(value, torch.Tensor) else None
 
 
 def _gelu_tanh_at(tanh: fx.Node) -> tuple[fx.Node, fx.Node, list[fx.Node]] | None:
