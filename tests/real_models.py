@@ -34,6 +34,7 @@ __all__ = [
     "llama",
     "mistral",
     "mixtral",
+    "opt",
     "qwen2",
     "t5",
     "token_ids",
@@ -190,6 +191,30 @@ def albert(**config: Any) -> Built:
             "num_attention_heads": 4,
             "max_position_embeddings": 64,
             "pad_token_id": 0,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
+def opt(**config: Any) -> Built:
+    """OPT causal LM: 2 layers, width 64; inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+
+    Its exported graph reshapes the ids with the example's sequence length (``view(ids, [-1, 16])``).
+    """
+    model = _build(
+        "opt",
+        transformers.AutoModelForCausalLM,
+        **{
+            "hidden_size": 64,
+            "ffn_dim": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            "word_embed_proj_dim": 64,
+            "pad_token_id": 0,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
             **config,
         },
     )

@@ -12,12 +12,12 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from real_models import BUILDERS, albert, gemma, mixtral, token_ids
+from real_models import BUILDERS, albert, gemma, mixtral, opt, token_ids
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
 from unitscale import partition, run_pipeline
-from unitscale.errors import SplitSpecError
+from unitscale.errors import InputError, SplitSpecError
 from unitscale.examples.models import TinyGPT
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.fx.tracers import DeepTracer
@@ -221,6 +221,22 @@ def test_split_spec_refuses_a_module_that_runs_twice_where_torch_would_split_at_
     with pytest.raises(SplitSpecError, match=message):
         plan.split_spec()
     assert pipeline(model, (ids[:1],), split_spec={group: SplitPoint.BEGINNING}).num_stages == 3
+
+
+def test_a_plan_refuses_inputs_whose_fixed_sizes_differ_from_the_exported_graphs() -> None:
+    """OPT's exported graph views its ids as ``[-1, 16]``: ids of shape (2, 8) would run as (1, 16)
+    and give logits of the wrong length, with ``verify`` comparing the graph against itself."""
+    model, (ids,) = opt()
+    plan = partition(model, 2, ids, cost="flops")
+    assert plan.route == "export" and plan.verify(token_ids(4, 16, seed=1))  # another batch size is fine
+    message = (
+        r"^verify\(\): input 'input_ids' has shape \(2, 8\), but the graph was captured by torch.export "
+        r"for shape \(any, 16\), whose fixed sizes are baked into the graph; partition again"
+    )
+    with pytest.raises(InputError, match=message):
+        plan.verify(token_ids(2, 8))
+    with pytest.raises(InputError, match=r"^run_pipeline: input 'input_ids' has shape \(4, 8\)"):
+        run_pipeline(plan, token_ids(4, 8), num_microbatches=2)  # refused before any worker starts
 
 
 # --- pipelines (processes: kept to two) -------------------------------------------------------------

@@ -36,7 +36,7 @@ from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
 
-__all__ = ["COST_MODELS", "NodeProfiler", "run_profiler", "node_costs", "output_bytes"]
+__all__ = ["COST_MODELS", "NodeProfiler", "check_input_shapes", "run_profiler", "node_costs", "output_bytes"]
 
 COST_MODELS = ("params", "flops", "time", "memory")
 
@@ -200,6 +200,52 @@ class NodeProfiler(fx.Interpreter):
 def flat_inputs(graph: fx.Graph, inputs: Sequence[Any]) -> tuple[Any, ...]:
     """The graph's own inputs: ``inputs`` flattened where its code flattens them (an exported graph)."""
     return tuple(graph._codegen.process_inputs(*inputs))
+
+
+def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None:
+    """Refuse a tensor input whose fixed sizes differ from those an exported graph was captured with.
+
+    ``torch.export`` keeps the example's sizes wherever it did not prove them free (with a
+    dynamic batch, every size but the batch). Such a graph can run on other sizes and be
+    wrong: OPT's exported graph reshapes its ids with ``view(ids, [-1, 16])``, so ids of shape
+    ``(2, 8)`` run as ``(1, 16)``. Only exported placeholders (a ``FakeTensor`` ``val``) are
+    checked; a ``torch.fx`` graph holds no sizes.
+
+    Args:
+        graph: the graph; ``inputs`` are its own (flattened) inputs, in placeholder order.
+        inputs: the values to check.
+        who: what to name in the error (``"verify()"``).
+
+    Raises:
+        InputError: an input's rank or a fixed size differs; the message names the input.
+
+    >>> import torch
+    >>> from unitscale.errors import InputError
+    >>> from unitscale.stages.costs import check_input_shapes
+    >>> graph = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)).module().graph
+    >>> check_input_shapes(graph, (torch.randn(3, 4),), "verify()")
+    >>> try:
+    ...     check_input_shapes(graph, (torch.randn(3, 5),), "verify()")
+    ... except InputError as e:
+    ...     print(str(e).split(", whose")[0])
+    verify(): input 'input' has shape (3, 5), but the graph was captured by torch.export for shape (3, 4)
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, inputs, strict=False):
+        val = node.meta.get("val")
+        if not isinstance(val, FakeTensor) or not isinstance(value, torch.Tensor):
+            continue
+        fixed = [d if isinstance(d, int) else None for d in val.shape]
+        if value.dim() == len(fixed) and all(f is None or f == g for f, g in zip(fixed, value.shape, strict=True)):
+            continue
+        shown = "(" + ", ".join("any" if f is None else str(f) for f in fixed) + ("," if len(fixed) == 1 else "") + ")"
+        raise InputError(
+            f"{who}: input {str(node.target)!r} has shape {tuple(value.shape)}, but the graph was captured by "
+            f"torch.export for shape {shown}, whose fixed sizes are baked into the graph; partition again with "
+            "example inputs of this shape (the batch size may differ when the captured batch was above 1)"
+        )
 
 
 def _check_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> None:

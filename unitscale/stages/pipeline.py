@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
-from unitscale.stages.costs import flat_inputs, pytree_specs_quiet
+from unitscale.stages.costs import check_input_shapes, flat_inputs, pytree_specs_quiet
 from unitscale.stages.launch import SCHEDULES, loss_on_model_output
 
 if TYPE_CHECKING:
@@ -675,6 +675,7 @@ def run_pipeline(
             raise InputError(f"run_pipeline({name}={value!r}) must be an int >= {least}")
     args = inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
     args = flat_inputs(plan.graph, args)
+    check_input_shapes(plan.graph, args, "run_pipeline")
     if schedule not in SCHEDULES:
         raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
     _check_args(args, num_microbatches)

@@ -42,6 +42,7 @@ from unitscale.stages import search
 from unitscale.stages.costs import (
     COST_MODELS,
     _graph_for_stages,
+    check_input_shapes,
     flat_inputs,
     node_costs,
     output_bytes,
@@ -344,9 +345,11 @@ class StagePlan:
             ``True`` when every output tensor is ``torch.equal`` to the traced model's.
 
         Raises:
-            InputError: the inputs do not fit the model.
+            InputError: the inputs do not fit the model, or (an exported graph) a size the
+                graph was captured with differs.
         """
         args = inputs or self._example_inputs
+        check_input_shapes(self.graph, flat_inputs(self.graph, args), "verify()")
         stages = self.stage_modules()
 
         def chained(*xs: Any) -> Any:
