@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from unitscale import ScalePair, ScaleTracker
@@ -174,6 +174,9 @@ def test_cpu_std_of_float32_matches_float64_std(n: int, scale: float, shift: flo
     sign=st.sampled_from([-1.0, 1.0]),
     seed=st.integers(0, 2**16),
 )
+# found by Hypothesis: BLAS's float32 dot biased the squares of deviations quantised by the mean's ulp
+@example(n=94_004, ratio=71669.0, sign=-1.0, seed=2)
+@example(n=200_000, ratio=7e4, sign=-1.0, seed=14)
 def test_cpu_std_where_the_mean_dwarfs_the_std_matches_float64_std(
     n: int, ratio: float, sign: float, seed: int
 ) -> None:

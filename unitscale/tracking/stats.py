@@ -168,24 +168,32 @@ def std_stat(t: torch.Tensor) -> Stat | None:
         return math.sqrt(var)
     # Around the mean: the deviations' own mean is near 0, so nothing cancels. This path is
     # common (a norm's weight of ones, all-positive activations), so it stays one subtraction
-    # and three passes in the tensor's dtype; only where the mean is still far from the deviations'
+    # and two reads in the tensor's dtype; only where the mean is still far from the deviations'
     # scale (a std below about 1e-6 of the mean) does it sum again in float64.
     deviations = torch.sub(flat, mean, out=_buffer(n, flat.dtype))
-    shift = deviations.sum().item()
-    # Squared in place (the buffer is ours) and summed by torch's cascade, not BLAS's dot: the
-    # deviations from a large mean are multiples of its ulp, and the dot's running float32 sums
-    # round such squares with a bias (3e-5 of a 200,000-element sum; the cascade: 2e-8).
-    squares = deviations.square_().sum().item()
+    shift, squares = deviations.sum().item(), torch.dot(deviations, deviations).item()
+    squared = mean * mean > _COARSE * _COARSE * squares / n
+    if squared:
+        # Deviations from a mean over 1000x their size are multiples of the mean's ulp, and the
+        # dot's running float32 sums round such squares with a bias (3e-5 of a 200,000-element
+        # sum): square them in place (the buffer is ours) and sum with torch's cascade (6e-8).
+        squares = deviations.square_().sum().item()
     var = (squares - shift * shift / n) / (n - 1)
     if (shift / n) ** 2 <= var < math.inf:
         return math.sqrt(max(var, 0.0))
-    deviations = torch.sub(flat, mean, out=deviations)
+    if squared:
+        deviations = torch.sub(flat, mean, out=deviations)
     total = deviations.sum(dtype=torch.float64).item()
     squares = torch.linalg.vector_norm(deviations, dtype=torch.float64).item() ** 2
     var = (squares - total * total / n) / (n - 1)
     if math.isfinite(var):
         return math.sqrt(max(var, 0.0))
     return torch.std(t.double()).item()  # inf or nan in t (nan, as torch.std), or squares overflowing
+
+
+# Above this ratio of mean to deviation, the careful path sums the squares without BLAS's dot;
+# below it the dot's error stays the 1.5e-6 of any float32 dot of a million elements.
+_COARSE = 1024.0
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
