@@ -138,20 +138,19 @@ def _fold_rms_norm(graph: fx.Graph) -> list[fx.Node]:
                         final, weight = user, w
                         pattern.append(user)
                         break
+        # Llama's norm upcasts its input, normalises, casts back, then applies its gain (a bf16
+        # model): the fold normalises in the upcast dtype, gain included, and casts back once
         upcast, result = _dtype_of(x), _dtype_of(final)
-        if upcast is not None and result is not None and upcast != result:
-            # Llama's norm upcasts its input, normalises, casts back, then applies its gain (a bf16
-            # model): the fold normalises in the upcast dtype, gain included, and casts back once
-            if isinstance(weight, fx.Node) and _dtype_of(weight) not in (None, upcast):
-                with graph.inserting_before(final):
-                    weight = graph.call_method("to", (weight, upcast))
-            new = _replace(final, U.rms_norm, (x, (d,), weight, eps), {}, pattern)
+        cast_back = upcast is not None and result is not None and upcast != result
+        if cast_back and isinstance(weight, fx.Node) and _dtype_of(weight) not in (None, upcast):
+            with graph.inserting_before(final):
+                weight = graph.call_method("to", (weight, upcast))
+        new = _replace(final, U.rms_norm, (x, (d,), weight, eps), {}, pattern)
+        if cast_back:
             with graph.inserting_after(new):
                 back = graph.call_method("to", (new, result))
             new.replace_all_uses_with(back, delete_user_cb=functools.partial(operator.is_not, back))
             back.meta = dict(new.meta)
-        else:
-            new = _replace(final, U.rms_norm, (x, (d,), weight, eps), {}, pattern)
         folded.append(new)
     return folded
 
