@@ -116,7 +116,7 @@ _external_names = [
 # with unitscale.nn.Linear): named here one by one, so anything else still fails the build.
 nitpick_ignore = [
     ("py:class", "Params"),
-    ("py:class", "unitscale.scaling.umup_params._P"),
+    ("py:class", "unitscale.scaling.parameter._P"),
     ("py:class", "unitscale.stages.saved._Plan"),
     ("py:class", "unitscale.scaling.umup_nn.Linear"),
     ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.measured

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import unitscale.functional as U
-import unitscale.scaling.functional as S
 from unitscale import partition, track_scales
 from unitscale.errors import InputError, TraceError
+from unitscale.functional import gelu, linear
 from unitscale.fx import DeepTracer, ModulePathTracer
 from unitscale.fx.autowrap import default_autowrap_modules, register_autowrap_module
 from unitscale.fx.nodes import (
@@ -66,10 +66,9 @@ def test_views_are_scale_neutral_and_casts_are_not_views() -> None:
 
 
 def test_default_autowrap_modules_start_with_math_einops_and_the_unit_scaled_ops() -> None:
-    import unitscale.scaling.functional
-
-    # both import paths of the unit-scaled ops: ``U.linear`` reads the namespace it was imported by
-    assert default_autowrap_modules()[:4] == (math, einops, unitscale.scaling.functional, U)
+    # one import path of the unit-scaled ops, registered once
+    assert default_autowrap_modules()[:3] == (math, einops, U)
+    assert default_autowrap_modules().count(U) == 1
 
 
 def test_register_autowrap_module_refuses_a_function() -> None:
@@ -77,16 +76,16 @@ def test_register_autowrap_module_refuses_a_function() -> None:
         register_autowrap_module(math.sqrt)  # type: ignore[arg-type]
 
 
-def test_unit_scaled_ops_stay_single_nodes_by_default_under_either_import_path() -> None:
+def test_unit_scaled_ops_stay_single_nodes_by_default_as_module_attributes_or_imported_names() -> None:
     class Net(nn.Module):
         def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return U.gelu(U.linear(x, w))
 
-    class ViaScaling(nn.Module):
+    class ByName(nn.Module):
         def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            return S.gelu(S.linear(x, w))
+            return gelu(linear(x, w))
 
-    for net in (Net(), ViaScaling()):
+    for net in (Net(), ByName()):
         graph = DeepTracer().trace(net)
         assert [n.target for n in graph.nodes if n.op == "call_function"] == [U.linear, U.gelu]
 

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale.errors import InputError, PredicateError, UnknownConstraintError
+from unitscale.functional import _activations as _act
 from unitscale.scaling import softmax_stats as _softmax_stats
 from unitscale.scaling.constraints import CONSTRAINTS
 from unitscale.tracers import DeepTracer
@@ -129,7 +130,7 @@ def test_gelu_is_unit_scaled_without_constraint(shape, approximate):
 
 @pytest.mark.parametrize(
     ("fn", "out_std", "grad_std"),
-    [(F.gelu, U._GELU_OUT_STD, U._GELU_GRAD_STD), (F.silu, U._SILU_OUT_STD, U._SILU_GRAD_STD)],
+    [(F.gelu, _act._GELU_OUT_STD, _act._GELU_GRAD_STD), (F.silu, _act._SILU_OUT_STD, _act._SILU_GRAD_STD)],
     ids=["gelu", "silu"],
 )
 def test_activation_scales_match_quadrature(fn, out_std, grad_std):
@@ -342,7 +343,9 @@ def test_constrained_matmul_gives_the_implied_std(constraint):
 @pytest.mark.parametrize("constraint", list(CONSTRAINTS))
 def test_constrained_gelu_softmax_and_add_give_the_implied_std(constraint):
     out, (grad,) = stds(U.gelu, (100_000,), constraint=constraint)
-    for value, want in zip((out, grad), implied(constraint, 1 / U._GELU_OUT_STD, 1 / U._GELU_GRAD_STD), strict=True):
+    for value, want in zip(
+        (out, grad), implied(constraint, 1 / _act._GELU_OUT_STD, 1 / _act._GELU_GRAD_STD), strict=True
+    ):
         assert_unit(value, want, tol=0.03)
     out, (grad,) = stds(U.softmax, (4096, 64), dim=-1, constraint=constraint)
     for value, want in zip((out, grad), implied(constraint, *_softmax_stats.softmax_scales(64)), strict=True):

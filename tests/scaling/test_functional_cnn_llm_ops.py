@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from test_functional import SwapToTwins, assert_unit, stds  # one definition of each
 from torch import nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale.errors import UnknownConstraintError
+from unitscale.functional import _pooling
 
 
 def rms(t: torch.Tensor) -> float:
@@ -184,9 +185,11 @@ def test_batch_norm_in_eval_normalises_by_the_running_statistics_as_torch_does()
 
 def test_the_largest_of_two_unit_normals_has_unit_second_moment():
     # max(a, b)^2 is a^2 or b^2, symmetric: its mean is exactly 1; one value is itself.
-    assert U._max_rms(1) == pytest.approx(1.0, abs=1e-6)
-    assert U._max_rms(2) == pytest.approx(1.0, abs=1e-6)
-    assert U._max_rms(9) == pytest.approx(torch.randn(1_000_000, 9).amax(1).pow(2).mean().sqrt().item(), rel=0.01)
+    assert _pooling._max_rms(1) == pytest.approx(1.0, abs=1e-6)
+    assert _pooling._max_rms(2) == pytest.approx(1.0, abs=1e-6)
+    assert _pooling._max_rms(9) == pytest.approx(
+        torch.randn(1_000_000, 9).amax(1).pow(2).mean().sqrt().item(), rel=0.01
+    )
 
 
 @pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), (2, 2, 0), (3, 1, 1)])
@@ -203,7 +206,7 @@ def test_max_pool2d_returns_torchs_indices():
     values, indices = U.max_pool2d(x, 2, return_indices=True, constraint=None)
     expected_values, expected_indices = F.max_pool2d(x, 2, return_indices=True)
     assert torch.equal(indices, expected_indices)
-    assert torch.allclose(values, expected_values / U._max_rms(4))
+    assert torch.allclose(values, expected_values / _pooling._max_rms(4))
 
 
 @pytest.mark.parametrize("kernel,stride,padding", [(2, None, 0), (3, 1, 1), (4, 2, 1)])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale import nn as unn
 from unitscale.errors import InputError, UnknownConstraintError
 from unitscale.tracers import DeepTracer

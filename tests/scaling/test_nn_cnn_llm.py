@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
+from unitscale import nn as unn
 from unitscale.errors import UnknownConstraintError
-from unitscale.scaling import nn as unn
 
 
 @pytest.fixture(autouse=True)

@@ -132,7 +132,6 @@ def test_tutorial_converts_to_a_valid_notebook(path):
         ("unitscale.stages.pipeline.PipelineResult", "unitscale.stages.PipelineResult"),
         ("unitscale.tracking.report.ScaleReport.plot", "unitscale.ScaleReport.plot"),
         ("unitscale.fx.trace_cache.clear_trace_cache", "unitscale.tracking.clear_trace_cache"),
-        ("unitscale.scaling.functional.linear", "unitscale.functional.linear"),
     ],
 )
 def test_references_resolve_by_identity_to_the_documented_name(target, documented):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale.transforms import apply_transform, unit_scale
 from unitscale.transforms.patterns import fold_patterns
 

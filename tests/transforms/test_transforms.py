@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale.analysis import analyse_module, track_scales
 from unitscale.errors import (
     CaptureError,

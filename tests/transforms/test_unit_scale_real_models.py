@@ -18,7 +18,7 @@ import torch
 from real_models import BUILDERS, VOCAB, t5
 from torch import nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale import resnet18
 from unitscale.errors import CaptureError
 from unitscale.transforms import TransformedModule, unit_scale

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from real_models import BUILDERS, VOCAB
 from torch import nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale import resnet18
 from unitscale.analysis import track_scales
 from unitscale.errors import InputError, NoGraphError, NoRouteError, UnknownRouteError, UnscaledOpsError

@@ -3,7 +3,7 @@
 ``torch.fx`` traces through any Python function; an *autowrapped* module's functions stay
 one ``call_function`` node each (``math.sqrt`` of a proxy, ``einops.rearrange``, a
 unit-scaled op). The defaults are ``math`` and ``einops``; a library layered on the fx
-tools adds its own ops here at import (``unitscale.scaling.functional`` does), so the
+tools adds its own ops here at import (``unitscale.functional`` does), so the
 tracers never import the layers above them.
 
 >>> import math
@@ -58,6 +58,6 @@ def default_autowrap_modules() -> tuple[types.ModuleType, ...]:
 
     >>> from unitscale.fx.autowrap import default_autowrap_modules
     >>> [m.__name__ for m in default_autowrap_modules()][:3]
-    ['math', 'einops', 'unitscale.scaling.functional']
+    ['math', 'einops', 'unitscale.functional']
     """
     return tuple(_registered)

@@ -1,21 +1,53 @@
-"""u-μP optimisers (import as ``unitscale.optim``): torch's, with learning rates set per parameter role.
+"""u-μP's learning-rate rules per parameter role, and torch optimisers that apply them.
 
-The rules and why they are what they are: ``unitscale.scaling.optim``.
+u-μP (Blake et al., arXiv 2407.17465, Section 4) sets each parameter's learning rate
+from one global ``lr`` and the parameter's role (:func:`~unitscale.scaling.umup.tag`).
+With Adam, whose update has a size set by ``lr`` whatever the gradient's scale:
+
+==============  ===============================  ==========================================
+role            Adam ``lr`` ×                    why
+==============  ===============================  ==========================================
+``weight``      ``fan_in**-0.5``                 μP: a unit-init hidden weight whose multiplier
+                                                 is ``fan_in**-0.5`` must move by ``O(1/fan_in)``
+``embedding``   ``width**-0.5`` (its fan-out)    u-μP's embedding rule (μP keeps it constant)
+``readout``     1                                its ``1/fan_in`` multiplier already shrinks it
+``bias``        1                                a vector: nothing sums over the width
+``norm``        1                                idem
+==============  ===============================  ==========================================
+
+and a parameter in a residual branch of a stack of ``depth`` blocks a further
+``depth**-0.5`` (depth-μP for Adam, which u-μP adopts alongside its residual rule,
+Appendix G).
+
+**Why SGD's rules are the same here, and when they are not.** SGD's update is ``lr``
+times the gradient, so its size follows the gradient's scale. Every gradient of a
+unit-scaled model is scaled to unit std, which makes SGD's updates unit-sized like
+Adam's, and the Adam rules carry over (the reference library reasons the same way).
+They differ only when the readout's backward scale is tied to its forward one
+(``readout_constraint="to_output_scale"``): then every gradient below the readout
+shrinks like ``1 / width`` and SGD has to grow its rates instead: ``weight`` and
+``embedding`` × ``width**0.5``, ``bias`` and ``norm`` × ``width``, ``readout`` × 1
+(the reference library's ``lr_scale_func_sgd``).
+
+**Weight decay** is independent of ``lr`` by default: each group's decay is divided by
+its own learning rate, so the decay step per update is ``weight_decay · p`` for
+:class:`AdamW` and :class:`SGD`, whatever the learning rate (of the peak: a schedule
+still scales it). With :class:`Adam` the decay is an L2 term fed through Adam's
+normaliser, as in torch.
+
+**Parameters without a role** raise :class:`~unitscale.errors.UntaggedParameterError`
+naming them and saying how to tag them; ``allow_untagged=True`` gives them the scale 1
+(the rule of a bias) and warns with :class:`~unitscale.errors.UntaggedParameterWarning`.
 
 >>> import torch
->>> import unitscale.optim
+>>> from unitscale.optim import lr_scales
 >>> from unitscale.scaling import umup
->>> opt = unitscale.optim.Adam(umup.Linear(256, 8).parameters(), lr=0.5)
->>> opt.param_groups[0]["lr"]
-0.03125
+>>> model = torch.nn.Sequential(umup.Linear(256, 64), umup.LinearReadout(64, 10))
+>>> lr_scales(model)
+{'0.weight': 0.0625, '1.weight': 1.0}
 """
 
-from unitscale.scaling.optim import RULES as RULES
-from unitscale.scaling.optim import SGD as SGD
-from unitscale.scaling.optim import Adam as Adam
-from unitscale.scaling.optim import AdamW as AdamW
-from unitscale.scaling.optim import lr_scale as lr_scale
-from unitscale.scaling.optim import lr_scales as lr_scales
-from unitscale.scaling.optim import param_groups as param_groups
+from unitscale.optim._optimizers import SGD, Adam, AdamW
+from unitscale.optim._rules import RULES, lr_scale, lr_scales, param_groups
 
 __all__ = ["SGD", "Adam", "AdamW", "lr_scale", "lr_scales", "param_groups", "RULES"]

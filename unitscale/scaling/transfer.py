@@ -58,7 +58,7 @@ def _loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
 
 
 def _default_optimizer() -> OptimizerFactory:
-    from unitscale.scaling.optim import Adam
+    from unitscale.optim import Adam
 
     return Adam
 

@@ -2,7 +2,7 @@
 
 Three parts, one module each, gathered here:
 
-- parameter roles (:mod:`~unitscale.scaling.umup_params`): :func:`tag`, :func:`role_of`,
+- parameter roles (:mod:`~unitscale.scaling.parameter`): :func:`tag`, :func:`role_of`,
   :func:`set_depth`, :func:`residual_taus` (the depth rule), :func:`check_mult`;
 - ops with the paper's multipliers (:mod:`~unitscale.scaling.umup_functional`):
   :func:`silu_glu`, :func:`linear_readout`, :func:`attention`, :func:`cross_entropy`;
@@ -21,6 +21,13 @@ that the parametrisation holds (coordinate check, learning-rate sweep) in
 ['embedding', 'readout']
 """
 
+from unitscale.scaling.checks import check_mult as check_mult
+from unitscale.scaling.parameter import ROLES as ROLES
+from unitscale.scaling.parameter import ParamRole as ParamRole
+from unitscale.scaling.parameter import residual_taus as residual_taus
+from unitscale.scaling.parameter import role_of as role_of
+from unitscale.scaling.parameter import set_depth as set_depth
+from unitscale.scaling.parameter import tag as tag
 from unitscale.scaling.umup_functional import attention as attention
 from unitscale.scaling.umup_functional import cross_entropy as cross_entropy
 from unitscale.scaling.umup_functional import linear_readout as linear_readout
@@ -33,13 +40,6 @@ from unitscale.scaling.umup_nn import LinearReadout as LinearReadout
 from unitscale.scaling.umup_nn import RMSNorm as RMSNorm
 from unitscale.scaling.umup_nn import SwiGLU as SwiGLU
 from unitscale.scaling.umup_nn import TransformerLayer as TransformerLayer
-from unitscale.scaling.umup_params import ROLES as ROLES
-from unitscale.scaling.umup_params import ParamRole as ParamRole
-from unitscale.scaling.umup_params import check_mult as check_mult
-from unitscale.scaling.umup_params import residual_taus as residual_taus
-from unitscale.scaling.umup_params import role_of as role_of
-from unitscale.scaling.umup_params import set_depth as set_depth
-from unitscale.scaling.umup_params import tag as tag
 
 __all__ = [
     "ROLES",

@@ -22,8 +22,8 @@ import math
 import torch
 from torch import Tensor
 
-from unitscale.scaling import functional as U
-from unitscale.scaling.umup_params import check_mult
+import unitscale.functional as U
+from unitscale.scaling.checks import check_mult
 
 __all__ = ["silu_glu", "linear_readout", "attention", "cross_entropy"]
 

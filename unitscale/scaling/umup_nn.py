@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from unitscale.scaling import functional as U
+import unitscale.functional as U
 from unitscale.scaling import umup_functional as UF
+from unitscale.scaling.checks import check_mult, check_tau
 from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
-from unitscale.scaling.functional import _check_tau
-from unitscale.scaling.umup_params import check_mult, tag
+from unitscale.scaling.parameter import tag
 
 __all__ = [
     "Linear",
@@ -308,8 +308,8 @@ class TransformerLayer(nn.Module):
         ffn_mult: float = 1.0,
     ) -> None:
         super().__init__()
-        self.attn_tau = _check_tau("TransformerLayer", attn_tau, "attn_tau")
-        self.mlp_tau = _check_tau("TransformerLayer", mlp_tau, "mlp_tau")
+        self.attn_tau = check_tau("TransformerLayer", attn_tau, "attn_tau")
+        self.mlp_tau = check_tau("TransformerLayer", mlp_tau, "mlp_tau")
         self.attn_norm = RMSNorm(width)
         self.attn = MHSA(width, heads, mult=attn_mult)
         self.mlp_norm = RMSNorm(width)

@@ -5,7 +5,7 @@
 the torch functions users call (``F.linear``, ``F.embedding(input, weight)``). The
 unit-scaling pass, its patterns (RMS norm, tanh GELU, rotary embeddings) and
 :func:`unitscale.simulate_format` are written against the second vocabulary, and
-:data:`unitscale.scaling.functional.torch_map` keys on it. :func:`to_torch_functions`
+:data:`unitscale.functional.torch_map` keys on it. :func:`to_torch_functions`
 rewrites each aten op of :data:`TORCH_LEVEL` into its torch function, putting the
 arguments in that function's order; the training IR that ``torch.export`` produces
 keeps the high-level ops (``linear``, ``layer_norm``, ``scaled_dot_product_attention``),

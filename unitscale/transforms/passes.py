@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale.errors import (
     FormatError,
     InputError,
@@ -165,11 +165,11 @@ def unit_scale(
     and the graph serves calls of other batch sizes. Whether the model is written with
     modules (``nn.Sequential(nn.Linear, nn.GELU, ...)``) or functional calls, and
     whatever the route (an exported graph's aten ops are read as torch functions).
-    In the graph: ``replace`` first, then :data:`unitscale.scaling.functional.torch_map`;
+    In the graph: ``replace`` first, then :data:`unitscale.functional.torch_map`;
     residual adds (one operand an ancestor of the other) become
-    :func:`~unitscale.scaling.functional.residual_split` / :func:`~unitscale.scaling.functional.residual_add`
+    :func:`~unitscale.functional.residual_split` / :func:`~unitscale.functional.residual_add`
     (``tau`` 0.01 for attention branches, 0.5 otherwise); other adds become unconstrained
-    :func:`~unitscale.scaling.functional.add`; constrained ops after the last residual add
+    :func:`~unitscale.functional.add`; constrained ops after the last residual add
     or on the trunk (every input-to-output path goes through them) are unconstrained.
     Ops written out by hand (``LlamaRMSNorm``, GPT-2's tanh GELU) are folded into their
     twins first; a constant factor that only linear layers and norms read is dropped.

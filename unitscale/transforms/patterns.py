@@ -8,10 +8,10 @@ would otherwise look like a residual add):
 
 - RMS norm (``LlamaRMSNorm``, ``T5LayerNorm``):
   ``w * (x * rsqrt(mean(x.pow(2), -1, keepdim=True) + eps))``, with ``.to(dtype)`` casts
-  anywhere on the way, becomes :func:`~unitscale.scaling.functional.rms_norm`;
+  anywhere on the way, becomes :func:`~unitscale.functional.rms_norm`;
 - tanh GELU (GPT-2's ``NewGELUActivation``):
   ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`` becomes
-  :func:`~unitscale.scaling.functional.gelu` with ``approximate="tanh"``.
+  :func:`~unitscale.functional.gelu` with ``approximate="tanh"``.
 
 The new node keeps the replaced node's ``example_value``, module path and
 stack trace; pattern nodes no one else reads are erased.
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import fx
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 
 __all__ = ["fold_patterns"]
 

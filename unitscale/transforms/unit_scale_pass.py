@@ -12,7 +12,7 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    ``residual_split`` at the skip and ``residual_add`` at the join, with ``tau = 0.01``
    when the branch holds attention (softmax or scaled dot-product attention) and 0.5
    otherwise; every other add of two float tensors becomes an unconstrained ``U.add``;
-3. every other op found in :data:`unitscale.scaling.functional.torch_map` becomes its twin, with
+3. every other op found in :data:`unitscale.functional.torch_map` becomes its twin, with
    ``constraint=None`` after the last residual add and on the trunk: where every path
    from the inputs to the output passes through the op (the stem of a ResNet, an op
    between two residual blocks), its input's gradient reaches everything upstream
@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-import unitscale.scaling.functional as U
+import unitscale.functional as U
 from unitscale.fx.nodes import (
     MODULE_PATH_KEY,
     MODULE_TYPE_KEY,
@@ -239,7 +239,7 @@ def unit_init_(gm: fx.GraphModule) -> None:
 
     >>> import torch
     >>> from torch import fx
-    >>> import unitscale.scaling.functional as U
+    >>> import unitscale.functional as U
     >>> from unitscale.tracers import DeepTracer
     >>> class Net(torch.nn.Module):
     ...     def __init__(self):
@@ -391,7 +391,7 @@ def _rotary_ops(
 
     Rotating pairs of features by an angle keeps their norm, so the sum has the std
     of ``x``: the two products and the add are kept as they are (an add would be
-    scaled by ``2**-0.5`` as :func:`~unitscale.scaling.functional.add`).
+    scaled by ``2**-0.5`` as :func:`~unitscale.functional.add`).
     """
     kept: dict[fx.Node, str] = {}
     for node in graph.nodes:
@@ -442,7 +442,7 @@ class UnitScalePass:
     """Rewrites a captured graph into its unit-scaled form (see the module docstring).
 
     Args:
-        replace: user replacements, looked up before :data:`unitscale.scaling.functional.torch_map`.
+        replace: user replacements, looked up before :data:`unitscale.functional.torch_map`.
         torch_map: the default map (torch function -> unit-scaled twin).
     """
 

@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 from torch import Tensor, nn
 
 from unitscale.errors import MultiplierError, UnknownRoleError
+from unitscale.scaling.checks import check_mult
 
-__all__ = ["ROLES", "ParamRole", "tag", "role_of", "set_depth", "check_mult", "residual_taus"]
+__all__ = ["ROLES", "ParamRole", "tag", "role_of", "set_depth", "residual_taus"]
 
 ROLES = ("weight", "bias", "norm", "readout", "embedding")
 """The u-μP roles. ``"output"`` (the reference library's name for ``"readout"``) is accepted as an alias."""
@@ -167,22 +168,6 @@ def set_depth(module: nn.Module, depth: int) -> nn.Module:
         if role is not None:
             setattr(param, _ATTR, ParamRole(role.role, role.width, depth))
     return module
-
-
-def check_mult(owner: str, name: str, value: Any) -> float:
-    """``value`` as a float if it is a finite number > 0, else :class:`~unitscale.errors.MultiplierError`.
-
-    Every α of the paper is a positive factor: 0 switches a path off, a negative one flips it.
-
-    >>> from unitscale.scaling.umup import check_mult
-    >>> check_mult("Softmax", "mult", 2)
-    2.0
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise MultiplierError(
-            f"{owner}: {name}={value!r:.60} must be a finite number > 0 (an α of u-μP; 1 is the default)"
-        )
-    return float(value)
 
 
 def residual_taus(blocks: int, residual_mult: float = 1.0, attn_ratio: float = 1.0) -> list[float]:

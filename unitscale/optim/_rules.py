@@ -1,51 +1,4 @@
-"""u-μP's learning-rate rules per parameter role, and torch optimisers that apply them.
-
-u-μP (Blake et al., arXiv 2407.17465, Section 4) sets each parameter's learning rate
-from one global ``lr`` and the parameter's role (:func:`~unitscale.scaling.umup.tag`).
-With Adam, whose update has a size set by ``lr`` whatever the gradient's scale:
-
-==============  ===============================  ==========================================
-role            Adam ``lr`` ×                    why
-==============  ===============================  ==========================================
-``weight``      ``fan_in**-0.5``                 μP: a unit-init hidden weight whose multiplier
-                                                 is ``fan_in**-0.5`` must move by ``O(1/fan_in)``
-``embedding``   ``width**-0.5`` (its fan-out)    u-μP's embedding rule (μP keeps it constant)
-``readout``     1                                its ``1/fan_in`` multiplier already shrinks it
-``bias``        1                                a vector: nothing sums over the width
-``norm``        1                                idem
-==============  ===============================  ==========================================
-
-and a parameter in a residual branch of a stack of ``depth`` blocks a further
-``depth**-0.5`` (depth-μP for Adam, which u-μP adopts alongside its residual rule,
-Appendix G).
-
-**Why SGD's rules are the same here, and when they are not.** SGD's update is ``lr``
-times the gradient, so its size follows the gradient's scale. Every gradient of a
-unit-scaled model is scaled to unit std, which makes SGD's updates unit-sized like
-Adam's, and the Adam rules carry over (the reference library reasons the same way).
-They differ only when the readout's backward scale is tied to its forward one
-(``readout_constraint="to_output_scale"``): then every gradient below the readout
-shrinks like ``1 / width`` and SGD has to grow its rates instead: ``weight`` and
-``embedding`` × ``width**0.5``, ``bias`` and ``norm`` × ``width``, ``readout`` × 1
-(the reference library's ``lr_scale_func_sgd``).
-
-**Weight decay** is independent of ``lr`` by default: each group's decay is divided by
-its own learning rate, so the decay step per update is ``weight_decay · p`` for
-:class:`AdamW` and :class:`SGD`, whatever the learning rate (of the peak: a schedule
-still scales it). With :class:`Adam` the decay is an L2 term fed through Adam's
-normaliser, as in torch.
-
-**Parameters without a role** raise :class:`~unitscale.errors.UntaggedParameterError`
-naming them and saying how to tag them; ``allow_untagged=True`` gives them the scale 1
-(the rule of a bias) and warns with :class:`~unitscale.errors.UntaggedParameterWarning`.
-
->>> import torch
->>> from unitscale.optim import lr_scales
->>> from unitscale.scaling import umup
->>> model = torch.nn.Sequential(umup.Linear(256, 64), umup.LinearReadout(64, 10))
->>> lr_scales(model)
-{'0.weight': 0.0625, '1.weight': 1.0}
-"""
+"""u-μP's learning-rate factors per parameter role, and the parameter groups that carry them."""
 
 from __future__ import annotations
 
@@ -54,13 +7,12 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, TypeAlias
 
-import torch
 from torch import Tensor, nn
 
 from unitscale.errors import InputError, UntaggedParameterError, UntaggedParameterWarning
-from unitscale.scaling.umup_params import ParamRole, role_of
+from unitscale.scaling.parameter import ParamRole, role_of
 
-__all__ = ["RULES", "lr_scale", "lr_scales", "param_groups", "SGD", "Adam", "AdamW"]
+__all__ = ["RULES", "Params", "lr_scale", "lr_scales", "param_groups"]
 
 RULES = ("adam", "sgd", "sgd_to_output_scale")
 """The rule sets :func:`lr_scale` knows: Adam's (also AdamW's), SGD's with unit-scaled
@@ -240,120 +192,3 @@ def param_groups(
             decay = base_wd / group_lr if independent_weight_decay and group_lr > 0 else base_wd
             result.append({**options, "params": members, "lr": group_lr, "weight_decay": decay, "umup_scale": factor})
     return result
-
-
-class SGD(torch.optim.SGD):
-    """:class:`torch.optim.SGD` with u-μP's per-role learning rates and independent weight decay.
-
-    Args:
-        params: a module, parameters, or parameter groups (tagged).
-        lr: the global learning rate.
-        weight_decay: decay, independent of ``lr`` by default.
-        independent_weight_decay: see :func:`param_groups`.
-        readout_constraint: ``None`` (the readout's gradient is unit-scaled: Adam's rules) or
-            ``"to_output_scale"`` (the readout's backward tied to its forward: SGD's own rules).
-        allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
-        **kwargs: passed to :class:`torch.optim.SGD` (``momentum``, ``nesterov``, ...).
-
-    Raises:
-        UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
-        InputError: a bad ``lr``, ``weight_decay`` or ``readout_constraint``.
-
-    >>> import torch
-    >>> from unitscale.optim import SGD
-    >>> from unitscale.scaling import umup
-    >>> opt = SGD(umup.Linear(16, 4).parameters(), lr=1.0, momentum=0.9)
-    >>> opt.param_groups[0]["lr"]
-    0.25
-    """
-
-    def __init__(
-        self,
-        params: Params,
-        lr: float = 1e-2,
-        weight_decay: float = 0.0,
-        independent_weight_decay: bool = True,
-        readout_constraint: str | None = None,
-        allow_untagged: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if readout_constraint not in (None, "to_output_scale"):
-            raise InputError(
-                f"SGD: readout_constraint={readout_constraint!r:.60} must be None or 'to_output_scale' "
-                "(the constraint of the model's readout)"
-            )
-        rule = "sgd" if readout_constraint is None else "sgd_to_output_scale"
-        groups = param_groups(params, lr, weight_decay, independent_weight_decay, rule, allow_untagged)
-        super().__init__(groups, lr=lr, **kwargs)
-
-
-class Adam(torch.optim.Adam):
-    """:class:`torch.optim.Adam` with u-μP's per-role learning rates (see :mod:`unitscale.optim`).
-
-    Args:
-        params: a module, parameters, or parameter groups (tagged).
-        lr: the global learning rate (u-μP's default optimum is near 2**-6 to 2**-3 at any width).
-        weight_decay: L2 decay (through Adam's normaliser, as in torch), divided by each group's ``lr``
-            when ``independent_weight_decay``.
-        independent_weight_decay: see :func:`param_groups`.
-        allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
-        **kwargs: passed to :class:`torch.optim.Adam` (``betas``, ``eps``, ...).
-
-    Raises:
-        UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
-
-    >>> import torch
-    >>> from unitscale.optim import Adam
-    >>> from unitscale.scaling import umup
-    >>> opt = Adam(umup.Linear(64, 4).parameters(), lr=0.1)
-    >>> round(opt.param_groups[0]["lr"], 4)
-    0.0125
-    """
-
-    def __init__(
-        self,
-        params: Params,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        independent_weight_decay: bool = True,
-        allow_untagged: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        groups = param_groups(params, lr, weight_decay, independent_weight_decay, "adam", allow_untagged)
-        super().__init__(groups, lr=lr, **kwargs)
-
-
-class AdamW(torch.optim.AdamW):
-    """:class:`torch.optim.AdamW` with u-μP's per-role learning rates and lr-independent decay.
-
-    Args:
-        params: a module, parameters, or parameter groups (tagged).
-        lr: the global learning rate.
-        weight_decay: the decay step per update (``p -= weight_decay * p``) when
-            ``independent_weight_decay``; torch's ``lr * weight_decay`` otherwise.
-        independent_weight_decay: see :func:`param_groups`.
-        allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
-        **kwargs: passed to :class:`torch.optim.AdamW`.
-
-    Raises:
-        UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
-
-    >>> import torch
-    >>> from unitscale.optim import AdamW
-    >>> from unitscale.scaling import umup
-    >>> opt = AdamW(umup.RMSNorm(8).parameters(), lr=0.1, weight_decay=0.01)
-    >>> round(opt.param_groups[0]["weight_decay"], 4)
-    0.1
-    """
-
-    def __init__(
-        self,
-        params: Params,
-        lr: float = 1e-3,
-        weight_decay: float = 0.0,
-        independent_weight_decay: bool = True,
-        allow_untagged: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        groups = param_groups(params, lr, weight_decay, independent_weight_decay, "adam", allow_untagged)
-        super().__init__(groups, lr=lr, **kwargs)

@@ -1,0 +1,75 @@
+"""Unit-scaled ops (``import unitscale.functional as U``): unit-normal inputs give outputs and gradients of std 1.
+
+Each op is its torch twin with fixed scales applied in the forward pass (to the
+output) and in the backward pass (to the input gradients), after Blake et al.,
+"Unit Scaling" (arXiv 2303.11257). Signatures mirror torch's, plus a
+``constraint=`` argument on ops whose forward and backward scales differ, so a
+graph transform can swap a torch function for its twin by target
+(:data:`torch_map`).
+
+>>> import torch
+>>> import unitscale.functional as U
+>>> _ = torch.manual_seed(0)
+>>> x, w = torch.randn(256, 512), torch.randn(128, 512)
+>>> round(U.linear(x, w, constraint=None).std().item(), 1), round(torch.nn.functional.linear(x, w).std().item())
+(1.0, 23)
+
+Only the ops are public names here: tracers keep every public callable of this
+module as a single graph node (it is registered with :mod:`unitscale.fx.autowrap`
+below), and would otherwise patch an imported name (``Tensor``, ``Callable``) in
+the traced model's module too.
+"""
+
+import sys as _sys
+
+from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, softmax
+from unitscale.functional._attention import scaled_dot_product_attention
+from unitscale.functional._dropout import dropout
+from unitscale.functional._embedding import embedding
+from unitscale.functional._linear import addmm, conv2d, linear, matmul
+from unitscale.functional._losses import cross_entropy
+from unitscale.functional._norms import batch_norm, layer_norm, rms_norm
+from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from unitscale.functional._residual import add, residual_add, residual_split
+from unitscale.functional._scale import scale
+from unitscale.functional._torch_map import torch_map
+from unitscale.fx.autowrap import register_autowrap_module as _register_autowrap_module
+
+__all__ = [
+    "scale",
+    "linear",
+    "matmul",
+    "gelu",
+    "softmax",
+    "add",
+    "residual_split",
+    "residual_add",
+    "layer_norm",
+    "embedding",
+    "dropout",
+    "cross_entropy",
+    "scaled_dot_product_attention",
+    "addmm",
+    "conv2d",
+    "silu",
+    "relu",
+    "hardtanh",
+    "relu6",
+    "rms_norm",
+    "batch_norm",
+    "max_pool2d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "torch_map",
+]
+
+# Graphs, generated code and pickles name a function by its ``__module__``: the ops are
+# named by this, their one import path (``unitscale_functional_linear``).
+for _name in __all__:
+    _fn = globals()[_name]
+    if callable(_fn):
+        _fn.__module__ = __name__
+
+# Tracers keep these ops as single nodes by default; fx learns of them here, not by
+# importing this layer. ``U.linear(...)`` in a model reads this namespace, which fx patches.
+_register_autowrap_module(_sys.modules[__name__])

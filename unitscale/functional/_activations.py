@@ -1,0 +1,235 @@
+"""Pointwise nonlinearities and softmax, scaled by their Gaussian moments."""
+
+from __future__ import annotations
+
+import math as _math
+from typing import TYPE_CHECKING
+
+import torch as _torch
+import torch.nn.functional as _F
+
+from unitscale import errors as _errors
+from unitscale.functional._scale import _constrain, scale
+from unitscale.scaling import softmax_stats as _stats
+from unitscale.scaling.checks import check_approximate
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
+
+
+# Std of GELU(x) and of GELU'(x) for x ~ N(0, 1), by quadrature on [-12, 12]
+# (tests/test_functional.py recomputes them). Exact and tanh forms agree to 1e-5.
+_GELU_OUT_STD = 0.587915
+_GELU_GRAD_STD = 0.675167
+
+
+def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "gmean") -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.gelu`.
+
+    Output × ``1 / 0.5879`` and input gradient × ``1 / 0.6752``: the std of GELU
+    and of its derivative for ``N(0, 1)`` input.
+
+    Args:
+        input: any tensor.
+        approximate: ``"none"`` or ``"tanh"``, as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``gelu(input)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import gelu
+    >>> _ = torch.manual_seed(0)
+    >>> round(gelu(torch.randn(10_000), constraint=None).std().item(), 1)
+    1.0
+    """
+    check_approximate("gelu", approximate)
+    output_scale, grad_scale = _constrain(constraint, 1 / _GELU_OUT_STD, 1 / _GELU_GRAD_STD)
+    return scale(_F.gelu(input, approximate=approximate), output_scale, grad_scale)
+
+
+# Std of SiLU(x) and of SiLU'(x) for x ~ N(0, 1), by quadrature on [-12, 12], as for GELU.
+_SILU_OUT_STD = 0.559538
+_SILU_GRAD_STD = 0.616021
+# ReLU's output and derivative both have root-mean-square sqrt(1/2) for N(0, 1) input.
+_RELU_SCALE = 2**0.5
+
+
+def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean") -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.silu` (the gate of Llama's SwiGLU).
+
+    Output × ``1 / 0.5595`` and input gradient × ``1 / 0.6160``: the std of SiLU
+    and of its derivative for ``N(0, 1)`` input.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``silu(input)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import silu
+    >>> _ = torch.manual_seed(0)
+    >>> round(silu(torch.randn(10_000), constraint=None).std().item(), 1)
+    1.0
+    """
+    output_scale, grad_scale = _constrain(constraint, 1 / _SILU_OUT_STD, 1 / _SILU_GRAD_STD)
+    return scale(_F.silu(input), output_scale, grad_scale)
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.relu` (also the twin of :func:`torch.relu`): ``2**0.5 * relu(x)``.
+
+    Scaled to unit root-mean-square rather than unit std, as He initialisation does:
+    for ``N(0, 1)`` input ReLU's output has mean 0.40 and std 0.58, and the next
+    matmul or convolution passes on the second moment (``0.40**2 + 0.58**2 = 1/2``),
+    so a std scale would grow the activations by ``1.21`` per layer in a network
+    without normalisation. The derivative is 0 or 1, with RMS ``2**-0.5`` too, so
+    both directions take the same scale and the gradient stays the true one of the
+    scaled function (no constraint needed). Output std is then ``0.83``, RMS 1.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+
+    Returns:
+        ``2**0.5 * relu(input)``.
+
+    >>> import torch
+    >>> from unitscale.functional import relu
+    >>> _ = torch.manual_seed(0)
+    >>> y = relu(torch.randn(100_000))
+    >>> round(y.pow(2).mean().sqrt().item(), 2), round(y.std().item(), 1)
+    (1.0, 0.8)
+    """
+    return _F.relu(input) * _RELU_SCALE
+
+
+def _clamp_moments(low: float, high: float) -> tuple[float, float]:
+    """Mean squares of ``clamp(x, low, high)`` and of its derivative for ``x ~ N(0, 1)``."""
+    cdf = lambda v: 0.5 * (1.0 + _math.erf(v / 2**0.5))  # noqa: E731
+    pdf = lambda v: _math.exp(-v * v / 2) / (2 * _math.pi) ** 0.5  # noqa: E731
+    inside = cdf(high) - cdf(low)
+    # E[x^2; low < x < high] = P(low < x < high) - (high pdf(high) - low pdf(low))
+    output = inside - (high * pdf(high) - low * pdf(low)) + low * low * cdf(low) + high * high * (1 - cdf(high))
+    return output, inside
+
+
+def hardtanh(
+    input: Tensor,
+    min_val: float = -1.0,
+    max_val: float = 1.0,
+    inplace: bool = False,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.hardtanh` (``nn.Hardtanh``, ``nn.ReLU6``): a clamp.
+
+    Scaled to unit root-mean-square, as :func:`relu` is: output × ``1 / RMS(clamp(x))``
+    and input gradient × ``1 / RMS(clamp'(x))`` for ``x ~ N(0, 1)`` (both from the normal
+    distribution's closed forms). For ReLU6 (``min_val=0, max_val=6``) both are ``2**0.5``,
+    as for ReLU, since a unit-scaled input almost never reaches 6; for the default
+    ``[-1, 1]`` they differ and ``constraint`` reconciles them. A range no unit input
+    reaches (an empty or far-off interval) is left unscaled in the direction it empties.
+
+    Args:
+        input: any tensor.
+        min_val: the lower bound, as in torch.
+        max_val: the upper bound, as in torch.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``hardtanh(input, min_val, max_val)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import hardtanh
+    >>> _ = torch.manual_seed(0)
+    >>> y = hardtanh(torch.randn(100_000), 0.0, 6.0)
+    >>> round(y.pow(2).mean().sqrt().item(), 2)
+    1.0
+    """
+    output, inside = _clamp_moments(float(min_val), float(max_val))
+    output_scale = output**-0.5 if output > 1e-12 else 1.0
+    grad_scale = inside**-0.5 if inside > 1e-12 else 1.0
+    output_scale, grad_scale = _constrain(constraint, output_scale, grad_scale)
+    return scale(_F.hardtanh(input, min_val, max_val), output_scale, grad_scale)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.relu6`: :func:`hardtanh` on ``[0, 6]``, about ``2**0.5 * relu6(x)``.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor).
+
+    Returns:
+        ``relu6(input)``, scaled to unit root-mean-square for unit-normal input.
+
+    >>> import torch
+    >>> from unitscale.functional import relu6
+    >>> _ = torch.manual_seed(0)
+    >>> round(relu6(torch.randn(100_000)).pow(2).mean().sqrt().item(), 2)
+    1.0
+    """
+    return hardtanh(input, 0.0, 6.0)
+
+
+def softmax(
+    input: Tensor,
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: torch.dtype | None = None,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.softmax` (also the twin of :func:`torch.softmax`).
+
+    A softmax over ``n`` elements of ``N(0, 1)`` logits has output std about
+    ``1.31 / n`` and input-gradient std about ``1.64 / n`` (for large ``n``), so
+    both scales grow with ``n``; exact values for small ``n`` come from a table.
+
+    Args:
+        input: logits.
+        dim: the dimension to normalise over (required, unlike torch's deprecated implicit choice).
+        _stacklevel: ignored; accepted because ``torch.nn.Softmax`` passes it.
+        dtype: optional dtype to compute in, as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``softmax(input, dim)``, scaled.
+
+    Raises:
+        InputError: ``dim`` is ``None``.
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import softmax
+    >>> _ = torch.manual_seed(0)
+    >>> round(softmax(torch.randn(1000, 64), dim=-1, constraint=None).std().item(), 1)
+    1.0
+    """
+    if dim is None:
+        raise _errors.InputError("softmax: dim=None; pass the dimension to normalise over, e.g. dim=-1")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise _errors.InputError(f"softmax: dim={dim!r:.60} is a {type(dim).__name__}; pass an int, e.g. dim=-1")
+    if isinstance(_stacklevel, _torch.dtype):  # torch.softmax(input, dim, dtype) passes dtype third
+        dtype = _stacklevel
+    output_scale, grad_scale = _constrain(constraint, *_stats.softmax_scales(input.shape[dim]))
+    return scale(_F.softmax(input, dim, dtype=dtype), output_scale, grad_scale)

@@ -1,0 +1,28 @@
+"""How the ops turn torch's errors on arguments that do not fit into an ``InputError`` naming the op."""
+
+from __future__ import annotations
+
+import torch as _torch
+
+from unitscale import errors as _errors
+
+_TORCH_ERRORS = (RuntimeError, ValueError, IndexError, TypeError)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, _torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return f"{value!r:.60}"
+
+
+def _tracing(error: Exception, *args: object) -> bool:
+    # Tracers raise through these ops too (fx proxies, symbolic shapes, TorchDynamo, fake
+    # tensors): those failures are the tracer's to report, not a misfit of the caller's shapes.
+    if type(error).__module__.startswith(("torch.fx", "torch._dynamo", "torch._subclasses")):
+        return True
+    return any(isinstance(a, _torch.fx.Proxy) for a in args)
+
+
+def _misfit(op: str, error: Exception, fits: str, **args: object) -> _errors.InputError:
+    got = ", ".join(f"{name}={_describe(v)}" for name, v in args.items() if v is not None)
+    return _errors.InputError(f"{op}: {got} do not fit; {fits}. torch said {type(error).__name__}: {error}")

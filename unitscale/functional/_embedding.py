@@ -1,0 +1,68 @@
+"""Embedding lookup, its table's gradient scaled by the lookups per row."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as _F
+
+from unitscale import errors as _errors
+from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._scale import _inv_sqrt, scale
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def embedding(
+    input: Tensor,
+    weight: Tensor,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+    sparse: bool = False,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.embedding`.
+
+    The output is rows of ``weight`` (unit-std if ``weight`` is ``N(0, 1)``). A
+    row's gradient sums the gradients of every lookup of it, about
+    ``lookups / vocab`` terms on average, so the weight gradient is scaled by
+    ``(lookups / vocab)**-0.5``.
+
+    Args:
+        input: integer indices.
+        weight: the embedding table ``(vocab, dim)``.
+        padding_idx: as in torch.
+        max_norm: as in torch.
+        norm_type: as in torch.
+        scale_grad_by_freq: as in torch.
+        sparse: as in torch.
+
+    Returns:
+        The looked-up rows.
+
+    >>> import torch
+    >>> from unitscale.functional import embedding
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.randn(64, 32, requires_grad=True)
+    >>> out = embedding(torch.randint(0, 64, (16384,)), w)
+    >>> out.backward(torch.randn_like(out))
+    >>> round(w.grad.std().item(), 1)
+    1.0
+    """
+    try:
+        weight = scale(weight, 1.0, _inv_sqrt(input.numel() / weight.shape[0]))
+        return _F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, input, weight):
+            raise
+        raise _misfit(
+            "embedding",
+            e,
+            "input holds integer indices (int64 or int32) below weight.shape[0], weight is 2-D (vocab, dim)",
+            input=input,
+            weight=weight,
+        ) from e

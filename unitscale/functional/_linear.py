@@ -1,0 +1,259 @@
+"""Matmul-like ops: linear, matmul, addmm, conv2d."""
+
+from __future__ import annotations
+
+import math as _math
+from typing import TYPE_CHECKING, Any
+
+import torch as _torch
+import torch.nn.functional as _F
+
+from unitscale import errors as _errors
+from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
+
+
+def _check_operands(op: str, left: Any, right: Any, right_name: str, right_dim: int) -> None:
+    """Tensors whose inner sizes agree: ``left``'s last dim against ``right``'s ``right_dim``."""
+    for name, value in (("input", left), (right_name, right)):
+        if not isinstance(value, _torch.Tensor):
+            raise _errors.InputError(f"{op}: {name} is a {type(value).__name__}; pass a tensor")
+    if left.dim() == 0 or right.dim() == 0 or left.shape[-1] != right.shape[right_dim if right.dim() > 1 else 0]:
+        raise _errors.InputError(
+            f"{op}: input of shape {tuple(left.shape)} and {right_name} of shape {tuple(right.shape)} do not fit: "
+            f"the input's last size must equal the {right_name}'s "
+            f"{'last' if right_dim == -1 else 'second-to-last'} size"
+        )
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: ConstraintArg = "gmean") -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.linear`.
+
+    For ``input (..., k)`` and ``weight (n, k)``: output × ``k**-0.5``, input
+    gradient × ``n**-0.5``, weight and bias gradients × ``batch**-0.5`` (``batch``:
+    the number of rows of ``input``). The constraint reconciles the output and
+    input-gradient scales; weight gradients never need it.
+
+    Args:
+        input: tensor of shape ``(..., in_features)``.
+        weight: tensor of shape ``(out_features, in_features)``.
+        bias: optional tensor of shape ``(out_features,)``.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``
+            (forward and backward scaled separately).
+
+    Returns:
+        ``input @ weight.T + bias``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import linear
+    >>> _ = torch.manual_seed(0)
+    >>> x, w = torch.randn(512, 256, requires_grad=True), torch.randn(64, 256)
+    >>> y = linear(x, w, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+
+    With the default ``gmean`` constraint both miss 1 by ``(256 / 64) ** 0.25``:
+
+    >>> x.grad = None
+    >>> y = linear(x, w)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.4, 0.7)
+    """
+    _check_operands("linear", input, weight, "weight", -1)
+    fan_out, fan_in = weight.shape[0], weight.shape[-1]
+    weight_grad_scale = _inv_sqrt(input.numel() / fan_in)
+    output_scale, grad_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
+    # The matmul itself sees unit-scaled operands (which is where a low-precision format is
+    # simulated) and the scales act on its result: forward the output scale, backward the
+    # input-gradient scale, so the input's gradient is unit-scaled as it leaves the matmul;
+    # the weight takes the remaining factor of its own gradient scale.
+    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
+    output = scale(_F.linear(input, weight), output_scale, grad_scale)
+    return output if bias is None else output + scale(bias, 1.0, weight_grad_scale)
+
+
+def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
+    """``(inner size, number of output elements)`` of ``torch.matmul(left, right)``."""
+    inner = left.shape[-1]
+    m = left.shape[-2] if left.dim() >= 2 else 1
+    n = right.shape[-1] if right.dim() >= 2 else 1
+    batch = _torch.broadcast_shapes(left.shape[:-2], right.shape[:-2])
+    return inner, _math.prod(batch) * m * n
+
+
+def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") -> Tensor:
+    """Unit-scaled :func:`torch.matmul`.
+
+    For ``(m, k) @ (k, n)`` (with any batch dims): output × ``k**-0.5``; each
+    operand's gradient × ``count**-0.5``, where ``count`` is the number of terms
+    summed into each of its elements (``n`` for ``input``; ``m`` times the
+    broadcast batch for ``other``). The constraint reconciles all three, since
+    either operand may be an activation (use :func:`linear` for weights).
+
+    Args:
+        input: left operand.
+        other: right operand.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``input @ other``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import matmul
+    >>> _ = torch.manual_seed(0)
+    >>> a, b = torch.randn(8, 64, 256), torch.randn(8, 256, 64)
+    >>> round(matmul(a, b, constraint=None).std().item(), 1)
+    1.0
+    """
+    _check_operands("matmul", input, other, "other", -2)
+    inner, out_numel = _matmul_dims(input, other)
+    output_scale, left_scale, right_scale = _constrain(
+        constraint,
+        inner**-0.5,
+        _inv_sqrt(out_numel * inner / input.numel()),
+        _inv_sqrt(out_numel * inner / other.numel()),
+    )
+    # As in linear: unit-scaled operands, scales on the result; ``other`` takes the rest of its own.
+    other = scale(other, 1.0, right_scale / left_scale)
+    return scale(_torch.matmul(input, other), output_scale, left_scale)
+
+
+def addmm(
+    input: Tensor,
+    mat1: Tensor,
+    mat2: Tensor,
+    *,
+    beta: float = 1,
+    alpha: float = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.addmm`: ``beta * input + alpha * (mat1 @ mat2)``.
+
+    The form of GPT-2's ``Conv1D`` projections (``mat2`` is the weight, ``(in, out)``).
+    ``mat1 @ mat2`` is scaled as :func:`linear` with weight ``mat2.T``: output ×
+    ``k**-0.5``, ``mat1``'s gradient × ``n**-0.5``, ``mat2``'s × ``m**-0.5``; ``input``
+    (the bias) is added unscaled and its gradient, summed over the rows it is
+    broadcast to, × ``copies**-0.5``.
+
+    Args:
+        input: the added term, broadcastable to ``(m, n)``.
+        mat1: ``(m, k)``.
+        mat2: ``(k, n)``.
+        beta: multiplier of ``input``, as in torch.
+        alpha: multiplier of the product, as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled ``beta * input + alpha * mat1 @ mat2``.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import addmm
+    >>> _ = torch.manual_seed(0)
+    >>> x, w, b = torch.randn(512, 256, requires_grad=True), torch.randn(256, 64), torch.zeros(64)
+    >>> y = addmm(b, x, w, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    product = linear(mat1, mat2.t(), None, constraint)
+    bias = scale(input, 1.0, _inv_sqrt(product.numel() / max(input.numel(), 1)))
+    if alpha != 1:
+        product = product * alpha
+    return product + (bias if beta == 1 else beta * bias)
+
+
+def _conv_out_size(size: int, kernel: int, stride: int, padding: int | str, dilation: int) -> int:
+    if padding == "same":
+        return size
+    pad = 0 if padding == "valid" else int(padding)
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _pair(value: int | tuple[int, ...] | list[int] | str) -> tuple[int | str, int | str]:
+    if isinstance(value, (tuple, list)):
+        return (value[0], value[-1])
+    return (value, value)
+
+
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, ...] = 1,
+    padding: int | tuple[int, ...] | str = 0,
+    dilation: int | tuple[int, ...] = 1,
+    groups: int = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv2d`.
+
+    A convolution is a matmul over patches: output × ``fan_in**-0.5`` with
+    ``fan_in = C_in / groups * kh * kw``; input gradient × ``count**-0.5``, where
+    ``count`` is the average number of terms summed into an input element's
+    gradient (``C_out / groups * kh * kw`` at stride 1 with "same" padding, fewer
+    when strided); weight and bias gradients × ``(N * H_out * W_out)**-0.5``. The
+    constraint reconciles the output and input-gradient scales, as for :func:`linear`.
+
+    Args:
+        input: ``(N, C_in, H, W)`` (or unbatched ``(C_in, H, W)``).
+        weight: ``(C_out, C_in / groups, kh, kw)``.
+        bias: optional ``(C_out,)``.
+        stride: as in torch.
+        padding: as in torch (``"same"`` and ``"valid"`` included).
+        dilation: as in torch.
+        groups: as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled convolution.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import conv2d
+    >>> _ = torch.manual_seed(0)
+    >>> x, w = torch.randn(8, 16, 32, 32, requires_grad=True), torch.randn(32, 16, 3, 3)
+    >>> y = conv2d(x, w, padding=1, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    fan_in = _math.prod(weight.shape[1:])
+    kernel = weight.shape[-2:]
+    strides, paddings, dilations = _pair(stride), _pair(padding), _pair(dilation)
+    out_hw = [
+        _conv_out_size(input.shape[-2 + i], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))
+        for i in range(2)
+    ]
+    batch = input.numel() // max(_math.prod(input.shape[-3:]), 1)
+    out_numel = batch * weight.shape[0] * out_hw[0] * out_hw[1]
+    weight_grad_scale = _inv_sqrt(out_numel / weight.shape[0])
+    output_scale, grad_scale = _constrain(
+        constraint, fan_in**-0.5, _inv_sqrt(out_numel * fan_in / max(input.numel(), 1))
+    )
+    # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
+    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
+    output = scale(_F.conv2d(input, weight, None, stride, padding, dilation, groups), output_scale, grad_scale)
+    if bias is None:
+        return output
+    return output + scale(bias, 1.0, weight_grad_scale).reshape(-1, 1, 1)

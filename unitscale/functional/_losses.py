@@ -1,0 +1,86 @@
+"""Losses whose value is torch's and whose gradient is unit-scaled."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as _F
+
+from unitscale import errors as _errors
+from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._scale import scale
+from unitscale.scaling import softmax_stats as _stats
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Cross-entropy whose loss value is torch's, with the logits' gradient scaled to unit std.
+
+    The loss keeps its meaning (the value equals
+    :func:`torch.nn.functional.cross_entropy`'s); only the backward pass changes:
+    the logits' gradient ``(softmax - onehot) / batch`` is multiplied by ``batch``
+    (for ``reduction="mean"``) and by the inverse of its std over ``n`` classes
+    for ``N(0, 1)`` logits, about ``sqrt(n)``. Parameter gradients are then a fixed
+    multiple of the true ones, which scale-invariant optimisers (Adam) ignore.
+
+    Args:
+        input: logits ``(batch, classes, ...)`` or ``(classes,)``.
+        target: class indices or class probabilities, as in torch.
+        weight: as in torch.
+        size_average: deprecated, as in torch.
+        ignore_index: as in torch (the batch count used for the scale includes ignored targets).
+        reduce: deprecated, as in torch.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        label_smoothing: as in torch.
+
+    Returns:
+        The loss.
+
+    >>> import torch
+    >>> from unitscale.functional import cross_entropy
+    >>> _ = torch.manual_seed(0)
+    >>> logits = torch.randn(512, 100, requires_grad=True)
+    >>> target = torch.randint(0, 100, (512,))
+    >>> loss = cross_entropy(logits, target)
+    >>> torch.allclose(loss, torch.nn.functional.cross_entropy(logits, target))
+    True
+    >>> loss.backward()
+    >>> round(logits.grad.std().item(), 1)
+    1.0
+    """
+    try:
+        classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
+        batch = input.numel() // max(classes, 1)
+        # E[sum_j (s_j - y_j)^2] = E[sum_j s_j^2] - 2 E[s_target] + 1, with E[sum s^2] = (f^2 + 1) / n
+        # and E[s_target] = 1 / n for a target independent of the logits.
+        f = _stats.log_interp(classes, _stats.OUT)
+        grad_var = (1 + (f * f - 1) / classes) / classes if classes > 1 else 1.0
+        mean = reduction == "mean" and reduce is not False and size_average is not False
+        grad_scale = grad_var**-0.5 * (batch if mean else 1)
+        input = scale(input, 1.0, grad_scale)
+        return _F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, input, target, weight):
+            raise
+        raise _misfit(
+            "cross_entropy",
+            e,
+            "input is float logits (batch, classes, ...) or (classes,); target is int64 class indices "
+            "(batch, ...) below classes, or float probabilities shaped like input; weight is (classes,)",
+            input=input,
+            target=target,
+            weight=weight,
+        ) from e

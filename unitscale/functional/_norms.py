@@ -1,0 +1,157 @@
+"""Normalisations: layer, RMS and batch norm (only their affine gradients need a scale)."""
+
+from __future__ import annotations
+
+import math as _math
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as _F
+
+from unitscale import errors as _errors
+from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._scale import _inv_sqrt, scale
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+
+def layer_norm(
+    input: Tensor,
+    normalized_shape: list[int] | tuple[int, ...] | torch.Size,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.layer_norm`.
+
+    Layer norm's output and input gradient are already unit-std; its weight and
+    bias gradients sum over the batch, so they are scaled by ``batch**-0.5``.
+
+    Args:
+        input: tensor whose trailing dims are ``normalized_shape``.
+        normalized_shape: the trailing shape to normalise over.
+        weight: optional gain of shape ``normalized_shape``.
+        bias: optional bias of shape ``normalized_shape``.
+        eps: added to the variance, as in torch.
+
+    Returns:
+        The normalised tensor.
+
+    >>> import torch
+    >>> from unitscale.functional import layer_norm
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.ones(32, requires_grad=True)
+    >>> y = layer_norm(torch.randn(4096, 32), (32,), w)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(w.grad.std().item(), 1)
+    1.0
+    """
+    try:
+        batch_scale = _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1))
+        if weight is not None:
+            weight = scale(weight, 1.0, batch_scale)
+        if bias is not None:
+            bias = scale(bias, 1.0, batch_scale)
+        return _F.layer_norm(input, normalized_shape, weight, bias, eps)
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, input, weight, bias):
+            raise
+        raise _misfit(
+            "layer_norm",
+            e,
+            "input's trailing dims must equal normalized_shape (a tuple of ints); weight and bias have that shape",
+            input=input,
+            normalized_shape=normalized_shape,
+            weight=weight,
+            bias=bias,
+        ) from e
+
+
+def rms_norm(
+    input: Tensor,
+    normalized_shape: list[int] | tuple[int, ...] | torch.Size,
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.rms_norm` (and the ``LlamaRMSNorm``/``T5LayerNorm`` pattern).
+
+    RMS norm's output has unit root-mean-square, so unit std for zero-mean input,
+    and its input gradient is unit-std too; only the weight gradient, summed over
+    the batch, is scaled (by ``batch**-0.5``), as in :func:`layer_norm`.
+
+    Args:
+        input: tensor whose trailing dims are ``normalized_shape``.
+        normalized_shape: the trailing shape to normalise over.
+        weight: optional gain of shape ``normalized_shape``.
+        eps: added to the mean square (``None``: the dtype's machine epsilon, as in torch).
+
+    Returns:
+        The normalised tensor.
+
+    >>> import torch
+    >>> from unitscale.functional import rms_norm
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.ones(32, requires_grad=True)
+    >>> y = rms_norm(3 * torch.randn(4096, 32), (32,), w)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(w.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    if weight is not None:
+        weight = scale(weight, 1.0, _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1)))
+    return _F.rms_norm(input, list(normalized_shape), weight, eps)
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.batch_norm`.
+
+    In training mode (or without running statistics) the output is normalised
+    with the batch's own statistics, so output and input gradient are already
+    unit-std; the weight and bias gradients sum over ``N * H * W`` values per
+    channel and are scaled by its inverse square root. In eval mode the running
+    statistics normalise: the output is unit-std only if they describe the
+    input. :func:`~unitscale.unit_scale` therefore resets them to mean 0 and
+    variance 1, the statistics of the unit-scaled activations it produces (a
+    model trained after unit scaling tracks its own).
+
+    Args:
+        input: ``(N, C, ...)``.
+        running_mean: per-channel mean, or ``None``.
+        running_var: per-channel variance, or ``None``.
+        weight: optional per-channel gain.
+        bias: optional per-channel bias.
+        training: normalise with batch statistics (and update the running ones).
+        momentum: as in torch.
+        eps: as in torch.
+
+    Returns:
+        The normalised tensor.
+
+    >>> import torch
+    >>> from unitscale.functional import batch_norm
+    >>> _ = torch.manual_seed(0)
+    >>> w = torch.ones(256, requires_grad=True)
+    >>> y = batch_norm(5 * torch.randn(32, 256, 4, 4), None, None, w, training=True)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(w.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    channels = input.shape[1] if input.dim() > 1 else 1
+    batch_scale = _inv_sqrt(input.numel() / max(channels, 1))
+    if weight is not None:
+        weight = scale(weight, 1.0, batch_scale)
+    if bias is not None:
+        bias = scale(bias, 1.0, batch_scale)
+    return _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)

@@ -1,0 +1,173 @@
+"""Pooling: max pooling to unit root-mean-square, average pooling to unit std."""
+
+from __future__ import annotations
+
+import functools as _functools
+import math as _math
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as _F
+
+from unitscale.functional._linear import _pair
+from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
+
+
+@_functools.lru_cache(maxsize=64)
+def _max_rms(k: int) -> float:
+    """Root-mean-square of the largest of ``k`` independent ``N(0, 1)`` values (trapezoid rule on [-10, 10])."""
+    steps, lo, hi = 4000, -10.0, 10.0
+    h = (hi - lo) / steps
+    total = 0.0
+    for i in range(steps + 1):
+        x = lo + i * h
+        density = (
+            k * _math.exp(-x * x / 2) / _math.sqrt(2 * _math.pi) * (0.5 * (1 + _math.erf(x / _math.sqrt(2)))) ** (k - 1)
+        )
+        total += (0.5 if i in (0, steps) else 1.0) * x * x * density
+    return (total * h) ** 0.5
+
+
+def max_pool2d(
+    input: Tensor,
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    dilation: int | tuple[int, int] = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.max_pool2d`.
+
+    The largest of ``k = kh * kw`` values of ``N(0, 1)`` has mean well above 0 (1.49
+    for ``k = 9``), so, as for :func:`relu`, the output is scaled to unit
+    root-mean-square (``1 / 1.60`` for ``k = 9``, by quadrature), the moment the next
+    convolution passes on. Each output's gradient goes to one input, so an input's
+    gradient has RMS ``(outputs / inputs)**0.5``, and is scaled by the inverse.
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        kernel_size: as in torch.
+        stride: as in torch (``None``: the kernel size).
+        padding: as in torch.
+        dilation: as in torch.
+        ceil_mode: as in torch.
+        return_indices: as in torch (the indices are returned unscaled).
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled maxima (and their indices with ``return_indices=True``).
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import max_pool2d
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
+    >>> y = max_pool2d(x, 3, 2, 1, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.pow(2).mean().sqrt().item(), 1), round(x.grad.pow(2).mean().sqrt().item(), 1)
+    (1.0, 1.0)
+    """
+    kh, kw = _pair(kernel_size)
+    result = _F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+    out, indices = result[0], result[1]
+    output_scale, grad_scale = _constrain(
+        constraint, 1 / _max_rms(int(kh) * int(kw)), _inv_sqrt(out.numel() / max(input.numel(), 1))
+    )
+    out = scale(out, output_scale, grad_scale)
+    return (out, indices) if return_indices else out  # type: ignore[return-value]
+
+
+def _pool_scales(input: Tensor, output: Tensor, window: int, constraint: ConstraintArg) -> tuple[float, ...]:
+    # Each output averages ``window`` values: std window**-0.5 for independent ones. Each input's
+    # gradient sums ``cover`` output gradients divided by ``window``: std cover**0.5 / window.
+    cover = output.numel() * window / max(input.numel(), 1)
+    return _constrain(constraint, window**0.5, window * _inv_sqrt(cover))
+
+
+def avg_pool2d(
+    input: Tensor,
+    kernel_size: int | tuple[int, int],
+    stride: int | tuple[int, int] | None = None,
+    padding: int | tuple[int, int] = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.avg_pool2d`.
+
+    The mean of ``k = kh * kw`` independent unit-std values has std ``k**-0.5``:
+    the output is scaled by ``k**0.5``, and each input gradient (a sum of ``cover``
+    output gradients divided by ``k``) by ``k / cover**0.5``. Spatially correlated
+    inputs come out above 1 (at most ``k**0.5`` for constant windows).
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        kernel_size: as in torch.
+        stride: as in torch (``None``: the kernel size).
+        padding: as in torch.
+        ceil_mode: as in torch.
+        count_include_pad: as in torch.
+        divisor_override: as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled average.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import avg_pool2d
+    >>> _ = torch.manual_seed(0)
+    >>> round(avg_pool2d(torch.randn(8, 16, 32, 32), 2, constraint=None).std().item(), 1)
+    1.0
+    """
+    kh, kw = _pair(kernel_size)
+    out = _F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    output_scale, grad_scale = _pool_scales(input, out, int(kh) * int(kw), constraint)
+    return scale(out, output_scale, grad_scale)
+
+
+def adaptive_avg_pool2d(
+    input: Tensor,
+    output_size: int | tuple[int | None, int | None],
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.adaptive_avg_pool2d`.
+
+    As :func:`avg_pool2d`, with the window ``(H / H_out) * (W / W_out)`` (the
+    whole feature map for ``output_size=1``, as at the end of a ResNet).
+
+    Args:
+        input: ``(N, C, H, W)`` or ``(C, H, W)``.
+        output_size: as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled average.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import adaptive_avg_pool2d
+    >>> _ = torch.manual_seed(0)
+    >>> round(adaptive_avg_pool2d(torch.randn(64, 32, 8, 8), 1, constraint=None).std().item(), 1)
+    1.0
+    """
+    out = _F.adaptive_avg_pool2d(input, output_size)
+    window = max(round(input.shape[-2] * input.shape[-1] / max(out.shape[-2] * out.shape[-1], 1)), 1)
+    output_scale, grad_scale = _pool_scales(input, out, window, constraint)
+    return scale(out, output_scale, grad_scale)

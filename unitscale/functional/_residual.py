@@ -1,0 +1,123 @@
+"""Adds: the plain scaled add and the residual split/add pair."""
+
+from __future__ import annotations
+
+import math as _math
+from typing import TYPE_CHECKING
+
+import torch as _torch
+
+from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+from unitscale.scaling.checks import check_tau
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
+
+
+def add(
+    input: Tensor | float,
+    other: Tensor | float,
+    alpha: float = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.add`: ``input + alpha * other``.
+
+    Two independent unit-std tensors sum to std ``sqrt(1 + alpha**2)``: the output
+    is scaled by its inverse, the two gradients (already unit) by 1, and the
+    constraint reconciles all three. The gradient of a broadcast operand sums over
+    the broadcast copies and is scaled by ``copies**-0.5``. Adding a number, or
+    adding non-float values (shape arithmetic in a traced graph), is left
+    unscaled.
+
+    Args:
+        input: first summand.
+        other: second summand.
+        alpha: multiplier of ``other``, as in torch.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        The scaled sum.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import add
+    >>> _ = torch.manual_seed(0)
+    >>> a, b = torch.randn(10_000), torch.randn(10_000)
+    >>> round(add(a, b, constraint=None).std().item(), 1)
+    1.0
+    >>> add(2, 3)
+    5
+    """
+    if not (isinstance(input, _torch.Tensor) and isinstance(other, _torch.Tensor)) or not (
+        input.is_floating_point() or other.is_floating_point()
+    ):
+        return input + other if alpha == 1 else input + alpha * other  # type: ignore[return-value]
+    output_scale, grad_scale, _ = _constrain(constraint, (1 + alpha**2) ** -0.5, 1.0, 1.0)
+    # A broadcast operand's gradient sums over the broadcast elements.
+    out_numel = _math.prod(_torch.broadcast_shapes(input.shape, other.shape))
+    input = scale(input, 1.0, _inv_sqrt(out_numel / input.numel()))
+    other = scale(other, 1.0, _inv_sqrt(out_numel / other.numel()))
+    return scale(_torch.add(input, other, alpha=alpha), output_scale, grad_scale)
+
+
+def residual_split(input: Tensor, tau: float = 0.5) -> tuple[Tensor, Tensor]:
+    """Split ``input`` into the residual-branch input and the skip connection.
+
+    Forward: both are ``input``. Backward: the gradients coming back through them
+    are combined as ``sqrt(tau) * residual_grad + sqrt(1 - tau) * skip_grad``,
+    mirroring :func:`residual_add`; with unit-std branch gradients the result is
+    unit-std, and the pair together gives the true gradient of
+    ``sqrt(tau) * f(x) + sqrt(1 - tau) * x``.
+
+    Args:
+        input: the residual stream.
+        tau: share of the variance carried by the residual branch, in ``(0, 1)``.
+
+    Returns:
+        ``(residual, skip)``.
+
+    Raises:
+        InputError: ``tau`` is not strictly between 0 and 1.
+
+    >>> import torch
+    >>> from unitscale.functional import residual_split
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> r, s = residual_split(x, tau=0.36)
+    >>> (r + s).sum().backward()
+    >>> [round(g, 2) for g in x.grad.tolist()]
+    [1.4, 1.4, 1.4]
+    """
+    tau = check_tau("residual_split", tau)
+    return scale(input, 1.0, tau**0.5), scale(input, 1.0, (1 - tau) ** 0.5)
+
+
+def residual_add(residual: Tensor, skip: Tensor, tau: float = 0.5) -> Tensor:
+    """Join a residual branch and its skip connection: ``sqrt(tau) * residual + sqrt(1 - tau) * skip``.
+
+    Forward weights only; the gradients of ``residual`` and ``skip`` are the
+    output gradient unscaled, and :func:`residual_split` applies the weights in
+    the backward pass. For unit-std, independent inputs the output is unit-std.
+
+    Args:
+        residual: output of the residual branch.
+        skip: the skip connection from :func:`residual_split`.
+        tau: share of the variance carried by the residual branch, in ``(0, 1)``.
+
+    Returns:
+        The weighted sum.
+
+    Raises:
+        InputError: ``tau`` is not strictly between 0 and 1.
+
+    >>> import torch
+    >>> from unitscale.functional import residual_add
+    >>> residual_add(torch.ones(2), torch.zeros(2), tau=0.25).tolist()
+    [0.5, 0.5]
+    """
+    tau = check_tau("residual_add", tau)
+    return scale(residual, tau**0.5, 1.0) + scale(skip, (1 - tau) ** 0.5, 1.0)
