@@ -6,7 +6,7 @@ empty caches (the capture and the code listing are made again); "cached" is ever
 on the same model and input shapes (an fx trace's code, compiled with a recording call per
 node on the first call, is run directly). Target: <= 1.15x in both. Models: TinyGPT, FusedGPT (a GPT
 written differently: one fused qkv projection, explicit ``torch.softmax`` attention),
-``unitscale.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
+``unitscale.examples.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
 weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
 ``torch.fx`` traces the model, else ``eager`` (ops recorded as they run); a model fx cannot
 trace gets a second row with ``capture="export"`` (the exported graph's listing; quick mode:

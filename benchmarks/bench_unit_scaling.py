@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import unitscale.functional as U
-from unitscale import TinyGPT, unit_scale
+from unitscale import unit_scale
+from unitscale.examples import TinyGPT
 
 VOCAB, SEQ, BATCH = 64, 64, 16
 

@@ -14,9 +14,9 @@ from torch.overrides import TorchFunctionMode
 
 import unitscale.scaling.functional as U
 from unitscale.errors import InputError, PredicateError, UnknownConstraintError
+from unitscale.fx import DeepTracer
 from unitscale.scaling import softmax_stats as _softmax_stats
 from unitscale.scaling.constraints import CONSTRAINTS
-from unitscale.tracers import DeepTracer
 
 TOL = 0.15
 
