@@ -6,6 +6,8 @@
    function is still a cycle).
 3. Imports sit at the top of a module; one inside a function carries its reason as a comment on
    its line (``import torch._dynamo  # 1.5 s: only a capture pays it``).
+4. One name, one thing: no function or class in a package's face hides a module of the same
+   name, and the top level holds no example model.
 
 ``python tests/test_architecture.py`` prints what imports what inside the package, one module a
 line: the arrows ARCHITECTURE.md draws, read from the code.
@@ -20,12 +22,17 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
+import pkgutil
 import sys
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+import unitscale
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "unitscale"
@@ -84,6 +91,12 @@ LOCAL_IMPORTS_ALLOWED: set[tuple[str, str]] = {
     ("unitscale.stages.planner", "unitscale.stages.plan.partition"),
     ("unitscale.tracking.history", "unitscale.formats.BF16"),
     ("unitscale.tracking.history", "unitscale.formats.FP16"),
+}
+# package.module where the package's face binds the module's name to a function. Owners:
+# stages/ (helper S), tracking/ (helper A).
+HIDDEN_MODULES_ALLOWED: set[str] = {
+    "unitscale.stages.simulate",
+    "unitscale.tracking.cast_stats",
 }
 
 
@@ -297,6 +310,34 @@ def test_an_import_inside_a_function_says_why_on_its_line() -> None:
     )
     fixed = sorted(LOCAL_IMPORTS_ALLOWED - broken)
     assert not fixed, f"fixed, so remove from LOCAL_IMPORTS_ALLOWED: {fixed}"
+
+
+def test_a_name_in_a_package_is_one_thing_never_a_function_hiding_a_module() -> None:
+    """``unitscale.fx.invert`` once hid the module ``unitscale/fx/invert.py``: ``import
+    unitscale.fx.invert`` gave a function. Every submodule's name, read as an attribute of its
+    package, must be that module."""
+    hidden = set()
+    for name, path in modules().items():
+        if path.name != "__init__.py":
+            continue
+        package = importlib.import_module(name)
+        for info in pkgutil.iter_modules(package.__path__):
+            value = getattr(package, info.name, None)
+            if value is not None and not isinstance(value, types.ModuleType):
+                hidden.add(f"{name}.{info.name}")
+    new = sorted(hidden - HIDDEN_MODULES_ALLOWED)
+    assert not new, f"a function or class hides the module of the same name (rename the module): {new}"
+    fixed = sorted(HIDDEN_MODULES_ALLOWED - hidden)
+    assert not fixed, f"fixed, so remove from HIDDEN_MODULES_ALLOWED: {fixed}"
+
+
+def test_the_top_level_holds_no_example_and_reaches_every_part() -> None:
+    examples = [
+        name for name in unitscale.__all__ if getattr(unitscale, name).__module__.startswith("unitscale.examples")
+    ]
+    assert not examples, f"example models belong in unitscale.examples, not the top level: {examples}"
+    parts = {info.name for info in pkgutil.iter_modules(unitscale.__path__) if not info.name.startswith("_")}
+    assert all(isinstance(getattr(unitscale, part, None), types.ModuleType) for part in parts), parts
 
 
 # -- the checks check: each rule, on a package made to break it ---------------------------------
