@@ -44,6 +44,7 @@ exclude_patterns = [
     ".venv",
     "_build",
     "README.md",
+    "ARCHITECTURE.md",
     "tests",
     "benchmarks",
     "unitscale",

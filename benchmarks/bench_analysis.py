@@ -6,7 +6,7 @@ empty caches (the capture and the code listing are made again); "cached" is ever
 on the same model and input shapes (an fx trace's code, compiled with a recording call per
 node on the first call, is run directly). Target: <= 1.15x in both. Models: TinyGPT, FusedGPT (a GPT
 written differently: one fused qkv projection, explicit ``torch.softmax`` attention),
-``unitscale.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
+``unitscale.examples.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
 weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
 ``torch.fx`` traces the model, else ``eager`` (ops recorded as they run); a model fx cannot
 trace gets a second row with ``capture="export"`` (the exported graph's listing; quick mode:
@@ -20,7 +20,7 @@ code listing is made from, one ``torch.export``; nothing for the op recorder, wh
 plus one read of every tensor (the cached call with the std replaced by one ``sum``, less the
 call with no std at all). Hooks and bookkeeping are left out, so a floor above 1.15 means no
 code reaches the target on this machine while it keeps an exact std of every tensor.
-``--threads N`` (default 2). If Graphcore's ``unit-scaling`` is importable, its ratio (it
+``--threads N`` (default 2; one in ``--quick`` mode). If Graphcore's ``unit-scaling`` is importable, its ratio (it
 traces on every call) is printed for the GPTs.
 """
 
@@ -161,6 +161,7 @@ def _output(out: Any) -> torch.Tensor:
 
 def main(quick: bool = False, threads: int = 2) -> list[dict]:
     """Time plain forward+backward and ``analyse_module`` (first call, cached) per model; print and return rows."""
+    threads = 1 if quick else threads  # quick: one thread, as a shared machine gives
     torch.set_num_threads(threads)
     repeats = 1 if quick else 11  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     batch = BATCH // 4 if quick else BATCH

@@ -1,7 +1,7 @@
 """Training with a ``ScaleMonitor`` recording every 10th step, as a ratio to the same training without it.
 
 Each model takes the same training steps (forward, loss, backward, Adam) on the same batch,
-with and without a :class:`unitscale.ScaleMonitor` (``every=10``: one step in ten records every
+with and without a :class:`unitscale.tracking.ScaleMonitor` (``every=10``: one step in ten records every
 module output, gradient, parameter and parameter gradient against FP8 E4M3 / E5M2). The
 ratio is the time of ten monitored steps over ten plain ones, measured in the same run, the
 two interleaved step by step so that load from other processes hits both alike; a ``record
@@ -10,7 +10,7 @@ over rounds. Target: <= 1.10x for every 10th step. On one thread the clock is th
 own CPU time (``time.thread_time``), which time slices taken by other processes on a shared
 machine do not inflate (wall time there swung by 30% between rounds); with more threads it is
 wall time. Models: TinyGPT, a tiny Llama from ``transformers`` (random weights, no download), and
-``unitscale.resnet18``.
+``unitscale.examples.resnet18``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
 
-from unitscale import ScaleMonitor, TinyGPT, resnet18  # noqa: E402
+from unitscale.examples import TinyGPT, resnet18
+from unitscale.tracking import ScaleMonitor  # noqa: E402
 
 EVERY = 10
 VOCAB, SEQ = 256, 64

@@ -593,7 +593,7 @@ def _table(rows: list[dict], title: str) -> None:
 
 def main(quick: bool = False) -> list[dict]:
     """Run the three parts, print a table for each, and return all rows."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
     zoo = model_zoo(quick)
     _table(zoo, "Bottleneck / optimal bottleneck on a model zoo (FLOPs per node, module-boundary cuts)")
     rand = random_instances(quick)

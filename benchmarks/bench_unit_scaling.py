@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import unitscale.functional as U
-from unitscale import TinyGPT, unit_scale
+from unitscale import unit_scale
+from unitscale.examples import TinyGPT
 
 VOCAB, SEQ, BATCH = 64, 64, 16
 
@@ -68,6 +69,7 @@ def _time_pair(
 
 def main(quick: bool = False, threads: int = 2) -> list[dict]:
     """Time both models and print the ratios; returns one row per mode."""
+    threads = 1 if quick else threads  # quick: one thread, as a shared machine gives
     torch.set_num_threads(threads)
     # The plain model's Adam state holds subnormal floats (squares of tiny attention gradients),
     # which are slow on CPUs and would make the plain model look slow for the wrong reason.

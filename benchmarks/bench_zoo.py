@@ -23,8 +23,11 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
 
-from unitscale import partition, run_pipeline, trace_exec_order, track_scales, unit_scale  # noqa: E402
-from unitscale.capture import capture  # noqa: E402
+from unitscale import partition, run_pipeline, track_scales, unit_scale
+from unitscale.capture import (
+    capture,  # noqa: E402
+    trace_exec_order,  # noqa: E402
+)
 from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
 
 VOCAB, BATCH, SEQ = 128, 4, 16
@@ -177,7 +180,7 @@ def _row(name: str, pipelines: bool) -> dict[str, Any]:
 
 def main(quick: bool = False) -> list[dict[str, Any]]:
     """Run every tool on every model of the zoo; print and return one row per model."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
     warnings.filterwarnings("ignore")  # transformers' notes on tiny configs; failures are shown in the cells
     try:
         import transformers  # noqa: F401

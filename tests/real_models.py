@@ -4,10 +4,9 @@ Each builder returns ``(model, example_inputs)``: the model in eval mode with
 ``use_cache=False`` (a ``DynamicCache`` output is not a pytree, so export would fail on
 it), seeded so two calls give the same weights, and a tuple of positional inputs.
 Keyword arguments override the config (``gpt2(n_layer=1)``, ``gpt2(use_cache=True)``), so
-the sizes live here and a test states only what it changes. Import from a test as
-``from real_models import gpt2``: pyproject's ``pythonpath = ["tests", ...]`` puts ``tests/``
-on ``sys.path`` under ``pytest`` and ``python -m pytest`` alike. The module skips when
-``transformers`` is missing.
+the sizes live here and a test states only what it changes. Import from a test (or a
+benchmark run from the repository root) as ``from tests.real_models import gpt2``. The module
+skips when ``transformers`` is missing.
 
 >>> model, (ids,) = gpt2()
 >>> type(model).__name__, tuple(ids.shape)

@@ -21,45 +21,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import fx, nn
 
-import unitscale
 import unitscale.functional as U
 import unitscale.nn as unn
 from unitscale import (
-    FP8_E4M3,
-    FP16,
-    MLP,
-    DeepTracer,
-    ExecOrderTracer,
-    FPFormat,
-    LeafTracer,
-    MarkovSource,
-    ModulePathTracer,
-    ScaleMonitor,
-    ScalePair,
     ScaleReport,
-    ScaleTracker,
-    TaggingTracer,
-    TinyGPT,
-    amean,
     analyse_module,
-    apply_transform,
-    gmean,
-    hmean,
     inline,
     invert,
     partition,
     record_scales,
-    register_inverse,
-    resnet18,
     run_pipeline,
-    simulate_format,
     simulate_fp8,
-    to_grad_input_scale,
-    to_output_scale,
-    trace_exec_order,
     track_scales,
     unit_scale,
 )
+from unitscale.capture import trace_exec_order
 from unitscale.errors import (
     BackwardShapeError,
     CaptureError,
@@ -86,8 +62,22 @@ from unitscale.errors import (
     UnknownScheduleError,
     UnknownStatError,
 )
+from unitscale.examples import MLP, MarkovSource, TinyGPT, resnet18
+from unitscale.formats import FP8_E4M3, FP16, FPFormat
+from unitscale.fx import (
+    DeepTracer,
+    ExecOrderTracer,
+    LeafTracer,
+    ModulePathTracer,
+    TaggingTracer,
+    fx_exec_order,
+    register_inverse,
+)
+from unitscale.scaling import amean, gmean, hmean, to_grad_input_scale, to_output_scale
 from unitscale.stages import bubble_fraction
+from unitscale.tracking import ScaleMonitor, ScalePair, ScaleTracker
 from unitscale.tracking.report import ScaleRow
+from unitscale.transforms import apply_transform, simulate_format
 
 NAN, INF = math.nan, math.inf
 
@@ -358,6 +348,28 @@ CASES: dict[str, Case] = {
     "deeptracer-trace-int": Case(
         lambda: DeepTracer().trace(5), NotAModuleError, ("DeepTracer.trace got int 5", "nn.Module")
     ),  # type: ignore[arg-type]
+    "deeptracer-recurse-modules-str": Case(
+        lambda: DeepTracer(recurse_modules="yes"),  # type: ignore[arg-type]
+        InputError,
+        ("DeepTracer(recurse_modules=...) got str 'yes'", "True", "False"),
+    ),
+    "leaftracer-positional-int": Case(
+        lambda: LeafTracer(42), PredicateError, ("LeafTracer(autowrap_modules=...) got int 42", "tuple")
+    ),
+    "modulepathtracer-unknown-keyword": Case(
+        lambda: ModulePathTracer(leaf_types=(nn.ReLU,)),
+        InputError,
+        ("ModulePathTracer() got arguments it does not take", "leaf_types", "by keyword"),
+    ),
+    "execordertracer-positional-str": Case(
+        lambda: ExecOrderTracer("math"), PredicateError, ("ExecOrderTracer(autowrap_modules=...) got str 'math'",)
+    ),
+    "taggingtracer-key-list": Case(
+        lambda: TaggingTracer(key=[]),  # type: ignore[arg-type]
+        InputError,
+        ("TaggingTracer(key=...) got list []", "str"),
+    ),
+    "fx-exec-order-int": Case(lambda: fx_exec_order(5), NotAModuleError, ("fx_exec_order() got int 5",)),  # type: ignore[arg-type]
     "deeptracer-trace-str": Case(lambda: DeepTracer().trace("model"), NotAModuleError, ("got str", "nn.Module")),  # type: ignore[arg-type]
     "modulepathtracer-trace-none": Case(
         lambda: ModulePathTracer().trace(None), NotAModuleError, ("ModulePathTracer.trace got NoneType",)
@@ -378,6 +390,28 @@ CASES: dict[str, Case] = {
     "invert-int": Case(lambda: invert(5), NotAModuleError, ("5",)),  # type: ignore[arg-type]
     "invert-relu": Case(lambda: invert(lambda x: torch.relu(x)), NotInvertibleError, ("cannot invert node 'relu'",)),
     "invert-times-zero": Case(lambda: invert(lambda x: x * 0), NotInvertibleError, ("0", "loses the input")),
+    "invert-times-zero-tensor": Case(
+        lambda: invert(lambda x: x * torch.zeros(())),
+        NotInvertibleError,
+        ("node 'mul'", "multiplies by a tensor holding 0", "loses the input"),
+    ),
+    "invert-times-a-tensor-with-a-zero": Case(
+        lambda: invert(lambda x: x * torch.tensor([1.0, 0.0])),
+        NotInvertibleError,
+        ("node 'mul'", "holding 0 (1 of 2 elements)"),
+    ),
+    "invert-times-nan": Case(
+        lambda: invert(lambda x: x * NAN), NotInvertibleError, ("node 'mul'", "is nan", "would return NaN")
+    ),
+    "invert-times-inf": Case(
+        lambda: invert(lambda x: x * INF), NotInvertibleError, ("node 'mul'", "is inf", "would return NaN")
+    ),
+    "invert-plus-inf-tensor": Case(
+        lambda: invert(lambda x: x + torch.full((2,), INF)),
+        NotInvertibleError,
+        ("node 'add'", "2 NaN or infinite value(s) of 2"),
+    ),
+    "invert-divided-by-inf": Case(lambda: invert(lambda x: x / INF), NotInvertibleError, ("node 'truediv'", "is inf")),
     "invert-constant-output": Case(
         lambda: invert(lambda x: torch.ones(3)), NotInvertibleError, ("does not depend on its input",)
     ),
@@ -519,7 +553,16 @@ CASES: dict[str, Case] = {
         lambda: simulate_format(MLP(4), "fp8", FP16), FormatError, ("fwd_format='fp8'", "not an FPFormat")
     ),  # type: ignore[arg-type]
     "simulate-format-bwd-int": Case(lambda: simulate_format(MLP(4), FP16, 5), FormatError, ("bwd_format=5",)),  # type: ignore[arg-type]
-    "simulate-fp8-int": Case(lambda: simulate_fp8(5), NotAModuleError, ("int",)),  # type: ignore[arg-type]
+    "simulate-fp8-int": Case(
+        lambda: simulate_fp8(5),  # type: ignore[arg-type]
+        NotAModuleError,
+        ("simulate_fp8: expected an nn.Module", "int"),
+    ),
+    "simulate-format-int": Case(
+        lambda: simulate_format(5, FP8_E4M3, FP16),  # type: ignore[arg-type]
+        NotAModuleError,
+        ("simulate_format: expected an nn.Module", "int"),
+    ),
     "apply-transform-int": Case(
         lambda: apply_transform(5, _none), NotAModuleError, ("apply_transform: expected an nn.Module", "int")
     ),  # type: ignore[arg-type]
@@ -872,10 +915,6 @@ def test_bad_input_with_a_module_leaves_the_module_as_it_was(case: ModelCase) ->
     handle.remove()
 
 
-def test_there_are_at_least_150_distinct_bad_inputs() -> None:
-    assert len(CASES) + len(MODEL_CASES) >= 150
-
-
 # -- hypothesis: where inputs vary --------------------------------------------------------
 
 
@@ -926,11 +965,42 @@ def test_pipeline_timeouts_that_are_not_positive_and_finite_are_refused(timeout:
 PLAN = _plan()
 
 
-def test_unitscale_all_is_covered() -> None:
-    # every public name that takes arguments appears in some case above
-    with open(__file__) as f:
-        source = f.read()
-    skipped = {"ExecOrder", "NotInvertibleError", "ScalePair", "ScaleTracker", "ScaleTrackingInterpreter", "StagePlan"}
-    skipped |= {"FP8_E4M3", "FP8_E5M2", "FP16", "BF16"}
-    missing = [name for name in unitscale.__all__ if name not in skipped and f"{name}(" not in source]
-    assert missing == []
+# Each call gives a number where the model (or plan) goes. The error must name the function the
+# user called, not a helper it delegates to (``simulate_fp8`` once blamed ``apply_transform``).
+NAMED_CALLS: dict[str, Callable[[], Any]] = {
+    "track_scales": lambda: track_scales(42, X),  # type: ignore[arg-type]
+    "analyse_module": lambda: analyse_module(42, X),  # type: ignore[arg-type]
+    "record_scales": lambda: record_scales(42, X),  # type: ignore[arg-type]
+    "unit_scale": lambda: unit_scale(42),  # type: ignore[arg-type]
+    "simulate_fp8": lambda: simulate_fp8(42),  # type: ignore[arg-type]
+    "simulate_format": lambda: simulate_format(42, FP8_E4M3, FP16),  # type: ignore[arg-type]
+    "apply_transform": lambda: apply_transform(42, _none),  # type: ignore[arg-type]
+    "partition": lambda: partition(42, 2, X),  # type: ignore[arg-type]
+    "run_pipeline": lambda: run_pipeline(42, X, 2),  # type: ignore[arg-type]
+    "inline": lambda: inline(42),  # type: ignore[arg-type]
+    "invert": lambda: invert(42),  # type: ignore[arg-type]
+    "fx_exec_order": lambda: fx_exec_order(42),  # type: ignore[arg-type]
+    "trace_exec_order": lambda: trace_exec_order(42),  # type: ignore[arg-type]
+}
+# Allow-list of calls that still blame another function, each with the issue that fixes it;
+# strict, so a fix makes the test fail until the entry is removed.
+NAMES_ANOTHER = {
+    "analyse_module": "issue 27: tracking's entry points (one per run) blame track_scales",
+    "record_scales": "issue 27: tracking's entry points (one per run) blame track_scales",
+    "trace_exec_order": "issue 27: capture's trace_exec_order blames fx_exec_order, which it calls",
+}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NAMES_ANOTHER[name]))
+        if name in NAMES_ANOTHER
+        else name
+        for name in NAMED_CALLS
+    ],
+)
+def test_a_number_given_for_the_model_is_refused_in_the_name_of_the_function_called(name: str) -> None:
+    with pytest.raises(UnitscaleError) as info:
+        NAMED_CALLS[name]()
+    assert str(info.value).startswith(name), str(info.value)

@@ -14,8 +14,14 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 
 
-def test_there_are_benchmarks_and_each_has_a_recorded_run_for_the_site() -> None:
-    assert len(BENCHMARKS) >= 5
+# A guard against a hang, not a time budget. The quick modes used 4 to 35 s of CPU each (the most:
+# bench_stages, whose pipelines start processes; bench_analysis 19 s) and took up to ten times
+# that in wall time while other work kept a two-core machine at a load of 10; 300 s was once
+# passed there. Each quick mode runs on one thread, so two runs side by side do not fight.
+HANG_GUARD_S = 1800
+
+
+def test_every_benchmark_has_a_recorded_run_for_the_site_and_every_run_a_benchmark() -> None:
     recorded = {p.stem for p in (ROOT / "docs" / "benchmark_runs").glob("bench_*.json")}
     assert recorded == {p.stem for p in BENCHMARKS}, "run `make bench` and commit docs/benchmark_runs/"
 
@@ -24,7 +30,7 @@ def test_there_are_benchmarks_and_each_has_a_recorded_run_for_the_site() -> None
 def test_each_benchmark_runs_in_its_quick_mode_and_prints_ratios(path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     result = subprocess.run(
-        [sys.executable, str(path), "--quick"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(path), "--quick"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip(), f"{path.name} printed nothing"

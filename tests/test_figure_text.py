@@ -39,13 +39,15 @@ def _small_texts(figure: Figure) -> list[str]:
 
 
 def _scale_report() -> object:
-    from unitscale import MLP, track_scales
+    from unitscale import track_scales
+    from unitscale.examples import MLP
 
     return track_scales(MLP(8, 16), torch.randn(16, 8)).plot()
 
 
 def _stage_plan() -> object:
-    from unitscale import MLP, partition
+    from unitscale import partition
+    from unitscale.examples import MLP
 
     plan = partition(MLP(8, 16), 2, torch.randn(4, 8))
     return plan.plot(compare={"other": plan.with_bounds(plan.bounds)})
@@ -59,7 +61,7 @@ def _timeline() -> object:
 
 
 def _monitor_heatmap() -> object:
-    from unitscale import ScaleMonitor
+    from unitscale.tracking import ScaleMonitor
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -79,7 +81,7 @@ def _coord_check() -> object:
 
 
 def _lr_sweep() -> object:
-    from unitscale import MarkovSource
+    from unitscale.examples import MarkovSource
     from unitscale.examples.umup_models import UmupGPT, markov_batches
     from unitscale.scaling.transfer import lr_sweep
 

@@ -179,7 +179,7 @@ class ScaleValueError(UnitscaleError, ValueError):
     """A scale given to a constraint (``gmean``, ``hmean``, ...) is not a finite number > 0.
 
     >>> import unitscale
-    >>> unitscale.gmean(0, 1)
+    >>> unitscale.scaling.gmean(0, 1)
     Traceback (most recent call last):
     unitscale.errors.ScaleValueError: gmean: output_scale=0.0 must be a finite number > 0
     """
@@ -193,7 +193,7 @@ class ConfigError(InputError):
     """A reference model or data source was built with an impossible setting (``TinyGPT``, ``MarkovSource``).
 
     >>> import unitscale
-    >>> unitscale.TinyGPT(d_model=10, n_heads=3)  # doctest: +ELLIPSIS
+    >>> unitscale.examples.TinyGPT(d_model=10, n_heads=3)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by n_heads=3; ...
     """
@@ -217,18 +217,19 @@ class MemoryLimitError(UnitscaleError, ValueError):
 
 
 class MonitorSettingError(InputError):
-    """A :class:`~unitscale.ScaleMonitor` setting is impossible: ``every`` not an int >= 1, a
-    format that is not an :class:`~unitscale.FPFormat`, a step that is not an int >= 0.
+    """A :class:`~unitscale.tracking.ScaleMonitor` setting is impossible: ``every`` not an int >= 1, a
+    format that is not an :class:`~unitscale.formats.FPFormat`, a step that is not an int >= 0.
 
     >>> import torch, unitscale
-    >>> unitscale.ScaleMonitor(torch.nn.Linear(2, 2), every=0)  # doctest: +ELLIPSIS
+    >>> unitscale.tracking.ScaleMonitor(torch.nn.Linear(2, 2), every=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     unitscale.errors.MonitorSettingError: ScaleMonitor: every=0 must be an int >= 1 ...
     """
 
 
 class MonitorStateError(UnitscaleError, RuntimeError):
-    """A :class:`~unitscale.ScaleMonitor` used out of order: a step opened inside another, or after ``close()``."""
+    """A :class:`~unitscale.tracking.ScaleMonitor` used out of order: a step opened inside another,
+    or after ``close()``."""
 
 
 class NoRecordsError(MonitorStateError):

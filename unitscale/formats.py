@@ -19,7 +19,7 @@ infinities), as torch's ``float8_e5m2``, ``float16`` and ``bfloat16`` casts do.
 NaN stays NaN either way.
 
 >>> import torch
->>> from unitscale import FP8_E4M3, FP8_E5M2
+>>> from unitscale.formats import FP8_E4M3, FP8_E5M2
 >>> FP8_E4M3.quantise(torch.tensor([0.3, 500.0, -1e-3, 1e-4])).tolist()
 [0.3125, 448.0, -0.001953125, 0.0]
 >>> FP8_E5M2.max_value, FP8_E4M3.max_value
@@ -59,7 +59,7 @@ class FPFormat:
             unknown rounding mode, ``infinities`` or ``saturate`` not a ``bool``, or an
             "fn" format with no mantissa bits.
 
-    >>> from unitscale import FP8_E4M3, FPFormat
+    >>> from unitscale.formats import FP8_E4M3, FPFormat
     >>> fmt = FPFormat(4, 3, infinities=False)
     >>> fmt == FP8_E4M3, fmt.max_value, fmt.min_normal, fmt.min_subnormal
     (True, 448.0, 0.015625, 0.001953125)
@@ -129,7 +129,7 @@ class FPFormat:
     def replace(self, **changes: Any) -> FPFormat:
         """A copy with some fields changed.
 
-        >>> from unitscale import FP8_E5M2
+        >>> from unitscale.formats import FP8_E5M2
         >>> FP8_E5M2.replace(saturate=False)
         FPFormat(5, 2, saturate=False)
         """
@@ -142,7 +142,7 @@ class FPFormat:
         returned in the input's dtype.
 
         >>> import torch
-        >>> from unitscale import FP16
+        >>> from unitscale.formats import FP16
         >>> FP16.round(torch.tensor([1 + 2**-11, 1 + 3 * 2**-11])).tolist()
         [1.0, 1.001953125]
         """
@@ -175,7 +175,7 @@ class FPFormat:
         """Round ``x`` in the forward pass and its gradient in the backward pass.
 
         >>> import torch
-        >>> from unitscale import FP8_E4M3
+        >>> from unitscale.formats import FP8_E4M3
         >>> x = torch.tensor([0.1], requires_grad=True)
         >>> y = FP8_E4M3.quantise(x)
         >>> y.backward(torch.tensor([0.1]))
@@ -191,7 +191,7 @@ class FPFormat:
         TorchDynamo, ``torch.compile`` and ``torch.fx`` see one opaque op.
 
         >>> import torch
-        >>> from unitscale import FP8_E4M3
+        >>> from unitscale.formats import FP8_E4M3
         >>> x = torch.tensor([0.1], requires_grad=True)
         >>> FP8_E4M3.quantise_fwd(x).backward(torch.tensor([0.1]))
         >>> x.grad.item() == torch.tensor(0.1).item()
@@ -203,7 +203,7 @@ class FPFormat:
         """Return ``x`` unchanged; round its gradient in the backward pass.
 
         >>> import torch
-        >>> from unitscale import FP8_E5M2
+        >>> from unitscale.formats import FP8_E5M2
         >>> x = torch.tensor([0.1], requires_grad=True)
         >>> y = FP8_E5M2.quantise_bwd(x)
         >>> y.backward(torch.tensor([0.1]))
@@ -286,7 +286,7 @@ def underflow_fraction(x: torch.Tensor, fmt: FPFormat) -> float:
     0.0
     """
     if not isinstance(fmt, FPFormat):
-        raise FormatError(f"underflow_fraction: fmt={fmt!r} is not an FPFormat (e.g. unitscale.FP8_E5M2)")
+        raise FormatError(f"underflow_fraction: fmt={fmt!r} is not an FPFormat (e.g. unitscale.formats.FP8_E5M2)")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         got = f"a tensor of dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
         raise FormatError(f"underflow_fraction: x must be a floating-point tensor, got {got}")

@@ -45,9 +45,8 @@ from sphinx.util.docutils import SphinxDirective
 
 PACKAGE = "unitscale"
 STUB_DIR = "docs/generated"  # relative to the source root; the directive lives in docs/api.md
-# Plain modules (not folders) that users import as namespaces. The other top-level modules
-# (``unitscale.analysis``, ``unitscale.tracers``, ``unitscale.rewrite``) only keep old import
-# paths alive: what they hold is documented where it lives now.
+# Plain modules (not folders) that users import as namespaces (``functional`` and ``nn`` are
+# listed too in case they are plain modules: as folders they are found as subpackages anyway).
 NAMESPACE_MODULES = ("functional", "nn", "formats", "errors")
 # Reference order: a name exported by two namespaces is listed under the first.
 ORDER = ("capture", "fx", "tracking", "functional", "nn", "scaling", "formats", "transforms", "stages", "examples")

@@ -7,9 +7,9 @@ import re
 
 import pytest
 import torch
-from real_models import BUILDERS, gpt2, llama
 from torch import nn
 
+from tests.real_models import BUILDERS, gpt2, llama
 from unitscale.capture import ROUTES, Capture, capture, module_paths
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
 from unitscale.examples.models import MLP, TinyGPT

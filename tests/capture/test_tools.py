@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from real_models import gpt2, llama
 from torch import nn
 
+from tests.real_models import gpt2, llama
 from unitscale.capture import capture, capture_exec_order, trace_exec_order
 from unitscale.errors import TraceError
 from unitscale.examples.models import MLP

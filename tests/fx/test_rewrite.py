@@ -1,7 +1,8 @@
-"""Tests for unitscale.rewrite: inlining module calls and inverting functions."""
+"""Tests for unitscale.fx's rewrites: inlining module calls and inverting functions."""
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 
@@ -10,13 +11,20 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from module_trees import build, descriptions
 from torch import fx, nn
 
 import unitscale
-from unitscale.errors import NotAModuleError, NotCallableError, PredicateError, TraceError, UnitscaleError
+from tests.fx.module_trees import build, descriptions
+from unitscale.errors import (
+    NotAModuleError,
+    NotCallableError,
+    NotInvertibleError,
+    PredicateError,
+    TraceError,
+    UnitscaleError,
+)
 from unitscale.examples.models import MLP, TinyGPT, resnet18
-from unitscale.rewrite import NotInvertibleError, inline, invert, register_inverse
+from unitscale.fx import inline, invert, register_inverse
 
 
 def _call_modules(gm: fx.GraphModule) -> list[str]:
@@ -74,7 +82,7 @@ def test_inline_predicate_picks_modules_and_leaves_the_input_alone():
 
 def test_inline_recurses_into_modules_a_custom_tracer_kept_whole():
     model = nn.Sequential(MLP(3), MLP(3, activation=nn.GELU()))
-    gm = fx.GraphModule(model, unitscale.LeafTracer(leaf_types=(MLP,)).trace(model))
+    gm = fx.GraphModule(model, unitscale.fx.LeafTracer(leaf_types=(MLP,)).trace(model))
     assert _call_modules(gm) == ["0", "1"]
     assert _call_modules(inline(gm, lambda m, name: not isinstance(m, nn.GELU))) == ["1.act"]
     x = torch.randn(4, 3)
@@ -135,7 +143,7 @@ class DataDependent(nn.Module):
 def test_inline_of_an_untraceable_module_says_how_to_skip_it():
     gm = fx.GraphModule(
         nn.Sequential(DataDependent()),
-        unitscale.LeafTracer(leaf_types=(DataDependent,)).trace(nn.Sequential(DataDependent())),
+        unitscale.fx.LeafTracer(leaf_types=(DataDependent,)).trace(nn.Sequential(DataDependent())),
     )
     with pytest.raises(
         TraceError, match=re.escape("cannot inline module '0' (DataDependent): torch.fx could not trace DataDependent")
@@ -271,7 +279,7 @@ def test_register_inverse_teaches_invert_a_new_function():
 
     with pytest.raises(
         NotInvertibleError,
-        match=re.escape("cannot invert node 'cube' (test_rewrite.cube) in function f: no inverse is registered"),
+        match=re.escape(f"cannot invert node 'cube' ({__name__}.cube) in function f: no inverse is registered"),
     ):
         invert(f)
     register_inverse(cube, cube_root)
@@ -336,7 +344,7 @@ NOT_INVERTIBLE = [
         relu_then_exp,
         (
             "cannot invert node 'relu' (torch.relu) in function relu_then_exp: no inverse is registered for "
-            "torch.relu. If it is one-to-one on your inputs, register one with unitscale.register_inverse(f, g); "
+            "torch.relu. If it is one-to-one on your inputs, register one with unitscale.fx.register_inverse(f, g); "
             "an op that is not (relu, abs) cannot be inverted"
         ),
     ),
@@ -399,13 +407,61 @@ def test_not_invertible_functions_raise_naming_the_op_and_node(f, message):
     assert isinstance(info.value, (UnitscaleError, ValueError))
 
 
+BINARY_OPS = [operator.mul, operator.truediv, operator.add, operator.sub]
+LOSES_THE_INPUT = (0.0, -0.0, float("nan"), float("inf"), -float("inf"))
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    op=st.sampled_from(BINARY_OPS),
+    c=st.one_of(st.floats(1e-3, 1e3), st.floats(-1e3, -1e-3), st.sampled_from(LOSES_THE_INPUT)),
+    as_tensor=st.booleans(),
+    y=st.floats(-4.0, 4.0),
+)
+def test_a_constant_operand_inverts_exactly_or_is_refused_naming_the_op(op, c, as_tensor, y):
+    """``x * 0``, ``x * nan``, ``x + inf`` (as a number or inside a tensor constant) lose the input:
+    their inverse would return NaN for every ``y``, so ``invert`` refuses them; every other constant
+    gives ``f(g(y)) == y``, checked in float64 against ``y`` itself."""
+    const = torch.tensor([c, 1.0], dtype=torch.float64) if as_tensor else c
+
+    def f(x):
+        return op(x, const)
+
+    loses = not math.isfinite(c) or (c == 0 and op in (operator.mul, operator.truediv))
+    if loses:
+        with pytest.raises(NotInvertibleError, match=rf"^cannot invert node '\w+' \(operator\.{op.__name__}\)"):
+            invert(f)
+        return
+    target = torch.tensor([y, y], dtype=torch.float64)
+    assert torch.allclose(f(invert(f)(target)), target, rtol=1e-9, atol=1e-9)
+
+
+def test_a_constant_computed_in_the_graph_is_checked_by_its_value():
+    """The constant is a node (``torch.zeros(()) + 0``, a buffer): its value, not its spelling, decides."""
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("mask", torch.tensor([1.0, 0.0, 2.0]))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.exp(x * self.mask)
+
+    with pytest.raises(NotInvertibleError, match=re.escape("multiplies by a tensor holding 0 (1 of 3 elements)")):
+        invert(Masked())
+    with pytest.raises(NotInvertibleError, match=re.escape("node 'mul' (operator.mul): it multiplies by a tensor")):
+        invert(lambda x: x * (torch.zeros(()) + 0))
+    g = invert(lambda x: x * (torch.ones(()) * 3))
+    assert g(torch.tensor([6.0])).item() == 2.0
+
+
 def test_invert_of_a_non_callable_raises_not_a_module_error():
     with pytest.raises(NotAModuleError, match=re.escape("invert() got float 3.0; pass a Python function or nn.Module")):
         invert(3.0)
 
 
 def test_invert_is_exported_with_its_error():
-    assert unitscale.NotInvertibleError is NotInvertibleError
+    assert unitscale.errors.NotInvertibleError is NotInvertibleError
     assert unitscale.invert is invert and unitscale.inline is inline
 
 

@@ -1,4 +1,4 @@
-"""Tests for unitscale.tracers: module paths, leaf choice, tagging, execution order."""
+"""Tests for the tracers of unitscale.fx: module paths, leaf choice, tagging, execution order."""
 
 from __future__ import annotations
 
@@ -8,19 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
-from module_trees import build, descriptions
 from torch import fx, nn
 
-from unitscale.errors import NotAModuleError, PredicateError, TraceError
+from tests.fx.module_trees import build, descriptions
+from unitscale.capture import trace_exec_order
+from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError
 from unitscale.examples.models import MLP, TinyGPT, resnet18
-from unitscale.tracers import (
+from unitscale.fx import (
     DeepTracer,
     ExecOrder,
     ExecOrderTracer,
     LeafTracer,
     ModulePathTracer,
     TaggingTracer,
-    trace_exec_order,
+    fx_exec_order,
 )
 
 ALL_TRACERS = [DeepTracer, ModulePathTracer, LeafTracer, TaggingTracer, ExecOrderTracer]
@@ -325,10 +326,31 @@ def test_tracing_a_non_module_raises_not_a_module_error(tracer_cls):
         tracer_cls().trace(42)
 
 
+@pytest.mark.parametrize("tracer_cls", ALL_TRACERS)
+def test_a_tracer_built_with_an_option_no_tracer_takes_is_refused_in_its_name(tracer_cls):
+    with pytest.raises(InputError, match=re.escape(f"{tracer_cls.__name__}() got arguments it does not take")):
+        tracer_cls(no_such_option=1)
+
+
+@pytest.mark.parametrize("tracer_cls", [ModulePathTracer, LeafTracer, TaggingTracer, ExecOrderTracer])
+def test_a_positional_argument_reaches_autowrap_modules_and_is_checked_there(tracer_cls):
+    with pytest.raises(PredicateError, match=re.escape(f"{tracer_cls.__name__}(autowrap_modules=...) got int 42")):
+        tracer_cls(42)
+
+
+def test_options_of_the_wrong_type_are_refused_when_the_tracer_is_built():
+    with pytest.raises(InputError, match=re.escape("DeepTracer(recurse_modules=...) got str 'no'")):
+        DeepTracer(recurse_modules="no")
+    with pytest.raises(InputError, match=re.escape("TaggingTracer(key=...) got int 3")):
+        TaggingTracer(key=3)
+
+
 def test_exec_order_needs_a_module_not_a_function():
     with pytest.raises(NotAModuleError, match=re.escape("ExecOrderTracer.trace got function")):
         ExecOrderTracer().trace(lambda x: x + 1)
-    with pytest.raises(NotAModuleError, match=re.escape("ExecOrderTracer.trace got str 'model'")):
+    with pytest.raises(NotAModuleError, match=re.escape("fx_exec_order() got str 'model'")):
+        fx_exec_order("model")
+    with pytest.raises(NotAModuleError, match=re.escape("got str 'model'; execution order is defined for")):
         trace_exec_order("model")
 
 

@@ -15,9 +15,9 @@ from torch.overrides import TorchFunctionMode
 import unitscale.functional as U
 from unitscale.errors import InputError, PredicateError, UnknownConstraintError
 from unitscale.functional import _activations as _act
+from unitscale.fx import DeepTracer
 from unitscale.scaling import softmax_stats as _softmax_stats
 from unitscale.scaling.constraints import CONSTRAINTS
-from unitscale.tracers import DeepTracer
 
 TOL = 0.15
 

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_functional import SwapToTwins, assert_unit, stds  # one definition of each
 from torch import nn
 
 import unitscale.functional as U
+from tests.scaling.test_functional import SwapToTwins, assert_unit, stds  # one definition of each
 from unitscale.errors import UnknownConstraintError
 from unitscale.functional import _pooling
 

@@ -9,7 +9,7 @@ from torch import nn
 import unitscale.functional as U
 from unitscale import nn as unn
 from unitscale.errors import InputError, UnknownConstraintError
-from unitscale.tracers import DeepTracer
+from unitscale.fx import DeepTracer
 
 TOL = 0.15
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import unitscale.optim as uopt
-from unitscale import MarkovSource
 from unitscale.errors import InputError, NotCallableError, SweepGridError
+from unitscale.examples import MarkovSource
 from unitscale.examples.umup_models import SPGPT, UmupGPT, markov_batches
 from unitscale.scaling.transfer import CoordCheck, LRSweep, coord_check, lr_sweep
 

@@ -24,7 +24,8 @@ import os
 from pathlib import Path
 
 import pytest
-from browser_tab import Visit
+
+from tests.site.browser_tab import Visit
 
 pytestmark = pytest.mark.browser
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from browser_tab import Visit
 
 import unitscale
+from tests.site.browser_tab import Visit
 
 pytestmark = pytest.mark.browser
 

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_build_failures import CONF, SPHINX, notebook
+
+from tests.site.test_build_failures import CONF, SPHINX, notebook
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))

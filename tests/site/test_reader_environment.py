@@ -45,7 +45,8 @@ DETERMINISTIC = ("01_writing_a_tracer",)  # no timings, no threads: its outputs 
 SMOKE = """
 import importlib.util, json, sys
 import matplotlib.pyplot, torch, unitscale
-from unitscale import MLP, track_scales
+from unitscale import track_scales
+from unitscale.examples import MLP
 torch.manual_seed(0)
 report = track_scales(MLP(16, 32), torch.randn(64, 16))
 print(json.dumps({

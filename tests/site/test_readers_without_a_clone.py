@@ -12,7 +12,6 @@ from myst_nb.core.variables import format_plain_text
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
-sys.path.insert(0, str(Path(__file__).parent))  # test_build_failures builds tiny sites
 
 import standalone_notebook as sn  # noqa: E402
 from wheel_download import wheel_name  # noqa: E402
@@ -129,7 +128,8 @@ def test_hidden_glue_records_are_dropped_and_sphinx_metadata_removed():
 def test_a_tutorial_built_from_scratch_downloads_with_outputs_and_glued_text(tmp_path):
     """The real build's settings (``force``: no jupyter-cache), on a tiny site: outputs and glue make it."""
     import nbformat
-    from test_build_failures import build, notebook
+
+    from tests.site.test_build_failures import build, notebook
 
     code = "from myst_nb import glue\nglue('x', 2 / 3, display=False)\n6 * 7"
     page = notebook("Tiny", code) + "\nTwo thirds is {glue:text}`x:.2f`, an {class}`int` it is not.\n"
@@ -145,7 +145,8 @@ def test_a_tutorial_built_from_scratch_downloads_with_outputs_and_glued_text(tmp
 def test_a_tutorial_read_from_jupyter_cache_downloads_with_its_outputs(tmp_path):
     """``make html``'s ``cache`` mode: on a cache hit MyST-NB's executed-notebook file has no outputs."""
     import nbformat
-    from test_build_failures import CONF, SPHINX, notebook
+
+    from tests.site.test_build_failures import CONF, SPHINX, notebook
 
     src = tmp_path / "src"
     src.mkdir()

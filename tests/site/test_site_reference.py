@@ -75,12 +75,14 @@ def test_api_reference_groups_by_task_under_the_import_names():
     assert {"unitscale.capture", "unitscale.capture.capture", "unitscale.capture.Capture"} <= set(
         tables["Capturing a model's graph"]
     )
-    assert {"unitscale.fx", "unitscale.DeepTracer", "unitscale.inline"} <= set(tables["Tracing with torch.fx"])
+    assert {"unitscale.fx", "unitscale.fx.DeepTracer", "unitscale.inline"} <= set(tables["Tracing with torch.fx"])
     assert {"unitscale.track_scales", "unitscale.tracking.ScaleRow"} <= set(tables["Tracking scales"])
     assert {"unitscale.functional.linear", "unitscale.nn.Linear", "unitscale.scaling.ConstraintArg"} <= set(
         tables["Unit-scaled ops and modules"]
     )
-    assert "unitscale.NotInvertibleError" in tables["Errors"] and "unitscale.errors.TraceError" in tables["Errors"]
+    assert (
+        "unitscale.errors.NotInvertibleError" in tables["Errors"] and "unitscale.errors.TraceError" in tables["Errors"]
+    )
 
 
 def test_internals_are_not_documented():

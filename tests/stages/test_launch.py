@@ -41,7 +41,7 @@ def test_a_saved_plan_loads_without_the_model_class_and_computes_the_same(tmp_pa
 
 
 def test_a_saved_llama_plan_rebuilds_the_model_output(tmp_path: Path) -> None:
-    from real_models import llama
+    from tests.real_models import llama
 
     model, (ids,) = llama()
     plan = partition(model, 2, ids, boundary_depth=3)

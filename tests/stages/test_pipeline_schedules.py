@@ -64,7 +64,7 @@ def test_two_stages_per_rank_training_step_matches_unsplit_tinygpt(schedule: str
 
 
 def test_llama_interleaved_forward_and_zbv_training_match_the_model() -> None:
-    from real_models import llama, token_ids
+    from tests.real_models import llama, token_ids
 
     model, _ = llama(num_hidden_layers=4)
     ids = token_ids(batch=4, seed=4)

@@ -12,10 +12,10 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from real_models import BUILDERS, albert, gemma, mixtral, opt, token_ids
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
+from tests.real_models import BUILDERS, albert, gemma, mixtral, opt, token_ids
 from unitscale import partition, run_pipeline
 from unitscale.errors import InputError, SplitSpecError
 from unitscale.examples.models import TinyGPT

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import fx, nn
 
-from unitscale import MLP, ScalePair, ScaleReport, TinyGPT, analyse_module, record_scales, resnet18, track_scales
-from unitscale.analysis import AnnotatedCode
+from unitscale import ScaleReport, analyse_module, record_scales, track_scales
 from unitscale.errors import BackwardShapeError, InputError, NoFloatOutputError, NotAModuleError, TraceError
+from unitscale.examples import MLP, TinyGPT, resnet18
 from unitscale.fx.trace_cache import DeepPathTracer, trace_for_scales
+from unitscale.tracking import AnnotatedCode, ScalePair
 
 matplotlib.use("Agg")
 
@@ -393,7 +394,7 @@ def test_recurse_modules_and_autowrap_functions_control_the_granularity() -> Non
 
 
 def test_scale_tracer_gives_the_same_graph_as_the_composed_tracers() -> None:
-    from unitscale.tracers import DeepTracer, ModulePathTracer
+    from unitscale.fx import DeepTracer, ModulePathTracer
 
     class Composed(ModulePathTracer, DeepTracer):
         pass

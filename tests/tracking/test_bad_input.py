@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import fx, nn
 
-from unitscale import DeepTracer, analyse_module, inline, trace_exec_order, track_scales
+from unitscale import analyse_module, inline, track_scales
+from unitscale.capture import trace_exec_order
+from unitscale.fx import DeepTracer
 from unitscale.tracking.report import ScaleReport, ScaleRow
 
 matplotlib.use("Agg")

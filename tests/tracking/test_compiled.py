@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from unitscale import MLP, TinyGPT, resnet18, track_scales
+from unitscale import track_scales
 from unitscale.errors import InputError
+from unitscale.examples import MLP, TinyGPT, resnet18
 from unitscale.fx.trace_cache import clear_trace_cache, trace_for_scales
 from unitscale.tracking import analysis
 from unitscale.tracking.compiled import _instrumented, _steps, compiled_tracking

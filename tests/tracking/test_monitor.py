@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from unitscale import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat, ScaleMonitor, TinyGPT
 from unitscale.errors import (
     InputError,
     MonitorSettingError,
@@ -20,7 +19,9 @@ from unitscale.errors import (
     NotAModuleError,
     UnknownStatError,
 )
-from unitscale.tracking import MonitorRecord, ScaleHistory, cast_stats
+from unitscale.examples import TinyGPT
+from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
+from unitscale.tracking import MonitorRecord, ScaleHistory, ScaleMonitor, cast_stats
 from unitscale.tracking.cast_stats import (
     BATCH_MAX,
     CastBatch,
@@ -334,7 +335,7 @@ def test_tinygpt_records_every_layer_in_both_directions() -> None:
 
 
 def test_llama_from_transformers() -> None:
-    real_models = pytest.importorskip("real_models")
+    real_models = pytest.importorskip("tests.real_models")
     model, (ids,) = real_models.llama()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with ScaleMonitor(model, every=1) as monitor, monitor.step():

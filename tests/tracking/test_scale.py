@@ -10,7 +10,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from unitscale import ScalePair, ScaleTracker
+from unitscale.tracking import ScalePair, ScaleTracker
 from unitscale.tracking.report import FORMAT_RANGES
 from unitscale.tracking.stats import ScaleRecord, read_records, std_stat, tensor_abs_max, tensor_std
 

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from torch import nn
 
 import unitscale.functional as U
-from unitscale.analysis import analyse_module, track_scales
 from unitscale.errors import (
     CaptureError,
     FormatError,
@@ -26,7 +25,8 @@ from unitscale.errors import (
 )
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.formats import FP8_E4M3, FP8_E5M2
-from unitscale.tracers import DeepTracer
+from unitscale.fx import DeepTracer
+from unitscale.tracking import analyse_module, track_scales
 from unitscale.transforms import apply_transform, simulate_format, simulate_fp8, unit_scale
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from real_models import BUILDERS, VOCAB, t5
 from torch import nn
 
 import unitscale.functional as U
-from unitscale import resnet18
+from tests.real_models import BUILDERS, VOCAB, t5
 from unitscale.errors import CaptureError
+from unitscale.examples import resnet18
 from unitscale.transforms import TransformedModule, unit_scale
 
 BAND = (0.25, 4.0)

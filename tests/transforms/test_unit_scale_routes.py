@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from real_models import BUILDERS, VOCAB
 from torch import nn
 
 import unitscale.functional as U
-from unitscale import resnet18
-from unitscale.analysis import track_scales
+from tests.real_models import BUILDERS, VOCAB
 from unitscale.errors import InputError, NoGraphError, NoRouteError, UnknownRouteError, UnscaledOpsError
+from unitscale.examples import resnet18
 from unitscale.examples.models import MLP, TinyGPT
+from unitscale.tracking import track_scales
 from unitscale.transforms import TransformedModule, apply_transform, simulate_fp8, unit_scale
 
 BAND = (0.25, 4.0)

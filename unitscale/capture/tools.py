@@ -188,7 +188,7 @@ def trace_exec_order(
             the message says to pass them.
         InputError: the capture found the example inputs do not fit the module.
 
-    >>> from unitscale import trace_exec_order
+    >>> from unitscale.capture import trace_exec_order
     >>> from unitscale.examples.models import MLP
     >>> order = trace_exec_order(MLP(4))
     >>> order.module_names(), order.param_names()

@@ -38,7 +38,7 @@ class MarkovSource:
 
     >>> import math
     >>> import torch
-    >>> from unitscale import MarkovSource
+    >>> from unitscale.examples import MarkovSource
     >>> source = MarkovSource(vocab_size=8, concentration=0.5, seed=0)
     >>> tokens = source.sample(batch=2, seq_len=10, generator=torch.Generator().manual_seed(0))
     >>> tokens.shape, tokens.dtype

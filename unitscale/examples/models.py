@@ -21,7 +21,7 @@ class MLP(nn.Module):
         activation: the activation module (default ``nn.ReLU()``).
 
     >>> import torch
-    >>> from unitscale import MLP
+    >>> from unitscale.examples import MLP
     >>> MLP(8)(torch.randn(2, 8)).shape
     torch.Size([2, 8])
     """
@@ -104,7 +104,7 @@ class TinyGPT(nn.Module):
         seq_len: longest sequence the position embedding covers.
 
     >>> import torch
-    >>> from unitscale import TinyGPT
+    >>> from unitscale.examples import TinyGPT
     >>> model = TinyGPT(vocab_size=11, d_model=16, n_layers=2, n_heads=2, seq_len=8)
     >>> model(torch.randint(0, 11, (3, 8))).shape
     torch.Size([3, 8, 11])
@@ -215,7 +215,7 @@ def resnet18(num_classes: int = 1000, width: int = 64) -> ResNet:
         num_classes: width of the final ``fc`` layer.
         width: channels of the first stage (64 in torchvision; smaller is faster).
 
-    >>> from unitscale import resnet18
+    >>> from unitscale.examples import resnet18
     >>> model = resnet18(num_classes=10, width=8)
     >>> [name for name, _ in model.named_children()]
     ['conv1', 'bn1', 'relu', 'maxpool', 'layer1', 'layer2', 'layer3', 'layer4', 'avgpool', 'fc']

@@ -188,7 +188,7 @@ def markov_batches(
     Raises:
         ConfigError: ``batch`` or ``seq_len`` is not a positive int, or ``seed`` is negative.
 
-    >>> from unitscale import MarkovSource
+    >>> from unitscale.examples import MarkovSource
     >>> from unitscale.examples.umup_models import markov_batches
     >>> data = markov_batches(MarkovSource(8), batch=2, seq_len=5)
     >>> x, y = data(0)

@@ -8,9 +8,9 @@
 """
 
 from unitscale.fx.autowrap import register_autowrap_module as register_autowrap_module
-from unitscale.fx.inline import inline as inline
-from unitscale.fx.invert import invert as invert
-from unitscale.fx.invert import register_inverse as register_inverse
+from unitscale.fx.inlining import inline as inline
+from unitscale.fx.inversion import invert as invert
+from unitscale.fx.inversion import register_inverse as register_inverse
 from unitscale.fx.tracers import DeepTracer as DeepTracer
 from unitscale.fx.tracers import ExecOrder as ExecOrder
 from unitscale.fx.tracers import ExecOrderTracer as ExecOrderTracer

@@ -36,7 +36,7 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
 class DeepPathTracer(ModulePathTracer, DeepTracer):
-    """A :class:`~unitscale.DeepTracer` that also records module paths.
+    """A :class:`~unitscale.fx.DeepTracer` that also records module paths.
 
     Type annotations that are strings (a module written with ``from __future__ import
     annotations``) are resolved to types, or dropped when they cannot be: fx would put

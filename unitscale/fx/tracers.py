@@ -31,6 +31,7 @@ says which it overrides:
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -97,6 +98,24 @@ class _Tracer(fx.Tracer):
     # buffer by an input's shape (TinyGPT's positions) traces, and tracing never
     # runs a buffer update (BatchNorm's ``num_batches_tracked += 1``) eagerly.
     proxy_buffer_attributes = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # What reaches here is meant for fx.Tracer; checked here, a wrong argument names the
+        # tracer the user built (``LeafTracer(42)``), not fx's patcher deep inside a trace.
+        name = type(self).__name__
+        try:
+            bound = _FX_TRACER_INIT.bind(self, *args, **kwargs)
+        except TypeError as e:
+            raise InputError(
+                f"{name}() got arguments it does not take ({e}); pass its options by keyword, "
+                f"as in {name}.__init__'s signature"
+            ) from e
+        given = bound.arguments
+        _check_autowrap(given.get("autowrap_modules", ()), given.get("autowrap_functions", ()), name)
+        for arg_name in ("autowrap_modules", "autowrap_functions"):
+            if arg_name in given:
+                given[arg_name] = tuple(given[arg_name])
+        super().__init__(*bound.args[1:], **bound.kwargs)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return UnpackProxy(node, self)
@@ -214,7 +233,7 @@ class ModulePathTracer(_Tracer):
             +-- create_node() * writes node.meta["module_path"] (all but output)
 
     >>> from torch import nn
-    >>> from unitscale import ModulePathTracer
+    >>> from unitscale.fx import ModulePathTracer
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     >>> tracer = ModulePathTracer()
     >>> graph = tracer.trace(model)
@@ -289,8 +308,14 @@ class DeepTracer(_Tracer):
         autowrap_modules: modules whose functions are kept as single nodes.
         autowrap_functions: extra functions kept as single nodes.
 
+    Raises:
+        InputError: ``recurse_modules`` is not a bool, or an argument that no tracer in the
+            chain takes was passed.
+        PredicateError: ``autowrap_modules`` or ``autowrap_functions`` is not a tuple of
+            Python modules or functions.
+
     >>> from torch import nn
-    >>> from unitscale import DeepTracer
+    >>> from unitscale.fx import DeepTracer
     >>> graph = DeepTracer().trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> [n.op for n in graph.nodes]
     ['placeholder', 'get_attr', 'get_attr', 'call_function', 'call_function', 'output']
@@ -303,15 +328,14 @@ class DeepTracer(_Tracer):
         autowrap_functions: tuple[Callable[..., Any], ...] = (),
         **kwargs: Any,
     ) -> None:
+        if not isinstance(recurse_modules, bool):
+            raise InputError(
+                f"{type(self).__name__}(recurse_modules=...) got {type(recurse_modules).__name__} "
+                f"{recurse_modules!r:.60}; pass True (trace into submodules) or False (keep them as leaves)"
+            )
         if autowrap_modules is None:
             autowrap_modules = default_autowrap_modules()
-        _check_autowrap(autowrap_modules, autowrap_functions)
-        super().__init__(
-            # torch annotates this as a 1-tuple; any number of modules works.
-            autowrap_modules=tuple(autowrap_modules),  # type: ignore[arg-type]
-            autowrap_functions=tuple(autowrap_functions),
-            **kwargs,
-        )
+        super().__init__(autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions, **kwargs)
         self.recurse_modules = recurse_modules
         self.callable_args: dict[str, Callable[..., Any]] = {}
         self._callable_nodes: dict[str, fx.Node] = {}
@@ -341,7 +365,10 @@ class DeepTracer(_Tracer):
         return super().trace(root, concrete_args)
 
 
-def _check_autowrap(modules: Any, functions: Any) -> None:
+_FX_TRACER_INIT = inspect.signature(fx.Tracer.__init__)
+
+
+def _check_autowrap(modules: Any, functions: Any, tracer: str = "DeepTracer") -> None:
     """Python modules and functions, in tuples: fx would fail on anything else deep in its patcher."""
     for arg_name, values, kind, example in (
         ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
@@ -351,14 +378,14 @@ def _check_autowrap(modules: Any, functions: Any) -> None:
             continue  # the registered defaults
         if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
             raise PredicateError(
-                f"DeepTracer({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
+                f"{tracer}({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
             )
         for v in values:
             ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
             if not ok:
                 what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
                 raise PredicateError(
-                    f"DeepTracer({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
+                    f"{tracer}({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
                 )
 
 
@@ -422,7 +449,7 @@ class LeafTracer(_Tracer):
     Tracing through ``nn.ReLU`` turns ``call_module`` into ``call_function``:
 
     >>> from torch import nn
-    >>> from unitscale import LeafTracer
+    >>> from unitscale.fx import LeafTracer
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     >>> graph = LeafTracer(trace_types=(nn.ReLU,)).trace(model)
     >>> [(n.op, n.name) for n in graph.nodes][1:3]
@@ -508,10 +535,11 @@ class TaggingTracer(_Tracer):
         **kwargs: passed to the next tracer in the method resolution order.
 
     Raises:
+        InputError: ``key`` is not a str.
         PredicateError: ``tag_fn`` is not callable, or (when tracing) it raised.
 
     >>> from torch import nn
-    >>> from unitscale import TaggingTracer
+    >>> from unitscale.fx import TaggingTracer
     >>> tracer = TaggingTracer(tag_fn=lambda node: node.op.upper())
     >>> graph = tracer.trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> [n.meta["tag"] for n in graph.nodes]
@@ -529,6 +557,11 @@ class TaggingTracer(_Tracer):
         key: str = TAG_KEY,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(key, str):
+            raise InputError(
+                f"TaggingTracer(key=...) got {type(key).__name__} {key!r:.60}; pass the str that "
+                "node.meta stores the tag under (the default is 'tag')"
+            )
         if tag_fn is not None and not callable(tag_fn):
             raise PredicateError(
                 f"TaggingTracer(tag_fn=...) got {type(tag_fn).__name__} {tag_fn!r:.60}; pass a function node -> tag"
@@ -640,7 +673,7 @@ class ExecOrderTracer(_Tracer):
         NotAModuleError: ``trace`` was given something that is not an ``nn.Module``.
 
     >>> from torch import nn
-    >>> from unitscale import ExecOrderTracer
+    >>> from unitscale.fx import ExecOrderTracer
     >>> tracer = ExecOrderTracer()
     >>> graph = tracer.trace(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)))
     >>> tracer.exec_order.module_names()
@@ -729,14 +762,23 @@ class ExecOrderTracer(_Tracer):
 def fx_exec_order(module: nn.Module, concrete_args: dict[str, Any] | None = None) -> ExecOrder:
     """:class:`ExecOrder` of ``module`` from a symbolic trace with :class:`ExecOrderTracer` (no data run).
 
-    :func:`unitscale.trace_exec_order` calls this first, and captures the model another way
+    :func:`unitscale.capture.trace_exec_order` calls this first, and captures the model another way
     when ``torch.fx`` cannot trace it.
+
+    Raises:
+        NotAModuleError: ``module`` is not an ``nn.Module``.
+        TraceError: ``torch.fx`` cannot trace it.
 
     >>> from unitscale.examples.models import MLP
     >>> from unitscale.fx import fx_exec_order
     >>> fx_exec_order(MLP(4)).module_names()
     ['', 'fc1', 'act', 'fc2']
     """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(
+            f"fx_exec_order() got {type(module).__name__} {module!r:.60}; execution order is defined "
+            "for an nn.Module (wrap a function in a module)"
+        )
     tracer = ExecOrderTracer()
     tracer.trace(module, concrete_args)
     return tracer.exec_order

@@ -74,7 +74,7 @@ def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     Raises:
         ScaleValueError: a scale that is not a finite number > 0 (every constraint checks).
 
-    >>> from unitscale import gmean
+    >>> from unitscale.scaling import gmean
     >>> round(gmean(1 / 8, 1 / 2), 4)
     0.25
     """
@@ -93,7 +93,7 @@ def hmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     Returns:
         ``n / sum(1 / s)``.
 
-    >>> from unitscale import hmean
+    >>> from unitscale.scaling import hmean
     >>> hmean(0.25, 1.0)
     0.4
     """
@@ -114,7 +114,7 @@ def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
     Returns:
         ``sum(s) / n``.
 
-    >>> from unitscale import amean
+    >>> from unitscale.scaling import amean
     >>> amean(0.25, 1.0)
     0.625
     """
@@ -133,7 +133,7 @@ def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_inp
     Returns:
         ``output_scale``.
 
-    >>> from unitscale import to_output_scale
+    >>> from unitscale.scaling import to_output_scale
     >>> to_output_scale(0.25, 1.0)
     0.25
     """
@@ -153,7 +153,7 @@ def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad
     Returns:
         The grad-input scale (geometric mean if several).
 
-    >>> from unitscale import to_grad_input_scale
+    >>> from unitscale.scaling import to_grad_input_scale
     >>> to_grad_input_scale(0.25, 1.0)
     1.0
     >>> to_grad_input_scale(0.25, 1.0, 0.25)

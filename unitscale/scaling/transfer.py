@@ -11,7 +11,7 @@ loss is ``model.loss(inputs, targets)`` when the model has one, else cross-entro
 ``model(inputs)`` against ``targets``.
 
 >>> import torch
->>> from unitscale import MarkovSource
+>>> from unitscale.examples import MarkovSource
 >>> from unitscale.examples.umup_models import UmupGPT, markov_batches
 >>> from unitscale.scaling.transfer import lr_sweep
 >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
@@ -208,7 +208,7 @@ def coord_check(
         InputError: ``steps`` is negative or ``data`` is neither a function nor a pair.
 
     >>> import torch
-    >>> from unitscale import MarkovSource
+    >>> from unitscale.examples import MarkovSource
     >>> from unitscale.examples.umup_models import UmupGPT, markov_batches
     >>> from unitscale.scaling.transfer import coord_check
     >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)

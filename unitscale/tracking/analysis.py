@@ -1,6 +1,6 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
-The model is traced with a :class:`~unitscale.DeepTracer` that also records
+The model is traced with a :class:`~unitscale.fx.DeepTracer` that also records
 module paths, run with every floating-point node output recorded, and backpropagated
 once. A cached trace runs as its own compiled code with a recording call after each
 node (``unitscale.tracking.compiled``); a ``GraphModule`` passed in, or an exported graph,
@@ -95,7 +95,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
 
     >>> import torch
     >>> from torch import fx
-    >>> from unitscale import ScaleTrackingInterpreter
+    >>> from unitscale.tracking import ScaleTrackingInterpreter
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
     >>> gm = fx.symbolic_trace(MLP(4))

@@ -1,6 +1,6 @@
 """What casting one tensor to a low-precision format would cost: underflow, overflow and SQNR.
 
-:func:`cast_stats` measures a tensor against an :class:`~unitscale.FPFormat`: its std and
+:func:`cast_stats` measures a tensor against an :class:`~unitscale.formats.FPFormat`: its std and
 abs-max, the fraction of its nonzero elements below the format's smallest subnormal
 (underflow) or above its largest value (overflow), and the signal-to-quantisation-noise
 ratio of the format's own simulated rounding (:meth:`FPFormat.round`, computed by a magic
@@ -60,7 +60,7 @@ class CastStats(NamedTuple):
             tensors included); NaN where the tensor holds a NaN or an infinity.
 
     >>> import torch
-    >>> from unitscale import FP8_E5M2
+    >>> from unitscale.formats import FP8_E5M2
     >>> from unitscale.tracking import cast_stats
     >>> cast_stats(torch.tensor([1.0, -3.0]), FP8_E5M2)
     CastStats(std=2.8284271247461903, absmax=3.0, underflow=0.0, overflow=0.0, sqnr_db=inf)
@@ -148,7 +148,7 @@ _TORCH_CASTS = {
 def rounding_error(x: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = None) -> torch.Tensor:
     """``fmt.round(x) - x`` for a 1-D float32 or float64 tensor, in a scratch buffer where one is given.
 
-    >>> from unitscale import FP8_E4M3
+    >>> from unitscale.formats import FP8_E4M3
     >>> rounding_error(torch.tensor([0.3, 500.0]), FP8_E4M3).tolist()
     [0.012499988079071045, -52.0]
     """
@@ -175,7 +175,7 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
         scratch: buffers to reuse across calls (default: fresh ones).
 
     >>> import torch
-    >>> from unitscale import FP8_E4M3
+    >>> from unitscale.formats import FP8_E4M3
     >>> raw_cast_stats(torch.tensor([0.0, 1.0, 1e-4, 1e3]), FP8_E4M3)[2:5]
     (3, 1, 1)
     """
@@ -333,7 +333,7 @@ class CastBatch:
             to the largest tensor added).
 
     >>> import torch
-    >>> from unitscale import FP8_E4M3
+    >>> from unitscale.formats import FP8_E4M3
     >>> batch = CastBatch(FP8_E4M3)
     >>> batch.add(torch.tensor([0.0, 1.0, 1e-4, 1e3])), batch.add(torch.tensor([0.5, 0.3, 0.0, 2.0]))
     (0, 1)
@@ -396,7 +396,7 @@ class CastBatch:
         """:meth:`add` for many tensors, copied with one ``torch.cat`` per buffer rather than one op each.
 
         >>> import torch
-        >>> from unitscale import FP8_E4M3
+        >>> from unitscale.formats import FP8_E4M3
         >>> batch = CastBatch(FP8_E4M3)
         >>> batch.add_many([torch.ones(3), torch.tensor([0.5, -2.0])])
         [0, 1]
@@ -610,7 +610,7 @@ def cast_stats(t: torch.Tensor, fmt: FPFormat) -> CastStats:
         A :class:`CastStats`, read to Python floats.
 
     >>> import torch
-    >>> from unitscale import FP8_E4M3
+    >>> from unitscale.formats import FP8_E4M3
     >>> from unitscale.tracking import cast_stats
     >>> s = cast_stats(torch.tensor([0.0, 0.5, 1e-4, 1000.0]), FP8_E4M3)
     >>> s.absmax, round(s.underflow, 3), round(s.overflow, 3)

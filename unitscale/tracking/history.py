@@ -1,4 +1,4 @@
-"""What a :class:`~unitscale.ScaleMonitor` recorded: tidy records, a table, a heat map, a drift table.
+"""What a :class:`~unitscale.tracking.ScaleMonitor` recorded: tidy records, a table, a heat map, a drift table.
 
 A :class:`ScaleHistory` holds one :class:`MonitorRecord` per tensor, direction and recorded
 step, as plain Python values, so it pickles and outlives the model

@@ -125,7 +125,7 @@ class ScaleMonitor:
         MonitorSettingError: ``every`` is not an int >= 1, or a format is not an ``FPFormat``.
 
     >>> import torch
-    >>> from unitscale import ScaleMonitor
+    >>> from unitscale.tracking import ScaleMonitor
     >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with ScaleMonitor(model, every=2) as monitor:
@@ -158,7 +158,7 @@ class ScaleMonitor:
             if not isinstance(fmt, FPFormat):
                 raise MonitorSettingError(
                     f"ScaleMonitor: {name}={fmt!r:.60} is a {type(fmt).__name__}; pass an FPFormat "
-                    "such as unitscale.FP8_E4M3"
+                    "such as unitscale.formats.FP8_E4M3"
                 )
         for name, flag in (("activations", activations), ("parameters", parameters)):
             if not isinstance(flag, bool):

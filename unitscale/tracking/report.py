@@ -44,7 +44,8 @@ class ScaleRow(NamedTuple):
         abs_max: largest magnitude (``None``: not recorded or empty).
 
     >>> import torch
-    >>> from unitscale import MLP, track_scales
+    >>> from unitscale import track_scales
+    >>> from unitscale.examples import MLP
     >>> row = next(iter(track_scales(MLP(4), torch.randn(8, 4))))
     >>> row.node, row.op, row.shape
     ('x', 'input', (8, 4))

@@ -58,7 +58,7 @@ class ScalePair:
         backward: std of its gradient, or ``None`` if unknown (no backward pass, or
             the tensor does not require grad).
 
-    >>> from unitscale import ScalePair
+    >>> from unitscale.tracking import ScalePair
     >>> ScalePair(1.0, 0.23649)
     (-> 1.0, <- 0.236)
     >>> print(ScalePair(0.000123456, None))
@@ -329,7 +329,7 @@ class ScaleTracker(torch.autograd.Function):
     returns its input, its output must not be modified in place (clone it first).
 
     >>> import torch
-    >>> from unitscale import ScalePair, ScaleTracker
+    >>> from unitscale.tracking import ScalePair, ScaleTracker
     >>> from unitscale.tracking import ScaleRecord
     >>> from unitscale.tracking.stats import read_records
     >>> x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)

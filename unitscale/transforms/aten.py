@@ -4,7 +4,7 @@
 ``aten.embedding.default(weight, indices)``); TorchDynamo and ``torch.fx`` graphs name
 the torch functions users call (``F.linear``, ``F.embedding(input, weight)``). The
 unit-scaling pass, its patterns (RMS norm, tanh GELU, rotary embeddings) and
-:func:`unitscale.simulate_format` are written against the second vocabulary, and
+:func:`unitscale.transforms.simulate_format` are written against the second vocabulary, and
 :data:`unitscale.functional.torch_map` keys on it. :func:`to_torch_functions`
 rewrites each aten op of :data:`TORCH_LEVEL` into its torch function, putting the
 arguments in that function's order; the training IR that ``torch.export`` produces

@@ -23,7 +23,7 @@ unit-scaling transform, then the FP8 one.
 
 The result is a plain ``nn.Module`` whose forward runs the transformed graph: it
 trains eagerly, compiles with ``torch.compile`` and traces with a
-:class:`~unitscale.DeepTracer` (after its graph exists).
+:class:`~unitscale.fx.DeepTracer` (after its graph exists).
 """
 
 from __future__ import annotations

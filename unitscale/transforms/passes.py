@@ -38,6 +38,12 @@ __all__ = ["TransformedModule", "apply_transform", "simulate_format", "simulate_
 logger = logging.getLogger(__name__)
 
 
+def _check_module(module: Any, caller: str) -> None:
+    """Refuse a non-module in the words of the function the user called."""
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(f"{caller}: expected an nn.Module, got {type(module).__name__}")
+
+
 def apply_transform(
     module: nn.Module,
     transform: GraphTransform,
@@ -81,7 +87,7 @@ def apply_transform(
             the message lists each route's reason.
 
     >>> import torch
-    >>> from unitscale import apply_transform
+    >>> from unitscale.transforms import apply_transform
     >>> def double_relu(x, inplace=False):
     ...     return 2 * torch.relu(x)
     >>> def double_relus(gm):
@@ -94,8 +100,7 @@ def apply_transform(
     >>> model(torch.tensor([-1.0, 3.0])).tolist()
     [0.0, 6.0]
     """
-    if not isinstance(module, nn.Module):
-        raise NotAModuleError(f"apply_transform: expected an nn.Module, got {type(module).__name__}")
+    _check_module(module, "apply_transform")
     if not callable(transform):
         raise NotCallableError(
             f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
@@ -224,8 +229,7 @@ def unit_scale(
     >>> scaled.route, round(scaled(x[:64]).std().item(), 1)
     ('fx', 1.1)
     """
-    if not isinstance(module, nn.Module):
-        raise NotAModuleError(f"unit_scale: expected an nn.Module, got {type(module).__name__}")
+    _check_module(module, "unit_scale")
     if not isinstance(strict, bool):
         raise InputError(f"unit_scale: strict={strict!r:.60} is a {type(strict).__name__}; pass True or False")
     replacements = _check_replace(replace)
@@ -331,10 +335,10 @@ def simulate_format(
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
-        FormatError: a format is not an :class:`~unitscale.FPFormat`.
+        FormatError: a format is not an :class:`~unitscale.formats.FPFormat`.
 
     >>> import torch
-    >>> from unitscale import simulate_format
+    >>> from unitscale.transforms import simulate_format
     >>> from unitscale.formats import FP16, FP8_E4M3
     >>> model = simulate_format(torch.nn.Linear(1, 1, bias=False), FP8_E4M3, FP16)
     >>> with torch.no_grad():
@@ -342,9 +346,10 @@ def simulate_format(
     >>> model(torch.tensor([[0.3]])).item()
     0.3125
     """
+    _check_module(module, "simulate_format")
     for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
         if not isinstance(fmt, FPFormat):
-            raise FormatError(f"simulate_format: {name}={fmt!r} is not an FPFormat (e.g. unitscale.FP8_E4M3)")
+            raise FormatError(f"simulate_format: {name}={fmt!r} is not an FPFormat (e.g. unitscale.formats.FP8_E4M3)")
     return apply_transform(module, _SimulateFormat(fwd_format, bwd_format), example_inputs, example_kwargs, route)
 
 
@@ -357,4 +362,5 @@ def simulate_fp8(module: nn.Module) -> TransformedModule:
     >>> model(torch.randn(2, 4)).shape
     torch.Size([2, 4])
     """
+    _check_module(module, "simulate_fp8")
     return simulate_format(module, FP8_E4M3, FP8_E5M2)

@@ -240,7 +240,7 @@ def unit_init_(gm: fx.GraphModule) -> None:
     >>> import torch
     >>> from torch import fx
     >>> import unitscale.functional as U
-    >>> from unitscale.tracers import DeepTracer
+    >>> from unitscale.fx import DeepTracer
     >>> class Net(torch.nn.Module):
     ...     def __init__(self):
     ...         super().__init__()

@@ -13,7 +13,7 @@ from torch import fx, nn
 from torch.fx.proxy import GraphAppendingTracer
 
 from unitscale.errors import NotAModuleError, NotCallableError, NotInvertibleError, TraceError
-from unitscale.fx.inline import inline
+from unitscale.fx.inlining import inline
 from unitscale.fx.nodes import op_name
 from unitscale.fx.tracers import LeafTracer
 
@@ -81,7 +81,8 @@ def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
         NotCallableError: ``f`` or ``g`` is not callable.
 
     >>> import torch
-    >>> from unitscale import invert, register_inverse
+    >>> from unitscale import invert
+    >>> from unitscale.fx import register_inverse
     >>> register_inverse(torch.erf, torch.erfinv)
     >>> g = invert(lambda x: torch.erf(x) * 2)
     >>> g(torch.tensor([0.5, 1.0]))
@@ -124,37 +125,74 @@ def _where(node: fx.Node) -> str:
     return f"node '{node.name}' ({_name(node)})"
 
 
-def _nonzero(c: Any, node: fx.Node, what: str) -> None:
-    if isinstance(c, (int, float)) and c == 0:
+def _nonzero(value: Any, node: fx.Node, what: str) -> None:
+    """Refuse a constant that is 0 (or holds a 0): multiplying or raising by it loses the input."""
+    if isinstance(value, torch.Tensor) and bool((value == 0).any()):
+        zeros = int((value == 0).sum())
+        raise NotInvertibleError(
+            f"cannot invert {_where(node)}: it {what} a tensor holding 0 ({zeros} of {value.numel()} "
+            "elements), which loses the input there"
+        )
+    if isinstance(value, (int, float)) and value == 0:
         raise NotInvertibleError(f"cannot invert {_where(node)}: it {what} 0, which loses the input")
 
 
-def _invert_binary(key: Any, node: fx.Node, y: Any, c: Any, pos: int) -> Any:
-    """The inverse of ``key`` with its varying operand at ``pos`` and constant ``c``."""
+def _finite(value: Any, node: fx.Node) -> None:
+    """Refuse a NaN or infinite constant: the inverse would compute NaN (``inf / inf``) without a word."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.isfinite().all()):
+        bad = int((~value.isfinite()).sum())
+        raise NotInvertibleError(
+            f"cannot invert {_where(node)}: its constant operand holds {bad} NaN or infinite value(s) "
+            f"of {value.numel()}; the inverse would return NaN. Make the constant finite"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NotInvertibleError(
+            f"cannot invert {_where(node)}: its constant operand is {value}; the inverse would return NaN. "
+            "Make the constant finite"
+        )
+
+
+def _check_constant(key: Any, node: fx.Node, value: Any, alpha: Any, pos: int) -> None:
+    """Refuse, while building, the constants that make ``key`` lose its input: the inverse would
+    otherwise return NaN or infinity for every ``y``, silently."""
+    _finite(value, node)
+    _finite(alpha, node)
+    if key is torch.add or key is torch.sub:
+        _nonzero(alpha, node, "scales its input by alpha =")
+    elif key is torch.mul:
+        _nonzero(value, node, "multiplies by")
+    elif key is torch.div:
+        _nonzero(value, node, "divides by" if pos == 0 else "divides")
+    elif pos == 0:  # torch.pow, x ** c
+        _nonzero(value, node, "raises to the power")
+    else:  # c ** x
+        bad = bool(((value <= 0) | (value == 1)).any()) if isinstance(value, torch.Tensor) else value <= 0 or value == 1
+        if bad:
+            raise NotInvertibleError(f"cannot invert {_where(node)}: {value} ** x is not one-to-one for base {value}")
+
+
+def _invert_binary(key: Any, node: fx.Node, y: Any, c: Any, value: Any, pos: int) -> Any:
+    """The inverse of ``key`` with its varying operand at ``pos`` and constant ``c`` (in the new
+    graph; ``value`` is what it computes, checked first)."""
     extra = {k: v for k, v in node.kwargs.items() if k not in ("alpha", "other", "exponent", "input", "self")}
     alpha = node.kwargs.get("alpha", 1)
     if extra or (key is not torch.add and key is not torch.sub and "alpha" in node.kwargs):
         raise NotInvertibleError(
             f"cannot invert {_where(node)}: keyword arguments {sorted(node.kwargs)} are not supported"
         )
+    _check_constant(key, node, value, alpha, pos)
     if key is torch.add or key is torch.sub:
-        _nonzero(alpha, node, "scales its input by alpha =")
         if pos == 1:  # c + alpha * x, c - alpha * x
             x = y - c if key is torch.add else c - y
             return x if alpha == 1 else x / alpha
         c = c if alpha == 1 else alpha * c
         return y - c if key is torch.add else y + c
     if key is torch.mul:
-        _nonzero(c, node, "multiplies by")
         return y / c
     if key is torch.div:
-        _nonzero(c, node, "divides by" if pos == 0 else "divides")
         return y * c if pos == 0 else c / y
     if pos == 0:  # torch.pow, x ** c
-        _nonzero(c, node, "raises to the power")
         return y ** (1 / c)
-    if isinstance(c, (int, float)) and (c <= 0 or c == 1):
-        raise NotInvertibleError(f"cannot invert {_where(node)}: {c} ** x is not one-to-one for base {c}")
     return torch.log(y) / (math.log(c) if isinstance(c, (int, float)) else torch.log(c))
 
 
@@ -170,6 +208,7 @@ class _Inverter:
         self.graph = fx.Graph()
         self.tracer = GraphAppendingTracer(self.graph)
         self.copied: dict[fx.Node, fx.Node] = {}
+        self.values: dict[fx.Node, Any] = {}
 
     def chain(self) -> list[fx.Node]:
         nodes = list(self.gm.graph.nodes)
@@ -231,6 +270,30 @@ class _Inverter:
 
         return fx.node.map_arg(value, wrap)
 
+    def value(self, arg: Any) -> Any:
+        """The value of an operand that does not depend on the input (a number, or a node computed
+        from constants and attributes), evaluated once to check it."""
+
+        def evaluate(n: fx.Node) -> Any:
+            if n not in self.values:
+                args, kwargs = fx.node.map_arg((n.args, n.kwargs), evaluate)
+                target = n.target
+                if n.op == "get_attr":
+                    found: Any = self.gm
+                    for part in str(target).split("."):
+                        found = getattr(found, part)
+                elif n.op == "call_function":
+                    found = target(*args, **kwargs)  # type: ignore[operator]
+                elif n.op == "call_method":
+                    found = getattr(args[0], str(target))(*args[1:], **kwargs)
+                else:  # call_module
+                    found = self.gm.get_submodule(str(target))(*args, **kwargs)
+                self.values[n] = found
+            return self.values[n]
+
+        with torch.no_grad():
+            return fx.node.map_arg(arg, evaluate)
+
     def emit(self, node: fx.Node, y: fx.Proxy) -> fx.Proxy:
         operand = self.operand(node)
         pos = node.args.index(operand)
@@ -238,7 +301,8 @@ class _Inverter:
         key = _torch_function(target) if isinstance(target, str) else _key(target)
         key = key if key is not None else target
         if key in _BINARY and len(node.args) == 2:
-            return _invert_binary(key, node, y, self.constant(node.args[1 - pos]), pos)
+            other = node.args[1 - pos]
+            return _invert_binary(key, node, y, self.constant(other), self.value(other), pos)
         if len(node.args) == 1 and not node.kwargs and key in _INVERSES:
             return _INVERSES[key](y)
         if key in _INVERSES or key in _BINARY:
@@ -248,7 +312,7 @@ class _Inverter:
             )
         raise NotInvertibleError(
             f"cannot invert {_where(node)} in {self.label}: no inverse is registered for {_name(node)}. "
-            "If it is one-to-one on your inputs, register one with unitscale.register_inverse(f, g); "
+            "If it is one-to-one on your inputs, register one with unitscale.fx.register_inverse(f, g); "
             "an op that is not (relu, abs) cannot be inverted"
         )
 
@@ -285,8 +349,10 @@ def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
         NotAModuleError: ``fn_or_module`` is neither a function nor a module.
         NotInvertibleError: an op has no registered inverse (``relu``), combines
             two values computed from the input (``sin(x) * x``: the graph branches),
-            ``f`` has several inputs or outputs, changes a tensor in place, or has
-            control flow that depends on the input.
+            ``f`` has several inputs or outputs, changes a tensor in place, has
+            control flow that depends on the input, or has a constant operand that
+            loses the input or would make ``g`` return NaN (``x * 0``, a tensor holding
+            a 0, ``x * inf``, ``x + nan``).
 
     >>> import torch
     >>> from unitscale import invert

@@ -1,0 +1,398 @@
+"""The house rules of ARCHITECTURE.md, read from the source: every module's imports, parsed with ``ast``.
+
+1. A ``_module`` (or a folder named ``_x``) is private to the package that holds it: no module
+   outside that package imports it, and no module imports a ``_name`` from another package.
+2. No import cycle between modules (imports inside functions count: a cycle hidden in a
+   function is still a cycle).
+3. Imports sit at the top of a module; one inside a function carries its reason as a comment on
+   its line (``import torch._dynamo  # 1.5 s: only a capture pays it``).
+4. One name, one thing: no function or class in a package's face hides a module of the same
+   name, and the top level holds no example model.
+
+``python tests/test_architecture.py`` prints what imports what inside the package, one module a
+line: the arrows ARCHITECTURE.md draws, read from the code.
+
+Where code outside ``fx/``, ``examples/`` and the top-level modules broke a rule when the rules
+were written, the break is listed below, with the part that owns it, and the test checks the
+rest. Each list may only shrink: an entry that no longer occurs fails the test, so a fix
+removes its entry.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import pkgutil
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import unitscale
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "unitscale"
+
+# (importer, imported): a private module or name of another package. Owners: capture/ and
+# tracking/ (helper A of issue 27: the trace cache and module state move into capture/),
+# stages/ (helper S), transforms/ (helper T).
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str]] = {
+    ("unitscale.stages.costs", "unitscale.capture._meta.normalise_graph"),
+    ("unitscale.stages.costs", "unitscale.fx._module_state.module_state_kept"),
+    ("unitscale.stages.plan", "unitscale.capture._meta.normalise_path"),
+    ("unitscale.stages.plan", "unitscale.capture._meta.stack_entries"),
+    ("unitscale.tracking.analysis", "unitscale.fx._module_state.module_state_kept"),
+    ("unitscale.tracking.analysis", "unitscale.fx.trace_cache._fingerprint"),
+    ("unitscale.tracking.analysis", "unitscale.fx.trace_cache._graph_code_and_globals"),
+    ("unitscale.tracking.analysis", "unitscale.fx.tracers._check_autowrap"),
+    ("unitscale.transforms.dynamo", "unitscale.capture._dynamo.DynamoGraph"),
+    ("unitscale.transforms.dynamo", "unitscale.capture._dynamo.dynamo_graph"),
+    ("unitscale.transforms.dynamo", "unitscale.capture._dynamo.no_torch_function_modes"),
+    ("unitscale.transforms.dynamo", "unitscale.capture._verify.flat_graph_inputs"),
+}
+# Sets of modules that import each other. Owner: stages/ (helper S).
+CYCLES_ALLOWED: set[frozenset[str]] = {
+    frozenset({"unitscale.stages.costs", "unitscale.stages.plan"}),
+}
+# (module, imported) of an import inside a function with no reason written on its line.
+# Owners: scaling/ (helper N1: functional/, nn/, optim/ after the move), stages/ (helper S),
+# tracking/ (helper A).
+LOCAL_IMPORTS_ALLOWED: set[tuple[str, str]] = {
+    ("unitscale.optim._rules", "unitscale.errors.NotAModuleError"),
+    ("unitscale.scaling.transfer", "unitscale.optim.Adam"),
+    ("unitscale.scaling.parameter", "unitscale.errors.UntaggedParameterError"),
+    ("unitscale.stages.costs", "unitscale.stages.plan._as_tuple"),
+    ("unitscale.stages.launch", "unitscale.stages.saved.SavedPlan"),
+    ("unitscale.stages.launch", "unitscale.stages.saved.load_plan"),
+    ("unitscale.stages.pipeline", "unitscale.stages.launch.build_rank"),
+    ("unitscale.stages.pipeline", "unitscale.stages.launch.check_schedule"),
+    ("unitscale.stages.pipeline", "unitscale.stages.launch.placement"),
+    ("unitscale.stages.pipeline", "unitscale.stages.measured.ActionClock"),
+    ("unitscale.stages.pipeline", "unitscale.stages.measured.RankRecord"),
+    ("unitscale.stages.pipeline", "unitscale.stages.measured.measure_link"),
+    ("unitscale.stages.pipeline", "unitscale.stages.measured.measured_costs"),
+    ("unitscale.stages.pipeline", "unitscale.stages.measured.measured_timeline"),
+    ("unitscale.stages.pipeline", "unitscale.stages.plan.StagePlan"),
+    ("unitscale.stages.pipeline", "unitscale.stages.schedule_costs.stage_ranks"),
+    ("unitscale.stages.pipeline", "unitscale.stages.simulate.simulate_bounds"),
+    ("unitscale.stages.plan", "unitscale.stages.saved.load_plan"),
+    ("unitscale.stages.plan", "unitscale.stages.saved.save_plan"),
+    ("unitscale.stages.planner", "unitscale.stages.costs._call_cost"),
+    ("unitscale.stages.planner", "unitscale.stages.costs._checked"),
+    ("unitscale.stages.planner", "unitscale.stages.costs._params_per_node"),
+    ("unitscale.stages.planner", "unitscale.stages.costs.backward_times"),
+    ("unitscale.stages.planner", "unitscale.stages.costs.output_bytes"),
+    ("unitscale.stages.planner", "unitscale.stages.launch.check_schedule"),
+    ("unitscale.stages.planner", "unitscale.stages.plan.StagePlan"),
+    ("unitscale.stages.planner", "unitscale.stages.plan.partition"),
+    ("unitscale.tracking.history", "unitscale.formats.BF16"),
+    ("unitscale.tracking.history", "unitscale.formats.FP16"),
+}
+# package.module where the package's face binds the module's name to a function. Owners:
+# stages/ (helper S), tracking/ (helper A).
+HIDDEN_MODULES_ALLOWED: set[str] = {
+    "unitscale.stages.simulate",
+    "unitscale.tracking.cast_stats",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module or name, where it was imported and how."""
+
+    importer: str  # the module whose code holds the import
+    target: str  # the module imported; for ``from m import name`` of a non-module, ``m.name``
+    module: str  # the module the target lives in (``target`` itself when it is a module)
+    line: int
+    local: bool  # inside a function
+    reason: str  # the comment on the import's line(s), "" when there is none
+    type_only: bool  # under ``if TYPE_CHECKING:``
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by its dotted name (read once per ROOT)."""
+    return _modules(ROOT)
+
+
+@functools.cache
+def _modules(root: Path) -> dict[str, Path]:
+    found = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _comment(lines: list[str], first: int, last: int) -> str:
+    """The comments on source lines ``first``..``last`` (1-based), lint directives left out."""
+    found = []
+    for text in lines[first - 1 : last]:
+        if "#" in text:
+            comment = text.split("#", 1)[1].strip()
+            if comment and not comment.startswith(("noqa", "type:", "pragma")):
+                found.append(comment)
+    return " ".join(found)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> Iterator[Import]:
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    is_package = path.name == "__init__.py"
+
+    def visit(node: ast.AST, local: bool, type_only: bool) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield from visit(child, True, type_only)
+            elif isinstance(child, ast.If) and _is_type_checking(child):
+                yield from visit(child, local, True)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                yield from resolve(child, local, type_only)
+            else:
+                yield from visit(child, local, type_only)
+
+    def resolve(node: ast.Import | ast.ImportFrom, local: bool, type_only: bool) -> Iterator[Import]:
+        reason = _comment(lines, node.lineno, node.end_lineno or node.lineno)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    yield Import(name, alias.name, alias.name, node.lineno, local, reason, type_only)
+            return
+        base = node.module or ""
+        if node.level:  # relative: from .x import y
+            anchor = name.split(".") if is_package else name.split(".")[:-1]
+            anchor = anchor[: len(anchor) - (node.level - 1)]
+            base = ".".join([*anchor, base] if base else anchor)
+        if base.split(".")[0] != PACKAGE:
+            return
+        for alias in node.names:
+            full = f"{base}.{alias.name}"
+            if full in known:
+                yield Import(name, full, full, node.lineno, local, reason, type_only)
+            else:
+                yield Import(name, full, base, node.lineno, local, reason, type_only)
+
+    yield from visit(ast.parse(source, filename=str(path)), False, False)
+
+
+def all_imports() -> list[Import]:
+    """Every import in the package (parsed once per ROOT)."""
+    return _all_imports(ROOT)
+
+
+@functools.cache
+def _all_imports(root: Path) -> list[Import]:
+    found = _modules(root)
+    return [imp for name, path in found.items() for imp in imports_of(name, path, set(found))]
+
+
+def package_of(module: str) -> str:
+    """The package a module belongs to: itself when it is a package (an ``__init__``), else its parent."""
+    path = modules()[module]
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def private_owner(target: str) -> str | None:
+    """The package a private module or name is private to (``unitscale.fx`` for
+    ``unitscale.fx._module_state`` and for ``unitscale.fx.tracers._check_autowrap``), else None."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = ".".join(parts[:i])
+            known = modules()
+            # a _name inside a plain module is private to that module's package
+            if owner in known and known[owner].name != "__init__.py":
+                owner = owner.rpartition(".")[0]
+            return owner
+    return None
+
+
+def private_imports() -> set[tuple[str, str]]:
+    broken = set()
+    for imp in all_imports():
+        owner = private_owner(imp.target)
+        if owner is None:
+            continue
+        importer_package = package_of(imp.importer)
+        if importer_package != owner and not importer_package.startswith(owner + "."):
+            broken.add((imp.importer, imp.target))
+    return broken
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports (at run time, wherever in the module the import sits)."""
+    edges: dict[str, set[str]] = {name: set() for name in modules()}
+    for imp in all_imports():
+        if not imp.type_only and imp.module != imp.importer:
+            edges[imp.importer].add(imp.module)
+    return edges
+
+
+def cycles() -> set[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    edges = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def local_imports_without_reason() -> set[tuple[str, str]]:
+    return {(imp.importer, imp.target) for imp in all_imports() if imp.local and not imp.reason}
+
+
+# -- the rules ---------------------------------------------------------------------------------
+
+
+def test_no_private_module_or_name_is_imported_from_another_package() -> None:
+    broken = private_imports()
+    new = sorted(broken - PRIVATE_IMPORTS_ALLOWED)
+    assert not new, "make what another package needs public in its package (its __init__), then import that:\n" + (
+        "\n".join(f"  {importer} imports {target}" for importer, target in new)
+    )
+    fixed = sorted(PRIVATE_IMPORTS_ALLOWED - broken)
+    assert not fixed, f"fixed, so remove from PRIVATE_IMPORTS_ALLOWED: {fixed}"
+
+
+def test_no_modules_import_each_other() -> None:
+    found = cycles()
+    new = [sorted(cycle) for cycle in found - CYCLES_ALLOWED]
+    assert not new, f"modules that import each other (move what both need into a third): {new}"
+    fixed = [sorted(cycle) for cycle in CYCLES_ALLOWED - found]
+    assert not fixed, f"fixed, so remove from CYCLES_ALLOWED: {fixed}"
+
+
+def test_an_import_inside_a_function_says_why_on_its_line() -> None:
+    broken = local_imports_without_reason()
+    new = sorted(broken - LOCAL_IMPORTS_ALLOWED)
+    assert not new, "move these imports to the top of the module, or write the reason on the line:\n" + (
+        "\n".join(f"  {module} imports {target}" for module, target in new)
+    )
+    fixed = sorted(LOCAL_IMPORTS_ALLOWED - broken)
+    assert not fixed, f"fixed, so remove from LOCAL_IMPORTS_ALLOWED: {fixed}"
+
+
+def test_a_name_in_a_package_is_one_thing_never_a_function_hiding_a_module() -> None:
+    """``unitscale.fx.invert`` once hid the module ``unitscale/fx/invert.py``: ``import
+    unitscale.fx.invert`` gave a function. Every submodule's name, read as an attribute of its
+    package, must be that module."""
+    hidden = set()
+    for name, path in modules().items():
+        if path.name != "__init__.py":
+            continue
+        package = importlib.import_module(name)
+        for info in pkgutil.iter_modules(package.__path__):
+            value = getattr(package, info.name, None)
+            if value is not None and not isinstance(value, types.ModuleType):
+                hidden.add(f"{name}.{info.name}")
+    new = sorted(hidden - HIDDEN_MODULES_ALLOWED)
+    assert not new, f"a function or class hides the module of the same name (rename the module): {new}"
+    fixed = sorted(HIDDEN_MODULES_ALLOWED - hidden)
+    assert not fixed, f"fixed, so remove from HIDDEN_MODULES_ALLOWED: {fixed}"
+
+
+def test_the_top_level_holds_no_example_and_reaches_every_part() -> None:
+    examples = [
+        name for name in unitscale.__all__ if getattr(unitscale, name).__module__.startswith("unitscale.examples")
+    ]
+    assert not examples, f"example models belong in unitscale.examples, not the top level: {examples}"
+    parts = {info.name for info in pkgutil.iter_modules(unitscale.__path__) if not info.name.startswith("_")}
+    assert all(isinstance(getattr(unitscale, part, None), types.ModuleType) for part in parts), parts
+
+
+# -- the checks check: each rule, on a package made to break it ---------------------------------
+
+
+@pytest.fixture
+def tiny_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A throwaway ``unitscale`` with two parts, ``a`` and ``b``, as ROOT."""
+    for folder in ("unitscale", "unitscale/a", "unitscale/b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "unitscale/a/_inner.py").write_text("def _helper():\n    pass\n")
+    (tmp_path / "unitscale/a/face.py").write_text("from unitscale.a._inner import _helper\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    return tmp_path
+
+
+def test_the_rules_pass_a_package_that_keeps_them(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/b/user.py").write_text(
+        "from unitscale.a import face\n\ndef f():\n    import unitscale.a.face  # cheap to import late: the test\n"
+    )
+    assert private_imports() == set() and cycles() == set() and local_imports_without_reason() == set()
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["from unitscale.a._inner import _helper\n", "from unitscale.a import _inner\n", "import unitscale.a._inner\n"],
+)
+def test_a_private_module_imported_from_another_package_is_found(tiny_package: Path, source: str) -> None:
+    (tiny_package / "unitscale/b/user.py").write_text(source)
+    assert {importer for importer, _ in private_imports()} == {"unitscale.b.user"}
+
+
+def test_a_private_name_of_another_package_is_found(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/a/public.py").write_text("def _secret():\n    pass\n")
+    (tiny_package / "unitscale/b/user.py").write_text("from unitscale.a.public import _secret\n")
+    assert private_imports() == {("unitscale.b.user", "unitscale.a.public._secret")}
+
+
+def test_a_cycle_through_a_function_and_a_package_face_is_found(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/b/__init__.py").write_text("from unitscale.b.one import f\n")
+    (tiny_package / "unitscale/b/one.py").write_text("def f():\n    from unitscale.b.two import g  # late\n")
+    (tiny_package / "unitscale/b/two.py").write_text("from unitscale.b import f\n\ndef g():\n    pass\n")
+    assert cycles() == {frozenset({"unitscale.b", "unitscale.b.one", "unitscale.b.two"})}
+
+
+def test_a_local_import_without_a_reason_is_found_and_a_lint_directive_is_no_reason(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/b/user.py").write_text(
+        "def f():\n    from unitscale.a import face  # noqa: F401\n\n"
+        "def g():\n    import unitscale.a.face  # needed late: it is slow\n"
+    )
+    assert local_imports_without_reason() == {("unitscale.b.user", "unitscale.a.face")}
+
+
+if __name__ == "__main__":  # the arrows, read from the code
+    for importer, imported in sorted(graph().items()):
+        if imported:
+            print(f"{importer} -> {', '.join(sorted(imported))}")
