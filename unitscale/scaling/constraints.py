@@ -97,8 +97,8 @@ def hmean(output_scale: float, *grad_input_scales: float) -> float:
         ``n / sum(1 / s)``.
 
     >>> from unitscale import hmean
-    >>> hmean(0.25, 1.0)
-    0.4
+    >>> hmean(0.25, 1.0), hmean(2.0)
+    (0.4, 2.0)
     """
     scales = _scales("hmean", (output_scale, *grad_input_scales))
     # Relative to the smallest scale, so that neither 1/s nor the sum can overflow.
@@ -117,8 +117,8 @@ def amean(output_scale: float, *grad_input_scales: float) -> float:
         ``sum(s) / n``.
 
     >>> from unitscale import amean
-    >>> amean(0.25, 1.0)
-    0.625
+    >>> amean(0.25, 1.0), amean(2.0)
+    (0.625, 2.0)
     """
     scales = _scales("amean", (output_scale, *grad_input_scales))
     return sum(s / len(scales) for s in scales)  # the plain sum overflows near the largest float
