@@ -108,3 +108,38 @@ def test_a_model_of_unitscale_nn_modules_trains_with_unitscale_optim_and_a_plain
     uopt.AdamW(model.parameters(), lr=0.01)  # every parameter has a role
     with pytest.raises(UntaggedParameterError, match=r"0.weight.*unitscale.nn modules.*allow_untagged=True"):
         uopt.Adam(torch.nn.Sequential(torch.nn.Linear(4, 4)), lr=0.01)
+
+
+def test_unit_scale_tags_the_roles_unitscale_nn_modules_carry_and_trains_with_unitscale_optim():
+    from unitscale import unit_scale
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(
+        torch.nn.Embedding(10, 16),
+        torch.nn.LayerNorm(16),
+        torch.nn.Linear(16, 32),
+        torch.nn.GELU(),
+        torch.nn.Linear(32, 10),
+    )
+    twin = torch.nn.Sequential(
+        unn.Embedding(10, 16),
+        unn.LayerNorm(16),
+        unn.Linear(16, 32, bias=True),
+        unn.GELU(),
+        unn.Linear(32, 10, bias=True),
+    )
+    ids = torch.randint(0, 10, (8, 5))
+    scaled = unit_scale(plain, example_inputs=ids)
+    assert {name.removeprefix("module."): role for name, role in roles(scaled).items()} == roles(twin)
+    opt = uopt.Adam(scaled.parameters(), lr=0.05)
+    targets = torch.randint(0, 10, (8, 5))
+
+    def loss():
+        return torch.nn.functional.cross_entropy(scaled(ids).flatten(0, 1), targets.flatten())
+
+    before = loss().item()
+    for _ in range(5):
+        opt.zero_grad()
+        loss().backward()
+        opt.step()
+    assert loss().item() < before

@@ -83,7 +83,8 @@ def _how_to_tag(names: list[str]) -> str:
         f"{len(names)} parameter(s) have no u-μP role (a plain torch.nn module's parameters have none): "
         f"{shown}. Build the model from unitscale.nn modules, or tag each parameter with "
         "unitscale.scaling.tag(param, role) (roles: weight, bias, norm, readout, embedding), "
-        "or pass allow_untagged=True to give them the scale 1 (a bias's rule) with a warning"
+        "or pass allow_untagged=True to give them the scale 1 (a bias's rule) with a warning "
+        "(a unit_scale(model) tags its parameters when it captures the graph: pass example_inputs, or call it once)"
     )
 
 
