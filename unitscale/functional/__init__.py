@@ -15,7 +15,7 @@ graph transform can swap a torch function for its twin by target
 (1.0, 23)
 
 Only the ops are public names here: tracers keep every public callable of this
-module as a single graph node (it is registered with :mod:`unitscale.fx.autowrap`
+module as a single graph node (it is registered with ``unitscale.fx.autowrap``
 below), and would otherwise patch an imported name (``Tensor``, ``Callable``) in
 the traced model's module too.
 """

@@ -301,7 +301,7 @@ def softmax(
     A softmax over ``n`` elements of ``N(0, 1)`` logits has output std about
     ``1.31 / n`` and input-gradient std about ``1.64 / n`` (for large ``n``), so
     both scales grow with ``n``; exact values for small ``n`` come from a table
-    (:mod:`unitscale.scaling.softmax_stats`), measured again for logits of std
+    (``unitscale.scaling.softmax_stats``), measured again for logits of std
     ``mult`` when ``mult`` is not 1 (u-μP's α_attn-softmax or α_loss-softmax: a
     larger ``mult`` makes the softmax more one-hot).
 
