@@ -70,6 +70,7 @@ class UmupGPT(nn.Module):
 
     >>> import torch
     >>> from unitscale.examples.umup_models import UmupGPT
+    >>> _ = torch.manual_seed(0)
     >>> model = UmupGPT(16, width=32, depth=2)
     >>> idx = torch.randint(0, 16, (4, 12))
     >>> round(model.loss(idx[:, :-1], idx[:, 1:]).item(), 1)

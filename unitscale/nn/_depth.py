@@ -146,6 +146,7 @@ class TransformerDecoder(nn.Module):
 
     >>> import torch
     >>> from unitscale.nn import TransformerDecoder
+    >>> _ = torch.manual_seed(0)
     >>> model = TransformerDecoder(16, 32, layers=2, heads=2)
     >>> ids = torch.randint(0, 16, (4, 12))
     >>> model(ids).shape, round(model.loss(ids).item(), 1)
