@@ -574,3 +574,29 @@ def test_softmax_requires_an_explicit_dim():
     message = "softmax: dim=None; pass the dimension to normalise over, e.g. dim=-1"
     with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
         U.softmax(torch.randn(3))
+
+
+@pytest.mark.parametrize("spread", [0.03, 0.3, 1.7, 5.0])
+def test_softmax_statistics_between_and_beyond_the_measured_spreads_match_a_fresh_measurement(spread):
+    out, grad = _softmax_stats.table(spread)
+    generator = torch.Generator().manual_seed(7)
+    for n in (8, 256):
+        logits = spread * torch.randn(2**20 // n, n, dtype=torch.float64, generator=generator)
+        w = torch.softmax(logits, -1)
+        g = torch.randn(w.shape, dtype=torch.float64, generator=generator)
+        logit_grad = w * (g - (w * g).sum(-1, keepdim=True))
+        index = _softmax_stats.N.index(n)
+        assert n * w.std().item() == pytest.approx(out[index], rel=0.03 if spread < 5 else 0.08)
+        assert n * logit_grad.std().item() == pytest.approx(grad[index], rel=0.03 if spread < 5 else 0.08)
+
+
+def test_attention_with_a_new_score_spread_exports_and_compiles_in_one_graph():
+    class Attention(torch.nn.Module):
+        def forward(self, q):
+            return U.scaled_dot_product_attention(q, q, q, scale=0.2345, is_causal=True)
+
+    q = torch.randn(1, 2, 96, 8)
+    exported = torch.export.export(Attention(), (q,), strict=False)
+    assert torch.allclose(exported.module()(q), Attention()(q))
+    compiled = torch.compile(Attention(), backend="eager", fullgraph=True)
+    assert torch.allclose(compiled(q), Attention()(q))

@@ -32,7 +32,7 @@ _SILU_GRAD_STD = 0.616021
 _RELU_SCALE = 2**0.5
 
 # (kind, mult) -> (mean, mean square, mean square of the derivative) of x * gate(mult * x) for
-# x ~ N(0, 1). A plain dict: a traced forward (TorchDynamo) only reads it; modules fill it when built.
+# x ~ N(0, 1), computed once each.
 _MOMENTS: dict[tuple[str, float], tuple[float, float, float]] = {}
 
 
@@ -44,7 +44,8 @@ def _gate(kind: str, z: float) -> tuple[float, float]:
     return s, s * (1.0 - s)
 
 
-@_torch.compiler.disable
+# TorchDynamo and torch.export run this once and keep its result, rather than trace 4801 steps.
+@_torch.compiler.assume_constant_result
 def _quadrature(kind: str, mult: float) -> tuple[float, float, float]:
     steps, lo, hi = 4800, -12.0, 12.0
     h = (hi - lo) / steps

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 import unitscale.functional as U
@@ -38,7 +37,6 @@ class GELU(nn.GELU):
         super().__init__(approximate=approximate)
         self.constraint = constraint
         self.mult = check_mult("GELU", "mult", mult)
-        U.gelu(torch.zeros(1), constraint=None, mult=self.mult)  # computes its scales now, not in a traced forward
 
     def forward(self, input: Tensor) -> Tensor:
         return U.gelu(input, approximate=self.approximate, constraint=self.constraint, mult=self.mult)
@@ -77,7 +75,6 @@ class Softmax(nn.Softmax):
         super().__init__(dim=dim)
         self.constraint = constraint
         self.mult = check_mult("Softmax", "mult", mult)
-        U.softmax(torch.zeros(2), 0, constraint=None, mult=self.mult)  # measures its statistics now
 
     def forward(self, input: Tensor) -> Tensor:
         return U.softmax(input, self.dim, constraint=self.constraint, mult=self.mult)
@@ -110,7 +107,6 @@ class SiLU(nn.SiLU):
         super().__init__()
         self.constraint = constraint
         self.mult = check_mult("SiLU", "mult", mult)
-        U.silu(torch.zeros(1), constraint=None, mult=self.mult)  # computes its scales now
 
     def forward(self, input: Tensor) -> Tensor:
         return U.silu(input, constraint=self.constraint, mult=self.mult)

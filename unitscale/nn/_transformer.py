@@ -11,7 +11,6 @@ from unitscale.errors import InputError
 from unitscale.nn._activations import GELU
 from unitscale.nn._linear import Linear, _check_sizes
 from unitscale.nn._norms import LayerNorm, RMSNorm
-from unitscale.scaling import softmax_stats
 from unitscale.scaling.checks import check_mult, check_p, check_tau
 from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
 from unitscale.scaling.docs import fill_docstring
@@ -92,8 +91,6 @@ class SwiGLU(nn.Module):
         self.up = Linear(hidden_size, inner, constraint=constraint)
         self.gate = Linear(hidden_size, inner, constraint=constraint)
         self.down = Linear(inner, hidden_size, constraint=constraint)
-        zero = self.up.weight.new_zeros(1)
-        U.silu_glu(zero, zero, mult=self.mult)  # computes its scale now
 
     def forward(self, input: Tensor) -> Tensor:
         return self.down(U.silu_glu(self.up(input), self.gate(input), self.mult))
@@ -161,9 +158,6 @@ class MHSA(nn.Module):
         self.mult = check_mult("MHSA", "mult", mult)
         self.linear_qkv = Linear(hidden_size, 3 * hidden_size, constraint=constraint)
         self.linear_o = Linear(hidden_size, hidden_size, constraint=constraint)
-        head_dim = hidden_size // heads
-        # The softmax statistics for this spread of scores, measured now rather than in a traced forward.
-        softmax_stats.table(float(f"{self.mult / head_dim * head_dim**0.5:.3g}"))
 
     def forward(self, input: Tensor) -> Tensor:
         # (..., seq, 3 * width) -> (3, ..., heads, seq, head_dim); no shape unpacking, so torch.fx can trace it
