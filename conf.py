@@ -112,14 +112,13 @@ _external_names = [
     "Argument", "Target", "TreeSpec", "Tensor", "Module", "GraphModule", "Node", "Graph", "Figure", "Axes", "T",
     r"(.*\.)?T_destination",
 ]
-# Private type aliases, variables and protocols in signatures, and the base class of a u-μP module
-# that the API documents under unitscale.scaling.umup's own name (not re-exported, to avoid a clash
-# with unitscale.nn.Linear): named here one by one, so anything else still fails the build.
+# Private type aliases, variables and protocols in signatures: named here one by one, so anything
+# else still fails the build.
 nitpick_ignore = [
     ("py:class", "Params"),
     ("py:class", "unitscale.scaling.parameter._P"),
     ("py:class", "unitscale.stages.saved._Plan"),
-    ("py:class", "unitscale.scaling.umup_nn.Linear"),
+    ("py:class", "unitscale.scaling.docs._T"),
     ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.measured
     ("py:class", "unitscale.stages.measured.RankRecord"),
 ]

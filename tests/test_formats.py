@@ -142,6 +142,15 @@ def test_impossible_formats_raise_format_error(kwargs: dict, message: str) -> No
         FPFormat(**kwargs)
 
 
+@pytest.mark.parametrize("method", ["quantise", "quantise_fwd", "quantise_bwd", "round"])
+def test_quantising_a_list_raises_a_typed_error_naming_the_format_and_the_fix(method: str) -> None:
+    expected = (
+        rf"FPFormat\(4, 3, infinities=False\)\.{method}: x is a list \(\[1.0, 2.0\]\); pass a floating-point tensor"
+    )
+    with pytest.raises(FormatError, match=expected):
+        getattr(FP8_E4M3, method)([1.0, 2.0])
+
+
 def test_quantising_integers_raises_format_error() -> None:
     with pytest.raises(FormatError, match=r"can only quantise floating-point tensors, got dtype torch.int64"):
         FP16.round(torch.arange(3))

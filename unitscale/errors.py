@@ -241,10 +241,10 @@ class UnknownStatError(UnitscaleError, ValueError):
 
 
 class UnknownRoleError(UnitscaleError, ValueError):
-    """A u-μP parameter role that is not one of ``unitscale.scaling.umup.ROLES``.
+    """A u-μP parameter role that is not one of ``unitscale.scaling.ROLES``.
 
     >>> import torch
-    >>> from unitscale.scaling.umup import tag
+    >>> from unitscale.scaling import tag
     >>> tag(torch.nn.Parameter(torch.zeros(2)), "gain", width=2)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     unitscale.errors.UnknownRoleError: tag: role='gain' is not a u-μP role; pass one of ...

@@ -146,6 +146,7 @@ class FPFormat:
         >>> FP16.round(torch.tensor([1 + 2**-11, 1 + 3 * 2**-11])).tolist()
         [1.0, 1.001953125]
         """
+        self._check_tensor("round", x)
         if not x.is_floating_point():
             raise FormatError(f"{self!r}: can only quantise floating-point tensors, got dtype {x.dtype}")
         work = x if x.dtype == torch.float64 else x.float()
@@ -168,6 +169,14 @@ class FPFormat:
             out = torch.where(out.abs() > limit, torch.full_like(out, float("nan")), out)
         return out.to(x.dtype)
 
+    def _check_tensor(self, method: str, x: Any) -> None:
+        # A list or a number would reach torch's custom-op dispatcher, which raises an untyped error.
+        if not isinstance(x, (torch.Tensor, torch.fx.Proxy)):
+            raise FormatError(
+                f"{self!r}.{method}: x is a {type(x).__name__} ({x!r:.40}); pass a floating-point tensor, "
+                "e.g. torch.tensor(x)"
+            )
+
     def _op_args(self) -> tuple[int, int, bool, bool, bool]:
         return (self.exponent_bits, self.mantissa_bits, self.infinities, self.saturate, self.rounding == "stochastic")
 
@@ -181,7 +190,11 @@ class FPFormat:
         >>> y.backward(torch.tensor([0.1]))
         >>> y.item(), x.grad.item()
         (0.1015625, 0.1015625)
+
+        Raises:
+            FormatError: ``x`` is not a tensor (a list, a number).
         """
+        self._check_tensor("quantise", x)
         return self.quantise_bwd(self.quantise_fwd(x))
 
     def quantise_fwd(self, x: torch.Tensor) -> torch.Tensor:
@@ -197,6 +210,7 @@ class FPFormat:
         >>> x.grad.item() == torch.tensor(0.1).item()
         True
         """
+        self._check_tensor("quantise_fwd", x)
         return torch.ops.unitscale.quantise_fwd(x, *self._op_args())
 
     def quantise_bwd(self, x: torch.Tensor) -> torch.Tensor:
@@ -210,6 +224,7 @@ class FPFormat:
         >>> y.item() == torch.tensor(0.1).item(), x.grad.item()
         (True, 0.09375)
         """
+        self._check_tensor("quantise_bwd", x)
         return torch.ops.unitscale.quantise_bwd(x, *self._op_args())
 
 

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import unitscale
 from unitscale.errors import UnknownConstraintError
 from unitscale.scaling.constraints import (
     CONSTRAINTS,
@@ -54,9 +53,11 @@ def test_gmean_misses_both_scales_by_the_same_factor(output, grad):
     assert math.isclose(g / output, grad / g, rel_tol=1e-9)
 
 
-def test_every_named_constraint_is_exported_from_the_package():
+def test_every_named_constraint_is_exported_from_the_scaling_package():
+    import unitscale.scaling
+
     for name, fn in CONSTRAINTS.items():
-        assert getattr(unitscale, name) is fn
+        assert getattr(unitscale.scaling, name) is fn
 
 
 def test_resolve_accepts_names_callables_and_none():
@@ -72,7 +73,8 @@ def test_resolve_accepts_names_callables_and_none():
 def test_unknown_constraint_name_lists_the_valid_names():
     message = (
         "unknown constraint 'geomean'; use one of 'gmean', 'hmean', 'amean', 'to_output_scale', "
-        "'to_grad_input_scale', a callable (output_scale, *grad_input_scales) -> float, or None"
+        "'to_grad_input_scale', 'to_left_grad_scale', 'to_right_grad_scale', "
+        "a callable (output_scale, *grad_input_scales) -> float, or None"
     )
     with pytest.raises(UnknownConstraintError, match=f"^{re.escape(message)}$"):
         resolve_constraint("geomean")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import unitscale.optim as uopt
+from unitscale import nn as unn
 from unitscale.errors import InputError, NotAModuleError, UntaggedParameterError, UntaggedParameterWarning
 from unitscale.examples.umup_models import UmupGPT
-from unitscale.scaling import umup
-from unitscale.scaling.umup import ParamRole
+from unitscale.scaling import ParamRole
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +40,7 @@ def test_lr_scales_name_every_parameter_of_a_umup_model():
     scales = uopt.lr_scales(UmupGPT(16, width=64, depth=4))
     assert scales["tokens.weight"] == pytest.approx(64**-0.5)
     assert scales["readout.weight"] == 1.0 and scales["norm.weight"] == 1.0
-    assert scales["blocks.0.attn.qkv.weight"] == pytest.approx(64**-0.5 / 2)
+    assert scales["blocks.0.attn.linear_qkv.weight"] == pytest.approx(64**-0.5 / 2)
     assert scales["blocks.3.mlp.down.weight"] == pytest.approx(256**-0.5 / 2)
     assert scales["blocks.1.mlp_norm.weight"] == pytest.approx(0.5)
 
@@ -60,7 +60,7 @@ def test_optimisers_give_each_parameter_lr_times_its_scale(cls):
 def test_adam_update_of_a_hidden_weight_shrinks_as_fan_in_to_the_minus_half():
     sizes = {}
     for width in (64, 1024):
-        layer = umup.Linear(width, 8)
+        layer = unn.Linear(width, 8)
         before = layer.weight.detach().clone()
         opt = uopt.Adam(layer.parameters(), lr=1.0)
         layer(torch.randn(32, width)).square().mean().backward()
@@ -73,13 +73,13 @@ def test_adam_update_of_a_hidden_weight_shrinks_as_fan_in_to_the_minus_half():
 def test_independent_weight_decay_shrinks_weights_by_the_same_step_at_any_lr():
     shrink = []
     for lr in (1e-3, 1e-1):
-        norm = umup.RMSNorm(4)
+        norm = unn.RMSNorm(4)
         opt = uopt.AdamW(norm.parameters(), lr=lr, weight_decay=0.1)
         norm.weight.grad = torch.zeros(4)
         opt.step()
         shrink.append(1 - norm.weight[0].item())
     assert shrink == pytest.approx([0.1, 0.1])
-    coupled = umup.RMSNorm(4)
+    coupled = unn.RMSNorm(4)
     opt = uopt.AdamW(coupled.parameters(), lr=0.5, weight_decay=0.1, independent_weight_decay=False)
     coupled.weight.grad = torch.zeros(4)
     opt.step()
@@ -87,7 +87,7 @@ def test_independent_weight_decay_shrinks_weights_by_the_same_step_at_any_lr():
 
 
 def test_sgd_weight_decay_is_independent_of_lr_too():
-    norm = umup.RMSNorm(4)
+    norm = unn.RMSNorm(4)
     opt = uopt.SGD(norm.parameters(), lr=0.01, weight_decay=0.2)
     norm.weight.grad = torch.zeros(4)
     opt.step()
@@ -95,7 +95,7 @@ def test_sgd_weight_decay_is_independent_of_lr_too():
 
 
 def test_param_groups_plug_the_rules_into_any_optimiser_and_keep_group_options():
-    model = torch.nn.Sequential(umup.Linear(64, 64), umup.LinearReadout(64, 10))
+    model = torch.nn.Sequential(unn.Linear(64, 64), unn.LinearReadout(64, 10))
     groups = uopt.param_groups(
         [{"params": list(model[0].parameters()), "lr": 2.0, "momentum": 0.5}, {"params": model[1].weight}], lr=0.1
     )
@@ -105,8 +105,9 @@ def test_param_groups_plug_the_rules_into_any_optimiser_and_keep_group_options()
 
 
 def test_untagged_parameters_raise_naming_them_and_saying_how_to_tag():
-    model = torch.nn.Sequential(umup.Linear(8, 8), torch.nn.Linear(8, 2))
-    with pytest.raises(UntaggedParameterError, match=r"2 parameter\(s\) have no u-μP role: 1.weight, 1.bias.*umup.tag"):
+    model = torch.nn.Sequential(unn.Linear(8, 8), torch.nn.Linear(8, 2))
+    expected = r"2 parameter\(s\) have no u-μP role \(a plain torch.nn module.s parameters have none\): 1.weight, 1.b"
+    with pytest.raises(UntaggedParameterError, match=expected + r".*unitscale.nn modules.*scaling.tag"):
         uopt.Adam(model, lr=0.1)
     with pytest.raises(UntaggedParameterError, match=r"params\[1\]"):
         uopt.SGD(list(model.parameters()), lr=0.1)
@@ -115,7 +116,7 @@ def test_untagged_parameters_raise_naming_them_and_saying_how_to_tag():
 
 
 def test_untagged_parameters_fall_back_to_scale_one_with_our_warning_when_allowed():
-    model = torch.nn.Sequential(umup.Linear(16, 8), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(unn.Linear(16, 8), torch.nn.Linear(8, 2))
     with pytest.warns(UntaggedParameterWarning, match=r"2 parameter\(s\) without a u-μP role learn at the global lr"):
         opt = uopt.AdamW(model, lr=0.1, allow_untagged=True)
     assert sorted(g["lr"] for g in opt.param_groups) == pytest.approx([0.025, 0.1])
@@ -134,11 +135,11 @@ def test_untagged_parameters_fall_back_to_scale_one_with_our_warning_when_allowe
 )
 def test_bad_learning_rates_and_decays_are_refused(kwargs, message):
     with pytest.raises(InputError, match=message):
-        uopt.param_groups(umup.Linear(4, 4), **kwargs)
+        uopt.param_groups(unn.Linear(4, 4), **kwargs)
 
 
 def test_bad_rule_readout_constraint_and_params_are_refused():
-    layer = umup.Linear(4, 4)
+    layer = unn.Linear(4, 4)
     with pytest.raises(InputError, match="rule='lamb' is not one of adam, sgd, sgd_to_output_scale"):
         uopt.lr_scales(layer, rule="lamb")
     with pytest.raises(InputError, match="readout_constraint='gmean' must be None or 'to_output_scale'"):
@@ -152,5 +153,5 @@ def test_bad_rule_readout_constraint_and_params_are_refused():
 
 
 def test_sgd_with_a_constrained_readout_grows_hidden_rates_with_width():
-    opt = uopt.SGD(umup.Linear(256, 4).parameters(), lr=0.01, readout_constraint="to_output_scale")
+    opt = uopt.SGD(unn.Linear(256, 4).parameters(), lr=0.01, readout_constraint="to_output_scale")
     assert opt.param_groups[0]["lr"] == pytest.approx(0.16)

@@ -9,9 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import unitscale.functional as U
+from unitscale import nn as unn
+from unitscale import scaling as umup
 from unitscale.errors import InputError, MultiplierError, UnknownRoleError, UntaggedParameterError
 from unitscale.examples.umup_models import SPGPT, UmupGPT
-from unitscale.scaling import umup
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +33,7 @@ def test_tag_reads_the_width_from_the_shape_by_role_and_keeps_the_parameter():
 
 
 def test_roles_survive_deepcopy_and_torch_save_of_the_module():
-    layer = umup.set_depth(umup.Linear(16, 8, bias=True), 3)
+    layer = umup.set_depth(unn.Linear(16, 8, bias=True), 3)
     copied = copy.deepcopy(layer)
     buffer = io.BytesIO()
     torch.save(layer, buffer)
@@ -63,13 +65,13 @@ def test_tag_refuses_plain_tensors_and_bad_sizes():
 @pytest.mark.parametrize(
     "build",
     [
-        lambda m: umup.LinearReadout(8, 4, mult=m),
-        lambda m: umup.SwiGLU(8, mult=m),
-        lambda m: umup.MHSA(8, heads=2, mult=m),
+        lambda m: unn.LinearReadout(8, 4, mult=m),
+        lambda m: unn.SwiGLU(8, mult=m),
+        lambda m: unn.MHSA(8, heads=2, mult=m),
         lambda m: umup.residual_taus(2, residual_mult=m),
         lambda m: UmupGPT(8, width=16, loss_mult=m),
-        lambda m: umup.silu_glu(torch.ones(2), torch.ones(2), mult=m),
-        lambda m: umup.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), mult=m),
+        lambda m: U.silu_glu(torch.ones(2), torch.ones(2), mult=m),
+        lambda m: U.cross_entropy(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), mult=m),
     ],
 )
 def test_multipliers_that_are_not_finite_and_positive_are_refused(build, mult):
@@ -117,7 +119,7 @@ def test_residual_taus_refuse_a_depth_below_one():
 @pytest.mark.parametrize("mult", [0.5, 1.0, 2.0, 8.0])
 def test_silu_glu_is_unit_scaled_with_true_gradients_at_any_mult(mult):
     x, g = (torch.randn(200_000, requires_grad=True) for _ in range(2))
-    y = umup.silu_glu(x, g, mult=mult)
+    y = U.silu_glu(x, g, mult=mult)
     assert y.std().item() == pytest.approx(1.0, abs=0.03)
     # One factor in both passes: the gradient is the true gradient of the scaled function.
     factor = (y / (x * g * torch.sigmoid(mult * g))).detach()
@@ -127,7 +129,7 @@ def test_silu_glu_is_unit_scaled_with_true_gradients_at_any_mult(mult):
 
 
 def test_readout_scales_by_mult_over_fan_in_forward_and_fan_out_backward():
-    readout = umup.LinearReadout(256, 32, mult=4.0)
+    readout = unn.LinearReadout(256, 32, mult=4.0)
     x = torch.randn(2048, 256, requires_grad=True)
     y = readout(x)
     assert torch.allclose(y, 4.0 / 256 * x @ readout.weight.T, atol=1e-5)
@@ -137,15 +139,17 @@ def test_readout_scales_by_mult_over_fan_in_forward_and_fan_out_backward():
 
 @pytest.mark.parametrize("head_dim", [8, 16, 64])
 @pytest.mark.parametrize("causal", [True, False])
-def test_attention_is_near_unit_std_for_every_head_width(head_dim, causal):
+def test_umup_attention_scores_are_near_unit_std_for_every_head_width(head_dim, causal):
     q, k, v = torch.randn(3, 8, 4, 64, head_dim).unbind(0)
-    assert umup.attention(q, k, v, is_causal=causal).std().item() == pytest.approx(1.0, abs=0.1)
+    out = U.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1 / head_dim, constraint=None)
+    assert out.std().item() == pytest.approx(1.0, abs=0.1)
 
 
 def test_cross_entropy_value_is_torchs_on_mult_times_the_logits():
     logits, target = torch.randn(4, 6, 10), torch.randint(0, 10, (4, 6))
     expected = torch.nn.functional.cross_entropy(2.0 * logits.reshape(-1, 10), target.reshape(-1))
-    assert umup.cross_entropy(logits, target, mult=2.0).item() == pytest.approx(expected.item(), rel=1e-6)
+    loss = U.cross_entropy(logits.reshape(-1, 10), target.reshape(-1), mult=2.0)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_modules_tag_every_parameter_with_its_role():
@@ -161,10 +165,10 @@ def test_modules_tag_every_parameter_with_its_role():
 
 
 def test_conv2d_and_rms_norm_are_unit_scaled_and_tagged():
-    conv = umup.Conv2d(16, 32, 3, padding=1)
+    conv = unn.Conv2d(16, 32, 3, padding=1, constraint="to_output_scale")
     assert umup.role_of(conv.weight) == umup.ParamRole("weight", 144, None)
     assert conv(torch.randn(4, 16, 8, 8)).std().item() == pytest.approx(1.0, abs=0.1)
-    assert umup.RMSNorm(16)(3 * torch.randn(64, 16)).std().item() == pytest.approx(1.0, abs=0.05)
+    assert unn.RMSNorm(16)(3 * torch.randn(64, 16)).std().item() == pytest.approx(1.0, abs=0.05)
 
 
 @pytest.mark.parametrize("width", [32, 128])

@@ -172,16 +172,16 @@ def test_unit_scaled_resnet18_reinitialises_convolutions_and_resets_batch_norms(
 
 def test_unscaled_ops_keep_their_parameters_only_scaled_ones_are_reinitialised() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 16), nn.PReLU(), nn.Conv1d(1, 1, 3))
+    model = nn.Sequential(nn.Linear(16, 16), nn.PReLU(), nn.ConvTranspose1d(1, 1, 3))
     scaled = unit_scale(model)
     scaled(torch.randn(8, 1, 16))
     inner = scaled.module
-    # PReLU and conv1d have no twin: their parameters are the model's own.
+    # PReLU and a transposed convolution have no twin: their parameters are the model's own.
     assert torch.equal(inner[1].weight, model[1].weight) and torch.equal(inner[2].weight, model[2].weight)
     assert inner[0].weight.std().item() == pytest.approx(1.0, abs=0.15) and torch.all(inner[0].bias == 0)
     assert [line.split(" (node")[0] for line in scaled.unscaled_ops] == [
         "torch.prelu",
-        "torch.conv1d",
+        "torch.conv_transpose1d",
     ]
 
 

@@ -3,7 +3,7 @@
 Both twins have the same architecture (token and position embeddings, pre-norm blocks of
 causal attention and a SwiGLU MLP, a final RMS norm, a linear readout) and take the width
 and depth as arguments, so a learning-rate sweep over widths can compare how the best
-learning rate moves. :class:`UmupGPT` is built from ``unitscale.scaling.umup`` modules
+learning rate moves. :class:`UmupGPT` is built from :mod:`unitscale.nn` modules
 (tagged parameters, residual weights from the depth rule) and trains with
 :mod:`unitscale.optim`; :class:`SPGPT` is plain torch (torch's default initialisation,
 ``x + f(x)`` residuals, attention scaled by ``d_head**-0.5``) and trains with
@@ -24,10 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import unitscale.functional as U
+from unitscale import nn as unn
 from unitscale.errors import ConfigError
 from unitscale.examples._checks import check_int
 from unitscale.examples.data import MarkovSource
-from unitscale.scaling import umup
+from unitscale.scaling import residual_taus
 
 __all__ = ["UmupGPT", "SPGPT", "markov_batches"]
 
@@ -44,7 +46,12 @@ def _check_family(owner: str, vocab_size: int, width: int, depth: int, head_dim:
 
 
 class UmupGPT(nn.Module):
-    """The u-μP twin: unit-scaled, tagged, residual branches weighted by :func:`~unitscale.scaling.umup.residual_taus`.
+    """The u-μP twin: unit-scaled, tagged, residual branches weighted by :func:`~unitscale.scaling.residual_taus`.
+
+    Each block is a :class:`unitscale.nn.TransformerLayer` in its u-μP form (RMS norms,
+    SwiGLU, causal attention with scores ``attn_mult / d_head``, ``to_output_scale``
+    constraints, the reference library's u-μP default), held by a
+    :class:`unitscale.nn.DepthModuleList` that records the depth on every parameter.
 
     Args:
         vocab_size: number of tokens.
@@ -63,6 +70,7 @@ class UmupGPT(nn.Module):
 
     >>> import torch
     >>> from unitscale.examples.umup_models import UmupGPT
+    >>> _ = torch.manual_seed(0)
     >>> model = UmupGPT(16, width=32, depth=2)
     >>> idx = torch.randint(0, 16, (4, 12))
     >>> round(model.loss(idx[:, :-1], idx[:, 1:]).item(), 1)
@@ -83,17 +91,26 @@ class UmupGPT(nn.Module):
     ) -> None:
         super().__init__()
         heads = _check_family("UmupGPT", vocab_size, width, depth, head_dim, max_len)
-        taus = umup.residual_taus(depth, residual_mult)
-        self.tokens = umup.Embedding(vocab_size, width)
-        self.positions = umup.Embedding(max_len, width)
-        self.blocks = nn.ModuleList(
-            umup.set_depth(
-                umup.TransformerLayer(width, heads, taus[2 * i], taus[2 * i + 1], attn_mult, ffn_mult), depth
+        taus = residual_taus(depth, residual_mult)
+        self.tokens = unn.Embedding(vocab_size, width)
+        self.positions = unn.Embedding(max_len, width)
+        self.blocks = unn.DepthModuleList(
+            unn.TransformerLayer(
+                width,
+                heads,
+                is_causal=True,
+                attn_tau=taus[2 * i],
+                mlp_tau=taus[2 * i + 1],
+                constraint="to_output_scale",
+                attn_mult=attn_mult,
+                mlp_mult=ffn_mult,
+                norm="rms_norm",
+                mlp="swiglu",
             )
             for i in range(depth)
         )
-        self.norm = umup.RMSNorm(width)
-        self.readout = umup.LinearReadout(width, vocab_size, mult=loss_mult)
+        self.norm = unn.RMSNorm(width)
+        self.readout = unn.LinearReadout(width, vocab_size, mult=loss_mult)
 
     def forward(self, idx: Tensor) -> Tensor:
         positions = torch.arange(idx.shape[-1], device=idx.device)
@@ -105,7 +122,8 @@ class UmupGPT(nn.Module):
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         """Unit-scaled cross-entropy of the next-token predictions (its value is torch's)."""
-        return umup.cross_entropy(self(idx), targets)
+        logits = self(idx)
+        return U.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
 class _SPBlock(nn.Module):

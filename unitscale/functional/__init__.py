@@ -15,22 +15,22 @@ graph transform can swap a torch function for its twin by target
 (1.0, 23)
 
 Only the ops are public names here: tracers keep every public callable of this
-module as a single graph node (it is registered with :mod:`unitscale.fx.autowrap`
+module as a single graph node (it is registered with ``unitscale.fx.autowrap``
 below), and would otherwise patch an imported name (``Tensor``, ``Callable``) in
 the traced model's module too.
 """
 
 import sys as _sys
 
-from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, softmax
+from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, silu_glu, softmax
 from unitscale.functional._attention import scaled_dot_product_attention
 from unitscale.functional._dropout import dropout
 from unitscale.functional._embedding import embedding
-from unitscale.functional._linear import addmm, conv2d, linear, matmul
-from unitscale.functional._losses import cross_entropy
+from unitscale.functional._linear import addmm, conv1d, conv2d, linear, linear_readout, matmul
+from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import batch_norm, layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
-from unitscale.functional._residual import add, residual_add, residual_split
+from unitscale.functional._residual import add, residual_add, residual_apply, residual_split
 from unitscale.functional._scale import scale
 from unitscale.functional._torch_map import torch_map
 from unitscale.fx.autowrap import register_autowrap_module as _register_autowrap_module
@@ -44,14 +44,19 @@ __all__ = [
     "add",
     "residual_split",
     "residual_add",
+    "residual_apply",
     "layer_norm",
     "embedding",
     "dropout",
     "cross_entropy",
+    "mse_loss",
     "scaled_dot_product_attention",
     "addmm",
+    "conv1d",
     "conv2d",
     "silu",
+    "silu_glu",
+    "linear_readout",
     "relu",
     "hardtanh",
     "relu6",

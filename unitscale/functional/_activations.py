@@ -11,7 +11,9 @@ import torch.nn.functional as _F
 from unitscale import errors as _errors
 from unitscale.functional._scale import _constrain, scale
 from unitscale.scaling import softmax_stats as _stats
-from unitscale.scaling.checks import check_approximate
+from unitscale.scaling.checks import check_approximate, check_mult
+from unitscale.scaling.constant import constant_result as _constant_result
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
     import torch
@@ -24,70 +26,166 @@ if TYPE_CHECKING:
 # (tests/test_functional.py recomputes them). Exact and tanh forms agree to 1e-5.
 _GELU_OUT_STD = 0.587915
 _GELU_GRAD_STD = 0.675167
-
-
-def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "gmean") -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.gelu`.
-
-    Output × ``1 / 0.5879`` and input gradient × ``1 / 0.6752``: the std of GELU
-    and of its derivative for ``N(0, 1)`` input.
-
-    Args:
-        input: any tensor.
-        approximate: ``"none"`` or ``"tanh"``, as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
-
-    Returns:
-        ``gelu(input)``, scaled.
-
-    Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
-
-    >>> import torch
-    >>> from unitscale.functional import gelu
-    >>> _ = torch.manual_seed(0)
-    >>> round(gelu(torch.randn(10_000), constraint=None).std().item(), 1)
-    1.0
-    """
-    check_approximate("gelu", approximate)
-    output_scale, grad_scale = _constrain(constraint, 1 / _GELU_OUT_STD, 1 / _GELU_GRAD_STD)
-    return scale(_F.gelu(input, approximate=approximate), output_scale, grad_scale)
-
-
 # Std of SiLU(x) and of SiLU'(x) for x ~ N(0, 1), by quadrature on [-12, 12], as for GELU.
 _SILU_OUT_STD = 0.559538
 _SILU_GRAD_STD = 0.616021
 # ReLU's output and derivative both have root-mean-square sqrt(1/2) for N(0, 1) input.
 _RELU_SCALE = 2**0.5
 
+# (kind, mult) -> (mean, mean square, mean square of the derivative) of x * gate(mult * x) for
+# x ~ N(0, 1), computed once each.
+_MOMENTS: dict[tuple[str, float], tuple[float, float, float]] = {}
 
-def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean") -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.silu` (the gate of Llama's SwiGLU).
 
-    Output × ``1 / 0.5595`` and input gradient × ``1 / 0.6160``: the std of SiLU
-    and of its derivative for ``N(0, 1)`` input.
+def _gate(kind: str, z: float) -> tuple[float, float]:
+    """The gate of GELU (the normal cdf) or SiLU (the sigmoid) at ``z``, and its derivative."""
+    if kind == "gelu":
+        return 0.5 * (1.0 + _math.erf(z / 2**0.5)), _math.exp(-z * z / 2) / (2 * _math.pi) ** 0.5
+    s = 1.0 / (1.0 + _math.exp(-z)) if z > -700 else 0.0
+    return s, s * (1.0 - s)
+
+
+# TorchDynamo and torch.export run this once and keep its result, rather than trace 4801 steps.
+@_constant_result
+def _quadrature(kind: str, mult: float) -> tuple[float, float, float]:
+    steps, lo, hi = 4800, -12.0, 12.0
+    h = (hi - lo) / steps
+    sums = [0.0, 0.0, 0.0]
+    for i in range(steps + 1):
+        x = lo + i * h
+        weight = (1 if i in (0, steps) else 4 if i % 2 else 2) * _math.exp(-x * x / 2)
+        gate, slope = _gate(kind, mult * x)
+        value, derivative = x * gate, gate + mult * x * slope
+        sums[0] += weight * value
+        sums[1] += weight * value * value
+        sums[2] += weight * derivative * derivative
+    norm = h / 3 / (2 * _math.pi) ** 0.5
+    return sums[0] * norm, sums[1] * norm, sums[2] * norm
+
+
+def _moments(kind: str, mult: float) -> tuple[float, float, float]:
+    """Mean, mean square and mean square of the derivative of ``x * gate(mult * x)``, ``x ~ N(0, 1)``."""
+    key = (kind, mult)
+    if key not in _MOMENTS:
+        _MOMENTS[key] = _quadrature(kind, mult)
+    return _MOMENTS[key]
+
+
+def _gated_scales(kind: str, mult: float) -> tuple[float, float]:
+    """(1 / std of the output, 1 / RMS of the derivative) of ``x * gate(mult * x)``, ``x ~ N(0, 1)``."""
+    if mult == 1.0:
+        return (1 / _GELU_OUT_STD, 1 / _GELU_GRAD_STD) if kind == "gelu" else (1 / _SILU_OUT_STD, 1 / _SILU_GRAD_STD)
+    mean, square, slope = _moments(kind, mult)
+    return (square - mean * mean) ** -0.5, slope**-0.5
+
+
+@fill_docstring
+def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "gmean", mult: float = 1.0) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.gelu`, with u-μP's multiplier: ``gelu(mult * x) / mult``.
+
+    Output × ``1 / std`` and input gradient × ``1 / RMS(derivative)`` of that function
+    for ``N(0, 1)`` input: ``1 / 0.5879`` and ``1 / 0.6752`` at ``mult=1``, by quadrature
+    for any other ``mult`` (of the exact form, which the tanh form follows to 1e-5 at
+    ``mult=1``). ``gelu(mult * x) / mult = x * Φ(mult * x)``: a larger ``mult`` makes
+    it more like ReLU, a smaller one more linear.
+
+    Args:
+        input: any tensor.
+        approximate: ``"none"`` or ``"tanh"``, as in torch.
+        {constraint}
+        {mult}
+
+    Returns:
+        ``gelu(mult * input) / mult``, scaled.
+
+    Raises:
+        {constraint_errors}
+        {mult_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import gelu
+    >>> _ = torch.manual_seed(0)
+    >>> round(gelu(torch.randn(10_000), constraint=None).std().item(), 1)
+    1.0
+    >>> round(gelu(torch.randn(10_000), constraint=None, mult=4.0).std().item(), 1)
+    1.0
+    """
+    check_approximate("gelu", approximate)
+    mult = check_mult("gelu", "mult", mult)
+    output_scale, grad_scale = _constrain(constraint, *_gated_scales("gelu", mult))
+    if mult == 1.0:
+        return scale(_F.gelu(input, approximate=approximate), output_scale, grad_scale)
+    return scale(_F.gelu(input * mult, approximate=approximate), output_scale / mult, grad_scale / mult)
+
+
+@fill_docstring
+def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean", mult: float = 1.0) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.silu`, with u-μP's multiplier: ``x * sigmoid(mult * x)``.
+
+    Output × ``1 / std`` and input gradient × ``1 / RMS(derivative)`` of that function
+    for ``N(0, 1)`` input: ``1 / 0.5595`` and ``1 / 0.6160`` at ``mult=1``, by quadrature
+    for any other ``mult`` (u-μP's α_ffn-act when it gates an MLP).
 
     Args:
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Returns:
-        ``silu(input)``, scaled.
+        ``input * sigmoid(mult * input)``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.functional import silu
     >>> _ = torch.manual_seed(0)
     >>> round(silu(torch.randn(10_000), constraint=None).std().item(), 1)
     1.0
+    >>> round(silu(torch.randn(10_000), constraint=None, mult=0.5).std().item(), 1)
+    1.0
     """
-    output_scale, grad_scale = _constrain(constraint, 1 / _SILU_OUT_STD, 1 / _SILU_GRAD_STD)
-    return scale(_F.silu(input), output_scale, grad_scale)
+    mult = check_mult("silu", "mult", mult)
+    output_scale, grad_scale = _constrain(constraint, *_gated_scales("silu", mult))
+    if mult == 1.0:
+        return scale(_F.silu(input), output_scale, grad_scale)
+    return scale(_F.silu(input * mult), output_scale / mult, grad_scale / mult)
+
+
+@fill_docstring
+def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
+    """Unit-scaled SwiGLU: ``input * gate * sigmoid(mult * gate)``, scaled to unit std in both passes.
+
+    For independent ``N(0, 1)`` ``input`` and ``gate`` the product's std is the RMS
+    of ``gate * sigmoid(mult * gate)`` (0.66 at ``mult=1``, by quadrature for any
+    ``mult``); the output is divided by it in the forward and the backward pass, so
+    the gradient is the true gradient of the scaled function. ``mult`` is u-μP's
+    α_ffn-act (Section 4). The reference library scales the two gradients apart
+    with an empirical model of the std; this uses exact Gaussian moments.
+
+    Args:
+        input: the linear branch.
+        gate: the gate branch, same shape.
+        {mult}
+
+    Returns:
+        The gated product, unit-std for unit-normal inputs.
+
+    Raises:
+        {mult_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import silu_glu
+    >>> _ = torch.manual_seed(0)
+    >>> x, g = torch.randn(2, 100_000)
+    >>> round(silu_glu(x, g, mult=4.0).std().item(), 1)
+    1.0
+    """
+    mult = check_mult("silu_glu", "mult", mult)
+    rms = _moments("silu", mult)[1] ** 0.5
+    return input * gate * _torch.sigmoid(gate * mult) * (1 / rms)
 
 
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
@@ -128,6 +226,7 @@ def _clamp_moments(low: float, high: float) -> tuple[float, float]:
     return output, inside
 
 
+@fill_docstring
 def hardtanh(
     input: Tensor,
     min_val: float = -1.0,
@@ -149,14 +248,13 @@ def hardtanh(
         min_val: the lower bound, as in torch.
         max_val: the upper bound, as in torch.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         ``hardtanh(input, min_val, max_val)``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import hardtanh
@@ -191,38 +289,46 @@ def relu6(input: Tensor, inplace: bool = False) -> Tensor:
     return hardtanh(input, 0.0, 6.0)
 
 
+@fill_docstring
 def softmax(
     input: Tensor,
     dim: int | None = None,
     _stacklevel: int = 3,
     dtype: torch.dtype | None = None,
     constraint: ConstraintArg = "gmean",
+    mult: float = 1.0,
 ) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.softmax` (also the twin of :func:`torch.softmax`).
+    """Unit-scaled :func:`torch.nn.functional.softmax` (also the twin of :func:`torch.softmax`) of ``mult * input``.
 
     A softmax over ``n`` elements of ``N(0, 1)`` logits has output std about
     ``1.31 / n`` and input-gradient std about ``1.64 / n`` (for large ``n``), so
-    both scales grow with ``n``; exact values for small ``n`` come from a table.
+    both scales grow with ``n``; exact values for small ``n`` come from a table
+    (``unitscale.scaling.softmax_stats``), measured again for logits of std
+    ``mult`` when ``mult`` is not 1 (u-μP's α_attn-softmax or α_loss-softmax: a
+    larger ``mult`` makes the softmax more one-hot).
 
     Args:
         input: logits.
         dim: the dimension to normalise over (required, unlike torch's deprecated implicit choice).
         _stacklevel: ignored; accepted because ``torch.nn.Softmax`` passes it.
         dtype: optional dtype to compute in, as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Returns:
-        ``softmax(input, dim)``, scaled.
+        ``softmax(mult * input, dim)``, scaled.
 
     Raises:
         InputError: ``dim`` is ``None``.
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.functional import softmax
     >>> _ = torch.manual_seed(0)
     >>> round(softmax(torch.randn(1000, 64), dim=-1, constraint=None).std().item(), 1)
+    1.0
+    >>> round(softmax(torch.randn(1000, 64), dim=-1, constraint=None, mult=0.25).std().item(), 1)
     1.0
     """
     if dim is None:
@@ -231,5 +337,9 @@ def softmax(
         raise _errors.InputError(f"softmax: dim={dim!r:.60} is a {type(dim).__name__}; pass an int, e.g. dim=-1")
     if isinstance(_stacklevel, _torch.dtype):  # torch.softmax(input, dim, dtype) passes dtype third
         dtype = _stacklevel
-    output_scale, grad_scale = _constrain(constraint, *_stats.softmax_scales(input.shape[dim]))
+    mult = check_mult("softmax", "mult", mult)
+    output_scale, grad_scale = _stats.softmax_scales(input.shape[dim], mult)
+    output_scale, grad_scale = _constrain(constraint, output_scale, grad_scale / mult)
+    if mult != 1.0:
+        input = scale(input, mult, mult)  # the logits; its own factor is part of the gradient's std
     return scale(_F.softmax(input, dim, dtype=dtype), output_scale, grad_scale)

@@ -12,6 +12,7 @@ from unitscale.functional._scale import _constrain
 from unitscale.functional._scale import scale as _scale
 from unitscale.scaling import softmax_stats as _stats
 from unitscale.scaling.checks import check_p
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from unitscale.scaling.constraints import ConstraintArg
 
 
+@fill_docstring
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -36,11 +38,19 @@ def scaled_dot_product_attention(
     an average of values with softmax weights ``w``, so its std is
     ``sqrt(sum w**2)``: about ``sqrt(e / keys)`` for ``N(0, 1)`` scores, more for
     the short rows of a causal mask. The output is scaled by the inverse of that
-    (averaged over rows), and the gradients of ``query``, ``key`` and ``value`` by
-    the inverse of their own expected std (see ``unitscale.scaling.softmax_stats``);
-    the constraint reconciles all four. Dropout and grouped-query attention are
-    accounted for; a custom ``attn_mask`` or ``scale`` is not (the scales assume
-    every key visible and unit-std scores).
+    (averaged over rows). The gradients of ``query``, ``key`` and ``value`` are
+    scaled by one number, the one that makes the three together unit-std (the mean
+    of their expected variances 1; see ``unitscale.scaling.softmax_stats``), as a
+    fused QKV projection's gradient is: in self-attention the three are
+    projections of one input, where their gradients meet again, and separate scales
+    would make that input's gradient a mixture that is not the gradient of anything
+    (so the three are not each unit-std: at initialisation ``query`` and ``key`` get
+    far smaller gradients than ``value``). The constraint reconciles that number with
+    the output scale (``None``: each direction on its own). Dropout, grouped-query attention and a
+    custom ``scale`` are accounted for (for unit-std ``query`` and ``key`` the scores
+    have std ``scale * E**0.5``, and the softmax statistics are measured for that
+    spread: u-μP's ``scale = mult / E`` gives flatter weights at initialisation); a
+    custom ``attn_mask`` is not (the scales assume every key visible).
 
     Args:
         query: ``(..., L, E)``.
@@ -51,15 +61,14 @@ def scaled_dot_product_attention(
         is_causal: as in torch.
         scale: as in torch (``None``: ``E**-0.5``, which makes the scores unit-std).
         enable_gqa: as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The attention output ``(..., L, Ev)``, scaled.
 
     Raises:
         InputError: ``dropout_p`` is not in ``[0, 1)``.
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import scaled_dot_product_attention
@@ -73,22 +82,19 @@ def scaled_dot_product_attention(
         raise _errors.InputError("scaled_dot_product_attention: dropout_p=1 drops every weight; pass a value below 1")
     try:
         queries, keys = query.shape[-2], key.shape[-2]
-        weight_sq, grad_sq = _stats.attention_row_stats(queries, keys, is_causal)
+        score_scale = query.shape[-1] ** -0.5 if scale is None else scale
+        # Three significant digits: a spread the statistics are measured for once.
+        spread = float(f"{score_scale * query.shape[-1] ** 0.5:.3g}")
+        weight_sq, grad_sq = _stats.attention_row_stats(queries, keys, is_causal, spread)
         keep = 1 - dropout_p
         # Key and value gradients sum over queries (and over the query heads sharing a key head).
         share = queries / keys * (query.shape[-3] // key.shape[-3] if enable_gqa and query.dim() >= 3 else 1)
-        score_scale = query.shape[-1] ** -0.5 if scale is None else scale
         query_grad_var = score_scale**2 * value.shape[-1] * grad_sq / keep
-        output_scale, query_scale, key_scale, value_scale = _constrain(
-            constraint,
-            (weight_sq / keep) ** -0.5,
-            query_grad_var**-0.5,
-            (share * query_grad_var) ** -0.5,
-            (share * weight_sq / keep) ** -0.5,
-        )
-        # The output's backward scale reaches query, key and value; adjust the first two.
-        query = _scale(query, 1.0, query_scale / value_scale)
-        key = _scale(key, 1.0, key_scale / value_scale)
+        # query, key and value usually come from one input, where their gradients meet again: one
+        # backward scale for the three, so that input's gradient stays true; the one that makes the
+        # three gradients together unit-std (the mean of their variances 1).
+        grad_scale = (query_grad_var * (1 + share) / 3 + share * weight_sq / keep / 3) ** -0.5
+        output_scale, grad_scale = _constrain(constraint, (weight_sq / keep) ** -0.5, grad_scale)
         out = _F.scaled_dot_product_attention(
             query,
             key,
@@ -99,7 +105,7 @@ def scaled_dot_product_attention(
             scale=scale,
             enable_gqa=enable_gqa,
         )
-        return _scale(out, output_scale, value_scale)
+        return _scale(out, output_scale, grad_scale)
     except _errors.UnitscaleError:
         raise
     except _TORCH_ERRORS as e:

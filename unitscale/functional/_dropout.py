@@ -18,31 +18,39 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
 
     Torch's dropout divides the kept values by ``1 - p``, which raises the std to
     ``(1 - p)**-0.5``; this one multiplies by ``(1 - p)**0.5`` on top, in both
-    passes, so values and gradients keep unit std. Identity when not training.
+    passes, so values and gradients keep unit std. Its expectation is then
+    ``(1 - p)**0.5 * input``, and so is its value when not training (as torch's
+    eval-mode dropout returns its training expectation). With ``inplace=True`` the
+    result is ``input`` itself, changed in place.
 
     Args:
         input: any tensor.
         p: probability of zeroing an element, in ``[0, 1]``.
-        training: apply dropout (``False``: identity).
-        inplace: as in torch.
+        training: drop elements (``False``: multiply by ``(1 - p)**0.5``).
+        inplace: change ``input`` in place and return it, as in torch.
 
     Returns:
         The tensor with dropout applied.
 
     Raises:
-        InputError: ``p`` is not in ``[0, 1]``.
+        InputError: ``p`` is not in ``[0, 1]``, or ``training`` is not a bool.
 
     >>> import torch
     >>> from unitscale.functional import dropout
     >>> _ = torch.manual_seed(0)
     >>> round(dropout(torch.randn(10_000), p=0.5).std().item(), 1)
     1.0
+    >>> dropout(torch.ones(2), p=0.75, training=False).tolist()
+    [0.5, 0.5]
     """
     p = check_p("dropout", p)
     if not isinstance(training, bool):
         raise _errors.InputError(
             f"dropout: training={training!r:.60} is a {type(training).__name__}; pass True or False"
         )
-    if not training or p == 0:
+    if p == 0:
         return input
-    return _F.dropout(input, p, training, inplace) * (1 - p) ** 0.5
+    keep = (1 - p) ** 0.5
+    if inplace:
+        return (_F.dropout(input, p, True, True) if training else input).mul_(keep)
+    return _F.dropout(input, p, True) * keep if training else input * keep

@@ -10,8 +10,12 @@ import torch.nn.functional as _F
 
 from unitscale import errors as _errors
 from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+from unitscale.scaling.checks import check_mult
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import Tensor
 
     from unitscale.scaling.constraints import ConstraintArg
@@ -30,6 +34,7 @@ def _check_operands(op: str, left: Any, right: Any, right_name: str, right_dim: 
         )
 
 
+@fill_docstring
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.linear`.
 
@@ -42,15 +47,13 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
         input: tensor of shape ``(..., in_features)``.
         weight: tensor of shape ``(out_features, in_features)``.
         bias: optional tensor of shape ``(out_features,)``.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``
-            (forward and backward scaled separately).
+        {constraint}
 
     Returns:
         ``input @ weight.T + bias``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import linear
@@ -70,9 +73,15 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
     (1.4, 0.7)
     """
     _check_operands("linear", input, weight, "weight", -1)
+    return _linear(input, weight, bias, constraint, weight.shape[-1] ** -0.5)
+
+
+def _linear(
+    input: Tensor, weight: Tensor, bias: Tensor | None, constraint: ConstraintArg, output_scale: float
+) -> Tensor:
     fan_out, fan_in = weight.shape[0], weight.shape[-1]
     weight_grad_scale = _inv_sqrt(input.numel() / fan_in)
-    output_scale, grad_scale = _constrain(constraint, fan_in**-0.5, fan_out**-0.5)
+    output_scale, grad_scale = _constrain(constraint, output_scale, fan_out**-0.5)
     # The matmul itself sees unit-scaled operands (which is where a low-precision format is
     # simulated) and the scales act on its result: forward the output scale, backward the
     # input-gradient scale, so the input's gradient is unit-scaled as it leaves the matmul;
@@ -80,6 +89,54 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
     output = scale(_F.linear(input, weight), output_scale, grad_scale)
     return output if bias is None else output + scale(bias, 1.0, weight_grad_scale)
+
+
+@fill_docstring
+def linear_readout(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    constraint: ConstraintArg = None,
+    mult: float = 1.0,
+) -> Tensor:
+    """u-μP's readout (the last layer): output × ``mult / fan_in``, input gradient × ``fan_out**-0.5``.
+
+    μP scales the last layer by ``1 / fan_in`` rather than ``fan_in**-0.5`` so that,
+    as the width grows, the logits do not grow when the features the readout sees
+    become correlated with its weights during training (u-μP §4, the parametrization
+    table: the output weight's multiplier). At initialisation the logits are therefore small
+    (std ``mult * fan_in**-0.5``). The readout comes after the last residual add, so
+    by default (``constraint=None``) its input gradient is unit-scaled on its own:
+    every path to the loss goes through it, and the gradients upstream are all the
+    same positive multiple of the true ones. ``mult`` is u-μP's α_loss-softmax placed
+    here (the reference library puts it on the loss; in the forward pass the two
+    are the same number). A bias is added after the scaling, so its size does not
+    depend on the width.
+
+    Args:
+        input: ``(..., fan_in)``.
+        weight: ``(fan_out, fan_in)``.
+        bias: optional ``(fan_out,)``.
+        {constraint}
+        {mult}
+
+    Returns:
+        The logits.
+
+    Raises:
+        {constraint_errors}
+        {mult_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import linear_readout
+    >>> _ = torch.manual_seed(0)
+    >>> y = linear_readout(torch.randn(4096, 256), torch.randn(32, 256), mult=16.0)
+    >>> round(y.std().item(), 1)
+    1.0
+    """
+    mult = check_mult("linear_readout", "mult", mult)
+    _check_operands("linear_readout", input, weight, "weight", -1)
+    return _linear(input, weight, bias, constraint, mult / weight.shape[-1])
 
 
 def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
@@ -91,6 +148,7 @@ def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
     return inner, _math.prod(batch) * m * n
 
 
+@fill_docstring
 def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.matmul`.
 
@@ -103,14 +161,13 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
     Args:
         input: left operand.
         other: right operand.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         ``input @ other``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import matmul
@@ -132,6 +189,7 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
     return scale(_torch.matmul(input, other), output_scale, left_scale)
 
 
+@fill_docstring
 def addmm(
     input: Tensor,
     mat1: Tensor,
@@ -155,14 +213,13 @@ def addmm(
         mat2: ``(k, n)``.
         beta: multiplier of ``input``, as in torch.
         alpha: multiplier of the product, as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The scaled ``beta * input + alpha * mat1 @ mat2``.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import addmm
@@ -187,12 +244,98 @@ def _conv_out_size(size: int, kernel: int, stride: int, padding: int | str, dila
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _pair(value: int | tuple[int, ...] | list[int] | str) -> tuple[int | str, int | str]:
+def _tuple(value: int | tuple[int, ...] | list[int] | str, dims: int) -> tuple[int | str, ...]:
     if isinstance(value, (tuple, list)):
-        return (value[0], value[-1])
-    return (value, value)
+        return tuple(value) if len(value) == dims else (value[0],) * dims
+    return (value,) * dims
 
 
+def _pair(value: int | tuple[int, ...] | list[int] | str) -> tuple[int | str, int | str]:
+    first, second = _tuple(value, 2)
+    return first, second
+
+
+def _conv(
+    conv: Callable[..., Tensor],
+    dims: int,
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: int | tuple[int, ...],
+    padding: int | tuple[int, ...] | str,
+    dilation: int | tuple[int, ...],
+    groups: int,
+    constraint: ConstraintArg,
+) -> Tensor:
+    """A convolution over the last ``dims`` dims, scaled as a matmul over patches (see :func:`conv2d`)."""
+    fan_in = _math.prod(weight.shape[1:])
+    kernel = weight.shape[-dims:]
+    strides, paddings, dilations = _tuple(stride, dims), _tuple(padding, dims), _tuple(dilation, dims)
+    out_size = [
+        _conv_out_size(input.shape[i - dims], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))
+        for i in range(dims)
+    ]
+    batch = input.numel() // max(_math.prod(input.shape[-dims - 1 :]), 1)
+    out_numel = batch * weight.shape[0] * _math.prod(out_size)
+    weight_grad_scale = _inv_sqrt(out_numel / weight.shape[0])
+    output_scale, grad_scale = _constrain(
+        constraint, fan_in**-0.5, _inv_sqrt(out_numel * fan_in / max(input.numel(), 1))
+    )
+    # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
+    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
+    output = scale(conv(input, weight, None, stride, padding, dilation, groups), output_scale, grad_scale)
+    if bias is None:
+        return output
+    return output + scale(bias, 1.0, weight_grad_scale).reshape(-1, *(1,) * dims)
+
+
+@fill_docstring
+def conv1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, ...] = 1,
+    padding: int | tuple[int, ...] | str = 0,
+    dilation: int | tuple[int, ...] = 1,
+    groups: int = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv1d`, scaled as :func:`conv2d` is.
+
+    Output × ``fan_in**-0.5`` with ``fan_in = C_in / groups * k``; input gradient ×
+    ``count**-0.5`` (the average number of terms summed into an input element's
+    gradient); weight and bias gradients × ``(N * L_out)**-0.5``; the constraint
+    reconciles the first two.
+
+    Args:
+        input: ``(N, C_in, L)`` (or unbatched ``(C_in, L)``).
+        weight: ``(C_out, C_in / groups, k)``.
+        bias: optional ``(C_out,)``.
+        stride: as in torch.
+        padding: as in torch (``"same"`` and ``"valid"`` included).
+        dilation: as in torch.
+        groups: as in torch.
+        {constraint}
+
+    Returns:
+        The scaled convolution.
+
+    Raises:
+        {constraint_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import conv1d
+    >>> _ = torch.manual_seed(0)
+    >>> x, w = torch.randn(16, 32, 256, requires_grad=True), torch.randn(64, 32, 5)
+    >>> y = conv1d(x, w, padding=2, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    return _conv(_F.conv1d, 1, input, weight, bias, stride, padding, dilation, groups, constraint)
+
+
+@fill_docstring
 def conv2d(
     input: Tensor,
     weight: Tensor,
@@ -220,14 +363,13 @@ def conv2d(
         padding: as in torch (``"same"`` and ``"valid"`` included).
         dilation: as in torch.
         groups: as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The scaled convolution.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import conv2d
@@ -238,22 +380,4 @@ def conv2d(
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
     (1.0, 1.0)
     """
-    fan_in = _math.prod(weight.shape[1:])
-    kernel = weight.shape[-2:]
-    strides, paddings, dilations = _pair(stride), _pair(padding), _pair(dilation)
-    out_hw = [
-        _conv_out_size(input.shape[-2 + i], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))
-        for i in range(2)
-    ]
-    batch = input.numel() // max(_math.prod(input.shape[-3:]), 1)
-    out_numel = batch * weight.shape[0] * out_hw[0] * out_hw[1]
-    weight_grad_scale = _inv_sqrt(out_numel / weight.shape[0])
-    output_scale, grad_scale = _constrain(
-        constraint, fan_in**-0.5, _inv_sqrt(out_numel * fan_in / max(input.numel(), 1))
-    )
-    # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
-    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
-    output = scale(_F.conv2d(input, weight, None, stride, padding, dilation, groups), output_scale, grad_scale)
-    if bias is None:
-        return output
-    return output + scale(bias, 1.0, weight_grad_scale).reshape(-1, 1, 1)
+    return _conv(_F.conv2d, 2, input, weight, bias, stride, padding, dilation, groups, constraint)

@@ -10,6 +10,7 @@ import torch.nn.functional as _F
 
 from unitscale.functional._linear import _pair
 from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -32,6 +33,7 @@ def _max_rms(k: int) -> float:
     return (total * h) ** 0.5
 
 
+@fill_docstring
 def max_pool2d(
     input: Tensor,
     kernel_size: int | tuple[int, int],
@@ -58,14 +60,13 @@ def max_pool2d(
         dilation: as in torch.
         ceil_mode: as in torch.
         return_indices: as in torch (the indices are returned unscaled).
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The scaled maxima (and their indices with ``return_indices=True``).
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import max_pool2d
@@ -93,6 +94,7 @@ def _pool_scales(input: Tensor, output: Tensor, window: int, constraint: Constra
     return _constrain(constraint, window**0.5, window * _inv_sqrt(cover))
 
 
+@fill_docstring
 def avg_pool2d(
     input: Tensor,
     kernel_size: int | tuple[int, int],
@@ -118,14 +120,13 @@ def avg_pool2d(
         ceil_mode: as in torch.
         count_include_pad: as in torch.
         divisor_override: as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The scaled average.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import avg_pool2d
@@ -139,6 +140,7 @@ def avg_pool2d(
     return scale(out, output_scale, grad_scale)
 
 
+@fill_docstring
 def adaptive_avg_pool2d(
     input: Tensor,
     output_size: int | tuple[int | None, int | None],
@@ -152,14 +154,13 @@ def adaptive_avg_pool2d(
     Args:
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
         output_size: as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The scaled average.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import adaptive_avg_pool2d

@@ -9,13 +9,17 @@ import torch as _torch
 
 from unitscale.functional._scale import _constrain, _inv_sqrt, scale
 from unitscale.scaling.checks import check_tau
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import Tensor
 
     from unitscale.scaling.constraints import ConstraintArg
 
 
+@fill_docstring
 def add(
     input: Tensor | float,
     other: Tensor | float,
@@ -29,20 +33,21 @@ def add(
     constraint reconciles all three. The gradient of a broadcast operand sums over
     the broadcast copies and is scaled by ``copies**-0.5``. Adding a number, or
     adding non-float values (shape arithmetic in a traced graph), is left
-    unscaled.
+    unscaled; so is adding a one-element tensor (0-d or of shape ``(1,)``: a learned
+    offset), which shifts every element by the same amount and adds no variance
+    (its gradient, summed over every element, still takes ``numel**-0.5``).
 
     Args:
         input: first summand.
         other: second summand.
         alpha: multiplier of ``other``, as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         The scaled sum.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import add
@@ -57,7 +62,9 @@ def add(
         input.is_floating_point() or other.is_floating_point()
     ):
         return input + other if alpha == 1 else input + alpha * other  # type: ignore[return-value]
-    output_scale, grad_scale, _ = _constrain(constraint, (1 + alpha**2) ** -0.5, 1.0, 1.0)
+    # A one-element summand is the same number at every position: it adds no variance.
+    summed = 1.0 if input.numel() == 1 or other.numel() == 1 else 1 + alpha**2
+    output_scale, grad_scale, _ = _constrain(constraint, summed**-0.5, 1.0, 1.0)
     # A broadcast operand's gradient sums over the broadcast elements.
     out_numel = _math.prod(_torch.broadcast_shapes(input.shape, other.shape))
     input = scale(input, 1.0, _inv_sqrt(out_numel / input.numel()))
@@ -121,3 +128,27 @@ def residual_add(residual: Tensor, skip: Tensor, tau: float = 0.5) -> Tensor:
     """
     tau = check_tau("residual_add", tau)
     return scale(residual, tau**0.5, 1.0) + scale(skip, (1 - tau) ** 0.5, 1.0)
+
+
+def residual_apply(fn: Callable[[Tensor], Tensor], input: Tensor, tau: float = 0.5) -> Tensor:
+    """A residual branch in one call: ``residual_add(fn(r), s, tau)`` with ``r, s = residual_split(input, tau)``.
+
+    Args:
+        fn: the branch (a module or function of one tensor).
+        input: the residual stream.
+        tau: share of the variance carried by the branch, in ``(0, 1)``.
+
+    Returns:
+        ``sqrt(tau) * fn(input) + sqrt(1 - tau) * input``, with :func:`residual_split`'s
+        backward weights.
+
+    Raises:
+        InputError: ``tau`` is not strictly between 0 and 1.
+
+    >>> import torch
+    >>> from unitscale.functional import residual_apply
+    >>> [round(v, 4) for v in residual_apply(lambda x: -x, torch.ones(2), tau=0.36).tolist()]
+    [0.2, 0.2]
+    """
+    split = residual_split(input, tau)
+    return residual_add(fn(split[0]), split[1], tau)

@@ -12,8 +12,8 @@ from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu,
 from unitscale.functional._attention import scaled_dot_product_attention
 from unitscale.functional._dropout import dropout
 from unitscale.functional._embedding import embedding
-from unitscale.functional._linear import addmm, conv2d, linear, matmul
-from unitscale.functional._losses import cross_entropy
+from unitscale.functional._linear import addmm, conv1d, conv2d, linear, matmul
+from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import batch_norm, layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from unitscale.functional._residual import add
@@ -40,9 +40,11 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _F.embedding: embedding,
     _F.dropout: dropout,
     _F.cross_entropy: cross_entropy,
+    _F.mse_loss: mse_loss,
     _F.scaled_dot_product_attention: scaled_dot_product_attention,
     _torch.addmm: addmm,
     _torch.Tensor.addmm: addmm,
+    _F.conv1d: conv1d,
     _F.conv2d: conv2d,
     _F.silu: silu,
     _F.relu: relu,

@@ -1,4 +1,4 @@
-"""Unit-scaled activation and dropout layers."""
+"""Unit-scaled activation, softmax and dropout layers, each with u-μP's multiplier where the paper has one."""
 
 from __future__ import annotations
 
@@ -6,19 +6,23 @@ from torch import Tensor, nn
 
 import unitscale.functional as U
 from unitscale.errors import InputError
-from unitscale.scaling.checks import check_approximate, check_p
+from unitscale.scaling.checks import check_approximate, check_mult, check_p
 from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
+from unitscale.scaling.docs import fill_docstring
 
 
+@fill_docstring
 class GELU(nn.GELU):
-    """Unit-scaled :class:`torch.nn.GELU`.
+    """Unit-scaled :class:`torch.nn.GELU` of ``mult * x`` (divided by ``mult``): :func:`unitscale.functional.gelu`.
 
     Args:
         approximate: ``"none"`` or ``"tanh"``, as in torch.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.nn import GELU
@@ -27,28 +31,33 @@ class GELU(nn.GELU):
     1.0
     """
 
-    def __init__(self, approximate: str = "none", constraint: ConstraintArg = "gmean") -> None:
+    def __init__(self, approximate: str = "none", constraint: ConstraintArg = "gmean", mult: float = 1.0) -> None:
         resolve_constraint(constraint)
         check_approximate("GELU", approximate)
         super().__init__(approximate=approximate)
         self.constraint = constraint
+        self.mult = check_mult("GELU", "mult", mult)
 
     def forward(self, input: Tensor) -> Tensor:
-        return U.gelu(input, approximate=self.approximate, constraint=self.constraint)
+        return U.gelu(input, approximate=self.approximate, constraint=self.constraint, mult=self.mult)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
+        return f"{super().extra_repr()}, constraint={self.constraint!r}, mult={self.mult}"
 
 
+@fill_docstring
 class Softmax(nn.Softmax):
-    """Unit-scaled :class:`torch.nn.Softmax`.
+    """Unit-scaled :class:`torch.nn.Softmax` of ``mult * x``: :func:`unitscale.functional.softmax`.
 
     Args:
         dim: the dimension to normalise over.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
+        InputError: ``dim`` is not an int.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.nn import Softmax
@@ -59,28 +68,32 @@ class Softmax(nn.Softmax):
 
     dim: int
 
-    def __init__(self, dim: int, constraint: ConstraintArg = "gmean") -> None:
+    def __init__(self, dim: int, constraint: ConstraintArg = "gmean", mult: float = 1.0) -> None:
         resolve_constraint(constraint)
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise InputError(f"Softmax: dim={dim!r:.60} is a {type(dim).__name__}; pass an int, e.g. dim=-1")
         super().__init__(dim=dim)
         self.constraint = constraint
+        self.mult = check_mult("Softmax", "mult", mult)
 
     def forward(self, input: Tensor) -> Tensor:
-        return U.softmax(input, self.dim, constraint=self.constraint)
+        return U.softmax(input, self.dim, constraint=self.constraint, mult=self.mult)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
+        return f"{super().extra_repr()}, constraint={self.constraint!r}, mult={self.mult}"
 
 
+@fill_docstring
 class SiLU(nn.SiLU):
-    """Unit-scaled :class:`torch.nn.SiLU` (Llama's gate activation).
+    """Unit-scaled :class:`torch.nn.SiLU` of ``x * sigmoid(mult * x)``: :func:`unitscale.functional.silu`.
 
     Args:
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.nn import SiLU
@@ -89,24 +102,27 @@ class SiLU(nn.SiLU):
     1.0
     """
 
-    def __init__(self, constraint: ConstraintArg = "gmean") -> None:
+    def __init__(self, constraint: ConstraintArg = "gmean", mult: float = 1.0) -> None:
         resolve_constraint(constraint)
         super().__init__()
         self.constraint = constraint
+        self.mult = check_mult("SiLU", "mult", mult)
 
     def forward(self, input: Tensor) -> Tensor:
-        return U.silu(input, constraint=self.constraint)
+        return U.silu(input, constraint=self.constraint, mult=self.mult)
 
     def extra_repr(self) -> str:
-        return f"constraint={self.constraint!r}"
+        return f"constraint={self.constraint!r}, mult={self.mult}"
 
 
 class Dropout(nn.Dropout):
-    """Unit-scaled :class:`torch.nn.Dropout`: kept values times ``(1 - p)**-0.5``, not ``(1 - p)**-1``.
+    """Unit-scaled :class:`torch.nn.Dropout`: kept values times ``(1 - p)**-0.5``; in eval mode ``(1 - p)**0.5 * x``.
+
+    Both modes have the same expectation, ``(1 - p)**0.5 * x`` (:func:`unitscale.functional.dropout`).
 
     Args:
         p: probability of zeroing an element, in ``[0, 1]``.
-        inplace: as in torch.
+        inplace: as in torch (the returned tensor is the input, changed).
 
     Raises:
         InputError: ``p`` is not in ``[0, 1]``.

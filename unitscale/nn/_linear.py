@@ -1,4 +1,4 @@
-"""Unit-scaled linear and convolution layers: weights ``N(0, 1)``, no bias by default."""
+"""Unit-scaled linear, readout and convolution layers: weights ``N(0, 1)``, no bias by default, roles tagged."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ from torch import Tensor, nn
 
 import unitscale.functional as U
 from unitscale.errors import InputError
+from unitscale.nn._roles import RoleModule
+from unitscale.scaling.checks import check_mult
 from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
+from unitscale.scaling.docs import fill_docstring
+from unitscale.scaling.parameter import tag
 
 
 def _check_sizes(owner: str, **sizes: object) -> None:
@@ -15,23 +19,41 @@ def _check_sizes(owner: str, **sizes: object) -> None:
             raise InputError(f"{owner}: {name}={value!r:.60} must be an int >= 0")
 
 
-class Linear(nn.Linear):
-    """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)``, no bias by default.
+def _unit_init(module: nn.Linear | nn.Conv1d | nn.Conv2d) -> None:
+    # Unit scaling and u-μP (u-μP §4, the parametrization table: every weight initialised with unit variance,
+    # the 1/sqrt(fan_in) moved into the op's multiplier): N(0, 1) weights, zero biases.
+    nn.init.normal_(module.weight)
+    if module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+@fill_docstring
+class Linear(RoleModule, nn.Linear):
+    """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
+
+    Forward × ``fan_in**-0.5``, input gradient × ``fan_out**-0.5`` (reconciled by
+    ``constraint``), weight gradient × ``batch**-0.5``: :func:`unitscale.functional.linear`.
+    The weight's role makes :mod:`unitscale.optim` give it u-μP's hidden-weight
+    learning rate (``lr * fan_in**-0.5`` under Adam: u-μP §4, the parametrization table); a bias
+    has role ``"bias"``.
 
     Args:
         in_features: size of each input row.
         out_features: size of each output row.
         bias: add a learnable bias (initialised to zero).
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
+        InputError: a size is not an int >= 0.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.nn import Linear
+    >>> from unitscale.scaling import role_of
     >>> _ = torch.manual_seed(0)
-    >>> round(Linear(256, 256)(torch.randn(64, 256)).std().item(), 1)
-    1.0
+    >>> layer = Linear(256, 256)
+    >>> round(layer(torch.randn(64, 256)).std().item(), 1), role_of(layer.weight)
+    (1.0, ParamRole(role='weight', width=256, depth=None))
     """
 
     def __init__(
@@ -42,14 +64,15 @@ class Linear(nn.Linear):
         constraint: ConstraintArg = "gmean",
     ) -> None:
         resolve_constraint(constraint)
-        _check_sizes("Linear", in_features=in_features, out_features=out_features)
+        _check_sizes(type(self).__name__, in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias)
         self.constraint = constraint
+        tag(self.weight, "weight")
+        if self.bias is not None:
+            tag(self.bias, "bias")
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        _unit_init(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.linear(input, self.weight, self.bias, constraint=self.constraint)
@@ -58,8 +81,66 @@ class Linear(nn.Linear):
         return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
-class Conv2d(nn.Conv2d):
-    """Unit-scaled :class:`torch.nn.Conv2d`: weight ``N(0, 1)``, no bias by default, zero padding only.
+@fill_docstring
+class LinearReadout(Linear):
+    """The u-μP readout (last layer): weight role ``"readout"``, forward × ``mult / fan_in``.
+
+    See :func:`unitscale.functional.linear_readout`: μP's ``1 / fan_in`` output
+    multiplier (u-μP §4, the parametrization table), unconstrained by default since every
+    gradient reaches the model through it. Under Adam its learning rate does not
+    scale with width (the readout rule of the same table).
+
+    Args:
+        in_features: fan-in (the model width).
+        out_features: the number of classes.
+        bias: add a bias (zeros, role ``"bias"``).
+        {constraint}
+        {mult}
+
+    Raises:
+        InputError: a size is not an int >= 0.
+        {constraint_errors}
+        {mult_errors}
+
+    >>> import torch
+    >>> from unitscale.nn import LinearReadout
+    >>> from unitscale.scaling import role_of
+    >>> role_of(LinearReadout(64, 10).weight).role
+    'readout'
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        constraint: ConstraintArg = None,
+        mult: float = 1.0,
+    ) -> None:
+        self.mult = check_mult("LinearReadout", "mult", mult)
+        super().__init__(in_features, out_features, bias, constraint=constraint)
+        tag(self.weight, "readout")
+
+    def forward(self, input: Tensor) -> Tensor:
+        return U.linear_readout(input, self.weight, self.bias, self.constraint, self.mult)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mult={self.mult}"
+
+
+def _tag_conv(module: nn.Conv1d | nn.Conv2d) -> None:
+    # The weight's width is its fan-in, C_in / groups times the kernel (ParamRole's default).
+    tag(module.weight, "weight")
+    if module.bias is not None:
+        tag(module.bias, "bias")
+
+
+@fill_docstring
+class Conv1d(RoleModule, nn.Conv1d):
+    """Unit-scaled :class:`torch.nn.Conv1d`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
+
+    Scaled as :func:`unitscale.functional.conv1d`; zero padding only (a ``padding_mode``
+    other than ``"zeros"`` would add values the scales do not count).
 
     Args:
         in_channels: input channels.
@@ -70,17 +151,75 @@ class Conv2d(nn.Conv2d):
         dilation: as in torch.
         groups: as in torch.
         bias: add a learnable bias (initialised to zero).
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
+        {constraint_errors}
+
+    >>> import torch
+    >>> from unitscale.nn import Conv1d
+    >>> _ = torch.manual_seed(0)
+    >>> conv = Conv1d(32, 32, 5, padding=2, constraint=None)
+    >>> round(conv(torch.randn(8, 32, 128)).std().item(), 1)
+    1.0
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int],
+        stride: int | tuple[int] = 1,
+        padding: int | tuple[int] | str = 0,
+        dilation: int | tuple[int] = 1,
+        groups: int = 1,
+        bias: bool = False,
+        constraint: ConstraintArg = "gmean",
+    ) -> None:
+        resolve_constraint(constraint)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
+        self.constraint = constraint
+        _tag_conv(self)
+
+    def reset_parameters(self) -> None:
+        _unit_init(self)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return U.conv1d(
+            input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.constraint
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"
+
+
+@fill_docstring
+class Conv2d(RoleModule, nn.Conv2d):
+    """Unit-scaled :class:`torch.nn.Conv2d`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
+
+    Scaled as :func:`unitscale.functional.conv2d`; zero padding only.
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+        kernel_size: as in torch.
+        stride: as in torch.
+        padding: as in torch (``"same"`` and ``"valid"`` included).
+        dilation: as in torch.
+        groups: as in torch.
+        bias: add a learnable bias (initialised to zero).
+        {constraint}
+
+    Raises:
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.nn import Conv2d
+    >>> from unitscale.scaling import role_of
     >>> _ = torch.manual_seed(0)
     >>> conv = Conv2d(32, 32, 3, padding=1, constraint=None)
-    >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1)
-    1.0
+    >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1), role_of(conv.weight).width
+    (1.0, 288)
     """
 
     def __init__(
@@ -98,22 +237,14 @@ class Conv2d(nn.Conv2d):
         resolve_constraint(constraint)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
         self.constraint = constraint
+        _tag_conv(self)
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        _unit_init(self)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.conv2d(
-            input,
-            self.weight,
-            self.bias,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            self.constraint,
+            input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.constraint
         )
 
     def extra_repr(self) -> str:

@@ -1,14 +1,21 @@
-"""Unit-scaled normalisation layers: gain 1, bias 0, affine gradients scaled to unit std."""
+"""Unit-scaled normalisation layers: gain 1 (role ``"norm"``), bias 0 (role ``"bias"``), unit-scaled gradients."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
 import unitscale.functional as U
+from unitscale.nn._roles import RoleModule
+from unitscale.scaling.parameter import tag
 
 
-class LayerNorm(nn.LayerNorm):
-    """Unit-scaled :class:`torch.nn.LayerNorm`: gain 1, bias 0, affine gradients scaled to unit std.
+class LayerNorm(RoleModule, nn.LayerNorm):
+    """Unit-scaled :class:`torch.nn.LayerNorm`: gain 1 with role ``"norm"``, bias 0 with role ``"bias"``.
+
+    The affine gradients sum over the batch and are scaled by ``batch**-0.5``
+    (:func:`unitscale.functional.layer_norm`); under :mod:`unitscale.optim` both
+    learn at the global rate, whatever the width (u-μP §4, the parametrization table: vector-like
+    parameters).
 
     Args:
         normalized_shape: the trailing shape to normalise over.
@@ -18,9 +25,11 @@ class LayerNorm(nn.LayerNorm):
 
     >>> import torch
     >>> from unitscale.nn import LayerNorm
-    >>> y = LayerNorm(8)(torch.arange(16.0).reshape(2, 8))
-    >>> round(y.square().mean().item(), 3)
-    1.0
+    >>> from unitscale.scaling import role_of
+    >>> norm = LayerNorm(8)
+    >>> y = norm(torch.arange(16.0).reshape(2, 8))
+    >>> round(y.square().mean().item(), 3), role_of(norm.weight).role, role_of(norm.bias).role
+    (1.0, 'norm', 'bias')
     """
 
     def __init__(
@@ -31,13 +40,17 @@ class LayerNorm(nn.LayerNorm):
         bias: bool = True,
     ) -> None:
         super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine, bias=bias)
+        if self.weight is not None:
+            tag(self.weight, "norm")
+        if self.bias is not None:
+            tag(self.bias, "bias")
 
     def forward(self, input: Tensor) -> Tensor:
         return U.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-class RMSNorm(nn.RMSNorm):
-    """Unit-scaled :class:`torch.nn.RMSNorm`: gain 1, its gradient scaled to unit std.
+class RMSNorm(RoleModule, nn.RMSNorm):
+    """Unit-scaled :class:`torch.nn.RMSNorm`: gain 1 with role ``"norm"``, its gradient scaled to unit std.
 
     Args:
         normalized_shape: the trailing shape to normalise over.
@@ -46,9 +59,11 @@ class RMSNorm(nn.RMSNorm):
 
     >>> import torch
     >>> from unitscale.nn import RMSNorm
-    >>> y = RMSNorm(8)(torch.arange(16.0).reshape(2, 8))
-    >>> round(y.square().mean().item(), 3)
-    1.0
+    >>> from unitscale.scaling import role_of
+    >>> norm = RMSNorm(8)
+    >>> y = norm(torch.arange(16.0).reshape(2, 8))
+    >>> round(y.square().mean().item(), 3), role_of(norm.weight).role
+    (1.0, 'norm')
     """
 
     def __init__(
@@ -58,6 +73,8 @@ class RMSNorm(nn.RMSNorm):
         elementwise_affine: bool = True,
     ) -> None:
         super().__init__(normalized_shape, eps=eps, elementwise_affine=elementwise_affine)
+        if self.weight is not None:
+            tag(self.weight, "norm")
 
     def forward(self, input: Tensor) -> Tensor:
         return U.rms_norm(input, self.normalized_shape, self.weight, self.eps)

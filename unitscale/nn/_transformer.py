@@ -1,6 +1,8 @@
-"""Unit-scaled transformer blocks: MLP, multi-head self-attention, a pre-norm layer."""
+"""Unit-scaled transformer blocks: feed-forward (GELU or SwiGLU), multi-head self-attention, a pre-norm layer."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from torch import Tensor, nn
 
@@ -8,21 +10,25 @@ import unitscale.functional as U
 from unitscale.errors import InputError
 from unitscale.nn._activations import GELU
 from unitscale.nn._linear import Linear, _check_sizes
-from unitscale.nn._norms import LayerNorm
-from unitscale.scaling.checks import check_p, check_tau
+from unitscale.nn._norms import LayerNorm, RMSNorm
+from unitscale.scaling.checks import check_mult, check_p, check_tau
 from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
+from unitscale.scaling.docs import fill_docstring
 
 
+@fill_docstring
 class MLP(nn.Module):
-    """Unit-scaled feed-forward block: ``Linear(d, e*d) -> GELU -> Linear(e*d, d)``.
+    """Unit-scaled feed-forward block: ``Linear(d, e*d) -> GELU(mult) -> Linear(e*d, d)``.
 
     Args:
         hidden_size: model width ``d``.
         expansion_factor: the inner width is ``expansion_factor * d``.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.nn import MLP
@@ -31,35 +37,93 @@ class MLP(nn.Module):
     1.0
     """
 
-    def __init__(self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = "gmean") -> None:
+    def __init__(
+        self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = "gmean", mult: float = 1.0
+    ) -> None:
         super().__init__()
         inner = expansion_factor * hidden_size
         self.linear_1 = Linear(hidden_size, inner, constraint=constraint)
-        self.act = GELU(constraint=constraint)
+        self.act = GELU(constraint=constraint, mult=mult)
         self.linear_2 = Linear(inner, hidden_size, constraint=constraint)
 
     def forward(self, input: Tensor) -> Tensor:
         return self.linear_2(self.act(self.linear_1(input)))
 
 
+@fill_docstring
+class SwiGLU(nn.Module):
+    """Unit-scaled SwiGLU feed-forward block: ``down(silu_glu(up(x), gate(x), mult))`` (Llama's MLP).
+
+    ``mult`` is u-μP's α_ffn-act (u-μP §4, its α hyperparameters). ``up`` and ``gate`` read the
+    same input with the same shapes, so their backward scales are equal whatever
+    the constraint; :func:`unitscale.functional.silu_glu` scales its output alike in
+    both passes.
+
+    Args:
+        hidden_size: model width ``d``.
+        expansion_factor: the inner width is ``expansion_factor * d``.
+        {constraint}
+        {mult}
+
+    Raises:
+        {constraint_errors}
+        {mult_errors}
+
+    >>> import torch
+    >>> from unitscale.nn import SwiGLU
+    >>> _ = torch.manual_seed(0)
+    >>> round(SwiGLU(64, constraint="to_output_scale")(torch.randn(512, 64)).std().item(), 1)
+    1.0
+
+    With the default ``gmean`` the two projections meet in a product: ``(64 / 256)**0.25``, twice,
+    and ``down`` gives one factor back:
+
+    >>> round(SwiGLU(64)(torch.randn(512, 64)).std().item(), 1)
+    0.7
+    """
+
+    def __init__(
+        self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = "gmean", mult: float = 1.0
+    ) -> None:
+        super().__init__()
+        self.mult = check_mult("SwiGLU", "mult", mult)
+        inner = expansion_factor * hidden_size
+        self.up = Linear(hidden_size, inner, constraint=constraint)
+        self.gate = Linear(hidden_size, inner, constraint=constraint)
+        self.down = Linear(inner, hidden_size, constraint=constraint)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self.down(U.silu_glu(self.up(input), self.gate(input), self.mult))
+
+
+@fill_docstring
 class MHSA(nn.Module):
-    """Unit-scaled multi-head self-attention: fused QKV projection, attention, output projection.
+    """Unit-scaled multi-head self-attention with u-μP's attention multiplier: fused QKV, attention, output.
+
+    The scores are ``mult * q·k / d_head`` (μP's ``1 / d_head`` rather than
+    ``d_head**-0.5``, u-μP §4, ``mult`` its α_attn-softmax), and
+    :func:`unitscale.functional.scaled_dot_product_attention` scales the result for
+    the flatter softmax that gives at initialisation. ``q``, ``k`` and ``v`` are
+    projections of one input, so their gradients meet again in it: attention scales
+    the three gradients by one number, which keeps the input's gradient a true
+    gradient of the forward whatever the constraint.
 
     The attention scales assume keys and values independent; here both are
-    projections of the same tokens, so the output carries some real signal that
-    the scaling amplifies: without causal masking its std grows slowly with the
-    sequence length (about 1.2 at 64 tokens, 1.6 at 256).
+    projections of the same tokens, so without causal masking the output carries
+    some real signal that the scaling amplifies.
 
     Args:
         hidden_size: model width, divisible by ``heads``.
         heads: number of attention heads.
         is_causal: mask future positions.
         dropout_p: attention dropout probability (while training).
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        {mult}
 
     Raises:
         InputError: ``hidden_size`` is not divisible by ``heads``, or ``dropout_p`` not in ``[0, 1)``.
-        UnknownConstraintError: ``constraint`` names no constraint.
+        {constraint_errors}
+        {mult_errors}
 
     >>> import torch
     >>> from unitscale.nn import MHSA
@@ -67,12 +131,6 @@ class MHSA(nn.Module):
     >>> x = torch.randn(8, 32, 64)
     >>> round(MHSA(64, heads=4, is_causal=True, constraint=None)(x).std().item(), 1)
     1.0
-
-    With the default ``gmean`` constraint the fused ``64 -> 192`` projection gives
-    ``q``, ``k``, ``v`` std ``3**-0.25``, and the output is below 1:
-
-    >>> round(MHSA(64, heads=4, is_causal=True)(x).std().item(), 1)
-    0.8
     """
 
     def __init__(
@@ -82,6 +140,7 @@ class MHSA(nn.Module):
         is_causal: bool = False,
         dropout_p: float = 0.0,
         constraint: ConstraintArg = "gmean",
+        mult: float = 1.0,
     ) -> None:
         super().__init__()
         _check_sizes("MHSA", hidden_size=hidden_size, heads=heads)
@@ -96,6 +155,7 @@ class MHSA(nn.Module):
         self.is_causal = is_causal
         self.dropout_p = dropout_p
         self.constraint = constraint
+        self.mult = check_mult("MHSA", "mult", mult)
         self.linear_qkv = Linear(hidden_size, 3 * hidden_size, constraint=constraint)
         self.linear_o = Linear(hidden_size, hidden_size, constraint=constraint)
 
@@ -108,16 +168,29 @@ class MHSA(nn.Module):
             qkv[2],
             dropout_p=self.dropout_p if self.training else 0.0,
             is_causal=self.is_causal,
+            scale=self.mult / qkv.shape[-1],
             constraint=self.constraint,
         )
         return self.linear_o(out.transpose(-3, -2).flatten(-2))
 
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, is_causal={self.is_causal}, constraint={self.constraint!r}, mult={self.mult}"
 
+
+@fill_docstring
 class TransformerLayer(nn.Module):
     """A unit-scaled pre-norm transformer layer with ``residual_split`` / ``residual_add`` residuals.
 
-    ``x -> x' = residual_add(MHSA(LN(r)), s, attn_tau)`` with ``r, s = residual_split(x, attn_tau)``,
-    then the same with the MLP and ``mlp_tau``.
+    ``x -> x' = residual_add(MHSA(norm(r)), s, attn_tau)`` with ``r, s = residual_split(x, attn_tau)``,
+    then the same with the MLP and ``mlp_tau``. The defaults are a unit-scaled GPT-2
+    layer (layer norm, GELU MLP, the taus of Blake et al.); ``norm="rms_norm"``,
+    ``mlp="swiglu"`` and taus from :func:`~unitscale.scaling.residual_taus` (u-μP's
+    depth rule, Appendix G) give the u-μP Llama-style layer.
+
+    With ``constraint=None`` each op scales its two directions on its own, so a
+    branch's gradient reaches the residual stream scaled by another factor than the
+    skip's and their sum is not a true gradient (the reference library warns the
+    same): use a constraint inside residual branches.
 
     Args:
         hidden_size: model width, divisible by ``heads``.
@@ -126,11 +199,16 @@ class TransformerLayer(nn.Module):
         dropout_p: dropout on attention weights and on each branch's output (while training).
         attn_tau: share of the variance the attention branch adds (0.01 after Blake et al.).
         mlp_tau: share of the variance the MLP branch adds.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
+        attn_mult: α_attn-softmax of u-μP (see :class:`MHSA`).
+        mlp_mult: α_ffn-act of u-μP, the multiplier of the MLP's nonlinearity.
+        norm: ``"layer_norm"`` or ``"rms_norm"``.
+        mlp: ``"gelu"`` (:class:`MLP`) or ``"swiglu"`` (:class:`SwiGLU`).
 
     Raises:
-        InputError: bad ``hidden_size``/``heads``, ``dropout_p`` or tau.
-        UnknownConstraintError: ``constraint`` names no constraint.
+        InputError: bad ``hidden_size``/``heads``, ``dropout_p``, tau, ``norm`` or ``mlp``.
+        {constraint_errors}
+        MultiplierError: a multiplier is not a finite number > 0.
 
     >>> import torch
     >>> from unitscale.nn import TransformerLayer
@@ -149,15 +227,26 @@ class TransformerLayer(nn.Module):
         attn_tau: float = 0.01,
         mlp_tau: float = 0.5,
         constraint: ConstraintArg = "gmean",
+        attn_mult: float = 1.0,
+        mlp_mult: float = 1.0,
+        norm: Literal["layer_norm", "rms_norm"] = "layer_norm",
+        mlp: Literal["gelu", "swiglu"] = "gelu",
     ) -> None:
         super().__init__()
         self.attn_tau = check_tau("TransformerLayer", attn_tau, "attn_tau")
         self.mlp_tau = check_tau("TransformerLayer", mlp_tau, "mlp_tau")
+        norms = {"layer_norm": LayerNorm, "rms_norm": RMSNorm}
+        mlps = {"gelu": MLP, "swiglu": SwiGLU}
+        if norm not in norms or mlp not in mlps:
+            raise InputError(
+                f"TransformerLayer: norm={norm!r:.60}, mlp={mlp!r:.60}; pass norm 'layer_norm' or 'rms_norm' "
+                "and mlp 'gelu' or 'swiglu'"
+            )
         self.dropout_p = dropout_p
-        self.attn_norm = LayerNorm(hidden_size)
-        self.attn = MHSA(hidden_size, heads, is_causal=is_causal, dropout_p=dropout_p, constraint=constraint)
-        self.mlp_norm = LayerNorm(hidden_size)
-        self.mlp = MLP(hidden_size, constraint=constraint)
+        self.attn_norm = norms[norm](hidden_size)
+        self.attn = MHSA(hidden_size, heads, is_causal, dropout_p, constraint, attn_mult)
+        self.mlp_norm = norms[norm](hidden_size)
+        self.mlp = mlps[mlp](hidden_size, constraint=constraint, mult=mlp_mult)
 
     def forward(self, input: Tensor) -> Tensor:
         # Index the (residual, skip) pair rather than unpack it, so torch.fx can trace it.

@@ -1,23 +1,27 @@
 """u-μP's learning-rate rules per parameter role, and torch optimisers that apply them.
 
-u-μP (Blake et al., arXiv 2407.17465, Section 4) sets each parameter's learning rate
-from one global ``lr`` and the parameter's role (:func:`~unitscale.scaling.umup.tag`).
-With Adam, whose update has a size set by ``lr`` whatever the gradient's scale:
+u-μP (Blake et al., arXiv 2407.17465, §4) sets each parameter's learning rate from one
+global ``lr`` and the parameter's role (:func:`~unitscale.scaling.tag`; every module of
+:mod:`unitscale.nn` tags its parameters). With Adam, whose update has a size set by
+``lr`` whatever the gradient's scale:
 
-==============  ===============================  ==========================================
-role            Adam ``lr`` ×                    why
-==============  ===============================  ==========================================
+==============  ===============================  ==============================================
+role            Adam ``lr`` ×                    why, and where in the paper
+==============  ===============================  ==============================================
 ``weight``      ``fan_in**-0.5``                 μP: a unit-init hidden weight whose multiplier
                                                  is ``fan_in**-0.5`` must move by ``O(1/fan_in)``
-``embedding``   ``width**-0.5`` (its fan-out)    u-μP's embedding rule (μP keeps it constant)
+                                                 (§4, the parametrization table, hidden weights)
+``embedding``   ``width**-0.5`` (its fan-out)    u-μP's own rule, where μP keeps it constant
+                                                 (§4, "A new embedding LR rule")
 ``readout``     1                                its ``1/fan_in`` multiplier already shrinks it
-``bias``        1                                a vector: nothing sums over the width
+                                                 (§4, the parametrization table, output weights)
+``bias``        1                                a vector: nothing sums over the width (idem)
 ``norm``        1                                idem
-==============  ===============================  ==========================================
+==============  ===============================  ==============================================
 
 and a parameter in a residual branch of a stack of ``depth`` blocks a further
-``depth**-0.5`` (depth-μP for Adam, which u-μP adopts alongside its residual rule,
-Appendix G).
+``depth**-0.5`` (depth-μP for Adam, which u-μP adopts alongside its residual rule:
+§4 and Appendix G; :class:`unitscale.nn.DepthSequential` records the depth).
 
 **Why SGD's rules are the same here, and when they are not.** SGD's update is ``lr``
 times the gradient, so its size follows the gradient's scale. Every gradient of a
@@ -27,7 +31,7 @@ They differ only when the readout's backward scale is tied to its forward one
 (``readout_constraint="to_output_scale"``): then every gradient below the readout
 shrinks like ``1 / width`` and SGD has to grow its rates instead: ``weight`` and
 ``embedding`` × ``width**0.5``, ``bias`` and ``norm`` × ``width``, ``readout`` × 1
-(the reference library's ``lr_scale_func_sgd``).
+(the reference library's ``lr_scale_func_sgd``; the paper treats Adam only).
 
 **Weight decay** is independent of ``lr`` by default: each group's decay is divided by
 its own learning rate, so the decay step per update is ``weight_decay · p`` for
@@ -35,14 +39,18 @@ its own learning rate, so the decay step per update is ``weight_decay · p`` for
 still scales it). With :class:`Adam` the decay is an L2 term fed through Adam's
 normaliser, as in torch.
 
-**Parameters without a role** raise :class:`~unitscale.errors.UntaggedParameterError`
-naming them and saying how to tag them; ``allow_untagged=True`` gives them the scale 1
-(the rule of a bias) and warns with :class:`~unitscale.errors.UntaggedParameterWarning`.
+**The learning rate** is a float or a one-element tensor (then each group holds its
+own tensor, ``lr`` times its factor).
+
+**Parameters without a role** (those of a plain ``torch.nn`` module) raise
+:class:`~unitscale.errors.UntaggedParameterError` naming them and saying how to tag
+them; ``allow_untagged=True`` gives them the scale 1 (the rule of a bias) and warns
+with :class:`~unitscale.errors.UntaggedParameterWarning`.
 
 >>> import torch
+>>> from unitscale import nn as unn
 >>> from unitscale.optim import lr_scales
->>> from unitscale.scaling import umup
->>> model = torch.nn.Sequential(umup.Linear(256, 64), umup.LinearReadout(64, 10))
+>>> model = torch.nn.Sequential(unn.Linear(256, 64), unn.LinearReadout(64, 10))
 >>> lr_scales(model)
 {'0.weight': 0.0625, '1.weight': 1.0}
 """

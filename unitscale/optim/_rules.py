@@ -32,7 +32,7 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
     """The factor u-μP multiplies the global learning rate by for a parameter of this role.
 
     Args:
-        role: the parameter's :class:`~unitscale.scaling.umup.ParamRole`.
+        role: the parameter's :class:`~unitscale.scaling.ParamRole`.
         rule: one of :data:`RULES`.
 
     Returns:
@@ -42,28 +42,49 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
         InputError: ``rule`` is unknown.
 
     >>> from unitscale.optim import lr_scale
-    >>> from unitscale.scaling.umup import ParamRole
+    >>> from unitscale.scaling import ParamRole
     >>> lr_scale(ParamRole("weight", width=1024, depth=4))
     0.015625
     >>> lr_scale(ParamRole("weight", width=1024), rule="sgd_to_output_scale")
     32.0
     """
     rule = _check_rule("lr_scale", rule)
+    # Depth: depth-μP's 1/sqrt(depth) for Adam, adopted by u-μP (§4, Appendix G).
     depth = 1.0 if role.depth is None else role.depth**-0.5
     if rule == "sgd_to_output_scale":
+        # Gradients below a readout tied to_output_scale shrink as 1/width (the reference's lr_scale_func_sgd).
         width = {"weight": role.width**0.5, "embedding": role.width**0.5, "readout": 1.0}.get(role.role, role.width)
+    elif role.role == "weight":
+        width = role.width**-0.5  # u-μP §4, the parametrization table: hidden weights, Adam lr 1/sqrt(fan_in)
+    elif role.role == "embedding":
+        width = role.width**-0.5  # u-μP §4, "A new embedding LR rule": 1/sqrt(fan_out)
     else:
-        width = role.width**-0.5 if role.role in ("weight", "embedding") else 1.0
+        width = 1.0  # u-μP §4, the parametrization table: output weights, biases and gains keep the global lr
     return float(width * depth)
+
+
+def _check_lr(owner: str, name: str, value: Any) -> None:
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or not value.is_floating_point():
+            raise InputError(
+                f"{owner}: {name} is a tensor of shape {tuple(value.shape)} and dtype {value.dtype}; "
+                "pass a float or a one-element float tensor"
+            )
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{owner}: {name}={value!r:.60} is not a finite number")
+    if value <= 0:
+        raise InputError(f"{owner}: {name}={value!r} must be > 0")
 
 
 def _how_to_tag(names: list[str]) -> str:
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return (
-        f"{len(names)} parameter(s) have no u-μP role: {shown}. Build the model from "
-        "unitscale.scaling.umup modules, or tag each parameter with "
-        "unitscale.scaling.umup.tag(param, role) (roles: weight, bias, norm, readout, embedding), "
-        "or pass allow_untagged=True to give them the scale 1 with a warning"
+        f"{len(names)} parameter(s) have no u-μP role (a plain torch.nn module's parameters have none): "
+        f"{shown}. Build the model from unitscale.nn modules, or tag each parameter with "
+        "unitscale.scaling.tag(param, role) (roles: weight, bias, norm, readout, embedding), "
+        "or pass allow_untagged=True to give them the scale 1 (a bias's rule) with a warning "
+        "(a unit_scale(model) tags its parameters when it captures the graph: pass example_inputs, or call it once)"
     )
 
 
@@ -108,7 +129,7 @@ def lr_scales(model: nn.Module, rule: str = "adam", allow_untagged: bool = False
     """Each parameter's learning-rate factor under u-μP's rules, by name.
 
     Args:
-        model: a module whose parameters are tagged (:func:`~unitscale.scaling.umup.tag`).
+        model: a module whose parameters are tagged (:func:`~unitscale.scaling.tag`).
         rule: one of :data:`RULES`.
         allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
 
@@ -121,8 +142,8 @@ def lr_scales(model: nn.Module, rule: str = "adam", allow_untagged: bool = False
 
     >>> import torch
     >>> from unitscale.optim import lr_scales
-    >>> from unitscale.scaling import umup
-    >>> lr_scales(umup.Embedding(10, 16))
+    >>> from unitscale.nn import Embedding
+    >>> lr_scales(Embedding(10, 16))
     {'weight': 0.25}
     """
     rule = _check_rule("lr_scales", rule)
@@ -136,7 +157,7 @@ def lr_scales(model: nn.Module, rule: str = "adam", allow_untagged: bool = False
 
 def param_groups(
     params: Params,
-    lr: float,
+    lr: float | Tensor,
     weight_decay: float = 0.0,
     independent_weight_decay: bool = True,
     rule: str = "adam",
@@ -151,7 +172,8 @@ def param_groups(
 
     Args:
         params: a module, parameters, or torch-style parameter groups.
-        lr: the global learning rate (a finite number > 0).
+        lr: the global learning rate: a finite number > 0, or a one-element tensor (each group
+            then holds a tensor of its own).
         weight_decay: the decay (>= 0).
         independent_weight_decay: make the decay step independent of ``lr`` (see the module doc).
         rule: one of :data:`RULES`.
@@ -167,28 +189,30 @@ def param_groups(
 
     >>> import torch
     >>> from unitscale.optim import param_groups
-    >>> from unitscale.scaling import umup
-    >>> model = torch.nn.Sequential(umup.Linear(64, 64), umup.LinearReadout(64, 10))
+    >>> from unitscale import nn as unn
+    >>> model = torch.nn.Sequential(unn.Linear(64, 64), unn.LinearReadout(64, 10))
     >>> opt = torch.optim.RMSprop(param_groups(model, lr=0.1))
     >>> [round(g["lr"], 4) for g in opt.param_groups]
     [0.0125, 0.1]
     """
     rule = _check_rule("param_groups", rule)
-    for name, value, low_ok in (("lr", lr, False), ("weight_decay", weight_decay, True)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise InputError(f"param_groups: {name}={value!r:.60} is not a finite number")
-        if value < 0 or (value == 0 and not low_ok):
-            raise InputError(f"param_groups: {name}={value!r} must be {'>= 0' if low_ok else '> 0'}")
+    _check_lr("param_groups", "lr", lr)
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not math.isfinite(weight_decay):
+        raise InputError(f"param_groups: weight_decay={weight_decay!r:.60} is not a finite number")
+    if weight_decay < 0:
+        raise InputError(f"param_groups: weight_decay={weight_decay!r} must be >= 0")
     result: list[dict[str, Any]] = []
     for options, named in _named(params):
         scales = _scales(named, rule, allow_untagged, "param_groups")
-        base_lr = float(options.get("lr", lr))
+        base_lr = options.get("lr", lr)
+        base_lr = base_lr.detach() if isinstance(base_lr, Tensor) else float(base_lr)
         base_wd = float(options.get("weight_decay", weight_decay))
         by_scale: dict[float, list[Tensor]] = {}
         for (_, p), factor in zip(named, scales, strict=True):
             by_scale.setdefault(factor, []).append(p)
         for factor, members in by_scale.items():
+            # A tensor lr gives each group a tensor of its own (a scheduler may change it in place).
             group_lr = base_lr * factor
-            decay = base_wd / group_lr if independent_weight_decay and group_lr > 0 else base_wd
+            decay = base_wd / float(group_lr) if independent_weight_decay and group_lr > 0 else base_wd
             result.append({**options, "params": members, "lr": group_lr, "weight_decay": decay, "umup_scale": factor})
     return result

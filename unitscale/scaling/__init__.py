@@ -18,7 +18,9 @@ from unitscale.scaling.constraints import amean as amean
 from unitscale.scaling.constraints import gmean as gmean
 from unitscale.scaling.constraints import hmean as hmean
 from unitscale.scaling.constraints import to_grad_input_scale as to_grad_input_scale
+from unitscale.scaling.constraints import to_left_grad_scale as to_left_grad_scale
 from unitscale.scaling.constraints import to_output_scale as to_output_scale
+from unitscale.scaling.constraints import to_right_grad_scale as to_right_grad_scale
 from unitscale.scaling.parameter import ROLES as ROLES
 from unitscale.scaling.parameter import ParamRole as ParamRole
 from unitscale.scaling.parameter import residual_taus as residual_taus
@@ -36,6 +38,8 @@ __all__ = [
     "amean",
     "to_output_scale",
     "to_grad_input_scale",
+    "to_left_grad_scale",
+    "to_right_grad_scale",
     "Constraint",
     "ConstraintArg",
     "CONSTRAINTS",

@@ -28,6 +28,8 @@ __all__ = [
     "amean",
     "to_output_scale",
     "to_grad_input_scale",
+    "to_left_grad_scale",
+    "to_right_grad_scale",
     "Constraint",
     "ConstraintArg",
     "CONSTRAINTS",
@@ -57,7 +59,7 @@ def _scales(fn: str, scales: tuple[object, ...]) -> tuple[float, ...]:
     return tuple(float(s) for s in scales)  # type: ignore[arg-type]
 
 
-def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+def gmean(output_scale: float, *grad_input_scales: float) -> float:
     """Geometric mean of the output scale and the grad-input scales.
 
     The default constraint: output and gradients miss unit std by the same factor,
@@ -65,8 +67,8 @@ def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
 
     Args:
         output_scale: the scale that would make the output unit-std.
-        grad_input_scale: the scale that would make the (first) input gradient unit-std.
-        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+        *grad_input_scales: the scales that would make each input gradient unit-std
+            (none: the mean of one number is itself, as in the reference library).
 
     Returns:
         ``(output_scale * prod(grad_input_scales)) ** (1 / n)``.
@@ -75,50 +77,50 @@ def gmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales:
         ScaleValueError: a scale that is not a finite number > 0 (every constraint checks).
 
     >>> from unitscale.scaling import gmean
-    >>> round(gmean(1 / 8, 1 / 2), 4)
-    0.25
+    >>> round(gmean(1 / 8, 1 / 2), 4), gmean(3.0)
+    (0.25, 3.0)
     """
-    scales = _scales("gmean", (output_scale, grad_input_scale, *more_grad_input_scales))
+    scales = _scales("gmean", (output_scale, *grad_input_scales))
+    if len(scales) == 1:
+        return scales[0]
     return math.exp(sum(math.log(s) for s in scales) / len(scales))
 
 
-def hmean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+def hmean(output_scale: float, *grad_input_scales: float) -> float:
     """Harmonic mean of the output scale and the grad-input scales (leans to the smaller).
 
     Args:
         output_scale: the scale that would make the output unit-std.
-        grad_input_scale: the scale that would make the (first) input gradient unit-std.
-        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+        *grad_input_scales: the scales that would make each input gradient unit-std.
 
     Returns:
         ``n / sum(1 / s)``.
 
     >>> from unitscale.scaling import hmean
-    >>> hmean(0.25, 1.0)
-    0.4
+    >>> hmean(0.25, 1.0), hmean(2.0)
+    (0.4, 2.0)
     """
-    scales = _scales("hmean", (output_scale, grad_input_scale, *more_grad_input_scales))
+    scales = _scales("hmean", (output_scale, *grad_input_scales))
     # Relative to the smallest scale, so that neither 1/s nor the sum can overflow.
     least = min(scales)
     return least * (len(scales) / sum(least / s for s in scales))
 
 
-def amean(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+def amean(output_scale: float, *grad_input_scales: float) -> float:
     """Arithmetic mean of the output scale and the grad-input scales (leans to the larger).
 
     Args:
         output_scale: the scale that would make the output unit-std.
-        grad_input_scale: the scale that would make the (first) input gradient unit-std.
-        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
+        *grad_input_scales: the scales that would make each input gradient unit-std.
 
     Returns:
         ``sum(s) / n``.
 
     >>> from unitscale.scaling import amean
-    >>> amean(0.25, 1.0)
-    0.625
+    >>> amean(0.25, 1.0), amean(2.0)
+    (0.625, 2.0)
     """
-    scales = _scales("amean", (output_scale, grad_input_scale, *more_grad_input_scales))
+    scales = _scales("amean", (output_scale, *grad_input_scales))
     return sum(s / len(scales) for s in scales)  # the plain sum overflows near the largest float
 
 
@@ -165,12 +167,62 @@ def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad
     return gmean(grad_input_scale, *more_grad_input_scales)
 
 
+def to_left_grad_scale(output_scale: float, left_grad_scale: float, *right_grad_scales: float) -> float:
+    """Use the first (left) operand's gradient scale everywhere: its gradient is unit-std.
+
+    For ``matmul``'s ``(output, left, right)`` the left operand's; for an op with one
+    input, that input's (as :func:`to_grad_input_scale`).
+
+    Args:
+        output_scale: ignored (accepted so all constraints share a signature).
+        left_grad_scale: the scale that would make the first input's gradient unit-std.
+        *right_grad_scales: ignored.
+
+    Returns:
+        ``left_grad_scale``.
+
+    Raises:
+        ScaleValueError: a scale that is not a finite number > 0.
+
+    >>> from unitscale.scaling.constraints import to_left_grad_scale
+    >>> to_left_grad_scale(0.25, 1.0, 0.5)
+    1.0
+    """
+    return _scales("to_left_grad_scale", (output_scale, left_grad_scale, *right_grad_scales))[1]
+
+
+def to_right_grad_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
+    """Use the last (right) operand's gradient scale everywhere: its gradient is unit-std.
+
+    For ``matmul``'s ``(output, left, right)`` the right operand's; for an op with one
+    input, that input's.
+
+    Args:
+        output_scale: ignored (accepted so all constraints share a signature).
+        grad_input_scale: the first input's gradient scale (the one used if it is the only one).
+        *more_grad_input_scales: the further inputs' (the last one is used).
+
+    Returns:
+        The last gradient scale.
+
+    Raises:
+        ScaleValueError: a scale that is not a finite number > 0.
+
+    >>> from unitscale.scaling.constraints import to_right_grad_scale
+    >>> to_right_grad_scale(0.25, 1.0, 0.5)
+    0.5
+    """
+    return _scales("to_right_grad_scale", (output_scale, grad_input_scale, *more_grad_input_scales))[-1]
+
+
 CONSTRAINTS: dict[str, Constraint] = {
     "gmean": gmean,
     "hmean": hmean,
     "amean": amean,
     "to_output_scale": to_output_scale,
     "to_grad_input_scale": to_grad_input_scale,
+    "to_left_grad_scale": to_left_grad_scale,
+    "to_right_grad_scale": to_right_grad_scale,
 }
 """Every constraint by name, as accepted by the ``constraint=`` argument of the ops."""
 

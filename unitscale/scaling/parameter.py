@@ -3,13 +3,16 @@
 u-μP (Blake et al., "u-μP: The Unit-Scaled Maximal Update Parametrization", arXiv
 2407.17465, Section 4) gives every parameter a role, and the role fixes how its
 learning rate scales with the model's width and depth. The modules of
-``unitscale.scaling.umup`` tag their parameters; :func:`tag` tags a parameter of
-your own model. The tag is a :class:`ParamRole` held by the parameter itself (it
-survives ``copy.deepcopy`` and ``torch.save`` of the module), so an optimiser that
-is handed ``model.parameters()`` can read it.
+:mod:`unitscale.nn` tag their parameters; :func:`tag` tags a parameter of your own
+model. The tag is a :class:`ParamRole` held by the parameter itself, so an optimiser
+that is handed ``model.parameters()`` can read it. It survives ``copy.deepcopy``,
+``pickle`` and ``torch.save``/``torch.load`` of the module (and any mix of them: a
+tagged parameter pickles as itself, not as a plain ``Parameter``), ``load_state_dict``
+into a model of :mod:`unitscale.nn` modules (``assign=True`` included) and
+``torch.compile`` (the compiled module holds the same parameters).
 
 >>> import torch
->>> from unitscale.scaling.umup import role_of, tag
+>>> from unitscale.scaling import role_of, tag
 >>> w = tag(torch.nn.Parameter(torch.randn(64, 32)), "weight", depth=4)
 >>> role_of(w)
 ParamRole(role='weight', width=32, depth=4)
@@ -22,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from unitscale.errors import MultiplierError, UnknownRoleError
@@ -56,12 +60,30 @@ class ParamRole:
 
 
 class _RoleParameter(nn.Parameter):
-    """A ``Parameter`` whose ``deepcopy`` keeps its attributes (torch's drops them)."""
+    """A ``Parameter`` whose copies keep its attributes.
+
+    torch's ``Parameter.__deepcopy__`` drops a parameter's attributes, and its pickle
+    rebuilds a plain ``Parameter`` (attributes restored, class lost), whose next
+    ``deepcopy`` then drops them: both are overridden here.
+    """
 
     def __deepcopy__(self, memo: dict[int, Any]) -> nn.Parameter:
         result = super().__deepcopy__(memo)
         result.__dict__.update(copy.deepcopy(self.__dict__, memo))
         return result
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return (_rebuild_role_parameter, (self.data, self.requires_grad, dict(self.__dict__)))
+
+
+def _rebuild_role_parameter(data: Tensor, requires_grad: bool, state: dict[str, Any]) -> nn.Parameter:
+    param = _RoleParameter(data, requires_grad)
+    param.__dict__.update(state)
+    return param
+
+
+# torch.load(weights_only=True), torch's default, rebuilds only allow-listed globals.
+torch.serialization.add_safe_globals([_rebuild_role_parameter, _RoleParameter, ParamRole])
 
 
 def _check_size(owner: str, name: str, value: Any) -> int:
@@ -105,7 +127,7 @@ def tag(param: _P, role: str, width: int | None = None, depth: int | None = None
         TypeError: ``param`` is not a ``torch.nn.Parameter`` (an :class:`~unitscale.errors.UntaggedParameterError`).
 
     >>> import torch
-    >>> from unitscale.scaling.umup import role_of, tag
+    >>> from unitscale.scaling import role_of, tag
     >>> emb = tag(torch.nn.Parameter(torch.randn(100, 64)), "embedding")
     >>> role_of(emb).width
     64
@@ -132,7 +154,7 @@ def role_of(param: object) -> ParamRole | None:
     """The :class:`ParamRole` of a tagged parameter, or ``None``.
 
     >>> import torch
-    >>> from unitscale.scaling.umup import role_of
+    >>> from unitscale.scaling import role_of
     >>> role_of(torch.nn.Parameter(torch.zeros(3))) is None
     True
     """
@@ -158,7 +180,8 @@ def set_depth(module: nn.Module, depth: int) -> nn.Module:
         MultiplierError: ``depth`` is not an int >= 1.
 
     >>> import torch
-    >>> from unitscale.scaling.umup import Linear, role_of, set_depth
+    >>> from unitscale.nn import Linear
+    >>> from unitscale.scaling import role_of, set_depth
     >>> role_of(set_depth(Linear(8, 8), 6).weight).depth
     6
     """
@@ -198,7 +221,7 @@ def residual_taus(blocks: int, residual_mult: float = 1.0, attn_ratio: float = 1
     Raises:
         MultiplierError: ``blocks`` is not an int >= 1, or a multiplier is not a finite number > 0.
 
-    >>> from unitscale.scaling.umup import residual_taus
+    >>> from unitscale.scaling import residual_taus
     >>> [round(t, 3) for t in residual_taus(2)]
     [0.333, 0.25, 0.2, 0.167]
     """

@@ -62,6 +62,7 @@ from unitscale.fx.nodes import (
     VIEW_ATTRIBUTES,
     op_name,
 )
+from unitscale.scaling.parameter import tag
 from unitscale.transforms.aten import ATEN_NEUTRAL
 from unitscale.transforms.patterns import fold_patterns
 
@@ -232,7 +233,11 @@ def unit_init_(gm: fx.GraphModule) -> None:
     a bias as much as ``nn.Linear.bias`` is. A parameter that any op left unscaled reads
     (through reshapes or casts or not) keeps its values: the unscaled op was written for
     them. The running statistics of a unit-scaled batch norm are reset to mean 0 and
-    variance 1, those of the unit-scaled activations that reach it.
+    variance 1, those of the unit-scaled activations that reach it. Each re-initialised
+    parameter is tagged with the u-μP role :mod:`unitscale.nn`'s modules give theirs
+    (``bias``, ``norm``, ``embedding``, else ``weight``: a last linear layer stays a
+    ``weight``, since unit scaling does not give it u-μP's readout multiplier), so the
+    unit-scaled model trains with :mod:`unitscale.optim`.
 
     Args:
         gm: a graph after the unit-scaling pass, reading parameters through ``get_attr``.
@@ -270,10 +275,13 @@ def unit_init_(gm: fx.GraphModule) -> None:
                 param.fill_(1.0)
         elif "bias" in roles:
             param.zero_()
+            tag(param, "bias")
         elif "weight" in roles and any(_member(user.target, _NORM_FUNCTIONS) for user, _ in consumers):
             param.fill_(1.0)
+            tag(param, "norm")
         else:
             param.normal_()
+            tag(param, "embedding" if all(user.target is U.embedding for user, _ in consumers) else "weight")
 
 
 def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
