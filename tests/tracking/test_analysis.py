@@ -495,6 +495,7 @@ def test_track_scales_reads_all_stds_in_one_transfer(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature:UserWarning")
 def test_tracking_on_gpu_never_synchronises_before_the_final_read() -> None:
     torch.manual_seed(0)
     model = TinyGPT(vocab_size=11, d_model=16, n_layers=1, n_heads=2, seq_len=8).cuda()
