@@ -79,12 +79,17 @@ def scaled_dot_product_attention(
         share = queries / keys * (query.shape[-3] // key.shape[-3] if enable_gqa and query.dim() >= 3 else 1)
         score_scale = query.shape[-1] ** -0.5 if scale is None else scale
         query_grad_var = score_scale**2 * value.shape[-1] * grad_sq / keep
+        value_grad_var = share * weight_sq / keep
+        # A row with one key (or scores scaled by 0) has a constant softmax: query and key get
+        # no gradient at all, and take the value's scale rather than an infinite one.
+        key_grad_var = share * query_grad_var if query_grad_var > 0 else value_grad_var
+        query_grad_var = query_grad_var if query_grad_var > 0 else value_grad_var
         output_scale, query_scale, key_scale, value_scale = _constrain(
             constraint,
             (weight_sq / keep) ** -0.5,
             query_grad_var**-0.5,
-            (share * query_grad_var) ** -0.5,
-            (share * weight_sq / keep) ** -0.5,
+            key_grad_var**-0.5,
+            value_grad_var**-0.5,
         )
         # The output's backward scale reaches query, key and value; adjust the first two.
         query = _scale(query, 1.0, query_scale / value_scale)
