@@ -94,7 +94,7 @@ def linear_readout(input: Tensor, weight: Tensor, bias: Tensor | None = None, mu
     Args:
         input: ``(..., fan_in)``.
         weight: ``(fan_out, fan_in)``.
-        bias: optional ``(fan_out,)``.
+        bias: optional ``(fan_out,)``, added after the multiplier (its gradient × ``batch**-0.5``).
         mult: α_loss-softmax, a finite number > 0.
 
     Returns:
@@ -112,8 +112,11 @@ def linear_readout(input: Tensor, weight: Tensor, bias: Tensor | None = None, mu
     """
     mult = check_mult("linear_readout", "mult", mult)
     fan_in = weight.shape[-1]
-    out = U.linear(input, weight, bias, constraint=None)
-    return U.scale(out, mult * fan_in**-0.5, 1.0)
+    out = U.scale(U.linear(input, weight, constraint=None), mult * fan_in**-0.5, 1.0)
+    if bias is None:
+        return out
+    # Added after the multiplier, as LinearReadout does: a bias moves the logits by itself at any width.
+    return out + U.scale(bias, 1.0, max(out.numel() // max(out.shape[-1], 1), 1) ** -0.5)
 
 
 def attention(query: Tensor, key: Tensor, value: Tensor, mult: float = 1.0, is_causal: bool = True) -> Tensor:
