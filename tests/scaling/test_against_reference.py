@@ -423,6 +423,41 @@ def test_conv1d_equals_the_reference(kwargs):
     torch.testing.assert_close(ours[1][1], theirs[1][1])
 
 
+@pytest.mark.parametrize("mult", [0.25, 1.0, 4.0])
+def test_silu_glu_differs_from_the_references_by_one_factor_in_value_and_gradients(mult):
+    """Deliberate: the scale is the exact RMS of ``x · silu(mult · g)`` (quadrature), where the reference
+    interpolates a model. Both scale the two inputs' gradients like the output, so the gradients are true
+    gradients of the scaled product in both, and the same factor apart as the values."""
+    x, gate, grad = torch.randn(4096), torch.randn(4096), torch.randn(4096)
+    (out, (gx, gg)), (ref_out, (ref_gx, ref_gg)) = (
+        run(umup.silu_glu, x, gate, grad=grad, mult=mult),
+        run(R.silu_glu, x, gate, grad=grad, mult=mult),
+    )
+    ratio = constant_ratio(out, ref_out)
+    assert constant_ratio(gx, ref_gx) == pytest.approx(ratio) and constant_ratio(gg, ref_gg) == pytest.approx(ratio)
+    assert std(out) == pytest.approx(1, abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "residual_mult,attn_ratio,blocks", [(1.0, 1.0, 2), (0.5, 1.0, 2), (1.0, 2.0, 2), (0.5, 1 / 3, 3)]
+)
+def test_residual_taus_are_the_references_depth_rule_as_variance_shares(residual_mult, attn_ratio, blocks):
+    """The reference's own cases (core/test_functional.py). Deliberate: a share of the variance, not a ratio."""
+    rule = uu.transformer_residual_scaling_rule(residual_mult, attn_ratio)
+    ratios = torch.tensor([rule(i, 2 * blocks) for i in range(2 * blocks)])
+    shares = torch.tensor(umup.residual_taus(blocks, residual_mult, attn_ratio))
+    torch.testing.assert_close(shares, ratios**2 / (1 + ratios**2))
+    # The reference's properties: the contributions sum to 1, attention and MLP weigh as asked.
+    scales = torch.ones(2 * blocks + 1)
+    for i, tau in enumerate(shares.tolist()):
+        scales[i + 1] *= tau**0.5
+        scales[: i + 1] *= (1 - tau) ** 0.5
+    torch.testing.assert_close(scales.pow(2).sum(), torch.tensor(1.0))
+    attn, mlp = scales[1::2].pow(2).sum().sqrt(), scales[2::2].pow(2).sum().sqrt()
+    torch.testing.assert_close(((attn**2 + mlp**2) / 2).sqrt() / scales[0], torch.tensor(residual_mult))
+    torch.testing.assert_close(attn / mlp, torch.tensor(attn_ratio))
+
+
 # -- modules -------------------------------------------------------------------------------------------------
 
 
@@ -507,6 +542,37 @@ def test_plain_unit_scaled_modules_train_with_the_umup_optimisers():
     optim.Adam(torch.nn.Sequential(unn.Linear(8, 8), unn.LayerNorm(8)).parameters(), lr=0.1)
 
 
+def test_swiglu_module_differs_from_the_references_mlp_by_one_factor():
+    """Same layout (up, gate, down); the gated product's scale differs (test_silu_glu_...)."""
+    ours, theirs = umup.SwiGLU(16).double(), uu.MLP(16).double()
+    copy_weights(ours, theirs)
+    x = torch.randn(4, 16)
+    constant_ratio(ours(x), theirs(x))
+
+
+def tagged(role: str, depth: int | None = None) -> torch.nn.Parameter:
+    return umup.tag(torch.nn.Parameter(torch.zeros(10)), role, depth=depth)
+
+
+def test_roles_survive_deepcopy_and_pickle_as_the_references_do():
+    """The reference's tests/test_parameter.py, translated: a role and a depth survive each copy."""
+    import copy
+    import pickle
+
+    param = tagged("weight", depth=8)
+    for copied in (copy.deepcopy(param), pickle.loads(pickle.dumps(param))):
+        assert umup.role_of(copied) == umup.role_of(param)
+
+
+@pytest.mark.xfail(strict=True, reason=ITEM.format(3))
+def test_roles_survive_pickle_then_deepcopy_as_the_references_do():
+    import copy
+    import pickle
+
+    param = tagged("weight", depth=8)
+    assert umup.role_of(copy.deepcopy(pickle.loads(pickle.dumps(param)))) == umup.role_of(param)
+
+
 # -- optimisers (the reference's tests/test_optim.py, translated) ---------------------------------------------
 
 
@@ -573,6 +639,49 @@ def test_optimisers_reduce_the_loss_as_the_references_test_asks():
         loss.backward()
         opt.step()
         assert F.mse_loss(model(inputs), outputs) < loss
+
+
+# -- number formats ------------------------------------------------------------------------------------------
+
+
+def test_reference_formats_are_not_torchs_float8_ours_are():
+    """Deliberate: FP8 here is torch's ``float8_e4m3fn`` / ``float8_e5m2`` bit for bit (what FP8 hardware
+    computes). The reference's ``FPFormat`` uses the exponent bias ``2**(e - 1)`` with no inf or NaN
+    codes (its E4M3 tops out at 240, not 448, and reaches a binade lower) and its round-to-nearest sends
+    every tie towards zero, where torch's cast goes to the even neighbour."""
+    from unit_scaling.formats import FPFormat as RF
+
+    from unitscale.formats import FP8_E4M3, FP8_E5M2
+
+    e4m3, e5m2 = RF(4, 3, rounding="nearest"), RF(5, 2, rounding="nearest")
+    assert (e4m3.max_absolute_value, FP8_E4M3.max_value) == (240.0, 448.0)
+    assert (e4m3.min_absolute_normal, FP8_E4M3.min_normal) == (2.0**-7, 2.0**-6)
+    assert (e5m2.min_absolute_normal, FP8_E5M2.min_normal) == (2.0**-15, 2.0**-14)
+    tie = torch.tensor([1.1875, 1.4375], dtype=torch.float32)  # midway: 1.125 and 1.25, 1.375 and 1.5
+    assert e4m3.quantise(tie).tolist() == [1.125, 1.375]
+    assert FP8_E4M3.round(tie).tolist() == tie.to(torch.float8_e4m3fn).float().tolist() == [1.25, 1.5]
+
+
+def test_reference_format_quantises_float64_into_garbage_ours_rounds_it():
+    """Reference bug: ``FPFormat.quantise`` converts to float32, then clips the original tensor instead and
+    reads its float64 bits as int32: twice the elements, none of them rounded values."""
+    from unit_scaling.formats import FPFormat as RF
+
+    from unitscale.formats import FP8_E4M3
+
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    assert RF(4, 3, rounding="nearest").quantise(x).shape == (6,)
+    assert FP8_E4M3.round(x).tolist() == [1.0, 2.0, 3.0]
+
+
+def test_reference_format_tests_hold_for_e2m1_under_its_bias():
+    """The reference's tests/test_formats.py E2M1 case: its bias 2 and no reserved codes give the values
+    ±{0, 0.25, ..., 3}; here E2M1 with infinities reserved (IEEE style, bias 1) has ±{0, 0.5, ..., 3}."""
+    from unitscale.formats import FPFormat
+
+    values = set(FPFormat(2, 1).round(torch.linspace(-4, 4, steps=1000, dtype=torch.float32)).abs().tolist())
+    assert values == {0.0, 0.5, 1.0, 1.5, 2.0, 3.0}
+    assert FPFormat(2, 1).max_value == uu.formats.FPFormat(2, 1).max_absolute_value == 3
 
 
 # -- the reference's statistical tests (tests/test_functional.py, tests/test_modules.py), translated ---------
