@@ -372,6 +372,44 @@ def test_unconstrained_ops_inside_a_residual_branch_break_the_invariant_upstream
     assert worst(true_gradient_cosines(loss, {"x": x}))[1] < TRUE
 
 
+def test_a_parameter_read_by_two_ops_of_different_sizes_gets_no_true_gradient():
+    """Parameters are cut edges, read by one op: each use scales the gradient by its own batch, so a weight
+    shared by uses of two sizes (tied embeddings) sums two scales (``unitscale.functional``'s docstring)."""
+    w, big, small = leaf(8, 8), torch.randn(7, 3, 8), torch.randn(3, 8)
+    shared_twice = lambda: projected(U.linear(big, w).sum(0) + U.linear(small, w))  # noqa: E731
+    assert worst(true_gradient_cosines(shared_twice, {"w": w}))[1] < TRUE
+    table, idx = leaf(11, 8), torch.randint(0, 11, (2, 6))
+    tied = lambda: projected(U.linear(U.embedding(idx, table), table))  # noqa: E731
+    assert worst(true_gradient_cosines(tied, {"table": table}))[1] < TRUE
+    # The same layer applied twice at one size keeps the invariant: both uses scale alike.
+    assert_true_gradients(true_gradient_cosines(lambda: projected(U.linear(U.linear(small, w), w)), {"w": w}))
+
+
+@settings(max_examples=10, deadline=None)
+@given(mult=st.floats(0.125, 8.0), width=st.sampled_from([4, 8]), bias=st.booleans())
+def test_umup_ops_give_true_gradients_for_any_multiplier(mult, width, bias):
+    torch.manual_seed(8)
+    source = leaf(5, width)
+    # SwiGLU's two inputs come from one tensor, as in every transformer.
+    glu = lambda: projected(umup.silu_glu(*shared(source, (5, 2 * width), (5, 2 * width)), mult=mult))  # noqa: E731
+    assert_true_gradients(true_gradient_cosines(glu, {"source": source}))
+    tensors = {"input": source, "weight": leaf(3, width)}
+    if bias:
+        tensors["bias"] = leaf(3)
+    assert_true_gradients(check(umup.linear_readout, tensors, mult=mult))
+    targets = torch.randint(0, width, (5,))
+    assert_true_gradients(true_gradient_cosines(lambda: umup.cross_entropy(source, targets, mult=mult), {"x": source}))
+
+
+@settings(max_examples=8, deadline=None)
+@given(mult=st.floats(0.125, 8.0), width=st.sampled_from([4, 8]), expansion=st.integers(1, 3))
+def test_umup_feed_forward_and_readout_modules_give_true_gradients_for_any_multiplier(mult, width, expansion):
+    torch.manual_seed(9)
+    x = leaf(2, 3, width)
+    assert_true_gradients(module_check(umup.SwiGLU(width, expansion, mult=mult), x))
+    assert_true_gradients(module_check(umup.LinearReadout(width, 5, bias=True, mult=mult), x))
+
+
 # -- modules ------------------------------------------------------------------------------------------------
 
 
