@@ -506,16 +506,47 @@ def test_umup_gpt_gives_true_gradients_for_every_parameter():
     assert_true_gradients(module_check(model, idx, loss=lambda m, i: m.loss(i, targets)))
 
 
+class InPlaceResiduals(torch.nn.Module):
+    """The reference's residual test model: constants added and residuals joined in place."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = x
+        x = self.l1(x + 1) + skip
+        skip = x
+        x += 1
+        x = self.l2(x)
+        x += skip
+        return x
+
+
+def test_residual_branch_outputs_may_be_changed_in_place():
+    """Found by translating the reference's test: ``branch += 1`` raised autograd's "Output 0 of
+    _ScaleFwdBwd is a view and is being modified inplace"."""
+    x = leaf(4, 8)
+
+    def block():
+        branch, skip = U.residual_split(x, 0.3)
+        branch += 1
+        return projected(U.residual_add(branch * 2, skip, 0.3))
+
+    assert_true_gradients(true_gradient_cosines(block, {"x": x}))
+
+
 @pytest.mark.parametrize(
     "build,make_input",
     [
         (lambda: MLP(6, hidden=12), lambda: leaf(8, 6)),
         (lambda: MLP(6, hidden=12, activation=torch.nn.GELU()), lambda: leaf(8, 6)),
         (lambda: TinyGPT(11, 16, 2, 2, 8), lambda: torch.randint(0, 11, (2, 8))),
+        (lambda: InPlaceResiduals(8), lambda: leaf(6, 8)),
         (lambda: resnet18(num_classes=5, width=4).train(), lambda: leaf(2, 3, 16, 16)),
         (lambda: resnet18(num_classes=5, width=4).eval(), lambda: leaf(2, 3, 16, 16)),
     ],
-    ids=["MLP", "MLP_gelu", "TinyGPT", "resnet18_train", "resnet18_eval"],
+    ids=["MLP", "MLP_gelu", "TinyGPT", "in_place_residuals", "resnet18_train", "resnet18_eval"],
 )
 def test_unit_scaled_example_models_give_true_gradients(build, make_input):
     model, x = unit_scale(build().double()), make_input()
