@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import umup_family as umup
 import unit_scaling as uu
 import unit_scaling.functional as R
 import unit_scaling.optim as ropt
@@ -22,7 +23,6 @@ import unitscale.functional as U
 from unitscale import nn as unn
 from unitscale import optim
 from unitscale.scaling import constraints as C
-from unitscale.scaling import umup
 
 ITEM = "issue 26 item {}: fixed on branch numerics"
 # The constraints both libraries know by the same name (the reference's to_grad_input_scale takes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import umup_family as umup
 from gradient_oracle import module_cosines, projected, true_gradient_cosines, worst
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,13 +21,14 @@ import unitscale.functional as U
 from unitscale import nn as unn
 from unitscale.examples import MLP, TinyGPT, resnet18
 from unitscale.examples.umup_models import UmupGPT
-from unitscale.scaling import umup
 from unitscale.scaling.constraints import CONSTRAINTS
 from unitscale.transforms import unit_scale
 
 TRUE = 0.9999  # the bar: cosine with the true gradient
-# Every constraint by name, a callable one, and None (unconstrained: checked where it keeps the invariant).
-CONSTRAINED = [*CONSTRAINTS, lambda out, *grads: min(out, *grads)]
+# Every constraint that takes any number of scales, a callable one, and None (unconstrained: checked where it
+# keeps the invariant). to_left_grad_scale / to_right_grad_scale (three scales) are checked on matmul alone.
+NAMES = ["gmean", "hmean", "amean", "to_output_scale", "to_grad_input_scale"]
+CONSTRAINED = [*NAMES, lambda out, *grads: min(out, *grads)]
 EVERY = [*CONSTRAINED, None]
 ITEM_1 = "issue 26 item 1: fixed on branch numerics"
 
@@ -166,6 +168,13 @@ def test_matmul_of_two_activations_from_one_source_gives_true_gradients(constrai
             lambda: projected(U.matmul(*shared(source, (4, 6), (6, 3)), constraint=constraint)), {"s": source}
         )
     )
+
+
+@pytest.mark.parametrize("name", sorted(set(CONSTRAINTS) - set(NAMES)))
+def test_matmul_under_every_other_named_constraint_gives_true_gradients(name):
+    source = leaf(6, 5)
+    loss = lambda: projected(U.matmul(*shared(source, (4, 6), (6, 3)), constraint=name))  # noqa: E731
+    assert_true_gradients(true_gradient_cosines(loss, {"s": source}))
 
 
 def test_unconstrained_matmul_is_a_cut_edge_its_operands_must_not_meet_upstream():
