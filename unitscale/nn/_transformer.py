@@ -127,10 +127,6 @@ class TransformerLayer(nn.Module):
         attn_tau: share of the variance the attention branch adds (0.01 after Blake et al.).
         mlp_tau: share of the variance the MLP branch adds.
         constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
-            With ``None`` each branch's gradient comes back scaled apart from the skip's,
-            and where the two meet (``residual_split``) the input's and every upstream
-            parameter's gradient is no longer a multiple of the true gradient: use ``None``
-            only after the last residual add.
 
     Raises:
         InputError: bad ``hidden_size``/``heads``, ``dropout_p`` or tau.
