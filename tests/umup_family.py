@@ -90,3 +90,12 @@ else:
     )
 
 from unitscale.scaling import ParamRole, residual_taus, role_of, set_depth, tag  # noqa: E402, F401
+
+
+def not_yet(check: Any) -> bool:
+    """True while ``check()`` fails or raises: the condition of a strict xfail that lifts itself once the
+    fix it waits for (issue 26, branch numerics) is in this checkout, so the merge needs no marker edits."""
+    try:
+        return not check()
+    except Exception:
+        return True

@@ -9,6 +9,10 @@ strict xfails, flipped by issue 26 item 6 (branch numerics).
 
 from __future__ import annotations
 
+import copy
+import inspect
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,6 +22,7 @@ import unit_scaling.functional as R
 import unit_scaling.optim as ropt
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from umup_family import not_yet
 
 import unitscale.functional as U
 from unitscale import nn as unn
@@ -85,7 +90,11 @@ def test_constraints_agree_with_the_reference_on_its_own_cases():
     assert C.to_grad_input_scale(2, 3) == 3
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (single-argument gmean/hmean/amean)")
+@pytest.mark.xfail(
+    not_yet(lambda: C.gmean(1.0) == C.hmean(1.0) == C.amean(1.0) == 1.0),
+    strict=True,
+    reason=ITEM.format(6) + " (single-argument gmean/hmean/amean)",
+)
 def test_means_of_one_scale_are_that_scale():
     assert C.gmean(1.0) == C.hmean(1.0) == C.amean(1.0) == 1.0
 
@@ -97,7 +106,11 @@ def test_to_grad_input_scale_of_several_gradients_is_their_geometric_mean_where_
         uu.constraints.to_grad_input_scale(1.0, 4.0, 1.0)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (to_left_grad_scale / to_right_grad_scale)")
+@pytest.mark.xfail(
+    not_yet(lambda: {"to_left_grad_scale", "to_right_grad_scale"} <= set(C.CONSTRAINTS)),
+    strict=True,
+    reason=ITEM.format(6) + " (to_left_grad_scale / to_right_grad_scale)",
+)
 def test_left_and_right_grad_scale_constraints_match_the_reference():
     a, b = torch.randn(16, 32), torch.randn(32, 8)
     for name in ("to_left_grad_scale", "to_right_grad_scale"):
@@ -216,7 +229,11 @@ def test_gelu_and_silu_differ_from_the_reference_by_one_factor_ours_exact(ours, 
 
 
 @pytest.mark.parametrize("op", ["gelu", "silu", "softmax"])
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (mult on gelu, silu and softmax)")
+@pytest.mark.xfail(
+    not_yet(lambda: all("mult" in inspect.signature(getattr(U, op)).parameters for op in ("gelu", "silu", "softmax"))),
+    strict=True,
+    reason=ITEM.format(6) + " (mult on gelu, silu and softmax)",
+)
 def test_activation_multipliers_shape_the_function_as_the_references_do(op):
     x = torch.randn(4096)
     kwargs = {"dim": 0} if op == "softmax" else {}
@@ -246,7 +263,9 @@ def test_dropout_in_training_equals_the_reference():
     assert_same(ours, run(R.dropout, x, grad=grad, p=0.3))
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(2))
+@pytest.mark.xfail(
+    not_yet(lambda: U.dropout(torch.ones(4), 0.75, training=False)[0].item() == 0.5), strict=True, reason=ITEM.format(2)
+)
 def test_dropout_in_eval_has_the_expectation_of_dropout_in_training():
     x = torch.randn(1000)
     torch.testing.assert_close(U.dropout(x, 0.3, training=False), R.dropout(x, 0.3, training=False))
@@ -275,7 +294,11 @@ def test_add_equals_the_reference(constraint, shapes):
             assert_same(ours, theirs)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(4))
+@pytest.mark.xfail(
+    not_yet(lambda: U.add(torch.ones(4), torch.zeros(()), constraint=None)[0].item() == 1.0),
+    strict=True,
+    reason=ITEM.format(4),
+)
 @pytest.mark.parametrize("constraint", ["to_output_scale", None])
 def test_adding_one_element_leaves_the_scale_as_the_reference_does(constraint):
     x, offset = torch.randn(256, 64), torch.randn(())
@@ -308,7 +331,9 @@ def test_residual_split_and_add_equal_the_references_with_tau_as_a_variance_shar
     )
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (residual_apply)")
+@pytest.mark.xfail(
+    not_yet(lambda: hasattr(U, "residual_apply")), strict=True, reason=ITEM.format(6) + " (residual_apply)"
+)
 def test_residual_apply_is_split_then_add():
     x, w = torch.randn(8, 16), torch.randn(16, 16)
     expected = U.residual_add(U.linear(U.residual_split(x, 0.5)[0], w), x, 0.5)
@@ -401,7 +426,7 @@ def test_umup_cross_entropy_multiplier_equals_the_references():
     torch.testing.assert_close(umup.cross_entropy(logits, target, mult=3.0), R.cross_entropy(logits, target, mult=3.0))
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (mse_loss)")
+@pytest.mark.xfail(not_yet(lambda: hasattr(U, "mse_loss")), strict=True, reason=ITEM.format(6) + " (mse_loss)")
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_mse_loss_equals_torchs_with_unit_gradients(reduction):
     a, b = torch.randn(2, 1024), torch.randn(2, 1024)
@@ -414,7 +439,7 @@ def test_mse_loss_equals_torchs_with_unit_gradients(reduction):
     assert [round(std(g), 1) for g in grads] == [1.0, 1.0]
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (conv1d)")
+@pytest.mark.xfail(not_yet(lambda: hasattr(U, "conv1d")), strict=True, reason=ITEM.format(6) + " (conv1d)")
 @pytest.mark.parametrize("kwargs", [{}, {"stride": 3}, {"padding": 5}, {"dilation": 2}, {"groups": 4}])
 def test_conv1d_equals_the_reference(kwargs):
     groups = kwargs.get("groups", 1)
@@ -530,14 +555,23 @@ def test_umup_attention_module_differs_from_the_references_by_one_factor(mult):
 
 
 @pytest.mark.parametrize(
-    "name", ["Conv1d", "CrossEntropyLoss", "DepthSequential", "DepthModuleList", "TransformerDecoder"]
+    "name",
+    [
+        pytest.param(
+            name, marks=pytest.mark.xfail(not_yet(lambda n=name: hasattr(unn, n)), strict=True, reason=ITEM.format(6))
+        )
+        for name in ["Conv1d", "CrossEntropyLoss", "DepthSequential", "DepthModuleList", "TransformerDecoder"]
+    ],
 )
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6))
 def test_modules_users_of_the_reference_look_for_exist(name):
     assert hasattr(unn, name)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(5) + " (one family: unitscale.nn parameters carry roles)")
+@pytest.mark.xfail(
+    not_yet(lambda: umup.role_of(unn.Linear(2, 2).weight) and umup.role_of(unn.LayerNorm(2).weight)),
+    strict=True,
+    reason=ITEM.format(5) + " (one family: unitscale.nn parameters carry roles)",
+)
 def test_plain_unit_scaled_modules_train_with_the_umup_optimisers():
     optim.Adam(torch.nn.Sequential(unn.Linear(8, 8), unn.LayerNorm(8)).parameters(), lr=0.1)
 
@@ -550,25 +584,24 @@ def test_swiglu_module_differs_from_the_references_mlp_by_one_factor():
     constant_ratio(ours(x), theirs(x))
 
 
+def roles_survive_pickle_then_deepcopy() -> bool:
+    param = umup.tag(torch.nn.Parameter(torch.zeros(2)), "bias")
+    return umup.role_of(copy.deepcopy(pickle.loads(pickle.dumps(param)))) is not None
+
+
 def tagged(role: str, depth: int | None = None) -> torch.nn.Parameter:
     return umup.tag(torch.nn.Parameter(torch.zeros(10)), role, depth=depth)
 
 
 def test_roles_survive_deepcopy_and_pickle_as_the_references_do():
     """The reference's tests/test_parameter.py, translated: a role and a depth survive each copy."""
-    import copy
-    import pickle
-
     param = tagged("weight", depth=8)
     for copied in (copy.deepcopy(param), pickle.loads(pickle.dumps(param))):
         assert umup.role_of(copied) == umup.role_of(param)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(3))
+@pytest.mark.xfail(not_yet(lambda: roles_survive_pickle_then_deepcopy()), strict=True, reason=ITEM.format(3))
 def test_roles_survive_pickle_then_deepcopy_as_the_references_do():
-    import copy
-    import pickle
-
     param = tagged("weight", depth=8)
     assert umup.role_of(copy.deepcopy(pickle.loads(pickle.dumps(param)))) == umup.role_of(param)
 
@@ -622,7 +655,11 @@ def test_learning_rates_equal_the_references_scaled_parameters():
     assert [0.1 * s for s in optim.lr_scales(ours).values()] == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(6) + " (a tensor learning rate)")
+@pytest.mark.xfail(
+    not_yet(lambda: optim.Adam([umup.tag(torch.nn.Parameter(torch.zeros(2)), "bias")], lr=torch.tensor(0.1))),
+    strict=True,
+    reason=ITEM.format(6) + " (a tensor learning rate)",
+)
 def test_a_tensor_learning_rate_is_scaled_per_parameter_and_stays_a_tensor():
     ours, _ = twin_models()
     opt = optim.Adam(ours.parameters(), lr=torch.tensor(0.1))
@@ -747,7 +784,11 @@ def test_reference_norm_embedding_and_add_statistics_hold():
     assert unit(out, table.grad)
 
 
-@pytest.mark.xfail(strict=True, reason=ITEM.format(4))
+@pytest.mark.xfail(
+    not_yet(lambda: U.add(torch.ones(4), torch.zeros(()), constraint=None)[0].item() == 1.0),
+    strict=True,
+    reason=ITEM.format(4),
+)
 def test_reference_add_of_a_zero_dim_tensor_keeps_unit_scale():
     out, (_, right) = scaled_run(U.add, (), (2**8, 2**10), constraint=None)
     assert unit(out, right)
