@@ -386,8 +386,8 @@ def test_umup_attention_weights_equal_the_references_output_differs_by_one_facto
 
 
 def test_attention_query_and_key_gradients_are_unit_where_the_references_are_head_dim_to_minus_half():
-    """Deliberate: each of q, k, v gets its own expected-std scale (reconciled by the constraint); the
-    reference scales all four by one number, so its q and k gradients have std ``seq**-0.5`` (its own test)."""
+    """Deliberate: the backward scale comes from the expected std of the q, k and v gradients; the reference
+    uses its output scale for all of them, so its q and k gradients have std ``seq**-0.5`` (its own test)."""
     q, k, v = (torch.randn(256, 64, 64) for _ in range(3))
     grad = torch.randn(256, 64, 64)
     _, ours = run(U.scaled_dot_product_attention, q, k, v, grad=grad, constraint=None)
