@@ -12,7 +12,9 @@ derivatives ``(L(t + h v) - L(t - h v)) / 2h``:
   ``N(0, |G_⊥|²)``, so their mean square estimates ``|G_⊥|²``, the part of ``G`` that ``g``
   misses;
 
-and ``cos(g, G) = <G, ĝ> / sqrt(<G, ĝ>² + |G_⊥|²)``. A gradient that is an exact
+and ``cos(g, G) = <G, ĝ> / sqrt(<G, ĝ>² + |G_⊥|²)``. A forward with float32 islands
+(``transformers``' RMS norms compute in float32) needs a larger ``step`` (1e-3): the
+differences' rounding is then float32's. A gradient that is an exact
 multiple has ``|G_⊥|`` at the level of the differences' rounding (1e-9 relative); one
 mixed from two scales misses a part of the size of the mixing, which the estimate finds
 whatever ``k`` (its relative spread is ``sqrt(2 / k)``).
@@ -32,7 +34,8 @@ from torch import Tensor
 
 def _loss(fn: Callable[[], Tensor], seed: int) -> float:
     torch.manual_seed(seed)
-    return float(fn())
+    with torch.no_grad():
+        return float(fn().detach())
 
 
 def true_gradient_cosines(
@@ -62,11 +65,15 @@ def true_gradient_cosines(
 
             def derivative(v: Tensor, t: Tensor = t) -> float:
                 h = step * max(1.0, float(t.abs().max()))
-                t.add_(v, alpha=h)
+                # Each change in its own no_grad: a forward may switch grad mode on and leave it so.
+                with torch.no_grad():
+                    t.add_(v, alpha=h)
                 up = _loss(fn, seed)
-                t.sub_(v, alpha=2 * h)
+                with torch.no_grad():
+                    t.sub_(v, alpha=2 * h)
                 down = _loss(fn, seed)
-                t.add_(v, alpha=h)
+                with torch.no_grad():
+                    t.add_(v, alpha=h)
                 return (up - down) / (2 * h)
 
             g = grads[name]
