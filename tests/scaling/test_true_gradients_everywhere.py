@@ -21,7 +21,7 @@ from umup_family import not_yet
 import unitscale.functional as U
 from unitscale import nn as unn
 from unitscale.examples import MLP, TinyGPT, resnet18
-from unitscale.examples.umup_models import UmupGPT
+from unitscale.examples.umup_models import SPGPT, UmupGPT
 from unitscale.scaling.constraints import CONSTRAINTS
 from unitscale.transforms import unit_scale
 
@@ -560,14 +560,17 @@ def test_residual_branch_outputs_may_be_changed_in_place():
         (lambda: MLP(6, hidden=12, activation=torch.nn.GELU()), lambda: leaf(8, 6)),
         (lambda: TinyGPT(11, 16, 2, 2, 8), lambda: torch.randint(0, 11, (2, 8))),
         (lambda: InPlaceResiduals(8), lambda: leaf(6, 8)),
+        (lambda: SPGPT(11, width=16, depth=2, head_dim=8, max_len=8), lambda: torch.randint(0, 11, (2, 6))),
         (lambda: resnet18(num_classes=5, width=4).train(), lambda: leaf(2, 3, 16, 16)),
         (lambda: resnet18(num_classes=5, width=4).eval(), lambda: leaf(2, 3, 16, 16)),
     ],
-    ids=["MLP", "MLP_gelu", "TinyGPT", "in_place_residuals", "resnet18_train", "resnet18_eval"],
+    ids=["MLP", "MLP_gelu", "TinyGPT", "in_place_residuals", "SPGPT", "resnet18_train", "resnet18_eval"],
 )
 def test_unit_scaled_example_models_give_true_gradients(build, make_input):
     model, x = unit_scale(build().double()), make_input()
     model(x)  # capture and re-initialise before the oracle reads the parameters
+    # Adding a number (the in-place residual model's ``x + 1``) is left as it is, by design.
+    assert [op for op in model.unscaled_ops if not op.startswith(("operator.add", "operator.iadd"))] == []
     forward = lambda: projected(model(x))  # noqa: E731
     cosines = module_cosines(model, forward, {"x": x} if x.is_floating_point() else {}, directions=3)
     assert_true_gradients(cosines)
