@@ -487,6 +487,24 @@ def test_unit_scaled_attention_and_transformer_layer_give_true_gradients(constra
     assert_true_gradients(module_check(layer, x))
 
 
+@settings(max_examples=8, deadline=None)
+@given(
+    heads=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([2, 4]),
+    seq=st.integers(1, 6),
+    taus=st.tuples(st.floats(0.01, 0.99), st.floats(0.01, 0.99)),
+    is_causal=st.booleans(),
+    constraint=st.sampled_from(CONSTRAINED),
+)
+def test_transformer_layer_gives_true_gradients_for_any_shape_and_residual_weights(
+    heads, head_dim, seq, taus, is_causal, constraint
+):
+    torch.manual_seed(10)
+    width = heads * head_dim
+    layer = unn.TransformerLayer(width, heads, is_causal, attn_tau=taus[0], mlp_tau=taus[1], constraint=constraint)
+    assert_true_gradients(module_check(layer, leaf(2, seq, width)))
+
+
 def test_transformer_layer_with_dropout_in_training_gives_true_gradients():
     layer = unn.TransformerLayer(8, 2, is_causal=True, dropout_p=0.2).train()
     assert_true_gradients(module_check(layer, leaf(2, 5, 8)))
