@@ -80,6 +80,7 @@ nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROO
 # re-run) it when they change, so its numbers are never the cached numbers of older scripts.
 page_dependencies = {
     "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/**/*.py"],
+    "docs/against-the-reference": ["unitscale/**/*.py"],
     **{f"tutorials/{page.stem}": ["unitscale/**/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
 }
 

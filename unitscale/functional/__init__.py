@@ -7,6 +7,16 @@ output) and in the backward pass (to the input gradients), after Blake et al.,
 graph transform can swap a torch function for its twin by target
 (:data:`torch_map`).
 
+Unit scaling changes the scales of gradients, never their directions: with a
+constraint, an op's input gradients are the true gradients of the scaled function
+it computed (see :mod:`unitscale.scaling.constraints` for ``constraint=None``).
+The gradients of weights, biases, norm gains and embedding tables are scaled on
+their own, by the number of terms each sums over: a parameter is a *cut edge*,
+whose gradient is a positive multiple of its true gradient because it is read by
+one op. A parameter read by several ops of different sizes (an embedding table
+tied to the readout, one layer applied to sequences of two lengths) gets the sum
+of differently scaled gradients, which is not: untie it, or scale its uses alike.
+
 >>> import torch
 >>> import unitscale.functional as U
 >>> _ = torch.manual_seed(0)

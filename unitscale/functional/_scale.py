@@ -22,7 +22,9 @@ class _ScaleFwdBwd(_torch.autograd.Function):
     @staticmethod
     def forward(ctx: _torch.autograd.function.FunctionCtx, input: Tensor, fwd: float, bwd: float) -> Tensor:
         ctx.bwd = bwd  # type: ignore[attr-defined]
-        return input.view_as(input) if fwd == 1.0 else input * fwd
+        # A copy, not a view: callers may change the result in place (`x += 1` on a residual branch),
+        # which autograd forbids on a view made inside a custom Function.
+        return input.clone() if fwd == 1.0 else input * fwd
 
     @staticmethod
     def backward(ctx: _torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None, None]:

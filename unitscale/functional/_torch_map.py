@@ -55,6 +55,7 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _torch._C._nn.hardtanh: hardtanh,
     _torch._C._nn.relu6: relu6,
     _F.rms_norm: rms_norm,
+    _torch.rms_norm: rms_norm,
     _F.batch_norm: batch_norm,
     _F.max_pool2d: max_pool2d,
     _torch.max_pool2d: max_pool2d,

@@ -7,6 +7,16 @@ scales have to be the same number; a *constraint* picks that number. Every
 constraint takes the output scale first, then one or more input-gradient scales,
 and returns the single scale to use for all of them.
 
+With a constraint, the op's input gradients are the true gradients of the scaled
+function it computed. Without one (``constraint=None``) the op is a *cut edge*: each
+input gradient is a positive multiple of its true gradient, but a different multiple
+from the one the output's consumers see, so the gradient stays a true gradient
+upstream only where it does not meet another path's gradient again. That holds after
+the last residual add (every path to the loss runs through the op); it fails inside a
+residual branch (the branch's gradient meets the skip's at ``residual_split``) and
+between an op's operands that come from one tensor (q, k and v of attention, both
+sides of a ``matmul`` of activations), where the meeting gradients mix two scales.
+
 >>> from unitscale.scaling.constraints import gmean, to_output_scale
 >>> gmean(0.25, 1.0)
 0.5
@@ -41,7 +51,9 @@ Constraint = Callable[..., float]
 
 ConstraintArg: TypeAlias = str | Constraint | None
 """What a ``constraint=`` argument accepts: the name of one of :data:`CONSTRAINTS`, a
-:data:`Constraint`, or ``None`` (no constraint: each direction is scaled on its own)."""
+:data:`Constraint`, or ``None`` (no constraint: each direction is scaled on its own, which
+keeps gradients true only on a cut edge, where they do not meet again upstream; see the
+module docstring)."""
 
 
 def _scales(fn: str, scales: tuple[object, ...]) -> tuple[float, ...]:
