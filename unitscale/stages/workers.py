@@ -24,9 +24,9 @@ What torch's launcher does not do, and this module adds (each small, with its re
   slow import is not counted against ``timeout``;
 * **the caller's process**: the launcher installs handlers for ``SIGINT``/``SIGTERM`` in the
   process that starts workers (it is written for ``torchrun``, which is that process); a
-  notebook's ``Ctrl-C`` must stay a ``KeyboardInterrupt``, so they are restored afterwards,
-  and its log lines (each worker it stops) are silenced, since the
-  :class:`~unitscale.errors.PipelineError` says it once.
+  notebook's ``Ctrl-C`` must stay a ``KeyboardInterrupt``, so one during the run is raised as
+  one and the handlers are restored afterwards; the launcher's log lines (each worker it stops)
+  are silenced, since the :class:`~unitscale.errors.PipelineError` says it once.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, start_processes
 
 from unitscale.errors import PipelineError
 
@@ -319,6 +319,11 @@ def run_workers(
             ) from exc
         try:
             return _collect(context, Results(scratch, world), names, timeout, scratch, main_hint)
+        except SignalException as exc:
+            # the launcher's handler turns Ctrl-C into its own exception; a caller expects KeyboardInterrupt
+            if exc.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from exc
+            raise
         finally:
             context.close(timeout=5)
             del store
