@@ -10,29 +10,28 @@ mirrors it); elsewhere it seeds the branch and bound (:mod:`unitscale.stages.bra
 ``Σ c_s + 2 Σ t`` with every stage within the cap (:meth:`Problem.cheapest`, a programme over
 prefixes with range minima), walking down through the bottlenecks those plans realise.
 
->>> from unitscale.stages.formula import model_step_time
+>>> from unitscale.stages.formula import Problem, formula_plan
 >>> from unitscale.stages.schedule_costs import ChainCosts
->>> model_step_time(ChainCosts.uniform([1.0] * 4), [0, 1, 2, 3, 4], "gpipe", 4)  # (m + p - 1) * 3
-21.0
+>>> costs = ChainCosts.uniform([1.0] * 4)  # forward 1, backward 2 each
+>>> formula_plan(Problem(costs, 2, "gpipe", 4, 1, None, None))[:2]  # (m + p - 1) * 6 for GPipe
+([0, 2, 4], 30.0)
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from unitscale.stages import search
-from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, stage_ranks
+from unitscale.stages.schedule_costs import ChainCosts, in_flight, stage_ranks
 
 __all__ = [
     "FORMULA_PROBES",
     "NoFit",
     "Problem",
     "formula_plan",
-    "model_step_time",
     "most_even",
     "range_min",
     "smallest_memory",
@@ -242,31 +241,6 @@ def smallest_memory(problem: Problem) -> float:
         return float(np.int64(hi_bits).view(np.float64))
     finally:
         problem.limit = saved
-
-
-def model_step_time(
-    costs: ChainCosts,
-    bounds: Sequence[int],
-    schedule: str,
-    num_microbatches: int,
-    stages_per_rank: int = 1,
-    device_speeds: Sequence[float] | None = None,
-) -> float:
-    """The step-time formula ``(m - 1) v max c_s + κ (Σ c_s + 2 Σ t)`` for ``bounds`` (the simulated
-    step for GPipe with ``backward`` a fixed multiple of the forward; the first incumbent otherwise).
-
-    >>> from unitscale.stages.formula import model_step_time
-    >>> from unitscale.stages.schedule_costs import ChainCosts
-    >>> model_step_time(ChainCosts.uniform([1.0] * 4), [0, 1, 2, 3, 4], "gpipe", 4)
-    21.0
-    """
-    ranks = (len(bounds) - 1) // stages_per_rank
-    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
-    problem = Problem(costs, ranks, schedule, num_microbatches, stages_per_rank, None, device_speeds)
-    pairs = enumerate(itertools.pairwise(bounds))
-    work = sum(float(problem.x[s][b] - problem.x[s][a]) for s, (a, b) in pairs)
-    comm = 2 * sum(float(problem.comm[b]) for b in bounds[1:-1])
-    return problem.weight * problem.bottleneck(bounds) + problem.kappa * (work + comm)
 
 
 def formula_plan(problem: Problem, max_probes: int | None = None) -> tuple[list[int], float, float, int]:
