@@ -30,9 +30,9 @@ the same microbatches, ``steps`` timed after ``warmup``), and its step is the me
 the plans of a model and schedule are run in alternation, ``rounds`` times (the order rotated each
 round), and each plan's median and spread (min-max over rounds) are reported. Under ``1f1b`` every
 cut between blocks is measured: that exhaustive measurement is the oracle. The predicted step is
-the simulator's, with the calibrated costs. The speed-ups at 4 and 8 ranks (and interleaved) are
-simulated with the same costs on a 32-layer model of the same width (not run: this machine has
-2 cores).
+the simulator's, with the calibrated costs (and, beside it, with the default ones). The speed-ups
+at 4 and 8 ranks (and interleaved) are simulated with the same costs on a 32-layer model of the
+same width (not run: this machine has 2 cores).
 
 ``--quick``: the uniform model with 2 layers, 2 rounds of 2 steps, no simulated ranks.
 """
@@ -265,6 +265,7 @@ def compare(
         for b, t in sorted(seen.items(), key=lambda kv: medians[kv[0]]):
             by = [m for m, mb in methods.items() if tuple(mb) == b]
             predicted = simulate_bounds(costs, list(b), schedule, MICRO, v).step_time
+            uncalibrated = simulate_bounds(ours.chain_costs, list(b), schedule, MICRO, v).step_time
             rows.append(
                 {
                     "model": kind,
@@ -275,6 +276,7 @@ def compare(
                     "spread ms": spread(t),
                     "predicted ms": round(predicted * 1e3, 1),
                     "predicted / measured": round(predicted / medians[b], 3),
+                    "uncalibrated predicted / measured": round(uncalibrated / medians[b], 3),
                     "ours (calibrated) / this": round(ours_median / medians[b], 3),
                     "best measured": b == best,
                 }
