@@ -49,11 +49,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from stage_heuristics import block_partition_bounds, max_min_bounds  # beside this script (benchmarks/)
 from torch import fx, nn
 
 from unitscale import partition
 from unitscale.examples.models import TinyGPT, resnet18
 from unitscale.stages import search as P
+from unitscale.stages.formula import Problem, formula_plan
+from unitscale.stages.model_costs import piece_costs
 from unitscale.stages.planner import plan_chain
 from unitscale.stages.schedule_costs import ChainCosts
 from unitscale.stages.simulate import simulate_bounds
@@ -63,8 +66,8 @@ Heuristic = Callable[[Sequence[float], int], list[int]]
 HEURISTICS: dict[str, Heuristic] = {
     "equal count": lambda c, k: P.equal_count_bounds(len(c), k),
     "greedy threshold": P.greedy_threshold_bounds,
-    "block partition": P.block_partition_bounds,
-    "max-min DP": P.max_min_bounds,
+    "block partition": block_partition_bounds,
+    "max-min DP": max_min_bounds,
 }
 
 
@@ -185,16 +188,14 @@ def _random_chain(n: int, seed: int = 0) -> ChainCosts:
 
 def _pieces(costs: ChainCosts, size: int) -> ChainCosts:
     """``costs`` grouped into runs of ``size`` items (as module boundaries group nodes)."""
-    from unitscale.stages.planner import _units
 
-    return _units(costs, [*range(0, len(costs), size), len(costs)])
+    return piece_costs(costs, [*range(0, len(costs), size), len(costs)])
 
 
 def planning_large(quick: bool) -> list[dict]:
     """Seconds to plan a 20,000-node chain for 8 ranks under 1F1B with memory limit and communication,
     the certified gap (step / lower bound - 1: 0 when the search proved its plan optimal), and the
     simulated step of the formula's optimum (the first incumbent) as a ratio to the plan returned."""
-    from unitscale.stages.planner import _formula_plan, _Problem
 
     n = 20_000
     costs = _random_chain(n)
@@ -218,7 +219,7 @@ def planning_large(quick: bool) -> list[dict]:
         start = time.perf_counter()
         found = plan_chain(chain, ranks, schedule, 16, memory_limit=limit)
         seconds = time.perf_counter() - start
-        formula = _formula_plan(_Problem(chain, ranks, schedule, 16, 1, limit, None))[0]
+        formula = formula_plan(Problem(chain, ranks, schedule, 16, 1, limit, None))[0]
         rows.append(
             {
                 "benchmark": "20,000-node chain, 8 ranks",

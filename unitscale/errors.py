@@ -70,6 +70,8 @@ __all__ = [
     "UntaggedParameterError",
     "UntaggedParameterWarning",
     "SweepGridError",
+    "BlockedCutError",
+    "PlanMismatchError",
 ]
 
 
@@ -265,3 +267,21 @@ class UntaggedParameterWarning(UserWarning):
 
 class SweepGridError(UnitscaleError, ValueError):
     """A learning-rate sweep or coordinate check was given too few, non-positive or repeated grid points."""
+
+
+class BlockedCutError(StageCountError):
+    """A partition would leave a stage with nothing to do, because values that cannot cross a stage
+    boundary (not tensors) block the cuts; ``blockers`` names those values.
+
+    >>> from unitscale.errors import BlockedCutError
+    >>> BlockedCutError("blocked", blockers=["size"]).blockers
+    ['size']
+    """
+
+    def __init__(self, message: str, blockers: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.blockers = list(blockers or [])
+
+
+class PlanMismatchError(InputError):
+    """Two stage plans (or a plan and costs) that a call compares are of different models or graphs."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -107,3 +108,76 @@ def test_torchrun_two_processes_train_a_saved_plan_like_the_unsplit_model(tmp_pa
     assert sorted(grads) == sorted(n for n, _ in model.named_parameters())
     for name, p in model.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, atol=1e-6, rtol=0)
+
+
+def _tutorial_script() -> str:
+    """``train.py`` exactly as tutorial 11 shows it (the string its torchrun cell writes and launches)."""
+    text = (REPO / "tutorials" / "11_pipelines_at_scale.md").read_text()
+    return text.split('train_py = """\\\n', 1)[1].split('\n"""\n', 1)[0] + "\n"
+
+
+def test_tutorial_11s_torchrun_script_trains_the_plan_it_saves_like_the_unsplit_model(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    d = 768  # tutorial 11's model
+    model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(d, d), nn.GELU())], nn.Linear(d, 8))
+    x = torch.randn(512, d)
+    partition(model, 4, x, cost="flops").save(tmp_path / "plan.pt")  # 2 ranks, 2 stages each
+    (tmp_path / "train.py").write_text(_tutorial_script())
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    launch = ["--standalone", "--nproc-per-node", "2", "train.py", "interleaved_1f1b", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *launch],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [float(line.split("loss ")[1]) for line in done.stdout.splitlines() if line.startswith("step ")]
+    # the same three SGD steps on the unsplit model: a mean-reduced loss over the whole batch
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(0)
+    expected = []
+    for _ in range(3):
+        bx, by = torch.randn(512, d, generator=generator), torch.randn(512, 8, generator=generator)
+        optimizer.zero_grad()
+        loss = nn.MSELoss()(model(bx), by)
+        loss.backward()
+        optimizer.step()
+        expected.append(loss.item())
+    assert printed == pytest.approx(expected, abs=2e-4)  # printed to 4 decimals
+
+
+def _page_blocks(path: Path) -> list[str]:
+    """The ``python`` code blocks of a guide page, in order."""
+    text = path.read_text()
+    return [block.split("\n```", 1)[0] + "\n" for block in text.split("```python\n")[1:]]
+
+
+def test_the_torchrun_pages_save_and_train_scripts_run_as_the_page_launches_them(tmp_path: Path) -> None:
+    save, train, *_ = _page_blocks(REPO / "docs" / "torchrun.md")
+    assert "plan.save(" in save and "pipeline_stage(" in train
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    saved = subprocess.run([sys.executable, "-c", save], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    (tmp_path / "train.py").write_text(train)
+    # the page's launch line: torchrun --standalone --nproc-per-node 4 train.py
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "train.py"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [line.split() for line in done.stdout.splitlines()]
+    losses = {int(step): float(loss) for step, loss in printed}
+    assert sorted(losses) == list(range(0, 100, 10))
+    # step 0's loss is the saved model's on step 0's batch (its stages run in this process)
+    idx = torch.randint(0, 128, (8, 32), generator=torch.Generator().manual_seed(0))
+    logits = StagePlan.load(tmp_path / "plan.pt")(idx)
+    first = nn.functional.cross_entropy(logits.flatten(0, 1), torch.roll(idx, -1, dims=1).flatten())
+    assert losses[0] == pytest.approx(first.item(), rel=1e-5)
+    assert all(math.isfinite(loss) for loss in losses.values())

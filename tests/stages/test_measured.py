@@ -20,7 +20,8 @@ from unitscale import partition, run_pipeline
 from unitscale.errors import CostError, InputError
 from unitscale.stages import ChainCosts, PipelineResult
 from unitscale.stages.measured import RankRecord, measured_costs, measured_timeline
-from unitscale.stages.planner import calibrated, chain_costs_for, plan_pipeline
+from unitscale.stages.model_costs import calibrated, chain_costs_for
+from unitscale.stages.planner import plan_pipeline
 from unitscale.stages.simulate import simulate_bounds
 
 

@@ -9,14 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.stage_heuristics import block_partition_bounds, max_min_bounds
 from unitscale.stages.search import (
     balanced_bounds,
-    block_partition_bounds,
     bottleneck,
     brute_force_bottleneck,
     equal_count_bounds,
     greedy_threshold_bounds,
-    max_min_bounds,
     optimal_bounds,
     stage_sums,
     sum_of_squares,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import types
 
@@ -23,7 +24,10 @@ def test_two_stage_gpipe_output_matches_the_single_process_model() -> None:
     model = TinyGPT(vocab_size=16, d_model=16, n_layers=2, n_heads=2, seq_len=8)
     idx = torch.randint(0, 16, (4, 8))
     plan = partition(model, 2, idx, boundary_depth=2)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     out = run_pipeline(plan, idx, num_microbatches=2, timeout=90)
+    # torch's launcher replaces the caller's handlers while it runs; Ctrl-C stays a KeyboardInterrupt after
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
     assert out.shape == (4, 8, 16)
     torch.testing.assert_close(out, model(idx), atol=1e-5, rtol=0)
 

@@ -13,17 +13,18 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.fx
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 from unitscale import partition, run_pipeline
-from unitscale.errors import InputError, PipelineError, UnknownScheduleError
+from unitscale.errors import InputError, PipelineError, StageCountError, UnknownScheduleError
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.stages import check_schedule, placement, plan_pipeline
 from unitscale.stages.schedule_costs import schedule_order
@@ -151,30 +152,52 @@ def mlp_plan(num_stages: int) -> object:
 
 
 @pytest.mark.parametrize(
-    ("num_stages", "schedule", "per_rank", "micro", "pattern"),
+    ("num_stages", "schedule", "per_rank", "micro", "error", "pattern"),
     [
-        (4, "interleaved_1f1b", 3, 4, r"stages_per_rank=3 does not divide the plan's 4 stages; .*\[1, 2, 4\]"),
-        (4, "gpipe", 2, 4, r"schedule='gpipe' runs one stage per rank .*use schedule='interleaved_1f1b'"),
-        (6, "zbv", 3, 6, r"schedule='zbv' places exactly two stages per rank .*stages_per_rank=3.*stages_per_rank=2"),
-        (3, "1f1b", 1, 2, r"schedule='1f1b' needs num_microbatches >= the number of stages \(3\) but got 2"),
+        (
+            4,
+            "interleaved_1f1b",
+            3,
+            4,
+            StageCountError,
+            r"4 stages cannot be spread evenly with stages_per_rank=3; .*\[1, 2, 4\]",
+        ),
+        (4, "gpipe", 2, 4, StageCountError, r"schedule 'gpipe' runs one stage per rank.*'interleaved_1f1b'"),
+        (
+            6,
+            "zbv",
+            3,
+            6,
+            StageCountError,
+            r"schedule 'zbv' places exactly 2 stages per rank .*stages_per_rank=3.*stages_per_rank=2",
+        ),
+        (
+            3,
+            "1f1b",
+            1,
+            2,
+            InputError,
+            r"1f1b needs at least as many microbatches as stages \(3\); use num_microbatches in \[3",
+        ),
         (
             4,
             "interleaved_zero_bubble",
             2,
             5,
-            r"num_microbatches=5 on 2 ranks: .*use num_microbatches in \[1, 2, 3, 4, 6",
+            InputError,
+            r"num_microbatches=5 does not fit interleaved_zero_bubble on 2 ranks: .*in \[2, 3, 4, 6",
         ),
-        (4, "interleaved_1f1b", 0, 4, r"stages_per_rank=0 must be an int >= 1"),
+        (4, "interleaved_1f1b", 0, 4, StageCountError, r"stages_per_rank=0 must be an int >= 1"),
     ],
     ids=["not-dividing", "gpipe-looped", "zbv-three", "1f1b-few", "interleaved-rounds", "zero-per-rank"],
 )
 def test_schedules_refuse_placements_and_microbatch_counts_they_cannot_run(
-    num_stages: int, schedule: str, per_rank: int, micro: int, pattern: str
+    num_stages: int, schedule: str, per_rank: int, micro: int, error: type[Exception], pattern: str
 ) -> None:
     plan = mlp_plan(num_stages)
     x = torch.randn(micro * 2, 4)
     y = torch.randn(micro * 2, 4)
-    with pytest.raises(InputError, match=pattern):
+    with pytest.raises(error, match=pattern):
         run_pipeline(plan, x, micro, schedule, stages_per_rank=per_rank, loss_fn=nn.MSELoss(), target=y)
 
 
@@ -191,18 +214,70 @@ def test_unknown_schedule_and_forward_only_zbv_and_bad_steps_are_refused() -> No
         run_pipeline(plan, x, 2, "interleaved_1f1b", stages_per_rank=2, warmup=-1)
 
 
-@given(ranks=st.integers(1, 8), micro=st.integers(1, 40), per_rank=st.integers(1, 4))
-def test_interleaved_check_agrees_with_torch_and_its_advice_works(ranks: int, micro: int, per_rank: int) -> None:
-    rounds = max(1, micro // ranks)
-    torch_accepts = micro % rounds == 0  # the condition in ScheduleInterleaved1F1B.__init__
+def _torch_accepts(schedule: str, ranks: int, per_rank: int, micro: int) -> bool:
+    """Whether torch's own schedule class takes ``micro`` microbatches (built on stand-in stages:
+    its constructor reads only their counts and indices)."""
+    from torch.distributed import pipelining as pp
+
+    cls = {
+        "1f1b": pp.Schedule1F1B,
+        "interleaved_1f1b": pp.ScheduleInterleaved1F1B,
+        "interleaved_zero_bubble": pp.ScheduleInterleavedZeroBubble,
+    }[schedule]
+    total = ranks * per_rank
+    stages = [
+        SimpleNamespace(
+            num_stages=total,
+            group_size=ranks,
+            group_rank=0,
+            stage_index=i * ranks,
+            is_first=i == 0,
+            is_last=False,
+            submod=nn.Identity(),
+        )
+        for i in range(per_rank)
+    ]
     try:
-        assert check_schedule("interleaved_1f1b", ranks * per_rank, per_rank, micro) == ranks
-        assert torch_accepts
+        cls(stages[0] if schedule == "1f1b" else stages, n_microbatches=micro)
+    except ValueError:
+        return False
+    return True
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    schedule=st.sampled_from(["1f1b", "interleaved_1f1b", "interleaved_zero_bubble"]),
+    ranks=st.integers(1, 8),
+    micro=st.integers(1, 40),
+    per_rank=st.integers(1, 4),
+)
+def test_the_microbatch_check_agrees_with_torchs_schedule_classes_and_its_advice_works(
+    schedule: str, ranks: int, micro: int, per_rank: int
+) -> None:
+    per_rank = 1 if schedule == "1f1b" else per_rank
+    total = ranks * per_rank
+    try:
+        assert check_schedule(schedule, total, per_rank, micro) == ranks
+        assert _torch_accepts(schedule, ranks, per_rank, micro)
     except InputError as exc:
-        assert not torch_accepts
+        assert not _torch_accepts(schedule, ranks, per_rank, micro)
         advised = [int(n) for n in str(exc).split("use num_microbatches in [")[1].split("]")[0].split(", ")]
         for n in advised:
-            assert check_schedule("interleaved_1f1b", ranks * per_rank, per_rank, n) == ranks
+            assert check_schedule(schedule, total, per_rank, n) == ranks
+            assert _torch_accepts(schedule, ranks, per_rank, n)
+
+
+def test_the_interleaved_rule_on_the_torchrun_page_is_torchs() -> None:
+    # docs/torchrun.md: with 4 ranks, any count below 8, then counts that m // 4 divides
+    accepted = [m for m in range(1, 13) if _torch_accepts("interleaved_1f1b", 4, 2, m)]
+    assert accepted == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12]
+    for m in range(1, 13):
+        try:
+            check_schedule("interleaved_1f1b", 8, 2, m)
+            ours = True
+        except InputError:
+            ours = False
+        assert ours == (m in accepted)
 
 
 @given(ranks=st.integers(1, 8), per_rank=st.integers(1, 4))

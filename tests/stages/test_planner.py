@@ -14,7 +14,10 @@ from torch import nn
 
 from unitscale import StagePlan
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError, UnitscaleError
-from unitscale.stages.planner import _formula_plan, _Problem, _Search, chain_costs_for, plan_chain, plan_pipeline
+from unitscale.stages import formula as step_formula
+from unitscale.stages.branch_bound import Search
+from unitscale.stages.model_costs import chain_costs_for, piece_costs
+from unitscale.stages.planner import plan_chain, plan_pipeline
 from unitscale.stages.schedule_costs import ChainCosts, stage_ranks, valid_microbatches
 from unitscale.stages.simulate import simulate, simulate_bounds
 
@@ -65,7 +68,7 @@ def _squares(costs: ChainCosts, bounds: list[int], speeds: list[float], schedule
 
 def _brute_force(costs: ChainCosts, p: int, schedule: str, m: int, v: int, limit: float | None, speeds: list[float]):
     """The least simulated step over every plan that fits, and the least sum of squares among its ties."""
-    search = _Search(costs, p, schedule, m, v, limit, speeds)
+    search = Search(costs, p, schedule, m, v, limit, speeds)
     found = []
     for cuts in itertools.combinations(range(1, len(costs)), p * v - 1):
         bounds = [0, *cuts, len(costs)]
@@ -109,7 +112,7 @@ def test_plan_is_optimal_for_the_simulator_against_brute_force(problem: Problem)
 @given(problems(), st.data())
 def test_bounds_never_exceed_the_step_of_any_completion(problem: Problem, data: st.DataObject) -> None:
     costs, p, schedule, m, v, _, speeds = problem
-    search = _Search(costs, p, schedule, m, v, None, speeds)
+    search = Search(costs, p, schedule, m, v, None, speeds)
     k, n = p * v, len(costs)
     j = data.draw(st.integers(0, k - 1))
     head = data.draw(st.sampled_from(list(itertools.combinations(range(1, n), j)))) if j else ()
@@ -133,7 +136,7 @@ def chain_problems(draw: st.DrawFn) -> Problem:
     n = draw(st.integers(2, 9))
     schedule = draw(st.sampled_from(["gpipe", "1f1b"]))
     p = draw(st.integers(1, min(4, n)))
-    m = draw(st.integers(1, 6))
+    m = draw(st.integers(p if schedule == "1f1b" else 1, 6))  # torch's 1F1B needs a microbatch per stage
     costs = draw(chain_costs(n))
     limit = draw(st.one_of(st.none(), st.floats(2, 40)))
     speed = st.sampled_from([0.5, 1.0, 1.5, 2.0])
@@ -146,7 +149,7 @@ def chain_problems(draw: st.DrawFn) -> Problem:
 def test_windows_hold_every_plan_within_the_target(problem: Problem, data: st.DataObject) -> None:
     """Every plan that fits and whose step is at most the target lies inside the cut windows."""
     costs, p, schedule, m, v, limit, speeds = problem
-    search = _Search(costs, p, schedule, m, v, limit, speeds)
+    search = Search(costs, p, schedule, m, v, limit, speeds)
     n = len(costs)
     plans = []
     for cuts in itertools.combinations(range(1, n), p - 1):
@@ -207,7 +210,7 @@ def test_windows_certify_a_long_chain_within_a_small_budget() -> None:
         assert found.lower_bound == pytest.approx(found.step_time, rel=1e-12)
         if limit is not None:
             assert max(found.rank_memory) <= limit
-        search = _Search(costs, 8, "1f1b", 16, 1, limit, speeds)
+        search = Search(costs, 8, "1f1b", 16, 1, limit, speeds)
         assert search.narrow(found.step_time) and search.window is not None
         lo, hi, _ = search.window
         assert all(a <= b <= c for a, b, c in zip(lo, found.bounds, hi, strict=True))
@@ -222,7 +225,7 @@ def test_one_f_one_b_plans_beat_the_formula_plans() -> None:
     for _ in range(20):
         f = [rng.lognormvariate(0, 1) for _ in range(12)]
         c = ChainCosts.uniform(f, 2.0, boundary_bytes=[0.0, *[rng.uniform(0, 1) for _ in range(11)], 0.0])
-        formula = _formula_plan(_Problem(c, 4, "1f1b", 8, 1, None, None))[0]
+        formula = step_formula.formula_plan(step_formula.Problem(c, 4, "1f1b", 8, 1, None, None))[0]
         plan = plan_chain(c, 4, "1f1b", 8)
         assert plan.optimal and plan.lower_bound == pytest.approx(plan.step_time, rel=1e-9)
         gains.append(simulate_bounds(c, formula, "1f1b", 8).step_time / plan.step_time)
@@ -298,7 +301,7 @@ def test_bad_planning_input_says_what_works() -> None:
     costs = ChainCosts.uniform([1.0] * 4)
     with pytest.raises(StageCountError, match="use at most 4 stages"):
         plan_chain(costs, 3, "interleaved_1f1b", 6, stages_per_rank=2)
-    with pytest.raises(InputError, match="use one of"):
+    with pytest.raises(InputError, match="use num_microbatches in"):
         plan_chain(ChainCosts.uniform([1.0] * 16), 4, "interleaved_1f1b", 9, stages_per_rank=2)
     with pytest.raises(InputError, match="memory_limit=-1"):
         plan_chain(costs, 2, "1f1b", 2, memory_limit=-1)
@@ -423,8 +426,8 @@ def test_plan_pipeline_bad_input_raises_the_exact_type_and_says_what_works() -> 
     few = error(schedule="1f1b", num_microbatches=1)
     assert type(few) is InputError
     assert str(few) == (
-        "schedule='1f1b' needs num_microbatches >= the number of stages (2) but got 1; use num_microbatches >= 2 "
-        "or schedule='gpipe'"
+        "num_microbatches=1 does not fit 1f1b on 2 ranks: 1f1b needs at least as many microbatches as stages (2); "
+        "use num_microbatches in [2, 3, 4, 5] (any count >= 2 works, or schedule='gpipe')"
     )
     # a microbatch count the interleaved schedules cannot split into rounds of the rank count
     for schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
@@ -432,7 +435,8 @@ def test_plan_pipeline_bad_input_raises_the_exact_type_and_says_what_works() -> 
         assert type(odd) is InputError
         assert str(odd) == (
             f"num_microbatches=5 does not fit {schedule} on 2 ranks: {schedule} splits the microbatches into "
-            "max(1, m // ranks) = 2 rounds, which must divide m; use one of [2, 3, 4, 6] (any multiple of 2 works)"
+            "max(1, m // ranks) = 2 rounds of equal size, and 2 does not divide 5; use num_microbatches in "
+            "[2, 3, 4, 6] (any multiple of 2 works)"
         )
         for m in (2, 3, 4, 6):
             plan = plan_pipeline(model, x, 2, cost="params", schedule=schedule, num_microbatches=m, stages_per_rank=2)
@@ -562,7 +566,6 @@ def test_calibration_that_is_not_a_run_of_this_graph_is_refused() -> None:
 
 
 def test_pieces_keep_every_cost_field_the_simulator_reads() -> None:
-    from unitscale.stages.planner import _units
 
     costs = ChainCosts(
         forward=(1.0, 2.0, 3.0),
@@ -575,7 +578,7 @@ def test_pieces_keep_every_cost_field_the_simulator_reads() -> None:
         weight_grad_share=0.25,
         action_overhead=0.125,
     )
-    pieces = _units(costs, [0, 2, 3])
+    pieces = piece_costs(costs, [0, 2, 3])
     assert (pieces.forward, pieces.backward, pieces.boundary_bytes) == ((3.0, 3.0), (6.0, 6.0), (0.0, 7.0, 0.0))
     link = (pieces.bandwidth, pieces.latency, pieces.weight_grad_share, pieces.action_overhead)
     assert link == (10.0, 0.5, 0.25, 0.125)

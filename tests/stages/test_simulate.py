@@ -126,10 +126,10 @@ def test_bad_schedule_arguments_say_what_works() -> None:
     with pytest.raises(StageCountError, match="exactly 2 stages per rank"):
         check_schedule("zbv", 2, 1, 4)
     with pytest.raises(StageCountError, match="one stage per rank"):
-        check_schedule("1f1b", 2, 2, 4)
-    with pytest.raises(InputError, match=r"num_microbatches=9 .* use one of .*multiple of 4"):
-        check_schedule("interleaved_1f1b", 4, 2, 9)
-    check_schedule("zbv", 3, 2, 4)  # fewer microbatches than stages: torch's ZBV runs it (test_pipeline_schedules)
+        check_schedule("1f1b", 4, 2, 4)
+    with pytest.raises(InputError, match=r"num_microbatches=9 .* use num_microbatches in .*multiple of 4"):
+        check_schedule("interleaved_1f1b", 8, 2, 9)
+    check_schedule("zbv", 6, 2, 4)  # fewer microbatches than stages: torch's ZBV runs it (test_pipeline_schedules)
     with pytest.raises(InputError, match="device_speeds"):
         simulate_bounds(costs, bounds, "1f1b", 2, device_speeds=[1.0, 0.0])
     with pytest.raises(CostError, match="bandwidth=0"):

@@ -15,7 +15,8 @@ from unitscale.stages import pipeline_stage
 plan_path, data_path, out_dir = sys.argv[1:4]
 data = torch.load(data_path)
 
-rank = pipeline_stage(plan_path, num_microbatches=2, schedule="1f1b", loss_fn=nn.MSELoss())
+# with example inputs, each stage is built with the real shapes and dtypes it receives and sends
+rank = pipeline_stage(plan_path, num_microbatches=2, schedule="1f1b", loss_fn=nn.MSELoss(), example_inputs=data["x"])
 losses: list[torch.Tensor] = []
 output = rank.step(data["x"], target=data["y"], losses=losses)  # the output on the last stage's rank
 

@@ -8,11 +8,10 @@ a real pipeline on :mod:`torch.distributed.pipelining`.
 [144.0, 144.0]
 """
 
+from unitscale.stages.costs import backward_times as backward_times
 from unitscale.stages.launch import RankPipeline as RankPipeline
-from unitscale.stages.launch import check_schedule as check_schedule
 from unitscale.stages.launch import pipeline_stage as pipeline_stage
 from unitscale.stages.launch import placement as placement
-from unitscale.stages.pipeline import PipelineResult as PipelineResult
 from unitscale.stages.pipeline import run_pipeline as run_pipeline
 from unitscale.stages.plan import StagePlan as StagePlan
 from unitscale.stages.plan import StageReport as StageReport
@@ -22,10 +21,12 @@ from unitscale.stages.plan import partition as partition
 from unitscale.stages.planner import ChainPlan as ChainPlan
 from unitscale.stages.planner import plan_chain as plan_chain
 from unitscale.stages.planner import plan_pipeline as plan_pipeline
+from unitscale.stages.result import PipelineResult as PipelineResult
 from unitscale.stages.saved import SavedPlan as SavedPlan
 from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
-from unitscale.stages.simulate import Block as Block
+from unitscale.stages.schedule_costs import check_schedule as check_schedule
 from unitscale.stages.simulate import Timeline as Timeline
+from unitscale.stages.simulate import TimelineBlock as TimelineBlock
 from unitscale.stages.simulate import simulate as simulate
 
 __all__ = [
@@ -42,10 +43,11 @@ __all__ = [
     "ChainCosts",
     "simulate",
     "Timeline",
-    "Block",
+    "TimelineBlock",
     "pipeline_stage",
     "RankPipeline",
     "SavedPlan",
     "placement",
     "check_schedule",
+    "backward_times",
 ]

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
@@ -36,7 +37,20 @@ from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
 
-__all__ = ["COST_MODELS", "NodeProfiler", "check_input_shapes", "run_profiler", "node_costs", "output_bytes"]
+__all__ = [
+    "COST_MODELS",
+    "as_tuple",
+    "NodeProfiler",
+    "backward_times",
+    "call_cost",
+    "check_input_shapes",
+    "flat_inputs",
+    "node_costs",
+    "output_bytes",
+    "params_per_node",
+    "pytree_specs_quiet",
+    "run_profiler",
+]
 
 COST_MODELS = ("params", "flops", "time", "memory")
 
@@ -197,6 +211,20 @@ class NodeProfiler(fx.Interpreter):
         return self.result
 
 
+def as_tuple(example_inputs: Any) -> tuple[Any, ...]:
+    """Example inputs as a tuple: a tuple as it is, a list as a tuple, anything else as a 1-tuple.
+
+    >>> from unitscale.stages.costs import as_tuple
+    >>> as_tuple([1, 2]), as_tuple(3)
+    ((1, 2), (3,))
+    """
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
 def flat_inputs(graph: fx.Graph, inputs: Sequence[Any]) -> tuple[Any, ...]:
     """The graph's own inputs: ``inputs`` flattened where its code flattens them (an exported graph)."""
     return tuple(graph._codegen.process_inputs(*inputs))
@@ -230,8 +258,6 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
     ...     print(str(e).split(", whose")[0])
     verify(): input 'input' has shape (3, 5), but the graph was captured by torch.export for shape (3, 4)
     """
-    from torch._subclasses.fake_tensor import FakeTensor
-
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, inputs, strict=False):
         val = node.meta.get("val")
@@ -346,12 +372,10 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
     >>> [t > 0 for t in backward_times(plan, torch.randn(32, 64))]
     [True, True]
     """
-    from unitscale.stages.plan import _as_tuple
-
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InputError(f"repeats={repeats!r} must be an int >= 1 (timings per node)")
-    module, graph = plan._root, plan.graph
-    inputs = flat_inputs(graph, _as_tuple(example_inputs))
+    module, graph = plan.root, plan.graph
+    inputs = flat_inputs(graph, as_tuple(example_inputs))
     _check_inputs(module, graph, inputs)
     timer = _BackwardTimer(module, graph, repeats)
     try:
@@ -380,7 +404,16 @@ def pytree_specs_quiet() -> Iterator[None]:
         yield
 
 
-def _params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:
+def params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:
+    """Parameter elements each node uses, a parameter counted at its first use only.
+
+    >>> import torch
+    >>> from torch import fx, nn
+    >>> from unitscale.stages.costs import params_per_node
+    >>> gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 3), nn.ReLU()))
+    >>> list(params_per_node(gm, list(gm.graph.nodes)[1:3]).values())
+    [9.0, 0.0]
+    """
     seen: set[int] = set()
     costs: dict[fx.Node, float] = {}
     for n in nodes:
@@ -408,30 +441,46 @@ def _parameter_or_none(module: nn.Module, target: str) -> nn.Parameter | None:
         return None
 
 
-def _call_cost(cost: Callable[[fx.Node], float], n: fx.Node) -> Any:
+def call_cost(cost: Callable[[fx.Node], float], n: fx.Node, argument: str = "cost") -> float:
+    """``cost(n)`` checked: a finite float >= 0, or a :class:`~unitscale.errors.CostError` naming ``argument``.
+
+    >>> import math, torch
+    >>> from torch import fx
+    >>> from unitscale.stages.costs import call_cost
+    >>> node = next(n for n in fx.symbolic_trace(torch.nn.ReLU()).graph.nodes if n.op == "call_function")
+    >>> call_cost(lambda n: 3, node)
+    3.0
+    >>> call_cost(lambda n: 10**400, node, "backward")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    unitscale.errors.CostError: the backward callable returned an int too large for a float ...
+    """
     try:
-        return cost(n)
+        value = cost(n)
     except Exception as exc:
         raise CostError(
-            f"the cost callable raised {type(exc).__name__}: {exc} on node {n.name!r} ({n.format_node()}); "
+            f"the {argument} callable raised {type(exc).__name__}: {exc} on node {n.name!r} ({n.format_node()}); "
             "make it return a float >= 0 for every node"
         ) from exc
-
-
-def _checked(n: fx.Node, value: Any) -> float:
     try:
         if isinstance(value, (str, bytes, bool)):  # float("3") would pass a string as a number
             raise TypeError(type(value).__name__)
-        cost = float(value)
+        result = float(value)
+    except OverflowError as exc:
+        raise CostError(
+            f"the {argument} callable returned an int too large for a float ({len(str(value))} digits) for node "
+            f"{n.name!r} ({n.format_node()}); return a finite float >= 0 (rescale the costs: only their ratios matter)"
+        ) from exc
     except (TypeError, ValueError) as exc:
         raise CostError(
-            f"the cost callable returned {value!r} for node {n.name!r}, which is not a number; return a float >= 0"
+            f"the {argument} callable returned {value!r:.60} for node {n.name!r}, which is not a number; "
+            "return a float >= 0"
         ) from exc
-    if math.isnan(cost) or cost < 0 or math.isinf(cost):
+    if math.isnan(result) or result < 0 or math.isinf(result):
         raise CostError(
-            f"the cost callable returned {cost} for node {n.name!r} ({n.format_node()}); costs must be finite and >= 0"
+            f"the {argument} callable returned {result} for node {n.name!r} ({n.format_node()}); costs must be "
+            "finite and >= 0"
         )
-    return cost
+    return result
 
 
 def node_costs(
@@ -442,7 +491,7 @@ def node_costs(
 ) -> list[float]:
     """One cost per node in ``nodes`` for the cost model ``cost``."""
     if callable(cost):
-        costs = [_checked(n, _call_cost(cost, n)) for n in nodes]
+        costs = [call_cost(cost, n) for n in nodes]
         if not math.isfinite(sum(costs)):
             raise CostError(
                 f"the cost callable's values sum to more than a float holds (largest {max(costs):.3g}); "
@@ -450,7 +499,7 @@ def node_costs(
             )
         return costs
     if cost == "params":
-        per_node = _params_per_node(module, nodes)
+        per_node = params_per_node(module, nodes)
         return [per_node[n] for n in nodes]
     if cost == "flops":
         return [profiler.flops.get(n, 0.0) for n in nodes]

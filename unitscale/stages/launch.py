@@ -32,20 +32,22 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
-from unitscale.errors import InputError, UnknownScheduleError
-from unitscale.stages.schedule_costs import SCHEDULES, stage_ranks
+from unitscale.errors import InputError
+from unitscale.stages.boundaries import StageExample, stage_examples
+from unitscale.stages.costs import as_tuple
+from unitscale.stages.saved import SavedPlan, load_plan
+from unitscale.stages.schedule_costs import SCHEDULES, check_schedule, stage_ranks
 
 if TYPE_CHECKING:
     from unitscale.stages.plan import StagePlan
-    from unitscale.stages.saved import SavedPlan
 
 __all__ = ["SCHEDULES", "RankPipeline", "check_schedule", "pipeline_stage", "placement"]
 
 _SINGLE = ("gpipe", "1f1b")
-_INTERLEAVED = ("interleaved_1f1b", "interleaved_zero_bubble")
 
 
 class _OnModelOutput:
@@ -81,77 +83,8 @@ def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[l
     return [[s for s, rank in enumerate(ranks) if rank == r] for r in range(num_ranks)]
 
 
-def _microbatch_counts(ok: Callable[[int], bool], limit: int = 32) -> list[int]:
-    return [n for n in range(1, limit + 1) if ok(n)][:8]
-
-
-def check_schedule(
-    schedule: str, num_stages: int, stages_per_rank: int, num_microbatches: int, *, training: bool = True
-) -> int:
-    """Check that ``schedule`` runs ``num_stages`` stages, ``stages_per_rank`` per rank; return the rank count.
-
-    >>> from unitscale.stages import check_schedule
-    >>> check_schedule("interleaved_1f1b", num_stages=4, stages_per_rank=2, num_microbatches=4)
-    2
-
-    Raises:
-        UnknownScheduleError: ``schedule`` is not one of ``SCHEDULES``.
-        InputError: ``stages_per_rank`` does not divide ``num_stages`` or does not fit the schedule
-            (GPipe and 1F1B hold one stage per rank, ZBV two); a microbatch count the schedule
-            cannot split (1F1B needs at least one per stage; the interleaved schedules need
-            ``num_microbatches`` to be a multiple of ``max(1, num_microbatches // ranks)``); a
-            forward-only step (``training=False``) with ``"zbv"``, which torch 2.13's ZBV schedule
-            cannot run (it steps its backward actions without a loss).
-    """
-    if schedule not in SCHEDULES:
-        raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
-    if isinstance(stages_per_rank, bool) or not isinstance(stages_per_rank, int) or stages_per_rank < 1:
-        raise InputError(f"stages_per_rank={stages_per_rank!r} must be an int >= 1")
-    if num_stages % stages_per_rank:
-        divisors = [d for d in range(1, num_stages + 1) if num_stages % d == 0]
-        raise InputError(
-            f"stages_per_rank={stages_per_rank} does not divide the plan's {num_stages} stages; "
-            f"use stages_per_rank in {divisors} or partition into a multiple of {stages_per_rank} stages"
-        )
-    ranks = num_stages // stages_per_rank
-    if schedule in _SINGLE and stages_per_rank != 1:
-        raise InputError(
-            f"schedule={schedule!r} runs one stage per rank but stages_per_rank={stages_per_rank}; use "
-            "schedule='interleaved_1f1b' or 'interleaved_zero_bubble' for several stages per rank "
-            "(or 'zbv' for two), or stages_per_rank=1"
-        )
-    if schedule == "zbv" and stages_per_rank != 2:
-        raise InputError(
-            f"schedule='zbv' places exactly two stages per rank (a V) but stages_per_rank={stages_per_rank}; "
-            "pass stages_per_rank=2 with a plan of 2 * ranks stages, or use 'interleaved_1f1b'"
-        )
-    if schedule == "zbv" and not training:
-        raise InputError(
-            "schedule='zbv' cannot run a forward-only step (torch's ZBV schedule steps its backward actions "
-            "even without a loss); use schedule='interleaved_1f1b' with the same plan and stages_per_rank=2, "
-            "or pass loss_fn and target for a training step"
-        )
-    if schedule == "1f1b" and num_microbatches < num_stages:
-        raise InputError(
-            f"schedule='1f1b' needs num_microbatches >= the number of stages ({num_stages}) but got "
-            f"{num_microbatches}; use num_microbatches >= {num_stages} or schedule='gpipe'"
-        )
-    if schedule in _INTERLEAVED:
-
-        def fits(n: int) -> bool:
-            return n % max(1, n // ranks) == 0
-
-        if not fits(num_microbatches):
-            raise InputError(
-                f"schedule={schedule!r} splits microbatches into rounds of {ranks} (one per rank) and cannot use "
-                f"num_microbatches={num_microbatches} on {ranks} ranks: it must be a multiple of "
-                f"max(1, num_microbatches // {ranks}) = {max(1, num_microbatches // ranks)}; use num_microbatches "
-                f"in {_microbatch_counts(fits)}... (a multiple of {ranks}, or at most {ranks})"
-            )
-    return ranks
-
-
 def _schedule_class(schedule: str) -> Any:
+    # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
     from torch.distributed import pipelining as pp
 
     return {
@@ -223,12 +156,21 @@ def build_rank(
     loss_fn: Callable[..., Any] | None,
     device: torch.device,
     group: Any = None,
+    examples: Mapping[int, StageExample] | None = None,
 ) -> RankPipeline:
-    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group."""
-    from torch.distributed.pipelining import PipelineStage
+    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group.
+
+    With ``examples`` (stage index -> its inputs and outputs for one microbatch,
+    :func:`~unitscale.stages.boundaries.stage_examples`) the stages are built with their real shapes
+    and dtypes; without, torch infers them at the first step on uninitialised tensors.
+    """
+    from torch.distributed.pipelining import PipelineStage  # lazy, as in _schedule_class
 
     indices = sorted(modules)
-    stages = [PipelineStage(modules[i], i, num_stages, device, group=group) for i in indices]
+    stages = []
+    for i in indices:
+        ins, outs = examples[i] if examples is not None else (None, None)
+        stages.append(PipelineStage(modules[i], i, num_stages, device, ins, outs, group=group))
     cls = _schedule_class(schedule)
     runner = cls(stages[0] if schedule in _SINGLE else stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
     return RankPipeline(stages, runner, indices, num_stages)
@@ -254,6 +196,7 @@ def pipeline_stage(
     stages_per_rank: int = 1,
     device: torch.device | str | None = None,
     backend: str | None = None,
+    example_inputs: Any = None,
 ) -> RankPipeline:
     """This rank's pipeline stages and schedule, built from ``torchrun``'s environment.
 
@@ -273,6 +216,11 @@ def pipeline_stage(
         stages_per_rank: stages on each rank (2 for ``"zbv"``; 2 or more for the interleaved schedules).
         device: where the stages run (default ``cuda:LOCAL_RANK`` with CUDA, else CPU).
         backend: process-group backend when this call starts the group.
+        example_inputs: a batch like those ``step`` will get (a tensor or tuple): each stage is then
+            built with the real shapes and dtypes of what it receives and sends (needed where a
+            stage boundary carries integer or boolean tensors, such as token ids for a later
+            embedding). Without it, torch infers them at the first step by running each stage
+            on uninitialised tensors of the shapes the stage before sent.
 
     Returns:
         A :class:`RankPipeline`; ``rank.step(x, target=y)`` runs one step.
@@ -286,10 +234,6 @@ def pipeline_stage(
     >>> "RANK" in os.environ or callable(pipeline_stage)  # run it under torchrun; see docs/torchrun.md
     True
     """
-    import torch.distributed as dist
-
-    from unitscale.stages.saved import SavedPlan, load_plan
-
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
     loaded = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
     if not isinstance(loaded, SavedPlan):
@@ -307,8 +251,12 @@ def pipeline_stage(
         dist.init_process_group(backend or ("nccl" if cuda and where.type == "cuda" else "gloo"))
     mine = placement(schedule, ranks, stages_per_rank)[rank]
     modules = {i: loaded.stage_modules[i].to(where) for i in mine}
+    examples = None
+    if example_inputs is not None:
+        found = stage_examples(loaded.stage_modules, as_tuple(example_inputs), num_microbatches, loss_fn is not None)
+        examples = {i: found[i] for i in mine}
     if loss_fn is not None:
         loss_fn = loss_on_model_output(loss_fn, loaded.output_spec)
-    built = build_rank(modules, loaded.num_stages, schedule, num_microbatches, loss_fn, where)
+    built = build_rank(modules, loaded.num_stages, schedule, num_microbatches, loss_fn, where, examples=examples)
     built.output_from_leaves = loaded.output_from_leaves
     return built

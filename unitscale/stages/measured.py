@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from unitscale.stages.schedule_costs import ChainCosts
-from unitscale.stages.simulate import Block, Timeline
+from unitscale.stages.simulate import Timeline, TimelineBlock
 
 __all__ = ["ActionClock", "RankRecord", "measure_link", "measured_costs", "measured_timeline"]
 
@@ -108,6 +109,7 @@ class ActionClock:
     @contextlib.contextmanager
     def timing_waits(self) -> Iterator[None]:
         """While inside, every wait of torch's schedules on a message is recorded."""
+        # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
         from torch.distributed.pipelining import schedules
 
         original = getattr(schedules, "_wait_batch_p2p", None)
@@ -138,8 +140,6 @@ def measure_link(rank: int, world: int, nbytes: int = 1 << 20, repeats: int = 7)
     on busy cores a round trip also waits for the scheduler, which the pipeline's
     measured bookkeeping and durations already hold. One rank: ``(0.0, inf)``.
     """
-    import torch.distributed as dist
-
     if world < 2:
         return 0.0, math.inf
     half_trips = []
@@ -255,7 +255,7 @@ def measured_timeline(
         begin, end = r.steps[step]
         for kind, stage, microbatch, start, stop in r.actions:
             if begin <= start and stop <= end:
-                blocks.append(Block(rank, stage, kind, microbatch, start - origin, stop - origin))
+                blocks.append(TimelineBlock(rank, stage, kind, microbatch, start - origin, stop - origin))
     blocks.sort(key=lambda b: (b.rank, b.start))
     return Timeline(
         schedule=schedule,

@@ -36,32 +36,30 @@ from torch import fx, nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
 
 from unitscale.capture._meta import normalise_path, stack_entries
-from unitscale.errors import CostError, InputError, SplitSpecError, StageCountError
+from unitscale.errors import CostError, InputError, PlanMismatchError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages import search
 from unitscale.stages.costs import (
     COST_MODELS,
     _graph_for_stages,
+    as_tuple,
     check_input_shapes,
     flat_inputs,
     node_costs,
     output_bytes,
     run_profiler,
 )
+from unitscale.stages.cuts import allowed_cuts, check_no_idle_stage
+from unitscale.stages.saved import SavedPlan, load_plan, save_plan
 from unitscale.stages.split import (
-    INPUT_CONSTANT_KEY,
     chain_stages,
-    is_symbolic,
     live_values,
     split_graph,
-    symbol_of,
-    tensor_carries,
 )
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from unitscale.stages.saved import SavedPlan
     from unitscale.stages.schedule_costs import ChainCosts
 
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
@@ -310,8 +308,31 @@ class StagePlan:
         """This plan's stage costs measured with ``other``'s node costs (same model).
 
         Useful to ask what a split made by parameter count costs in time.
+
+        Raises:
+            PlanMismatchError: ``other`` has no cost for some of this plan's nodes (a plan of another
+                model or graph).
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from unitscale import partition
+        >>> model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), torch.randn(2, 4)
+        >>> partition(model, 2, x).costs_under(partition(model, 1, x, cost="flops"))
+        [64.0, 64.0]
         """
+        if not isinstance(other, StagePlan):
+            raise InputError(
+                f"costs_under(other=...) got {type(other).__name__}; pass a StagePlan of the same model "
+                "(partition(model, 1, example_inputs, cost=...))"
+            )
         lookup = dict(other.node_costs)
+        missing = [name for name, _ in self.node_costs if name not in lookup]
+        if missing:
+            raise PlanMismatchError(
+                f"costs_under(other={other!r}): other has no cost for {len(missing)} of this plan's "
+                f"{len(self.node_costs)} nodes (first {missing[:3]}); it is a plan of another model or "
+                f"graph. Pass a plan of the same {self.model_name} captured from the same example inputs"
+            )
         sums = [0.0] * self.num_stages
         for name, _ in self.node_costs:
             sums[self.assignment[name]] += lookup[name]
@@ -393,15 +414,11 @@ class StagePlan:
         >>> StagePlan.load(path).num_stages
         2
         """
-        from unitscale.stages.saved import save_plan
-
         save_plan(self, path)
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> SavedPlan:
         """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure)."""
-        from unitscale.stages.saved import load_plan
-
         return load_plan(path)
 
     def output_from_leaves(self, out: Any) -> Any:
@@ -469,9 +486,10 @@ class StagePlan:
         >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
         {'blocks.2': <SplitPoint.BEGINNING: 1>}
         """
+        # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
         from torch.distributed.pipelining import SplitPoint
 
-        nodes = self._compute_nodes()
+        nodes = self.compute_nodes()
         paths = [str(n.meta.get(MODULE_PATH_KEY, "")) for n in nodes]
         called = _called_modules(self._root, self.graph)
         calls = _call_counts(self.graph)
@@ -502,7 +520,19 @@ class StagePlan:
             spec[module] = SplitPoint.BEGINNING
         return spec
 
-    def _compute_nodes(self) -> list[fx.Node]:
+    @property
+    def root(self) -> nn.Module:
+        """The traced copy of the model whose parameters and submodules the graph reads (not the user's module)."""
+        return self._root
+
+    def compute_nodes(self) -> list[fx.Node]:
+        """The graph's compute nodes in execution order, one per :attr:`node_costs` entry.
+
+        >>> import torch
+        >>> from unitscale import partition
+        >>> [n.name for n in partition(torch.nn.Linear(2, 2), 1, torch.randn(1, 2)).compute_nodes()]
+        ['linear']
+        """
         by_name = {n.name: n for n in self.graph.nodes}
         return [by_name[name] for name, _ in self.node_costs]
 
@@ -561,6 +591,7 @@ class StagePlan:
         Returns:
             The axes.
         """
+        # lazy: matplotlib.pyplot adds 1.9 s to `import unitscale` (python -X importtime); only plots need it
         import matplotlib.pyplot as plt
 
         if ax is None:
@@ -624,74 +655,6 @@ def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
         for key, path, _ in stack_entries(node) or ():
             keys.setdefault(path, set()).add(key)
     return {path: len(k) for path, k in keys.items()} or None
-
-
-def _as_tuple(example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
-
-
-def _allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool]:
-    """``allowed[i]``: may a stage start at ``nodes[i]``? (``i`` in ``1..n-1``)"""
-    n = len(nodes)
-    position = {node: i for i, node in enumerate(nodes)}
-    blocked = [0] * (n + 2)
-    graph = nodes[0].graph
-    for node in graph.nodes:
-        if node.op not in ("placeholder", *COMPUTE_OPS) or not node.users:
-            continue
-        if INPUT_CONSTANT_KEY in node.meta or is_symbolic(node):
-            continue  # every stage has it (constant input) or remakes it (symbolic size)
-        value_type = node.meta.get("type")
-        if isinstance(value_type, type) and issubclass(value_type, torch.Tensor):
-            continue
-        # only tensors can cross a stage boundary: no cut between this value and its last use
-        made = position.get(node, -1)
-        last = max(position.get(u, n) for u in node.users)
-        blocked[made + 1] += 1
-        blocked[last + 1] -= 1
-    allowed = [False] * n
-    running = 0
-    for i in range(n):
-        running += blocked[i]
-        allowed[i] = i > 0 and running == 0
-    _forbid_uncovered_symbols(graph, position, allowed)
-    if boundary_depth is not None:
-        paths = [".".join(node.meta.get(MODULE_PATH_KEY, "").split(".")[:boundary_depth]) for node in nodes]
-        for i in range(1, n):
-            allowed[i] = allowed[i] and paths[i] != paths[i - 1]
-    return allowed
-
-
-def _last_symbolic_use(node: fx.Node, position: dict[fx.Node, int], n: int) -> int:
-    last = -1
-    for user in node.users:
-        last = max(last, _last_symbolic_use(user, position, n) if is_symbolic(user) else position.get(user, n))
-    return last
-
-
-def _forbid_uncovered_symbols(graph: fx.Graph, position: dict[fx.Node, int], allowed: list[bool]) -> None:
-    """A stage remakes a symbolic size from a tensor it receives: no cut where no such tensor crosses."""
-    n = len(allowed)
-    roots = [r for r in graph.nodes if r.target is torch.ops.aten.sym_size.int and is_symbolic(r)]
-    for expr in {symbol_of(r) for r in roots}:
-        need, cover = [0] * (n + 2), [0] * (n + 2)
-        for r in roots:
-            if symbol_of(r) == expr:
-                need[position.get(r, -1) + 1] += 1
-                need[_last_symbolic_use(r, position, n) + 1] -= 1
-        for t in graph.nodes:
-            if t.op in ("placeholder", *COMPUTE_OPS) and t.users and tensor_carries(t, expr) is not None:
-                cover[position.get(t, -1) + 1] += 1
-                cover[max(position.get(u, n) for u in t.users) + 1] -= 1
-        needed = covered = 0
-        for i in range(n):
-            needed, covered = needed + need[i], covered + cover[i]
-            if needed and not covered:
-                allowed[i] = False
 
 
 def _output_spec(graph: fx.Graph, output: Any) -> TreeSpec | None:
@@ -778,7 +741,7 @@ def partition(
         raise StageCountError(
             f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
         )
-    inputs = _as_tuple(example_inputs)
+    inputs = as_tuple(example_inputs)
     root, graph, route = _graph_for_stages(module, inputs)
     profiler = run_profiler(root, graph, inputs, count_flops=cost == "flops", repeats=repeats if cost == "time" else 0)
     nodes = [n for n in graph.nodes if n.op in COMPUTE_OPS]
@@ -786,7 +749,7 @@ def partition(
     if not nodes:
         raise StageCountError(f"{name} has no compute nodes to split into num_stages={num_stages}")
     costs = node_costs(root, nodes, profiler, cost)
-    allowed = _allowed_cuts(nodes, boundary_depth)
+    allowed = allowed_cuts(nodes, boundary_depth)
     unit_bounds = [0, *[i for i in range(1, len(nodes)) if allowed[i]], len(nodes)]
     units = len(unit_bounds) - 1
     if num_stages > units:
@@ -810,6 +773,9 @@ def partition(
         chosen = search.greedy_threshold_bounds(unit_costs, num_stages)
     bounds = [unit_bounds[i] for i in chosen]
     cost_name = cost if isinstance(cost, str) else "callable"
+    if method == "optimal":
+        stage_costs = search.stage_sums(costs, bounds)
+        check_no_idle_stage(name, num_stages, nodes, costs, stage_costs, allowed, boundary_depth, cost_name)
     return StagePlan(
         root,
         graph,

@@ -176,56 +176,108 @@ def check_link(bandwidth: float, latency: float) -> None:
 
 
 def valid_microbatches(schedule: str, ranks: int, near: int) -> list[int]:
-    """Microbatch counts near ``near`` that ``schedule`` accepts on ``ranks`` ranks.
+    """Microbatch counts up to about ``2 * near`` that ``schedule`` accepts on ``ranks`` ranks (one stage each
+    for GPipe and 1F1B).
 
     >>> from unitscale.stages.schedule_costs import valid_microbatches
-    >>> valid_microbatches("interleaved_1f1b", 4, 10)[:4]
-    [1, 2, 3, 4]
+    >>> valid_microbatches("interleaved_1f1b", 4, 6)
+    [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16]
     """
-    return [m for m in range(1, max(2 * near, 4 * ranks) + 1) if _microbatch_problem(schedule, ranks, m) is None]
+    return [m for m in range(1, max(2 * near, 4 * ranks) + 1) if _microbatch_problem(schedule, ranks, ranks, m) is None]
 
 
-def _microbatch_problem(schedule: str, ranks: int, m: int) -> str | None:
+def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> str | None:
     if schedule in _LOOPED:
+        # torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (2.13) split the
+        # microbatches into max(1, m // ranks) rounds of equal size
         rounds = max(1, m // ranks)
         if m % rounds:
-            return f"{schedule} splits the microbatches into max(1, m // ranks) = {rounds} rounds, which must divide m"
+            return (
+                f"{schedule} splits the microbatches into max(1, m // ranks) = {rounds} rounds of equal size, "
+                f"and {rounds} does not divide {m}"
+            )
+    if schedule == "1f1b" and m < num_stages:
+        # torch's Schedule1F1B refuses fewer microbatches than stages
+        return f"1f1b needs at least as many microbatches as stages ({num_stages})"
     # zbv takes any count: torch's ScheduleZBVZeroBubble runs (and its order holds every
     # action) with fewer microbatches than stages too
     return None
 
 
-def check_schedule(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> None:
-    """Typed errors for a schedule, rank count, stages per rank or microbatch count that cannot run.
+def check_schedule(
+    schedule: str, num_stages: int, stages_per_rank: int, num_microbatches: int, *, training: bool = True
+) -> int:
+    """Check that ``schedule`` runs ``num_stages`` stages, ``stages_per_rank`` per rank, on
+    ``num_microbatches`` microbatches; return the number of ranks.
 
-    >>> from unitscale.stages.schedule_costs import check_schedule
-    >>> check_schedule("interleaved_1f1b", ranks=4, stages_per_rank=2, num_microbatches=9)
+    The rules are torch's (2.13): GPipe and 1F1B hold one stage per rank, ZBV two (a V), the
+    interleaved schedules any number; 1F1B needs at least one microbatch per stage; the
+    interleaved schedules take any count below ``2 * ranks`` and, from there on, a count that
+    ``m // ranks`` divides (any multiple of ``ranks`` works: ``ranks = 4`` takes 5, 6, 7, 8, 10,
+    12 and refuses 9 and 11); ZBV cannot run a forward-only step (``training=False``).
+
+    >>> from unitscale.stages import check_schedule
+    >>> check_schedule("interleaved_1f1b", num_stages=8, stages_per_rank=2, num_microbatches=10)
+    4
+    >>> check_schedule("interleaved_1f1b", num_stages=8, stages_per_rank=2, num_microbatches=9)
     Traceback (most recent call last):
     ...
     unitscale.errors.InputError: num_microbatches=9 does not fit interleaved_1f1b on 4 ranks: ...
+
+    Raises:
+        UnknownScheduleError: ``schedule`` is not one of ``SCHEDULES``.
+        StageCountError: ``stages_per_rank`` that does not divide ``num_stages`` or fit the schedule.
+        InputError: a microbatch count the schedule cannot use (the message lists counts near it
+            that work), or a forward-only step with ``"zbv"``.
     """
     if schedule not in SCHEDULES:
         raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
-    for name, value in (("ranks", ranks), ("stages_per_rank", stages_per_rank)):
+    for name, value in (("num_stages", num_stages), ("stages_per_rank", stages_per_rank)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise StageCountError(f"{name}={value!r} must be an int >= 1")
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise InputError(f"num_microbatches={num_microbatches!r} must be an int >= 1")
+    if num_stages % stages_per_rank:
+        divisors = [d for d in range(1, num_stages + 1) if num_stages % d == 0]
+        raise StageCountError(
+            f"{num_stages} stages cannot be spread evenly with stages_per_rank={stages_per_rank}; use "
+            f"stages_per_rank in {divisors} or a multiple of {stages_per_rank} stages"
+        )
+    ranks = num_stages // stages_per_rank
     if schedule in ("gpipe", "1f1b") and stages_per_rank != 1:
         raise StageCountError(
             f"schedule {schedule!r} runs one stage per rank, got stages_per_rank={stages_per_rank}; "
-            "use 'interleaved_1f1b' or 'interleaved_zero_bubble' for several"
+            "use 'interleaved_1f1b' or 'interleaved_zero_bubble' for several (or 'zbv' for two), or stages_per_rank=1"
         )
     if schedule == "zbv" and stages_per_rank != 2:
-        raise StageCountError(f"schedule 'zbv' places exactly 2 stages per rank, got stages_per_rank={stages_per_rank}")
-    problem = _microbatch_problem(schedule, ranks, num_microbatches)
+        raise StageCountError(
+            f"schedule 'zbv' places exactly 2 stages per rank (a V), got stages_per_rank={stages_per_rank}; "
+            "pass stages_per_rank=2 with a plan of 2 * ranks stages, or use 'interleaved_1f1b'"
+        )
+    if schedule == "zbv" and not training:
+        raise InputError(
+            "schedule='zbv' cannot run a forward-only step (torch's ZBV schedule steps its backward actions "
+            "even without a loss); use schedule='interleaved_1f1b' with the same plan and stages_per_rank=2, "
+            "or pass loss_fn and target for a training step"
+        )
+    problem = _microbatch_problem(schedule, ranks, num_stages, num_microbatches)
     if problem is not None:
-        good = valid_microbatches(schedule, ranks, num_microbatches)
-        nearby = sorted(good, key=lambda m: (abs(m - num_microbatches), m))[:4]
+        good = [
+            m
+            for m in range(1, max(2 * num_microbatches, 4 * num_stages) + 1)
+            if _microbatch_problem(schedule, ranks, num_stages, m) is None
+        ]
+        nearby = sorted(sorted(good, key=lambda m: (abs(m - num_microbatches), m))[:4])
+        also = (
+            f"any count >= {num_stages} works, or schedule='gpipe'"
+            if schedule == "1f1b"
+            else f"any multiple of {ranks} works"
+        )
         raise InputError(
             f"num_microbatches={num_microbatches} does not fit {schedule} on {ranks} ranks: {problem}; "
-            f"use one of {sorted(nearby)} (any multiple of {ranks} works)"
+            f"use num_microbatches in {nearby} ({also})"
         )
+    return ranks
 
 
 def stage_ranks(schedule: str, ranks: int, stages_per_rank: int) -> list[int]:
@@ -255,6 +307,7 @@ def _one_f_one_b(ranks: int, m: int) -> list[list[Op]]:
 
 def _from_torch(schedule: str, ranks: int, v: int, m: int) -> list[list[Op]]:
     """The per-rank order torch's own schedule class computes (no process group needed)."""
+    # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
     from torch.distributed.pipelining import schedules as ts
 
     cls = {
@@ -307,7 +360,7 @@ def schedule_order(schedule: str, ranks: int, stages_per_rank: int, num_microbat
     >>> [f"{op.kind}{op.microbatch}" for op in schedule_order("1f1b", 2, 1, 3)[0]]
     ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
     """
-    check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     return [list(o) for o in _order(schedule, ranks, stages_per_rank, num_microbatches)]
 
 

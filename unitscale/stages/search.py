@@ -4,7 +4,8 @@ A partition of ``n`` costs into ``k`` stages is given by its ``k + 1`` *bounds*
 ``[0, b1, ..., n]``: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``. The
 bottleneck of a partition is its largest stage sum. :func:`optimal_bounds`
 finds a partition with the smallest possible bottleneck exactly; the other
-functions are the well-known heuristics it is compared against.
+functions are the simple rules :func:`~unitscale.partition` offers as baselines (two more, only
+compared against in the benchmarks, live in ``benchmarks/stage_heuristics.py``).
 
 Stage sums are always differences of one prefix-sum array, so the exact search
 and every check compare the very same floating-point numbers.
@@ -26,13 +27,12 @@ from collections.abc import Sequence
 __all__ = [
     "optimal_bounds",
     "balanced_bounds",
+    "least_squares_bounds",
     "sum_of_squares",
     "bottleneck",
     "stage_sums",
     "equal_count_bounds",
     "greedy_threshold_bounds",
-    "block_partition_bounds",
-    "max_min_bounds",
     "brute_force_bottleneck",
 ]
 
@@ -165,14 +165,58 @@ def sum_of_squares(costs: Sequence[float], bounds: Sequence[int]) -> float:
 BALANCE_BUDGET = 4_000_000
 
 
+def least_squares_bounds(
+    prefix: Sequence[float], k: int, starts: Sequence[Sequence[int]], limit: float | None = None
+) -> list[int] | None:
+    """Among partitions into ``k`` non-empty stages where stage ``s`` ending at item ``i`` starts at
+    ``starts[s][i]`` or later (and, with ``limit``, sums to at most ``limit``), the one with the
+    least sum of squared stage sums; ``None`` when there is none or the programme would take more
+    than :data:`BALANCE_BUDGET` steps.
+
+    A dynamic programme over prefixes (``prefix[i]``: the sum of the first ``i`` items), ``O(k n w)``
+    for ``w`` items that fit in one stage. Stage sums are differences of ``prefix``: the very
+    numbers a caller's cap was decided on.
+
+    >>> from unitscale.stages.search import least_squares_bounds
+    >>> least_squares_bounds([0, 5, 5, 6, 7, 8, 9, 10, 11], 4, [[0] * 9] * 4, limit=5)
+    [0, 1, 4, 6, 8]
+    """
+    n = len(prefix) - 1
+    if sum(i - lo[i] for lo in starts for i in range(n + 1) if lo[i] < i) > BALANCE_BUDGET:
+        return None
+    inf = math.inf
+    best = [0.0] + [inf] * n
+    args: list[list[int]] = []
+    for s in range(k):
+        lo = starts[s]
+        new, arg = [inf] * (n + 1), [0] * (n + 1)
+        for i in range(s + 1, n - (k - 1 - s) + 1):
+            for j in range(max(lo[i], s), i):
+                if best[j] == inf:
+                    continue
+                w = prefix[i] - prefix[j]
+                if limit is not None and w > limit:
+                    continue
+                v = best[j] + w * w
+                if v < new[i]:
+                    new[i], arg[i] = v, j
+        best = new
+        args.append(arg)
+    if best[n] == inf:
+        return None
+    bounds = [n]
+    for arg in reversed(args):
+        bounds.append(arg[bounds[-1]])
+    return bounds[::-1]
+
+
 def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) -> list[int] | None:
     """The most balanced partition among those whose bottleneck is at most ``limit`` (default: the optimum).
 
     Min-max alone is indifferent between ``[5, 0, 3, 3]`` and ``[5, 2, 2, 2]``; this
-    dynamic programme over prefixes minimises the sum of squared stage sums
-    subject to every stage being at most ``limit``, so the bottleneck stays optimal
-    and the other stages share the rest evenly. ``O(k n w)`` for ``w`` items that
-    fit in one stage; returns ``None`` when that exceeds :data:`BALANCE_BUDGET`.
+    minimises the sum of squared stage sums subject to every stage being at most ``limit``
+    (:func:`least_squares_bounds`), so the bottleneck stays optimal and the other stages
+    share the rest evenly.
 
     Args:
         costs: non-negative cost per item, in order.
@@ -191,32 +235,9 @@ def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) 
     prefix = _prefix(costs)
     if limit is None:
         limit = bottleneck(costs, optimal_bounds(costs, k))
-    # one item early: bisect's subtraction may round; the loop tests the very differences the search used
+    # one item early: bisect's subtraction may round; the programme tests the very differences
     first_fit = [max(bisect.bisect_left(prefix, prefix[i] - limit, hi=i) - 1, 0) for i in range(n + 1)]
-    if k * sum(i - j for i, j in enumerate(first_fit)) > BALANCE_BUDGET:
-        return None
-    inf = math.inf
-    best = [0.0] + [inf] * n
-    args: list[list[int]] = []
-    for s in range(1, k + 1):
-        new = [inf] * (n + 1)
-        arg = [0] * (n + 1)
-        for i in range(s, n - (k - s) + 1):
-            for j in range(max(first_fit[i], s - 1), i):
-                w = prefix[i] - prefix[j]
-                if w > limit or best[j] == inf:
-                    continue
-                v = best[j] + w * w
-                if v < new[i]:
-                    new[i], arg[i] = v, j
-        best = new
-        args.append(arg)
-    if best[n] == inf:
-        return None
-    bounds = [n]
-    for arg in reversed(args):
-        bounds.append(arg[bounds[-1]])
-    return bounds[::-1]
+    return least_squares_bounds(prefix, k, [first_fit] * k, limit)
 
 
 def equal_count_bounds(n: int, k: int) -> list[int]:
@@ -255,72 +276,6 @@ def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:
             acc = 0.0
     bounds.append(n)
     return bounds
-
-
-def block_partition_bounds(costs: Sequence[float], k: int) -> list[int]:
-    """Local search in the style of torchgpipe's block partition.
-
-    Start from equal item counts and move one item at a time off the heaviest
-    stage onto a neighbour while that lowers the heavier of the two; stop when no
-    move helps. Fast and usually close to optimal, but it can get stuck.
-
-    >>> block_partition_bounds([1, 1, 1, 1, 4], 2)
-    [0, 4, 5]
-    """
-    n = len(costs)
-    prefix = _prefix(costs)
-    bounds = equal_count_bounds(n, k)
-
-    def s(i: int) -> float:
-        return prefix[bounds[i + 1]] - prefix[bounds[i]]
-
-    for _ in range(4 * n * k):
-        heavy = max(range(k), key=s)
-        moved = False
-        for nb in (heavy - 1, heavy + 1):
-            if not 0 <= nb < k:
-                continue
-            cut = heavy if nb < heavy else heavy + 1
-            step = 1 if nb < heavy else -1
-            new = bounds[cut] + step
-            if not bounds[cut - 1] < new < bounds[cut + 1]:
-                continue
-            before = max(s(heavy), s(nb))
-            bounds[cut] = new
-            if max(s(heavy), s(nb)) < before:
-                moved = True
-                break
-            bounds[cut] = new - step
-        if not moved:
-            break
-    return bounds
-
-
-def max_min_bounds(costs: Sequence[float], k: int) -> list[int]:
-    """Maximise the *smallest* stage sum by dynamic programming (``O(n^2 k)``, small ``n`` only).
-
-    A common stand-in for balance; it is not the same objective as the bottleneck.
-
-    >>> max_min_bounds([3, 1, 1, 3], 2)
-    [0, 2, 4]
-    """
-    n = len(costs)
-    prefix = _prefix(costs)
-    neg = -math.inf
-    # best[j][i]: best smallest stage over the first i items in j stages
-    best = [[neg] * (n + 1) for _ in range(k + 1)]
-    arg = [[0] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = math.inf
-    for j in range(1, k + 1):
-        for i in range(j, n + 1):
-            for m in range(j - 1, i):
-                v = min(best[j - 1][m], prefix[i] - prefix[m])
-                if v > best[j][i]:
-                    best[j][i], arg[j][i] = v, m
-    bounds = [n]
-    for j in range(k, 0, -1):
-        bounds.append(arg[j][bounds[-1]])
-    return bounds[::-1]
 
 
 def brute_force_bottleneck(costs: Sequence[float], k: int) -> float:

@@ -34,15 +34,15 @@ if TYPE_CHECKING:
 
     from unitscale.stages.plan import StagePlan
 
-__all__ = ["Block", "Timeline", "simulate", "simulate_bounds", "step_times"]
+__all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
 
 @dataclass(frozen=True)
-class Block:
+class TimelineBlock:
     """One piece of work on the timeline: ``kind`` ``F``/``B``/``I``/``W`` of ``stage`` on ``microbatch``.
 
-    >>> from unitscale.stages import Block
-    >>> Block(rank=0, stage=1, kind="F", microbatch=2, start=0.5, end=1.5).end
+    >>> from unitscale.stages import TimelineBlock
+    >>> TimelineBlock(rank=0, stage=1, kind="F", microbatch=2, start=0.5, end=1.5).end
     1.5
     """
 
@@ -73,7 +73,7 @@ class Timeline:
     schedule: str
     ranks: int
     num_microbatches: int
-    blocks: list[Block]
+    blocks: list[TimelineBlock]
     step_time: float
     stage_memory: list[float]
     rank_memory: list[float]
@@ -114,6 +114,7 @@ class Timeline:
         Returns:
             The figure.
         """
+        # lazy: matplotlib.pyplot adds 1.9 s to `import unitscale` (python -X importtime); only plots need it
         import matplotlib.pyplot as plt
         from matplotlib.axes import Axes
         from matplotlib.patches import Patch
@@ -219,14 +220,11 @@ def simulate_bounds(
     >>> from unitscale.stages.schedule_costs import ChainCosts
     >>> from unitscale.stages.simulate import simulate_bounds
     >>> c = ChainCosts.uniform([1.0, 1.0], boundary_bytes=1.0, bandwidth=2.0)
-    >>> simulate_bounds(c, [0, 1, 2], "1f1b", 1).step_time  # f, send 0.5, f, b, send 0.5, b
+    >>> simulate_bounds(c, [0, 1, 2], "gpipe", 1).step_time  # f, send 0.5, f, b, send 0.5, b
     7.0
     """
     num_stages = len(bounds) - 1
-    if stages_per_rank < 1 or num_stages % stages_per_rank:
-        raise StageCountError(f"{num_stages} stages cannot be spread evenly with stages_per_rank={stages_per_rank}")
-    ranks = num_stages // stages_per_rank
-    check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    ranks = check_schedule(schedule, num_stages, stages_per_rank, num_microbatches)
     _check_bounds(bounds, len(costs), num_stages)
     placement = stage_ranks(schedule, ranks, stages_per_rank)
     speeds = _speeds(device_speeds, ranks)
@@ -234,44 +232,15 @@ def simulate_bounds(
     share = costs.weight_grad_share
     duration = {"F": fwd, "B": bwd, "I": [b * (1 - share) for b in bwd], "W": [b * share for b in bwd]}
     comm = [costs.comm_time(b) for b in bounds]  # comm[s]: between stage s - 1 and s
-
-    def arrival(stage_from: int, stage_to: int, done: float) -> float:
-        if placement[stage_from] == placement[stage_to]:
-            return done
-        return done + comm[max(stage_from, stage_to)]
-
-    orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
-    finished: dict[tuple[str, int, int], float] = {}
+    ends: list[float] = []
     free = [0.0] * ranks
-    nxt = [0] * ranks
-    blocks: list[Block] = []
-    last = num_stages - 1
-    grad = "I" if any(op.kind == "I" for o in orders for op in o) else "B"
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for r in range(ranks):
-            while nxt[r] < len(orders[r]):
-                op = orders[r][nxt[r]]
-                s, i = op.stage, op.microbatch
-                if op.kind == "F":
-                    deps = [] if s == 0 else [(("F", s - 1, i), s - 1)]
-                elif op.kind == "W":
-                    deps = [(("I", s, i), s)]
-                else:
-                    deps = [(("F", s, i), s)] + ([] if s == last else [((grad, s + 1, i), s + 1)])
-                if any(key not in finished for key, _ in deps):
-                    break
-                ready = max([free[r], *(arrival(src, s, finished[key]) for key, src in deps)])
-                end = ready + duration[op.kind][s]
-                finished[(op.kind, s, i)] = end
-                blocks.append(Block(r, s, op.kind, i, ready, end))
-                free[r] = end
-                nxt[r] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - torch's orders are deadlock-free
-            raise RuntimeError(f"schedule {schedule} deadlocked in simulation at {nxt}")
+    blocks: list[TimelineBlock] = []
+    for r, kind, s, i, deps in _program(schedule, ranks, stages_per_rank, num_microbatches):
+        ready = max([free[r], *(ends[d] + (comm[c] if c >= 0 else 0.0) for d, c in deps)])
+        end = ready + duration[kind][s]
+        ends.append(end)
+        blocks.append(TimelineBlock(r, s, kind, i, ready, end))
+        free[r] = end
     held = in_flight(schedule, ranks, stages_per_rank, num_microbatches)
     stage_memory = [
         math.fsum(costs.param_bytes[a:b]) + held[s] * math.fsum(costs.activation_bytes[a:b])
@@ -335,8 +304,12 @@ def simulate(
 @functools.lru_cache(maxsize=32)
 def _program(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> tuple[tuple, ...]:
     """The simulator's work as a straight-line programme: per op, in an order that respects every
-    dependency, ``(rank, kind, stage, deps)`` with ``deps`` pairs ``(op index, cut or -1)``: the op
-    waits for that op's end plus the time of the cut (``-1``: same rank, no message)."""
+    dependency, ``(rank, kind, stage, microbatch, deps)`` with ``deps`` pairs ``(op index, cut or -1)``:
+    the op waits for that op's end plus the time of the cut (``-1``: same rank, no message).
+
+    The dependency rule, written once: a forward needs the previous stage's forward of its
+    microbatch; a backward (or input-gradient ``I``) needs its own forward and the next stage's
+    gradient; a weight gradient ``W`` needs its own ``I``."""
     orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
     placement = stage_ranks(schedule, ranks, stages_per_rank)
     last = ranks * stages_per_rank - 1
@@ -346,6 +319,7 @@ def _program(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: 
     nxt = [0] * ranks
     remaining = sum(len(o) for o in orders)
     while remaining:
+        before = remaining
         for r in range(ranks):
             while nxt[r] < len(orders[r]):
                 op = orders[r][nxt[r]]
@@ -360,9 +334,11 @@ def _program(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: 
                     break
                 wired = tuple((index[key], -1 if placement[src] == placement[s] else max(src, s)) for key, src in deps)
                 index[(op.kind, s, i)] = len(program)
-                program.append((r, op.kind, s, wired))
+                program.append((r, op.kind, s, i, wired))
                 nxt[r] += 1
                 remaining -= 1
+        if remaining == before:  # pragma: no cover - torch's orders are deadlock-free
+            raise RuntimeError(f"schedule {schedule} deadlocked in simulation at {nxt}")
     return tuple(program)
 
 
@@ -398,7 +374,7 @@ def step_times(
     >>> step_times("1f1b", 4, 1, 4, ones, 2 * ones, 0 * ones)  # (m + p - 1) * 3
     array([21.])
     """
-    check_schedule(schedule, ranks, stages_per_rank, num_microbatches)
+    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     program = _program(schedule, ranks, stages_per_rank, num_microbatches)
     forward = np.asarray(forward, dtype=np.float64)
     backward = np.asarray(backward, dtype=np.float64)
@@ -412,7 +388,7 @@ def step_times(
     cut = comm.T
     free = np.zeros((ranks, forward.shape[0]))
     ends: list[np.ndarray] = []
-    for r, kind, s, deps in program:
+    for r, kind, s, _, deps in program:
         ready = free[r]
         for d, c in deps:
             arrive = ends[d] if c < 0 else ends[d] + cut[c]

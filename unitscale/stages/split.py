@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch._library.custom_ops import OPDEFS
 from torch.fx.graph import _PyTreeCodeGen
 from torch.fx.passes.split_module import split_module
 from torch.utils._pytree import tree_leaves
@@ -38,6 +39,8 @@ from unitscale.fx.nodes import COMPUTE_OPS
 
 __all__ = [
     "INPUT_CONSTANT_KEY",
+    "bake_constant_inputs",
+    "constant_inputs",
     "op_libraries",
     "is_constant",
     "is_symbolic",
@@ -289,6 +292,39 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
     return stages
 
 
+def constant_inputs(graph: fx.Graph) -> dict[int, Any]:
+    """Position -> value of the graph's inputs whose example value was a constant (``attn_mask=None``)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    return {i: p.meta[INPUT_CONSTANT_KEY] for i, p in enumerate(placeholders) if INPUT_CONSTANT_KEY in p.meta}
+
+
+def bake_constant_inputs(stage: fx.GraphModule) -> fx.GraphModule:
+    """``stage`` (a first stage) without the inputs whose example value was a constant: it uses the
+    constant instead, as later stages do. A pipeline stage sends and receives tensors only.
+
+    >>> import torch
+    >>> from unitscale import partition
+    >>> from unitscale.stages.split import bake_constant_inputs
+    >>> class Scaled(torch.nn.Module):
+    ...     def forward(self, x, scale=None):
+    ...         return x * 2 if scale is None else x * scale
+    >>> first = partition(Scaled(), 1, (torch.ones(2), None)).stage_modules()[0]
+    >>> bake_constant_inputs(first)(torch.ones(2))
+    tensor([2., 2.])
+    """
+    g = fx.Graph(tracer_cls=StageTracer)
+    env: dict[fx.Node, Any] = {}
+    for node in stage.graph.nodes:
+        if node.op == "placeholder" and INPUT_CONSTANT_KEY in node.meta:
+            env[node] = node.meta[INPUT_CONSTANT_KEY]
+        else:
+            env[node] = g.node_copy(node, lambda n: env[n])
+    baked = fx.GraphModule(stage, g, type(stage).__name__)
+    if "_unitscale_op_libraries" in stage.__dict__:
+        baked.__dict__["_unitscale_op_libraries"] = stage.__dict__["_unitscale_op_libraries"]
+    return baked
+
+
 def _dense_order(v: fx.Node) -> list[int] | None:
     """How a strided tensor value crossing a cut is sent: ``[]`` as it is (contiguous, or not a
     tensor), the dimension order that lays it out contiguously without a copy (a transpose, a
@@ -354,8 +390,6 @@ def op_libraries(module: nn.Module) -> list[str]:
     >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]  # where twice was defined
     True
     """
-    from torch._library.custom_ops import OPDEFS
-
     found: list[str] = []
     for sub in module.modules():
         graph = getattr(sub, "graph", None)

@@ -1,0 +1,72 @@
+"""What crosses each stage boundary, for one microbatch: every stage's example inputs and outputs.
+
+A :class:`~torch.distributed.pipelining.PipelineStage` built without them infers them at the
+first step by running each later stage on *uninitialised* tensors of the shapes the stage
+before it sent: token ids or expert indices crossing a cut then index out of range inside the
+workers. Built with them (torch's static mode), every receive buffer has the real shape and
+dtype and no stage runs on made-up values. They are found by running the chained stages once,
+on the first microbatch of the real inputs, where the plan is (the caller's process).
+
+>>> import torch
+>>> from torch import nn
+>>> from unitscale import partition
+>>> from unitscale.stages.boundaries import stage_examples
+>>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+>>> x = torch.randn(6, 4)
+>>> [[tuple(t.shape) for t in ins] for ins, _ in stage_examples(partition(model, 2, x).stage_modules(), (x,), 3)]
+[[(2, 4)], [(2, 8)]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["StageExample", "stage_examples"]
+
+#: one stage's example inputs and outputs (tensors on the meta device: shapes, strides, dtypes, requires_grad)
+StageExample = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _on_meta(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor with ``t``'s shape, strides, dtype and ``requires_grad`` (nothing to pickle but those)."""
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return meta.requires_grad_(t.requires_grad and (t.is_floating_point() or t.is_complex()))
+
+
+def _received(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the next stage receives it: a leaf that needs a gradient where the sender's value has one."""
+    return t.detach().requires_grad_(t.requires_grad)
+
+
+def stage_examples(
+    stages: Sequence[nn.Module], inputs: Sequence[Any], num_microbatches: int, training: bool = True
+) -> list[StageExample]:
+    """Each stage's inputs and outputs for the first of ``num_microbatches`` microbatches of ``inputs``.
+
+    Args:
+        stages: the chained stage modules (:meth:`~unitscale.StagePlan.stage_modules`).
+        inputs: the model's (flat) inputs for the whole batch; tensors are split on dim 0.
+        num_microbatches: how many microbatches the batch is split into.
+        training: run with autograd, so that which values need a gradient is known.
+
+    Returns:
+        Per stage, ``(inputs, outputs)`` as tensors on the meta device (inputs that are not tensors,
+        such as a ``None`` the first stage bakes in, are left out).
+    """
+    args = tuple(x.tensor_split(num_microbatches)[0] if isinstance(x, torch.Tensor) and x.dim() else x for x in inputs)
+    examples: list[StageExample] = []
+    with torch.set_grad_enabled(training):
+        for stage in stages:
+            out = _as_tuple(stage(*args))
+            sent = tuple(_on_meta(a) for a in args if isinstance(a, torch.Tensor))
+            examples.append((sent, tuple(_on_meta(o) for o in out)))
+            args = tuple(_received(o) for o in out)
+    return examples

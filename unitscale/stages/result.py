@@ -1,0 +1,94 @@
+"""What a training run of :func:`~unitscale.run_pipeline` returns: output, loss, gradients and the step measured."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from unitscale.errors import InputError
+from unitscale.stages.measured import RankRecord
+from unitscale.stages.schedule_costs import ChainCosts
+from unitscale.stages.simulate import Timeline, simulate_bounds
+
+__all__ = ["PipelineResult"]
+
+
+@dataclass
+class PipelineResult:
+    """What a training run of :func:`run_pipeline` returns.
+
+    >>> import torch
+    >>> from unitscale.stages import PipelineResult
+    >>> PipelineResult(torch.zeros(2), torch.tensor(0.5), {}, step_time=0.01).loss.item()
+    0.5
+
+    Attributes:
+        output: the model output for the whole batch (microbatches concatenated).
+        loss: mean of the per-microbatch losses.
+        grads: parameter name (as in the original model) -> gradient, summed over
+            the stages that hold the parameter.
+        step_time: seconds per training step, the median over the timed steps of the
+            slowest rank's time (each step starts on a barrier).
+        stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with
+            one item per stage: mean forward and backward seconds per microbatch, the bytes
+            each stage sends, the gloo link (ping-pong latency and bandwidth) and the
+            schedule's bookkeeping per action (see ``unitscale.stages.measured``).
+        timeline: the measured :class:`~unitscale.stages.Timeline` of the timed step whose time
+            is ``step_time`` (every action's start and end on its rank).
+        schedule: the schedule that ran.
+        num_microbatches: microbatches per step.
+        stages_per_rank: stages each rank held.
+        records: each rank's raw measurements (``unitscale.stages.measured.RankRecord``):
+            every timed action and message wait, the steps' starts and ends.
+        bounds: the node-index bounds of the plan's stages (``StagePlan.bounds``), so that the
+            measured durations can calibrate another plan of the graph
+            (``plan_pipeline(..., calibration=result)``).
+    """
+
+    output: Any
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    step_time: float = math.nan
+    stage_costs: ChainCosts | None = None
+    timeline: Timeline | None = None
+    schedule: str = "gpipe"
+    num_microbatches: int = 1
+    stages_per_rank: int = 1
+    records: list[RankRecord] = field(default_factory=list)
+    bounds: list[int] | None = None
+
+    def predicted(self, device_speeds: Sequence[float] | None = None) -> Timeline:
+        """The simulator's step for the durations measured in the workers (:attr:`stage_costs`).
+
+        The same simulator the planner uses (``simulate_bounds``), fed
+        with what the pipeline's own processes measured instead of a planning estimate:
+        how close its ``step_time`` comes to :attr:`step_time` tests the timing model.
+
+        Raises:
+            InputError: the result carries no measurements (built by hand).
+
+        >>> import torch
+        >>> from unitscale.stages import ChainCosts, PipelineResult
+        >>> costs = ChainCosts.uniform([1.0, 1.0], backward_ratio=2.0)
+        >>> r = PipelineResult(None, torch.tensor(0.0), {}, 12.0, costs, None, "gpipe", 3)
+        >>> r.predicted().step_time  # (m + p - 1) * (f + b)
+        12.0
+        """
+        if self.stage_costs is None:
+            raise InputError(
+                "this PipelineResult carries no measured stage_costs; use the one run_pipeline(..., loss_fn=..., "
+                "target=...) returns"
+            )
+        stages = len(self.stage_costs)
+        return simulate_bounds(
+            self.stage_costs,
+            list(range(stages + 1)),
+            self.schedule,
+            self.num_microbatches,
+            self.stages_per_rank,
+            device_speeds,
+        )

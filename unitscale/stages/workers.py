@@ -1,0 +1,329 @@
+"""Starting the pipeline's worker processes with torch's launcher, and saying what went wrong.
+
+:func:`run_workers` starts one fresh interpreter per rank (``python -m
+unitscale.stages.worker``) with torch's own launcher, the one ``torchrun`` uses
+(:func:`torch.distributed.elastic.multiprocessing.start_processes`): it sets each worker's
+environment, starts it in a session of its own, reports how each ended (exit code, signal)
+and stops them all (``SIGTERM``, then ``SIGKILL``) when one fails or the run ends. The
+caller holds the :class:`~torch.distributed.TCPStore` the workers join, on a port the OS
+picks, so no port is guessed and none outlives the call.
+
+What torch's launcher does not do, and this module adds (each small, with its reason):
+
+* **results**: a worker started as a program returns nothing to the launcher; each worker
+  writes its result (or its exception, with a sub-second timestamp) to a file in a scratch
+  directory, renamed into place (:class:`Results`);
+* **blame**: torch orders failures by the second their error file was written, and the
+  workers it stops itself count as failures too; here the worker whose exception came
+  first, or that died without a word, is named first, the others (whose links to it broke)
+  after it (:func:`diagnose`);
+* **timeouts**: torch waits or gives up without saying where the workers are; here each
+  unfinished worker is asked for its stack (``SIGUSR1``, registered with :mod:`faulthandler`
+  in the worker) and the one busy in the user's code is named before those waiting on a
+  neighbour (:func:`timeout_error`); starting the interpreters has its own allowance, so a
+  slow import is not counted against ``timeout``;
+* **the caller's process**: the launcher installs handlers for ``SIGINT``/``SIGTERM`` in the
+  process that starts workers (it is written for ``torchrun``, which is that process); a
+  notebook's ``Ctrl-C`` must stay a ``KeyboardInterrupt``, so one during the run is raised as
+  one and the handlers are restored afterwards; the launcher's log lines (each worker it stops)
+  are silenced, since the :class:`~unitscale.errors.PipelineError` says it once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, start_processes
+
+from unitscale.errors import PipelineError
+
+__all__ = [
+    "MAIN_ENV",
+    "STARTUP_S",
+    "TIMEOUT_ENV",
+    "WORKER_ENV",
+    "Failure",
+    "Results",
+    "diagnose",
+    "run_workers",
+    "timeout_error",
+]
+
+WORKER_ENV = "UNITSCALE_PIPELINE_WORKER"
+MAIN_ENV = "UNITSCALE_PIPELINE_MAIN"  # the caller's script, when the job names things defined in it
+TIMEOUT_ENV = "UNITSCALE_PIPELINE_TIMEOUT"
+STARTUP_S = 60.0  # allowance for starting the interpreters, on top of ``timeout``
+_LAUNCHER_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+class Results:
+    """The workers' result files (``rank{r}.result``), read one at a time as they appear."""
+
+    def __init__(self, scratch: str, world: int) -> None:
+        self.scratch, self.world = scratch, world
+        self.seen: set[int] = set()
+
+    def get(self, timeout: float) -> tuple[Any, ...] | None:
+        """The next result not read yet, ``("ok" | "error", rank, data, when)``, or ``None`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for rank in range(self.world):
+                path = os.path.join(self.scratch, f"rank{rank}.result")
+                if rank not in self.seen and os.path.exists(path):
+                    self.seen.add(rank)
+                    with open(path, "rb") as f:
+                        message: tuple[Any, ...] = pickle.load(f)
+                    return message
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    def joined(self) -> bool:
+        """Whether every worker has joined the process group (the run's ``timeout`` counts from then)."""
+        return all(os.path.exists(os.path.join(self.scratch, f"rank{r}.joined")) for r in range(self.world))
+
+
+@dataclass
+class Failure:
+    """How one worker failed: its exception (``"Type: message"``, with ``detail`` the traceback) or its end."""
+
+    rank: int
+    cause: str
+    when: float
+    detail: str = ""
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _exit_cause(code: int | None) -> str:
+    if code is None:
+        return "stopped without a result"
+    if code < 0:
+        return f"was killed by {_signal_name(code)} (exit code {code})"
+    return f"exited with code {code} without a result"
+
+
+def _first_line(text: str, limit: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def diagnose(names: Sequence[str], failures: list[Failure], silent: dict[int, int], main_hint: str) -> PipelineError:
+    """Blame the worker that failed first; its neighbours then fail on broken links.
+
+    Args:
+        names: each rank's name in messages (``"stage 1"``, ``"rank 0 (stages 0, 2)"``).
+        failures: the exceptions workers reported, with their times.
+        silent: rank -> exit code of workers that ended without a report (``os._exit``, a signal,
+            a crash in C): the cause when there is one, since the others only saw its links close.
+        main_hint: advice added when a worker died silently (it may have re-run an unguarded script).
+    """
+    ordered = [Failure(r, _exit_cause(code), 0.0) for r, code in sorted(silent.items())]
+    ordered += sorted(failures, key=lambda f: f.when)
+    first = ordered[0]
+    name = names[first.rank]
+    lines = [f"{name} worker failed: {first.cause}" if first.detail else f"{name} worker {first.cause}"]
+    if not first.detail and main_hint:
+        lines[0] += main_hint
+    # later failures are mostly broken links to the first: one short line each
+    lines += [f"({names[f.rank]} failed after it: {_first_line(f.cause, 160)})" for f in ordered[1:]]
+    if first.detail:
+        lines.append(f"\nTraceback of {name}:\n{first.detail.rstrip()}")
+    return PipelineError("\n".join(lines))
+
+
+def _stack_of(path: str) -> list[tuple[str, int, str]]:
+    """``(file, line, function)`` frames of a faulthandler dump, innermost first."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return []
+    return [
+        (m.group(1), int(m.group(2)), m.group(3)) for m in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', text)
+    ]
+
+
+def timeout_error(
+    names: Sequence[str], pids: dict[int, int], missing: list[int], timeout: float, scratch: str
+) -> PipelineError:
+    """Which of the unfinished workers is busy in its own code, and which wait on a neighbour."""
+    asked = False
+    for r in missing:
+        with contextlib.suppress(OSError, KeyError):
+            os.kill(pids[r], signal.SIGUSR1)
+            asked = True
+    time.sleep(0.3 if asked else 0.0)
+    busy, waiting = [], []
+    for r in missing:
+        frames = _stack_of(os.path.join(scratch, f"rank{r}.stack"))
+        if not frames:
+            waiting.append((r, "its stack could not be read"))
+        elif "/torch/distributed/" in frames[0][0] or "/multiprocessing/" in frames[0][0]:
+            waiting.append((r, "waiting on a neighbour stage"))
+        else:
+            file, line, function = frames[0]
+            busy.append((r, f"busy at {file}:{line} in {function}"))
+    head = "; ".join(f"{names[r]} {why}" for r, why in busy + waiting)
+    which = "Stage(s)" if all(names[r].startswith("stage") for r in missing) else "Rank(s)"
+    return PipelineError(
+        f"pipeline timed out after {timeout:g} s: {head}. {which} {missing} had not finished; raise timeout= or "
+        "check the model"
+    )
+
+
+@contextlib.contextmanager
+def _callers_process_kept() -> Iterator[None]:
+    """Restore the signal handlers torch's launcher installs, and keep its log lines off stderr."""
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    log = logging.getLogger(_LAUNCHER_LOGGER)
+    disabled, log.disabled = log.disabled, True
+    try:
+        yield
+    finally:
+        log.disabled = disabled
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _worker_env(rank: int, world: int, port: int, timeout: float, main_path: str | None) -> dict[str, str]:
+    """What ``torchrun`` sets for a worker, and what ours read (the launcher adds the caller's environment)."""
+    # the workers import what this process can: the same unitscale, the modules a loss comes from
+    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    env = {
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        TIMEOUT_ENV: repr(timeout),
+        WORKER_ENV: "1",
+        MAIN_ENV: main_path or "",
+    }
+    return env
+
+
+def _collect(
+    context: Any, results: Results, names: Sequence[str], timeout: float, scratch: str, main_hint: str
+) -> dict[int, Any]:
+    # Starting interpreters and importing torch is not the run: ``timeout`` counts from the
+    # moment every worker has joined the group; the start has its own allowance on top.
+    world = len(names)
+    deadline = time.monotonic() + timeout + STARTUP_S
+    started = False
+    done: dict[int, Any] = {}
+    while len(done) < world:
+        if not started and results.joined():
+            started, deadline = True, time.monotonic() + timeout
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = [r for r in range(world) if r not in done]
+            raise timeout_error(names, context.pids(), missing, timeout, scratch)
+        message = results.get(timeout=min(0.2, remaining))
+        if message is None:
+            ended = context.wait(0)  # torch's launcher: how each worker ended (it stops the rest on a failure)
+            if ended is not None and ended.failures:
+                raise _blame(context, ended.failures, results, names, main_hint, done)
+            continue
+        kind, rank, data, when = message
+        if kind == "error":
+            first = Failure(rank, f"{data[0]}: {data[1]}", when, data[2])
+            raise _blame(context, {}, results, names, main_hint, done, first)
+        done[rank] = pickle.loads(data)
+    return done
+
+
+def _blame(
+    context: Any,
+    ended: dict[int, Any],
+    results: Results,
+    names: Sequence[str],
+    main_hint: str,
+    done: dict[int, Any],
+    *first: Failure,
+) -> PipelineError:
+    """Gather the reports the other workers write as their links break, and how each worker
+    ended (torch's launcher), then :func:`diagnose`."""
+    failures = list(first)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline and len(results.seen) < len(names):
+        message = results.get(timeout=0.05)
+        if message is not None and message[0] == "error":
+            _, rank, data, when = message
+            failures.append(Failure(rank, f"{data[0]}: {data[1]}", when, data[2]))
+    if not ended:
+        finished = context.wait(0)
+        ended = dict(finished.failures) if finished is not None else {}
+    # torch's launcher stops the workers still running once one has failed (SIGTERM) and lists
+    # them among the failures: only a worker that ended on its own, without a report, is a cause
+    stopped = -signal.SIGTERM.value
+    silent = {
+        r: f.exitcode for r, f in ended.items() if r not in results.seen and r not in done and f.exitcode != stopped
+    }
+    if not silent and not failures:
+        silent = {r: f.exitcode for r, f in ended.items() if r not in results.seen}
+    return diagnose(names, failures, silent, main_hint)
+
+
+def run_workers(
+    jobs: Sequence[bytes], names: Sequence[str], timeout: float, main_hint: str, main_path: str | None
+) -> dict[int, Any]:
+    """Start one worker per job (rank order) with torch's launcher and return what each returned, by rank.
+
+    Raises:
+        PipelineError: a worker failed (the first one named, with its cause and traceback) or
+            the run did not finish within ``timeout`` seconds of every worker joining.
+    """
+    world = len(jobs)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout + STARTUP_S)
+    )
+    with tempfile.TemporaryDirectory(prefix="unitscale-pipeline-") as scratch, _callers_process_kept():
+        for r, job in enumerate(jobs):
+            with open(os.path.join(scratch, f"rank{r}.job"), "wb") as f:
+                f.write(job)
+        try:
+            context = start_processes(
+                name="unitscale-pipeline",
+                entrypoint=sys.executable,
+                args={r: ("-m", "unitscale.stages.worker", scratch) for r in range(world)},
+                envs={r: _worker_env(r, world, store.port, timeout, main_path) for r in range(world)},
+                logs_specs=DefaultLogsSpecs(log_dir=os.path.join(scratch, "logs")),
+            )
+        except OSError as exc:
+            raise PipelineError(
+                f"could not start the pipeline's worker processes: {type(exc).__name__}: {exc}"
+            ) from exc
+        try:
+            return _collect(context, Results(scratch, world), names, timeout, scratch, main_hint)
+        except SignalException as exc:
+            # the launcher's handler turns Ctrl-C into its own exception; a caller expects KeyboardInterrupt
+            if exc.sigval == signal.SIGINT:
+                raise KeyboardInterrupt from exc
+            raise
+        finally:
+            context.close(timeout=5)
+            del store
