@@ -86,7 +86,8 @@ def test_every_internal_link_and_anchor_resolves():
 
 def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path):
     (tmp_path / "a.html").write_text('<h1 id="top">A</h1><a href="b.html#top">ok</a><a href="b.html#gone">x</a>')
-    (tmp_path / "b.html").write_text('<p id="top">B</p><a href="missing.html">y</a><a href="a.py:12">z</a><a href="#top">t</a>')
+    links = '<a href="missing.html">y</a><a href="a.py:12">z</a><a href="#top">t</a>'
+    (tmp_path / "b.html").write_text(f'<p id="top">B</p>{links}')
     assert broken_links(tmp_path) == [
         "a.html: b.html#gone (no id 'gone' on b.html)",
         "b.html: missing.html (no file missing.html)",
