@@ -24,13 +24,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(MAKE) --no-print-directory wheelhouse
 	touch $(STAMP)
 
-## wheelhouse: the wheels a reader's environment needs (the package's dependencies, a kernel,
-## transformers), fetched once at set-up, so the test that installs the site's wheel into a fresh
-## environment and runs every tutorial's download there works offline
+## wheelhouse: the wheels a reader's environment needs (the package's dependencies and its
+## `tutorials` extra: a kernel, transformers, ipywidgets), fetched once at set-up, so the test that
+## installs the site's wheel into a fresh environment and runs every tutorial's download there
+## works offline
 wheelhouse:
-	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print(*p["dependencies"], *p["optional-dependencies"]["tutorials"], sep="\n")' \
 		> $(VENV)/reader-requirements.txt
-	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse -r $(VENV)/reader-requirements.txt ipykernel transformers
+	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse -r $(VENV)/reader-requirements.txt
 
 ## html: build the site, executing the tutorials through jupyter-cache (an unchanged tutorial is not re-run)
 html: $(STAMP)
