@@ -51,9 +51,9 @@ def _large_scale_report() -> Figure:
 
 
 def _many_stages() -> Figure:
-    from unitscale import MLP, partition
-
     import torch
+
+    from unitscale import partition
 
     model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(8)])
     plan = partition(model, 4, torch.randn(8, 32), cost="params")
@@ -131,7 +131,9 @@ def layout_problems(figure: Figure) -> list[str]:
             labels = [  # the labels drawn: a tick outside the view has a label that is not
                 tick.label1
                 for tick in axis.get_major_ticks()
-                if lo - 1e-9 <= tick.get_loc() <= hi + 1e-9 and tick.label1.get_visible() and tick.label1.get_text().strip()
+                if lo - 1e-9 <= tick.get_loc() <= hi + 1e-9
+                and tick.label1.get_visible()
+                and tick.label1.get_text().strip()
             ]
             boxes = [t.get_window_extent(renderer) for t in labels]
             overlapping = sum(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
