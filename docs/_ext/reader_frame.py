@@ -311,10 +311,13 @@ def _insert(app: Sphinx, doctree: nodes.document, docname: str) -> None:
 
 
 def _prev_next(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
-    """Previous/Next in the tutorials' numbers, at the ends the sidebar's neighbours."""
+    """Previous/Next in the tutorials' numbers, at the ends the sidebar's neighbours; and the
+    link-preview description (OpenGraph) from what the page teaches, not from the box's labels."""
     n = number(pagename)
     if n not in TUTORIALS:
         return
+    learn = "; ".join(item.replace("`", "") for item in TUTORIALS[n].learn)
+    context["meta"] = {"og:description": f"You will learn {learn}.", **(context.get("meta") or {})}
     numbers = sorted(TUTORIALS)
     i = numbers.index(n)
     for key, step in (("prev", -1), ("next", 1)):
@@ -326,5 +329,5 @@ def _prev_next(app: Sphinx, pagename: str, templatename: str, context: dict[str,
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("reader_frame_machine", machine(), "env")
     app.connect("doctree-resolved", _insert)
-    app.connect("html-page-context", _prev_next)
+    app.connect("html-page-context", _prev_next, priority=400)  # before sphinxext.opengraph reads "meta"
     return {"parallel_read_safe": True, "parallel_write_safe": True}
