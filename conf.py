@@ -67,7 +67,9 @@ exclude_patterns = [
 
 # MyST and MyST-NB: every tutorial is executed; a failing cell fails the build.
 # `cache` (jupyter-cache) locally: an unchanged notebook is not re-run. `force` under `make test`/CI.
-myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "substitution"]
+# {{ build_machine }} on the execution report: the machine every page's run time was taken on
+myst_substitutions = {"build_machine": __import__("reader_frame").machine()}
 nb_execution_mode = os.environ.get("NB_EXECUTION_MODE", "force" if os.environ.get("CI") else "cache")
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
@@ -137,6 +139,7 @@ html_theme = "sphinx_book_theme"
 html_title = "unitscale"
 html_static_path = [str(ROOT / "docs" / "_static")]
 html_css_files = ["unitscale.css"]  # docs/_static: readable figures, outputs and tables (see the file)
+html_js_files = ["names.js"]  # docs/_static: long dotted names in the sidebar break after a dot
 html_extra_path = [str(ROOT / "docs" / "_extra")]  # index.html at the site root: a redirect to docs/index.html
 html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
 html_last_updated_fmt = "%Y-%m-%d"  # from git (sphinx_last_updated_by_git), in the footer
