@@ -48,7 +48,7 @@ html: $(STAMP)
 ##   3. the built site: every internal link and anchor resolves, and the browser tests
 ##      (Chromium against every page: layout, figures, contrast, search, downloads).
 test: $(STAMP) chromium
-	$(call step,0/3: lint (ruff and mypy))
+	$(call step,0/3: lint (ruff and mypy; the tutorials' cells formatted))
 	$(VENV)/bin/ruff check unitscale tests benchmarks
 	$(VENV)/bin/ruff format --check unitscale tests benchmarks
 	$(VENV)/bin/mypy
