@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
-.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist wheelhouse
+.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist wheelhouse format-tutorials
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,13 +24,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(MAKE) --no-print-directory wheelhouse
 	touch $(STAMP)
 
-## wheelhouse: the wheels a reader's environment needs (the package's dependencies, a kernel,
-## transformers), fetched once at set-up, so the test that installs the site's wheel into a fresh
-## environment and runs every tutorial's download there works offline
+## wheelhouse: the wheels a reader's environment needs (the package's dependencies and its
+## `tutorials` extra: a kernel, transformers, ipywidgets), fetched once at set-up, so the test that
+## installs the site's wheel into a fresh environment and runs every tutorial's download there
+## works offline
 wheelhouse:
-	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"], sep="\n")' \
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+		print(*p["dependencies"], *p["optional-dependencies"]["tutorials"], sep="\n")' \
 		> $(VENV)/reader-requirements.txt
-	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse -r $(VENV)/reader-requirements.txt ipykernel transformers
+	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse -r $(VENV)/reader-requirements.txt
 
 ## html: build the site, executing the tutorials through jupyter-cache (an unchanged tutorial is not re-run)
 html: $(STAMP)
@@ -38,25 +40,28 @@ html: $(STAMP)
 	@echo "open _build/html/index.html"
 
 ## test: what CI runs. Any failing step fails it:
-##   0. lint: ruff (rules and formatting) and mypy over the package, tests and benchmarks;
+##   0. lint: ruff (rules and formatting) and mypy over the package, tests and benchmarks, and
+##      the tutorials' code cells formatted to 88 columns (make format-tutorials);
 ##   1. unit, property and error tests, the site meta-tests (a broken cell, a Sphinx warning and a
 ##      failing doctest each fail), and every docstring example (--doctest-modules);
 ##   2. the site, rebuilt from scratch (-E) with every notebook executed (force);
-##   3. the browser tests: Chromium against the built site.
+##   3. the built site: every internal link and anchor resolves, and the browser tests
+##      (Chromium against every page: layout, figures, contrast, search, downloads).
 test: $(STAMP) chromium
-	$(call step,0/3: lint (ruff and mypy))
+	$(call step,0/3: lint (ruff and mypy; the tutorials' cells formatted))
 	$(VENV)/bin/ruff check unitscale tests benchmarks
 	$(VENV)/bin/ruff format --check unitscale tests benchmarks
 	$(VENV)/bin/mypy
+	$(PY) docs/_ext/format_tutorials.py --check tutorials/*.md
 	$(call step,1/3: tests and doctests)
-	$(PY) -m pytest -m "not browser" -p no:cacheprovider -n 2 --doctest-modules tests unitscale
+	$(PY) -m pytest -m "not browser and not built" -p no:cacheprovider -n 2 --doctest-modules tests unitscale
 	$(call step,2/3: site build from scratch with every notebook executed)
 	NB_EXECUTION_MODE=force $(SPHINX) -E
-	$(call step,3/3: browser tests)
-	$(PY) -m pytest -m browser -p no:cacheprovider -n 2 tests
+	$(call step,3/3: links and browser tests)
+	$(PY) -m pytest -m "browser or built" -p no:cacheprovider -n 2 tests
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not browser and not slow" tests
+	$(PY) -m pytest -m "not browser and not built and not slow" tests
 
 doctest: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider --doctest-modules unitscale
@@ -65,7 +70,12 @@ site: $(STAMP)
 	NB_EXECUTION_MODE=force $(SPHINX) -E
 
 browser: $(STAMP) chromium
-	$(PY) -m pytest -m browser tests
+	$(PY) -m pytest -m "browser or built" tests
+
+## format-tutorials: ruff-format every tutorial's code cells at 88 columns (the site's code column),
+## leaving the prose and the cells' options as they are; running it twice changes nothing
+format-tutorials: $(STAMP)
+	$(PY) docs/_ext/format_tutorials.py tutorials/*.md
 
 ## bench: every benchmark at full settings; the rows go to docs/benchmark_runs/, which the
 ## Benchmarks page shows (the site build does not re-time them)
@@ -94,6 +104,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check unitscale tests benchmarks
 	$(VENV)/bin/ruff format --check unitscale tests benchmarks
 	$(VENV)/bin/mypy
+	$(PY) docs/_ext/format_tutorials.py --check tutorials/*.md
 
 # Debian's Chromium for the browser tests; installed when missing.
 chromium:

@@ -30,12 +30,17 @@ extensions = [
     "sphinx.ext.doctest",
     "sphinx_copybutton",
     "sphinx_design",
+    "sphinx_last_updated_by_git",  # each page's "Last updated" from its git history
+    "sphinxext.opengraph",  # title, description and type for link previews
     # ours, in docs/_ext
     "api_reference",
+    "benchmark_csv",  # each recorded benchmark as a CSV file beside the Benchmarks page
     "execute_alone",  # pages that time themselves execute with no other notebook beside them
     "library_cache",
     "notebook_download",
     "page_dependencies",
+    "reader_frame",  # each tutorial's opening box (learn, before, track, run time, terms), Previous/Next by number
+    "viewcode_backlinks",  # the source pages' "[docs]" links find their anchors
     "wheel_download",  # the package's wheel at the site root, for `pip install <site>/<wheel>`
 ]
 
@@ -63,7 +68,9 @@ exclude_patterns = [
 
 # MyST and MyST-NB: every tutorial is executed; a failing cell fails the build.
 # `cache` (jupyter-cache) locally: an unchanged notebook is not re-run. `force` under `make test`/CI.
-myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath"]
+myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "substitution"]
+# {{ build_machine }} on the execution report: the machine every page's run time was taken on
+myst_substitutions = {"build_machine": __import__("reader_frame").machine()}
 nb_execution_mode = os.environ.get("NB_EXECUTION_MODE", "force" if os.environ.get("CI") else "cache")
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
@@ -133,8 +140,18 @@ html_theme = "sphinx_book_theme"
 html_title = "unitscale"
 html_static_path = [str(ROOT / "docs" / "_static")]
 html_css_files = ["unitscale.css"]  # docs/_static: readable figures, outputs and tables (see the file)
+html_js_files = ["names.js", "figures.js"]  # docs/_static: names break after a dot; figures open full size
 html_extra_path = [str(ROOT / "docs" / "_extra")]  # index.html at the site root: a redirect to docs/index.html
 html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
+html_last_updated_fmt = "%Y-%m-%d"  # from git (sphinx_last_updated_by_git), in the footer
+# A page git does not know (the generated API pages) is dated by the files it documents. Outside a
+# git checkout, or in a shallow one, pages simply have no date: not a reason to fail the build.
+git_untracked_show_sourcelink = True
+suppress_warnings = ["git.subprocess_error", "git.too_shallow", "git.command_not_found"]
+# OpenGraph: the absolute address is the host's (Read the Docs sets it; elsewhere, none).
+ogp_site_url = os.environ.get("READTHEDOCS_CANONICAL_URL", "")
+ogp_site_name = "unitscale"
+ogp_social_cards = {"enable": False}  # no generated preview images: they need a font download
 html_theme_options = {
     "use_download_button": True,
     "use_fullscreen_button": False,

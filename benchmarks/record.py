@@ -37,7 +37,24 @@ def record(path: Path, quick: bool) -> dict:
         f"{' --quick' if quick else ''}` in {seconds:.0f} s: torch {torch.__version__}, "
         f"{os.cpu_count()} CPU cores ({platform.machine()}), Python {platform.python_version()}"
     )
-    return {"rows": rows, "run": run}
+    machine = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),  # as the benchmark left them: the threads it timed with
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    return {"rows": rows, "run": run, "machine": machine}
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as Linux reports it (else what the platform module knows)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -157,7 +157,7 @@ class CaptureError(UnitscaleError, RuntimeError):
 class NoRouteError(CaptureError, TraceError):
     """No route :func:`unitscale.capture.capture` was allowed to try captured the model.
 
-    ``reasons`` maps each route tried to why it failed (exception type, message, file:line).
+    ``reasons`` maps each route tried to why it failed (exception type, message, ``file:line``).
     """
 
     def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:

@@ -20,7 +20,7 @@ import nbformat
 # MyST's role syntax; no role in our pages holds a backtick
 ROLE = re.compile(r"\{(?P<name>[\w:.+-]+)\}`(?P<content>[^`]*)`")
 _TITLED = re.compile(r"^(?P<title>.*?)\s*<(?P<target>[^<>]+)>$", re.S)
-_OBJECT_ROLES = {"class", "data", "attr", "exc", "mod", "obj", "const", "type", "any", "ref", "term", "envvar"}
+_OBJECT_ROLES = {"class", "data", "attr", "exc", "mod", "obj", "const", "type", "any", "ref", "envvar"}
 _CALLABLE_ROLES = {"func", "meth"}  # Sphinx adds "()" to these (add_function_parentheses)
 _WORD_ROLES = {"fas", "far", "fab", "octicon", "sub", "sup", "abbr", "kbd", "guilabel", "menuselection", "command"}
 _GLUE_ROLES = {"glue", "glue:", "glue:any", "glue:text", "glue:md"}
@@ -67,6 +67,8 @@ def render_role(
         return f"${content}$"
     if role in _WORD_ROLES:
         return content
+    if role == "term":  # a glossary word, as the page shows it: prose, not code
+        return title or target
     short = target.lstrip("!")
     if short.startswith("~"):
         short = short[1:].rsplit(".", 1)[-1]

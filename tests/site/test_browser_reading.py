@@ -16,6 +16,13 @@ checked for what a reader notices and a build does not:
 - **Nothing wider than its container** at desktop and phone width: an element whose content is
   wider than its box must scroll (``overflow-x: auto``/``scroll``), never stick out or be cut off;
   and the page itself never scrolls sideways.
+- **Layout that fits** (:data:`LAYOUT_JS`), four counts that must be 0 on every page at both
+  widths: table cells narrower than their longest word (a word broken over two lines: a wide table
+  scrolls in its own box instead), output blocks that wrap their lines (printed tables keep their
+  columns and scroll), code blocks that scroll sideways at desktop width (tutorial cells are
+  formatted to 88 columns: ``make format-tutorials``), and figures wider than the column.
+
+At phone width a figure shrinks to the column, so its text size is checked at desktop width only.
 """
 
 from __future__ import annotations
@@ -85,6 +92,54 @@ OVERFLOW_JS = f"""() => {{
   if (page.scrollWidth > window.innerWidth + 1)
     bad.push(`the page scrolls sideways: ${{page.scrollWidth}} > ${{window.innerWidth}} px`);
   return bad;
+}}"""
+
+LAYOUT_JS = f"""(desktop) => {{
+  const root = {CONTENT};
+  const shown = el => el.getClientRects().length > 0;
+  const brokenWord = cell => {{  // the first word of the cell rendered over two lines, or null
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {{
+      const words = /[^\\s\\-\\u2010-\\u2014/]{{2,}}/g;  // a break at a space, hyphen or slash is a line break
+      for (let m; (m = words.exec(node.textContent)); ) {{
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+        if (lines.size > 1) return m[0];
+      }}
+    }}
+    return null;
+  }};
+  const cells = [...root.querySelectorAll('td, th')].filter(shown)
+    .map(cell => brokenWord(cell)).filter(Boolean).map(word => `a table cell breaks the word "${{word.slice(0, 40)}}"`);
+  const wrapped = [];
+  for (const pre of root.querySelectorAll('.cell_output pre, .output pre')) {{
+    if (!shown(pre)) continue;
+    const before = pre.getBoundingClientRect().height;
+    const [ws, ow] = [pre.style.whiteSpace, pre.style.overflowWrap];
+    pre.style.whiteSpace = 'pre';
+    pre.style.overflowWrap = 'normal';
+    const after = pre.getBoundingClientRect().height;
+    [pre.style.whiteSpace, pre.style.overflowWrap] = [ws, ow];
+    if (before > after + 1)
+      wrapped.push(`an output block wraps its lines (${{before.toFixed(0)}} px tall, ${{after.toFixed(0)}} unwrapped): `
+        + `"${{pre.innerText.trim().split('\\n')[0].slice(0, 60)}}"`);
+  }}
+  const scrolling = !desktop ? [] : [...root.querySelectorAll('pre')]
+    .filter(pre => shown(pre) && !pre.closest('.cell_output, .output') && pre.scrollWidth > pre.clientWidth + 1)
+    .map(pre => {{
+      const longest = pre.innerText.split('\\n').reduce((a, b) => (b.length > a.length ? b : a), '');
+      return `a code block scrolls sideways (${{pre.scrollWidth}} px in ${{pre.clientWidth}}), `
+        + `its longest line ${{longest.length}} characters: "${{longest.trim().slice(0, 60)}}"`;
+    }});
+  const column = root.getBoundingClientRect();
+  const wide = [...root.querySelectorAll('img')].filter(shown).filter(img => {{
+    const r = img.getBoundingClientRect();
+    return r.width > column.width + 1 || r.right > window.innerWidth + 1;
+  }}).map(img => `a figure is wider than the column (${{img.getBoundingClientRect().width.toFixed(0)}} px in `
+    + `${{column.width.toFixed(0)}}): ${{img.getAttribute('src')}}`);
+  return {{cells, wrapped, scrolling, wide}};
 }}"""
 
 CONTRAST_JS = f"""() => {{
@@ -169,17 +224,29 @@ def _contrast_problems(tab) -> list[str]:
     return problems
 
 
+# Pages whose code blocks may scroll: the source listings keep the package's 120 columns, and the
+# API pages show docstring examples as written (a docstring line over 88 columns scrolls there).
+CODE_MAY_SCROLL = ("_modules/", "docs/generated/")
+
+
+def layout_problems(tab, viewport: str, page: str = "") -> dict[str, list[str]]:
+    """The four layout counts of :data:`LAYOUT_JS` on the open page, each problem named."""
+    return tab.evaluate(LAYOUT_JS, viewport == "desktop" and not page.startswith(CODE_MAY_SCROLL))
+
+
 @pytest.mark.parametrize("viewport", VIEWPORTS)
 @pytest.mark.parametrize("page", PAGES)
 def test_page_reads(pages, base_url, page, viewport):
-    """No console error or request off the machine; figures' text >= 9 px; nothing wider than its box;
-    at desktop width, code contrast in both modes."""
+    """No console error or request off the machine; nothing wider than its box; no table cell
+    breaking a word, no wrapped output, no code block scrolling at desktop width, no figure wider
+    than the column; at desktop width, figures' text >= 9 px and code contrast in both modes."""
     visit = pages(f"{base_url}/{page}", viewport)
     tab = visit.page
     problems = visit.errors + [f"asks for {host} (a reader may have no network)" for host in sorted(visit.external)]
-    problems += _figure_problems(tab) + tab.evaluate(OVERFLOW_JS)
+    problems += tab.evaluate(OVERFLOW_JS)
+    problems += [line for lines in layout_problems(tab, viewport, page).values() for line in lines]
     if viewport == "desktop":
-        problems += _contrast_problems(tab)
+        problems += _figure_problems(tab) + _contrast_problems(tab)
     assert problems == [], f"{page} at {viewport} width:\n" + "\n".join(problems)
 
 
@@ -198,3 +265,24 @@ def test_the_checks_see_a_shrunk_figure_clipped_text_and_low_contrast(pages, bas
     assert figure["natural"] == 400 and figure["rendered"] == 100
     assert any("overflow-x hidden" in line for line in tab.evaluate(OVERFLOW_JS))
     assert min(c["ratio"] for c in tab.evaluate(CONTRAST_JS)) < 1.5
+
+
+def test_the_layout_counts_see_each_fault(pages, base_url):
+    """Each of the four layout counts, on a page made to show that fault once: none is vacuous."""
+    tab = pages(f"{base_url}/{PAGES[0]}", "desktop").page
+    long_line = "x = " + "1 + " * 60 + "1"
+    tab.set_content(
+        '<div class="bd-article" style="width:300px">'
+        '<table style="width:60px;table-layout:fixed"><tr><td style="overflow-wrap:anywhere">'
+        "unitscale.capture.Capture</td></tr></table>"
+        '<div class="cell_output"><pre style="white-space:pre-wrap">' + "col " * 40 + "</pre></div>"
+        f'<pre style="overflow-x:auto">{long_line}</pre>'
+        '<img style="width:500px" src="data:image/svg+xml,'
+        "%3Csvg xmlns='http://www.w3.org/2000/svg' width='500' height='10'/%3E\">"
+        "<table><tr><td>fits</td></tr></table><pre>short</pre></div>"
+    )
+    tab.wait_for_function("document.images[0].complete")
+    found = layout_problems(tab, "desktop")
+    assert {kind: len(lines) for kind, lines in found.items()} == {"cells": 1, "wrapped": 1, "scrolling": 1, "wide": 1}
+    assert "unitscale.capture.Capture" in found["cells"][0]
+    assert layout_problems(tab, "phone")["scrolling"] == [], "code scrolling is counted at desktop width only"

@@ -60,6 +60,7 @@ def test_site_has_every_kind_of_page():
         "docs/run-locally.html",
         "docs/benchmarks.html",
         "docs/execution.html",
+        "docs/glossary.html",
         "search.html",
     ]:
         assert page in names, f"{page} missing from the built site"

@@ -4,7 +4,8 @@ Serves the built site (``_build/html``, or ``$UNITSCALE_SITE``) on 127.0.0.1, ma
 environment, and does there what the Install page tells a reader to do: ``pip install <site
 URL>/unitscale-<version>-py3-none-any.whl`` (pip resolves the wheel's own dependencies, so a
 dependency the wheel forgot to declare fails here), a smoke test with no extras, then ``pip
-install`` of a Jupyter kernel and ``transformers`` (for *Your own model*). Then every tutorial's
+install "unitscale[tutorials] @ <wheel URL>"``: a Jupyter kernel, ``transformers`` (for *Your
+own model*) and ``ipywidgets``, as Install and Run locally tell a reader. Then every tutorial's
 ``.ipynb`` is downloaded from the site and executed in that environment's kernel, from a folder
 outside the checkout: no ``myst_nb``, no Sphinx, no source tree on the path.
 
@@ -82,7 +83,7 @@ def _run(command: list[str], cwd: Path, timeout: int = 600) -> subprocess.Comple
 
 
 def _make_reader_env(where: Path, base_url: str) -> Path:
-    """A new venv with the wheel from the site, smoke-tested bare, then a kernel and transformers."""
+    """A new venv with the wheel from the site, smoke-tested bare, then with its `tutorials` extra."""
     _run([sys.executable, "-m", "venv", str(where / "venv")], cwd=where)
     python = where / "venv" / "bin" / "python"
     if not WHEELHOUSE.is_dir():
@@ -92,7 +93,8 @@ def _make_reader_env(where: Path, base_url: str) -> Path:
     _run([*pip, f"{base_url}/{wheel_name(ROOT)}"], cwd=where)  # as the Install page says
     smoke = json.loads(_run([str(python), "-c", SMOKE, *PROJECT_ONLY], cwd=where).stdout)
     (where / "smoke.json").write_text(json.dumps(smoke))
-    _run([*pip, "ipykernel", "transformers"], cwd=where)  # a kernel; transformers for "Your own model"
+    # the `tutorials` extra, as Install and Run locally say: a kernel, transformers, ipywidgets
+    _run([*pip, f"unitscale[tutorials] @ {base_url}/{wheel_name(ROOT)}"], cwd=where)
     kernels = where / "kernels" / "unitscale-reader"
     kernels.mkdir(parents=True)
     argv = [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"]

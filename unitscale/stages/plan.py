@@ -603,11 +603,17 @@ class StagePlan:
         for i, (label, costs) in enumerate(plans.items()):
             xs = [s + (i - (len(plans) - 1) / 2) * width for s in range(len(costs))]
             ax.bar(xs, costs, width=width, label=label)
-        ax.axhline(sum(self.stage_costs) / self.num_stages, color="k", linestyle="--", linewidth=1, label="ideal")
+        ideal = sum(self.stage_costs) / self.num_stages
+        ax.axhline(ideal, color="k", linestyle="--", linewidth=1, label="ideal")
         ax.set_xticks(range(self.num_stages))
         ax.set_xlabel("stage")
         ax.set_ylabel(f"cost ({self.cost})")
-        ax.legend(fontsize=9)
+        # The legend goes in a band of headroom above the tallest bar, never over a bar.
+        ncols = min(len(plans) + 1, 3)
+        rows = math.ceil((len(plans) + 1) / ncols)
+        top = max([ideal, *(c for costs in plans.values() for c in costs)])
+        ax.set_ylim(0, top * (1.08 + 0.16 * rows))
+        ax.legend(fontsize=9, loc="upper center", ncols=ncols, frameon=False)
         return ax
 
 

@@ -358,7 +358,10 @@ class ScaleHistory:
                 cmap, vmin, vmax = plt.get_cmap("RdBu_r").with_extremes(bad="0.85"), -limit, limit
                 label = f"change in {label}" + (" (octaves)" if stat in _LOG2_STATS else "")
             else:
-                cmap, vmin, vmax = plt.get_cmap("viridis").with_extremes(bad="0.85"), None, None
+                # each panel has its own range: a colour map of its own, so no one reads a
+                # forward colour against the backward panel's scale
+                name = "viridis" if d == "fwd" else "magma"
+                cmap, vmin, vmax = plt.get_cmap(name).with_extremes(bad="0.85"), None, None
             image = ax.imshow(
                 np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax
             )

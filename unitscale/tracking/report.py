@@ -263,7 +263,7 @@ class ScaleReport:
                 f"ScaleReport.plot(ax=...) got {type(ax).__name__} {ax!r:.60}; pass matplotlib Axes or None"
             )
         if ax is None:
-            fig, ax = plt.subplots(figsize=(7.5, 4.5))
+            fig, ax = plt.subplots(figsize=(7.5, 5))
         else:
             fig = ax.get_figure(root=True)  # type: ignore[assignment]
         x = list(range(len(self.rows)))
@@ -307,8 +307,12 @@ class ScaleReport:
             ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range [2^{low:.0f}, 2^{high:.1f}]")
         ax.set_ylim(lo, hi)
         ax.set_xlim(-0.5, max(len(x), 1) - 0.5)
-        ticks = x if len(x) <= 40 else x[:: math.ceil(len(x) / 40)]
-        ax.set_xticks(ticks, [self.rows[i].node for i in ticks], rotation=90, fontsize=9)
+        # At most 24 node names, each cut to its last 16 characters (the layer and op, where
+        # transformers' names differ): the plot keeps most of the figure's height.
+        ticks = x if len(x) <= 24 else x[:: math.ceil(len(x) / 24)]
+        names = [self.rows[i].node for i in ticks]
+        names = [n if len(n) <= 16 else "…" + n[-15:] for n in names]
+        ax.set_xticks(ticks, names, rotation=90, fontsize=9)
         ax.set_ylabel("log2(std)")
         title = f"Scales through {self.model} (forward and backward)"
         bad = self.first_nonfinite
@@ -325,7 +329,11 @@ class ScaleReport:
                 fontsize=9,
             )
             title += f"\nNON-FINITE from node '{bad.node}' ({'forward' if 'fwd' in bad.nonfinite else 'backward'})"
-        ax.set_title(title)
-        ax.legend(fontsize=9, loc="best", ncol=2, framealpha=0.9)  # inside: the axes keep the full width
-        fig.tight_layout()
+        # The legend sits above the axes, never over the points; the title above the legend.
+        handles = ax.get_legend_handles_labels()[0]
+        rows = math.ceil(len(handles) / 3)
+        ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01, 1, 0), mode="expand", ncol=3, fontsize=9, frameon=False)
+        ax.set_title(title, pad=8 + 16 * rows)
+        if fig.get_layout_engine() is None:  # the caller's own layout, if any, stays
+            fig.tight_layout()
         return fig

@@ -1,0 +1,71 @@
+"""Every tutorial opens with a reader's frame, and Previous/Next follow the tutorials' numbers.
+
+Reads the built pages (``_build/html``, or ``$UNITSCALE_SITE``; no browser): under each
+tutorial's title, the box of ``docs/_ext/reader_frame.py`` says what the page teaches, what it
+builds on, where it sits in its track, how long it ran in this build (a number of seconds, from
+the execution data, the same as the execution report's) and which glossary terms it uses; the
+footer's Previous and Next lead to the tutorials numbered one below and one above.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+
+import reader_frame  # noqa: E402
+
+
+def test_every_tutorial_has_a_frame_and_a_track() -> None:
+    numbers = sorted(int(t[:2]) for t in TUTORIALS)
+    assert sorted(reader_frame.TUTORIALS) == numbers
+    assert sorted(n for _, members in reader_frame.TRACKS.values() for n in members) == numbers
+    for n, frame in reader_frame.TUTORIALS.items():
+        assert n in reader_frame.TRACKS[frame.track][1]
+        assert all(m < n for m in frame.before), f"tutorial {n} builds on a later one"
+
+
+def test_terms_are_found_in_prose_and_only_in_their_context() -> None:
+    found = reader_frame.terms_used("A pipeline's bubble shrinks with more microbatches under 1F1B.")
+    assert found == ["bubble", "1F1B", "microbatch"]
+    assert reader_frame.terms_used("Soap makes a bubble.") == []  # no pipeline: another sense
+    assert reader_frame.terms_used("u-μP gives each parameter one of five roles.") == ["roles", "u-μP"]
+
+
+@pytest.mark.built
+@pytest.mark.parametrize("tutorial", TUTORIALS)
+def test_the_page_opens_with_the_frame(tutorial: str) -> None:
+    page = (SITE / "tutorials" / f"{tutorial}.html").read_text(encoding="utf-8")
+    title = page.index("<h1>")
+    frame = page.index('class="reader-frame', title)
+    assert page.find("<p>", title) > frame or page.find("<p>", title) == -1, "the frame is not under the title"
+    text = re.sub(r"<[^>]+>", " ", page[frame : page.index("</dl>", frame)])
+    text = re.sub(r"\s+", " ", text)
+    for field in ("You will learn", "Before this", "Track", "Run time"):
+        assert field in text, f"no {field!r} in the frame: {text[:300]}"
+    assert re.search(r"Run time\s*:?\s*[\d.]+ s, executed \d{4}-\d\d-\d\d", text), text
+    assert "cores, torch" in text, "the run time names no machine"
+
+
+@pytest.mark.built
+@pytest.mark.parametrize("tutorial", TUTORIALS)
+def test_previous_and_next_follow_the_numbers(tutorial: str) -> None:
+    page = (SITE / "tutorials" / f"{tutorial}.html").read_text(encoding="utf-8")
+    links = dict(re.findall(r'<a class="(left-prev|right-next)"\s+href="([^"]+)"', page))
+    i = TUTORIALS.index(tutorial)
+    if i > 0:
+        assert links["left-prev"] == f"{TUTORIALS[i - 1]}.html"
+    else:
+        assert links["left-prev"] == "../docs/concepts.html"
+    if i + 1 < len(TUTORIALS):
+        assert links["right-next"] == f"{TUTORIALS[i + 1]}.html"
+    else:
+        assert links["right-next"] == "../docs/torchrun.html"
