@@ -5,7 +5,7 @@ input signature inside a training loop wants it: the graph ``torch.compile`` han
 backend (``fullgraph=True``, static shapes), with the parameters read as attributes
 under the model's own names, fed only the tensor inputs, and a plan that rebuilds the
 model's output structure around the graph's outputs. Its nodes get the normalised meta
-from the one writer, :func:`unitscale.capture._meta.normalise_graph`, like every
+from the one writer, :func:`unitscale.capture.normalise_graph`, like every
 route's. The ``dynamo`` route of :func:`unitscale.capture.capture` is the same graph
 given the model's call signature by :func:`with_call_signature` (one placeholder per
 input leaf, outputs rebuilt by a pytree codegen, as ``torch._dynamo.export`` does).
@@ -57,7 +57,22 @@ class DynamoGraph:
 
 @contextmanager
 def no_torch_function_modes() -> Iterator[None]:
-    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures."""
+    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures.
+
+    A graph transform may first run inside a tool that records ops eagerly (scale
+    tracking's op recorder): TorchDynamo would trace that mode's Python instead of the
+    model. The modes are put back on exit, in their order.
+
+    >>> import torch
+    >>> from torch.overrides import TorchFunctionMode
+    >>> from unitscale.capture import no_torch_function_modes
+    >>> with TorchFunctionMode():
+    ...     with no_torch_function_modes():
+    ...         inside = torch._C._len_torch_function_stack()
+    ...     after = torch._C._len_torch_function_stack()
+    >>> inside, after
+    (0, 1)
+    """
     modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
     try:
         yield
@@ -103,7 +118,7 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             (a ``transformers`` KV cache).
 
     >>> import torch
-    >>> from unitscale.capture._dynamo import dynamo_graph
+    >>> from unitscale.capture import dynamo_graph
     >>> x = torch.randn(2, 3)
     >>> captured = dynamo_graph(torch.nn.Sequential(torch.nn.Linear(3, 3)), (x,), {})
     >>> [(n.op, n.meta["module_path"]) for n in captured.graph_module.graph.nodes][1:4]

@@ -42,9 +42,9 @@ from torch import fx, nn
 from torch.fx.node import Argument, Target
 
 from unitscale.errors import InputError, NotAModuleError, PredicateError, UnitscaleError
-from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
+from unitscale.fx.module_state import ModuleState
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
 from unitscale.fx.trace_errors import trace_error
 

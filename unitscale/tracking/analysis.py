@@ -30,7 +30,7 @@ import torch
 from torch import fx, nn
 
 from unitscale.errors import CaptureError, InputError, NotAModuleError
-from unitscale.fx._module_state import module_state_kept
+from unitscale.fx.module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_cache import (
