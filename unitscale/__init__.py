@@ -35,7 +35,6 @@ from unitscale.tracking import (
     ScaleTracker,
     ScaleTrackingInterpreter,
     analyse_module,
-    record_scales,
     track_scales,
 )
 from unitscale.transforms import apply_transform, simulate_format, simulate_fp8, unit_scale
@@ -70,7 +69,6 @@ __all__ = [
     "run_pipeline",
     # analysis
     "ScaleTrackingInterpreter",
-    "record_scales",
     "analyse_module",
     "track_scales",
     "ScaleReport",

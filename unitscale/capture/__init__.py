@@ -13,6 +13,7 @@ Why the package is shaped as it is: ``unitscale/capture/README.md``.
 ('fx', ['0'])
 """
 
+from unitscale.capture._cache import clear_capture_cache as clear_capture_cache
 from unitscale.capture._capture import GRAPH_ROUTE_NAMES as GRAPH_ROUTE_NAMES
 from unitscale.capture._capture import ROUTES as ROUTES
 from unitscale.capture._capture import Capture as Capture
@@ -20,10 +21,12 @@ from unitscale.capture._capture import capture as capture
 from unitscale.capture._dynamo import DynamoGraph as DynamoGraph
 from unitscale.capture._dynamo import dynamo_graph as dynamo_graph
 from unitscale.capture._dynamo import no_torch_function_modes as no_torch_function_modes
+from unitscale.capture._eager import OpRecorder as OpRecorder
 from unitscale.capture._eager import RecordedOp as RecordedOp
 from unitscale.capture._meta import normalise_graph as normalise_graph
 from unitscale.capture._meta import normalise_path as normalise_path
 from unitscale.capture._meta import stack_entries as stack_entries
+from unitscale.capture._routes import DeepTracing as DeepTracing
 from unitscale.capture._verify import flat_graph_inputs as flat_graph_inputs
 from unitscale.capture.tools import capture_exec_order as capture_exec_order
 from unitscale.capture.tools import module_paths as module_paths
@@ -35,6 +38,9 @@ __all__ = [
     "Capture",
     "RecordedOp",
     "capture",
+    "clear_capture_cache",
+    "DeepTracing",
+    "OpRecorder",
     "capture_exec_order",
     "module_paths",
     "trace_exec_order",

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from unitscale.capture._eager import EagerRecord, RecordedOp, record_eager
+from unitscale.capture._cache import cached, input_signature
+from unitscale.capture._eager import RecordedOp, record_eager
 from unitscale.capture._meta import normalise_graph
-from unitscale.capture._routes import GRAPH_ROUTES, export_route, flat_fx_route
+from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_fx_route, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
@@ -45,6 +46,11 @@ class Capture:
         warnings: warnings the successful route raised, ``"Category: message"``.
         example_inputs: the positional inputs it was captured with.
         example_kwargs: the keyword inputs it was captured with.
+        extra_inputs: values for the placeholders the ``fx`` route made of function
+            arguments (``deep=``), passed after the inputs when the graph runs.
+        checked: whether the graph was run on the example inputs and found to compute
+            the model's outputs (``capture(check=False)`` runs nothing; an eager capture
+            made so has recorded no op yet).
     """
 
     module: nn.Module
@@ -57,6 +63,43 @@ class Capture:
     warnings: list[str] = field(default_factory=list)
     example_inputs: tuple[Any, ...] = ()
     example_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_inputs: tuple[Any, ...] = ()
+    checked: bool = True
+    _code: tuple[str, dict[str, Any]] | None = field(default=None, repr=False)
+
+    def python_code(self) -> tuple[str, dict[str, Any]]:
+        """The graph's Python code as fx writes it (``self`` the root), and the globals it runs in.
+
+        Type annotations (``x : torch.Tensor``) are left out. Written once per capture, so
+        a cached capture's code costs nothing on later calls.
+
+        Raises:
+            NoGraphError: the capture is an eager op record.
+
+        >>> import torch
+        >>> from unitscale.capture import capture
+        >>> from unitscale.examples.models import MLP
+        >>> code, _ = capture(MLP(4), torch.randn(2, 4)).python_code()
+        >>> print(code.strip())
+        def forward(self, x):
+            fc1 = self.fc1(x);  x = None
+            act = self.act(fc1);  fc1 = None
+            fc2 = self.fc2(act);  act = None
+            return fc2
+        """
+        if self._code is None:
+            graph = self.require_graph("Capture.python_code()").graph
+            # Annotations are noise here: hidden while generating, then put back.
+            saved = [(n, n.type) for n in graph.nodes if n.type is not None]
+            try:
+                for n, _ in saved:
+                    n.type = None
+                code = graph.python_code(root_module="self")
+            finally:
+                for n, t in saved:
+                    n.type = t
+            self._code = (code.src, code.globals)
+        return self._code
 
     def require_graph(self, tool: str) -> fx.GraphModule:
         """The graph module, or :class:`~unitscale.errors.NoGraphError` naming ``tool`` and every reason."""
@@ -202,6 +245,9 @@ def capture(
     *,
     dynamic_batch: bool = False,
     flat: bool = False,
+    deep: DeepTracing | None = None,
+    check: bool = True,
+    cache: bool = False,
 ) -> Capture:
     """Capture ``module``'s forward on example inputs, trying routes until one works.
 
@@ -210,7 +256,8 @@ def capture(
     ``"export"`` (``torch.export.export(strict=False)``), ``"export-strict"``,
     ``"dynamo"`` (TorchDynamo, ``fullgraph=True``), ``"eager"`` (run once, record the ops: no
     graph). Every graph is run on the example inputs and must give the model's outputs,
-    or the route counts as failed. The model's buffers and the RNG are left as they were.
+    or the route counts as failed (unless ``check=False``). The model's buffers and the
+    RNG are left as they were.
 
     Args:
         module: the model.
@@ -225,6 +272,17 @@ def capture(
             holds torch functions (``F.linear`` reading ``get_attr`` weights) and no
             ``call_module`` node, as the other routes' graphs do; what a graph transform
             such as :func:`unitscale.unit_scale` needs.
+        deep: on the ``fx`` route, trace as :class:`DeepTracing` says (every op, autowrapped
+            functions whole; what scale tracking needs). Not with ``flat``.
+        check: run each graph on the example inputs against a reference run of the
+            model. ``False`` runs nothing, for a tool whose own run is the graph's first:
+            graph routes are taken as traced (no ``val``/``tensor_meta`` filled in), and
+            the eager route records no op (the tool runs an
+            :class:`~unitscale.capture.OpRecorder` of its own).
+        cache: reuse the capture made before for this module and request while the
+            module's fingerprint (and, for a graph specialised to them, the inputs'
+            shapes) is unchanged; see ``unitscale/capture/README.md`` and
+            :func:`clear_capture_cache`.
 
     Returns:
         A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
@@ -232,7 +290,7 @@ def capture(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         InputError: inputs of the wrong kind or number, a keyword-only input not in
-            ``kwargs``, or the model fails on them.
+            ``kwargs``, the model fails on them, or options that do not go together.
         UnknownRouteError: an unknown route name.
         NoRouteError: no allowed route captured the model; the message lists each
             route's reason with the user's file and line.
@@ -253,13 +311,41 @@ def capture(
             f"capture() got {type(module).__name__} {module!r:.60}; pass an nn.Module (wrap a function in one)"
         )
     routes = _routes(route)
-    for flag, value in (("dynamic_batch", dynamic_batch), ("flat", flat)):
+    for flag, value in (("dynamic_batch", dynamic_batch), ("flat", flat), ("check", check), ("cache", cache)):
         if not isinstance(value, bool):
             raise InputError(f"capture({flag}=...) got {type(value).__name__} {value!r:.60}; pass True or False")
+    if deep is not None and not isinstance(deep, DeepTracing):
+        raise InputError(f"capture(deep=...) got {type(deep).__name__} {deep!r:.60}; pass a DeepTracing(...) or None")
+    if deep is not None and flat:
+        raise InputError("capture() got flat=True and deep=...; pick one way for the fx route to trace")
     args, kw = _check_inputs(module, example_inputs, kwargs)
-    # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
-    with torch.random.fork_rng(devices=[]):
-        return _capture(module, routes, args, kw, dynamic_batch, flat)
+
+    def make() -> Capture:
+        # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
+        with torch.random.fork_rng(devices=[]):
+            return _capture(module, routes, args, kw, _route_fns(dynamic_batch, flat, deep), check)
+
+    if not cache:
+        return make()
+    request = (routes, dynamic_batch, flat, deep, check)
+    return cached(module, request, input_signature(module, args, kw), make, _depends_on_inputs)
+
+
+def _depends_on_inputs(cap: Capture) -> bool:
+    """Whether a capture holds anything made for the example inputs (a symbolic trace does not)."""
+    return cap.checked or cap.route not in ("fx", "eager")
+
+
+def _route_fns(dynamic_batch: bool, flat: bool, deep: DeepTracing | None) -> dict[str, RouteFn]:
+    routes = dict(GRAPH_ROUTES)
+    if dynamic_batch:
+        routes["export"] = export_route(strict=False, dynamic_batch=True)
+        routes["export-strict"] = export_route(strict=True, dynamic_batch=True)
+    if flat:
+        routes["fx"] = flat_fx_route
+    if deep is not None:
+        routes["fx"] = deep_fx_route(deep)
+    return routes
 
 
 def _capture(
@@ -267,30 +353,17 @@ def _capture(
     routes: tuple[str, ...],
     args: tuple[Any, ...],
     kw: dict[str, Any],
-    dynamic_batch: bool,
-    flat: bool,
+    route_fns: dict[str, RouteFn],
+    check: bool,
 ) -> Capture:
-    expected = _run_reference(module, args, kw)
+    expected = _run_reference(module, args, kw) if check else None
     reasons: dict[str, str] = {}
     for name in routes:
         with warnings.catch_warnings(record=True) as caught:
             # A failed route's warnings are noise; a successful one's are kept on the result.
             warnings.simplefilter("always")
             try:
-                if name == "eager":
-                    with kept_state(module), torch.no_grad():
-                        record: EagerRecord = record_eager(module, args, kw)
-                    result = Capture(module, name, None, ops=record.ops, module_calls=record.module_calls)
-                else:
-                    route_fn = GRAPH_ROUTES[name]
-                    if dynamic_batch and name.startswith("export"):
-                        route_fn = export_route(strict=name == "export-strict", dynamic_batch=True)
-                    if flat and name == "fx":
-                        route_fn = flat_fx_route
-                    gm, ep = route_fn(module, args, kw)
-                    normalise_graph(gm, module)
-                    record_and_compare(gm, module, args, kw, expected)
-                    result = Capture(module, name, gm, exported_program=ep)
+                result = _take_route(name, module, args, kw, route_fns, check, expected)
             except Exception as e:
                 reasons[name] = exception_summary(e, fallback=_forward_line(module))
                 continue
@@ -302,3 +375,29 @@ def _capture(
         f"no route could capture {type(module).__name__} (tried {', '.join(routes)}):\n{_list_reasons(reasons)}",
         reasons,
     )
+
+
+def _take_route(
+    name: str,
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    route_fns: dict[str, RouteFn],
+    check: bool,
+    expected: Any,
+) -> Capture:
+    if name == "eager":
+        if not check:
+            return Capture(module, name, None, checked=False)
+        with kept_state(module), torch.no_grad():
+            record = record_eager(module, args, kw)
+        return Capture(module, name, None, ops=record.ops, module_calls=record.module_calls)
+    gm, ep = route_fns[name](module, args, kw)
+    if name != "fx" or gm is module:
+        # the fx route's tracers write each node's origin as they make it; a GraphModule
+        # taken as its own graph, and the other routes' graphs, are read here
+        normalise_graph(gm, module)
+    if check:
+        record_and_compare(gm, module, args, kw, expected)
+    extra = gm.meta.pop("extra_inputs", ()) if gm is not module else ()
+    return Capture(module, name, gm, exported_program=ep, extra_inputs=extra, checked=check)

@@ -57,6 +57,7 @@ __all__ = [
     "ExecOrder",
     "ParamUsageInfo",
     "fx_exec_order",
+    "check_autowrap",
 ]
 
 DEFAULT_TAG = "untagged"
@@ -305,7 +306,7 @@ class DeepTracer(_Tracer):
     ) -> None:
         if autowrap_modules is None:
             autowrap_modules = default_autowrap_modules()
-        _check_autowrap(autowrap_modules, autowrap_functions)
+        check_autowrap(autowrap_modules, autowrap_functions)
         super().__init__(
             # torch annotates this as a 1-tuple; any number of modules works.
             autowrap_modules=tuple(autowrap_modules),  # type: ignore[arg-type]
@@ -341,8 +342,24 @@ class DeepTracer(_Tracer):
         return super().trace(root, concrete_args)
 
 
-def _check_autowrap(modules: Any, functions: Any) -> None:
-    """Python modules and functions, in tuples: fx would fail on anything else deep in its patcher."""
+def check_autowrap(modules: Any, functions: Any, caller: str = "DeepTracer") -> None:
+    """Refuse autowrap arguments that are not tuples of Python modules and functions.
+
+    fx would fail on anything else deep in its patcher, or (in a tool that falls back to
+    another capture route when tracing fails) the failure would pass unnoticed. ``None``
+    modules means the registered defaults.
+
+    Raises:
+        PredicateError: naming ``caller`` (the function the user called) and the argument.
+
+    >>> from unitscale.fx.tracers import check_autowrap
+    >>> check_autowrap(None, ())
+    >>> try:
+    ...     check_autowrap("math", (), caller="track_scales")
+    ... except Exception as e:
+    ...     print(e)
+    track_scales(autowrap_modules=...) got str 'math'; pass a tuple, e.g. (math, einops)
+    """
     for arg_name, values, kind, example in (
         ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
         ("autowrap_functions", functions, None, "(my_function,)"),
@@ -351,14 +368,14 @@ def _check_autowrap(modules: Any, functions: Any) -> None:
             continue  # the registered defaults
         if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
             raise PredicateError(
-                f"DeepTracer({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
+                f"{caller}({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
             )
         for v in values:
             ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
             if not ok:
                 what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
                 raise PredicateError(
-                    f"DeepTracer({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
+                    f"{caller}({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
                 )
 
 
