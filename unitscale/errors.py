@@ -70,6 +70,8 @@ __all__ = [
     "UntaggedParameterError",
     "UntaggedParameterWarning",
     "SweepGridError",
+    "BackwardValueError",
+    "KVCacheError",
 ]
 
 
@@ -264,3 +266,15 @@ class UntaggedParameterWarning(UserWarning):
 
 class SweepGridError(UnitscaleError, ValueError):
     """A learning-rate sweep or coordinate check was given too few, non-positive or repeated grid points."""
+
+
+class BackwardValueError(BackwardShapeError):
+    """A gradient given for the backward pass holds no values (a ``meta`` tensor) to backpropagate."""
+
+
+class KVCacheError(CaptureError):
+    """The model returns a key/value cache object (a ``transformers`` ``DynamicCache``), which no graph can return.
+
+    Raised where switching the cache off through the model's config cannot help (a
+    ``use_cache=True`` passed in, a cache object passed in); every tool says the same fix.
+    """

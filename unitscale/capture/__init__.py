@@ -23,6 +23,7 @@ from unitscale.capture._dynamo import dynamo_graph as dynamo_graph
 from unitscale.capture._dynamo import no_torch_function_modes as no_torch_function_modes
 from unitscale.capture._eager import OpRecorder as OpRecorder
 from unitscale.capture._eager import RecordedOp as RecordedOp
+from unitscale.capture._kv_cache import no_kv_cache as no_kv_cache
 from unitscale.capture._meta import normalise_graph as normalise_graph
 from unitscale.capture._meta import normalise_path as normalise_path
 from unitscale.capture._meta import stack_entries as stack_entries
@@ -51,4 +52,5 @@ __all__ = [
     "dynamo_graph",
     "no_torch_function_modes",
     "flat_graph_inputs",
+    "no_kv_cache",
 ]

@@ -14,6 +14,7 @@ from torch import fx, nn
 
 from unitscale.capture._cache import cached, input_signature
 from unitscale.capture._eager import RecordedOp, record_eager
+from unitscale.capture._kv_cache import find_kv_cache, kv_cache_error, no_kv_cache
 from unitscale.capture._meta import normalise_graph
 from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_fx_route, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
@@ -51,6 +52,10 @@ class Capture:
         checked: whether the graph was run on the example inputs and found to compute
             the model's outputs (``capture(check=False)`` runs nothing; an eager capture
             made so has recorded no op yet).
+        kv_cache_disabled: paths of the modules whose config asked for a key/value cache
+            (``use_cache=True``, a ``transformers`` decoder's default): the model was
+            captured with it off (:func:`~unitscale.capture.no_kv_cache`), so the graph
+            returns no cache.
     """
 
     module: nn.Module
@@ -65,6 +70,7 @@ class Capture:
     example_kwargs: dict[str, Any] = field(default_factory=dict)
     extra_inputs: tuple[Any, ...] = ()
     checked: bool = True
+    kv_cache_disabled: tuple[str, ...] = ()
     _code: tuple[str, dict[str, Any]] | None = field(default=None, repr=False)
 
     def python_code(self) -> tuple[str, dict[str, Any]]:
@@ -291,6 +297,8 @@ def capture(
         NotAModuleError: ``module`` is not an ``nn.Module``.
         InputError: inputs of the wrong kind or number, a keyword-only input not in
             ``kwargs``, the model fails on them, or options that do not go together.
+        KVCacheError: the model returns a key/value cache even with its configs' caches
+            off (``use_cache=True`` passed in); the message says to pass ``use_cache=False``.
         UnknownRouteError: an unknown route name.
         NoRouteError: no allowed route captured the model; the message lists each
             route's reason with the user's file and line.
@@ -322,8 +330,11 @@ def capture(
 
     def make() -> Capture:
         # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
-        with torch.random.fork_rng(devices=[]):
-            return _capture(module, routes, args, kw, _route_fns(dynamic_batch, flat, deep), check)
+        # No tool needs a decoder's KV cache, and no graph can return one: it is switched off.
+        with torch.random.fork_rng(devices=[]), no_kv_cache(module) as switched:
+            cap = _capture(module, routes, args, kw, _route_fns(dynamic_batch, flat, deep), check)
+        cap.kv_cache_disabled = switched
+        return cap
 
     if not cache:
         return make()
@@ -357,6 +368,9 @@ def _capture(
     check: bool,
 ) -> Capture:
     expected = _run_reference(module, args, kw) if check else None
+    cache = find_kv_cache(expected)
+    if cache is not None:  # a cache the config does not control (use_cache=True passed in)
+        raise kv_cache_error(module, *cache)
     reasons: dict[str, str] = {}
     for name in routes:
         with warnings.catch_warnings(record=True) as caught:

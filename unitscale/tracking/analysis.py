@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from unitscale.capture import Capture, DeepTracing, capture
+from unitscale.capture import Capture, DeepTracing, capture, no_kv_cache
 from unitscale.errors import InputError, NoRouteError, NotAModuleError, UnitscaleError
 from unitscale.fx.module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
@@ -322,8 +322,9 @@ def _track(
         raise
     model = type(module).__name__
     # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
-    # buffers or assigns to its module is undone (the caller's model is only observed).
-    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
+    # buffers or assigns to its module is undone (the caller's model is only observed); a
+    # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
+    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
         rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
     failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
     return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
