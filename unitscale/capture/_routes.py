@@ -105,7 +105,7 @@ def _fx(tracer: CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tup
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
     graph = tracer.trace(module, concrete_args=concrete or None)
     # Python code for the graph is generated on first call, not here: capture checks the graph
-    # with an interpreter and partition splits it, so a 20,000-node graph never pays ~0.4 s for it.
+    # with an interpreter, partition splits it and scale tracking writes its own, so no graph pays for it unused.
     with _use_lazy_graph_module(True):
         return _make_graph_module(tracer.root, graph, type(module).__name__), None
 

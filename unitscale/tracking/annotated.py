@@ -14,6 +14,10 @@ import re
 import sys
 from typing import Any
 
+from pygments import highlight
+from pygments.formatters import HtmlFormatter, TerminalFormatter
+from pygments.lexers import PythonLexer
+
 from unitscale.capture import Capture
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.tracking.report import ScaleRow
@@ -138,10 +142,6 @@ class AnnotatedCode(str):
 
     def __str__(self) -> str:
         if self.highlight and sys.stdout.isatty():
-            from pygments import highlight
-            from pygments.formatters import TerminalFormatter
-            from pygments.lexers import PythonLexer
-
             return highlight(self.plain, PythonLexer(), TerminalFormatter()).rstrip("\n")
         return self.plain
 
@@ -154,8 +154,4 @@ class AnnotatedCode(str):
     def _repr_html_(self) -> str | None:
         if not self.highlight:
             return f"<pre>{html.escape(self.plain)}</pre>"
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import PythonLexer
-
         return highlight(self.plain, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
