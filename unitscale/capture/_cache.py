@@ -111,7 +111,7 @@ _cache: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Any, Any, Any]
 def cached(
     module: nn.Module,
     request: Hashable,
-    signature: Hashable | None,
+    signature: Callable[[], Hashable | None],
     make: Callable[[], T],
     depends_on_inputs: Callable[[T], bool],
 ) -> T:
@@ -120,8 +120,9 @@ def cached(
     Args:
         module: the captured module (held weakly).
         request: what was asked (routes and options), hashable.
-        signature: :func:`input_signature` of this call (``None``: inputs of a kind it
-            cannot key, so only a capture that does not depend on them is cached).
+        signature: gives :func:`input_signature` of this call (``None``: inputs of a kind
+            it cannot key, so only a capture that does not depend on them is cached); called
+            only when a capture that depends on them is looked up or kept.
         make: makes the capture.
         depends_on_inputs: whether a capture depends on the inputs' signature (an export)
             or only on the module (a symbolic trace).
@@ -129,13 +130,17 @@ def cached(
     key = fingerprint(module)
     entries = _cache.setdefault(module, {})
     found = entries.get(request)
-    if found is not None and found[0] == key and (found[1] is None or found[1] == signature):
-        return found[2]
+    if found is not None and found[0] == key:
+        if found[1] is None:  # a capture of the module alone (a symbolic trace)
+            return found[2]
+        this = signature()
+        if found[1] == this:
+            return found[2]
     result = make()
     if not depends_on_inputs(result):
         entries[request] = (key, None, result)
-    elif signature is not None:
-        entries[request] = (key, signature, result)
+    elif (this := signature()) is not None:
+        entries[request] = (key, this, result)
     return result
 
 

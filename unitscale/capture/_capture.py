@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 import warnings
@@ -161,6 +162,39 @@ def _mentions_tensor(annotation: Any) -> bool:
     return "Tensor" in text and "Callable" not in text
 
 
+def _read_signature(forward: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):
+        return None
+    try:
+        hints = typing.get_type_hints(forward)
+    except Exception:
+        hints = {}
+    return signature, hints
+
+
+@functools.lru_cache(maxsize=256)
+def _method_signature(function: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
+    found = _read_signature(function)
+    if found is None:
+        return None
+    signature, hints = found
+    return signature.replace(parameters=list(signature.parameters.values())[1:]), hints  # without self
+
+
+def _forward_signature(forward: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
+    """``forward``'s signature (without ``self``) and resolved annotations, read once per class.
+
+    Reading a ``transformers`` forward's annotations costs about as much as the rest of a
+    cached capture; a class's ``forward`` is the same function for all its instances.
+    """
+    function = getattr(forward, "__func__", None)
+    if function is None:  # a function set on the instance: read each time
+        return _read_signature(forward)
+    return _method_signature(function)
+
+
 def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     name = type(module).__name__
     if isinstance(example_inputs, torch.Tensor):
@@ -181,10 +215,10 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
         kwargs = {}
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise InputError(f"kwargs must be a dict of {name}'s keyword inputs by name, got {type(kwargs).__name__}")
-    try:
-        signature = inspect.signature(module.forward)
-    except (TypeError, ValueError):
+    found = _forward_signature(module.forward)
+    if found is None:
         return example_inputs, dict(kwargs)
+    signature, hints = found
     params = signature.parameters
     missing_kw = [
         p.name for p in params.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in kwargs
@@ -203,10 +237,6 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
             f"{name}.forward({names}) cannot take {len(example_inputs)} positional input(s)"
             f"{' and kwargs ' + ', '.join(map(repr, kwargs)) if kwargs else ''}: {e}"
         ) from None
-    try:
-        hints = typing.get_type_hints(module.forward)
-    except Exception:
-        hints = {}
     for arg, value in bound.arguments.items():
         annotation = hints.get(arg, params[arg].annotation)
         if params[arg].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -339,7 +369,7 @@ def capture(
     if not cache:
         return make()
     request = (routes, dynamic_batch, flat, deep, check)
-    return cached(module, request, input_signature(module, args, kw), make, _depends_on_inputs)
+    return cached(module, request, lambda: input_signature(module, args, kw), make, _depends_on_inputs)
 
 
 def _depends_on_inputs(cap: Capture) -> bool:
