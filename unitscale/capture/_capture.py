@@ -128,7 +128,10 @@ class Capture:
         return [n for n in graph.nodes if not compute_only or n.op in COMPUTE_OPS]
 
     def __repr__(self) -> str:
-        count = f"{len(self.ops)} ops recorded" if self.graph_module is None else f"{len(self.nodes())} nodes"
+        if self.graph_module is not None:
+            count = f"{len(self.nodes())} nodes"
+        else:
+            count = f"{len(self.ops)} ops recorded" if self.checked else "not run: the tool records the ops"
         failed = f"; failed: {', '.join(self.reasons)}" if self.reasons else ""
         return f"Capture({type(self.module).__name__} via {self.route!r}, {count}{failed})"
 
