@@ -16,7 +16,6 @@ from torch import nn
 
 from unitscale import MLP, ScalePair, ScaleReport, TinyGPT, analyse_module, resnet18, track_scales
 from unitscale.capture import DeepTracing, capture, clear_capture_cache
-from unitscale.capture._tracers import DeepCaptureTracer
 from unitscale.errors import BackwardShapeError, InputError, NoFloatOutputError, NotAModuleError, TraceError
 from unitscale.tracking import AnnotatedCode
 
@@ -356,20 +355,6 @@ def test_report_table_iteration_indexing_and_plot() -> None:
     plt.close(fig)
 
 
-def test_scale_tracer_composes_module_paths_with_deep_tracing() -> None:
-    graph = DeepCaptureTracer().trace(MLP(4))
-    assert [(n.name, n.meta.get("module_path")) for n in graph.nodes if n.op != "output"] == [
-        ("x", ""),
-        ("fc1_weight", "fc1"),
-        ("fc1_bias", "fc1"),
-        ("linear", "fc1"),
-        ("relu", "act"),
-        ("fc2_weight", "fc2"),
-        ("fc2_bias", "fc2"),
-        ("linear_1", "fc2"),
-    ]
-
-
 def double_then_relu(x: torch.Tensor) -> torch.Tensor:
     return (x * 2).relu()
 
@@ -395,21 +380,6 @@ def test_recurse_modules_and_autowrap_functions_control_the_granularity() -> Non
         ("double_then_relu", "double_then_relu"),
         ("add", "add"),
     ]
-
-
-def test_scale_tracer_gives_the_same_graph_as_the_composed_tracers() -> None:
-    from unitscale.tracers import DeepTracer, ModulePathTracer
-
-    class Composed(ModulePathTracer, DeepTracer):
-        pass
-
-    shared = nn.Linear(4, 4)
-    tied = nn.Sequential(shared, nn.ReLU(), shared)  # one parameter reached under two names
-    for model in (TinyGPT(vocab_size=11, d_model=16, n_layers=2, n_heads=2, seq_len=8), resnet18(width=4), tied):
-        ours, reference = DeepCaptureTracer().trace(model), Composed().trace(model)
-        assert ours.python_code("self").src == reference.python_code("self").src
-        paths = [n.meta.get("module_path") for n in ours.nodes if n.op != "output"]
-        assert paths == [n.meta.get("module_path") for n in reference.nodes if n.op != "output"]
 
 
 # Bad input: a typed error naming the problem.
