@@ -254,14 +254,15 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
 
 
 def _forward_line(module: nn.Module) -> str:
-    """``Class.forward (file:line)``: where a failure is, when no frame says more."""
-    forward = inspect.unwrap(type(module).forward)
-    try:
-        file = inspect.getsourcefile(forward)
-        line = inspect.getsourcelines(forward)[1]
-    except (OSError, TypeError):
+    """``Class.forward (file:line)``: where a failure is, when no frame says more.
+
+    The line is the code object's first (its ``def``): reading the source to find the
+    decorators above costs more than a cached capture of a transformers model.
+    """
+    code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
+    if code is None:
         return f"{type(module).__name__}.forward"
-    return f"{type(module).__name__}.forward ({file}:{line})"
+    return f"{type(module).__name__}.forward ({code.co_filename}:{code.co_firstlineno})"
 
 
 def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -412,7 +413,7 @@ def _capture(
             try:
                 result = _take_route(name, module, args, kw, route_fns, check, expected)
             except Exception as e:
-                reasons[name] = exception_summary(e, fallback=_forward_line(module))
+                reasons[name] = exception_summary(e, fallback=lambda: _forward_line(module))
                 continue
         result.reasons = reasons
         result.warnings = [f"{w.category.__name__}: {w.message}" for w in caught]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 from unitscale.fx.trace_errors import exception_chain
@@ -89,10 +90,11 @@ def failure_frame(exc: BaseException) -> str:
     return "an unknown line"
 
 
-def exception_summary(exc: BaseException, limit: int = 400, fallback: str = "") -> str:
+def exception_summary(exc: BaseException, limit: int = 400, fallback: Callable[[], str] | None = None) -> str:
     """``"TypeName: first lines of the message (at file:line (`code`))"``, for a route's reason.
 
-    ``fallback`` names the place when no frame outside torch is found (the forward's line).
+    ``fallback()`` names the place when no frame outside torch is found (the forward's
+    line); called only then, as reading a source file costs more than the rest.
 
     >>> try:
     ...     int("x")
@@ -104,8 +106,8 @@ def exception_summary(exc: BaseException, limit: int = 400, fallback: str = "") 
     if len(message) > limit:
         message = message[: limit - 3] + "..."
     where = failure_frame(exc)
-    if where == "an unknown line" and fallback:
-        where = fallback
+    if where == "an unknown line" and fallback is not None:
+        where = fallback() or where
     if where in message:  # our own TraceError names the line already
         return f"{type(exc).__name__}: {message}"
     return f"{type(exc).__name__}: {message} (at {where})"
