@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from unitscale import MLP, ScalePair, ScaleReport, TinyGPT, analyse_module, resnet18, track_scales
+from unitscale import ScaleReport, analyse_module, track_scales
 from unitscale.capture import DeepTracing, capture, clear_capture_cache
 from unitscale.errors import BackwardShapeError, InputError, NoFloatOutputError, NotAModuleError, TraceError
-from unitscale.tracking import AnnotatedCode
+from unitscale.examples import MLP, TinyGPT, resnet18
+from unitscale.tracking import AnnotatedCode, ScalePair
 
 matplotlib.use("Agg")
 
