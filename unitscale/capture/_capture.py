@@ -322,7 +322,8 @@ def capture(
         cache: reuse the capture made before for this module and request while the
             module's fingerprint (and, for a graph specialised to them, the inputs'
             shapes) is unchanged; see ``unitscale/capture/README.md`` and
-            :func:`clear_capture_cache`.
+            :func:`clear_capture_cache`. A cached capture is shared by every caller (and
+            keeps the example inputs it was made with): copy its graph before editing it.
 
     Returns:
         A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
