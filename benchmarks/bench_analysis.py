@@ -9,7 +9,7 @@ written differently: one fused qkv projection, explicit ``torch.softmax`` attent
 ``unitscale.examples.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
 weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
 ``torch.fx`` traces the model, else ``eager`` (ops recorded as they run); a model fx cannot
-trace gets a second row with ``capture="export"`` (the exported graph's listing; quick mode:
+trace gets a second row with ``route="export"`` (the exported graph's listing; quick mode:
 Llama only). Ratios by wall time and by process CPU time (steadier on a shared machine).
 The "cached, no stds" column is the cached call with the std itself replaced by a constant:
 capture, hooks and bookkeeping without the two reads of every tensor (a sum and a dot
@@ -40,11 +40,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
 
-from unitscale import analyse_module, track_scales  # noqa: E402
+from unitscale.capture import DeepTracing, capture, clear_capture_cache  # noqa: E402
 from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
-from unitscale.fx.autowrap import default_autowrap_modules  # noqa: E402
-from unitscale.fx.trace_cache import DeepPathTracer  # noqa: E402
-from unitscale.tracking import analysis, clear_trace_cache, compiled, stats  # noqa: E402
+from unitscale.tracking import analyse_module, annotated, compiled, stats, track_scales  # noqa: E402
 
 BATCH, SEQ, WIDTH, LAYERS, HEADS, VOCAB = 8, 128, 256, 4, 4, 512
 
@@ -148,11 +146,10 @@ def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 
 
 def _forget_captures() -> None:
-    """Empty every cache a first call fills: fx traces, exported graphs, parsed code, compiled tracking code."""
-    clear_trace_cache()
+    """Empty every cache a first call fills: captures (fx traces, exports), parsed code, compiled tracking code."""
+    clear_capture_cache()
     compiled._compiled.clear()
-    analysis._exported.clear()
-    analysis._code_lines.cache_clear()
+    annotated._code_lines.cache_clear()
 
 
 def _output(out: Any) -> torch.Tensor:
@@ -184,17 +181,17 @@ def main(quick: bool = False, threads: int = 2) -> list[dict]:
         model, x = build(), x[:batch]
         grad = torch.randn_like(_output(model(x)))
         _forget_captures()
-        route = track_scales(model, x, grad, abs_max=False).capture
+        route = track_scales(model, x, grad, abs_max=False).route
         # where fx cannot trace, also the export route (what "auto" took before it recorded eagerly);
         # quick mode times it on Llama only: one export costs about a second
         routes = [route] if route == "fx" or (quick and name != "Llama") else [route, "export"]
-        for capture in routes:
-            row = _measure(name, model, x, grad, capture, repeats, theirs if name.endswith("GPT") else None)
-            row["capture"] = capture
+        for taken in routes:
+            row = _measure(name, model, x, grad, taken, repeats, theirs if name.endswith("GPT") else None)
+            row["capture"] = taken
             rows.append(row)
             theirs_cell = f"{row['unit_scaling']:.2f}x" if "unit_scaling" in row else "-"
             print(
-                f"{name:<10} {capture:>8} {row['first call']:>7.2f}x ({row['first call cpu']:.2f}x)"
+                f"{name:<10} {taken:>8} {row['first call']:>7.2f}x ({row['first call cpu']:.2f}x)"
                 f" {row['cached']:>6.2f}x ({row['cached cpu']:.2f}x) {row['cached, no stds']:>7.2f}x"
                 f" {row['floor, first call']:>6.2f}x/{row['floor, cached']:.2f}x {row['plain ms']:>9.1f}  {theirs_cell}"
             )
@@ -204,14 +201,14 @@ def main(quick: bool = False, threads: int = 2) -> list[dict]:
 
 
 def _measure(
-    name: str, model: nn.Module, x: torch.Tensor, grad: torch.Tensor, capture: str, repeats: int, theirs: Any
+    name: str, model: nn.Module, x: torch.Tensor, grad: torch.Tensor, route: str, repeats: int, theirs: Any
 ) -> dict[str, Any]:
     def plain() -> None:
         _output(model(x)).backward(grad)
         model.zero_grad(set_to_none=True)
 
     def cached() -> None:
-        analyse_module(model, x, grad, syntax_highlight=False, capture=capture)
+        analyse_module(model, x, grad, syntax_highlight=False, route=route)
 
     def first() -> None:
         _forget_captures()
@@ -239,7 +236,7 @@ def _measure(
         "first": first,
         "no stds": no_stds,
         "one read": one_read,
-        "route alone": _route_alone(model, x, capture),
+        "route alone": _route_alone(model, x, route),
     }
     if theirs is not None:
         fns["theirs"] = lambda: theirs(model, x, grad, syntax_highlight=False)
@@ -249,7 +246,7 @@ def _measure(
     (wall, cpu) = best["plain"]
     row = {
         "model": name,
-        "capture": capture,
+        "capture": route,
         "first call": best["first"][0] / wall,
         "cached": best["cached"][0] / wall,
         "first call cpu": best["first"][1] / cpu,
@@ -265,12 +262,12 @@ def _measure(
     return row
 
 
-def _route_alone(model: nn.Module, x: torch.Tensor, capture: str) -> Callable[[], object]:
+def _route_alone(model: nn.Module, x: torch.Tensor, route: str) -> Callable[[], object]:
     """What the route needs before anything runs: fx's trace, or one export; nothing when recorded eagerly."""
-    if capture == "fx":
-        autowrap = default_autowrap_modules()
-        return lambda: DeepPathTracer(autowrap_modules=autowrap).trace(model)
-    if capture == "export":
+    if route == "fx":
+        deep = DeepTracing()
+        return lambda: capture(model, x, deep=deep, check=False)
+    if route == "export":
         return lambda: torch.export.export(model, (x,), strict=False)
     return lambda: None
 

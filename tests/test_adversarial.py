@@ -29,7 +29,6 @@ from unitscale import (
     inline,
     invert,
     partition,
-    record_scales,
     run_pipeline,
     simulate_fp8,
     track_scales,
@@ -419,12 +418,14 @@ CASES: dict[str, Case] = {
     "register-inverse-int-inverse": Case(lambda: register_inverse(torch.log, 5), NotCallableError, ("5",)),  # type: ignore[arg-type]
     # scale tracking without a module
     "track-scales-int": Case(
-        lambda: track_scales(5, X), NotAModuleError, ("track_scales expects a torch.nn.Module", "got int")
+        lambda: track_scales(5, X), NotAModuleError, ("track_scales() expects a torch.nn.Module", "got int")
     ),  # type: ignore[arg-type]
     "analyse-module-function": Case(
         lambda: analyse_module(_raise, X), NotAModuleError, ("expects a torch.nn.Module", "function")
     ),  # type: ignore[arg-type]
-    "record-scales-str": Case(lambda: record_scales("mlp", X), NotAModuleError, ("got str",)),  # type: ignore[arg-type]
+    "analyse-module-str": Case(
+        lambda: analyse_module("mlp", X), NotAModuleError, ("analyse_module() expects", "got str")
+    ),  # type: ignore[arg-type]
     # functional ops
     "U-softmax-dim-none": Case(lambda: U.softmax(X, dim=None), InputError, ("softmax: dim=None", "dim=-1")),  # type: ignore[arg-type]
     "U-dropout-p-above-1": Case(lambda: U.dropout(X, p=1.5), InputError, ("dropout", "p=1.5", "[0, 1]")),
@@ -780,7 +781,10 @@ MODEL_CASES: dict[str, ModelCase] = {
     ),
     # scale tracking
     "track-scales-inputs-str": ModelCase(
-        "probe", lambda m: track_scales(m, "x"), InputError, ("inputs must be a torch.Tensor", "got str")
+        "probe",
+        lambda m: track_scales(m, "x"),
+        InputError,
+        ("track_scales(inputs=...) must be a torch.Tensor", "got str"),
     ),
     "track-scales-inputs-numpy": ModelCase(
         "probe",
@@ -827,22 +831,25 @@ MODEL_CASES: dict[str, ModelCase] = {
     ),  # type: ignore[arg-type]
     "track-scales-capture": ModelCase(
         "probe",
-        lambda m: track_scales(m, X, capture="jit"),
+        lambda m: track_scales(m, X, route="jit"),
         InputError,
-        ("capture must be 'auto', 'fx', 'export' or 'eager'", "'jit'"),
+        ("track_scales(route=...) got 'jit'", "'auto', 'fx', 'export' or 'eager'"),
     ),
     "track-scales-int-output": ModelCase("intout", lambda m: track_scales(m, X), NoFloatOutputError, ("IntOut",)),
     "track-scales-fx-untraceable": ModelCase(
         "branchy",
-        lambda m: track_scales(m, X, capture="fx"),
+        lambda m: track_scales(m, X, route="fx"),
         TraceError,
-        ("could not trace Branchy at", "if y.sum() > 0:", "capture='eager'"),
+        ("could not trace Branchy at", "if y.sum() > 0:", "route='auto'"),
     ),
     "track-scales-inplace-parameter": ModelCase(
         "inplace", lambda m: track_scales(m, X), InputError, ("in-place", "torch.no_grad()")
     ),
-    "record-scales-untraceable": ModelCase(
-        "branchy", lambda m: record_scales(m, X), TraceError, ("could not trace Branchy",)
+    "analyse-module-fx-untraceable": ModelCase(
+        "branchy",
+        lambda m: analyse_module(m, X, route="fx"),
+        TraceError,
+        ("analyse_module(): ", "could not trace Branchy"),
     ),
     "analyse-module-shape": ModelCase(
         "probe", lambda m: analyse_module(m, torch.randn(2, 3)), InputError, ("Probe failed", "(2, 3)")
@@ -970,7 +977,6 @@ PLAN = _plan()
 NAMED_CALLS: dict[str, Callable[[], Any]] = {
     "track_scales": lambda: track_scales(42, X),  # type: ignore[arg-type]
     "analyse_module": lambda: analyse_module(42, X),  # type: ignore[arg-type]
-    "record_scales": lambda: record_scales(42, X),  # type: ignore[arg-type]
     "unit_scale": lambda: unit_scale(42),  # type: ignore[arg-type]
     "simulate_fp8": lambda: simulate_fp8(42),  # type: ignore[arg-type]
     "simulate_format": lambda: simulate_format(42, FP8_E4M3, FP16),  # type: ignore[arg-type]
@@ -984,11 +990,7 @@ NAMED_CALLS: dict[str, Callable[[], Any]] = {
 }
 # Allow-list of calls that still blame another function, each with the issue that fixes it;
 # strict, so a fix makes the test fail until the entry is removed.
-NAMES_ANOTHER = {
-    "analyse_module": "issue 27: tracking's entry points (one per run) blame track_scales",
-    "record_scales": "issue 27: tracking's entry points (one per run) blame track_scales",
-    "trace_exec_order": "issue 27: capture's trace_exec_order blames fx_exec_order, which it calls",
-}
+NAMES_ANOTHER: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

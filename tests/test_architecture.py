@@ -40,20 +40,7 @@ PACKAGE = "unitscale"
 # (importer, imported): a private module or name of another package. Owners: capture/ and
 # tracking/ (helper A of issue 27: the trace cache and module state move into capture/),
 # stages/ (helper S), transforms/ (helper T).
-PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str]] = {
-    ("unitscale.stages.costs", "unitscale.capture._meta.normalise_graph"),
-    ("unitscale.stages.costs", "unitscale.fx._module_state.module_state_kept"),
-    ("unitscale.stages.plan", "unitscale.capture._meta.normalise_path"),
-    ("unitscale.stages.plan", "unitscale.capture._meta.stack_entries"),
-    ("unitscale.tracking.analysis", "unitscale.fx._module_state.module_state_kept"),
-    ("unitscale.tracking.analysis", "unitscale.fx.trace_cache._fingerprint"),
-    ("unitscale.tracking.analysis", "unitscale.fx.trace_cache._graph_code_and_globals"),
-    ("unitscale.tracking.analysis", "unitscale.fx.tracers._check_autowrap"),
-    ("unitscale.transforms.dynamo", "unitscale.capture._dynamo.DynamoGraph"),
-    ("unitscale.transforms.dynamo", "unitscale.capture._dynamo.dynamo_graph"),
-    ("unitscale.transforms.dynamo", "unitscale.capture._dynamo.no_torch_function_modes"),
-    ("unitscale.transforms.dynamo", "unitscale.capture._verify.flat_graph_inputs"),
-}
+PRIVATE_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
 # Sets of modules that import each other. Owner: stages/ (helper S).
 CYCLES_ALLOWED: set[frozenset[str]] = set()
 # (module, imported) of an import inside a function with no reason written on its line.
@@ -63,8 +50,6 @@ LOCAL_IMPORTS_ALLOWED: set[tuple[str, str]] = {
     ("unitscale.optim._rules", "unitscale.errors.NotAModuleError"),
     ("unitscale.scaling.transfer", "unitscale.optim.Adam"),
     ("unitscale.scaling.parameter", "unitscale.errors.UntaggedParameterError"),
-    ("unitscale.tracking.history", "unitscale.formats.BF16"),
-    ("unitscale.tracking.history", "unitscale.formats.FP16"),
 }
 # package.module where the package's face binds the module's name to a function. Owners:
 # stages/ (helper S), tracking/ (helper A).

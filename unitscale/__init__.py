@@ -41,7 +41,7 @@ from unitscale import tracking as tracking
 from unitscale import transforms as transforms
 from unitscale.fx import inline, invert
 from unitscale.stages import StagePlan, partition, run_pipeline
-from unitscale.tracking import ScaleReport, analyse_module, record_scales, track_scales
+from unitscale.tracking import ScaleReport, analyse_module, track_scales
 from unitscale.transforms import simulate_fp8, unit_scale
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
     "track_scales",
     "ScaleReport",
     "analyse_module",
-    "record_scales",
     # shape: unit scaling and simulated low precision, as graph transforms
     "unit_scale",
     "simulate_fp8",

@@ -72,6 +72,8 @@ __all__ = [
     "SweepGridError",
     "BlockedCutError",
     "PlanMismatchError",
+    "BackwardValueError",
+    "KVCacheError",
 ]
 
 
@@ -285,3 +287,15 @@ class BlockedCutError(StageCountError):
 
 class PlanMismatchError(InputError):
     """Two stage plans (or a plan and costs) that a call compares are of different models or graphs."""
+
+
+class BackwardValueError(BackwardShapeError):
+    """A gradient given for the backward pass holds no values (a ``meta`` tensor) to backpropagate."""
+
+
+class KVCacheError(CaptureError):
+    """The model returns a key/value cache object (a ``transformers`` ``DynamicCache``), which no graph can return.
+
+    Raised where switching the cache off through the model's config cannot help (a
+    ``use_cache=True`` passed in, a cache object passed in); every tool says the same fix.
+    """

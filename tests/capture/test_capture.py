@@ -193,3 +193,15 @@ def test_capture_leaves_buffers_and_rng_as_they_were() -> None:
     assert isinstance(cap, Capture) and cap.route == "fx"
     assert torch.equal(torch.rand(2), expected_next)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_the_name_capture_is_the_package_and_its_function_lives_inside_it() -> None:
+    import importlib
+    import types
+
+    import unitscale
+    import unitscale.capture as package
+
+    assert isinstance(unitscale.capture, types.ModuleType) and unitscale.capture is package
+    assert importlib.import_module("unitscale.capture") is package
+    assert callable(package.capture) and package.capture.__module__ == "unitscale.capture._capture"

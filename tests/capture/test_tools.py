@@ -84,12 +84,12 @@ def test_inline_returns_an_exported_graph_as_it_is() -> None:
 def test_analyse_module_on_llama_lists_the_exported_graph_with_module_paths() -> None:
     torch.manual_seed(0)
     model, inputs = llama()
-    report = track_scales(model, inputs, capture="export")
-    assert report.capture == "export"
+    report = track_scales(model, inputs, route="export")
+    assert report.route == "export"
     q = [row for row in report if row.module_path == "model.layers.0.self_attn.q_proj" and row.op == "linear"]
     assert len(q) == 1 and q[0].shape == (2, 16, 64)
     assert q[0].forward is not None and q[0].backward is not None and 0 < q[0].forward < 10
-    code = analyse_module(model, inputs, syntax_highlight=False, capture="export")
+    code = analyse_module(model, inputs, syntax_highlight=False, route="export")
     assert code.startswith("# LlamaForCausalLM: captured by torch.export\n")
     line = re.search(r"^ +linear = torch\.ops\.aten\.linear\.default\(.*$", code, re.M)
     assert line is not None
@@ -102,8 +102,8 @@ def test_auto_capture_records_llama_eagerly_with_the_exports_scales_and_module_p
     torch.manual_seed(0)
     eager = track_scales(model, inputs)
     torch.manual_seed(0)
-    exported = track_scales(model, inputs, capture="export")
-    assert eager.capture == "eager" and "co_varnames" in eager.trace_failure
+    exported = track_scales(model, inputs, route="export")
+    assert eager.route == "eager" and "co_varnames" in eager.trace_failure
     q = [row for row in eager if row.module_path == "model.layers.0.self_attn.q_proj" and row.op == "linear"]
     (q_exported,) = [r for r in exported if r.module_path == "model.layers.0.self_attn.q_proj" and r.op == "linear"]
     assert len(q) == 1 and q[0].shape == q_exported.shape == (2, 16, 64)
@@ -112,7 +112,9 @@ def test_auto_capture_records_llama_eagerly_with_the_exports_scales_and_module_p
     # every module the export names, the eager record names too
     assert {r.module_path for r in exported} - {r.module_path for r in eager} <= {""}
     code = analyse_module(model, inputs, syntax_highlight=False)
-    assert code.startswith("# LlamaForCausalLM: ops recorded as they ran; torch.fx could not trace it at ")
+    assert code.startswith(
+        "# LlamaForCausalLM: ops recorded as they ran; torch.fx could not trace LlamaForCausalLM at "
+    )
     scale = r"# \(-> [\d.e-]+, <- [\d.e-]+\)"
     line = re.search(rf"^linear\S* +{scale}  linear in model\.layers\.0\.self_attn\.q_proj$", code, re.M)
     assert line is not None
@@ -120,24 +122,22 @@ def test_auto_capture_records_llama_eagerly_with_the_exports_scales_and_module_p
 
 
 def test_track_scales_exports_a_model_once_per_input_signature(monkeypatch: pytest.MonkeyPatch) -> None:
-    import unitscale.capture
-
     calls: list[tuple[int, ...]] = []
-    real = unitscale.capture.capture
+    real = torch.export.export
 
-    def counting(module: nn.Module, inputs: tuple[torch.Tensor, ...], *a: object, **k: object) -> object:
-        calls.append(tuple(inputs[0].shape))
-        return real(module, inputs, *a, **k)  # type: ignore[arg-type]
+    def counting(module: nn.Module, args: tuple[torch.Tensor, ...], *a: object, **k: object) -> object:
+        calls.append(tuple(args[0].shape))
+        return real(module, args, *a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(unitscale.capture, "capture", counting)
+    monkeypatch.setattr(torch.export, "export", counting)
     model, (ids,) = llama()
     torch.manual_seed(0)
-    first = track_scales(model, (ids,), capture="export")
+    first = track_scales(model, (ids,), route="export")
     torch.manual_seed(0)
-    second = track_scales(model, (ids,), capture="export")
-    assert calls == [(2, 16)] and first.capture == second.capture == "export"
+    second = track_scales(model, (ids,), route="export")
+    assert calls == [(2, 16)] and first.route == second.route == "export"
     assert [r.scale for r in first] == [r.scale for r in second]
-    track_scales(model, (ids[:, :8],), capture="export")
+    track_scales(model, (ids[:, :8],), route="export")
     assert calls == [(2, 16), (2, 8)]
     track_scales(model, (ids,))  # auto: recorded eagerly, no export
     assert calls == [(2, 16), (2, 8)]

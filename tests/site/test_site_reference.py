@@ -133,7 +133,7 @@ def test_tutorial_converts_to_a_valid_notebook(path):
         ("unitscale.tracking.report.ScaleRow", "unitscale.tracking.ScaleRow"),
         ("unitscale.stages.pipeline.PipelineResult", "unitscale.stages.PipelineResult"),
         ("unitscale.tracking.report.ScaleReport.plot", "unitscale.ScaleReport.plot"),
-        ("unitscale.fx.trace_cache.clear_trace_cache", "unitscale.tracking.clear_trace_cache"),
+        ("unitscale.capture._cache.clear_capture_cache", "unitscale.capture.clear_capture_cache"),
     ],
 )
 def test_references_resolve_by_identity_to_the_documented_name(target, documented):

@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import fx, nn
+from torch import nn
 
-from unitscale import ScaleReport, analyse_module, record_scales, track_scales
+from unitscale import ScaleReport, analyse_module, track_scales
+from unitscale.capture import DeepTracing, capture, clear_capture_cache
 from unitscale.errors import BackwardShapeError, InputError, NoFloatOutputError, NotAModuleError, TraceError
 from unitscale.examples import MLP, TinyGPT, resnet18
-from unitscale.fx.trace_cache import DeepPathTracer, trace_for_scales
 from unitscale.tracking import AnnotatedCode, ScalePair
 
 matplotlib.use("Agg")
@@ -50,7 +50,7 @@ def test_classic_mlp_scales_match_the_reference_numbers() -> None:
     torch.manual_seed(0)
     # as in Graphcore's example, the input requires grad, so its gradient is recorded
     x, grad = torch.randn(256, 1024).requires_grad_(), torch.randn(256, 1024)
-    scales = record_scales(MLP(1024), x, grad)
+    scales = track_scales(MLP(1024), x, grad).scales
     expected = {
         "x": (1.0, 0.236),
         "linear": (0.578, 0.204),
@@ -186,7 +186,7 @@ def test_untraceable_model_falls_back_to_recording_ops_as_they_run() -> None:
     model = Branchy()
     x, grad = torch.randn(16, 8), torch.randn(16, 8)
     report = track_scales(model, x, grad)
-    assert report.capture == "eager"
+    assert report.route == "eager"
     assert "y.sum() > 0" in report.trace_failure
     assert [(row.node, row.module_path, row.op) for row in report][:2] == [
         ("x", "", "input"),
@@ -206,7 +206,7 @@ def test_eager_capture_gives_the_same_numbers_as_fx_on_the_mlp() -> None:
     torch.manual_seed(1)
     fx_report = track_scales(model, x)
     torch.manual_seed(1)
-    eager_report = track_scales(model, x, capture="eager")
+    eager_report = track_scales(model, x, route="eager")
     for node in ("x", "linear", "relu", "linear_1"):
         assert eager_report[node].scale == fx_report[node].scale
         assert eager_report[node].module_path == fx_report[node].module_path
@@ -216,16 +216,16 @@ def test_capture_fx_raises_trace_error_naming_the_line() -> None:
     with pytest.raises(
         TraceError, match=r"could not trace Branchy at .*test_analysis\.py:\d+ \(`if y\.sum\(\) > 0:`\)"
     ):
-        track_scales(Branchy(), torch.randn(2, 8), capture="fx")
-    with pytest.raises(TraceError, match="Use capture='eager'"):
-        record_scales(Branchy(), torch.randn(2, 8))
+        track_scales(Branchy(), torch.randn(2, 8), route="fx")
+    with pytest.raises(TraceError, match="Use route='auto'"):
+        analyse_module(Branchy(), torch.randn(2, 8), route="fx")
 
 
 def test_inplace_ops_on_tracked_tensors_work_in_resnet() -> None:
     torch.manual_seed(0)
     model = resnet18(num_classes=10, width=4)
     report = track_scales(model, torch.randn(2, 3, 32, 32))
-    assert report.capture == "fx"
+    assert report.route == "fx"
     assert any(row.module_path == "layer4.1.bn2" for row in report)
     assert all(row.backward is not None for row in report if row.op not in ("buffer", "input"))
     assert [row.backward for row in report if row.op == "input"] == [None]  # the image does not require grad
@@ -240,8 +240,8 @@ def test_a_model_may_modify_its_input_in_place() -> None:
     torch.manual_seed(0)
     x, grad = torch.randn(4, 2), torch.randn(4, 2)
     original = x.clone()
-    for capture in ("fx", "eager"):
-        report = track_scales(InPlace(), x, grad, capture=capture)
+    for route in ("fx", "eager"):
+        report = track_scales(InPlace(), x, grad, route=route)
         assert [row.node for row in report] == ["x", "mul_", "mul"]
         assert report["x"].forward == pytest.approx(x.std().item(), rel=1e-6)
         assert report["x"].backward == pytest.approx(3 * grad.std().item(), rel=1e-6)
@@ -261,14 +261,14 @@ def test_tracking_works_under_no_grad_and_on_inference_tensors() -> None:
     assert report["x"].backward is None  # an inference tensor cannot require grad
 
 
-@pytest.mark.parametrize("capture", ["fx", "eager", "export"])
-def test_an_input_gets_a_gradient_only_when_it_requires_grad(capture: str) -> None:
+@pytest.mark.parametrize("route", ["fx", "eager", "export"])
+def test_an_input_gets_a_gradient_only_when_it_requires_grad(route: str) -> None:
     torch.manual_seed(0)
     model, x, grad = MLP(8), torch.randn(4, 8), torch.randn(4, 8)
-    plain = track_scales(model, x, grad, capture=capture)
+    plain = track_scales(model, x, grad, route=route)
     assert plain["x"].backward is None  # as in a training step: nobody asked for it
     assert all(row.backward is not None for row in plain if row.op != "input")
-    asked = track_scales(model, x.clone().requires_grad_(), grad, capture=capture)
+    asked = track_scales(model, x.clone().requires_grad_(), grad, route=route)
     leaf = x.clone().requires_grad_()
     (want,) = torch.autograd.grad(model(leaf), leaf, grad)
     assert asked["x"].backward == pytest.approx(want.std().item(), rel=1e-5)
@@ -277,13 +277,13 @@ def test_an_input_gets_a_gradient_only_when_it_requires_grad(capture: str) -> No
             assert (row.forward, row.backward) == pytest.approx((other.forward, other.backward), rel=1e-6)
 
 
-@pytest.mark.parametrize("capture", ["fx", "eager"])
-def test_a_model_without_trainable_parameters_differentiates_its_inputs(capture: str) -> None:
+@pytest.mark.parametrize("route", ["fx", "eager"])
+def test_a_model_without_trainable_parameters_differentiates_its_inputs(route: str) -> None:
     torch.manual_seed(0)
     x, grad = torch.randn(4, 8), torch.randn(4, 8)
     frozen = MLP(8).requires_grad_(False)
     for model in (nn.Sequential(nn.ReLU()), frozen):
-        report = track_scales(model, x, grad, capture=capture)
+        report = track_scales(model, x, grad, route=route)
         leaf = x.clone().requires_grad_()
         (want,) = torch.autograd.grad(model(leaf), leaf, grad)
         assert report[report.rows[0].node].backward == pytest.approx(want.std().item(), rel=1e-5)
@@ -306,10 +306,10 @@ def test_the_model_and_inputs_are_left_untouched() -> None:
 
 def test_traced_module_and_report_pickle_and_deepcopy() -> None:
     model = MLP(8)
-    trace = trace_for_scales(model)
-    gm = fx.GraphModule(model, trace.graph)
+    gm = capture(model, torch.randn(4, 8), deep=DeepTracing()).graph_module
+    assert gm is not None
     torch.manual_seed(0)
-    scales = record_scales(gm, torch.randn(4, 8))
+    scales = track_scales(gm, torch.randn(4, 8)).scales
     assert set(scales) >= {"x", "linear", "relu", "linear_1"}
     x = torch.randn(3, 8)
     for clone in (copy.deepcopy(gm), pickle.loads(pickle.dumps(gm))):
@@ -319,15 +319,19 @@ def test_traced_module_and_report_pickle_and_deepcopy() -> None:
     assert isinstance(again, ScaleReport) and list(again) == list(report) and again.code == report.code
 
 
+def _deep(model: nn.Module) -> object:
+    return capture(model, torch.randn(4, 8), deep=DeepTracing(), check=False, cache=True)
+
+
 def test_trace_is_reused_until_the_module_changes() -> None:
+    clear_capture_cache()
     model = MLP(8)
-    first = trace_for_scales(model)
-    assert trace_for_scales(model) is first
+    first = _deep(model)
+    assert _deep(model) is first
     model.eval()
-    assert trace_for_scales(model) is not first
+    assert _deep(model) is not first
     model.act = nn.GELU()
-    traced = trace_for_scales(model)
-    assert "gelu" in traced.code
+    assert "gelu" in _deep(model).python_code()[0]
     torch.manual_seed(0)
     assert "gelu" in track_scales(model, torch.randn(4, 8)).scales
 
@@ -350,20 +354,6 @@ def test_report_table_iteration_indexing_and_plot() -> None:
     import matplotlib.pyplot as plt
 
     plt.close(fig)
-
-
-def test_scale_tracer_composes_module_paths_with_deep_tracing() -> None:
-    graph = DeepPathTracer().trace(MLP(4))
-    assert [(n.name, n.meta.get("module_path")) for n in graph.nodes if n.op != "output"] == [
-        ("x", ""),
-        ("fc1_weight", "fc1"),
-        ("fc1_bias", "fc1"),
-        ("linear", "fc1"),
-        ("relu", "act"),
-        ("fc2_weight", "fc2"),
-        ("fc2_bias", "fc2"),
-        ("linear_1", "fc2"),
-    ]
 
 
 def double_then_relu(x: torch.Tensor) -> torch.Tensor:
@@ -393,31 +383,19 @@ def test_recurse_modules_and_autowrap_functions_control_the_granularity() -> Non
     ]
 
 
-def test_scale_tracer_gives_the_same_graph_as_the_composed_tracers() -> None:
-    from unitscale.fx import DeepTracer, ModulePathTracer
-
-    class Composed(ModulePathTracer, DeepTracer):
-        pass
-
-    shared = nn.Linear(4, 4)
-    tied = nn.Sequential(shared, nn.ReLU(), shared)  # one parameter reached under two names
-    for model in (TinyGPT(vocab_size=11, d_model=16, n_layers=2, n_heads=2, seq_len=8), resnet18(width=4), tied):
-        ours, reference = DeepPathTracer().trace(model), Composed().trace(model)
-        assert ours.python_code("self").src == reference.python_code("self").src
-        assert [n.meta.get("module_path") for n in ours.nodes] == [n.meta.get("module_path") for n in reference.nodes]
-
-
 # Bad input: a typed error naming the problem.
 
 
 def test_not_a_module_raises_not_a_module_error() -> None:
-    with pytest.raises(NotAModuleError, match="track_scales expects a torch.nn.Module, got function; wrap"):
+    with pytest.raises(NotAModuleError, match=r"^track_scales\(\) expects a torch.nn.Module, got function <"):
         track_scales(F.relu, torch.randn(3))  # type: ignore[arg-type]
 
 
 def test_inputs_of_the_wrong_type_raise_input_error() -> None:
     with pytest.raises(
-        InputError, match="inputs must be a torch.Tensor or a tuple/list of the positional inputs of MLP, got str"
+        InputError,
+        match=r"^analyse_module\(inputs=\.\.\.\) must be a torch.Tensor or a tuple/list of the positional inputs "
+        "of MLP, got str",
     ):
         analyse_module(MLP(4), "x")  # type: ignore[arg-type]
     import numpy as np
@@ -470,9 +448,9 @@ def test_model_with_no_float_output_raises_no_float_output_error() -> None:
         track_scales(ArgMax(), torch.randn(2, 3))
 
 
-def test_unknown_capture_raises_input_error() -> None:
-    with pytest.raises(InputError, match="capture must be 'auto', 'fx', 'export' or 'eager', got 'jit'"):
-        track_scales(MLP(4), torch.randn(2, 4), capture="jit")
+def test_unknown_route_raises_input_error() -> None:
+    with pytest.raises(InputError, match=r"^track_scales\(route=\.\.\.\) got 'jit'; pass 'auto', 'fx', 'export'"):
+        track_scales(MLP(4), torch.randn(2, 4), route="jit")
 
 
 def test_track_scales_reads_all_stds_in_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:

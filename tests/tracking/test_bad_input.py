@@ -117,7 +117,7 @@ class SelfModifying(nn.Module):
 
 ENTRY_POINTS: dict[str, Callable[[nn.Module, torch.Tensor], Any]] = {
     "track_scales": lambda m, x: track_scales(m, x),
-    "track_scales-eager": lambda m, x: track_scales(m, x, capture="eager"),
+    "track_scales-eager": lambda m, x: track_scales(m, x, route="eager"),
     "analyse_module": lambda m, x: analyse_module(m, x),
     "trace_exec_order": lambda m, x: trace_exec_order(m),
     "inline": lambda m, x: inline(m),

@@ -1,20 +1,24 @@
-"""A cached trace run as compiled code records what the interpreter records: rows, numbers, errors."""
+"""A cached capture runs as compiled code: every row is torch's own std of the tensor and of its gradient.
+
+The oracle runs the same captured graph under a plain :class:`torch.fx.Interpreter` (no
+unitscale code), keeps every floating-point node output, takes its ``torch.std`` in float64,
+and gets every gradient from :func:`torch.autograd.grad` with the same output gradient.
+"""
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
+from torch import fx, nn
 
-from unitscale import track_scales
+from unitscale.capture import DeepTracing, capture, clear_capture_cache
 from unitscale.errors import InputError
-from unitscale.examples import MLP, TinyGPT, resnet18
-from unitscale.fx.trace_cache import clear_trace_cache, trace_for_scales
-from unitscale.tracking import analysis
+from unitscale.examples.models import MLP, TinyGPT
+from unitscale.tracking import track_scales
 from unitscale.tracking.compiled import _instrumented, _steps, compiled_tracking
 
 
@@ -34,120 +38,7 @@ class Views(nn.Module):
         return a.sum() + b.sum() + c.sum() + h2.sum() + h2.view(torch.int32).float().mean()
 
 
-def _interpreted(model: nn.Module, inputs: object, abs_max: bool = True) -> list[tuple]:
-    """The rows ``track_scales`` gives through the fx interpreter (the route before compiled code)."""
-    compiled = analysis._capture_compiled
-    analysis._capture_compiled = lambda m, t, i, a: analysis._capture_fx(m, t.graph, i + t.extra_inputs, a)
-    try:
-        torch.manual_seed(1)  # the same unit-normal output gradient in both runs
-        return list(track_scales(model, inputs, abs_max=abs_max).rows)
-    finally:
-        analysis._capture_compiled = compiled
-
-
-def _compiled_rows(model: nn.Module, inputs: object, abs_max: bool = True) -> list[tuple]:
-    trace = trace_for_scales(model)
-    assert compiled_tracking(model, trace) is not None
-    torch.manual_seed(1)
-    return list(track_scales(model, inputs, abs_max=abs_max).rows)
-
-
-def _same(expected: list[tuple], got: list[tuple]) -> None:
-    assert [r[:5] for r in got] == [r[:5] for r in expected]  # node, path, op, shape, dtype
-    for e, g in zip(expected, got, strict=True):
-        for a, b in zip(e[5:8], g[5:8], strict=True):
-            assert (a is None) == (b is None), (e, g)
-            if a is not None:
-                assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) or (math.isnan(a) and math.isnan(b)), (e, g)
-
-
-@pytest.mark.parametrize(
-    "build, shape",
-    [
-        (lambda: MLP(8), (4, 8)),
-        (lambda: Views(), (4, 8)),
-        (lambda: resnet18(num_classes=3, width=8), (2, 3, 16, 16)),
-    ],
-    ids=["MLP", "Views", "resnet18"],
-)
-def test_compiled_rows_equal_the_interpreters(build, shape) -> None:
-    torch.manual_seed(0)
-    model = build()
-    x = torch.randn(shape)
-    expected = _interpreted(model, x)
-    _same(expected, _compiled_rows(model, x))
-
-
-def test_compiled_rows_equal_the_interpreters_on_tiny_gpt() -> None:
-    torch.manual_seed(0)
-    model = TinyGPT(32, 16, 1, 2, 8)
-    ids = torch.randint(0, 32, (2, 8))
-    expected = _interpreted(model, ids, abs_max=False)
-    got = _compiled_rows(model, ids, abs_max=False)
-    _same(expected, got)
-    assert len(got) > 40
-
-
-@settings(max_examples=10, deadline=None)
-@given(st.integers(1, 6), st.floats(-3, 3), st.booleans())
-def test_compiled_views_share_records_as_the_interpreter_does(batch: int, shift: float, abs_max: bool) -> None:
-    model = Views()
-    x = torch.randn(batch, 8) + shift
-    grad = None  # a scalar output: gradient 1, the same in both runs
-    expected = _interpreted(model, x, abs_max)
-    got = _compiled_rows(model, x, abs_max)
-    _same(expected, got)
-    assert track_scales(model, x, grad).scales == track_scales(model, x, grad).scales
-
-
-def test_a_parameter_replaced_after_compiling_is_the_one_read() -> None:
-    model = MLP(4)
-    x = torch.randn(8, 4)
-    _compiled_rows(model, x)
-    with torch.no_grad():
-        model.fc1.weight = nn.Parameter(torch.full((16, 4), 3.0))  # a new object; the trace is still valid
-    report = track_scales(model, x)
-    assert report["fc1_weight"].scale.forward == 0.0
-    assert report["fc1_weight"].abs_max == 3.0
-
-
-def test_a_failure_in_compiled_code_names_the_node() -> None:
-    model = MLP(4)
-    _compiled_rows(model, torch.randn(2, 4))
-    with pytest.raises(
-        InputError,
-        match=r"MLP failed at node 'linear' \(call_function linear\) on inputs of shape \(2, 5\): "
-        r"mat1 and mat2 shapes cannot be multiplied \(2x5 and 4x16\)\. Check that the inputs have the shapes",
-    ):
-        track_scales(model, torch.randn(2, 5))
-    # and the hooks of the failed run are gone: the next run is as before
-    x = torch.randn(2, 4)
-    expected = _interpreted(model, x)
-    torch.manual_seed(1)
-    _same(expected, list(track_scales(model, x).rows))
-
-
-def test_code_not_as_fx_writes_it_is_left_to_the_interpreter() -> None:
-    model = MLP(4)
-    trace = trace_for_scales(model)
-    nodes = [n for n in trace.graph.nodes if n.op != "output"]
-    steps = _steps(model, nodes)
-    assert _instrumented(trace.code, nodes, steps) is not None
-    assert _instrumented(trace.code.replace("def forward(self", "def run(self"), nodes, steps) is None
-    assert _instrumented(trace.code.replace("relu = ", "relu_x = "), nodes, steps) is None
-
-
-def test_a_trace_is_compiled_once() -> None:
-    clear_trace_cache()
-    model = MLP(4)
-    trace = trace_for_scales(model)
-    program = compiled_tracking(model, trace)
-    assert program is not None and compiled_tracking(model, trace) is program
-    clear_trace_cache()
-    assert compiled_tracking(model, trace_for_scales(model)) is not program  # a new trace, compiled again
-
-
-def apply_fn(fn, x: torch.Tensor) -> torch.Tensor:
+def apply_fn(fn: Any, x: torch.Tensor) -> torch.Tensor:
     return fn(x) * 2
 
 
@@ -162,38 +53,170 @@ class Applies(nn.Module):
         return apply_fn(torch.tanh, self.fc(x))
 
 
-def test_a_function_argument_is_passed_to_compiled_code_as_the_interpreter_passes_it() -> None:
-    model = Applies()
-    x = torch.randn(3, 4)
-    trace = trace_for_scales(model, autowrap_functions=(apply_fn,))
-    assert trace.extra_inputs == (torch.tanh,)
-    compiled = analysis._capture_compiled
-    analysis._capture_compiled = lambda m, t, i, a: analysis._capture_fx(m, t.graph, i + t.extra_inputs, a)
-    try:
-        torch.manual_seed(1)
-        expected = list(track_scales(model, x, autowrap_functions=(apply_fn,)).rows)
-    finally:
-        analysis._capture_compiled = compiled
-    assert compiled_tracking(model, trace) is not None
-    torch.manual_seed(1)
-    got = list(track_scales(model, x, autowrap_functions=(apply_fn,)).rows)
-    _same(expected, got)
-    assert got[-1].op == "apply_fn" and got[-1].forward is not None and got[-1].backward is not None
+def _std(t: torch.Tensor) -> float:
+    return 0.0 if t.numel() == 1 else t.detach().double().std().item()
 
 
-def test_an_exported_graph_runs_compiled_with_the_interpreters_rows() -> None:
+def _oracle(gm: fx.GraphModule, inputs: tuple[Any, ...], grad: torch.Tensor) -> dict[str, tuple[float, float | None]]:
+    """``node -> (std, gradient's std or None)`` from torch alone: a plain interpreter and ``autograd.grad``."""
+    kept: dict[str, torch.Tensor] = {}
+    forward: dict[str, float] = {}
+
+    class Keep(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            if n.op != "output" and isinstance(out, torch.Tensor) and out.is_floating_point():
+                kept[n.name], forward[n.name] = out, _std(out)  # the std as the node made it
+            return out
+
+    with torch.enable_grad():
+        out = Keep(gm).run(*inputs)
+        names = [name for name, t in kept.items() if t.requires_grad]
+        grads = torch.autograd.grad(out, [kept[n] for n in names], grad, allow_unused=True)
+    backward = {n: None if g is None else _std(g) for n, g in zip(names, grads, strict=True)}
+    return {name: (std, backward.get(name)) for name, std in forward.items()}
+
+
+def _check_rows(report: Any, expected: dict[str, tuple[float, float | None]]) -> None:
+    assert [row.node for row in report] == list(expected)
+    for row in report:
+        fwd, bwd = expected[row.node]
+        assert row.forward == pytest.approx(fwd, rel=1e-4, abs=1e-7), row
+        if bwd is None:
+            assert row.backward is None, row
+        else:
+            assert row.backward == pytest.approx(bwd, rel=1e-4, abs=1e-7), row
+
+
+def _leaf(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().requires_grad_() if x.is_floating_point() else x
+
+
+@pytest.mark.parametrize(
+    "build, make_input",
+    [
+        (lambda: MLP(8), lambda: torch.randn(4, 8)),
+        (Views, lambda: torch.randn(4, 8)),
+        (lambda: TinyGPT(32, 16, 1, 2, 8), lambda: torch.randint(0, 32, (2, 8))),
+    ],
+    ids=["MLP", "Views", "TinyGPT"],
+)
+def test_every_row_of_the_compiled_run_is_torchs_std_of_the_tensor_and_its_gradient(build, make_input) -> None:
     torch.manual_seed(0)
+    model, x = build(), make_input()
+    cap = capture(model, (x,), deep=DeepTracing(), check=False)
+    out = model(x)
+    grad = torch.randn_like(out) if out.numel() > 1 else torch.ones_like(out)
+    expected = _oracle(cap.graph_module, (x,), grad)
+    for _ in range(2):  # the first call compiles the code, the second runs the cached one
+        _check_rows(track_scales(model, x, grad), expected)
+    cached = capture(model, (x,), deep=DeepTracing(), check=False, cache=True)
+    assert compiled_tracking(model, cached) is not None  # the rows above came from compiled code
+    if x.is_floating_point():  # an input that requires grad gets its gradient's row too
+        expected_leaf = _oracle(cap.graph_module, (_leaf(x),), grad)
+        _check_rows(track_scales(model, _leaf(x), grad), expected_leaf)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 6), st.floats(-3, 3))
+def test_views_share_records_and_keep_torchs_numbers(batch: int, shift: float) -> None:
     model = Views()
-    x = torch.randn(4, 8)
-    compiled = analysis._capture_compiled
-    analysis._capture_compiled = lambda m, t, i, a: analysis._capture_fx(m, t.graph, i + t.extra_inputs, a)
-    try:
-        expected = track_scales(model, x, capture="export")
-    finally:
-        analysis._capture_compiled = compiled
-    gm = analysis._exported_graph(model, (x,))
-    assert compiled_tracking(gm, analysis._exported_trace(gm)) is not None
-    got = track_scales(model, x, capture="export")
-    _same(list(expected.rows), list(got.rows))
-    assert got.code == expected.code and got.capture == "export"
-    assert analysis._exported_trace(gm) is analysis._exported_trace(gm)  # the code is written once
+    x = torch.randn(batch, 8) + shift
+    expected = _oracle(
+        fx.GraphModule(model, capture(model, x, deep=DeepTracing()).graph_module.graph), (x,), torch.ones(())
+    )
+    _check_rows(track_scales(model, x), expected)  # a scalar output: gradient 1
+
+
+def test_a_view_chain_by_hand() -> None:
+    class Chain(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * 2).view(1, 2).reshape(2)
+
+    x = torch.tensor([1.0, -1.0], requires_grad=True)
+    report = track_scales(Chain(), x, torch.tensor([1.0, -1.0]))
+    root2 = 2.0**0.5
+    # x = (1, -1): std sqrt(2); y = 2x: std 2 sqrt(2); dL/dy = (1, -1): std sqrt(2); dL/dx = (2, -2)
+    assert [(row.node, row.forward, row.backward) for row in report] == [
+        ("x", pytest.approx(root2), pytest.approx(2 * root2)),
+        ("mul", pytest.approx(2 * root2), pytest.approx(root2)),
+        ("view", pytest.approx(2 * root2), pytest.approx(root2)),
+        ("reshape", pytest.approx(2 * root2), pytest.approx(root2)),
+    ]
+
+
+def test_a_parameter_replaced_after_compiling_is_the_one_read() -> None:
+    model = MLP(4)
+    x = torch.randn(8, 4)
+    track_scales(model, x)
+    with torch.no_grad():
+        model.fc1.weight = nn.Parameter(torch.full((16, 4), 3.0))  # a new object; the capture is still valid
+    report = track_scales(model, x)
+    assert report["fc1_weight"].scale.forward == 0.0
+    assert report["fc1_weight"].abs_max == 3.0
+
+
+def test_a_failure_in_compiled_code_names_the_node_and_leaves_no_hook() -> None:
+    model = MLP(4)
+    track_scales(model, torch.randn(2, 4))
+    with pytest.raises(
+        InputError,
+        match=r"MLP failed at node 'linear' \(call_function linear\) on inputs of shape \(2, 5\): "
+        r"mat1 and mat2 shapes cannot be multiplied \(2x5 and 4x16\)\. Check that the inputs have the shapes",
+    ):
+        track_scales(model, torch.randn(2, 5))
+    assert all(not p._backward_hooks for p in model.parameters())
+    x, grad = torch.randn(2, 4), torch.randn(2, 4)
+    expected = _oracle(capture(model, x, deep=DeepTracing()).graph_module, (x,), grad)
+    _check_rows(track_scales(model, x, grad), expected)
+
+
+def test_code_not_as_fx_writes_it_is_left_to_the_interpreter() -> None:
+    model = MLP(4)
+    cap = capture(model, torch.randn(2, 4), deep=DeepTracing())
+    code, _ = cap.python_code()
+    nodes = [n for n in cap.graph_module.graph.nodes if n.op != "output"]
+    steps = _steps(model, nodes)
+    instrumented = _instrumented(code, nodes, steps)
+    assert instrumented is not None and instrumented.count("_unitscale_track(") == len(nodes)
+    assert _instrumented(code.replace("def forward(self", "def run(self"), nodes, steps) is None
+    assert _instrumented(code.replace("relu = ", "relu_x = "), nodes, steps) is None
+
+
+def test_a_capture_is_compiled_once() -> None:
+    clear_capture_cache()
+    model, x = MLP(4), torch.randn(2, 4)
+    cap = capture(model, x, deep=DeepTracing(), check=False, cache=True)
+    program = compiled_tracking(model, cap)
+    assert program is not None and compiled_tracking(model, cap) is program
+    clear_capture_cache()
+    again = capture(model, x, deep=DeepTracing(), check=False, cache=True)
+    assert again is not cap and compiled_tracking(model, again) is not program
+
+
+def test_a_function_argument_is_passed_to_compiled_code_as_an_input() -> None:
+    torch.manual_seed(0)
+    model, x, grad = Applies(), torch.randn(3, 4), torch.randn(3, 4)
+    deep = DeepTracing(autowrap_functions=(apply_fn,))
+    cap = capture(model, x, deep=deep, check=False)
+    assert cap.extra_inputs == (torch.tanh,)
+    expected = _oracle(cap.graph_module, (x, *cap.extra_inputs), grad)
+    report = track_scales(model, x, grad, autowrap_functions=(apply_fn,))
+    _check_rows(report, expected)
+    assert report.rows[-1].op == "apply_fn"
+    # by hand: apply_fn's output is 2 tanh(fc(x)), its gradient the one given
+    y = 2 * torch.tanh(model.fc(x))
+    assert report.rows[-1].forward == pytest.approx(_std(y), rel=1e-5)
+    assert report.rows[-1].backward == pytest.approx(_std(grad), rel=1e-5)
+
+
+def test_an_exported_graph_runs_compiled_with_torchs_numbers() -> None:
+    torch.manual_seed(0)
+    model, x = Views(), torch.randn(4, 8)
+    report = track_scales(model, x, route="export")
+    assert report.route == "export"
+    cap = capture(model, x, route="export")
+    expected = _oracle(cap.graph_module, (x,), torch.ones(()))
+    _check_rows(report, expected)
+    assert report.code.startswith("# Views: captured by torch.export")
+    assert "# (-> " in report.code and "  fc" in report.code  # scales and module paths on the lines

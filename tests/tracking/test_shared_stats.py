@@ -54,18 +54,18 @@ def _count_stds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("capture", ["fx", "eager"])
-def test_views_and_copies_report_the_numbers_computed_afresh(monkeypatch: pytest.MonkeyPatch, capture: str) -> None:
+@pytest.mark.parametrize("route", ["fx", "eager"])
+def test_views_and_copies_report_the_numbers_computed_afresh(monkeypatch: pytest.MonkeyPatch, route: str) -> None:
     torch.manual_seed(0)
     model, x = ViewsAndCopies().eval(), torch.randn(4, 8)
     with monkeypatch.context() as m:
         calls = _count_stds(m)
-        shared = list(track_scales(model, x, capture=capture))
+        shared = list(track_scales(model, x, route=route))
         shared_calls = calls[0]
     with monkeypatch.context() as m:
         _without_shortcut(m)
         calls = _count_stds(m)
-        fresh = list(track_scales(model, x, capture=capture))
+        fresh = list(track_scales(model, x, route=route))
         fresh_calls = calls[0]
     assert [r.node for r in shared] == [r.node for r in fresh]
     for got, want in zip(shared, fresh, strict=True):
@@ -90,7 +90,7 @@ def test_a_change_through_another_view_is_seen() -> None:
             return y.reshape(-1) * 1.0
 
     x = torch.randn(3, 4)
-    report = track_scales(Setitem(), x, capture="eager")
+    report = track_scales(Setitem(), x, route="eager")
     expected = (x * 2).flatten()
     expected[0] = 100.0
     assert math.isclose(report["reshape"].forward, expected.std().item(), rel_tol=1e-5)
@@ -103,7 +103,7 @@ def test_a_cast_that_changes_the_dtype_is_computed_afresh() -> None:
             return (x * 1.0).to(torch.bfloat16).float()
 
     x = torch.tensor([1.0, 1.00390625 / 2, 3.0]) + 1e-3
-    report = track_scales(Cast(), x, capture="eager")
+    report = track_scales(Cast(), x, route="eager")
     assert report["to"].forward == pytest.approx(x.to(torch.bfloat16).float().std().item(), rel=1e-6)
     assert report["to"].forward != report["mul"].forward
 
@@ -131,12 +131,12 @@ def test_a_source_read_only_by_its_view_takes_the_views_gradient_std(
     grads = (torch.randn(4, 8), torch.randn(4, 8)) if also_return_source else torch.randn(4, 8)
     with monkeypatch.context() as m:
         calls = _count_stds(m)
-        shared = track_scales(model, x, grads, capture="eager")
+        shared = track_scales(model, x, grads, route="eager")
         shared_calls = calls[0]
     with monkeypatch.context() as m:
         _without_shortcut(m)
         calls = _count_stds(m)
-        fresh = track_scales(model, x, grads, capture="eager")
+        fresh = track_scales(model, x, grads, route="eager")
         fresh_calls = calls[0]
     for got, want in zip(shared, fresh, strict=True):
         assert (got.backward is None) == (want.backward is None) == (got.op in ("arange", "input")), (got, want)
@@ -167,13 +167,13 @@ class Residual(nn.Module):
         return torch.tanh(x + self.fc(x))
 
 
-@pytest.mark.parametrize("capture", ["fx", "eager"])
-def test_one_gradient_tensor_reaching_two_rows_is_measured_once(monkeypatch: pytest.MonkeyPatch, capture: str) -> None:
+@pytest.mark.parametrize("route", ["fx", "eager"])
+def test_one_gradient_tensor_reaching_two_rows_is_measured_once(monkeypatch: pytest.MonkeyPatch, route: str) -> None:
     torch.manual_seed(0)
     model, x, grad = Residual(), torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
     with monkeypatch.context() as m:
         calls = _count_stds(m)
-        report = track_scales(model, x, grad, capture=capture)
+        report = track_scales(model, x, grad, route=route)
     # the add's gradient, and the same tensor again as the linear output's
     leaf = x.detach().requires_grad_()
     h = model.fc(leaf)

@@ -208,13 +208,16 @@ def test_mobilenet_v2_relu6_depthwise_convolutions_and_tf_padding_are_all_unit_s
     assert U.hardtanh in kinds and U.conv2d in kinds
 
 
-def test_a_model_returning_a_kv_cache_raises_capture_error_naming_model_and_cache() -> None:
+def test_a_default_decoder_is_unit_scaled_with_its_kv_cache_off_and_a_cache_asked_for_is_refused() -> None:
     torch.manual_seed(0)
-    model = tiny("gpt2", use_cache=True)
+    model = tiny("gpt2", use_cache=True)  # the config's default: the decoder returns a DynamicCache
+    ids = torch.randint(0, VOCAB, (2, 8))
+    out = unit_scale(model)(ids)
+    assert out.past_key_values is None and out.logits.shape == (2, 8, VOCAB) and model.config.use_cache
     with pytest.raises(
-        CaptureError, match=r"GPT2LMHeadModel.forward returns a DynamicCache at \['past_key_values'\].*use_cache=False"
+        CaptureError, match=r"GPT2LMHeadModel returns a DynamicCache at \['past_key_values'\].*use_cache=False"
     ):
-        unit_scale(model)(torch.randint(0, VOCAB, (2, 8)))
+        unit_scale(model)(ids, use_cache=True)
 
 
 def test_simulate_fp8_rounds_the_operands_of_unit_scaled_addmm_and_conv2d() -> None:

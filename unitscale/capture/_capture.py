@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 import warnings
@@ -12,9 +13,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from unitscale.capture._eager import EagerRecord, RecordedOp, record_eager
+from unitscale.capture._cache import cached, input_signature
+from unitscale.capture._eager import RecordedOp, record_eager
+from unitscale.capture._kv_cache import find_kv_cache, kv_cache_error, no_kv_cache
 from unitscale.capture._meta import normalise_graph
-from unitscale.capture._routes import GRAPH_ROUTES, export_route, flat_fx_route
+from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_fx_route, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
@@ -45,6 +48,15 @@ class Capture:
         warnings: warnings the successful route raised, ``"Category: message"``.
         example_inputs: the positional inputs it was captured with.
         example_kwargs: the keyword inputs it was captured with.
+        extra_inputs: values for the placeholders the ``fx`` route made of function
+            arguments (``deep=``), passed after the inputs when the graph runs.
+        checked: whether the graph was run on the example inputs and found to compute
+            the model's outputs (``capture(check=False)`` runs nothing; an eager capture
+            made so has recorded no op yet).
+        kv_cache_disabled: paths of the modules whose config asked for a key/value cache
+            (``use_cache=True``, a ``transformers`` decoder's default): the model was
+            captured with it off (:func:`~unitscale.capture.no_kv_cache`), so the graph
+            returns no cache.
     """
 
     module: nn.Module
@@ -57,6 +69,44 @@ class Capture:
     warnings: list[str] = field(default_factory=list)
     example_inputs: tuple[Any, ...] = ()
     example_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_inputs: tuple[Any, ...] = ()
+    checked: bool = True
+    kv_cache_disabled: tuple[str, ...] = ()
+    _code: tuple[str, dict[str, Any]] | None = field(default=None, repr=False)
+
+    def python_code(self) -> tuple[str, dict[str, Any]]:
+        """The graph's Python code as fx writes it (``self`` the root), and the globals it runs in.
+
+        Type annotations (``x : torch.Tensor``) are left out. Written once per capture, so
+        a cached capture's code costs nothing on later calls.
+
+        Raises:
+            NoGraphError: the capture is an eager op record.
+
+        >>> import torch
+        >>> from unitscale.capture import capture
+        >>> from unitscale.examples.models import MLP
+        >>> code, _ = capture(MLP(4), torch.randn(2, 4)).python_code()
+        >>> print(code.strip())
+        def forward(self, x):
+            fc1 = self.fc1(x);  x = None
+            act = self.act(fc1);  fc1 = None
+            fc2 = self.fc2(act);  act = None
+            return fc2
+        """
+        if self._code is None:
+            graph = self.require_graph("Capture.python_code()").graph
+            # Annotations are noise here: hidden while generating, then put back.
+            saved = [(n, n.type) for n in graph.nodes if n.type is not None]
+            try:
+                for n, _ in saved:
+                    n.type = None
+                code = graph.python_code(root_module="self")
+            finally:
+                for n, t in saved:
+                    n.type = t
+            self._code = (code.src, code.globals)
+        return self._code
 
     def require_graph(self, tool: str) -> fx.GraphModule:
         """The graph module, or :class:`~unitscale.errors.NoGraphError` naming ``tool`` and every reason."""
@@ -78,7 +128,10 @@ class Capture:
         return [n for n in graph.nodes if not compute_only or n.op in COMPUTE_OPS]
 
     def __repr__(self) -> str:
-        count = f"{len(self.ops)} ops recorded" if self.graph_module is None else f"{len(self.nodes())} nodes"
+        if self.graph_module is not None:
+            count = f"{len(self.nodes())} nodes"
+        else:
+            count = f"{len(self.ops)} ops recorded" if self.checked else "not run: the tool records the ops"
         failed = f"; failed: {', '.join(self.reasons)}" if self.reasons else ""
         return f"Capture({type(self.module).__name__} via {self.route!r}, {count}{failed})"
 
@@ -112,6 +165,39 @@ def _mentions_tensor(annotation: Any) -> bool:
     return "Tensor" in text and "Callable" not in text
 
 
+def _read_signature(forward: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
+    try:
+        signature = inspect.signature(forward)
+    except (TypeError, ValueError):
+        return None
+    try:
+        hints = typing.get_type_hints(forward)
+    except Exception:
+        hints = {}
+    return signature, hints
+
+
+@functools.lru_cache(maxsize=256)
+def _method_signature(function: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
+    found = _read_signature(function)
+    if found is None:
+        return None
+    signature, hints = found
+    return signature.replace(parameters=list(signature.parameters.values())[1:]), hints  # without self
+
+
+def _forward_signature(forward: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
+    """``forward``'s signature (without ``self``) and resolved annotations, read once per class.
+
+    Reading a ``transformers`` forward's annotations costs about as much as the rest of a
+    cached capture; a class's ``forward`` is the same function for all its instances.
+    """
+    function = getattr(forward, "__func__", None)
+    if function is None:  # a function set on the instance: read each time
+        return _read_signature(forward)
+    return _method_signature(function)
+
+
 def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     name = type(module).__name__
     if isinstance(example_inputs, torch.Tensor):
@@ -132,10 +218,10 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
         kwargs = {}
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise InputError(f"kwargs must be a dict of {name}'s keyword inputs by name, got {type(kwargs).__name__}")
-    try:
-        signature = inspect.signature(module.forward)
-    except (TypeError, ValueError):
+    found = _forward_signature(module.forward)
+    if found is None:
         return example_inputs, dict(kwargs)
+    signature, hints = found
     params = signature.parameters
     missing_kw = [
         p.name for p in params.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty and p.name not in kwargs
@@ -154,10 +240,6 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
             f"{name}.forward({names}) cannot take {len(example_inputs)} positional input(s)"
             f"{' and kwargs ' + ', '.join(map(repr, kwargs)) if kwargs else ''}: {e}"
         ) from None
-    try:
-        hints = typing.get_type_hints(module.forward)
-    except Exception:
-        hints = {}
     for arg, value in bound.arguments.items():
         annotation = hints.get(arg, params[arg].annotation)
         if params[arg].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
@@ -172,14 +254,15 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
 
 
 def _forward_line(module: nn.Module) -> str:
-    """``Class.forward (file:line)``: where a failure is, when no frame says more."""
-    forward = inspect.unwrap(type(module).forward)
-    try:
-        file = inspect.getsourcefile(forward)
-        line = inspect.getsourcelines(forward)[1]
-    except (OSError, TypeError):
+    """``Class.forward (file:line)``: where a failure is, when no frame says more.
+
+    The line is the code object's first (its ``def``): reading the source to find the
+    decorators above costs more than a cached capture of a transformers model.
+    """
+    code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
+    if code is None:
         return f"{type(module).__name__}.forward"
-    return f"{type(module).__name__}.forward ({file}:{line})"
+    return f"{type(module).__name__}.forward ({code.co_filename}:{code.co_firstlineno})"
 
 
 def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -202,6 +285,9 @@ def capture(
     *,
     dynamic_batch: bool = False,
     flat: bool = False,
+    deep: DeepTracing | None = None,
+    check: bool = True,
+    cache: bool = False,
 ) -> Capture:
     """Capture ``module``'s forward on example inputs, trying routes until one works.
 
@@ -210,7 +296,8 @@ def capture(
     ``"export"`` (``torch.export.export(strict=False)``), ``"export-strict"``,
     ``"dynamo"`` (TorchDynamo, ``fullgraph=True``), ``"eager"`` (run once, record the ops: no
     graph). Every graph is run on the example inputs and must give the model's outputs,
-    or the route counts as failed. The model's buffers and the RNG are left as they were.
+    or the route counts as failed (unless ``check=False``). The model's buffers and the
+    RNG are left as they were.
 
     Args:
         module: the model.
@@ -225,6 +312,18 @@ def capture(
             holds torch functions (``F.linear`` reading ``get_attr`` weights) and no
             ``call_module`` node, as the other routes' graphs do; what a graph transform
             such as :func:`unitscale.unit_scale` needs.
+        deep: on the ``fx`` route, trace as :class:`DeepTracing` says (every op, autowrapped
+            functions whole; what scale tracking needs). Not with ``flat``.
+        check: run each graph on the example inputs against a reference run of the
+            model. ``False`` runs nothing, for a tool whose own run is the graph's first:
+            graph routes are taken as traced (no ``val``/``tensor_meta`` filled in), and
+            the eager route records no op (the tool runs an
+            :class:`~unitscale.capture.OpRecorder` of its own).
+        cache: reuse the capture made before for this module and request while the
+            module's fingerprint (and, for a graph specialised to them, the inputs'
+            shapes) is unchanged; see ``unitscale/capture/README.md`` and
+            :func:`clear_capture_cache`. A cached capture is shared by every caller (and
+            keeps the example inputs it was made with): copy its graph before editing it.
 
     Returns:
         A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
@@ -232,7 +331,9 @@ def capture(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         InputError: inputs of the wrong kind or number, a keyword-only input not in
-            ``kwargs``, or the model fails on them.
+            ``kwargs``, the model fails on them, or options that do not go together.
+        KVCacheError: the model returns a key/value cache even with its configs' caches
+            off (``use_cache=True`` passed in); the message says to pass ``use_cache=False``.
         UnknownRouteError: an unknown route name.
         NoRouteError: no allowed route captured the model; the message lists each
             route's reason with the user's file and line.
@@ -253,13 +354,44 @@ def capture(
             f"capture() got {type(module).__name__} {module!r:.60}; pass an nn.Module (wrap a function in one)"
         )
     routes = _routes(route)
-    for flag, value in (("dynamic_batch", dynamic_batch), ("flat", flat)):
+    for flag, value in (("dynamic_batch", dynamic_batch), ("flat", flat), ("check", check), ("cache", cache)):
         if not isinstance(value, bool):
             raise InputError(f"capture({flag}=...) got {type(value).__name__} {value!r:.60}; pass True or False")
+    if deep is not None and not isinstance(deep, DeepTracing):
+        raise InputError(f"capture(deep=...) got {type(deep).__name__} {deep!r:.60}; pass a DeepTracing(...) or None")
+    if deep is not None and flat:
+        raise InputError("capture() got flat=True and deep=...; pick one way for the fx route to trace")
     args, kw = _check_inputs(module, example_inputs, kwargs)
-    # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
-    with torch.random.fork_rng(devices=[]):
-        return _capture(module, routes, args, kw, dynamic_batch, flat)
+
+    def make() -> Capture:
+        # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
+        # No tool needs a decoder's KV cache, and no graph can return one: it is switched off.
+        with torch.random.fork_rng(devices=[]), no_kv_cache(module) as switched:
+            cap = _capture(module, routes, args, kw, _route_fns(dynamic_batch, flat, deep), check)
+        cap.kv_cache_disabled = switched
+        return cap
+
+    if not cache:
+        return make()
+    request = (routes, dynamic_batch, flat, deep, check)
+    return cached(module, request, lambda: input_signature(module, args, kw), make, _depends_on_inputs)
+
+
+def _depends_on_inputs(cap: Capture) -> bool:
+    """Whether a capture holds anything made for the example inputs (a symbolic trace does not)."""
+    return cap.checked or cap.route not in ("fx", "eager")
+
+
+def _route_fns(dynamic_batch: bool, flat: bool, deep: DeepTracing | None) -> dict[str, RouteFn]:
+    routes = dict(GRAPH_ROUTES)
+    if dynamic_batch:
+        routes["export"] = export_route(strict=False, dynamic_batch=True)
+        routes["export-strict"] = export_route(strict=True, dynamic_batch=True)
+    if flat:
+        routes["fx"] = flat_fx_route
+    if deep is not None:
+        routes["fx"] = deep_fx_route(deep)
+    return routes
 
 
 def _capture(
@@ -267,32 +399,22 @@ def _capture(
     routes: tuple[str, ...],
     args: tuple[Any, ...],
     kw: dict[str, Any],
-    dynamic_batch: bool,
-    flat: bool,
+    route_fns: dict[str, RouteFn],
+    check: bool,
 ) -> Capture:
-    expected = _run_reference(module, args, kw)
+    expected = _run_reference(module, args, kw) if check else None
+    cache = find_kv_cache(expected)
+    if cache is not None:  # a cache the config does not control (use_cache=True passed in)
+        raise kv_cache_error(module, *cache)
     reasons: dict[str, str] = {}
     for name in routes:
         with warnings.catch_warnings(record=True) as caught:
             # A failed route's warnings are noise; a successful one's are kept on the result.
             warnings.simplefilter("always")
             try:
-                if name == "eager":
-                    with kept_state(module), torch.no_grad():
-                        record: EagerRecord = record_eager(module, args, kw)
-                    result = Capture(module, name, None, ops=record.ops, module_calls=record.module_calls)
-                else:
-                    route_fn = GRAPH_ROUTES[name]
-                    if dynamic_batch and name.startswith("export"):
-                        route_fn = export_route(strict=name == "export-strict", dynamic_batch=True)
-                    if flat and name == "fx":
-                        route_fn = flat_fx_route
-                    gm, ep = route_fn(module, args, kw)
-                    normalise_graph(gm, module)
-                    record_and_compare(gm, module, args, kw, expected)
-                    result = Capture(module, name, gm, exported_program=ep)
+                result = _take_route(name, module, args, kw, route_fns, check, expected)
             except Exception as e:
-                reasons[name] = exception_summary(e, fallback=_forward_line(module))
+                reasons[name] = exception_summary(e, fallback=lambda: _forward_line(module))
                 continue
         result.reasons = reasons
         result.warnings = [f"{w.category.__name__}: {w.message}" for w in caught]
@@ -302,3 +424,29 @@ def _capture(
         f"no route could capture {type(module).__name__} (tried {', '.join(routes)}):\n{_list_reasons(reasons)}",
         reasons,
     )
+
+
+def _take_route(
+    name: str,
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kw: dict[str, Any],
+    route_fns: dict[str, RouteFn],
+    check: bool,
+    expected: Any,
+) -> Capture:
+    if name == "eager":
+        if not check:
+            return Capture(module, name, None, checked=False)
+        with kept_state(module), torch.no_grad():
+            record = record_eager(module, args, kw)
+        return Capture(module, name, None, ops=record.ops, module_calls=record.module_calls)
+    gm, ep = route_fns[name](module, args, kw)
+    if name != "fx" or gm is module:
+        # the fx route's tracers write each node's origin as they make it; a GraphModule
+        # taken as its own graph, and the other routes' graphs, are read here
+        normalise_graph(gm, module)
+    if check:
+        record_and_compare(gm, module, args, kw, expected)
+    extra = gm.meta.pop("extra_inputs", ()) if gm is not module else ()
+    return Capture(module, name, gm, exported_program=ep, extra_inputs=extra, checked=check)

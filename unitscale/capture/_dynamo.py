@@ -5,7 +5,7 @@ input signature inside a training loop wants it: the graph ``torch.compile`` han
 backend (``fullgraph=True``, static shapes), with the parameters read as attributes
 under the model's own names, fed only the tensor inputs, and a plan that rebuilds the
 model's output structure around the graph's outputs. Its nodes get the normalised meta
-from the one writer, :func:`unitscale.capture._meta.normalise_graph`, like every
+from the one writer, :func:`unitscale.capture.normalise_graph`, like every
 route's. The ``dynamo`` route of :func:`unitscale.capture.capture` is the same graph
 given the model's call signature by :func:`with_call_signature` (one placeholder per
 input leaf, outputs rebuilt by a pytree codegen, as ``torch._dynamo.export`` does).
@@ -24,6 +24,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from unitscale.capture._kv_cache import find_kv_cache, kv_cache_error, no_kv_cache
 from unitscale.capture._meta import normalise_graph
 from unitscale.errors import CaptureError
 
@@ -57,7 +58,22 @@ class DynamoGraph:
 
 @contextmanager
 def no_torch_function_modes() -> Iterator[None]:
-    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures."""
+    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures.
+
+    A graph transform may first run inside a tool that records ops eagerly (scale
+    tracking's op recorder): TorchDynamo would trace that mode's Python instead of the
+    model. The modes are put back on exit, in their order.
+
+    >>> import torch
+    >>> from torch.overrides import TorchFunctionMode
+    >>> from unitscale.capture import no_torch_function_modes
+    >>> with TorchFunctionMode():
+    ...     with no_torch_function_modes():
+    ...         inside = torch._C._len_torch_function_stack()
+    ...     after = torch._C._len_torch_function_stack()
+    >>> inside, after
+    (0, 1)
+    """
     modes = [torch._C._pop_torch_function_stack() for _ in range(torch._C._len_torch_function_stack())]
     try:
         yield
@@ -99,11 +115,12 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
     Raises:
         CaptureError: a graph break (naming the user's line), an op that fails on these
-            inputs, no tensor op at all, or an output that is not tensors and plain values
-            (a ``transformers`` KV cache).
+            inputs, no tensor op at all, or an output that is not tensors and plain values.
+        KVCacheError: a key/value cache in the output even with the configs' caches off
+            (:func:`~unitscale.capture.no_kv_cache`, applied here).
 
     >>> import torch
-    >>> from unitscale.capture._dynamo import dynamo_graph
+    >>> from unitscale.capture import dynamo_graph
     >>> x = torch.randn(2, 3)
     >>> captured = dynamo_graph(torch.nn.Sequential(torch.nn.Linear(3, 3)), (x,), {})
     >>> [(n.op, n.meta["module_path"]) for n in captured.graph_module.graph.nodes][1:4]
@@ -125,7 +142,7 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         return module(*a, **k)
 
     try:
-        with no_torch_function_modes():
+        with no_torch_function_modes(), no_kv_cache(module):
             result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
     except torch._dynamo.exc.TorchDynamoException as exc:
         raise _capture_error(module, exc) from None
@@ -216,17 +233,15 @@ _PLAIN_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch
 
 def _check_outputs(module: nn.Module, result: Any) -> None:
     """Refuse an output object the graph cannot recompute (a KV cache, say): it would be the capture's, stale."""
+    cache = find_kv_cache(result)
+    if cache is not None:  # a cache the config does not control (use_cache=True passed in)
+        raise kv_cache_error(module, *cache)
     for path, leaf in pytree.tree_flatten_with_path(result)[0]:
         if isinstance(leaf, (torch.Tensor, *_PLAIN_OUTPUTS)):
             continue
         where = pytree.keystr(path) or "its output"
-        hint = (
-            " (a transformers KV cache: build the model with use_cache=False, or pass use_cache=False)"
-            if "cache" in type(leaf).__name__.lower()
-            else ""
-        )
         raise CaptureError(
-            f"{type(module).__name__}.forward returns a {type(leaf).__name__} at {where}{hint}: an object that is "
+            f"{type(module).__name__}.forward returns a {type(leaf).__name__} at {where}: an object that is "
             f"not a tensor or a plain value, so a transformed graph cannot rebuild it on each call (every call "
             f"would return the one made while capturing); return tensors only"
         )

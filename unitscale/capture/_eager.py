@@ -1,10 +1,15 @@
-"""The eager route: run the model once and record the ops and module calls as they happen.
+"""The eager route: run the model once and see its ops and module calls as they happen.
 
 Nothing here is a graph: a model no graph route can capture still has a list of the
 torch functions it called, each with the module it ran in and the user's line, and the
 order its modules were called in (what forward pre-hooks see). Tools that need a graph
 ask :meth:`unitscale.capture.Capture.require_graph`, which raises
 :class:`~unitscale.errors.NoGraphError` with every graph route's reason.
+
+:class:`OpRecorder` is the one recorder: the module stack, the op names and the global
+module hooks live here. What is kept of each op is its subclass's business: the eager
+route keeps a :class:`RecordedOp`; scale tracking keeps each float output's statistics
+(``unitscale.tracking.eager``).
 """
 
 from __future__ import annotations
@@ -20,9 +25,111 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 
 from unitscale.capture._meta import type_name
-from unitscale.capture._where import _is_machinery, _show
+from unitscale.capture._where import is_machinery, show_frame
+from unitscale.fx.nodes import op_name
 
-__all__ = ["RecordedOp", "EagerRecord", "record_eager"]
+__all__ = ["EagerRecord", "OpRecorder", "RecordedOp", "record_eager"]
+
+
+class OpRecorder(TorchFunctionMode):
+    """Runs a model once and hands every torch function it calls to :meth:`record`.
+
+    Each call gets a unique name as an fx node would (``linear``, ``linear_1``; the op
+    is named by :func:`~unitscale.fx.nodes.op_name`) and the innermost module of the
+    model it ran in. Property reads (``x.shape``, ``x.T``) are not calls. While the mode
+    handles a call it is switched off, so the ops inside a recorded function (the pieces
+    of ``layer_norm``) and what :meth:`record` itself computes are not recorded.
+
+    Hook map (``*``: override in a subclass):
+
+    .. code-block:: text
+
+        run(*args, **kwargs)          module hooks and this mode on, root(*args, **kwargs)
+        +-- enter_module(m)           a forward pre-hook: m joins the stack, its path module_calls
+        +-- __torch_function__()      runs the function
+        |   +-- record(name, op, func, args, kwargs, out) *   what to keep of one call
+        +-- leave_module(m)           a forward hook: m leaves the stack
+
+    Args:
+        root: the model; its ``named_modules()`` give the paths.
+
+    Attributes:
+        module_calls: the path of each module call in pre-hook order (the root's is ``""``).
+        stack: the modules of the root whose ``forward`` is running, innermost last.
+
+    >>> import torch
+    >>> from unitscale.capture import OpRecorder
+    >>> class Shapes(OpRecorder):
+    ...     def record(self, name, op, func, args, kwargs, out):
+    ...         print(name, op, repr(self.module_path), tuple(out.shape))
+    >>> _ = Shapes(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())).run(torch.ones(1, 2))
+    linear linear '0' (1, 3)
+    relu relu '1' (1, 3)
+    """
+
+    def __init__(self, root: nn.Module) -> None:
+        super().__init__()
+        self.root = root
+        self.paths = {id(m): name for name, m in root.named_modules()}
+        self.stack: list[nn.Module] = []
+        self.module_calls: list[str] = []
+        self._counts: Counter[str] = Counter()
+        self._ops: dict[Any, str] = {}
+
+    @property
+    def module(self) -> nn.Module:
+        """The innermost module of the root whose ``forward`` is running (the root outside any)."""
+        return self.stack[-1] if self.stack else self.root
+
+    @property
+    def module_path(self) -> str:
+        """Its qualified name (``""``: the root)."""
+        return self.paths[id(self.stack[-1])] if self.stack else ""
+
+    def record(self, name: str, op: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Keep what a tool needs of one call (nothing here): ``out = func(*args, **kwargs)``, named ``name``."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        try:
+            op = self._ops[func]
+        except (KeyError, TypeError):  # TypeError: a function that does not hash
+            if getattr(func, "__name__", "") == "__get__":  # property reads (x.shape, x.T)
+                return out
+            op = op_name(func)
+            try:
+                self._ops[func] = op
+            except TypeError:
+                pass
+        base = op.removeprefix("Tensor.")
+        n = self._counts[base]
+        self._counts[base] = n + 1
+        self.record(base if n == 0 else f"{base}_{n}", op, func, args, kwargs, out)
+        return out
+
+    def enter_module(self, module: nn.Module, *_: Any) -> None:
+        """A module's forward starts (a global forward pre-hook while :meth:`run` runs)."""
+        path = self.paths.get(id(module))
+        if path is not None:
+            self.stack.append(module)
+            self.module_calls.append(path)
+
+    def leave_module(self, module: nn.Module, *_: Any) -> None:
+        """A module's forward returned (a global forward hook while :meth:`run` runs)."""
+        if self.stack and self.stack[-1] is module:
+            self.stack.pop()
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """``root(*args, **kwargs)`` with every torch function call recorded; returns the output."""
+        pre = register_module_forward_pre_hook(self.enter_module)
+        post = register_module_forward_hook(self.leave_module)
+        try:
+            with self:
+                return self.root(*args, **kwargs)
+        finally:
+            pre.remove()
+            post.remove()
 
 
 class RecordedOp(NamedTuple):
@@ -58,86 +165,50 @@ class EagerRecord:
     output: Any = None
 
 
-def _op_name(func: Any) -> str:
-    name = getattr(func, "__name__", None) or type(func).__name__
-    if name.startswith("__") and name.endswith("__") and len(name) > 4:
-        name = name[2:-2]
-    owner = getattr(func, "__objclass__", None)
-    if owner is not None and isinstance(owner, type) and issubclass(owner, torch._C.TensorBase):
-        return f"Tensor.{name}"
-    return name
-
-
 def _source() -> str:
     frame = sys._getframe(2)
     while frame is not None:
-        if not _is_machinery(frame.f_code.co_filename, skip_unitscale=True):
-            return _show(frame.f_code.co_filename, frame.f_lineno)
+        if not is_machinery(frame.f_code.co_filename, skip_unitscale=True):
+            return show_frame(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back  # type: ignore[assignment]
     return ""
 
 
-class _Recorder(TorchFunctionMode):
-    def __init__(self, root: nn.Module) -> None:
-        super().__init__()
-        self.record = EagerRecord()
-        self.names = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
-        self.params = {id(p): name for name, p in root.named_parameters(remove_duplicate=False)}
-        self.root_type = type_name(type(root))
-        self.stack: list[nn.Module] = []
-        self.counts: Counter[str] = Counter()
+class _OpList(OpRecorder):
+    """The eager route's recorder: a :class:`RecordedOp` per call."""
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if getattr(func, "__name__", "") == "__get__":  # property reads (x.shape, x.T)
-            return out
-        op = _op_name(func)
-        base = op.removeprefix("Tensor.")
-        n = self.counts[base]
-        self.counts[base] += 1
-        tensors = torch.utils._pytree.tree_leaves(out)
-        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-        inputs = torch.utils._pytree.tree_leaves((args, kwargs or {}))
+    def __init__(self, root: nn.Module) -> None:
+        super().__init__(root)
+        self.ops: list[RecordedOp] = []
+        self.params = {id(p): name for name, p in root.named_parameters(remove_duplicate=False)}
+
+    def record(self, name: str, op: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        tensors = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        inputs = torch.utils._pytree.tree_leaves((args, kwargs))
         params = tuple(self.params[id(a)] for a in inputs if isinstance(a, nn.Parameter) and id(a) in self.params)
-        module = self.stack[-1] if self.stack else None
-        self.record.ops.append(
+        self.ops.append(
             RecordedOp(
-                base if n == 0 else f"{base}_{n}",
+                name,
                 op,
-                self.names.get(id(module), "") if module is not None else "",
-                type_name(type(module)) if module is not None else self.root_type,
+                self.module_path,
+                type_name(type(self.module)),
                 _source(),
                 tuple(tuple(t.shape) for t in tensors),
                 tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
                 params,
             )
         )
-        return out
-
-    def enter(self, module: nn.Module, *_: Any) -> None:
-        if id(module) in self.names:
-            self.stack.append(module)
-            self.record.module_calls.append(self.names[id(module)])
-
-    def leave(self, module: nn.Module, *_: Any) -> None:
-        if self.stack and self.stack[-1] is module:
-            self.stack.pop()
 
 
 def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EagerRecord:
     """Run ``module(*args, **kwargs)`` and record its ops and module calls.
 
+    >>> import torch
+    >>> from unitscale.capture._eager import record_eager
     >>> rec = record_eager(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.ones(1, 2),), {})
     >>> rec.module_calls, [(op.name, op.module_path, op.params) for op in rec.ops]
     (['', '0'], [('linear', '0', ('0.weight', '0.bias'))])
     """
-    recorder = _Recorder(module)
-    pre = register_module_forward_pre_hook(recorder.enter)
-    post = register_module_forward_hook(recorder.leave)
-    try:
-        with recorder:
-            recorder.record.output = module(*args, **kwargs)
-    finally:
-        pre.remove()
-        post.remove()
-    return recorder.record
+    recorder = _OpList(module)
+    output = recorder.run(*args, **kwargs)
+    return EagerRecord(recorder.ops, recorder.module_calls, output)

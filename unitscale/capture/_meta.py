@@ -41,6 +41,10 @@ class Origin(NamedTuple):
     source: str
 
 
+# torch.export's key and path for a node it adds without a module (the sym_size_int that reads a
+# dynamic batch size): torch/_export/passes/_node_metadata_hook.py, _EMPTY_NN_MODULE_STACK_KEY.
+_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
+
 _GETATTR = re.compile(r"getattr\(([^()]+?),\s*['\"]?([\w]+)['\"]?\)")
 _ROOT = re.compile(r"^(?:L\['self'\]|L\[\"self\"\]|L__self__|self)")
 _MODULES_ITEM = re.compile(r"\._modules\[['\"](\w+)['\"]\]")
@@ -77,13 +81,23 @@ def type_name(kind: Any) -> str:
 def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
     """``(key, path, type)`` per module on the node's ``nn_module_stack``, outermost first.
 
-    The root (path ``""``) is left out; ``None`` when the node has no stack.
+    The root (path ``""``) is left out; ``None`` when the node has no stack. Paths are
+    qualified names (:func:`normalise_path`); an entry torch wrote for a node it made
+    without a module (``_empty_nn_module_stack_from_metadata_hook``) is left out too.
+
+    >>> import torch
+    >>> from unitscale.capture import capture, stack_entries
+    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2), route="export")
+    >>> [stack_entries(n) for n in cap.nodes(compute_only=True)]
+    [[('L__self__0', '0', 'torch.nn.modules.linear.Linear')]]
     """
     stack = node.meta.get("nn_module_stack")
     if stack is None:
         return None
     entries = []
     for key, (path, kind) in stack.items():
+        if key == _NO_MODULE:
+            continue
         path = normalise_path(str(path))
         if path:
             entries.append((str(key), path, type_name(kind)))
@@ -109,21 +123,29 @@ def node_origin(node: fx.Node, root: nn.Module, gm: fx.GraphModule, names: dict[
         gm: the captured graph module.
         names: ``root.named_modules()`` as a dict, for the module type.
     """
-    path = ""
-    kind: str | None = None
     entries = stack_entries(node)
-    if MODULE_PATH_KEY in node.meta:  # fx (ModulePathTracer)
-        path = str(node.meta[MODULE_PATH_KEY])
+    if MODULE_PATH_KEY in node.meta:  # fx (ModulePathTracer), or a graph normalised before
+        candidates = [str(node.meta[MODULE_PATH_KEY])]
     elif entries:
-        _, path, kind = entries[-1]
+        candidates = [path for _, path, _ in reversed(entries)]
     elif node.op == "get_attr":
-        path = _owner(root, gm, str(node.target))
-    module = names.get(path)
-    if module is None and path:
-        # A path the root does not have (a route's spelling we do not know): keep it, typed as found.
-        return Origin(path, kind or "", innermost_frame(node.meta.get("stack_trace")))
-    module_type = type_name(type(module if module is not None else root))
-    return Origin(path, module_type, innermost_frame(node.meta.get("stack_trace")))
+        candidates = [_owner(root, gm, str(node.target))]
+    else:
+        candidates = []
+    path = next((known for c in candidates if (known := _known_prefix(c, names))), "")
+    return Origin(path, type_name(type(names.get(path, root))), innermost_frame(node.meta.get("stack_trace")))
+
+
+def _known_prefix(path: str, names: dict[str, nn.Module]) -> str:
+    """``path`` if the root has a module of that name, else its longest prefix that is one (``""``: none).
+
+    Every ``module_path`` written is a name in ``root.named_modules()`` or the root: a
+    spelling no rule here reads, or a placeholder a route wrote, falls back to the
+    innermost module the path names that exists.
+    """
+    while path and path not in names:
+        path = path.rpartition(".")[0]
+    return path
 
 
 def write_origin(node: fx.Node, origin: Origin) -> None:
@@ -134,7 +156,20 @@ def write_origin(node: fx.Node, origin: Origin) -> None:
 
 
 def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
-    """Write the normalised origin onto every node of ``gm`` (the output node: the root)."""
+    """Write the normalised origin onto every node of ``gm`` (the output node: the root).
+
+    For a graph made outside :func:`~unitscale.capture.capture` (a tool's own copy or
+    rewrite): each node's ``module_path`` becomes a name in ``root.named_modules()`` (or
+    ``""``), read from whatever the route left (see the module docstring).
+
+    >>> import torch
+    >>> from unitscale.capture import normalise_graph
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> gm = torch.export.export(model, (torch.randn(1, 2),)).module()
+    >>> normalise_graph(gm, model)
+    >>> [(n.name, n.meta["module_path"], n.meta["module_type"]) for n in gm.graph.nodes if n.op == "call_function"]
+    [('linear', '0', 'torch.nn.modules.linear.Linear')]
+    """
     names = dict(root.named_modules(remove_duplicate=False))
     for node in gm.graph.nodes:
         write_origin(node, node_origin(node, root, gm, names))

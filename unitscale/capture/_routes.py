@@ -7,8 +7,9 @@ the route's reason. The graph each returns keeps the model's call signature:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -16,55 +17,95 @@ from torch import fx, nn
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from unitscale.capture._dynamo import dynamo_graph, with_call_signature
-from unitscale.capture._where import user_code_frame
-from unitscale.fx.tracers import ModulePathTracer
+from unitscale.capture._tracers import CaptureTracer, DeepCaptureTracer, FlatCaptureTracer
+from unitscale.fx.autowrap import default_autowrap_modules
+from unitscale.fx.tracers import check_autowrap
 
-__all__ = ["GRAPH_ROUTES", "RouteFn", "export_route", "flat_fx_route"]
+__all__ = ["GRAPH_ROUTES", "DeepTracing", "RouteFn", "deep_fx_route", "export_route", "flat_fx_route"]
 
 RouteFn = Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], tuple[fx.GraphModule, Any]]
 
 _PLAIN = (bool, int, float, str, type(None))
 
 
-class _CaptureTracer(ModulePathTracer):
-    """``torch.fx``'s standard leaf rule (``torch.nn`` modules stay ``call_module``), with paths and lines.
+@dataclass(frozen=True)
+class DeepTracing:
+    """How the ``fx`` route traces for a tool that wants every op: ``capture(deep=DeepTracing(...))``.
 
-    Each node gets a one-frame ``stack_trace``: the innermost frame outside torch and
-    unitscale. fx's own ``record_stack_traces`` formats the whole stack for every node,
-    which made tracing four times slower on a 20,000-node graph.
+    With it the route traces with a :class:`~unitscale.fx.DeepTracer` (scale tracking's
+    tracing): into every submodule, down to torch functions, functions of the autowrapped
+    modules kept as single nodes, function arguments made placeholders
+    (:attr:`Capture.extra_inputs <unitscale.capture.Capture.extra_inputs>`). A
+    ``GraphModule`` is taken as its own graph, not traced again.
+
+    Args:
+        recurse_modules: trace into submodules (``False``: every submodule is one node).
+        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``,
+            ``einops``, ``unitscale.functional`` and those given to
+            :func:`~unitscale.fx.register_autowrap_module`).
+        autowrap_functions: functions that stay single nodes.
+
+    Raises:
+        InputError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of
+            Python modules and functions.
+
+    >>> import torch
+    >>> from unitscale.capture import DeepTracing, capture
+    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2), deep=DeepTracing())
+    >>> [(n.op, n.meta["module_path"]) for n in cap.nodes()][1:4]
+    [('get_attr', '0'), ('get_attr', '0'), ('call_function', '0')]
     """
 
-    def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
-        node = super().create_node(*args, **kwargs)
-        frame = user_code_frame(sys._getframe(1))
-        if frame is not None:
-            code = frame.f_code
-            node.meta["stack_trace"] = f'File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}'
-        return node
+    recurse_modules: bool = True
+    autowrap_modules: tuple[ModuleType, ...] | None = None
+    autowrap_functions: tuple[Callable[..., Any], ...] = ()
 
-
-class _FlatCaptureTracer(_CaptureTracer):
-    """Traces through every module, ``torch.nn`` ones too: a graph of torch functions, no ``call_module``."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return False
+    def __post_init__(self) -> None:
+        check_autowrap(self.autowrap_modules, self.autowrap_functions, caller="DeepTracing")
+        # None and the default modules spelt out are one request (one cache entry)
+        modules = default_autowrap_modules() if self.autowrap_modules is None else tuple(self.autowrap_modules)
+        object.__setattr__(self, "autowrap_modules", modules)
+        object.__setattr__(self, "autowrap_functions", tuple(self.autowrap_functions))
 
 
 def fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
-    return _fx(_CaptureTracer(), module, kwargs)
+    return _fx(CaptureTracer(), module, kwargs)
 
 
 def flat_fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     """The ``fx`` route for ``capture(flat=True)``: ``nn.Linear`` is ``F.linear`` on its ``get_attr`` weight."""
-    return _fx(_FlatCaptureTracer(), module, kwargs)
+    return _fx(FlatCaptureTracer(), module, kwargs)
 
 
-def _fx(tracer: _CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
+def deep_fx_route(deep: DeepTracing) -> RouteFn:
+    """The ``fx`` route for ``capture(deep=...)``: a :class:`DeepCaptureTracer` so configured.
+
+    Function arguments the tracer made placeholders of are kept in the graph module's
+    ``meta["extra_inputs"]`` (they are passed after the inputs). A ``GraphModule`` is its
+    own graph: it is not traced again, so a graph the user rewrote runs as written.
+    """
+
+    def route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
+        if isinstance(module, fx.GraphModule):
+            return module, None
+        tracer = DeepCaptureTracer(
+            recurse_modules=deep.recurse_modules,
+            autowrap_modules=deep.autowrap_modules,
+            autowrap_functions=deep.autowrap_functions,
+        )
+        gm, _ = _fx(tracer, module, kwargs)
+        gm.meta["extra_inputs"] = tuple(tracer.callable_args.values())
+        return gm, None
+
+    return route
+
+
+def _fx(tracer: CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
     graph = tracer.trace(module, concrete_args=concrete or None)
     # Python code for the graph is generated on first call, not here: capture checks the graph
-    # with an interpreter and partition splits it, so a 20,000-node graph never pays ~0.4 s for it.
+    # with an interpreter, partition splits it and scale tracking writes its own, so no graph pays for it unused.
     with _use_lazy_graph_module(True):
         return _make_graph_module(tracer.root, graph, type(module).__name__), None
 

@@ -56,7 +56,19 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
 def flat_graph_inputs(
     gm: fx.GraphModule, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> list[Any]:
-    """The values of ``gm``'s placeholders, in order, for a call ``module(*args, **kwargs)``."""
+    """The values of ``gm``'s placeholders, in order, for a call ``module(*args, **kwargs)``.
+
+    An exported or TorchDynamo graph takes one placeholder per pytree leaf of
+    ``(args, kwargs)``; an fx graph takes ``forward``'s parameters, defaults filled in.
+
+    >>> import torch
+    >>> from unitscale.capture import capture, flat_graph_inputs
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> x = torch.randn(1, 2)
+    >>> gm = capture(model, x, route="export").graph_module
+    >>> [v is x for v in flat_graph_inputs(gm, model, (x,), {})]
+    [True]
+    """
     if isinstance(gm.graph._codegen, fx.graph._PyTreeCodeGen):
         # export and TorchDynamo flatten (args, kwargs) into one placeholder per leaf.
         return list(pytree.tree_leaves((tuple(args), dict(kwargs))))

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["exception_summary", "failure_frame", "innermost_frame", "user_code_frame"]
+from unitscale.fx.trace_errors import exception_chain
+
+__all__ = ["exception_summary", "failure_frame", "innermost_frame", "is_machinery", "show_frame", "user_code_frame"]
 
 _TORCH = ("/torch/",)
 _UNITSCALE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
@@ -20,7 +23,7 @@ _EXAMPLES = _UNITSCALE + "examples/"
 _FRAME = re.compile(r'File "([^"]+)", line (-?\d+)')
 
 
-def _is_machinery(filename: str, skip_unitscale: bool) -> bool:
+def is_machinery(filename: str, skip_unitscale: bool) -> bool:
     name = filename.replace("\\", "/")
     if any(part in name for part in _TORCH):
         return True
@@ -37,14 +40,14 @@ def user_code_frame(frame: types.FrameType | None) -> types.FrameType | None:
         name = frame.f_code.co_filename
         inside = _machinery.get(name)
         if inside is None:
-            inside = _machinery[name] = _is_machinery(name, skip_unitscale=True)
+            inside = _machinery[name] = is_machinery(name, skip_unitscale=True)
         if not inside:
             return frame
         frame = frame.f_back
     return None
 
 
-def _show(filename: str, line: int) -> str:
+def show_frame(filename: str, line: int) -> str:
     # A notebook cell's "file" is a temporary name that tells the reader nothing.
     if "ipykernel_" in filename or filename.startswith("<"):
         return f"line {line} of a notebook cell"
@@ -63,15 +66,8 @@ def innermost_frame(stack_trace: str | None) -> str:
     frames = [(f, int(n)) for f, n in _FRAME.findall(stack_trace or "") if int(n) > 0]
     if not frames:
         return ""
-    outside = [f for f in frames if not _is_machinery(f[0], skip_unitscale=True)]
-    return _show(*(outside or frames)[-1])
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    chain = [exc]
-    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and cause not in chain:
-        chain.append(cause)
-    return chain
+    outside = [f for f in frames if not is_machinery(f[0], skip_unitscale=True)]
+    return show_frame(*(outside or frames)[-1])
 
 
 def failure_frame(exc: BaseException) -> str:
@@ -81,23 +77,24 @@ def failure_frame(exc: BaseException) -> str:
     then at ``File "...", line N`` lines in their messages: TorchDynamo runs the user's
     code as bytecode, so its errors name the user's line only in the message.
     """
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     for e in reversed(chain):
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if not _is_machinery(f.filename, True)]
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not is_machinery(f.filename, True)]
         if frames:
             f = frames[-1]
-            return f"{_show(f.filename, f.lineno or 0)} (`{(f.line or '').strip()}`)"
+            return f"{show_frame(f.filename, f.lineno or 0)} (`{(f.line or '').strip()}`)"
     for e in chain:
-        found = [(f, int(n)) for f, n in _FRAME.findall(str(e)) if not _is_machinery(f, True) and int(n) > 0]
+        found = [(f, int(n)) for f, n in _FRAME.findall(str(e)) if not is_machinery(f, True) and int(n) > 0]
         if found:
-            return _show(*found[-1])
+            return show_frame(*found[-1])
     return "an unknown line"
 
 
-def exception_summary(exc: BaseException, limit: int = 400, fallback: str = "") -> str:
+def exception_summary(exc: BaseException, limit: int = 400, fallback: Callable[[], str] | None = None) -> str:
     """``"TypeName: first lines of the message (at file:line (`code`))"``, for a route's reason.
 
-    ``fallback`` names the place when no frame outside torch is found (the forward's line).
+    ``fallback()`` names the place when no frame outside torch is found (the forward's
+    line); called only then, as reading a source file costs more than the rest.
 
     >>> try:
     ...     int("x")
@@ -109,8 +106,8 @@ def exception_summary(exc: BaseException, limit: int = 400, fallback: str = "") 
     if len(message) > limit:
         message = message[: limit - 3] + "..."
     where = failure_frame(exc)
-    if where == "an unknown line" and fallback:
-        where = fallback
+    if where == "an unknown line" and fallback is not None:
+        where = fallback() or where
     if where in message:  # our own TraceError names the line already
         return f"{type(exc).__name__}: {message}"
     return f"{type(exc).__name__}: {message} (at {where})"

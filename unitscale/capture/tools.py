@@ -196,10 +196,12 @@ def trace_exec_order(
     >>> [type(u.module).__name__ for u in order.module_to_param_usage_infos[order.root]]
     ['Linear', 'Linear']
     """
+    if not isinstance(module, nn.Module):
+        raise NotAModuleError(
+            f"trace_exec_order got {type(module).__name__} {module!r:.60}; pass the nn.Module whose order you want"
+        )
     try:
         return fx_exec_order(module, concrete_args)
-    except NotAModuleError:
-        raise
     except Exception as e:
         if example_inputs is None:
             if isinstance(e, TraceError):

@@ -43,9 +43,9 @@ from torch import fx, nn
 from torch.fx.node import Argument, Target
 
 from unitscale.errors import InputError, NotAModuleError, PredicateError, UnitscaleError
-from unitscale.fx._module_state import ModuleState
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
+from unitscale.fx.module_state import ModuleState
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
 from unitscale.fx.trace_errors import trace_error
 
@@ -58,6 +58,7 @@ __all__ = [
     "ExecOrder",
     "ParamUsageInfo",
     "fx_exec_order",
+    "check_autowrap",
 ]
 
 DEFAULT_TAG = "untagged"
@@ -111,7 +112,7 @@ class _Tracer(fx.Tracer):
                 f"as in {name}.__init__'s signature"
             ) from e
         given = bound.arguments
-        _check_autowrap(given.get("autowrap_modules", ()), given.get("autowrap_functions", ()), name)
+        check_autowrap(given.get("autowrap_modules", ()), given.get("autowrap_functions", ()), name)
         for arg_name in ("autowrap_modules", "autowrap_functions"):
             if arg_name in given:
                 given[arg_name] = tuple(given[arg_name])
@@ -368,8 +369,24 @@ class DeepTracer(_Tracer):
 _FX_TRACER_INIT = inspect.signature(fx.Tracer.__init__)
 
 
-def _check_autowrap(modules: Any, functions: Any, tracer: str = "DeepTracer") -> None:
-    """Python modules and functions, in tuples: fx would fail on anything else deep in its patcher."""
+def check_autowrap(modules: Any, functions: Any, caller: str = "DeepTracer") -> None:
+    """Refuse autowrap arguments that are not tuples of Python modules and functions.
+
+    fx would fail on anything else deep in its patcher, or (in a tool that falls back to
+    another capture route when tracing fails) the failure would pass unnoticed. ``None``
+    modules means the registered defaults.
+
+    Raises:
+        PredicateError: naming ``caller`` (the function the user called) and the argument.
+
+    >>> from unitscale.fx.tracers import check_autowrap
+    >>> check_autowrap(None, ())
+    >>> try:
+    ...     check_autowrap("math", (), caller="track_scales")
+    ... except Exception as e:
+    ...     print(e)
+    track_scales(autowrap_modules=...) got str 'math'; pass a tuple, e.g. (math, einops)
+    """
     for arg_name, values, kind, example in (
         ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
         ("autowrap_functions", functions, None, "(my_function,)"),
@@ -378,14 +395,14 @@ def _check_autowrap(modules: Any, functions: Any, tracer: str = "DeepTracer") ->
             continue  # the registered defaults
         if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
             raise PredicateError(
-                f"{tracer}({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
+                f"{caller}({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
             )
         for v in values:
             ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
             if not ok:
                 what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
                 raise PredicateError(
-                    f"{tracer}({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
+                    f"{caller}({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
                 )
 
 

@@ -29,10 +29,9 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
-from unitscale.capture import capture
-from unitscale.capture._meta import normalise_graph
+from unitscale.capture import capture, normalise_graph
 from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError
-from unitscale.fx._module_state import module_state_kept
+from unitscale.fx.module_state import module_state_kept
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant

@@ -7,12 +7,10 @@
 ['input_1', 'weight', 'bias', 'linear']
 """
 
-from unitscale.fx.trace_cache import clear_trace_cache as clear_trace_cache
-from unitscale.tracking.analysis import AnnotatedCode as AnnotatedCode
 from unitscale.tracking.analysis import ScaleTrackingInterpreter as ScaleTrackingInterpreter
 from unitscale.tracking.analysis import analyse_module as analyse_module
-from unitscale.tracking.analysis import record_scales as record_scales
 from unitscale.tracking.analysis import track_scales as track_scales
+from unitscale.tracking.annotated import AnnotatedCode as AnnotatedCode
 from unitscale.tracking.cast_stats import CastStats as CastStats
 from unitscale.tracking.cast_stats import cast_stats as cast_stats
 from unitscale.tracking.history import Drift as Drift
@@ -32,14 +30,12 @@ __all__ = [
     "ScaleTracker",
     "ScaleRecord",
     "ScaleTrackingInterpreter",
-    "record_scales",
     "analyse_module",
     "track_scales",
     "ScaleReport",
     "ScaleRow",
     "AnnotatedCode",
     "FORMAT_RANGES",
-    "clear_trace_cache",
     "ScaleMonitor",
     "ScaleHistory",
     "MonitorRecord",

@@ -1,62 +1,49 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
-The model is traced with a :class:`~unitscale.fx.DeepTracer` that also records
-module paths, run with every floating-point node output recorded, and backpropagated
-once. A cached trace runs as its own compiled code with a recording call after each
-node (``unitscale.tracking.compiled``); a ``GraphModule`` passed in, or an exported graph,
-is run by a :class:`ScaleTrackingInterpreter`, node by node, with the same records. On an accelerator the stds stay on
-the device until one read at the end. When ``torch.fx`` cannot trace the model
-(``transformers`` models, data-dependent control flow) the ops are recorded as they run
-instead (``unitscale.tracking.eager``), each with its module path: that costs about as
-much as the fx route, while a ``torch.export`` capture costs several tracked passes.
-``capture="export"`` asks for one anyway (:mod:`unitscale.capture`, cached per module and
-input signature): its flat graph is run the same way, each line of the listing naming
-its module.
+The model's graph or op record comes from :func:`unitscale.capture.capture` (``deep=``:
+every op; ``check=False``: the tracked run is the graph's first; ``cache=True``: one
+capture per module, reused while it is unchanged). Scale tracking observes it:
+
+- a graph (the ``fx`` route's trace, or an exported graph) runs as its own compiled code
+  with a recording call after each node (``unitscale.tracking.compiled``), made once per
+  cached capture; a ``GraphModule`` passed in, which the user may edit between calls, runs
+  under a :class:`ScaleTrackingInterpreter`, node by node, with the same records;
+- the eager record (``torch.fx`` cannot trace ``transformers`` models or data-dependent
+  control flow) is made while the model runs, by capture's op recorder with a recording
+  hook (:class:`unitscale.tracking.eager.ScaleRecorder`): about the cost of the fx route,
+  where an export costs several tracked passes. ``route="export"`` asks for one anyway.
+
+Then one backward pass. On an accelerator the stds stay on the device until one read at
+the end. :func:`track_scales` is the entry point; :func:`analyse_module` is the same run
+seen as annotated code.
 """
 
 from __future__ import annotations
 
-import functools
-import html
 import inspect
-import re
-import sys
 import types
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from unitscale.errors import CaptureError, InputError, NotAModuleError
-from unitscale.fx._module_state import module_state_kept
+from unitscale.capture import Capture, DeepTracing, capture, no_kv_cache
+from unitscale.errors import InputError, NoRouteError, NotAModuleError, UnitscaleError
+from unitscale.fx.module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
 from unitscale.fx.plain_run import run_plainly
-from unitscale.fx.trace_cache import (
-    DeepPathTracer,
-    Trace,
-    _fingerprint,
-    _graph_code_and_globals,
-    trace_for_scales,
-    trace_or_reason,
-)
 from unitscale.fx.trace_errors import user_frame
-from unitscale.fx.tracers import _check_autowrap
+from unitscale.fx.tracers import check_autowrap
+from unitscale.tracking.annotated import AnnotatedCode, annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.compiled import compiled_tracking
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
-from unitscale.tracking.stats import ScalePair, ScaleRecord, read_records, scratch_space
+from unitscale.tracking.stats import ScaleRecord, read_records, scratch_space
 
-__all__ = [
-    "AnnotatedCode",
-    "DeepPathTracer",
-    "ScaleTrackingInterpreter",
-    "analyse_module",
-    "record_scales",
-    "track_scales",
-]
+__all__ = ["ScaleTrackingInterpreter", "analyse_module", "track_scales"]
 
 
 class ScaleTrackingInterpreter(fx.Interpreter):
@@ -107,6 +94,20 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     """
 
     def __init__(self, module: nn.Module, graph: fx.Graph | None = None, abs_max: bool = False) -> None:
+        if not isinstance(module, nn.Module):
+            raise NotAModuleError(
+                f"ScaleTrackingInterpreter() got {type(module).__name__} {module!r:.60}; pass the GraphModule "
+                "to run, or the module a graph was traced from with graph=..."
+            )
+        if graph is None and not isinstance(module, fx.GraphModule):
+            raise NotAModuleError(
+                f"ScaleTrackingInterpreter() got a {type(module).__name__}, which has no graph; pass a GraphModule "
+                "(torch.fx.symbolic_trace(module)) or graph=..."
+            )
+        if graph is not None and not isinstance(graph, fx.Graph):
+            raise InputError(
+                f"ScaleTrackingInterpreter(graph=...) got {type(graph).__name__} {graph!r:.60}; pass a torch.fx.Graph"
+            )
         super().__init__(module, graph=graph)
         self.abs_max = abs_max
         self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
@@ -155,15 +156,33 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         return op_name(n.target)
 
 
+@contextmanager
+def _called_as(fn: str) -> Iterator[None]:
+    """The one place that names the function the user called in every unitscale error raised below it.
+
+    Errors from the layers underneath (capture, the backward pass, the model's run) say
+    what went wrong without knowing who asked; ``track_scales(): ...`` or
+    ``analyse_module(): ...`` is put in front of their message here, as einops' ``reduce``
+    adds its pattern. A message that already starts with the call is left as it is.
+    """
+    try:
+        yield
+    except UnitscaleError as e:
+        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(f"{fn}("):
+            e.args = (f"{fn}(): {e.args[0]}", *e.args[1:])
+        raise
+
+
 def _check_module(module: Any, fn: str) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise NotAModuleError(
-            f"{fn} expects a torch.nn.Module, got {type(module).__name__}; wrap a function in an nn.Module first"
+            f"{fn}() expects a torch.nn.Module, got {type(module).__name__} {module!r:.60}; "
+            "wrap a function in an nn.Module first"
         )
     return module
 
 
-def _check_inputs(module: nn.Module, inputs: Any) -> tuple[Any, ...]:
+def _check_inputs(module: nn.Module, inputs: Any, fn: str) -> tuple[Any, ...]:
     name = type(module).__name__
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
@@ -171,16 +190,16 @@ def _check_inputs(module: nn.Module, inputs: Any) -> tuple[Any, ...]:
         inputs = tuple(inputs)
     elif not isinstance(inputs, tuple):
         raise InputError(
-            f"inputs must be a torch.Tensor or a tuple/list of the positional inputs of {name}, "
+            f"{fn}(inputs=...) must be a torch.Tensor or a tuple/list of the positional inputs of {name}, "
             f"got {type(inputs).__name__}; convert arrays with torch.as_tensor"
         )
     for i, value in enumerate(inputs):
         if type(value).__module__ == "numpy":
-            raise InputError(f"inputs[{i}] is a numpy {type(value).__name__}; convert it with torch.as_tensor")
+            raise InputError(f"{fn}(): inputs[{i}] is a numpy {type(value).__name__}; convert it with torch.as_tensor")
     try:
         inspect.signature(module.forward).bind(*inputs)
     except TypeError as e:
-        raise InputError(f"{name}.forward cannot take the {len(inputs)} input(s) given: {e}") from None
+        raise InputError(f"{fn}(): {name}.forward cannot take the {len(inputs)} input(s) given: {e}") from None
     except ValueError:
         pass
     return inputs
@@ -190,7 +209,7 @@ def _shapes(inputs: tuple[Any, ...]) -> str:
     return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
 
 
-def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+def _run_interpreted(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
     interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
     try:
         interp.captured.output = interp.run(*inputs)
@@ -202,30 +221,26 @@ def _capture_fx(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs
         raise InputError(
             f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
         ) from e
-    seen = {id(leaf) for leaf in interp.captured.leaves}  # parameters the graph read are there already
-    interp.captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
     return interp.captured
 
 
-def _capture_compiled(module: nn.Module, trace: Trace, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    """As :func:`_capture_fx`, running the cached trace's compiled code instead of an interpreter."""
-    program = compiled_tracking(module, trace)
+def _run_compiled(cap: Capture, root: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+    """As :func:`_run_interpreted`, running the cached capture's compiled code instead of an interpreter."""
+    program = compiled_tracking(root, cap)
+    graph = cap.require_graph("scale tracking").graph
     if program is None:
-        return _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
+        return _run_interpreted(root, graph, inputs + cap.extra_inputs, abs_max)
     try:
-        captured = program.run(module, inputs + trace.extra_inputs, abs_max)
+        return program.run(root, inputs + cap.extra_inputs, abs_max)
     except Exception as e:
         n = program.failed_node
         where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
         raise InputError(
-            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. {_advice(str(e))}"
+            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. {_advice(str(e))}"
         ) from e
-    seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
-    captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
-    return captured
 
 
-def _capture_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+def _run_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
     try:
         return record_ops(module, inputs, abs_max)
     except Exception as e:
@@ -241,6 +256,21 @@ def _advice(reason: str) -> str:
     return "Check that the inputs have the shapes and dtypes the model expects."
 
 
+def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+    """One forward pass of ``module`` observed on ``cap``, gradient hooks in place."""
+    if cap.graph_module is None:
+        return _run_eager(module, inputs, abs_max)
+    if cap.graph_module is module:  # a GraphModule the user may edit between calls: no compiled code
+        captured = _run_interpreted(module, module.graph, inputs + cap.extra_inputs, abs_max)
+    else:
+        # an fx trace's code reads the module itself (its current parameters); an exported
+        # graph holds its own references
+        captured = _run_compiled(cap, module if cap.route == "fx" else cap.graph_module, inputs, abs_max)
+    seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
+    captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    return captured
+
+
 def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRow]:
     try:
         run_backward(float_outputs(captured.output, model), backward, captured.leaves)
@@ -251,118 +281,53 @@ def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRo
     return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
 
 
-_ASSIGN = re.compile(r"^\s*(\w+) = ")
-_CLEANUP = re.compile(r";  (?:\w+ = )+None$")
+#: ``route=`` of :func:`track_scales` -> the routes :func:`unitscale.capture.capture` tries.
+_ROUTES: dict[str, tuple[str, ...]] = {
+    "auto": ("fx", "eager"),
+    "fx": ("fx",),
+    "export": ("export",),
+    "eager": ("eager",),
+}
 
 
-@functools.lru_cache(maxsize=16)
-def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
-    """The code's non-blank lines without fx's ``x = None`` clean-ups, each with the name it assigns."""
-    lines = []
-    for line in code.strip("\n").splitlines():
-        line = _CLEANUP.sub("", line.rstrip())
-        if line.strip():
-            match = _ASSIGN.match(line)
-            lines.append((line, match.group(1) if match else None))
-    return tuple(lines)
-
-
-def _marked(row: ScaleRow) -> str:
-    """A row's scales, with a marker when a NaN or infinity reached it."""
-    return f"{row.scale} NON-FINITE" if not row.finite else str(row.scale)
-
-
-def _annotate(trace: Trace, rows: list[ScaleRow]) -> str:
-    by_name = {r.node: r for r in rows}
-    inputs = [n.name for n in trace.graph.nodes if n.op == "placeholder" and n.name in by_name]
-    lines = []
-    for line, name in _code_lines(trace.code):
-        if line.startswith("def forward") and inputs:
-            line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
-        elif name in by_name:
-            line += f"  # {_marked(by_name[name])}"
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _annotate_capture(trace: Trace, rows: list[ScaleRow], model: str, failure: str) -> str:
-    """The exported graph's code, each assignment annotated with its scale and module path."""
-    paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in trace.graph.nodes}
-    by_name = {r.node: r for r in rows}
-    why = f"; torch.fx could not trace it at {failure}" if failure else ""
-    lines = [f"# {model}: captured by torch.export{why}"]
-    for line, name in _code_lines(trace.code):
-        if name in by_name:
-            line += f"  # {_marked(by_name[name])}" + (f"  {paths[name]}" if paths.get(name) else "")
-        lines.append(line)
-    return "\n".join(lines)
-
-
-# module -> (key, exported graph): an export costs about a second on a small transformer,
-# as much as many tracked passes, so a training loop that asks for it pays it once.
-_exported: weakref.WeakKeyDictionary[nn.Module, tuple[Any, fx.GraphModule]] = weakref.WeakKeyDictionary()
-
-
-def _export_key(module: nn.Module, inputs: tuple[Any, ...]) -> Any:
-    """What an exported graph depends on: the module's structure, its tensors, the inputs' signature.
-
-    Parameters are compared by identity (the graph holds them; one replaced by a new
-    object would be stale), inputs by shape, dtype and device, plain values by value;
-    ``None`` (do not cache) when an input is anything else.
-    """
-    signature: list[tuple[Any, ...]] = []
-    for value in inputs:
-        if isinstance(value, torch.Tensor):
-            signature.append((tuple(value.shape), value.dtype, value.device, value.requires_grad))
-        elif isinstance(value, (bool, int, float, str, type(None))):
-            signature.append((type(value), value))
-        else:
-            return None
-    tensors = tuple(id(t) for t in (*module.parameters(), *module.buffers()))
-    return (_fingerprint(module), tensors, tuple(signature))
-
-
-def _exported_graph(module: nn.Module, inputs: tuple[Any, ...]) -> fx.GraphModule:
-    """``module``'s graph from :func:`unitscale.capture.capture` (export route), cached per input signature.
-
-    Raises what :func:`unitscale.capture.capture` raises when the export fails
-    (:class:`~unitscale.errors.NoRouteError` with the reason).
-    """
-    import unitscale.capture  # imports the fx layer this package sits beside: imported when first needed
-
-    key = _export_key(module, inputs)
-    cached = _exported.get(module)
-    if key is not None and cached is not None and cached[0] == key:
-        return cached[1]
-    gm = unitscale.capture.capture(module, inputs, route="export").graph_module
-    if gm is None:  # the export route always gives a graph; a guard for the type checker
-        raise CaptureError(f"torch.export gave no graph for {type(module).__name__}")
-    if key is not None:
-        _exported[module] = (key, gm)
-    return gm
-
-
-# exported graph -> its code: written once per cached export (thousands of aten nodes), not per call
-_exported_code: weakref.WeakKeyDictionary[fx.GraphModule, Trace] = weakref.WeakKeyDictionary()
-
-
-def _exported_trace(gm: fx.GraphModule) -> Trace:
-    """The exported graph with its code and the code's globals, made once per exported graph."""
-    trace = _exported_code.get(gm)
-    if trace is None:
-        src, namespace = _graph_code_and_globals(gm.graph)
-        trace = _exported_code[gm] = Trace(gm.graph, (), src, namespace)
-    return trace
-
-
-def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
-    width = max([len(r.node) for r in rows] + [4])
-    why = f"; torch.fx could not trace it at {failure}" if failure else ""
-    lines = [f"# {model}: ops recorded as they ran{why}"]
-    for r in rows:
-        where = f" in {r.module_path}" if r.module_path else ""
-        lines.append(f"{r.node.ljust(width)}  # {_marked(r)}  {r.op}{where}")
-    return "\n".join(lines)
+def _track(
+    fn: str,
+    module: Any,
+    inputs: Any,
+    backward: Any,
+    route: Any,
+    recurse_modules: Any,
+    autowrap_modules: Any,
+    autowrap_functions: Any,
+    abs_max: Any,
+) -> ScaleReport:
+    """:func:`track_scales`, with ``fn`` the name of the function the user called (for messages)."""
+    module = _check_module(module, fn)
+    if not isinstance(route, str) or route not in _ROUTES:
+        raise InputError(f"{fn}(route=...) got {route!r:.60}; pass 'auto', 'fx', 'export' or 'eager'")
+    for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
+        if not isinstance(flag, bool):
+            raise InputError(f"{fn}({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
+    # checked here: a tracer refusing them would otherwise send "auto" to the eager route
+    check_autowrap(autowrap_modules, autowrap_functions, caller=fn)
+    inputs = _check_inputs(module, inputs, fn)
+    deep = DeepTracing(recurse_modules, autowrap_modules, tuple(autowrap_functions))
+    try:
+        cap = capture(
+            module, inputs, route=_ROUTES[route], deep=deep, check=False, cache=not isinstance(module, fx.GraphModule)
+        )
+    except NoRouteError as e:
+        if route == "fx":
+            e.args = (f"{e.args[0]}\nUse route='auto' (or 'eager') to record the ops as they run.", *e.args[1:])
+        raise
+    model = type(module).__name__
+    # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
+    # buffers or assigns to its module is undone (the caller's model is only observed); a
+    # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
+    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
+        rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
+    failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
+    return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
 
 
 def track_scales(
@@ -370,13 +335,16 @@ def track_scales(
     inputs: Any,
     backward: Any = None,
     *,
+    route: str = "auto",
     recurse_modules: bool = True,
     autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
-    capture: str = "auto",
     abs_max: bool = True,
 ) -> ScaleReport:
     """Run one forward and backward pass and report the scale of every float tensor.
+
+    The one scale-tracking run: :func:`analyse_module` shows the same result as annotated
+    code, and :class:`~unitscale.tracking.ScaleMonitor` calls it every few steps.
 
     Args:
         module: the model (a ``GraphModule`` is run as it is, without re-tracing).
@@ -387,17 +355,18 @@ def track_scales(
         backward: the gradient of the output: a tensor, a tuple/list/dict shaped like
             the output, or ``None`` (1 for a one-element output such as a loss,
             unit-normal noise otherwise).
+        route: how the model is captured (:func:`unitscale.capture.capture`, cached per
+            module): ``"fx"`` (symbolic trace; fail with
+            :class:`~unitscale.errors.NoRouteError` if it cannot), ``"eager"`` (record ops
+            as they run, each with its module path), ``"export"`` (``torch.export``: a
+            graph of aten ops, cached per module and input signature; its first call costs
+            several tracked passes) or ``"auto"`` (fx, else eager: the ops and module
+            paths of an export for a fraction of its cost).
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
             :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
-        capture: ``"fx"`` (symbolic trace; fail with :class:`~unitscale.errors.TraceError`
-            if it cannot), ``"eager"`` (record ops as they run, each with its module path),
-            ``"export"`` (``torch.export`` through :func:`unitscale.capture.capture`: a graph
-            of aten ops, cached per module and input signature; the first call costs about
-            a second on a small transformer) or ``"auto"`` (fx, else eager: the
-            ops and module paths of an export for a fraction of its cost).
         abs_max: also record each tensor's largest magnitude.
 
     Returns:
@@ -406,14 +375,18 @@ def track_scales(
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
-        InputError: wrong kind, number or shape of inputs, or an unknown ``capture``.
+        InputError: wrong kind, number or shape of inputs, or an unknown ``route``.
+        PredicateError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of
+            modules and functions.
         BackwardShapeError: ``backward`` does not match the output.
         NoFloatOutputError: the model returns no floating-point tensor.
-        TraceError: ``capture="fx"`` and torch.fx cannot trace the model.
-        NoRouteError: ``capture="export"`` and ``torch.export`` cannot capture the model.
+        NoRouteError: ``route="fx"`` or ``"export"`` and that route cannot capture the
+            model (a :class:`~unitscale.errors.TraceError`).
+
+    Every message starts with ``track_scales(``.
 
     >>> import torch
-    >>> from unitscale import track_scales
+    >>> from unitscale.tracking import track_scales
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
     >>> report = track_scales(MLP(16), torch.randn(64, 16))
@@ -424,139 +397,18 @@ def track_scales(
     >>> track_scales(MLP(16), torch.randn(64, 16).requires_grad_())["x"].scale
     (-> 1.01, <- 0.228)
     """
-    module = _check_module(module, "track_scales")
-    if not isinstance(capture, str) or capture not in _CAPTURES:
-        raise InputError(f"capture must be 'auto', 'fx', 'export' or 'eager', got {capture!r}")
-    for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
-        if not isinstance(flag, bool):
-            raise InputError(f"track_scales({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
-    # checked here: a tracer refusing them would otherwise send "auto" to eager capture
-    _check_autowrap(autowrap_modules, autowrap_functions)
-    inputs = _check_inputs(module, inputs)
-    model = type(module).__name__
-    failure = ""
-    trace = None
-    exported: fx.GraphModule | None = None
-    if capture == "fx":
-        trace = trace_for_scales(module, recurse_modules, autowrap_modules, tuple(autowrap_functions))
-    elif capture == "auto":
-        # No export here: its first call costs several tracked passes, and the eager record
-        # has the same ops and module paths (the benchmarks page measures both).
-        result = trace_or_reason(module, recurse_modules, autowrap_modules, tuple(autowrap_functions))
-        trace, failure = (result, "") if isinstance(result, Trace) else (None, result)
-    elif capture == "export":
-        exported = _exported_graph(module, inputs)
-    # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
-    # buffers or assigns to its module is undone (the caller's model is only observed).
-    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True):
-        if trace is not None and not isinstance(module, fx.GraphModule):
-            # a cached trace's graph: compiled once, run as Python code (no interpreter)
-            captured = _capture_compiled(module, trace, inputs, abs_max)
-        elif trace is not None:
-            captured = _capture_fx(module, trace.graph, inputs + trace.extra_inputs, abs_max)
-        elif exported is not None:
-            captured = _capture_compiled(exported, _exported_trace(exported), inputs, abs_max)
-        else:
-            captured = _capture_eager(module, inputs, abs_max)
-        rows = _finish(captured, backward, model)
-    if trace is not None:
-        return ScaleReport(rows, model, _annotate(trace, rows), "fx")
-    if exported is not None:
-        code = _annotate_capture(_exported_trace(exported), rows, model, failure)
-        return ScaleReport(rows, model, code, "export", failure)
-    return ScaleReport(rows, model, _listing(rows, model, failure), "eager", failure)
-
-
-_CAPTURES = ("auto", "fx", "export", "eager")
-
-
-def record_scales(module: nn.Module, inputs: Any, backward: Any = None) -> dict[str, ScalePair]:
-    """``node name -> ScalePair`` for one forward and backward pass of ``module``.
-
-    A ``GraphModule`` is run as it is (useful after your own tracing or rewriting);
-    any other module is traced as in :func:`track_scales`.
-
-    Args:
-        module: the model or a ``GraphModule``.
-        inputs: a tensor or a tuple/list of positional inputs.
-        backward: the output's gradient (see :func:`track_scales`).
-
-    Returns:
-        The scales, in execution order.
-
-    Raises:
-        TraceError: torch.fx cannot trace the module (use :func:`track_scales`, which
-            falls back to recording ops as they run).
-        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError: as
-            :func:`track_scales`.
-
-    >>> import torch
-    >>> from torch import fx
-    >>> from unitscale import record_scales
-    >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Identity()))
-    >>> record_scales(gm, torch.tensor([1.0, 3.0]), backward=torch.tensor([1.0, -1.0]))
-    {'input_1': (-> 1.41, <- 1.41), '_0': (-> 1.41, <- 1.41)}
-    """
-    return track_scales(module, inputs, backward, capture="fx", abs_max=False).scales
-
-
-class AnnotatedCode(str):
-    """Code annotated with scales: a ``str`` that highlights itself for its reader.
-
-    ``print()`` shows ANSI-highlighted code in a terminal (plain text elsewhere), a
-    notebook shows HTML-highlighted code, and ``repr`` (doctests, the REPL) shows the
-    plain text. Set ``highlight=False`` for plain text everywhere.
-
-    Args:
-        text: the code.
-        highlight: highlight with pygments where the reader supports it.
-
-    >>> from unitscale.tracking import AnnotatedCode
-    >>> code = AnnotatedCode("y = f(x)  # (-> 1.0, <- 0.5)")
-    >>> code
-    y = f(x)  # (-> 1.0, <- 0.5)
-    >>> "<span" in code._repr_html_()
-    True
-    """
-
-    highlight: bool
-
-    def __new__(cls, text: str, highlight: bool = True) -> AnnotatedCode:
-        obj = super().__new__(cls, text)
-        obj.highlight = highlight
-        return obj
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (AnnotatedCode, (str(self.plain), self.highlight))
-
-    @property
-    def plain(self) -> str:
-        """The text without highlighting."""
-        return str.__str__(self)
-
-    def __str__(self) -> str:
-        if self.highlight and sys.stdout.isatty():
-            from pygments import highlight
-            from pygments.formatters import TerminalFormatter
-            from pygments.lexers import PythonLexer
-
-            return highlight(self.plain, PythonLexer(), TerminalFormatter()).rstrip("\n")
-        return self.plain
-
-    def __repr__(self) -> str:
-        return self.plain
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str | None:
-        if not self.highlight:
-            return f"<pre>{html.escape(self.plain)}</pre>"
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import PythonLexer
-
-        return highlight(self.plain, PythonLexer(), HtmlFormatter(noclasses=True, nobackground=True))
+    with _called_as("track_scales"):
+        return _track(
+            "track_scales",
+            module,
+            inputs,
+            backward,
+            route,
+            recurse_modules,
+            autowrap_modules,
+            autowrap_functions,
+            abs_max,
+        )
 
 
 def analyse_module(
@@ -568,14 +420,16 @@ def analyse_module(
     autowrap_modules: tuple[types.ModuleType, ...] | None = None,
     autowrap_functions: tuple[Callable[..., Any], ...] = (),
     *,
-    capture: str = "auto",
+    route: str = "auto",
 ) -> AnnotatedCode:
-    """The module's traced code, each line annotated with ``(-> forward std, <- backward std)``.
+    """The code view of :func:`track_scales`: the model's code, each line with ``(-> forward std, <- backward std)``.
 
-    Runs one forward pass (``inputs``) and one backward pass (``backward``, see
-    :func:`track_scales`). A model ``torch.fx`` cannot trace gets a listing of its ops
-    as they ran instead, each with its module path; ``capture="export"`` gives the
-    ``torch.export`` graph's code instead (aten ops, each line with its module path).
+    The same run as :func:`track_scales` (``analyse_module(m, x).plain ==
+    track_scales(m, x, abs_max=False).code`` for the same random gradient), kept with
+    Graphcore's ``unit_scaling.utils.analyse_module`` signature. A model ``torch.fx``
+    cannot trace gets a listing of its ops as they ran instead, each with its module path;
+    ``route="export"`` gives the ``torch.export`` graph's code (aten ops, each line with
+    its module path).
 
     Args:
         module: the model.
@@ -588,17 +442,17 @@ def analyse_module(
             ``unitscale.functional`` and those given to
             :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: functions that stay single nodes.
-        capture: ``"auto"``, ``"fx"``, ``"export"`` or ``"eager"``, as in :func:`track_scales`.
+        route: ``"auto"``, ``"fx"``, ``"export"`` or ``"eager"``, as in :func:`track_scales`.
 
     Returns:
         The annotated code (:class:`AnnotatedCode`, a ``str``).
 
     Raises:
-        NotAModuleError, InputError, BackwardShapeError, NoFloatOutputError, TraceError,
-        NoRouteError: as :func:`track_scales`.
+        NotAModuleError, InputError, PredicateError, BackwardShapeError, NoFloatOutputError,
+        NoRouteError: as :func:`track_scales`; every message starts with ``analyse_module(``.
 
     >>> import torch
-    >>> from unitscale import analyse_module
+    >>> from unitscale.tracking import analyse_module
     >>> from unitscale.examples.models import MLP
     >>> _ = torch.manual_seed(0)
     >>> model = MLP(256)
@@ -614,19 +468,21 @@ def analyse_module(
         linear_1 = torch._C._nn.linear(relu, fc2_weight, fc2_bias)  # (-> 0.236, <- 0.998)
         return linear_1
     """
-    if not isinstance(syntax_highlight, bool):
-        raise InputError(
-            f"analyse_module(syntax_highlight=...) got {type(syntax_highlight).__name__} {syntax_highlight!r:.60}; "
-            "pass True or False"
+    with _called_as("analyse_module"):
+        if not isinstance(syntax_highlight, bool):
+            raise InputError(
+                f"analyse_module(syntax_highlight=...) got {type(syntax_highlight).__name__} "
+                f"{syntax_highlight!r:.60}; pass True or False"
+            )
+        report = _track(
+            "analyse_module",
+            module,
+            inputs,
+            backward,
+            route,
+            recurse_modules,
+            autowrap_modules,
+            autowrap_functions,
+            False,
         )
-    report = track_scales(
-        module,
-        inputs,
-        backward,
-        recurse_modules=recurse_modules,
-        autowrap_modules=autowrap_modules,
-        autowrap_functions=autowrap_functions,
-        capture=capture,
-        abs_max=False,
-    )
     return AnnotatedCode(report.code, highlight=syntax_highlight)

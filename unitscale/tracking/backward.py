@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from unitscale.errors import BackwardShapeError, NoFloatOutputError
+from unitscale.errors import BackwardShapeError, BackwardValueError, NoFloatOutputError
 
 __all__ = ["flatten_tensors", "float_outputs", "gradients_for", "run_backward"]
 
@@ -58,6 +58,7 @@ def gradients_for(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any) ->
 
     Raises:
         BackwardShapeError: a gradient is missing, not a tensor, or of the wrong shape.
+        BackwardValueError: a gradient on the ``meta`` device (it holds no values).
     """
     if backward is None:
         return [torch.ones_like(t) if t.numel() == 1 else torch.randn_like(t) for _, t in outputs]
@@ -83,6 +84,11 @@ def gradients_for(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any) ->
                 f"give one at the same place in the structure (got {', '.join(given) or 'nothing'})"
             )
         grad = given[path]
+        if grad.device.type == "meta" and t.device.type != "meta":
+            raise BackwardValueError(
+                f"backward for {path} is a tensor on the meta device, which holds no values to backpropagate; "
+                f"pass a gradient on {t.device} (or None for a unit-normal one)"
+            )
         if grad.shape != t.shape:
             raise BackwardShapeError(
                 f"backward for {path} has shape {tuple(grad.shape)} but {path} has shape {tuple(t.shape)}; "

@@ -3,7 +3,7 @@
 :class:`~unitscale.tracking.analysis.ScaleTrackingInterpreter` dispatches every node
 through :class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's
 users and kind looked up on every call): on a small model that costs several percent of a
-forward and backward pass. Here the graph is rewritten once per cached trace into code that
+forward and backward pass. Here the graph is rewritten once per cached capture into code that
 runs each op directly and hands its output to one recording call, whose per-node facts
 (name, module path, op, which view shares whose record) were worked out when the code was
 made. The code takes the traced module itself as ``self``, so it reads the module's current
@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import fx, nn
 
+from unitscale.capture import Capture
 from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
-from unitscale.fx.trace_cache import Trace
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf
 from unitscale.tracking.stats import ScaleRecord
 
@@ -98,7 +98,7 @@ def _track(value: Any, i: int, *source: Any) -> Any:
 
 
 class CompiledTracking:
-    """A traced graph compiled into a function that records every floating-point node output.
+    """A captured graph compiled into a function that records every floating-point node output.
 
     Made by :func:`compiled_tracking` (cached per graph). :meth:`run` records what
     :class:`~unitscale.tracking.analysis.ScaleTrackingInterpreter` records, with the same
@@ -111,12 +111,12 @@ class CompiledTracking:
         namespace: the globals that code runs in.
 
     >>> import torch
+    >>> from unitscale.capture import DeepTracing, capture
     >>> from unitscale.examples.models import MLP
     >>> from unitscale.tracking.compiled import CompiledTracking
-    >>> from unitscale.fx.trace_cache import trace_for_scales
     >>> model = MLP(4)
-    >>> trace = trace_for_scales(model)
-    >>> program = CompiledTracking(model, trace.graph, trace.code, trace.namespace)
+    >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False)
+    >>> program = CompiledTracking(model, cap.graph_module.graph, *cap.python_code())
     >>> captured = program.run(model, (torch.randn(8, 4),), abs_max=False)
     >>> [row.node for row, _ in captured.entries]
     ['x', 'fc1_weight', 'fc1_bias', 'linear', 'relu', 'fc2_weight', 'fc2_bias', 'linear_1']
@@ -222,37 +222,38 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | 
     return "\n".join(out)
 
 
-# graph -> its compiled tracking: the graphs of cached traces live as long as their trace
+# graph -> its compiled tracking: the graph of a cached capture lives as long as the capture
 _compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary()
 
 
-def compiled_tracking(module: nn.Module, trace: Trace) -> CompiledTracking | None:
-    """The :class:`CompiledTracking` of a cached ``trace`` of ``module``, made once per graph.
+def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | None:
+    """The :class:`CompiledTracking` of ``cap``'s graph, run with ``module`` as ``self``; made once per graph.
 
     Compiling costs about what the interpreter loses over one pass (Python's ``compile``
-    of the code: a few milliseconds for a ResNet-18), so the first call costs about the
-    same and every later one less. ``None`` where the trace keeps no code namespace or its
-    code is not in the form fx writes: run the graph with the interpreter then.
+    of the code), so the first call costs about the same and every later one less.
+    ``None`` where the code is not in the form fx writes: run the graph with the
+    interpreter then.
 
-    Only for graphs nobody edits after the first call (those of the trace cache): an edited
-    graph would keep its old code.
+    Only for graphs nobody edits after the first call (those of cached captures): an
+    edited graph would keep its old code.
 
+    >>> import torch
+    >>> from unitscale.capture import DeepTracing, capture
     >>> from unitscale.examples.models import MLP
-    >>> from unitscale.fx.trace_cache import trace_for_scales
     >>> from unitscale.tracking.compiled import compiled_tracking
     >>> model = MLP(4)
-    >>> trace = trace_for_scales(model)
-    >>> program = compiled_tracking(model, trace)
-    >>> program is not None and compiled_tracking(model, trace) is program
+    >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False, cache=True)
+    >>> program = compiled_tracking(model, cap)
+    >>> program is not None and compiled_tracking(model, cap) is program
     True
     """
-    program: Any = _compiled.get(trace.graph, False)
+    graph = cap.require_graph("compiled_tracking()").graph
+    program: Any = _compiled.get(graph, False)
     if program is False:
+        code, namespace = cap.python_code()
         try:
-            if trace.namespace is None:
-                raise _NotCompiled("no namespace")
-            program = CompiledTracking(module, trace.graph, trace.code, trace.namespace)
+            program = CompiledTracking(module, graph, code, namespace)
         except _NotCompiled:
             program = None
-        _compiled[trace.graph] = program
+        _compiled[graph] = program
     return program

@@ -17,17 +17,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.overrides import TorchFunctionMode
 from torch.utils.hooks import RemovableHandle
 
+from unitscale.capture import OpRecorder
 from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
 __all__ = [
     "ScaleRecording",
-    "OpScaleRecorder",
+    "ScaleRecorder",
     "SAME_VALUE_OPS",
     "has_trainable_parameters",
     "input_leaf",
@@ -314,70 +313,52 @@ _SAME_OBJECT_OPS = frozenset(
 )
 
 
-class OpScaleRecorder(TorchFunctionMode):
-    """A torch function mode that records every floating-point tensor an op returns.
+class ScaleRecorder(OpRecorder):
+    """The eager route of scale tracking: records every floating-point tensor an op returns.
 
-    Property reads (``x.shape``, ``x.T``) are not recorded. While the mode handles a
-    call it is switched off, so the ops inside a recorded function (the pieces of
-    ``layer_norm``) and the recording's own ``std`` are not recorded.
+    Overrides :meth:`~unitscale.capture.OpRecorder.record` of capture's one op recorder
+    (which names each call and knows the module it ran in): a float output becomes a row
+    with its statistics and a gradient hook, as a graph node's output does under
+    :class:`~unitscale.tracking.ScaleTrackingInterpreter`. An op returning several
+    tensors gives a row per float tensor, ``name[i]``.
 
     Args:
+        root: the model.
         captured: where rows, records and hooks go.
         abs_max: also record each tensor's largest magnitude.
-        module_names: ``module -> qualified name`` for the module-path column.
 
     >>> import torch
-    >>> from unitscale.tracking.eager import OpScaleRecorder, ScaleRecording
+    >>> from unitscale.tracking.eager import ScaleRecorder, ScaleRecording
     >>> captured = ScaleRecording()
-    >>> with OpScaleRecorder(captured, abs_max=False, module_names={}):
-    ...     y = torch.ones(4).mul(3.0).sum()
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return x.mul(3.0).sum()
+    >>> _ = ScaleRecorder(Net(), captured, abs_max=False).run(torch.ones(4))
     >>> [row.node for row, _ in captured.entries]
-    ['ones', 'mul', 'sum']
+    ['mul', 'sum']
     """
 
-    def __init__(self, captured: ScaleRecording, abs_max: bool, module_names: dict[nn.Module, str]) -> None:
-        super().__init__()
+    def __init__(self, root: nn.Module, captured: ScaleRecording, abs_max: bool) -> None:
+        super().__init__(root)
         self.captured = captured
         self.abs_max = abs_max
-        self.module_names = module_names
-        self.module_stack: list[nn.Module] = []
-        self.counts: Counter[str] = Counter()
 
-    def _node_name(self, op: str) -> str:
-        base = op.removeprefix("Tensor.")
-        n = self.counts[base]
-        self.counts[base] += 1
-        return base if n == 0 else f"{base}_{n}"
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if getattr(func, "__name__", "") == "__get__":
-            return out
-        tensors = [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
-        tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()]
-        if tensors:
-            op = op_name(func)
-            name = self._node_name(op)
-            path = self.module_names.get(self.module_stack[-1], "") if self.module_stack else ""
-            if isinstance(out, torch.Tensor):
-                if op in SAME_VALUE_OPS and args:
-                    self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)
-                elif op in _SAME_OBJECT_OPS and args and out is args[0]:
-                    self.captured.track_same_values(out, out, name, path, op, self.abs_max)
-                else:
-                    self.captured.track(out, name, path, op, self.abs_max)
+    def record(self, name: str, op: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            if not out.is_floating_point():
+                return
+            path = self.module_path
+            if op in SAME_VALUE_OPS and args:
+                self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)
+            elif op in _SAME_OBJECT_OPS and args and out is args[0]:
+                self.captured.track_same_values(out, out, name, path, op, self.abs_max)
             else:
-                for i, t in enumerate(tensors):
-                    self.captured.track(t, f"{name}[{i}]", path, op, self.abs_max)
-        return out
-
-    def _enter_module(self, module: nn.Module, *_: Any) -> None:
-        if module in self.module_names:
-            self.module_stack.append(module)
-
-    def _exit_module(self, module: nn.Module, *_: Any) -> None:
-        if self.module_stack and self.module_stack[-1] is module:
-            self.module_stack.pop()
+                self.captured.track(out, name, path, op, self.abs_max)
+        elif isinstance(out, (tuple, list)):
+            tensors = [t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            path = self.module_path if tensors else ""
+            for i, t in enumerate(tensors):
+                self.captured.track(t, f"{name}[{i}]", path, op, self.abs_max)
 
 
 def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False) -> ScaleRecording:
@@ -395,6 +376,8 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     Returns:
         The :class:`ScaleRecording` forward pass.
 
+    >>> import torch
+    >>> from unitscale.tracking.eager import record_ops
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
     ...         return x * 2 if x.sum() > 0 else x.relu()
@@ -417,17 +400,10 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
             captured.track(value, names[i] if i < len(names) else f"input_{i}", "", "input", abs_max)
         args.append(value)
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
-    recorder = OpScaleRecorder(captured, abs_max, {m: name for name, m in module.named_modules()})
-    pre = register_module_forward_pre_hook(recorder._enter_module)
-    post = register_module_forward_hook(recorder._exit_module)
     try:
-        with recorder:
-            captured.output = module(*args)
+        captured.output = ScaleRecorder(module, captured, abs_max).run(*args)
         captured.share_view_gradients()
     except BaseException:
         captured.remove_hooks()
         raise
-    finally:
-        pre.remove()
-        post.remove()
     return captured

@@ -11,8 +11,10 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
+
 from unitscale.errors import InputError, NoRecordsError, UnknownStatError
-from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
+from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -136,8 +138,6 @@ def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str
 
 
 def _format_name(fmt: FPFormat) -> str:
-    from unitscale.formats import BF16, FP16
-
     names = {FP8_E4M3: "FP8 E4M3", FP8_E5M2: "FP8 E5M2", FP16: "FP16", BF16: "BF16"}
     return names.get(fmt, repr(fmt))
 
@@ -321,8 +321,9 @@ class ScaleHistory:
         _check_stat("heatmap", stat)
         _check_choice("heatmap", "kind", kind, ("activation", "parameter", None))
         _check_choice("heatmap", "direction", direction, ("fwd", "bwd", None))
+        # pyplot is imported when a plot is drawn: it alone costs more import time than
+        # unitscale (measured with python -X importtime, torch already imported)
         import matplotlib.pyplot as plt
-        import numpy as np
 
         records = self.select(None, kind, direction)
         if not records:

@@ -99,16 +99,17 @@ class ScaleReport:
 
     Iterate it for :class:`ScaleRow` s, index it by position or node name, print
     :meth:`table`, draw :meth:`plot`. ``code`` is the annotated code (what
-    :func:`unitscale.analyse_module` returns); ``capture`` says how the ops were
-    captured: ``"fx"`` (symbolic trace), ``"eager"`` (ops recorded as they ran,
-    when ``torch.fx`` could not trace the model; ``trace_failure`` says why) or
-    ``"export"`` (the ``torch.export`` graph, when asked for with ``capture="export"``).
+    :func:`unitscale.analyse_module` returns); ``route`` is the capture route the ops
+    came from (:func:`unitscale.capture.capture`): ``"fx"`` (symbolic trace),
+    ``"eager"`` (ops recorded as they ran, when ``torch.fx`` could not trace the model;
+    ``trace_failure`` says why) or ``"export"`` (the ``torch.export`` graph, when asked
+    for with ``route="export"``).
 
     Args:
         rows: the rows, in execution order.
         model: the model's class name.
         code: annotated code or op listing.
-        capture: ``"fx"``, ``"eager"`` or ``"export"``.
+        route: ``"fx"``, ``"eager"`` or ``"export"``.
         trace_failure: why fx tracing failed (eager capture only).
 
     >>> from unitscale import ScaleReport
@@ -122,12 +123,12 @@ class ScaleReport:
     """
 
     def __init__(
-        self, rows: list[ScaleRow], model: str, code: str = "", capture: str = "fx", trace_failure: str = ""
+        self, rows: list[ScaleRow], model: str, code: str = "", route: str = "fx", trace_failure: str = ""
     ) -> None:
         self.rows = list(rows)
         self.model = model
         self.code = code
-        self.capture = capture
+        self.route = route
         self.trace_failure = trace_failure
 
     def __iter__(self) -> Iterator[ScaleRow]:
@@ -148,7 +149,7 @@ class ScaleReport:
     def __repr__(self) -> str:
         bad = self.first_nonfinite
         marker = "" if bad is None else f", NON-FINITE from {bad.node!r}"
-        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.capture} capture{marker}>"
+        return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.route} capture{marker}>"
 
     @property
     def first_nonfinite(self) -> ScaleRow | None:
@@ -255,6 +256,8 @@ class ScaleReport:
                 f"ScaleReport.plot(formats=...) got unknown format(s) {', '.join(map(repr, unknown))}; "
                 f"use names from {tuple(FORMAT_RANGES)}"
             )
+        # pyplot is imported when a plot is drawn: it alone costs more import time than
+        # unitscale (measured with python -X importtime, torch already imported)
         import matplotlib.pyplot as plt
         from matplotlib.axes import Axes as MplAxes
 

@@ -5,7 +5,7 @@ new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule`.
 graph comes from the capture layer (:mod:`unitscale.capture`), in one of two ways:
 
 - **lazily** (no example inputs): on the first call with a new input signature,
-  :func:`unitscale.capture._dynamo.dynamo_graph` captures the call with TorchDynamo
+  :func:`unitscale.capture.dynamo_graph` captures the call with TorchDynamo
   (``fullgraph=True``, static shapes), and the transforms run over that graph;
 - **eagerly** (``example_inputs=``): :func:`unitscale.capture.capture` tries its graph
   routes (``fx`` flat, ``torch.export`` with a free batch dimension, strict export,
@@ -38,9 +38,14 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from unitscale.capture import GRAPH_ROUTE_NAMES, capture
-from unitscale.capture._dynamo import DynamoGraph, dynamo_graph, no_torch_function_modes
-from unitscale.capture._verify import flat_graph_inputs
+from unitscale.capture import (
+    GRAPH_ROUTE_NAMES,
+    DynamoGraph,
+    capture,
+    dynamo_graph,
+    flat_graph_inputs,
+    no_torch_function_modes,
+)
 from unitscale.errors import InputError, TraceError, TransformError, UnitscaleError
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.transforms.aten import to_torch_functions

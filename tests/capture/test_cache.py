@@ -1,4 +1,4 @@
-"""Tests for unitscale.fx.trace_cache: when a cached trace is reused, and clearing it."""
+"""The capture cache (``capture(..., cache=True)``): when a capture is reused, and clearing it."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import operator
 import torch
 from torch import fx, nn
 
+from unitscale.capture import Capture, DeepTracing, capture, clear_capture_cache
 from unitscale.examples.models import MLP
-from unitscale.fx import trace_cache
 from unitscale.fx.autowrap import default_autowrap_modules
-from unitscale.fx.trace_cache import trace_for_scales
-from unitscale.tracking import clear_trace_cache
+
+
+def trace_for_scales(model: nn.Module, autowrap_modules: tuple[object, ...] | None = None) -> Capture:
+    """Scale tracking's capture of ``model``: deep, unchecked, cached (inputs do not matter to a trace)."""
+    deep = DeepTracing(autowrap_modules=autowrap_modules)  # type: ignore[arg-type]
+    return capture(model, torch.ones(2, 4), deep=deep, check=False, cache=True)
 
 
 class PicksColumns(nn.Module):
@@ -43,8 +47,8 @@ def _getitems(graph: fx.Graph) -> list[object]:
     return [n.args[1][1] for n in graph.nodes if n.target is operator.getitem]  # type: ignore[index]
 
 
-def _run(trace: trace_cache.Trace, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return fx.GraphModule(module, trace.graph)(x)
+def _run(cap: Capture, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return fx.GraphModule(module, cap.graph_module.graph)(x)
 
 
 def test_changing_a_tuple_attribute_retraces() -> None:
@@ -54,7 +58,7 @@ def test_changing_a_tuple_attribute_retraces() -> None:
     model.cols = (2, 3)
     second = trace_for_scales(model)
     assert second is not first
-    assert _getitems(first.graph) == [1, 2] and _getitems(second.graph) == [2, 3]
+    assert _getitems(first.graph_module.graph) == [1, 2] and _getitems(second.graph_module.graph) == [2, 3]
     assert torch.equal(_run(second, model, x), x[:, 2] + x[:, 3])
 
 
@@ -80,7 +84,7 @@ def test_a_list_changed_in_place_retraces() -> None:
     first = trace_for_scales(model)
     model.cols.append(3)  # type: ignore[attr-defined]
     second = trace_for_scales(model)
-    assert second is not first and len(_getitems(second.graph)) == 3
+    assert second is not first and len(_getitems(second.graph_module.graph)) == 3
 
 
 def test_another_object_is_compared_by_identity_and_type() -> None:
@@ -96,10 +100,10 @@ def test_another_object_is_compared_by_identity_and_type() -> None:
 def test_clear_forgets_every_trace_and_the_next_trace_is_equal() -> None:
     model = MLP(4)
     first = trace_for_scales(model)
-    clear_trace_cache()
+    clear_capture_cache()
     second = trace_for_scales(model)
     assert second is not first
-    assert second.code == first.code
+    assert second.python_code()[0] == first.python_code()[0]
 
 
 def test_clear_is_needed_only_for_what_the_fingerprint_cannot_see() -> None:
@@ -107,7 +111,7 @@ def test_clear_is_needed_only_for_what_the_fingerprint_cannot_see() -> None:
     first = trace_for_scales(model)
     model.settings.scale = 5.0  # changed in place: invisible to the fingerprint
     assert trace_for_scales(model) is first
-    clear_trace_cache()
+    clear_capture_cache()
     assert torch.equal(_run(trace_for_scales(model), model, torch.ones(1)), torch.full((1,), 5.0))
 
 
@@ -124,3 +128,42 @@ def test_a_model_with_a_tensor_constant_is_traced_once() -> None:
     model = nn.Sequential(nn.Linear(2, 2), Shift())
     first = trace_for_scales(model)
     assert trace_for_scales(model) is first
+
+
+def test_an_export_is_kept_per_input_signature_and_parameter_identity() -> None:
+    model = MLP(4)
+    x = torch.randn(2, 4)
+    first = capture(model, x, route="export", cache=True)
+    assert capture(model, torch.randn(2, 4), route="export", cache=True) is first  # other values, same signature
+    assert capture(model, torch.randn(3, 4), route="export", cache=True) is not first  # another shape
+    again = capture(model, x, route="export", cache=True)
+    with torch.no_grad():
+        model.fc1.weight = nn.Parameter(torch.zeros(16, 4))  # the exported graph holds the old one
+    assert capture(model, x, route="export", cache=True) is not again
+
+
+def test_a_request_with_other_options_is_another_entry() -> None:
+    model, x = MLP(4), torch.randn(2, 4)
+    plain, flat = capture(model, x, cache=True), capture(model, x, flat=True, cache=True)
+    assert (
+        plain is not flat
+        and capture(model, x, cache=True) is plain
+        and capture(model, x, flat=True, cache=True) is flat
+    )
+    assert [n.op for n in plain.nodes(compute_only=True)] == ["call_module"] * 3
+    assert "call_module" not in [n.op for n in flat.nodes()]
+
+
+def test_a_symbolic_trace_serves_every_input_shape_and_a_failure_is_kept_too() -> None:
+    class Branchy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x if x.sum() > 0 else -x
+
+    model = MLP(4)
+    deep = DeepTracing()
+    first = capture(model, torch.randn(2, 4), deep=deep, check=False, cache=True)
+    assert capture(model, torch.randn(7, 4), deep=deep, check=False, cache=True) is first
+    branchy = Branchy()
+    eager = capture(branchy, torch.randn(3), route=("fx", "eager"), deep=deep, check=False, cache=True)
+    assert eager.route == "eager" and "could not trace Branchy" in eager.reasons["fx"]
+    assert capture(branchy, torch.randn(5), route=("fx", "eager"), deep=deep, check=False, cache=True) is eager

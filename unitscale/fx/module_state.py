@@ -31,6 +31,7 @@ class ModuleState:
         values: also restore buffer values changed in place (a clone of each is kept).
 
     >>> from torch import nn
+    >>> from unitscale.fx.module_state import ModuleState
     >>> m = nn.Linear(2, 2)
     >>> state = ModuleState(m)
     >>> m.last, m.training = "a proxy", False
@@ -109,6 +110,7 @@ def module_state_kept(root: Any, values: bool = False) -> Iterator[None]:
 
     >>> import torch
     >>> from torch import nn
+    >>> from unitscale.fx.module_state import module_state_kept
     >>> m = nn.BatchNorm1d(2)
     >>> with module_state_kept(m, values=True):
     ...     _ = m(torch.randn(4, 2))

@@ -1,0 +1,164 @@
+"""Capture once, use many times: the one cache of captures, per module and request.
+
+Tracing a transformer costs about a tenth of its forward and backward pass, and an export
+several passes, so a tool that runs on every few training steps (scale tracking) would
+spend its time capturing. ``capture(..., cache=True)`` keeps one :class:`Capture` per
+module and request (routes, options) and hands it back while what it was made from is
+unchanged:
+
+- the module's *fingerprint*: the identity and type of every submodule, its ``forward``,
+  its ``training`` flag and other plain attributes (``int``, ``float``, ``bool``, ``str``,
+  ``None``, dtypes, and tuples, lists, dicts and frozensets of them) by value, any other
+  attribute by type and identity, and its parameter and buffer names. Those are what a
+  symbolic trace can depend on without reading tensor values.
+- for a graph that depends on the inputs (an export, a TorchDynamo graph, or a checked
+  capture): the inputs' shapes, dtypes, devices and ``requires_grad``, plain inputs by
+  value, and the identity of every parameter and buffer (an exported graph holds them).
+
+What the fingerprint cannot see (a global, an object changed in place) needs
+:func:`clear_capture_cache`. Modules are held weakly.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+__all__ = ["cached", "clear_capture_cache", "fingerprint", "input_signature"]
+
+_PLAIN = (bool, int, float, str, type(None), torch.dtype)
+# What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
+# and hooks, fingerprinted on their own (``training`` is compared like any attribute).
+_MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
+
+
+def _value_key(value: Any) -> Any:
+    """What a trace may depend on in an attribute's value, as a comparable key.
+
+    Plain values, and tuples, lists, dicts and frozensets of them, by value (a ``forward`` may
+    branch on them; ``transformers`` models rebuild dicts of strings on every call); anything
+    else by type and identity, so a new object always means a new capture.
+    """
+    if isinstance(value, _PLAIN):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_value_key(v) for v in value))
+    if type(value) is dict and all(isinstance(k, _PLAIN) for k in value):
+        return (dict, tuple((k, _value_key(v)) for k, v in value.items()))
+    if isinstance(value, frozenset):
+        try:
+            return (frozenset, frozenset(_value_key(v) for v in value))
+        except TypeError:  # an element whose key does not hash
+            pass
+    return (type(value), id(value))
+
+
+def fingerprint(module: nn.Module) -> tuple[Any, ...]:
+    """What a symbolic trace of ``module`` can depend on, as a comparable key (see the module docstring)."""
+    parts = []
+    for name, m in module.named_modules(remove_duplicate=False):
+        state = vars(m)
+        # A tensor attribute is a constant that tracing copies into the graph (and stores on
+        # the root as ``_tensor_constant0``, a new object each trace): not a reason to retrace.
+        plain = tuple(
+            (k, _value_key(v))
+            for k, v in state.items()
+            if k not in _MODULE_INTERNALS and not isinstance(v, torch.Tensor)
+        )
+        parts.append(
+            (
+                name,
+                id(m),
+                type(m),
+                id(getattr(type(m), "forward", None)),
+                id(state.get("forward")),
+                plain,
+                tuple((k, v is None) for k, v in m._parameters.items()),
+                tuple((k, v is None) for k, v in m._buffers.items()),
+            )
+        )
+    return tuple(parts)
+
+
+def input_signature(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
+    """What a graph made for these inputs depends on; ``None`` (do not cache) for an input of another kind.
+
+    Tensors by shape, dtype, device and ``requires_grad``, plain values by value; with the
+    identity of every parameter and buffer of ``module``.
+    """
+    signature: list[tuple[Any, ...]] = []
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if isinstance(value, torch.Tensor):
+            signature.append((key, tuple(value.shape), value.dtype, value.device, value.requires_grad))
+        elif isinstance(value, _PLAIN):
+            signature.append((key, type(value), value))
+        else:
+            return None
+    tensors = tuple(id(t) for t in (*module.parameters(), *module.buffers()))
+    return (tensors, tuple(signature))
+
+
+T = TypeVar("T")
+
+# module -> request -> (fingerprint, input signature or None when the capture does not depend on it, capture)
+_cache: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Any, Any, Any]]] = weakref.WeakKeyDictionary()
+
+
+def cached(
+    module: nn.Module,
+    request: Hashable,
+    signature: Callable[[], Hashable | None],
+    make: Callable[[], T],
+    depends_on_inputs: Callable[[T], bool],
+) -> T:
+    """The capture ``make()`` made before for ``module`` and ``request``, if still valid; else a new one, kept.
+
+    Args:
+        module: the captured module (held weakly).
+        request: what was asked (routes and options), hashable.
+        signature: gives :func:`input_signature` of this call (``None``: inputs of a kind
+            it cannot key, so only a capture that does not depend on them is cached); called
+            only when a capture that depends on them is looked up or kept.
+        make: makes the capture.
+        depends_on_inputs: whether a capture depends on the inputs' signature (an export)
+            or only on the module (a symbolic trace).
+    """
+    key = fingerprint(module)
+    entries = _cache.setdefault(module, {})
+    found = entries.get(request)
+    if found is not None and found[0] == key:
+        if found[1] is None:  # a capture of the module alone (a symbolic trace)
+            return found[2]
+        this = signature()
+        if found[1] == this:
+            return found[2]
+    result = make()
+    if not depends_on_inputs(result):
+        entries[request] = (key, None, result)
+    elif (this := signature()) is not None:
+        entries[request] = (key, this, result)
+    return result
+
+
+def clear_capture_cache() -> None:
+    """Forget every cached capture.
+
+    The cache notices changes to a module's structure and attributes by itself (see
+    ``unitscale/capture/README.md``); clear it when ``forward`` depends on something it
+    cannot see, such as a global variable or an attribute of an object held by the
+    module that was changed in place, or to time a first call.
+
+    >>> import torch
+    >>> from unitscale.capture import capture, clear_capture_cache
+    >>> model, x = torch.nn.Linear(2, 2), torch.randn(4, 2)
+    >>> capture(model, x, cache=True) is capture(model, x, cache=True)
+    True
+    >>> clear_capture_cache()  # the next capture(model, ...) captures model afresh
+    >>> capture(model, x, cache=True).route
+    'fx'
+    """
+    _cache.clear()

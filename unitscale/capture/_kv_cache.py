@@ -1,0 +1,96 @@
+"""Key/value caches: capture the model as users build it, with the cache switched off.
+
+A ``transformers`` decoder built from a default config (``use_cache=True``) returns a
+``DynamicCache`` beside its logits. No graph can return it (torch.export refuses an
+output type it cannot flatten; a transformed graph would hand back the one object made
+while capturing on every call), and no tool here needs it: scale tracking, partitioning
+and the graph transforms want the forward's tensors. So :func:`no_kv_cache` switches the
+cache off through the models' own configs while a tool captures or runs the model, and
+:class:`~unitscale.capture.Capture` reports which modules it switched
+(``kv_cache_disabled``). Where a cache is returned anyway (``use_cache=True`` passed as
+an input, a cache passed in), :func:`kv_cache_error` is the one message every tool gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from unitscale.errors import KVCacheError
+
+__all__ = ["find_kv_cache", "kv_cache_error", "no_kv_cache"]
+
+
+@contextmanager
+def no_kv_cache(module: nn.Module) -> Iterator[tuple[str, ...]]:
+    """Within this block, every config in ``module``'s tree that asks for a KV cache says ``use_cache=False``.
+
+    A module's ``config`` (a ``transformers`` ``PretrainedConfig``, or anything with a
+    ``use_cache`` attribute that is ``True``) is switched for the block and put back on
+    exit, so a model wrapping a decoder is handled too. Yields, for each config switched,
+    the path of the outermost module that holds it (``()``: nothing to switch; ``""`` is
+    the root).
+
+    >>> import types, torch
+    >>> from unitscale.capture import no_kv_cache
+    >>> decoder = torch.nn.Linear(2, 2)
+    >>> decoder.config = types.SimpleNamespace(use_cache=True)
+    >>> model = torch.nn.Sequential(decoder)
+    >>> with no_kv_cache(model) as switched:
+    ...     print(switched, decoder.config.use_cache)
+    ('0',) False
+    >>> decoder.config.use_cache
+    True
+    """
+    switched: list[str] = []
+    configs: list[Any] = []
+    for path, m in module.named_modules():
+        config = vars(m).get("config")
+        if config is None or getattr(config, "use_cache", None) is not True:
+            continue
+        if not any(c is config for c in configs):  # a decoder's layers share its config
+            configs.append(config)
+            switched.append(path)
+    for config in configs:
+        config.use_cache = False
+    try:
+        yield tuple(switched)
+    finally:
+        for config in configs:
+            config.use_cache = True
+
+
+def find_kv_cache(output: Any) -> tuple[str, Any] | None:
+    """``(where, object)`` of the first KV cache object in a model's output, or ``None``.
+
+    >>> from unitscale.capture._kv_cache import find_kv_cache
+    >>> class DynamicCache: ...
+    >>> find_kv_cache({"logits": 1.0, "past_key_values": DynamicCache()})[0]
+    "['past_key_values']"
+    """
+    for path, leaf in pytree.tree_flatten_with_path(output)[0]:
+        if "cache" in type(leaf).__name__.lower():
+            return pytree.keystr(path) or "its output", leaf
+    return None
+
+
+def kv_cache_error(module: nn.Module, where: str, leaf: Any) -> KVCacheError:
+    """The one message for a model that returns a KV cache object (the fix: ``use_cache=False``).
+
+    >>> import torch
+    >>> from unitscale.capture._kv_cache import kv_cache_error
+    >>> class DynamicCache: ...
+    >>> error = kv_cache_error(torch.nn.Linear(1, 1), "['past_key_values']", DynamicCache())
+    >>> type(error).__name__, str(error).split(", which")[0]
+    ('KVCacheError', "Linear returns a DynamicCache at ['past_key_values'] (a key/value cache)")
+    >>> str(error).split(": ")[-1]
+    'pass use_cache=False to the model, or build it with use_cache=False'
+    """
+    return KVCacheError(
+        f"{type(module).__name__} returns a {type(leaf).__name__} at {where} (a key/value cache), which a captured "
+        "graph cannot return: pass use_cache=False to the model, or build it with use_cache=False"
+    )
