@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from real_models import bart, gpt2, llama, mistral, qwen2
 from torch import nn
 
+from tests.real_models import bart, gpt2, llama, mistral, qwen2
 from unitscale.capture import capture, dynamo_graph, no_kv_cache
 from unitscale.errors import KVCacheError
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from real_models import bart, gpt2, llama
 from torch import fx, nn
 
+from tests.real_models import bart, gpt2, llama
 from unitscale.capture import capture, normalise_graph, stack_entries
 from unitscale.examples.models import MLP
 

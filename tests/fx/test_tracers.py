@@ -350,7 +350,7 @@ def test_exec_order_needs_a_module_not_a_function():
         ExecOrderTracer().trace(lambda x: x + 1)
     with pytest.raises(NotAModuleError, match=re.escape("fx_exec_order() got str 'model'")):
         fx_exec_order("model")
-    with pytest.raises(NotAModuleError, match=re.escape("got str 'model'; execution order is defined for")):
+    with pytest.raises(NotAModuleError, match=re.escape("trace_exec_order got str 'model'; pass the nn.Module")):
         trace_exec_order("model")
 
 
