@@ -22,7 +22,7 @@ from unitscale.stages import ChainCosts, PipelineResult
 from unitscale.stages.measured import RankRecord, measured_costs, measured_timeline
 from unitscale.stages.model_costs import calibrated, chain_costs_for
 from unitscale.stages.planner import plan_pipeline
-from unitscale.stages.simulate import simulate_bounds
+from unitscale.stages.simulation import simulate_bounds
 
 
 def _two_ranks() -> list[RankRecord]:

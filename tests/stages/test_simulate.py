@@ -1,4 +1,4 @@
-"""The schedule simulator and the schedule cost model (``unitscale.stages.simulate``, ``schedule_costs``)."""
+"""The schedule simulator and the schedule cost model (``unitscale.stages.simulation``, ``schedule_costs``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from unitscale.errors import CostError, InputError, StageCountError, UnknownScheduleError
 from unitscale.stages import bubble_fraction
 from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
-from unitscale.stages.simulate import simulate, simulate_bounds
+from unitscale.stages.simulation import simulate, simulate_bounds
 
 matplotlib.use("Agg")
 
@@ -150,7 +150,7 @@ def test_step_times_of_many_plans_match_the_simulator(schedule: tuple[str, int],
     import numpy as np
 
     from unitscale.stages.schedule_costs import valid_microbatches
-    from unitscale.stages.simulate import step_times
+    from unitscale.stages.simulation import step_times
 
     name, v = schedule
     k = p * v

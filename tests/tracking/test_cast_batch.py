@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.tracking.cast_stats import BLOCK, CastBatch, finish_cast_stats, raw_cast_stats
+from unitscale.tracking.format_casts import BLOCK, CastBatch, finish_cast_stats, raw_cast_stats
 
-cast_stats_module = importlib.import_module("unitscale.tracking.cast_stats")
+cast_stats_module = importlib.import_module("unitscale.tracking.format_casts")
 
 _FORMATS = st.sampled_from([FP8_E4M3, FP8_E5M2, BF16, FPFormat(3, 1)])
 

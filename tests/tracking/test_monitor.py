@@ -22,7 +22,7 @@ from unitscale.errors import (
 from unitscale.examples import TinyGPT
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
 from unitscale.tracking import MonitorRecord, ScaleHistory, ScaleMonitor, cast_stats
-from unitscale.tracking.cast_stats import (
+from unitscale.tracking.format_casts import (
     BATCH_MAX,
     CastBatch,
     Scratch,

@@ -9,7 +9,7 @@ from typing import Any, TypeAlias
 
 from torch import Tensor, nn
 
-from unitscale.errors import InputError, UntaggedParameterError, UntaggedParameterWarning
+from unitscale.errors import InputError, NotAModuleError, UntaggedParameterError, UntaggedParameterWarning
 from unitscale.scaling.parameter import ParamRole, role_of
 
 __all__ = ["RULES", "Params", "lr_scale", "lr_scales", "param_groups"]
@@ -148,8 +148,6 @@ def lr_scales(model: nn.Module, rule: str = "adam", allow_untagged: bool = False
     """
     rule = _check_rule("lr_scales", rule)
     if not isinstance(model, nn.Module):
-        from unitscale.errors import NotAModuleError
-
         raise NotAModuleError(f"lr_scales: model is a {type(model).__name__}; pass a torch.nn.Module")
     named: list[tuple[str, Tensor]] = list(model.named_parameters())
     return dict(zip([n for n, _ in named], _scales(named, rule, allow_untagged, "lr_scales"), strict=True))

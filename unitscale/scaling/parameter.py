@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor, nn
 
-from unitscale.errors import MultiplierError, UnknownRoleError
+from unitscale.errors import MultiplierError, UnknownRoleError, UntaggedParameterError
 from unitscale.scaling.checks import check_mult
 
 __all__ = ["ROLES", "ParamRole", "tag", "role_of", "set_depth", "residual_taus"]
@@ -132,8 +132,6 @@ def tag(param: _P, role: str, width: int | None = None, depth: int | None = None
     >>> role_of(emb).width
     64
     """
-    from unitscale.errors import UntaggedParameterError
-
     if not isinstance(param, nn.Parameter):
         raise UntaggedParameterError(
             f"tag: param is a {type(param).__name__}; pass a torch.nn.Parameter (e.g. module.weight)"

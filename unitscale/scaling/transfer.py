@@ -58,7 +58,7 @@ def _loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
 
 
 def _default_optimizer() -> OptimizerFactory:
-    from unitscale.optim import Adam
+    from unitscale.optim import Adam  # optim imports unitscale.scaling: at the top, a cycle
 
     return Adam
 

@@ -25,9 +25,9 @@ from unitscale.stages.result import PipelineResult as PipelineResult
 from unitscale.stages.saved import SavedPlan as SavedPlan
 from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
 from unitscale.stages.schedule_costs import check_schedule as check_schedule
-from unitscale.stages.simulate import Timeline as Timeline
-from unitscale.stages.simulate import TimelineBlock as TimelineBlock
-from unitscale.stages.simulate import simulate as simulate
+from unitscale.stages.simulation import Timeline as Timeline
+from unitscale.stages.simulation import TimelineBlock as TimelineBlock
+from unitscale.stages.simulation import simulate as simulate
 
 __all__ = [
     "partition",

@@ -3,7 +3,7 @@
 A partial plan fixes stages ``0..j``; a lower bound on every completion is the maximum of
 
 * the simulated step with the stages not yet placed taking no time (the simulator
-  itself, :func:`~unitscale.stages.simulate.step_times`, many plans at once);
+  itself, :func:`~unitscale.stages.simulation.step_times`, many plans at once);
 * a water level: the work left, ``X``, runs on the ranks of the later stages;
 * with one stage per rank, for each placed stage ``s``: the fill ``H_s`` (microbatch 0's
   forward reaching it), the drain ``D_s`` (the backward of every stage before it), and what
@@ -48,7 +48,7 @@ import numpy as np
 
 from unitscale.stages.formula import NoFit
 from unitscale.stages.schedule_costs import ChainCosts, in_flight, schedule_order, stage_ranks
-from unitscale.stages.simulate import step_times
+from unitscale.stages.simulation import step_times
 
 __all__ = ["SEARCH_BUDGET", "TIE", "Search", "least_rank_memory", "polish"]
 
@@ -68,7 +68,7 @@ class Search:
     the later stages. A child with every stage fixed is a plan and its bound is its
     simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
     window and within reach of its start. Children are evaluated a batch at a time
-    (:func:`~unitscale.stages.simulate.step_times`).
+    (:func:`~unitscale.stages.simulation.step_times`).
     """
 
     def __init__(

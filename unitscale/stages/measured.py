@@ -18,7 +18,7 @@ What the rank does apart from computing and waiting is the schedule's bookkeepin
 (posting messages, splitting microbatches, the loss, merging outputs): it is measured
 as what is left, per action. :func:`measured_costs` turns the records of all ranks
 into per-stage :class:`~unitscale.stages.ChainCosts` (one item per stage), which
-:func:`~unitscale.stages.simulate.simulate_bounds` replays; :func:`measured_timeline`
+:func:`~unitscale.stages.simulation.simulate_bounds` replays; :func:`measured_timeline`
 turns one step's records into a :class:`~unitscale.stages.Timeline` to draw beside the
 simulated one.
 
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from unitscale.stages.schedule_costs import ChainCosts
-from unitscale.stages.simulate import Timeline, TimelineBlock
+from unitscale.stages.simulation import Timeline, TimelineBlock
 
 __all__ = ["ActionClock", "RankRecord", "measure_link", "measured_costs", "measured_timeline"]
 

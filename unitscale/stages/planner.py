@@ -47,7 +47,7 @@ from unitscale.stages.formula import FORMULA_PROBES, NoFit, Problem, formula_pla
 from unitscale.stages.model_costs import calibrated, chain_costs_for, piece_costs
 from unitscale.stages.plan import StagePlan, partition
 from unitscale.stages.schedule_costs import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
-from unitscale.stages.simulate import simulate_bounds
+from unitscale.stages.simulation import simulate_bounds
 
 __all__ = ["ChainPlan", "plan_chain", "plan_pipeline"]
 

@@ -1,6 +1,6 @@
 """What a pipeline schedule costs: per-item forward/backward time, boundary traffic, memory.
 
-One home for the cost model that :mod:`~unitscale.stages.simulate` and
+One home for the cost model that :mod:`~unitscale.stages.simulation` and
 ``unitscale.stages.planner`` share. A model is a chain of *items* (the pieces a
 cut may fall between). :class:`ChainCosts` holds, per item, its forward and backward
 time (at speed 1), the bytes its parameters take with their gradients and optimiser

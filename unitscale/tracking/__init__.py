@@ -11,8 +11,8 @@ from unitscale.tracking.analysis import ScaleTrackingInterpreter as ScaleTrackin
 from unitscale.tracking.analysis import analyse_module as analyse_module
 from unitscale.tracking.analysis import track_scales as track_scales
 from unitscale.tracking.annotated import AnnotatedCode as AnnotatedCode
-from unitscale.tracking.cast_stats import CastStats as CastStats
-from unitscale.tracking.cast_stats import cast_stats as cast_stats
+from unitscale.tracking.format_casts import CastStats as CastStats
+from unitscale.tracking.format_casts import cast_stats as cast_stats
 from unitscale.tracking.history import Drift as Drift
 from unitscale.tracking.history import DriftTable as DriftTable
 from unitscale.tracking.history import MonitorRecord as MonitorRecord

@@ -47,7 +47,7 @@ class MonitorRecord(NamedTuple):
         direction: ``"fwd"`` (the value; measured against the forward format) or
             ``"bwd"`` (its gradient; against the backward format).
         std, absmax, underflow, overflow, sqnr_db: see
-            :class:`~unitscale.tracking.cast_stats.CastStats`.
+            :class:`~unitscale.tracking.format_casts.CastStats`.
 
     >>> from unitscale.tracking import MonitorRecord
     >>> MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2).std

@@ -20,12 +20,12 @@ until the step ends, then are read in one transfer.
 What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
 tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements, and every
 parameter and parameter gradient, is copied into one
-:class:`~unitscale.tracking.cast_stats.CastBatch` per format (parameters with one ``torch.cat``
+:class:`~unitscale.tracking.format_casts.CastBatch` per format (parameters with one ``torch.cat``
 each time) and measured with the others, a buffer at a time, in ~25 op calls rather than ~20 per
 tensor. A larger activation or gradient is measured where the hook meets it, while its data is
-still in cache (:func:`~unitscale.tracking.cast_stats.raw_cast_stats`). Memory: the batch's
-buffer (:data:`~unitscale.tracking.cast_stats.CAPACITY` float32 elements on the CPU,
-:data:`~unitscale.tracking.cast_stats.DEVICE_CAPACITY` on an accelerator) and work buffers of
+still in cache (:func:`~unitscale.tracking.format_casts.raw_cast_stats`). Memory: the batch's
+buffer (:data:`~unitscale.tracking.format_casts.CAPACITY` float32 elements on the CPU,
+:data:`~unitscale.tracking.format_casts.DEVICE_CAPACITY` on an accelerator) and work buffers of
 about four times its size or the largest tensor, kept from one record step to the next (a fresh
 multi-megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`. On an
 accelerator nothing is read per tensor: one read per full buffer, one at the step's end.
@@ -45,7 +45,7 @@ from torch.utils.hooks import RemovableHandle
 
 from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.tracking.cast_stats import CastBatch, Scratch, finish_cast_stats, raw_cast_stats
+from unitscale.tracking.format_casts import CastBatch, Scratch, finish_cast_stats, raw_cast_stats
 from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
 from unitscale.tracking.stats import Stat
 
@@ -56,7 +56,7 @@ __all__ = ["ScaleMonitor", "ROOT", "BATCH_LIMIT"]
 
 BATCH_LIMIT = 2**17
 """Tensors of at most this many elements are copied and measured together (a
-:class:`~unitscale.tracking.cast_stats.CastBatch`);
+:class:`~unitscale.tracking.format_casts.CastBatch`);
 larger ones where the hook meets them, while their data is still in cache."""
 
 ROOT = "(root)"
