@@ -251,24 +251,44 @@ def test_dropout_in_eval_has_the_expectation_of_dropout_in_training():
 # -- adds and residuals --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("constraint", SHARED, ids=str)
+ADD_SHAPES = {"same": ((6, 4), (6, 4)), "bias": ((4,), (6, 4)), "outer": ((6, 1, 4), (3, 4))}
+MEANS = ["gmean", "hmean", "amean"]
+
+
 @pytest.mark.parametrize(
-    "shapes", [((6, 4), (6, 4)), ((4,), (6, 4)), ((6, 1, 4), (3, 4))], ids=["same", "bias", "outer"]
+    "constraint,shapes",
+    [
+        pytest.param(constraint, shapes, id=f"{name}-{constraint}")
+        for name, shapes in ADD_SHAPES.items()
+        for constraint in SHARED
+        if name == "same" or constraint not in MEANS
+    ],
 )
 def test_add_equals_the_reference(constraint, shapes):
+    """Everywhere but a broadcast operand under a mean constraint (the next test)."""
     a, b = torch.randn(shapes[0]), torch.randn(shapes[1])
     grad = torch.randn(torch.broadcast_shapes(*shapes))
-    ours, theirs = (
-        run(U.add, a, b, grad=grad, constraint=constraint),
-        run(R.add, a, b, grad=grad, constraint=constraint),
-    )
-    if constraint is None or shapes[0] == shapes[1]:
-        assert_same(ours, theirs)
-    else:
-        # A broadcast operand's gradient scale is outside the constraint here (see test_true_gradients, an xfail
-        # of item 4); the reference constrains it with the others.
-        with pytest.raises(AssertionError):
-            assert_same(ours, theirs)
+    assert_same(run(U.add, a, b, grad=grad, constraint=constraint), run(R.add, a, b, grad=grad, constraint=constraint))
+
+
+@pytest.mark.parametrize("constraint", MEANS)
+def test_constrained_add_of_a_bias_keeps_each_row_whatever_the_batch_where_the_references_does_not(constraint):
+    """Deliberate: a mean constraint here reconciles the output scale with the two unit gradient scales; the
+    reference's also takes each operand's broadcast count (``copies**-0.5``), which for a bias is the batch
+    size, so its output rows change with the batch. Both give one scale to the output and both gradients, so
+    both keep true gradients: a multiple of torch's sum and of its gradients (the bias's summed over rows)."""
+    x, bias, grad = torch.randn(12, 4), torch.randn(4), torch.randn(12, 4)
+
+    def first_rows(add, batch):
+        return add(x[:batch], bias, constraint=constraint)[:3]
+
+    torch.testing.assert_close(first_rows(U.add, 3), first_rows(U.add, 12))
+    assert not torch.allclose(first_rows(R.add, 3), first_rows(R.add, 12))
+    for add in (U.add, R.add):
+        out, (x_grad, bias_grad) = run(add, x, bias, grad=grad, constraint=constraint)
+        ratio = constant_ratio(out, x + bias)
+        assert constant_ratio(x_grad, grad) == pytest.approx(ratio)
+        assert constant_ratio(bias_grad, grad.sum(0)) == pytest.approx(ratio)
 
 
 @pytest.mark.parametrize("constraint", ["to_output_scale", None])
