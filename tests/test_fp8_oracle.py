@@ -131,21 +131,6 @@ def test_stochastic_rounding_lands_on_the_two_neighbours_in_the_table(fmt, dtype
     assert bool(((out.abs() == values[lower]) | (out.abs() == values[upper])).all())
 
 
-def quantise_refuses_a_list_with_a_typed_error() -> bool:
-    try:
-        FP8_E4M3.quantise([1.0])  # type: ignore[arg-type]
-    except UnitscaleError:
-        return True
-    except Exception:
-        return False
-    return False
-
-
-@pytest.mark.xfail(
-    not quantise_refuses_a_list_with_a_typed_error(),
-    strict=True,
-    reason="issue 26 (other numerics): fixed on branch numerics",
-)
 def test_quantising_a_list_raises_a_typed_error_naming_quantise():
     with pytest.raises(UnitscaleError, match="quantise"):
         FP8_E4M3.quantise([1.0, 2.0])  # type: ignore[arg-type]

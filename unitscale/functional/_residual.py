@@ -9,6 +9,7 @@ import torch as _torch
 
 from unitscale.functional._scale import _constrain, _inv_sqrt, scale
 from unitscale.scaling.checks import check_tau
+from unitscale.scaling.constraints import resolve_constraint as _resolve_constraint
 from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
@@ -29,13 +30,34 @@ def add(
     """Unit-scaled :func:`torch.add`: ``input + alpha * other``.
 
     Two independent unit-std tensors sum to std ``sqrt(1 + alpha**2)``: the output
-    is scaled by its inverse, the two gradients (already unit) by 1, and the
-    constraint reconciles all three. The gradient of a broadcast operand sums over
-    the broadcast copies and is scaled by ``copies**-0.5``. Adding a number, or
-    adding non-float values (shape arithmetic in a traced graph), is left
-    unscaled; so is adding a one-element tensor (0-d or of shape ``(1,)``: a learned
-    offset), which shifts every element by the same amount and adds no variance
-    (its gradient, summed over every element, still takes ``numel**-0.5``).
+    is scaled by its inverse and the two gradients (already unit) by 1, and the
+    constraint reconciles the three. Adding a number, or adding non-float values
+    (shape arithmetic in a traced graph), is left unscaled; so is adding a
+    one-element tensor (0-d or of shape ``(1,)``: a learned offset), which shifts
+    every element by the same amount and adds no variance.
+
+    A broadcast operand (a bias, an offset) is used once per broadcast copy, so its
+    gradient is the output gradient summed over the copies. How it is scaled
+    depends on ``constraint``:
+
+    - Without a constraint (``None``) each gradient is unit-std: a broadcast
+      operand's is scaled by ``copies**-0.5``, the other's by 1, the output by
+      ``(1 + alpha**2)**-0.5``. The two operands' gradients are scaled apart, so
+      this is for operands that meet nowhere upstream (a bias parameter, a cut
+      edge); for ``z + z.mean(0)`` the gradient of ``z`` is no longer the true
+      one.
+    - With a constraint, the constraint chooses one number from the output scale
+      and the two unit gradient scales, ``((1 + alpha**2)**-0.5, 1, 1)``, and the
+      output and both gradients take it: every gradient is the true gradient of
+      the forward that ran, times that number, whatever the operands share. The
+      output of ``x + bias`` is scaled by ``2**(-1/6)`` under ``"gmean"``, by
+      ``2**-0.5`` under ``"to_output_scale"``; the bias's gradient is the plain
+      sum over its copies times the same number, so its std grows like
+      ``sqrt(copies)``. The broadcast count is left out of the constraint on
+      purpose: for a bias it is the batch size, and putting it in (as Graphcore's
+      unit-scaling does) makes the forward pass, so every output, change with the
+      batch size under the mean constraints. For a unit-std bias gradient, add
+      the bias with ``constraint=None`` or give it to :func:`linear`.
 
     Args:
         input: first summand.
@@ -55,6 +77,10 @@ def add(
     >>> a, b = torch.randn(10_000), torch.randn(10_000)
     >>> round(add(a, b, constraint=None).std().item(), 1)
     1.0
+    >>> x, bias = torch.randn(4, 3), torch.randn(3, requires_grad=True)
+    >>> add(x, bias, constraint=None).sum().backward()
+    >>> bias.grad  # four copies, each with gradient 1, summed and scaled by 4**-0.5
+    tensor([2., 2., 2.])
     >>> add(2, 3)
     5
     """
@@ -65,10 +91,11 @@ def add(
     # A one-element summand is the same number at every position: it adds no variance.
     summed = 1.0 if input.numel() == 1 or other.numel() == 1 else 1 + alpha**2
     output_scale, grad_scale, _ = _constrain(constraint, summed**-0.5, 1.0, 1.0)
-    # A broadcast operand's gradient sums over the broadcast elements.
-    out_numel = _math.prod(_torch.broadcast_shapes(input.shape, other.shape))
-    input = scale(input, 1.0, _inv_sqrt(out_numel / input.numel()))
-    other = scale(other, 1.0, _inv_sqrt(out_numel / other.numel()))
+    if _resolve_constraint(constraint) is None:
+        # Unconstrained: each broadcast operand's gradient, a sum over its copies, is made unit-std on its own.
+        out_numel = _math.prod(_torch.broadcast_shapes(input.shape, other.shape))
+        input = scale(input, 1.0, _inv_sqrt(out_numel / input.numel()))
+        other = scale(other, 1.0, _inv_sqrt(out_numel / other.numel()))
     return scale(_torch.add(input, other, alpha=alpha), output_scale, grad_scale)
 
 
