@@ -239,6 +239,8 @@ def unit_scale(
 
 
 class _UnitScale(UnitScalePass):
+    checks_scale = True  # TransformedModule measures the std along each graph it makes
+
     def __init__(self, replace: Mapping[Any, Callable[..., Any]], strict: bool) -> None:
         super().__init__(replace, U.torch_map)
         self.strict = strict

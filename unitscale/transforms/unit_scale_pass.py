@@ -24,7 +24,9 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
 5. ops that keep the scale of unit-scaled operands without a twin are left as they are
    and listed, with the reason, in ``graph_module.meta["kept_ops"]``: rotary embeddings
    (``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` off the activation path)
-   and elementwise products of two activations (gated MLPs);
+   and elementwise products of two activations of one shape (gated MLPs); a product
+   whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
+   :func:`~unitscale.functional.mul`, which scales the broadcast factor's summed gradient;
 6. the ops left as they were, other than ones that move data without changing its scale
    (reshapes, indexing, concatenation, ...) or produce no float tensor, are
    listed in ``graph_module.meta["unscaled_ops"]``.
@@ -384,6 +386,87 @@ def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
     return all(isinstance(x, fx.Node) and x in stream and _is_float_node(x) for x in (a, b))
 
 
+def _is_broadcast_product(node: fx.Node) -> bool:
+    """A product of activations where one is broadcast over the other (a squeeze-excitation gate)."""
+    out = node.meta.get("example_value")
+    values = [a.meta.get("example_value") for a in node.args[:2] if isinstance(a, fx.Node)]
+    if not isinstance(out, torch.Tensor) or len(values) != 2 or node.kwargs:
+        return False
+    return any(isinstance(v, torch.Tensor) and v.numel() < out.numel() for v in values)
+
+
+_MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
+
+
+def _constrain_before_batch_norms(graph: fx.Graph) -> None:
+    """A matmul or convolution that only batch norm reads takes its input-gradient scale both ways.
+
+    Batch norm's output does not depend on its input's scale, so the forward scale of the op
+    before it changes nothing the model computes, and the constraint can give both directions
+    the scale the backward needs (``to_grad_input_scale``) instead of a mean of the two: a
+    stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
+    at every downsampling of a ResNet.
+    """
+    for node in graph.nodes:
+        if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
+            continue
+        readers = _consumers(node)
+        if readers and all(user.target is U.batch_norm and user.args[:1] == (via,) for user, via in readers):
+            node.kwargs = {**node.kwargs, "constraint": "to_grad_input_scale"}
+
+
+_POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d}
+
+
+def _forward_scale_global_pools(graph: fx.Graph) -> None:
+    """An average pool to one value per channel (a squeeze-excitation block's) takes its forward scale both ways.
+
+    Over ``k`` positions its forward scale is ``k**0.5`` and its backward scale ``k`` (each
+    input gets ``1/k`` of the pooled gradient): a geometric mean misses both by ``k**0.25``,
+    5.7 at 32x32, and the gate after it saturates. What the pool computes is what every
+    later op sees; its backward only adds to the gradient its input gets from its other
+    readers (the gated product), so the forward scale is kept.
+    """
+    for node in graph.nodes:
+        if not (node.op == "call_function" and _member(node.target, _POOLS)) or "constraint" in node.kwargs:
+            continue
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:].numel() == 1:
+            node.kwargs = {**node.kwargs, "constraint": "to_output_scale"}
+
+
+def _producer(node: Any) -> Any:
+    """The op that made ``node``, looking back through reshapes and casts."""
+    while isinstance(node, fx.Node) and _is_neutral(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _rescale_max_pools_of_relus(graph: fx.Graph) -> list[fx.Node]:
+    """Scale a max pool of a ReLU by ``2**-0.5`` both ways; returns the scale nodes added.
+
+    The ReLU's ``2**0.5`` assumes half its outputs are zero (forward) and half its gradients
+    are dropped (backward). A max over a window of ReLU outputs is almost never zero, and its
+    gradient goes only to a window's maximum, where the ReLU passed its input: both halves
+    are kept, and a ResNet's stem would grow the forward and the gradient by ``2**0.5``.
+    """
+    added = []
+    for node in list(graph.nodes):
+        if node.target is not U.max_pool2d or node.kwargs.get("return_indices") or len(node.args) > 6:
+            continue
+        source = _producer(node.args[0])
+        if not (isinstance(source, fx.Node) and source.target is U.relu):
+            continue
+        users = list(node.users)
+        rescaled = _insert_after(
+            node, U.scale, (node, 2**-0.5, 2**-0.5), f"{node.name}_of_relu", node, node.meta.get("example_value")
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        added.append(rescaled)
+    return added
+
+
 def _rotary_ops(
     graph: fx.Graph, live: set[fx.Node], ancestors: dict[fx.Node, set[fx.Node]], done: set[fx.Node]
 ) -> dict[fx.Node, str]:
@@ -469,7 +552,7 @@ class UnitScalePass:
         kept = _rotary_ops(graph, live, ancestors, done)
         trunk = _trunk(graph, live)
         stream = _stream(graph, live)
-        residuals = self._residual_adds(graph, ancestors, done | set(kept))
+        residuals = self._residual_adds(graph, ancestors, done | set(kept), stream)
         # Residual adds are found in graph order: the last one found is the last one run.
         before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
         before_last -= trunk
@@ -485,7 +568,12 @@ class UnitScalePass:
                     done.add(node)
                 continue
             if _is_product_of_activations(node, stream):
-                kept[node] = "product of two activations (unit std times unit std stays unit std)"
+                if _is_broadcast_product(node):
+                    self._retarget(node, U.mul, {})
+                    node.args = tuple(node.args[:2])
+                    done.add(node)
+                else:
+                    kept[node] = "product of two activations (unit std times unit std stays unit std)"
                 continue
             twin = _lookup(self.torch_map, _function_of(node))
             if twin is None:
@@ -496,6 +584,9 @@ class UnitScalePass:
         for node in list(graph.nodes):
             if node in live and node not in done and node not in kept and _drop_constant_factor(node):
                 done.add(node)
+        _constrain_before_batch_norms(graph)
+        _forward_scale_global_pools(graph)
+        done.update(_rescale_max_pools_of_relus(graph))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         gm.meta["unscaled_ops"] = [
             describe(n) for n in graph.nodes if n in live and n not in kept and self._left_unscaled(n, done)
@@ -513,8 +604,9 @@ class UnitScalePass:
         node.target = fn
         node.kwargs = {**node.kwargs, **extra_kwargs}
 
-    @staticmethod
-    def _residual_adds(graph: fx.Graph, ancestors: dict[fx.Node, set[fx.Node]], done: set[fx.Node]) -> list[fx.Node]:
+    def _residual_adds(
+        self, graph: fx.Graph, ancestors: dict[fx.Node, set[fx.Node]], done: set[fx.Node], stream: set[fx.Node]
+    ) -> list[fx.Node]:
         found = []
         for node in list(graph.nodes):
             if node in done or not _is_add(node) or len(node.args) < 2 or node.kwargs.get("alpha", 1) != 1:
@@ -527,6 +619,10 @@ class UnitScalePass:
             elif b in ancestors[a]:
                 skip, branch = b, a
             else:
+                added = self._fork_join(node, a, b, ancestors, stream)
+                if added:
+                    done.update({node, *added})
+                    found.append(node)
                 continue
             body = {n for n in ancestors[branch] | {branch} if skip in ancestors[n]}
             tau = 0.01 if any(_member(_function_of(n), _ATTENTION) for n in body) else 0.5
@@ -541,6 +637,56 @@ class UnitScalePass:
             done.update({node, split, to_branch, to_skip})
             found.append(node)
         return found
+
+    @staticmethod
+    def _fork_join(
+        node: fx.Node, a: fx.Node, b: fx.Node, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
+    ) -> list[fx.Node]:
+        """``a + b`` where both paths start at one fork (a projection shortcut): a residual pair there.
+
+        ResNet's downsampling block adds ``bn2(conv2(...(x)))`` and ``downsample(x)``: neither
+        operand is an ancestor of the other, but both come from ``x``, whose gradient would be
+        the sum of two unit-std gradients (std ``2**0.5``) at every such block. With a
+        :func:`~unitscale.functional.residual_split` at the fork (the latest common ancestor on
+        the activation stream, whose every reader leads to exactly one of the two operands) and
+        a :func:`~unitscale.functional.residual_add` at the join, the forward weights stay
+        those of :func:`~unitscale.functional.add` (``tau = 0.5``) and the gradients meet
+        weighted. Returns the nodes it added (none: the add is not such a join).
+        """
+        if a not in stream or b not in stream:
+            return []
+        common = ancestors.get(a, set()) & ancestors.get(b, set()) & stream
+        forks = [n for n in node.graph.nodes if n in common]
+        if not forks or not _is_float_node(forks[-1]):
+            return []
+        fork = forks[-1]
+        sides = {}
+        for user in fork.users:
+            on_a = user is a or user in ancestors.get(a, set())
+            on_b = user is b or user in ancestors.get(b, set())
+            if on_a == on_b:
+                if on_a:
+                    return []
+                continue
+            sides[user] = 0 if on_a else 1
+        if set(sides.values()) != {0, 1}:
+            return []
+        body_a = {n for n in ancestors.get(a, set()) | {a} if fork in ancestors.get(n, set())}
+        body_b = {n for n in ancestors.get(b, set()) | {b} if fork in ancestors.get(n, set())}
+        attention_a = any(_member(_function_of(n), _ATTENTION) for n in body_a)
+        attention_b = any(_member(_function_of(n), _ATTENTION) for n in body_b)
+        # The branch is the side with attention, else the longer one; the other is the skip.
+        branch_side = 0 if (attention_a, len(body_a)) >= (attention_b, len(body_b)) else 1
+        tau = 0.01 if attention_a or attention_b else 0.5
+        value = fork.meta.get("example_value")
+        split = _insert_after(fork, U.residual_split, (fork, tau), f"{fork.name}_split", node, (value, value))
+        to_branch = _insert_after(split, operator.getitem, (split, 0), f"{fork.name}_residual", node, value)
+        to_skip = _insert_after(to_branch, operator.getitem, (split, 1), f"{fork.name}_skip", node, value)
+        for user, side in sides.items():
+            user.replace_input_with(fork, to_branch if side == branch_side else to_skip)
+        branch, skip = (a, b) if branch_side == 0 else (b, a)
+        node.op, node.target, node.args, node.kwargs = "call_function", U.residual_add, (branch, skip, tau), {}
+        return [split, to_branch, to_skip]
 
     def _left_unscaled(self, node: fx.Node, done: set[fx.Node]) -> bool:
         if node in done or node.op not in ("call_function", "call_method", "call_module"):
