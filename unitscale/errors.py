@@ -70,6 +70,7 @@ __all__ = [
     "UntaggedParameterError",
     "UntaggedParameterWarning",
     "SweepGridError",
+    "NothingQuantisedWarning",
 ]
 
 
@@ -264,3 +265,12 @@ class UntaggedParameterWarning(UserWarning):
 
 class SweepGridError(UnitscaleError, ValueError):
     """A learning-rate sweep or coordinate check was given too few, non-positive or repeated grid points."""
+
+
+class NothingQuantisedWarning(UserWarning):
+    """``simulate_format``/``simulate_fp8`` found no matmul-like op (linear, matmul, conv, attention) to round.
+
+    The model runs in full precision as it was: a warning, not an error, since the result is
+    correct and a model may legitimately have no matmul (a normalisation, an activation);
+    the message names the model and the ops the simulation rounds.
+    """

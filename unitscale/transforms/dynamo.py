@@ -191,6 +191,12 @@ class TransformedModule(nn.Module):
         kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
             of unit-scaled operands (rotary embeddings, products of activations), one
             ``"<op>: <reason>"`` line each.
+        unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
+            inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
+            ``"<first op>: <n> op(s) left whole"`` line each.
+        scale_check: what :func:`unit_scale` measured along the latest graph, on the call
+            that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
+            ``None`` before the first capture and for other transforms).
 
     >>> import torch
     >>> from torch import nn
@@ -217,6 +223,7 @@ class TransformedModule(nn.Module):
         self.reasons: dict[str, str] = {}
         self.unscaled_ops: list[str] = []
         self.kept_ops: list[str] = []
+        self.unscaled_regions: list[str] = []
         self.scale_check: ScaleCheck | None = None
 
     @property
@@ -280,6 +287,7 @@ class TransformedModule(nn.Module):
         self.route = route
         self.unscaled_ops = list(graph.graph_module.meta.get("unscaled_ops", []))
         self.kept_ops = list(graph.graph_module.meta.get("kept_ops", []))
+        self.unscaled_regions = list(graph.graph_module.meta.get("unscaled_regions", []))
 
     @_outside_dynamo
     def capture_now(
@@ -432,7 +440,7 @@ def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.Grap
     name = getattr(transform, "__name__", type(transform).__name__)
     try:
         result = transform(gm)
-    except UnitscaleError:
+    except (UnitscaleError, Warning):  # a warning raised as an error (``-W error``) is the transform's own
         raise
     except Exception as exc:
         raise TransformError(

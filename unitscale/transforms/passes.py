@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from unitscale.errors import (
     InputError,
     NotAModuleError,
     NotCallableError,
+    NothingQuantisedWarning,
     ReplaceMapError,
     UnscaledOpsError,
 )
@@ -286,6 +288,7 @@ class _SimulateFormat:
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
         fwd, bwd = self.fwd_format._op_args(), self.bwd_format._op_args()
+        rounded = 0
         for node in list(graph.nodes):
             if node.op not in ("call_function", "call_method"):
                 continue
@@ -301,6 +304,16 @@ class _SimulateFormat:
                     q = graph.call_function(torch.ops.unitscale.quantise_bwd, (q, *bwd))
                     q.meta["example_value"] = value
                 node.replace_input_with(arg, q)
+                rounded += 1
+        if not rounded:
+            warnings.warn(
+                f"{self.__name__}: the graph of {type(gm).__name__.removesuffix('Graph')} has no matmul-like op "
+                f"(linear, matmul, mm, bmm, addmm, conv1d/2d/3d, scaled_dot_product_attention) with a float "
+                f"operand, so nothing was rounded to {self.fwd_format!r} / {self.bwd_format!r}: the model runs "
+                f"in full precision as it was",
+                NothingQuantisedWarning,
+                stacklevel=2,
+            )
         graph.lint()
         gm.recompile()
         return gm

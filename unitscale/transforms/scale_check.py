@@ -24,7 +24,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from unitscale.transforms.unit_scale_pass import _activation_path, _stream, describe
+from unitscale.transforms.unit_scale_pass import _whole_regions, describe
 
 __all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
 
@@ -74,7 +74,7 @@ class ScaleCheck:
 
     >>> import torch
     >>> from unitscale import unit_scale
-    >>> scaled = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Sigmoid()))
+    >>> scaled = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()))
     >>> _ = scaled(torch.randn(256, 64))
     >>> scaled.scale_check.ok, len(scaled.scale_check.stds)
     (True, 3)
@@ -123,18 +123,25 @@ def _std(value: Any) -> float:
 
 
 class _Recorder(fx.Interpreter):
-    """Runs the graph and keeps every float tensor an activation node makes."""
+    """Runs the graph and keeps each float tensor of the activation stream (the inputs and what follows from them)."""
 
-    def __init__(self, gm: fx.GraphModule, stream: set[fx.Node]) -> None:
+    def __init__(self, gm: fx.GraphModule, skip: set[fx.Node]) -> None:
         super().__init__(gm, garbage_collect_values=False)
-        self.stream = stream
+        self.skip = skip
+        self.stream: set[fx.Node] = set()
         self.values: dict[fx.Node, torch.Tensor] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
-        if n.op == "placeholder" and isinstance(result, torch.Tensor) and result.is_floating_point():
-            result = result.detach().requires_grad_()
-        if n in self.stream and isinstance(result, torch.Tensor) and result.is_floating_point():
+        is_float = isinstance(result, torch.Tensor) and result.is_floating_point()
+        if n.op == "placeholder":
+            # token ids start the stream too: the embeddings computed from them are activations
+            self.stream.add(n)
+            if is_float:
+                result = result.detach().requires_grad_()
+        elif n.op != "output" and n not in self.skip and any(a in self.stream for a in n.all_input_nodes):
+            self.stream.add(n)
+        if n in self.stream and is_float:
             self.values[n] = result
         return result
 
@@ -158,14 +165,15 @@ def check_scale(gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float]
     >>> from torch import fx
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
-    ...         return torch.exp(x)
+    ...         return torch.pow(x, 3)
     >>> check = check_scale(fx.symbolic_trace(Net()), [torch.randn(10_000)])
-    >>> [(b.op.split(" ")[0], b.direction) for b in check.breaks]
-    [('torch.exp', 'forward')]
+    >>> [(b.op.split(" ")[0], b.direction, round(b.factor)) for b in check.breaks]
+    [('torch.pow', 'forward', 4), ('torch.pow', 'backward', 5)]
     """
     graph = gm.graph
-    stream = _stream(graph, _activation_path(gm))
-    recorder = _Recorder(gm, stream)
+    # Tensors inside an inlined vmap are batched views that must not escape it.
+    inside = {n for nodes in _whole_regions(graph).values() for n in nodes}
+    recorder = _Recorder(gm, inside)
     with torch.enable_grad():
         outputs = recorder.run(*inputs, enable_io_processing=False)
         values = recorder.values

@@ -177,12 +177,17 @@ def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
     return next((name for name, value in bound.arguments.items() if value is node), None)
 
 
+def _aten_neutral(fn: Any) -> bool:
+    """An aten op that only moves data, named by its overload or by its packet (``aten.slice``)."""
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return any(_member(getattr(fn, name), ATEN_NEUTRAL) for name in fn.overloads())
+    return _member(fn, ATEN_NEUTRAL)
+
+
 def _is_neutral(node: fx.Node) -> bool:
     if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
         return True
-    return node.op == "call_function" and (
-        _member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _member(node.target, ATEN_NEUTRAL)
-    )
+    return node.op == "call_function" and (_member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _aten_neutral(node.target))
 
 
 def _is_view_attribute(node: fx.Node) -> bool:
@@ -395,6 +400,59 @@ def _is_broadcast_product(node: fx.Node) -> bool:
     return any(isinstance(v, torch.Tensor) and v.numel() < out.numel() for v in values)
 
 
+_VMAP_ENTER, _VMAP_EXIT = "_vmap_increment_nesting", "_vmap_decrement_nesting"
+
+
+def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
+    """Parts of the graph the pass leaves whole: higher-order ops and inlined ``vmap`` bodies.
+
+    A higher-order op (``cond``, ``while_loop``, ``map``, ``scan``, ``associative_scan``,
+    ``flex_attention``: a node whose target is a ``HigherOrderOperator``) runs bodies held
+    as sub-graphs; TorchDynamo inlines a CPU ``associative_scan`` (Mamba's selective scan)
+    into the graph as a ``vmap`` over its combine function instead, between
+    ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting``. Either way the body
+    defines what the op computes (scaling the ``+`` of a scan's combine function changes
+    the recurrence), and its ops run under transforms that unit-scaled ops, autograd
+    Functions, cannot run under. Returns each region's first node with the nodes it holds.
+    """
+    regions: dict[fx.Node, set[fx.Node]] = {}
+    depth, head = 0, None
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        if name == _VMAP_ENTER:
+            if depth == 0:
+                head = node
+                regions[head] = set()
+            depth += 1
+        if head is not None:
+            regions[head].add(node)
+        if name == _VMAP_EXIT:
+            depth -= 1
+            if depth == 0:
+                head = None
+        if head is None and isinstance(node.target, torch._ops.HigherOrderOperator) and node.target not in _KNOWN:
+            regions[node] = {node}
+    return regions
+
+
+def _region_name(head: fx.Node) -> str:
+    """``describe(head)``, with an inlined vmap named ``vmap`` rather than by its bookkeeping call."""
+    text = describe(head)
+    if getattr(head.target, "__name__", "") == _VMAP_ENTER:
+        return "vmap" + text[text.index(" (node") :]
+    return text
+
+
+def _region_size(gm: fx.GraphModule, head: fx.Node, nodes: set[fx.Node]) -> int:
+    """The ops a region holds: those of an inlined vmap, or those of a higher-order op's bodies."""
+    bodies = [getattr(gm, str(a.target), None) for a in head.args if isinstance(a, fx.Node) and a.op == "get_attr"]
+    inner = [n for b in bodies if isinstance(b, fx.GraphModule) for n in b.graph.nodes if n.op.startswith("call")]
+    return len(inner) if inner else len([n for n in nodes if n.op.startswith("call")])
+
+
+# Higher-order ops whose bodies the pass reads (export's grad-mode wrapper around position tables).
+_KNOWN: set[Any] = {torch.ops.higher_order.wrap_with_set_grad_enabled}
+
 _MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
 
 
@@ -538,8 +596,12 @@ class UnitScalePass:
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
-        done: set[fx.Node] = set()
+        regions = _whole_regions(graph)
+        frozen = {n for nodes in regions.values() for n in nodes}
+        done: set[fx.Node] = set(frozen)
         for node in list(graph.nodes):
+            if node in frozen:
+                continue
             fn = _function_of(node)
             user_fn = _lookup(self.replace, fn) if fn is not None else None
             if user_fn is not None:
@@ -552,7 +614,7 @@ class UnitScalePass:
         kept = _rotary_ops(graph, live, ancestors, done)
         trunk = _trunk(graph, live)
         stream = _stream(graph, live)
-        residuals = self._residual_adds(graph, ancestors, done | set(kept), stream)
+        residuals = self._residual_adds(graph, ancestors, done | set(kept), stream - frozen, frozen)
         # Residual adds are found in graph order: the last one found is the last one run.
         before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
         before_last -= trunk
@@ -589,7 +651,14 @@ class UnitScalePass:
         done.update(_rescale_max_pools_of_relus(graph))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         gm.meta["unscaled_ops"] = [
-            describe(n) for n in graph.nodes if n in live and n not in kept and self._left_unscaled(n, done)
+            describe(n)
+            for n in graph.nodes
+            if n in live and n not in kept and n not in frozen and self._left_unscaled(n, done)
+        ]
+        gm.meta["unscaled_regions"] = [
+            f"{_region_name(head)}: {_region_size(gm, head, nodes)} op(s) left whole"
+            for head, nodes in regions.items()
+            if nodes & live
         ]
         if not self.initialised:
             unit_init_(gm)
@@ -605,7 +674,12 @@ class UnitScalePass:
         node.kwargs = {**node.kwargs, **extra_kwargs}
 
     def _residual_adds(
-        self, graph: fx.Graph, ancestors: dict[fx.Node, set[fx.Node]], done: set[fx.Node], stream: set[fx.Node]
+        self,
+        graph: fx.Graph,
+        ancestors: dict[fx.Node, set[fx.Node]],
+        done: set[fx.Node],
+        stream: set[fx.Node],
+        frozen: set[fx.Node],
     ) -> list[fx.Node]:
         found = []
         for node in list(graph.nodes):
@@ -614,6 +688,8 @@ class UnitScalePass:
             a, b = node.args[0], node.args[1]
             if not (isinstance(a, fx.Node) and isinstance(b, fx.Node) and _is_float_node(a) and _is_float_node(b)):
                 continue
+            if a in frozen or b in frozen:
+                continue  # an operand inside a region left whole
             if a in ancestors[b]:
                 skip, branch = a, b
             elif b in ancestors[a]:
@@ -696,6 +772,6 @@ class UnitScalePass:
         fn = _function_of(node)
         if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
             return False
-        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _member(fn, ATEN_NEUTRAL):
+        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _aten_neutral(fn):
             return False
         return not (isinstance(fn, torch._ops.OpOverload) and fn.namespace == "unitscale")
