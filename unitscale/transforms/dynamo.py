@@ -279,7 +279,8 @@ class TransformedModule(nn.Module):
         captured = _CompiledGraph(found)
         self._captured[key] = captured
         self._adopt(captured, "dynamo")
-        self._check(found.graph_module, [leaves[i] for i in found.input_positions])
+        model_outputs = [v for kind, v in found.output_plan if kind == "graph"]
+        self._check(found.graph_module, [leaves[i] for i in found.input_positions], model_outputs)
         return captured
 
     def _adopt(self, graph: _CompiledGraph | _EagerGraph, route: str) -> None:
@@ -335,12 +336,12 @@ class TransformedModule(nn.Module):
         self._check(gm, flat_graph_inputs(gm, self.module, args, kwargs))
         return self
 
-    def _check(self, gm: fx.GraphModule, inputs: list[Any]) -> None:
+    def _check(self, gm: fx.GraphModule, inputs: list[Any], outputs: list[int] | None = None) -> None:
         """Measure the std along a new graph (:func:`~unitscale.transforms.scale_check.check_scale`), for unit_scale."""
         if not any(getattr(t, "checks_scale", False) for t in self.transforms):
             return
         with _state_kept(self.module):
-            self.scale_check = check_scale(gm, inputs)
+            self.scale_check = check_scale(gm, inputs, outputs=outputs)
         if not self.scale_check.ok:
             logger.warning(
                 "unit_scale: %s is off unit scale: %s", type(self.module).__name__, self.scale_check.summary()

@@ -68,6 +68,9 @@ class ScaleCheck:
         grad_std: std of the gradient at the float inputs, or, for a model fed integer
             ids, at the first activations computed from them (the embeddings).
         breaks: the ops that moved a tensor off unit scale, in graph order (forward first).
+        drift: where the output or the input gradient is off unit scale, the ops that moved
+            it most that way (up to 5 per direction, largest first), whether or not one of
+            them left the band alone: many ops of a factor 1.2 each take a gradient off too.
         stds: ``(node, forward std, gradient std)`` for every activation, in graph order
             (``nan`` where there is no gradient).
         band: the band held, :data:`BAND`.
@@ -85,6 +88,7 @@ class ScaleCheck:
     breaks: list[OffScale] = field(default_factory=list)
     stds: list[tuple[str, float, float]] = field(default_factory=list)
     band: tuple[float, float] = BAND
+    drift: list[OffScale] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -95,7 +99,7 @@ class ScaleCheck:
         return iter(self.breaks)
 
     def summary(self) -> str:
-        """One paragraph: the two stds and, when off unit scale, the ops that broke it.
+        """One paragraph: the two stds and, when off unit scale, the ops that moved them.
 
         >>> from unitscale.transforms.scale_check import OffScale, ScaleCheck
         >>> check = ScaleCheck(3.1, 1.0, [OffScale("torch.exp (node exp)", "exp", "forward", 1.0, 3.1)])
@@ -107,9 +111,10 @@ class ScaleCheck:
         head += f"{self.band[1]:g}])"
         if self.ok:
             return head + ": at unit scale"
-        if not self.breaks:
-            return head + "; no single op leaves the band: the scale drifts over many ops"
-        return head + "; off unit scale at:\n" + "\n".join(f"  {b}" for b in self.breaks)
+        lines = [f"  {b}" for b in self.breaks]
+        if self.drift:
+            lines += ["  the ops that moved it most:", *(f"    {d}" for d in self.drift)]
+        return head + "; off unit scale at:\n" + "\n".join(lines)
 
 
 def _inside(value: float, band: tuple[float, float]) -> bool:
@@ -146,7 +151,9 @@ class _Recorder(fx.Interpreter):
         return result
 
 
-def check_scale(gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float] = BAND) -> ScaleCheck:
+def check_scale(
+    gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float] = BAND, outputs: list[int] | None = None
+) -> ScaleCheck:
     """Run ``gm`` on ``inputs`` forward and backward, and measure the std along it.
 
     Parameters' ``.grad`` are left alone (the gradients are taken at the activations
@@ -157,6 +164,9 @@ def check_scale(gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float]
         gm: a graph whose placeholders take ``inputs``.
         inputs: one value per placeholder.
         band: the std band to hold.
+        outputs: the positions, among the graph's output leaves, of the model's outputs
+            (``None``: all). TorchDynamo's graphs also return values the model stores
+            (a cache filled in eval mode), which are not the model's output.
 
     Returns:
         A :class:`ScaleCheck`.
@@ -175,11 +185,10 @@ def check_scale(gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float]
     inside = {n for nodes in _whole_regions(graph).values() for n in nodes}
     recorder = _Recorder(gm, inside)
     with torch.enable_grad():
-        outputs = recorder.run(*inputs, enable_io_processing=False)
+        leaves = pytree.tree_leaves(recorder.run(*inputs, enable_io_processing=False))
         values = recorder.values
-        float_outputs = [
-            o for o in pytree.tree_leaves(outputs) if isinstance(o, torch.Tensor) and o.is_floating_point()
-        ]
+        chosen = leaves if outputs is None else [leaves[i] for i in outputs]
+        float_outputs = [o for o in chosen if isinstance(o, torch.Tensor) and o.is_floating_point()]
         differentiable = [o for o in float_outputs if o.requires_grad]
         grads: dict[fx.Node, float] = {}
         targets = [(n, v) for n, v in values.items() if v.requires_grad]
@@ -196,7 +205,11 @@ def check_scale(gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float]
         (grad_std,) = [grads[n] for n in first[:1]]
     breaks = _forward_breaks(graph, values, band) + _backward_breaks(graph, values, grads, band)
     stds = [(n.name, _std(v), grads.get(n, math.nan)) for n, v in values.items()]
-    return ScaleCheck(output_std, grad_std, breaks, stds, band)
+    drift = []
+    for direction, std in (("forward", output_std), ("backward", grad_std)):
+        if not math.isnan(std) and not _inside(std, band):
+            drift += _drift(graph, values, grads, direction, up=std > band[1])
+    return ScaleCheck(output_std, grad_std, breaks, stds, band, drift)
 
 
 def _main_input(node: fx.Node, values: dict[fx.Node, torch.Tensor]) -> fx.Node | None:
@@ -205,13 +218,39 @@ def _main_input(node: fx.Node, values: dict[fx.Node, torch.Tensor]) -> fx.Node |
     return max(inputs, key=lambda a: values[a].numel(), default=None)
 
 
+def _drift(
+    graph: fx.Graph, values: dict[fx.Node, torch.Tensor], grads: dict[fx.Node, float], direction: str, up: bool
+) -> list[OffScale]:
+    """The (up to) 5 ops whose factor moved the scale furthest up (or down), in ``direction``."""
+    steps = []
+    for node in graph.nodes:
+        source = _main_input(node, values) if node in values and node.op != "placeholder" else None
+        if source is None or (direction == "forward" and _only_normalised(node)):
+            continue
+        if direction == "forward":
+            before, after = _std(values[source]), _std(values[node])
+        else:
+            before, after = grads.get(node, math.nan), grads.get(source, math.nan)
+        if before > 0 and after > 0 and (after > 1.05 * before if up else after < before / 1.05):
+            steps.append(OffScale(describe(node), node.name, direction, before, after))
+    steps.sort(key=lambda s: -abs(math.log(s.factor)))
+    return steps[:5]
+
+
+def _only_normalised(node: fx.Node) -> bool:
+    """Whether only batch norm reads ``node``: its output does not depend on ``node``'s scale."""
+    return bool(node.users) and all(
+        getattr(user.target, "__name__", "") == "batch_norm" and user.args[:1] == (node,) for user in node.users
+    )
+
+
 def _forward_breaks(graph: fx.Graph, values: dict[fx.Node, torch.Tensor], band: tuple[float, float]) -> list[OffScale]:
     found = []
     for node in graph.nodes:
         if node not in values or node.op == "placeholder":
             continue
         source = _main_input(node, values)
-        if source is None:
+        if source is None or _only_normalised(node):
             continue
         before, after = _std(values[source]), _std(values[node])
         if _inside(before, band) and not math.isnan(after) and not _inside(after, band):

@@ -353,24 +353,45 @@ def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
 
 
 def _drop_constant_factor(node: fx.Node) -> bool:
-    """Turn ``x * c`` into ``sign(c) * x`` where only linear layers and norms read the product.
+    """Turn ``x * c`` into ``sign(c) * x`` where unit scaling already sets the scale the constant sets.
 
-    The unit-scaled linear layer or norm after it sets the scale of its own output,
-    so the constant (T5's ``d_model ** -0.5`` before its tied head, a hand-written
-    ``/ sqrt(d)``) would only move that output off unit scale. Elsewhere (inside an
-    activation function written out, before a softmax) the constant changes what
-    is computed and stays, listed as unscaled.
+    Three places:
+
+    - only linear layers and norms read the product: the unit-scaled op after it sets the
+      scale of its own output, so the constant (T5's ``d_model ** -0.5`` before its tied
+      head, a hand-written ``/ sqrt(d)``) would only move that output off unit scale;
+    - the graph's output is the product (Cohere's ``logits * 0.0625``, Granite's
+      ``logits / 8``): unit scaling promises a unit-scaled output, and a constant tuned for
+      the original initialisation's logits moves it off by that constant;
+    - ``x`` is a unit-scaled matmul over ``d`` elements and ``c = d**-0.5`` (attention's
+      ``q @ k.T * head_dim**-0.5`` written out, BotNet, LeViT): the twin already divides
+      by ``d**0.5``, and dividing again would leave the softmax logits ``d**-0.5`` small.
+
+    Elsewhere (inside an activation function written out, a softmax temperature other than
+    ``d**-0.5``) the constant changes what is computed and stays, listed as unscaled.
     """
     found = _constant_factor(node)
     if found is None:
         return False
-    readers = [user for user, _ in _consumers(node)]
-    if not readers or not all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers):
-        return False
     x, factor = found
+    readers = [user for user, _ in _consumers(node)]
+    homogeneous = all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers)
+    output = all(user.op == "output" for user in readers)
+    if not readers or not (homogeneous or output or _repeats_matmul_scale(x, factor)):
+        return False
     sign = 1.0 if factor > 0 else -1.0
     node.op, node.target, node.args, node.kwargs = "call_function", U.scale, (x, sign, sign), {}
     return True
+
+
+def _repeats_matmul_scale(x: fx.Node, factor: float) -> bool:
+    """Whether ``x`` is a unit-scaled matmul over ``d`` elements and ``factor`` is ``d**-0.5``."""
+    if not (x.op == "call_function" and x.target is U.matmul and len(x.args) >= 2):
+        return False
+    left = x.args[0].meta.get("example_value") if isinstance(x.args[0], fx.Node) else None
+    if not isinstance(left, torch.Tensor) or left.dim() == 0:
+        return False
+    return abs(factor * left.shape[-1] ** 0.5 - 1) < 1e-3
 
 
 def _is_mul(node: Any) -> bool:
@@ -476,21 +497,73 @@ def _constrain_before_batch_norms(graph: fx.Graph) -> None:
 _POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d}
 
 
-def _forward_scale_global_pools(graph: fx.Graph) -> None:
-    """An average pool to one value per channel (a squeeze-excitation block's) takes its forward scale both ways.
+def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
+    """Scale an average pool to one value per channel for its input's mean; returns the scale nodes added.
 
-    Over ``k`` positions its forward scale is ``k**0.5`` and its backward scale ``k`` (each
-    input gets ``1/k`` of the pooled gradient): a geometric mean misses both by ``k**0.25``,
-    5.7 at 32x32, and the gate after it saturates. What the pool computes is what every
-    later op sees; its backward only adds to the gradient its input gets from its other
-    readers (the gated product), so the forward scale is kept.
+    Over ``k`` independent zero-mean values the pool's forward scale is ``k**0.5`` and its
+    backward scale ``k`` (each input gets ``1/k`` of the pooled gradient). Two corrections:
+
+    - off the trunk (a squeeze-excitation block), the pool takes its forward scale both
+      ways: a geometric mean misses both by ``k**0.25`` (5.7 at 32x32) and the gate after it
+      saturates. What the pool computes is what every later op sees; its backward only adds
+      to the gradient its input gets from its other readers (the gated product).
+    - averaging keeps a mean and shrinks the spread around it by ``k**-0.5``. After a ReLU
+      (or SiLU, GELU, hardswish) the values have a mean ``r`` times their std (0.68 for
+      ReLU, for ``N(0, 1)`` input), and ``k**0.5`` would multiply that mean by 16 at 16x16:
+      the pooled value of unit-std input has mean square ``r**2 + 1/k``, so its forward
+      scale is ``(r**2 + 1/k)**-0.5``; ``r`` comes from the activation's Gaussian moments.
     """
-    for node in graph.nodes:
-        if not (node.op == "call_function" and _member(node.target, _POOLS)) or "constraint" in node.kwargs:
+    added = []
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and _member(node.target, _POOLS)):
             continue
         value = node.meta.get("example_value")
-        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:].numel() == 1:
+        source = node.args[0] if node.args else None
+        if not (isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:].numel() == 1):
+            continue
+        if not isinstance(source, fx.Node) or not isinstance(source.meta.get("example_value"), torch.Tensor):
+            continue
+        window = source.meta["example_value"].shape[-2:].numel()
+        trunk = "constraint" in node.kwargs and node.kwargs["constraint"] is None
+        if not trunk:
             node.kwargs = {**node.kwargs, "constraint": "to_output_scale"}
+        ratio = _mean_to_std(_producer(source))
+        if ratio == 0.0 or window <= 1:
+            continue
+        factor = (ratio**2 + 1 / window) ** -0.5 / window**0.5
+        users = list(node.users)
+        rescaled = _insert_after(
+            node, U.scale, (node, factor, 1.0 if trunk else factor), f"{node.name}_of_mean", node, value
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        added.append(rescaled)
+    return added
+
+
+# The torch function of each activation twin whose output has a mean (its ratio to the std is measured).
+_ACTIVATIONS: dict[Any, Callable[..., Any]] = {U.relu: F.relu, U.relu6: F.relu6, U.silu: F.silu, U.gelu: F.gelu}
+_ACTIVATIONS[U.hardswish] = F.hardswish
+_RATIOS: dict[Any, float] = {}
+
+
+def _mean_to_std(node: Any) -> float:
+    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else).
+
+    From the activation's own torch function, by the trapezoid rule on [-12, 12]: 0.683 for
+    ReLU (``pdf(0) / (1/2 - pdf(0)**2)**0.5``), 0.369 for SiLU.
+    """
+    fn = _ACTIVATIONS.get(node.target) if isinstance(node, fx.Node) and node.op == "call_function" else None
+    if fn is None:
+        return 0.0
+    if fn not in _RATIOS:
+        x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
+        density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
+        y = fn(x)
+        mean = torch.trapezoid(y * density, x)
+        variance = torch.trapezoid(y * y * density, x) - mean**2
+        _RATIOS[fn] = float(mean / variance.sqrt())
+    return _RATIOS[fn]
 
 
 def _producer(node: Any) -> Any:
@@ -647,7 +720,7 @@ class UnitScalePass:
             if node in live and node not in done and node not in kept and _drop_constant_factor(node):
                 done.add(node)
         _constrain_before_batch_norms(graph)
-        _forward_scale_global_pools(graph)
+        done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         gm.meta["unscaled_ops"] = [
