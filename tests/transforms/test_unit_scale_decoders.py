@@ -16,6 +16,7 @@ import torch
 from real_models import VOCAB, _build, gpt2, llama, mistral, qwen2, token_ids
 from torch import nn
 
+import unitscale.functional as U
 from unitscale.errors import CaptureError
 from unitscale.transforms import unit_scale
 
@@ -84,3 +85,32 @@ def test_default_config_decoders_run_unit_scaled_or_say_use_cache_false(kind: st
         return
     assert out.shape == (*ids.shape, VOCAB) and again.shape == (3, ids.shape[1], VOCAB)
     assert torch.isfinite(out).all() and 0.5 < out.std().item() < 2.0, (kind, out.std().item())
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "factor"),
+    [("cohere", {}, 0.0625), ("granite", {"logits_scaling": 8.0}, 0.125)],
+)
+def test_a_constant_on_the_logits_is_dropped_so_the_output_is_unit_scaled(
+    kind: str, config: dict[str, Any], factor: float
+) -> None:
+    # Cohere multiplies its logits by logit_scale (1/16 by default), Granite divides them by
+    # logits_scaling: tuned for the original initialisation, they only move a unit-scaled output.
+    lm = _build(
+        kind,
+        transformers.AutoModelForCausalLM,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **config,
+    )
+    assert getattr(lm.config, "logit_scale", None) == factor or 1 / lm.config.logits_scaling == factor
+    scaled = unit_scale(lm)
+    out = scaled(token_ids()).logits
+    assert 0.5 < out.std().item() < 2.0
+    (result,) = [n for n in scaled.graph_module.graph.nodes if n.op == "output"]
+    head = [n for n in scaled.graph_module.graph.nodes if n.target is U.scale and n in result.all_input_nodes]
+    assert [n.args[1:] for n in head] == [(1.0, 1.0)]

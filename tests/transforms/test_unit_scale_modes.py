@@ -13,8 +13,7 @@ from torch._higher_order_ops.while_loop import while_loop
 
 import unitscale.functional as U
 from unitscale.errors import NothingQuantisedWarning
-from unitscale.transforms import simulate_fp8, unit_scale
-from unitscale.transforms.scale_check import OffScale, ScaleCheck, check_scale
+from unitscale.transforms import OffScale, ScaleCheck, check_scale, simulate_fp8, unit_scale
 
 
 def bn_net() -> nn.Module:

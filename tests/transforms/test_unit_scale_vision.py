@@ -19,8 +19,7 @@ import torch
 from vision_models import MODELS, build
 
 import unitscale.functional as U
-from unitscale.transforms import TransformedModule, unit_scale
-from unitscale.transforms.scale_check import ScaleCheck
+from unitscale.transforms import ScaleCheck, TransformedModule, unit_scale
 
 BAND = (0.5, 2.0)
 

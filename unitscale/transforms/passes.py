@@ -186,7 +186,23 @@ def unit_scale(
     on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``
     (op, node, module path, file and line);
     ops left as they were because they keep a unit scale (rotary embeddings, the product
-    of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``.
+    of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``;
+    higher-order ops (``cond``, ``while_loop``, ``map``, scans, an inlined ``vmap`` such as
+    Mamba's selective scan) keep their bodies whole and are listed in
+    ``result.unscaled_regions``.
+
+    Each capture runs the new graph once more, forward and backward (an ``N(0, 1)``
+    gradient on the output), on the inputs of the call that captured it, with batch norm's
+    statistics and the random number generator put back afterwards, and keeps what it
+    measured in ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`): the
+    output and input-gradient std, and the ops that moved a tensor off unit scale, with
+    the std before and after each. When the output or the input gradient is off unit
+    scale (outside [0.5, 2]) that summary is logged on the same logger: a report to read,
+    not an error, since the model runs as it was written.
+
+    Training mode: the wrapper starts in the mode of ``module``; each combination of its
+    submodules' training flags gets its own captured graph (a model captured in eval mode
+    is captured again after ``.train()``, with dropout and batch-norm updates).
 
     Args:
         module: the model.

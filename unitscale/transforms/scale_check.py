@@ -209,6 +209,8 @@ def check_scale(
     for direction, std in (("forward", output_std), ("backward", grad_std)):
         if not math.isnan(std) and not _inside(std, band):
             drift += _drift(graph, values, grads, direction, up=std > band[1])
+    named = {(b.node, b.direction) for b in breaks}
+    drift = [d for d in drift if (d.node, d.direction) not in named]
     return ScaleCheck(output_std, grad_std, breaks, stds, band, drift)
 
 
