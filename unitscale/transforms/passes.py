@@ -364,6 +364,10 @@ def simulate_format(
         NotAModuleError: ``module`` is not an ``nn.Module``.
         FormatError: a format is not an :class:`~unitscale.FPFormat`.
 
+    Warns:
+        NothingQuantisedWarning: (at capture) the graph has no matmul-like op with a float
+            operand: nothing is rounded, and the model runs in full precision as it was.
+
     >>> import torch
     >>> from unitscale import simulate_format
     >>> from unitscale.formats import FP16, FP8_E4M3
