@@ -156,6 +156,7 @@ def unit_scale(
     example_inputs: Any = None,
     example_kwargs: dict[str, Any] | None = None,
     route: str | Sequence[str] = "auto",
+    check: bool = True,
 ) -> TransformedModule:
     """Unit-scale a model: swap every torch op for its unit-scaled twin in its captured graph.
 
@@ -213,6 +214,8 @@ def unit_scale(
         example_kwargs: keyword inputs to capture with (``decoder_input_ids`` of T5).
         route: ``"auto"`` (every graph route, in order), one route name or a tuple of
             them (needs ``example_inputs``).
+        check: measure the std along each new graph (``result.scale_check``); ``False``
+            skips that extra forward and backward pass (and the memory its gradients take).
 
     Returns:
         A :class:`TransformedModule`; the capture (and the check) happens on its first
@@ -221,7 +224,7 @@ def unit_scale(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
-        InputError: ``strict`` is not a bool, ``route`` without ``example_inputs``, or
+        InputError: ``strict`` or ``check`` is not a bool, ``route`` without ``example_inputs``, or
             example inputs the model cannot take.
         NoRouteError: (with ``example_inputs``) no allowed route captured the model; the
             message lists each route's reason with the user's file and line.
@@ -244,24 +247,24 @@ def unit_scale(
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(f"unit_scale: expected an nn.Module, got {type(module).__name__}")
-    if not isinstance(strict, bool):
-        raise InputError(f"unit_scale: strict={strict!r:.60} is a {type(strict).__name__}; pass True or False")
+    for name, flag in (("strict", strict), ("check", check)):
+        if not isinstance(flag, bool):
+            raise InputError(f"unit_scale: {name}={flag!r:.60} is a {type(flag).__name__}; pass True or False")
     replacements = _check_replace(replace)
     _check_route_inputs(example_inputs, route)
     inner = module.module if isinstance(module, TransformedModule) else module
     earlier = module.transforms if isinstance(module, TransformedModule) else ()
     scaled = copy.deepcopy(inner)
-    wrapped = TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict)))
+    wrapped = TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict, check)))
     outer = module if isinstance(module, TransformedModule) else None
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 
 
 class _UnitScale(UnitScalePass):
-    checks_scale = True  # TransformedModule measures the std along each graph it makes
-
-    def __init__(self, replace: Mapping[Any, Callable[..., Any]], strict: bool) -> None:
+    def __init__(self, replace: Mapping[Any, Callable[..., Any]], strict: bool, check: bool) -> None:
         super().__init__(replace, U.torch_map)
         self.strict = strict
+        self.checks_scale = check  # TransformedModule measures the std along each graph it makes
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         gm = super().__call__(gm)
