@@ -11,6 +11,9 @@ the ops that broke it.
 
 Only the activation stream counts: the graph inputs and the ops that compute from them.
 Parameters (a norm's gain of ones has std 0), position tables and masks have no scale to keep.
+Nor do an op only batch norm reads (batch norm undoes its scale) and the parts of an op that
+``unit_scale`` kept because it keeps unit scale as a whole (a rotary embedding's products)
+count as moving the forward scale.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from unitscale.transforms.unit_scale_pass import _whole_regions, describe
+from unitscale.transforms.unit_scale_pass import KEPT_KEY, _whole_regions, describe
 
 __all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
 
@@ -227,7 +230,7 @@ def _drift(
     steps = []
     for node in graph.nodes:
         source = _main_input(node, values) if node in values and node.op != "placeholder" else None
-        if source is None or (direction == "forward" and _only_normalised(node)):
+        if source is None or (direction == "forward" and (_only_normalised(node) or KEPT_KEY in node.meta)):
             continue
         if direction == "forward":
             before, after = _std(values[source]), _std(values[node])
@@ -252,7 +255,7 @@ def _forward_breaks(graph: fx.Graph, values: dict[fx.Node, torch.Tensor], band: 
         if node not in values or node.op == "placeholder":
             continue
         source = _main_input(node, values)
-        if source is None or _only_normalised(node):
+        if source is None or _only_normalised(node) or KEPT_KEY in node.meta:
             continue
         before, after = _std(values[source]), _std(values[node])
         if _inside(before, band) and not math.isnan(after) and not _inside(after, band):

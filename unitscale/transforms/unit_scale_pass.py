@@ -67,7 +67,11 @@ from unitscale.fx.nodes import (
 from unitscale.transforms.aten import ATEN_NEUTRAL
 from unitscale.transforms.patterns import fold_patterns
 
-__all__ = ["UnitScalePass", "unit_init_"]
+__all__ = ["KEPT_KEY", "UnitScalePass", "unit_init_"]
+
+#: ``node.meta`` key of an op kept as it was because it keeps unit scale as a whole (a rotary
+#: embedding's products, whose sum has the std of ``x``): the reason, for the std check.
+KEPT_KEY = "unitscale_kept"
 
 _ADDS: set[Any] = {operator.add, operator.iadd, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__iadd__}
 _ADD_METHODS = {"add", "add_", "__add__", "__iadd__", "__radd__"}
@@ -723,6 +727,8 @@ class UnitScalePass:
         done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
+        for n in kept:
+            n.meta[KEPT_KEY] = kept[n]
         gm.meta["unscaled_ops"] = [
             describe(n)
             for n in graph.nodes
