@@ -23,10 +23,17 @@ from unitscale.transforms import ScaleCheck, TransformedModule, unit_scale
 
 BAND = (0.5, 2.0)
 
-#: Models and modes that hold the band with a margin today; a change that loses one fails here.
-#: The others (measured: ResNet-18's input gradient 2.1 in training, 2.8 in eval; RegNet's
-#: 4 to 9; torchvision's MobileNetV2 0.1) are held to the check's report above.
-HELD = {("efficientnet_b0", "train")}
+#: Models and modes that hold the band today; a change that loses one fails here. The others
+#: (measured: MobileNetV3's input gradient 0.45, torchvision's MobileNetV2 0.1, LeViT's output
+#: 2.7, EfficientNet's eval gradient 0.46) are held to the check's report above.
+HELD = {
+    *(
+        (name, mode)
+        for name in ("resnet18", "regnet_y_400mf", "regnetx_002", "botnet26t_256")
+        for mode in ("train", "eval")
+    ),
+    ("efficientnet_b0", "train"),
+}
 
 
 @dataclass

@@ -27,7 +27,14 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    and elementwise products of two activations of one shape (gated MLPs); a product
    whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
    :func:`~unitscale.functional.mul`, which scales the broadcast factor's summed gradient;
-6. the ops left as they were, other than ones that move data without changing its scale
+6. convolutional networks: a matmul or convolution only batch norm reads takes its
+   backward scale both ways (batch norm undoes its forward scale); a max pool of a ReLU,
+   an average pool to one value per channel (for the mean its input has) and a ReLU after
+   a residual add whose skip is a ReLU (post-activation ResNets) get the scales of their
+   actual inputs rather than of ``N(0, 1)``; an add of two paths from one fork (a
+   projection shortcut) becomes a residual pair; higher-order ops and inlined ``vmap``
+   bodies are left whole and listed in ``graph_module.meta["unscaled_regions"]``;
+7. the ops left as they were, other than ones that move data without changing its scale
    (reshapes, indexing, concatenation, ...) or produce no float tensor, are
    listed in ``graph_module.meta["unscaled_ops"]``.
 
@@ -42,7 +49,9 @@ compute what they did.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 import operator
 import os
 import re
@@ -549,6 +558,7 @@ def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
 _ACTIVATIONS: dict[Any, Callable[..., Any]] = {U.relu: F.relu, U.relu6: F.relu6, U.silu: F.silu, U.gelu: F.gelu}
 _ACTIVATIONS[U.hardswish] = F.hardswish
 _RATIOS: dict[Any, float] = {}
+_MEAN_TO_STD_KEY = "unitscale_mean_to_std"
 
 
 def _mean_to_std(node: Any) -> float:
@@ -557,9 +567,14 @@ def _mean_to_std(node: Any) -> float:
     From the activation's own torch function, by the trapezoid rule on [-12, 12]: 0.683 for
     ReLU (``pdf(0) / (1/2 - pdf(0)**2)**0.5``), 0.369 for SiLU.
     """
+    if isinstance(node, fx.Node) and _MEAN_TO_STD_KEY in node.meta:
+        return float(node.meta[_MEAN_TO_STD_KEY])
     fn = _ACTIVATIONS.get(node.target) if isinstance(node, fx.Node) and node.op == "call_function" else None
-    if fn is None:
-        return 0.0
+    return 0.0 if fn is None else _ratio(fn)
+
+
+def _ratio(fn: Callable[..., Any]) -> float:
+    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule (cached)."""
     if fn not in _RATIOS:
         x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
         density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
@@ -568,6 +583,80 @@ def _mean_to_std(node: Any) -> float:
         variance = torch.trapezoid(y * y * density, x) - mean**2
         _RATIOS[fn] = float(mean / variance.sqrt())
     return _RATIOS[fn]
+
+
+@functools.lru_cache(maxsize=16)
+def _post_residual_relu(tau: float) -> tuple[float, float]:
+    """Forward and backward scales of a ReLU after ``residual_add(branch, skip, tau)`` whose skip is such a ReLU.
+
+    A post-activation residual block (ResNet, RegNet) ends in ``relu(sqrt(tau) * branch +
+    sqrt(1 - tau) * skip)``: the branch ends in batch norm (mean 0, std 1), the skip is the
+    previous block's ReLU output, whose mean is not 0. The sum is taken as Gaussian with the
+    mean and variance these give; a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma
+    phi(a)``, mean square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``)
+    and passes a share ``Phi(a)`` of its gradient. Iterated to the fixed point where the skip
+    is the same ReLU, scaled to unit root-mean-square: at ``tau = 0.5``, 72% of the inputs
+    are positive, not half, and the ``2**0.5`` of :func:`~unitscale.functional.relu` would
+    grow the gradient by 1.2 per block. The scales are ``1 / RMS`` forward and
+    ``Phi(a)**-0.5`` backward.
+    """
+    mean, forward, share = 0.564, 2**0.5, 0.5  # start from a ReLU of N(0, 1) at unit RMS
+    for _ in range(60):
+        mu = (1 - tau) ** 0.5 * mean
+        sigma = (tau + (1 - tau) * (1 - mean * mean)) ** 0.5
+        a = mu / sigma
+        pdf, cdf = math.exp(-a * a / 2) / (2 * math.pi) ** 0.5, 0.5 * (1 + math.erf(a / 2**0.5))
+        forward = ((mu * mu + sigma * sigma) * cdf + mu * sigma * pdf) ** -0.5
+        mean, share = forward * (mu * cdf + sigma * pdf), cdf
+    return forward, share**-0.5
+
+
+def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -> list[fx.Node]:
+    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input; returns the nodes added.
+
+    See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
+    :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
+    trunk, after the last residual add), else their geometric mean both ways.
+    """
+    added = []
+    rewritten: set[fx.Node] = set()
+    for node in list(graph.nodes):
+        if node.target is not U.relu or not node.args:
+            continue
+        join = _producer(node.args[0])
+        if not (isinstance(join, fx.Node) and join.target is U.residual_add and len(join.args) >= 3):
+            continue
+        skip = _producer(join.args[1])
+        while isinstance(skip, fx.Node) and (skip.target is operator.getitem or skip.target is U.residual_split):
+            skip = skip.args[0]
+        skip = _producer(skip)
+        if not (isinstance(skip, fx.Node) and (skip.target is U.relu or skip in rewritten)):
+            continue
+        tau = join.args[2]
+        if not isinstance(tau, (int, float)):
+            continue
+        forward, backward = _post_residual_relu(float(tau))
+        if node in constrained:
+            forward = backward = (forward * backward) ** 0.5
+        users = list(node.users)
+        node.target, node.kwargs = F.relu, {}
+        rescaled = _insert_after(
+            node,
+            U.scale,
+            (node, forward, backward),
+            f"{node.name}_after_residual",
+            node,
+            node.meta.get("example_value"),
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        # An average pool after it takes a plain ReLU's mean-to-std ratio (0.68), not the fixed
+        # point's (0.98): that one assumes every skip is such a ReLU, and measured on ResNet,
+        # RegNet and BotNet it undershoots the pooled scale by a factor of 2.
+        rescaled.meta[_MEAN_TO_STD_KEY] = _ratio(F.relu)
+        rewritten.update({node, rescaled})
+        added += [node, rescaled]
+    return added
 
 
 def _producer(node: Any) -> Any:
@@ -724,6 +813,7 @@ class UnitScalePass:
             if node in live and node not in done and node not in kept and _drop_constant_factor(node):
                 done.add(node)
         _constrain_before_batch_norms(graph)
+        done.update(_rescale_relus_after_residuals(graph, before_last))
         done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
