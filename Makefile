@@ -14,15 +14,23 @@ export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
-.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist wheelhouse format-tutorials
+.PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist wheelhouse format-tutorials vision
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip -c constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[docs,test]'
+	$(MAKE) --no-print-directory vision
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	$(MAKE) --no-print-directory wheelhouse
 	touch $(STAMP)
+
+## vision: timm and torchvision for the tests of unit_scale on CNNs, into .venv/vision (tests/vision_models.py
+## puts it on sys.path with a stub for torchvision's C-extension registrations). Not in site-packages: there
+## transformers would import torchvision, whose CUDA-built extension fails beside the CPU torch, and every
+## transformers model would fail to import. --no-deps: nothing else (torch above all) is installed or changed.
+vision:
+	$(PY) -m pip install -q -c constraints.txt --no-deps --upgrade --target $(VENV)/vision timm torchvision
 
 ## wheelhouse: the wheels a reader's environment needs (the package's dependencies and its
 ## `tutorials` extra: a kernel, transformers, ipywidgets), fetched once at set-up, so the test that

@@ -74,6 +74,7 @@ __all__ = [
     "PlanMismatchError",
     "BackwardValueError",
     "KVCacheError",
+    "NothingQuantisedWarning",
 ]
 
 
@@ -298,4 +299,13 @@ class KVCacheError(CaptureError):
 
     Raised where switching the cache off through the model's config cannot help (a
     ``use_cache=True`` passed in, a cache object passed in); every tool says the same fix.
+    """
+
+
+class NothingQuantisedWarning(UserWarning):
+    """``simulate_format``/``simulate_fp8`` found no matmul-like op (linear, matmul, conv, attention) to round.
+
+    The model runs in full precision as it was: a warning, not an error, since the result is
+    correct and a model may legitimately have no matmul (a normalisation, an activation);
+    the message names the model and the ops the simulation rounds.
     """

@@ -79,7 +79,8 @@ def test_conv2d_is_torchs_convolution_scaled_by_fan_in_and_its_bias_gradient_is_
     x, w = torch.randn(16, 8, 12, 12), torch.randn(256, 8, 3, 3)
     b = torch.zeros(256, requires_grad=True)
     out = U.conv2d(x, w, b, padding=1, constraint=None)
-    assert torch.allclose(out, F.conv2d(x, w, padding=1) / 72**0.5, atol=1e-5)
+    # Along each 12-pixel axis, 34 of the 36 (output, tap) pairs read the input, not its padding.
+    assert torch.allclose(out, F.conv2d(x, w, padding=1) / (8 * (34 / 12) ** 2) ** 0.5, atol=1e-5)
     out.backward(torch.randn_like(out))
     assert_unit(b.grad.std().item())
 

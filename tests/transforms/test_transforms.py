@@ -171,7 +171,12 @@ def test_user_replacements_come_before_the_default_map() -> None:
 
     scaled = unit_scale(Adder(), replace={F.relu: my_relu, operator.add: my_add}, strict=True)
     scaled(torch.randn(3, 2))
-    assert calls == [torch.Size([3, 2]), "add"]
+    # the call, then unit_scale's check of the std along the new graph
+    assert calls == [torch.Size([3, 2]), "add"] * 2
+    calls.clear()
+    unchecked = unit_scale(Adder(), replace={F.relu: my_relu, operator.add: my_add}, check=False)
+    unchecked(torch.randn(3, 2))
+    assert calls == [torch.Size([3, 2]), "add"] and unchecked.scale_check is None
     assert not any(n.target is U.residual_add for n in scaled.graph_module.graph.nodes)
 
 

@@ -275,6 +275,13 @@ def _to_standalone(
         graph.erase_node(node)
     for node in graph.nodes:
         node.meta.pop("grapharg", None)
+    # The bodies of higher-order ops (cond, while_loop, map) are sub-graphs of TorchDynamo's graph.
+    bodies = {
+        str(n.target)
+        for n in graph.nodes
+        if n.op == "get_attr" and isinstance(getattr(gm, str(n.target), None), nn.Module)
+    }
+    attrs.update({name: getattr(gm, name) for name in bodies if name not in attrs})
     out = fx.GraphModule(attrs, graph, class_name=f"{type(module).__name__}Graph")
     out.meta["input_positions"] = positions
     return out

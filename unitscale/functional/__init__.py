@@ -34,11 +34,13 @@ import sys as _sys
 
 from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, silu_glu, softmax
 from unitscale.functional._attention import scaled_dot_product_attention
+from unitscale.functional._batchnorm import batch_norm
 from unitscale.functional._dropout import dropout
 from unitscale.functional._embedding import embedding
+from unitscale.functional._gates import hardsigmoid, hardswish, mul, sigmoid
 from unitscale.functional._linear import addmm, conv1d, conv2d, linear, linear_readout, matmul
 from unitscale.functional._losses import cross_entropy, mse_loss
-from unitscale.functional._norms import batch_norm, layer_norm, rms_norm
+from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from unitscale.functional._residual import add, residual_add, residual_apply, residual_split
 from unitscale.functional._scale import scale
@@ -75,6 +77,10 @@ __all__ = [
     "max_pool2d",
     "avg_pool2d",
     "adaptive_avg_pool2d",
+    "sigmoid",
+    "hardsigmoid",
+    "hardswish",
+    "mul",
     "torch_map",
 ]
 

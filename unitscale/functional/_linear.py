@@ -244,6 +244,24 @@ def _conv_out_size(size: int, kernel: int, stride: int, padding: int | str, dila
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def _valid_taps(size: int, kernel: int, stride: int, padding: int | str, dilation: int) -> tuple[int, int]:
+    """``(taps on the input, output positions)`` along one axis: how many (output, kernel tap) pairs read the
+    input rather than its zero padding, and how many outputs there are.
+
+    Without padding every output reads all ``kernel`` taps; on a feature map not much wider
+    than the kernel (the 2x2 maps at the end of a ResNet on small images) most taps read padding.
+    """
+    if padding == "valid":
+        pad = 0
+    elif padding == "same":
+        pad = dilation * (kernel - 1) // 2
+    else:
+        pad = int(padding)
+    outputs = _conv_out_size(size, kernel, stride, padding, dilation)
+    taps = sum(1 for o in range(outputs) for k in range(kernel) if 0 <= o * stride - pad + k * dilation < size)
+    return taps, outputs
+
+
 def _tuple(value: int | tuple[int, ...] | list[int] | str, dims: int) -> tuple[int | str, ...]:
     if isinstance(value, (tuple, list)):
         return tuple(value) if len(value) == dims else (value[0],) * dims
@@ -268,18 +286,21 @@ def _conv(
     constraint: ConstraintArg,
 ) -> Tensor:
     """A convolution over the last ``dims`` dims, scaled as a matmul over patches (see :func:`conv2d`)."""
-    fan_in = _math.prod(weight.shape[1:])
     kernel = weight.shape[-dims:]
     strides, paddings, dilations = _tuple(stride, dims), _tuple(padding, dims), _tuple(dilation, dims)
-    out_size = [
-        _conv_out_size(input.shape[i - dims], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))
+    axes = [
+        _valid_taps(input.shape[i - dims], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))
         for i in range(dims)
     ]
+    out_size = [outputs for _, outputs in axes]
+    # The kernel taps an output reads from the input, on average (zero padding adds nothing).
+    taps = _math.prod(t for t, _ in axes) / max(_math.prod(out_size), 1)
+    fan_in = weight.shape[1] * taps
     batch = input.numel() // max(_math.prod(input.shape[-dims - 1 :]), 1)
     out_numel = batch * weight.shape[0] * _math.prod(out_size)
     weight_grad_scale = _inv_sqrt(out_numel / weight.shape[0])
     output_scale, grad_scale = _constrain(
-        constraint, fan_in**-0.5, _inv_sqrt(out_numel * fan_in / max(input.numel(), 1))
+        constraint, _inv_sqrt(fan_in), _inv_sqrt(out_numel * fan_in / max(input.numel(), 1))
     )
     # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
@@ -349,7 +370,8 @@ def conv2d(
     """Unit-scaled :func:`torch.nn.functional.conv2d`.
 
     A convolution is a matmul over patches: output × ``fan_in**-0.5`` with
-    ``fan_in = C_in / groups * kh * kw``; input gradient × ``count**-0.5``, where
+    ``fan_in = C_in / groups * kh * kw`` (counting only the taps that read the input,
+    not its zero padding, on average over the outputs); input gradient × ``count**-0.5``, where
     ``count`` is the average number of terms summed into an input element's
     gradient (``C_out / groups * kh * kw`` at stride 1 with "same" padding, fewer
     when strided); weight and bias gradients × ``(N * H_out * W_out)**-0.5``. The

@@ -1,4 +1,4 @@
-"""Normalisations: layer, RMS and batch norm (only their affine gradients need a scale)."""
+"""Normalisations: layer and RMS norm (only their affine gradients need a scale); batch norm is in ``_batchnorm``."""
 
 from __future__ import annotations
 
@@ -103,55 +103,3 @@ def rms_norm(
     if weight is not None:
         weight = scale(weight, 1.0, _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1)))
     return _F.rms_norm(input, list(normalized_shape), weight, eps)
-
-
-def batch_norm(
-    input: Tensor,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    weight: Tensor | None = None,
-    bias: Tensor | None = None,
-    training: bool = False,
-    momentum: float = 0.1,
-    eps: float = 1e-5,
-) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.batch_norm`.
-
-    In training mode (or without running statistics) the output is normalised
-    with the batch's own statistics, so output and input gradient are already
-    unit-std; the weight and bias gradients sum over ``N * H * W`` values per
-    channel and are scaled by its inverse square root. In eval mode the running
-    statistics normalise: the output is unit-std only if they describe the
-    input. :func:`~unitscale.unit_scale` therefore resets them to mean 0 and
-    variance 1, the statistics of the unit-scaled activations it produces (a
-    model trained after unit scaling tracks its own).
-
-    Args:
-        input: ``(N, C, ...)``.
-        running_mean: per-channel mean, or ``None``.
-        running_var: per-channel variance, or ``None``.
-        weight: optional per-channel gain.
-        bias: optional per-channel bias.
-        training: normalise with batch statistics (and update the running ones).
-        momentum: as in torch.
-        eps: as in torch.
-
-    Returns:
-        The normalised tensor.
-
-    >>> import torch
-    >>> from unitscale.functional import batch_norm
-    >>> _ = torch.manual_seed(0)
-    >>> w = torch.ones(256, requires_grad=True)
-    >>> y = batch_norm(5 * torch.randn(32, 256, 4, 4), None, None, w, training=True)
-    >>> y.backward(torch.randn_like(y))
-    >>> round(y.std().item(), 1), round(w.grad.std().item(), 1)
-    (1.0, 1.0)
-    """
-    channels = input.shape[1] if input.dim() > 1 else 1
-    batch_scale = _inv_sqrt(input.numel() / max(channels, 1))
-    if weight is not None:
-        weight = scale(weight, 1.0, batch_scale)
-    if bias is not None:
-        bias = scale(bias, 1.0, batch_scale)
-    return _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)

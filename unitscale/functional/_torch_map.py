@@ -10,11 +10,13 @@ import torch.nn.functional as _F
 
 from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, softmax
 from unitscale.functional._attention import scaled_dot_product_attention
+from unitscale.functional._batchnorm import batch_norm
 from unitscale.functional._dropout import dropout
 from unitscale.functional._embedding import embedding
+from unitscale.functional._gates import hardsigmoid, hardswish, sigmoid
 from unitscale.functional._linear import addmm, conv1d, conv2d, linear, matmul
 from unitscale.functional._losses import cross_entropy, mse_loss
-from unitscale.functional._norms import batch_norm, layer_norm, rms_norm
+from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from unitscale.functional._residual import add
 
@@ -61,5 +63,12 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _torch.max_pool2d: max_pool2d,
     _F.avg_pool2d: avg_pool2d,
     _F.adaptive_avg_pool2d: adaptive_avg_pool2d,
+    _torch.sigmoid: sigmoid,
+    _torch.Tensor.sigmoid: sigmoid,
+    _F.sigmoid: sigmoid,
+    _F.hardsigmoid: hardsigmoid,
+    _torch._C._nn.hardsigmoid: hardsigmoid,
+    _F.hardswish: hardswish,
+    _torch._C._nn.hardswish: hardswish,
 }
 """Each torch function (as a TorchDynamo or ``torch.fx`` graph names it) -> its unit-scaled twin."""

@@ -141,6 +141,11 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.relu_.default: _same(F.relu),
     aten.hardtanh.default: _same(F.hardtanh),
     aten.hardtanh_.default: _same(F.hardtanh),
+    aten.sigmoid.default: _same(torch.sigmoid),
+    aten.hardsigmoid.default: _same(F.hardsigmoid),
+    aten.hardsigmoid_.default: _same(F.hardsigmoid),
+    aten.hardswish.default: _same(F.hardswish),
+    aten.hardswish_.default: _same(F.hardswish),
     aten.pad.default: _same(F.pad),
     aten.softmax.int: _softmax,
     aten._softmax.default: _internal_softmax,
@@ -181,7 +186,8 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.to.dtype: _same("to", "call_method"),
 }  # fmt: skip
 
-_IN_PLACE = {aten.relu_.default, aten.hardtanh_.default, aten.add_.Tensor}
+_IN_PLACE = {aten.relu_.default, aten.hardtanh_.default, aten.add_.Tensor, aten.hardsigmoid_.default}
+_IN_PLACE |= {aten.hardswish_.default}
 
 #: aten ops left as they are that only move, select or cast data: scale-neutral.
 ATEN_NEUTRAL: frozenset[Any] = frozenset(

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +51,11 @@ from unitscale.capture import (
 from unitscale.errors import InputError, TraceError, TransformError, UnitscaleError
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.transforms.aten import to_torch_functions
+from unitscale.transforms.scale_check import ScaleCheck, check_scale
 
 __all__ = ["GraphTransform", "TransformedModule"]
+
+logger = logging.getLogger("unitscale.transforms.passes")
 
 GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
 
@@ -174,7 +179,7 @@ class TransformedModule(nn.Module):
         forward(*args, **kwargs)
         +-- (inputs are fx proxies) the eager graph, else the latest, is replayed into the tracer
         +-- the eager graph, if the call fits it (batch size aside)
-        +-- else key: training mode, argument count, keyword names, each leaf's signature
+        +-- else key: every submodule's training flag, argument count, keyword names, each leaf's signature
             +-- _capture(args, kwargs, leaves, key)     once per key
             |   +-- dynamo_graph(module, ...)          (unitscale.capture)
             |   +-- transform(graph_module) for each of transforms, in order
@@ -191,6 +196,12 @@ class TransformedModule(nn.Module):
         kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
             of unit-scaled operands (rotary embeddings, products of activations), one
             ``"<op>: <reason>"`` line each.
+        unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
+            inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
+            ``"<first op>: <n> op(s) left whole"`` line each.
+        scale_check: what :func:`unit_scale` measured along the latest graph, on the call
+            that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
+            ``None`` before the first capture and for other transforms).
 
     >>> import torch
     >>> from torch import nn
@@ -205,6 +216,9 @@ class TransformedModule(nn.Module):
     def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:
         super().__init__()
         self.module = module
+        # The wrapper's mode is the model's: a model wrapped in eval mode is captured in eval mode,
+        # and ``self.training`` must say so (``train()`` then switches both, and the next call captures).
+        self.training = module.training
         self.transforms = tuple(transforms)
         self._captured: dict[Any, _CompiledGraph] = {}
         self._latest: _CompiledGraph | _EagerGraph | None = None
@@ -214,6 +228,8 @@ class TransformedModule(nn.Module):
         self.reasons: dict[str, str] = {}
         self.unscaled_ops: list[str] = []
         self.kept_ops: list[str] = []
+        self.unscaled_regions: list[str] = []
+        self.scale_check: ScaleCheck | None = None
 
     @property
     def graph_module(self) -> fx.GraphModule | None:
@@ -250,10 +266,11 @@ class TransformedModule(nn.Module):
                 return self._eager.run(args, kwargs)
             assert isinstance(self._latest, _CompiledGraph)  # only captures set _latest
             return self._latest.run(leaves)
+        mode = _modes(self.module)
         eager = self._eager
-        if eager is not None and eager.key == _eager_key(self.training, args, kwargs, leaves, eager.batch_free):
+        if eager is not None and eager.key == _eager_key(mode, args, kwargs, leaves, eager.batch_free):
             return eager.run(args, kwargs)
-        key = (self.training, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
+        key = (mode, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
         captured = self._captured.get(key)
         if captured is None:
             captured = self._capture(args, kwargs, leaves, key)
@@ -261,11 +278,14 @@ class TransformedModule(nn.Module):
 
     @_outside_dynamo
     def _capture(self, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], key: Any) -> _CompiledGraph:
-        found = dynamo_graph(self.module, args, kwargs)
+        with _state_kept(self.module):
+            found = dynamo_graph(self.module, args, kwargs)
         found.graph_module = _run_transforms(self.module, self.transforms, found.graph_module)
         captured = _CompiledGraph(found)
         self._captured[key] = captured
         self._adopt(captured, "dynamo")
+        model_outputs = [v for kind, v in found.output_plan if kind == "graph"]
+        self._check(found.graph_module, [leaves[i] for i in found.input_positions], model_outputs)
         return captured
 
     def _adopt(self, graph: _CompiledGraph | _EagerGraph, route: str) -> None:
@@ -273,6 +293,7 @@ class TransformedModule(nn.Module):
         self.route = route
         self.unscaled_ops = list(graph.graph_module.meta.get("unscaled_ops", []))
         self.kept_ops = list(graph.graph_module.meta.get("kept_ops", []))
+        self.unscaled_regions = list(graph.graph_module.meta.get("unscaled_regions", []))
 
     @_outside_dynamo
     def capture_now(
@@ -301,7 +322,7 @@ class TransformedModule(nn.Module):
         ('fx', torch.Size([5, 4]))
         """
         routes = GRAPH_ROUTE_NAMES if route == "auto" else route
-        with no_torch_function_modes():
+        with no_torch_function_modes(), _state_kept(self.module):
             cap = capture(self.module, example_inputs, example_kwargs, route=routes, dynamic_batch=True, flat=True)
         gm = cap.require_graph(f"{type(self).__name__} (apply_transform, unit_scale, simulate_format)")
         if cap.route.startswith("export"):
@@ -313,14 +334,46 @@ class TransformedModule(nn.Module):
         gm = _run_transforms(self.module, self.transforms, gm)
         args, kwargs = cap.example_inputs, cap.example_kwargs
         leaves = pytree.tree_leaves((args, kwargs))
-        eager = _EagerGraph(gm, self.module, _eager_key(self.training, args, kwargs, leaves, batch_free), batch_free)
+        key = _eager_key(_modes(self.module), args, kwargs, leaves, batch_free)
+        eager = _EagerGraph(gm, self.module, key, batch_free)
         self._eager, self._eager_spec, self.reasons = eager, (args, kwargs, route), dict(cap.reasons)
         self._adopt(eager, cap.route)
+        self._check(gm, flat_graph_inputs(gm, self.module, args, kwargs))
         return self
+
+    def _check(self, gm: fx.GraphModule, inputs: list[Any], outputs: list[int] | None = None) -> None:
+        """Measure the std along a new graph (:func:`~unitscale.transforms.scale_check.check_scale`), for unit_scale."""
+        if not any(getattr(t, "checks_scale", False) for t in self.transforms):
+            return
+        with _state_kept(self.module):
+            self.scale_check = check_scale(gm, inputs, outputs=outputs)
+        if not self.scale_check.ok:
+            logger.warning(
+                "unit_scale: %s is off unit scale: %s", type(self.module).__name__, self.scale_check.summary()
+            )
 
     def extra_repr(self) -> str:
         names = ", ".join(getattr(t, "__name__", type(t).__name__) for t in self.transforms)
         return f"route={self.route!r}, transforms=[{names}]"
+
+
+@contextmanager
+def _state_kept(module: nn.Module) -> Iterator[None]:
+    """Run a capture without leaving a trace: buffers and the random number generator as they were.
+
+    Capturing runs the model (TorchDynamo once, the capture routes once each): in training
+    mode each run would update batch norm's running statistics and draw dropout masks, so
+    the first call of a training loop would count its batch several times, once by a
+    graph that is not the transformed one.
+    """
+    kept = [(b, b.detach().clone()) for b in module.buffers()]
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, value in kept:
+                    buffer.copy_(value)
 
 
 def _batch_free(gm: fx.GraphModule, route: str) -> bool:
@@ -334,15 +387,24 @@ def _batch_free(gm: fx.GraphModule, route: str) -> bool:
     return bool(tensors) and all(isinstance(v.shape[0], torch.SymInt) for v in tensors)
 
 
+def _modes(module: nn.Module) -> tuple[bool, ...]:
+    """The training flag of every submodule: a graph is captured for one such mode and serves only it.
+
+    One flag would not do: ``model.train(); model.bn.eval()`` (batch norm frozen) is a mode
+    of its own, whose graph normalises with the running statistics.
+    """
+    return tuple(m.training for m in module.modules())
+
+
 def _eager_key(
-    training: bool, args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], batch_free: bool
+    modes: tuple[bool, ...], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], batch_free: bool
 ) -> Any:
     def leaf_key(leaf: Any) -> Any:
         if isinstance(leaf, torch.Tensor) and batch_free and leaf.dim() > 0:
             return (tuple(leaf.shape[1:]), leaf.dim(), leaf.dtype, leaf.device)
         return _signature(leaf)
 
-    return (training, len(args), tuple(kwargs), tuple(leaf_key(leaf) for leaf in leaves))
+    return (modes, len(args), tuple(kwargs), tuple(leaf_key(leaf) for leaf in leaves))
 
 
 _CLASSES: dict[tuple[str, ...], type[TransformedModule]] = {}
@@ -384,7 +446,7 @@ def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.Grap
     name = getattr(transform, "__name__", type(transform).__name__)
     try:
         result = transform(gm)
-    except UnitscaleError:
+    except (UnitscaleError, Warning):  # a warning raised as an error (``-W error``) is the transform's own
         raise
     except Exception as exc:
         raise TransformError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from unitscale.errors import (
     InputError,
     NotAModuleError,
     NotCallableError,
+    NothingQuantisedWarning,
     ReplaceMapError,
     UnscaledOpsError,
 )
@@ -159,6 +161,7 @@ def unit_scale(
     example_inputs: Any = None,
     example_kwargs: dict[str, Any] | None = None,
     route: str | Sequence[str] = "auto",
+    check: bool = True,
 ) -> TransformedModule:
     """Unit-scale a model: swap every torch op for its unit-scaled twin in its captured graph.
 
@@ -189,7 +192,23 @@ def unit_scale(
     on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``
     (op, node, module path, file and line);
     ops left as they were because they keep a unit scale (rotary embeddings, the product
-    of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``.
+    of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``;
+    higher-order ops (``cond``, ``while_loop``, ``map``, scans, an inlined ``vmap`` such as
+    Mamba's selective scan) keep their bodies whole and are listed in
+    ``result.unscaled_regions``.
+
+    Each capture runs the new graph once more, forward and backward (an ``N(0, 1)``
+    gradient on the output), on the inputs of the call that captured it, with batch norm's
+    statistics and the random number generator put back afterwards, and keeps what it
+    measured in ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`): the
+    output and input-gradient std, and the ops that moved a tensor off unit scale, with
+    the std before and after each. When the output or the input gradient is off unit
+    scale (outside [0.5, 2]) that summary is logged on the same logger: a report to read,
+    not an error, since the model runs as it was written.
+
+    Training mode: the wrapper starts in the mode of ``module``; each combination of its
+    submodules' training flags gets its own captured graph (a model captured in eval mode
+    is captured again after ``.train()``, with dropout and batch-norm updates).
 
     Args:
         module: the model.
@@ -200,6 +219,8 @@ def unit_scale(
         example_kwargs: keyword inputs to capture with (``decoder_input_ids`` of T5).
         route: ``"auto"`` (every graph route, in order), one route name or a tuple of
             them (needs ``example_inputs``).
+        check: measure the std along each new graph (``result.scale_check``); ``False``
+            skips that extra forward and backward pass (and the memory its gradients take).
 
     Returns:
         A :class:`TransformedModule`; the capture (and the check) happens on its first
@@ -208,7 +229,7 @@ def unit_scale(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
-        InputError: ``strict`` is not a bool, ``route`` without ``example_inputs``, or
+        InputError: ``strict`` or ``check`` is not a bool, ``route`` without ``example_inputs``, or
             example inputs the model cannot take.
         NoRouteError: (with ``example_inputs``) no allowed route captured the model; the
             message lists each route's reason with the user's file and line.
@@ -230,22 +251,24 @@ def unit_scale(
     ('fx', 1.1)
     """
     _check_module(module, "unit_scale")
-    if not isinstance(strict, bool):
-        raise InputError(f"unit_scale: strict={strict!r:.60} is a {type(strict).__name__}; pass True or False")
+    for name, flag in (("strict", strict), ("check", check)):
+        if not isinstance(flag, bool):
+            raise InputError(f"unit_scale: {name}={flag!r:.60} is a {type(flag).__name__}; pass True or False")
     replacements = _check_replace(replace)
     _check_route_inputs(example_inputs, route)
     inner = module.module if isinstance(module, TransformedModule) else module
     earlier = module.transforms if isinstance(module, TransformedModule) else ()
     scaled = copy.deepcopy(inner)
-    wrapped = TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict)))
+    wrapped = TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict, check)))
     outer = module if isinstance(module, TransformedModule) else None
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 
 
 class _UnitScale(UnitScalePass):
-    def __init__(self, replace: Mapping[Any, Callable[..., Any]], strict: bool) -> None:
+    def __init__(self, replace: Mapping[Any, Callable[..., Any]], strict: bool, check: bool) -> None:
         super().__init__(replace, U.torch_map)
         self.strict = strict
+        self.checks_scale = check  # TransformedModule measures the std along each graph it makes
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         gm = super().__call__(gm)
@@ -288,6 +311,7 @@ class _SimulateFormat:
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
         fwd, bwd = self.fwd_format._op_args(), self.bwd_format._op_args()
+        rounded = 0
         for node in list(graph.nodes):
             if node.op not in ("call_function", "call_method"):
                 continue
@@ -303,6 +327,16 @@ class _SimulateFormat:
                     q = graph.call_function(torch.ops.unitscale.quantise_bwd, (q, *bwd))
                     q.meta["example_value"] = value
                 node.replace_input_with(arg, q)
+                rounded += 1
+        if not rounded:
+            warnings.warn(
+                f"{self.__name__}: the graph of {type(gm).__name__.removesuffix('Graph')} has no matmul-like op "
+                f"(linear, matmul, mm, bmm, addmm, conv1d/2d/3d, scaled_dot_product_attention) with a float "
+                f"operand, so nothing was rounded to {self.fwd_format!r} / {self.bwd_format!r}: the model runs "
+                f"in full precision as it was",
+                NothingQuantisedWarning,
+                stacklevel=2,
+            )
         graph.lint()
         gm.recompile()
         return gm
@@ -336,6 +370,10 @@ def simulate_format(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         FormatError: a format is not an :class:`~unitscale.formats.FPFormat`.
+
+    Warns:
+        NothingQuantisedWarning: (at capture) the graph has no matmul-like op with a float
+            operand: nothing is rounded, and the model runs in full precision as it was.
 
     >>> import torch
     >>> from unitscale.transforms import simulate_format

@@ -24,8 +24,17 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
 5. ops that keep the scale of unit-scaled operands without a twin are left as they are
    and listed, with the reason, in ``graph_module.meta["kept_ops"]``: rotary embeddings
    (``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` off the activation path)
-   and elementwise products of two activations (gated MLPs);
-6. the ops left as they were, other than ones that move data without changing its scale
+   and elementwise products of two activations of one shape (gated MLPs); a product
+   whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
+   :func:`~unitscale.functional.mul`, which scales the broadcast factor's summed gradient;
+6. convolutional networks: a matmul or convolution only batch norm reads takes its
+   backward scale both ways (batch norm undoes its forward scale); a max pool of a ReLU,
+   an average pool to one value per channel (for the mean its input has) and a ReLU after
+   a residual add whose skip is a ReLU (post-activation ResNets) get the scales of their
+   actual inputs rather than of ``N(0, 1)``; an add of two paths from one fork (a
+   projection shortcut) becomes a residual pair; higher-order ops and inlined ``vmap``
+   bodies are left whole and listed in ``graph_module.meta["unscaled_regions"]``;
+7. the ops left as they were, other than ones that move data without changing its scale
    (reshapes, indexing, concatenation, ...) or produce no float tensor, are
    listed in ``graph_module.meta["unscaled_ops"]``.
 
@@ -40,7 +49,9 @@ compute what they did.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 import operator
 import os
 import re
@@ -66,7 +77,11 @@ from unitscale.scaling.parameter import tag
 from unitscale.transforms.aten import ATEN_NEUTRAL
 from unitscale.transforms.patterns import fold_patterns
 
-__all__ = ["UnitScalePass", "unit_init_"]
+__all__ = ["KEPT_KEY", "UnitScalePass", "unit_init_"]
+
+#: ``node.meta`` key of an op kept as it was because it keeps unit scale as a whole (a rotary
+#: embedding's products, whose sum has the std of ``x``): the reason, for the std check.
+KEPT_KEY = "unitscale_kept"
 
 _ADDS: set[Any] = {operator.add, operator.iadd, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__iadd__}
 _ADD_METHODS = {"add", "add_", "__add__", "__iadd__", "__radd__"}
@@ -176,12 +191,17 @@ def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
     return next((name for name, value in bound.arguments.items() if value is node), None)
 
 
+def _aten_neutral(fn: Any) -> bool:
+    """An aten op that only moves data, named by its overload or by its packet (``aten.slice``)."""
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return any(_member(getattr(fn, name), ATEN_NEUTRAL) for name in fn.overloads())
+    return _member(fn, ATEN_NEUTRAL)
+
+
 def _is_neutral(node: fx.Node) -> bool:
     if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
         return True
-    return node.op == "call_function" and (
-        _member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _member(node.target, ATEN_NEUTRAL)
-    )
+    return node.op == "call_function" and (_member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _aten_neutral(node.target))
 
 
 def _is_view_attribute(node: fx.Node) -> bool:
@@ -354,24 +374,45 @@ def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
 
 
 def _drop_constant_factor(node: fx.Node) -> bool:
-    """Turn ``x * c`` into ``sign(c) * x`` where only linear layers and norms read the product.
+    """Turn ``x * c`` into ``sign(c) * x`` where unit scaling already sets the scale the constant sets.
 
-    The unit-scaled linear layer or norm after it sets the scale of its own output,
-    so the constant (T5's ``d_model ** -0.5`` before its tied head, a hand-written
-    ``/ sqrt(d)``) would only move that output off unit scale. Elsewhere (inside an
-    activation function written out, before a softmax) the constant changes what
-    is computed and stays, listed as unscaled.
+    Three places:
+
+    - only linear layers and norms read the product: the unit-scaled op after it sets the
+      scale of its own output, so the constant (T5's ``d_model ** -0.5`` before its tied
+      head, a hand-written ``/ sqrt(d)``) would only move that output off unit scale;
+    - the graph's output is the product (Cohere's ``logits * 0.0625``, Granite's
+      ``logits / 8``): unit scaling promises a unit-scaled output, and a constant tuned for
+      the original initialisation's logits moves it off by that constant;
+    - ``x`` is a unit-scaled matmul over ``d`` elements and ``c = d**-0.5`` (attention's
+      ``q @ k.T * head_dim**-0.5`` written out, BotNet, LeViT): the twin already divides
+      by ``d**0.5``, and dividing again would leave the softmax logits ``d**-0.5`` small.
+
+    Elsewhere (inside an activation function written out, a softmax temperature other than
+    ``d**-0.5``) the constant changes what is computed and stays, listed as unscaled.
     """
     found = _constant_factor(node)
     if found is None:
         return False
-    readers = [user for user, _ in _consumers(node)]
-    if not readers or not all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers):
-        return False
     x, factor = found
+    readers = [user for user, _ in _consumers(node)]
+    homogeneous = all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers)
+    output = all(user.op == "output" for user in readers)
+    if not readers or not (homogeneous or output or _repeats_matmul_scale(x, factor)):
+        return False
     sign = 1.0 if factor > 0 else -1.0
     node.op, node.target, node.args, node.kwargs = "call_function", U.scale, (x, sign, sign), {}
     return True
+
+
+def _repeats_matmul_scale(x: fx.Node, factor: float) -> bool:
+    """Whether ``x`` is a unit-scaled matmul over ``d`` elements and ``factor`` is ``d**-0.5``."""
+    if not (x.op == "call_function" and x.target is U.matmul and len(x.args) >= 2):
+        return False
+    left = x.args[0].meta.get("example_value") if isinstance(x.args[0], fx.Node) else None
+    if not isinstance(left, torch.Tensor) or left.dim() == 0:
+        return False
+    return abs(factor * left.shape[-1] ** 0.5 - 1) < 1e-3
 
 
 def _is_mul(node: Any) -> bool:
@@ -390,6 +431,272 @@ def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
     if a is b:  # a square is not a product of independent factors
         return False
     return all(isinstance(x, fx.Node) and x in stream and _is_float_node(x) for x in (a, b))
+
+
+def _is_broadcast_product(node: fx.Node) -> bool:
+    """A product of activations where one is broadcast over the other (a squeeze-excitation gate)."""
+    out = node.meta.get("example_value")
+    values = [a.meta.get("example_value") for a in node.args[:2] if isinstance(a, fx.Node)]
+    if not isinstance(out, torch.Tensor) or len(values) != 2 or node.kwargs:
+        return False
+    return any(isinstance(v, torch.Tensor) and v.numel() < out.numel() for v in values)
+
+
+_VMAP_ENTER, _VMAP_EXIT = "_vmap_increment_nesting", "_vmap_decrement_nesting"
+
+
+def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
+    """Parts of the graph the pass leaves whole: higher-order ops and inlined ``vmap`` bodies.
+
+    A higher-order op (``cond``, ``while_loop``, ``map``, ``scan``, ``associative_scan``,
+    ``flex_attention``: a node whose target is a ``HigherOrderOperator``) runs bodies held
+    as sub-graphs; TorchDynamo inlines a CPU ``associative_scan`` (Mamba's selective scan)
+    into the graph as a ``vmap`` over its combine function instead, between
+    ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting``. Either way the body
+    defines what the op computes (scaling the ``+`` of a scan's combine function changes
+    the recurrence), and its ops run under transforms that unit-scaled ops, autograd
+    Functions, cannot run under. Returns each region's first node with the nodes it holds.
+    """
+    regions: dict[fx.Node, set[fx.Node]] = {}
+    depth, head = 0, None
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        if name == _VMAP_ENTER:
+            if depth == 0:
+                head = node
+                regions[head] = set()
+            depth += 1
+        if head is not None:
+            regions[head].add(node)
+        if name == _VMAP_EXIT:
+            depth -= 1
+            if depth == 0:
+                head = None
+        if head is None and isinstance(node.target, torch._ops.HigherOrderOperator) and node.target not in _KNOWN:
+            regions[node] = {node}
+    return regions
+
+
+def _region_name(head: fx.Node) -> str:
+    """``describe(head)``, with an inlined vmap named ``vmap`` rather than by its bookkeeping call."""
+    text = describe(head)
+    if getattr(head.target, "__name__", "") == _VMAP_ENTER:
+        return "vmap" + text[text.index(" (node") :]
+    return text
+
+
+def _region_size(gm: fx.GraphModule, head: fx.Node, nodes: set[fx.Node]) -> int:
+    """The ops a region holds: those of an inlined vmap, or those of a higher-order op's bodies."""
+    bodies = [getattr(gm, str(a.target), None) for a in head.args if isinstance(a, fx.Node) and a.op == "get_attr"]
+    inner = [n for b in bodies if isinstance(b, fx.GraphModule) for n in b.graph.nodes if n.op.startswith("call")]
+    return len(inner) if inner else len([n for n in nodes if n.op.startswith("call")])
+
+
+# Higher-order ops whose bodies the pass reads (export's grad-mode wrapper around position tables).
+_KNOWN: set[Any] = {torch.ops.higher_order.wrap_with_set_grad_enabled}
+
+_MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
+
+
+def _constrain_before_batch_norms(graph: fx.Graph) -> None:
+    """A matmul or convolution that only batch norm reads takes its input-gradient scale both ways.
+
+    Batch norm's output does not depend on its input's scale, so the forward scale of the op
+    before it changes nothing the model computes, and the constraint can give both directions
+    the scale the backward needs (``to_grad_input_scale``) instead of a mean of the two: a
+    stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
+    at every downsampling of a ResNet.
+    """
+    for node in graph.nodes:
+        if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
+            continue
+        readers = _consumers(node)
+        if readers and all(user.target is U.batch_norm and user.args[:1] == (via,) for user, via in readers):
+            node.kwargs = {**node.kwargs, "constraint": "to_grad_input_scale"}
+
+
+_POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d}
+
+
+def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
+    """Scale an average pool to one value per channel for its input's mean; returns the scale nodes added.
+
+    Over ``k`` independent zero-mean values the pool's forward scale is ``k**0.5`` and its
+    backward scale ``k`` (each input gets ``1/k`` of the pooled gradient). Two corrections:
+
+    - off the trunk (a squeeze-excitation block), the pool takes its forward scale both
+      ways: a geometric mean misses both by ``k**0.25`` (5.7 at 32x32) and the gate after it
+      saturates. What the pool computes is what every later op sees; its backward only adds
+      to the gradient its input gets from its other readers (the gated product).
+    - averaging keeps a mean and shrinks the spread around it by ``k**-0.5``. After a ReLU
+      (or SiLU, GELU, hardswish) the values have a mean ``r`` times their std (0.68 for
+      ReLU, for ``N(0, 1)`` input), and ``k**0.5`` would multiply that mean by 16 at 16x16:
+      the pooled value of unit-std input has mean square ``r**2 + 1/k``, so its forward
+      scale is ``(r**2 + 1/k)**-0.5``; ``r`` comes from the activation's Gaussian moments.
+    """
+    added = []
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and _member(node.target, _POOLS)):
+            continue
+        value = node.meta.get("example_value")
+        source = node.args[0] if node.args else None
+        if not (isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:].numel() == 1):
+            continue
+        if not isinstance(source, fx.Node) or not isinstance(source.meta.get("example_value"), torch.Tensor):
+            continue
+        window = source.meta["example_value"].shape[-2:].numel()
+        trunk = "constraint" in node.kwargs and node.kwargs["constraint"] is None
+        if not trunk:
+            node.kwargs = {**node.kwargs, "constraint": "to_output_scale"}
+        ratio = _mean_to_std(_producer(source))
+        if ratio == 0.0 or window <= 1:
+            continue
+        factor = (ratio**2 + 1 / window) ** -0.5 / window**0.5
+        users = list(node.users)
+        rescaled = _insert_after(
+            node, U.scale, (node, factor, 1.0 if trunk else factor), f"{node.name}_of_mean", node, value
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        added.append(rescaled)
+    return added
+
+
+# The torch function of each activation twin whose output has a mean (its ratio to the std is measured).
+_ACTIVATIONS: dict[Any, Callable[..., Any]] = {U.relu: F.relu, U.relu6: F.relu6, U.silu: F.silu, U.gelu: F.gelu}
+_ACTIVATIONS[U.hardswish] = F.hardswish
+_RATIOS: dict[Any, float] = {}
+_MEAN_TO_STD_KEY = "unitscale_mean_to_std"
+
+
+def _mean_to_std(node: Any) -> float:
+    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else).
+
+    From the activation's own torch function, by the trapezoid rule on [-12, 12]: 0.683 for
+    ReLU (``pdf(0) / (1/2 - pdf(0)**2)**0.5``), 0.369 for SiLU.
+    """
+    if isinstance(node, fx.Node) and _MEAN_TO_STD_KEY in node.meta:
+        return float(node.meta[_MEAN_TO_STD_KEY])
+    fn = _ACTIVATIONS.get(node.target) if isinstance(node, fx.Node) and node.op == "call_function" else None
+    return 0.0 if fn is None else _ratio(fn)
+
+
+def _ratio(fn: Callable[..., Any]) -> float:
+    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule (cached)."""
+    if fn not in _RATIOS:
+        x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
+        density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
+        y = fn(x)
+        mean = torch.trapezoid(y * density, x)
+        variance = torch.trapezoid(y * y * density, x) - mean**2
+        _RATIOS[fn] = float(mean / variance.sqrt())
+    return _RATIOS[fn]
+
+
+@functools.lru_cache(maxsize=16)
+def _post_residual_relu(tau: float) -> tuple[float, float]:
+    """Forward and backward scales of a ReLU after ``residual_add(branch, skip, tau)`` whose skip is such a ReLU.
+
+    A post-activation residual block (ResNet, RegNet) ends in ``relu(sqrt(tau) * branch +
+    sqrt(1 - tau) * skip)``: the branch ends in batch norm (mean 0, std 1), the skip is the
+    previous block's ReLU output, whose mean is not 0. The sum is taken as Gaussian with the
+    mean and variance these give; a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma
+    phi(a)``, mean square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``)
+    and passes a share ``Phi(a)`` of its gradient. Iterated to the fixed point where the skip
+    is the same ReLU, scaled to unit root-mean-square: at ``tau = 0.5``, 72% of the inputs
+    are positive, not half, and the ``2**0.5`` of :func:`~unitscale.functional.relu` would
+    grow the gradient by 1.2 per block. The scales are ``1 / RMS`` forward and
+    ``Phi(a)**-0.5`` backward.
+    """
+    mean, forward, share = 0.564, 2**0.5, 0.5  # start from a ReLU of N(0, 1) at unit RMS
+    for _ in range(60):
+        mu = (1 - tau) ** 0.5 * mean
+        sigma = (tau + (1 - tau) * (1 - mean * mean)) ** 0.5
+        a = mu / sigma
+        pdf, cdf = math.exp(-a * a / 2) / (2 * math.pi) ** 0.5, 0.5 * (1 + math.erf(a / 2**0.5))
+        forward = ((mu * mu + sigma * sigma) * cdf + mu * sigma * pdf) ** -0.5
+        mean, share = forward * (mu * cdf + sigma * pdf), cdf
+    return forward, share**-0.5
+
+
+def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -> list[fx.Node]:
+    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input; returns the nodes added.
+
+    See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
+    :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
+    trunk, after the last residual add), else their geometric mean both ways.
+    """
+    added = []
+    rewritten: set[fx.Node] = set()
+    for node in list(graph.nodes):
+        if node.target is not U.relu or not node.args:
+            continue
+        join = _producer(node.args[0])
+        if not (isinstance(join, fx.Node) and join.target is U.residual_add and len(join.args) >= 3):
+            continue
+        skip = _producer(join.args[1])
+        while isinstance(skip, fx.Node) and (skip.target is operator.getitem or skip.target is U.residual_split):
+            skip = skip.args[0]
+        skip = _producer(skip)
+        if not (isinstance(skip, fx.Node) and (skip.target is U.relu or skip in rewritten)):
+            continue
+        tau = join.args[2]
+        if not isinstance(tau, (int, float)):
+            continue
+        forward, backward = _post_residual_relu(float(tau))
+        if node in constrained:
+            forward = backward = (forward * backward) ** 0.5
+        users = list(node.users)
+        node.target, node.kwargs = F.relu, {}
+        rescaled = _insert_after(
+            node,
+            U.scale,
+            (node, forward, backward),
+            f"{node.name}_after_residual",
+            node,
+            node.meta.get("example_value"),
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        # An average pool after it takes a plain ReLU's mean-to-std ratio (0.68), not the fixed
+        # point's (0.98): that one assumes every skip is such a ReLU, and measured on ResNet,
+        # RegNet and BotNet it undershoots the pooled scale by a factor of 2.
+        rescaled.meta[_MEAN_TO_STD_KEY] = _ratio(F.relu)
+        rewritten.update({node, rescaled})
+        added += [node, rescaled]
+    return added
+
+
+def _producer(node: Any) -> Any:
+    """The op that made ``node``, looking back through reshapes and casts."""
+    while isinstance(node, fx.Node) and _is_neutral(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _rescale_max_pools_of_relus(graph: fx.Graph) -> list[fx.Node]:
+    """Scale a max pool of a ReLU by ``2**-0.5`` both ways; returns the scale nodes added.
+
+    The ReLU's ``2**0.5`` assumes half its outputs are zero (forward) and half its gradients
+    are dropped (backward). A max over a window of ReLU outputs is almost never zero, and its
+    gradient goes only to a window's maximum, where the ReLU passed its input: both halves
+    are kept, and a ResNet's stem would grow the forward and the gradient by ``2**0.5``.
+    """
+    added = []
+    for node in list(graph.nodes):
+        if node.target is not U.max_pool2d or node.kwargs.get("return_indices") or len(node.args) > 6:
+            continue
+        source = _producer(node.args[0])
+        if not (isinstance(source, fx.Node) and source.target is U.relu):
+            continue
+        users = list(node.users)
+        rescaled = _insert_after(
+            node, U.scale, (node, 2**-0.5, 2**-0.5), f"{node.name}_of_relu", node, node.meta.get("example_value")
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        added.append(rescaled)
+    return added
 
 
 def _rotary_ops(
@@ -463,8 +770,12 @@ class UnitScalePass:
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
-        done: set[fx.Node] = set()
+        regions = _whole_regions(graph)
+        frozen = {n for nodes in regions.values() for n in nodes}
+        done: set[fx.Node] = set(frozen)
         for node in list(graph.nodes):
+            if node in frozen:
+                continue
             fn = _function_of(node)
             user_fn = _lookup(self.replace, fn) if fn is not None else None
             if user_fn is not None:
@@ -477,7 +788,7 @@ class UnitScalePass:
         kept = _rotary_ops(graph, live, ancestors, done)
         trunk = _trunk(graph, live)
         stream = _stream(graph, live)
-        residuals = self._residual_adds(graph, ancestors, done | set(kept))
+        residuals = self._residual_adds(graph, ancestors, done | set(kept), stream - frozen, frozen)
         # Residual adds are found in graph order: the last one found is the last one run.
         before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
         before_last -= trunk
@@ -493,7 +804,12 @@ class UnitScalePass:
                     done.add(node)
                 continue
             if _is_product_of_activations(node, stream):
-                kept[node] = "product of two activations (unit std times unit std stays unit std)"
+                if _is_broadcast_product(node):
+                    self._retarget(node, U.mul, {})
+                    node.args = tuple(node.args[:2])
+                    done.add(node)
+                else:
+                    kept[node] = "product of two activations (unit std times unit std stays unit std)"
                 continue
             twin = _lookup(self.torch_map, _function_of(node))
             if twin is None:
@@ -504,9 +820,22 @@ class UnitScalePass:
         for node in list(graph.nodes):
             if node in live and node not in done and node not in kept and _drop_constant_factor(node):
                 done.add(node)
+        _constrain_before_batch_norms(graph)
+        done.update(_rescale_relus_after_residuals(graph, before_last))
+        done.update(_forward_scale_global_pools(graph))
+        done.update(_rescale_max_pools_of_relus(graph))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
+        for n in kept:
+            n.meta[KEPT_KEY] = kept[n]
         gm.meta["unscaled_ops"] = [
-            describe(n) for n in graph.nodes if n in live and n not in kept and self._left_unscaled(n, done)
+            describe(n)
+            for n in graph.nodes
+            if n in live and n not in kept and n not in frozen and self._left_unscaled(n, done)
+        ]
+        gm.meta["unscaled_regions"] = [
+            f"{_region_name(head)}: {_region_size(gm, head, nodes)} op(s) left whole"
+            for head, nodes in regions.items()
+            if nodes & live
         ]
         if not self.initialised:
             unit_init_(gm)
@@ -521,8 +850,14 @@ class UnitScalePass:
         node.target = fn
         node.kwargs = {**node.kwargs, **extra_kwargs}
 
-    @staticmethod
-    def _residual_adds(graph: fx.Graph, ancestors: dict[fx.Node, set[fx.Node]], done: set[fx.Node]) -> list[fx.Node]:
+    def _residual_adds(
+        self,
+        graph: fx.Graph,
+        ancestors: dict[fx.Node, set[fx.Node]],
+        done: set[fx.Node],
+        stream: set[fx.Node],
+        frozen: set[fx.Node],
+    ) -> list[fx.Node]:
         found = []
         for node in list(graph.nodes):
             if node in done or not _is_add(node) or len(node.args) < 2 or node.kwargs.get("alpha", 1) != 1:
@@ -530,11 +865,17 @@ class UnitScalePass:
             a, b = node.args[0], node.args[1]
             if not (isinstance(a, fx.Node) and isinstance(b, fx.Node) and _is_float_node(a) and _is_float_node(b)):
                 continue
+            if a in frozen or b in frozen:
+                continue  # an operand inside a region left whole
             if a in ancestors[b]:
                 skip, branch = a, b
             elif b in ancestors[a]:
                 skip, branch = b, a
             else:
+                added = self._fork_join(node, a, b, ancestors, stream)
+                if added:
+                    done.update({node, *added})
+                    found.append(node)
                 continue
             body = {n for n in ancestors[branch] | {branch} if skip in ancestors[n]}
             tau = 0.01 if any(_member(_function_of(n), _ATTENTION) for n in body) else 0.5
@@ -550,6 +891,56 @@ class UnitScalePass:
             found.append(node)
         return found
 
+    @staticmethod
+    def _fork_join(
+        node: fx.Node, a: fx.Node, b: fx.Node, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
+    ) -> list[fx.Node]:
+        """``a + b`` where both paths start at one fork (a projection shortcut): a residual pair there.
+
+        ResNet's downsampling block adds ``bn2(conv2(...(x)))`` and ``downsample(x)``: neither
+        operand is an ancestor of the other, but both come from ``x``, whose gradient would be
+        the sum of two unit-std gradients (std ``2**0.5``) at every such block. With a
+        :func:`~unitscale.functional.residual_split` at the fork (the latest common ancestor on
+        the activation stream, whose every reader leads to exactly one of the two operands) and
+        a :func:`~unitscale.functional.residual_add` at the join, the forward weights stay
+        those of :func:`~unitscale.functional.add` (``tau = 0.5``) and the gradients meet
+        weighted. Returns the nodes it added (none: the add is not such a join).
+        """
+        if a not in stream or b not in stream:
+            return []
+        common = ancestors.get(a, set()) & ancestors.get(b, set()) & stream
+        forks = [n for n in node.graph.nodes if n in common]
+        if not forks or not _is_float_node(forks[-1]):
+            return []
+        fork = forks[-1]
+        sides = {}
+        for user in fork.users:
+            on_a = user is a or user in ancestors.get(a, set())
+            on_b = user is b or user in ancestors.get(b, set())
+            if on_a == on_b:
+                if on_a:
+                    return []
+                continue
+            sides[user] = 0 if on_a else 1
+        if set(sides.values()) != {0, 1}:
+            return []
+        body_a = {n for n in ancestors.get(a, set()) | {a} if fork in ancestors.get(n, set())}
+        body_b = {n for n in ancestors.get(b, set()) | {b} if fork in ancestors.get(n, set())}
+        attention_a = any(_member(_function_of(n), _ATTENTION) for n in body_a)
+        attention_b = any(_member(_function_of(n), _ATTENTION) for n in body_b)
+        # The branch is the side with attention, else the longer one; the other is the skip.
+        branch_side = 0 if (attention_a, len(body_a)) >= (attention_b, len(body_b)) else 1
+        tau = 0.01 if attention_a or attention_b else 0.5
+        value = fork.meta.get("example_value")
+        split = _insert_after(fork, U.residual_split, (fork, tau), f"{fork.name}_split", node, (value, value))
+        to_branch = _insert_after(split, operator.getitem, (split, 0), f"{fork.name}_residual", node, value)
+        to_skip = _insert_after(to_branch, operator.getitem, (split, 1), f"{fork.name}_skip", node, value)
+        for user, side in sides.items():
+            user.replace_input_with(fork, to_branch if side == branch_side else to_skip)
+        branch, skip = (a, b) if branch_side == 0 else (b, a)
+        node.op, node.target, node.args, node.kwargs = "call_function", U.residual_add, (branch, skip, tau), {}
+        return [split, to_branch, to_skip]
+
     def _left_unscaled(self, node: fx.Node, done: set[fx.Node]) -> bool:
         if node in done or node.op not in ("call_function", "call_method", "call_module"):
             return False
@@ -558,6 +949,6 @@ class UnitScalePass:
         fn = _function_of(node)
         if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
             return False
-        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _member(fn, ATEN_NEUTRAL):
+        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _aten_neutral(fn):
             return False
         return not (isinstance(fn, torch._ops.OpOverload) and fn.namespace == "unitscale")

@@ -1,0 +1,76 @@
+"""Unit-scaled batch norm: torch's batch norm forward, a backward scaled by the std it divides by.
+
+Oracles: ``torch.nn.functional.batch_norm`` itself (values, true gradients) and hand-computed
+statistics of the batch (the running statistics' first-batch replacement and later updates).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import unitscale.functional as U
+
+
+def _channels_with_spread(n: int = 16, c: int = 32) -> torch.Tensor:
+    """``(n, c, 8, 8)`` values whose channels have stds from 0.2 to 5 (a conv after a ReLU, exaggerated)."""
+    torch.manual_seed(0)
+    return torch.randn(n, c, 8, 8) * torch.logspace(-0.7, 0.7, c).reshape(1, c, 1, 1) + 3
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_gradient_is_the_true_one_times_the_harmonic_mean_std(training: bool) -> None:
+    x = _channels_with_spread().requires_grad_()
+    mean, var = x.detach().mean((0, 2, 3)), x.detach().var((0, 2, 3), unbiased=False)
+    running_mean, running_var = (None, None) if training else (mean.clone(), var.clone())
+    y = U.batch_norm(x, running_mean, running_var, training=training)
+    expected = F.batch_norm(x, running_mean, running_var, training=training)
+    assert torch.allclose(y, expected, atol=1e-5)
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, x, g)
+    (true,) = torch.autograd.grad(expected, x, g)
+    factor = (1 / (var + 1e-5)).mean().rsqrt()
+    assert torch.allclose(got, true * factor, atol=1e-6)
+    # the true gradient's std is about 1 / (harmonic-mean std): the scaled one is unit
+    assert got.std().item() == pytest.approx(1.0, abs=0.1)
+    assert true.std().item() > 2
+
+
+def test_reset_running_statistics_are_replaced_by_the_first_training_batch_then_updated_with_momentum() -> None:
+    x = _channels_with_spread()
+    running_mean, running_var = torch.zeros(32), torch.ones(32)
+    U.batch_norm(x, running_mean, running_var, training=True, momentum=0.1)
+    assert torch.allclose(running_mean, x.mean((0, 2, 3)), atol=1e-5)
+    assert torch.allclose(running_var, x.var((0, 2, 3), unbiased=True), rtol=1e-5)
+    second = _channels_with_spread() * 2
+    before_mean, before_var = running_mean.clone(), running_var.clone()
+    U.batch_norm(second, running_mean, running_var, training=True, momentum=0.1)
+    # torch's update from then on
+    torch_mean, torch_var = before_mean.clone(), before_var.clone()
+    F.batch_norm(second, torch_mean, torch_var, training=True, momentum=0.1)
+    assert torch.allclose(running_mean, torch_mean, atol=1e-5) and torch.allclose(running_var, torch_var, rtol=1e-5)
+
+
+def test_eval_before_any_training_batch_normalises_with_the_batch_then_with_running_statistics() -> None:
+    x = _channels_with_spread()
+    running_mean, running_var = torch.zeros(32), torch.ones(32)
+    y = U.batch_norm(x, running_mean, running_var, training=False)
+    assert torch.allclose(y, F.batch_norm(x, None, None, training=True), atol=1e-4)
+    assert torch.equal(running_mean, torch.zeros(32)) and torch.equal(running_var, torch.ones(32))
+    learnt_mean, learnt_var = torch.full((32,), 3.0), torch.full((32,), 4.0)
+    y = U.batch_norm(x, learnt_mean, learnt_var, training=False)
+    assert torch.allclose(y, (x - 3) / (4 + 1e-5) ** 0.5, atol=1e-5)
+
+
+def test_batch_norm_affine_gradients_are_unit() -> None:
+    torch.manual_seed(0)
+    w, b = torch.ones(64, requires_grad=True), torch.zeros(64, requires_grad=True)
+    y = U.batch_norm(torch.randn(32, 64, 6, 6), None, None, w, b, training=True)
+    y.backward(torch.randn_like(y))
+    assert w.grad.std().item() == pytest.approx(1.0, abs=0.2) and b.grad.std().item() == pytest.approx(1.0, abs=0.2)
+
+
+def test_batch_norm_of_one_value_per_channel_fails_as_torchs_does() -> None:
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        U.batch_norm(torch.randn(1, 4), torch.zeros(4), torch.ones(4), training=True)

@@ -1,0 +1,218 @@
+"""Gates and hard activations: sigmoid, hardsigmoid and hardswish, scaled by their Gaussian moments.
+
+A gate (a squeeze-excitation block's sigmoid, MobileNetV3's hardsigmoid) multiplies an
+activation: for a unit-scaled activation ``x`` and a gate ``g`` computed from another
+branch, ``x * g`` has root-mean-square ``RMS(g)``. So a gate is scaled to unit
+root-mean-square (not unit std: its mean, near 0.5, is most of its value), and the
+product keeps the activation's scale. Its backward only feeds the small branch that
+computes the gate, so by default the gate takes its forward scale both ways
+(``constraint="to_output_scale"``): the gradient stays the true gradient of the
+scaled function, and the gate's value, which the main path sees, is the one at unit scale.
+
+Every scale is a moment of the function or its derivative for ``x ~ N(0, 1)``: in closed
+form from the normal distribution's partial moments for the piecewise-polynomial hard
+functions, by quadrature for the sigmoid; ``tests/scaling/test_gates.py`` measures them.
+"""
+
+from __future__ import annotations
+
+import functools as _functools
+import math as _math
+from typing import TYPE_CHECKING
+
+import torch as _torch
+import torch.nn.functional as _F
+
+from unitscale.functional._scale import _constrain, scale
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
+
+
+def _pdf(v: float) -> float:
+    return _math.exp(-v * v / 2) / (2 * _math.pi) ** 0.5 if _math.isfinite(v) else 0.0
+
+
+def _cdf(v: float) -> float:
+    return 0.5 * (1.0 + _math.erf(v / 2**0.5))
+
+
+def _partial_moment(k: int, low: float, high: float) -> float:
+    """``E[x**k; low < x < high]`` for ``x ~ N(0, 1)``.
+
+    By parts: ``M_k = low**(k-1) pdf(low) - high**(k-1) pdf(high) + (k - 1) M_(k-2)``,
+    from ``M_0 = cdf(high) - cdf(low)`` and ``M_1 = pdf(low) - pdf(high)``.
+    """
+    if k == 0:
+        return _cdf(high) - _cdf(low)
+    if k == 1:
+        return _pdf(low) - _pdf(high)
+    edge = sum(sign * v ** (k - 1) * _pdf(v) for sign, v in ((1, low), (-1, high)) if _math.isfinite(v))
+    return edge + (k - 1) * _partial_moment(k - 2, low, high)
+
+
+def _hardsigmoid_moments() -> tuple[float, float]:
+    """Mean squares of ``hardsigmoid(x) = clamp(x / 6 + 1/2, 0, 1)`` and of its derivative (1/6 on ``|x| < 3``)."""
+    m = [_partial_moment(k, -3.0, 3.0) for k in range(3)]
+    above = 1 - _cdf(3.0)
+    return m[2] / 36 + m[1] / 6 + m[0] / 4 + above, m[0] / 36
+
+
+def _hardswish_moments() -> tuple[float, float, float]:
+    """Mean, mean square of ``hardswish(x) = x * hardsigmoid(x)``, and mean square of its derivative.
+
+    On ``|x| < 3`` hardswish is ``(x**2 + 3x) / 6`` with derivative ``(2x + 3) / 6``; above 3 it is
+    ``x`` (derivative 1); below -3 it is 0.
+    """
+    m = [_partial_moment(k, -3.0, 3.0) for k in range(5)]
+    above = [_partial_moment(k, 3.0, _math.inf) for k in range(3)]
+    mean = (m[2] + 3 * m[1]) / 6 + above[1]
+    square = (m[4] + 6 * m[3] + 9 * m[2]) / 36 + above[2]
+    grad_square = (4 * m[2] + 12 * m[1] + 9 * m[0]) / 36 + above[0]
+    return mean, square, grad_square
+
+
+@_functools.lru_cache(maxsize=1)
+def _sigmoid_moments() -> tuple[float, float]:
+    """Mean squares of ``sigmoid(x)`` and of ``sigmoid'(x)`` for ``x ~ N(0, 1)`` (trapezoid rule on [-12, 12])."""
+    steps, lo, hi = 6000, -12.0, 12.0
+    h = (hi - lo) / steps
+    value = grad = 0.0
+    for i in range(steps + 1):
+        x = lo + i * h
+        s = 1 / (1 + _math.exp(-x))
+        weight = (0.5 if i in (0, steps) else 1.0) * _pdf(x) * h
+        value += weight * s * s
+        grad += weight * (s * (1 - s)) ** 2
+    return value, grad
+
+
+def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Tensor:
+    """Unit-scaled :func:`torch.sigmoid` (``nn.Sigmoid``, the gate of squeeze-excitation blocks).
+
+    Scaled to unit root-mean-square, the scale a gate passes on to the activation it
+    multiplies: output × ``1 / 0.5417`` (``E[sigmoid(x)**2]**-0.5`` for ``x ~ N(0, 1)``);
+    the input gradient's own scale would be ``1 / 0.2117`` (the RMS of ``sigmoid'``), and
+    the default constraint gives it the output's (see the module docstring).
+
+    Args:
+        input: any tensor.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``
+            (each direction to unit scale on its own).
+
+    Returns:
+        ``sigmoid(input)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import sigmoid
+    >>> _ = torch.manual_seed(0)
+    >>> round(sigmoid(torch.randn(100_000)).pow(2).mean().sqrt().item(), 2)
+    1.0
+    """
+    value, grad = _sigmoid_moments()
+    output_scale, grad_scale = _constrain(constraint, value**-0.5, grad**-0.5)
+    return scale(_torch.sigmoid(input), output_scale, grad_scale)
+
+
+def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "to_output_scale") -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.hardsigmoid` (the gate of MobileNetV3's squeeze-excitation).
+
+    ``clamp(x / 6 + 1/2, 0, 1)``, scaled to unit root-mean-square as :func:`sigmoid` is:
+    output × ``1 / 0.5270``, from the normal distribution's partial moments on ``[-3, 3]``;
+    the derivative's own scale would be ``6 / P(|x| < 3)**0.5 = 6.008``.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``hardsigmoid(input)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import hardsigmoid
+    >>> _ = torch.manual_seed(0)
+    >>> round(hardsigmoid(torch.randn(100_000)).pow(2).mean().sqrt().item(), 2)
+    1.0
+    """
+    value, grad = _hardsigmoid_moments()
+    output_scale, grad_scale = _constrain(constraint, value**-0.5, grad**-0.5)
+    return scale(_F.hardsigmoid(input), output_scale, grad_scale)
+
+
+def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean") -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.hardswish` (MobileNetV3, LeViT): ``x * hardsigmoid(x)``.
+
+    An activation, not a gate, scaled as :func:`~unitscale.functional.silu` (which it
+    approximates) is: output × ``1 / 0.5516`` (its std) and input gradient ×
+    ``1 / 0.5989`` (the RMS of its derivative), both for ``x ~ N(0, 1)`` in closed form
+    from the normal distribution's partial moments.
+
+    Args:
+        input: any tensor.
+        inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+
+    Returns:
+        ``hardswish(input)``, scaled.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
+
+    >>> import torch
+    >>> from unitscale.functional import hardswish
+    >>> _ = torch.manual_seed(0)
+    >>> round(hardswish(torch.randn(100_000), constraint=None).std().item(), 2)
+    1.0
+    """
+    mean, square, grad_square = _hardswish_moments()
+    output_scale, grad_scale = _constrain(constraint, (square - mean * mean) ** -0.5, grad_square**-0.5)
+    return scale(_F.hardswish(input), output_scale, grad_scale)
+
+
+def mul(input: Tensor, other: Tensor) -> Tensor:
+    """Unit-scaled product of two activations, one broadcast over the other (``x * gate``).
+
+    The forward is the plain product: a unit-scaled activation times a gate of unit
+    root-mean-square has unit root-mean-square. The backward sums the gradient of a
+    broadcast operand over every position it was broadcast to (a squeeze-excitation gate
+    of shape ``(N, C, 1, 1)`` over ``H * W`` pixels), which grows its std by the square
+    root of that count; so each operand's gradient is scaled by
+    ``(output.numel() / operand.numel())**-0.5``, as a weight's gradient, summed over the
+    batch, is (Blake et al.). Operands of the output's own shape are not scaled.
+
+    Args:
+        input: a tensor.
+        other: a tensor broadcastable with ``input``.
+
+    Returns:
+        ``input * other``.
+
+    >>> import torch
+    >>> from unitscale.functional import mul
+    >>> _ = torch.manual_seed(0)
+    >>> x, gate = torch.randn(64, 16, 32, 32), torch.randn(64, 16, 1, 1, requires_grad=True)
+    >>> y = mul(x, gate)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(gate.grad.std().item(), 1)
+    1.0
+    """
+    shape = _torch.broadcast_shapes(input.shape, other.shape)
+    count = _math.prod(shape)
+    operands = []
+    for operand in (input, other):
+        if isinstance(operand, _torch.Tensor) and 0 < operand.numel() < count:
+            operand = scale(operand, 1.0, (count / operand.numel()) ** -0.5)
+        operands.append(operand)
+    return operands[0] * operands[1]

@@ -1,0 +1,280 @@
+"""Is a unit-scaled graph at unit scale? Measure the std along it, and name the ops that move it off.
+
+:func:`check_scale` runs a graph once on real inputs, forward and backward (an ``N(0, 1)``
+gradient on every float output), and records the std of every activation and of the
+gradient at it. From these it finds the ops that *break* unit scale: an op whose output
+leaves the band while its main input was inside it (forward), or whose input's gradient
+leaves the band while the gradients arriving from its readers were inside it (backward).
+:func:`~unitscale.unit_scale` runs it on the call that captures a graph and puts the result
+on ``result.scale_check``; when the output or the input gradient is off unit scale it logs
+the ops that broke it.
+
+Only the activation stream counts: the graph inputs and the ops that compute from them.
+Parameters (a norm's gain of ones has std 0), position tables and masks have no scale to keep.
+Nor do an op only batch norm reads (batch norm undoes its scale) and the parts of an op that
+``unit_scale`` kept because it keeps unit scale as a whole (a rotary embedding's products)
+count as moving the forward scale.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from unitscale.transforms.unit_scale_pass import KEPT_KEY, _whole_regions, describe
+
+__all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
+
+#: The band a unit-scaled tensor's std is held in: within a factor of 2 of 1.
+BAND = (0.5, 2.0)
+
+
+@dataclass(frozen=True)
+class OffScale:
+    """One op that moves a tensor off unit scale.
+
+    Attributes:
+        op: the op, as ``unit_scale`` names ops (function, node, module path, source line).
+        node: the graph node's name.
+        direction: ``"forward"`` (its output) or ``"backward"`` (its input's gradient).
+        before: the std it was given (its main input; the gradient arriving at its output).
+        after: the std it made (its output; the gradient it passes to its input).
+    """
+
+    op: str
+    node: str
+    direction: str
+    before: float
+    after: float
+
+    @property
+    def factor(self) -> float:
+        """``after / before``: how much the op changed the scale."""
+        return self.after / self.before if self.before > 0 else math.inf
+
+    def __str__(self) -> str:
+        return f"{self.op}: {self.direction} std {self.before:.3g} -> {self.after:.3g} (x{self.factor:.3g})"
+
+
+@dataclass
+class ScaleCheck:
+    """What one forward and backward run of a unit-scaled graph measured.
+
+    Attributes:
+        output_std: std of the float outputs (their concatenation).
+        grad_std: std of the gradient at the float inputs, or, for a model fed integer
+            ids, at the first activations computed from them (the embeddings).
+        breaks: the ops that moved a tensor off unit scale, in graph order (forward first).
+        drift: where the output or the input gradient is off unit scale, the ops that moved
+            it most that way (up to 5 per direction, largest first), whether or not one of
+            them left the band alone: many ops of a factor 1.2 each take a gradient off too.
+        stds: ``(node, forward std, gradient std)`` for every activation, in graph order
+            (``nan`` where there is no gradient).
+        band: the band held, :data:`BAND`.
+
+    >>> import torch
+    >>> from unitscale import unit_scale
+    >>> scaled = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()))
+    >>> _ = scaled(torch.randn(256, 64))
+    >>> scaled.scale_check.ok, len(scaled.scale_check.stds)
+    (True, 3)
+    """
+
+    output_std: float
+    grad_std: float
+    breaks: list[OffScale] = field(default_factory=list)
+    stds: list[tuple[str, float, float]] = field(default_factory=list)
+    band: tuple[float, float] = BAND
+    drift: list[OffScale] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the output std and the input-gradient std are both inside the band."""
+        return all(_inside(v, self.band) for v in (self.output_std, self.grad_std) if not math.isnan(v))
+
+    def __iter__(self) -> Iterator[OffScale]:
+        return iter(self.breaks)
+
+    def summary(self) -> str:
+        """One paragraph: the two stds and, when off unit scale, the ops that moved them.
+
+        >>> from unitscale.transforms.scale_check import OffScale, ScaleCheck
+        >>> check = ScaleCheck(3.1, 1.0, [OffScale("torch.exp (node exp)", "exp", "forward", 1.0, 3.1)])
+        >>> print(check.summary())
+        output std 3.1, input-gradient std 1 (band [0.5, 2]); off unit scale at:
+          torch.exp (node exp): forward std 1 -> 3.1 (x3.1)
+        """
+        head = f"output std {self.output_std:.3g}, input-gradient std {self.grad_std:.3g} (band [{self.band[0]:g}, "
+        head += f"{self.band[1]:g}])"
+        if self.ok:
+            return head + ": at unit scale"
+        lines = [f"  {b}" for b in self.breaks]
+        if self.drift:
+            lines += ["  the ops that moved it most:", *(f"    {d}" for d in self.drift)]
+        return head + "; off unit scale at:\n" + "\n".join(lines)
+
+
+def _inside(value: float, band: tuple[float, float]) -> bool:
+    return band[0] <= value <= band[1]
+
+
+def _std(value: Any) -> float:
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1:
+        return float(value.detach().float().std())
+    return math.nan
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph and keeps each float tensor of the activation stream (the inputs and what follows from them)."""
+
+    def __init__(self, gm: fx.GraphModule, skip: set[fx.Node]) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.skip = skip
+        self.stream: set[fx.Node] = set()
+        self.values: dict[fx.Node, torch.Tensor] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        result = super().run_node(n)
+        is_float = isinstance(result, torch.Tensor) and result.is_floating_point()
+        if n.op == "placeholder":
+            # token ids start the stream too: the embeddings computed from them are activations
+            self.stream.add(n)
+            if is_float:
+                result = result.detach().requires_grad_()
+        elif n.op != "output" and n not in self.skip and any(a in self.stream for a in n.all_input_nodes):
+            self.stream.add(n)
+        if n in self.stream and is_float:
+            self.values[n] = result
+        return result
+
+
+def check_scale(
+    gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float] = BAND, outputs: list[int] | None = None
+) -> ScaleCheck:
+    """Run ``gm`` on ``inputs`` forward and backward, and measure the std along it.
+
+    Parameters' ``.grad`` are left alone (the gradients are taken at the activations
+    only); the caller keeps buffers and the random number generator if it must (batch
+    norm in training mode updates its running statistics, dropout draws).
+
+    Args:
+        gm: a graph whose placeholders take ``inputs``.
+        inputs: one value per placeholder.
+        band: the std band to hold.
+        outputs: the positions, among the graph's output leaves, of the model's outputs
+            (``None``: all). TorchDynamo's graphs also return values the model stores
+            (a cache filled in eval mode), which are not the model's output.
+
+    Returns:
+        A :class:`ScaleCheck`.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.pow(x, 3)
+    >>> check = check_scale(fx.symbolic_trace(Net()), [torch.randn(10_000)])
+    >>> [(b.op.split(" ")[0], b.direction, round(b.factor)) for b in check.breaks]
+    [('torch.pow', 'forward', 4), ('torch.pow', 'backward', 5)]
+    """
+    graph = gm.graph
+    # Tensors inside an inlined vmap are batched views that must not escape it.
+    inside = {n for nodes in _whole_regions(graph).values() for n in nodes}
+    recorder = _Recorder(gm, inside)
+    with torch.enable_grad():
+        leaves = pytree.tree_leaves(recorder.run(*inputs, enable_io_processing=False))
+        values = recorder.values
+        chosen = leaves if outputs is None else [leaves[i] for i in outputs]
+        float_outputs = [o for o in chosen if isinstance(o, torch.Tensor) and o.is_floating_point()]
+        differentiable = [o for o in float_outputs if o.requires_grad]
+        grads: dict[fx.Node, float] = {}
+        targets = [(n, v) for n, v in values.items() if v.requires_grad]
+        if differentiable and targets:
+            generator = torch.Generator(device=differentiable[0].device).manual_seed(0)
+            seeds = [torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device) for o in differentiable]
+            found = torch.autograd.grad(differentiable, [v for _, v in targets], seeds, allow_unused=True)
+            grads = {n: _std(g) for (n, _), g in zip(targets, found, strict=True) if g is not None}
+    output_std = _std(torch.cat([o.detach().float().flatten() for o in float_outputs])) if float_outputs else math.nan
+    placeholders = [n for n in values if n.op == "placeholder" and n in grads]
+    first = placeholders or [n for n in values if n.op != "placeholder" and n in grads][:1]
+    grad_std = math.nan
+    if first:
+        (grad_std,) = [grads[n] for n in first[:1]]
+    breaks = _forward_breaks(graph, values, band) + _backward_breaks(graph, values, grads, band)
+    stds = [(n.name, _std(v), grads.get(n, math.nan)) for n, v in values.items()]
+    drift = []
+    for direction, std in (("forward", output_std), ("backward", grad_std)):
+        if not math.isnan(std) and not _inside(std, band):
+            drift += _drift(graph, values, grads, direction, up=std > band[1])
+    named = {(b.node, b.direction) for b in breaks}
+    drift = [d for d in drift if (d.node, d.direction) not in named]
+    return ScaleCheck(output_std, grad_std, breaks, stds, band, drift)
+
+
+def _main_input(node: fx.Node, values: dict[fx.Node, torch.Tensor]) -> fx.Node | None:
+    """The activation input with the most elements (the tensor an op transforms, not its gain)."""
+    inputs = [a for a in node.all_input_nodes if a in values]
+    return max(inputs, key=lambda a: values[a].numel(), default=None)
+
+
+def _drift(
+    graph: fx.Graph, values: dict[fx.Node, torch.Tensor], grads: dict[fx.Node, float], direction: str, up: bool
+) -> list[OffScale]:
+    """The (up to) 5 ops whose factor moved the scale furthest up (or down), in ``direction``."""
+    steps = []
+    for node in graph.nodes:
+        source = _main_input(node, values) if node in values and node.op != "placeholder" else None
+        if source is None or (direction == "forward" and (_only_normalised(node) or KEPT_KEY in node.meta)):
+            continue
+        if direction == "forward":
+            before, after = _std(values[source]), _std(values[node])
+        else:
+            before, after = grads.get(node, math.nan), grads.get(source, math.nan)
+        if before > 0 and after > 0 and (after > 1.05 * before if up else after < before / 1.05):
+            steps.append(OffScale(describe(node), node.name, direction, before, after))
+    steps.sort(key=lambda s: -abs(math.log(s.factor)))
+    return steps[:5]
+
+
+def _only_normalised(node: fx.Node) -> bool:
+    """Whether only batch norm reads ``node``: its output does not depend on ``node``'s scale."""
+    return bool(node.users) and all(
+        getattr(user.target, "__name__", "") == "batch_norm" and user.args[:1] == (node,) for user in node.users
+    )
+
+
+def _forward_breaks(graph: fx.Graph, values: dict[fx.Node, torch.Tensor], band: tuple[float, float]) -> list[OffScale]:
+    found = []
+    for node in graph.nodes:
+        if node not in values or node.op == "placeholder":
+            continue
+        source = _main_input(node, values)
+        if source is None or _only_normalised(node) or KEPT_KEY in node.meta:
+            continue
+        before, after = _std(values[source]), _std(values[node])
+        if _inside(before, band) and not math.isnan(after) and not _inside(after, band):
+            found.append(OffScale(describe(node), node.name, "forward", before, after))
+    return found
+
+
+def _backward_breaks(
+    graph: fx.Graph, values: dict[fx.Node, torch.Tensor], grads: dict[fx.Node, float], band: tuple[float, float]
+) -> list[OffScale]:
+    found = []
+    for node in reversed(graph.nodes):
+        if node not in grads:
+            continue
+        readers = [u for u in node.users if u in grads]
+        if not readers:
+            continue
+        reader = max(readers, key=lambda u: grads[u])
+        before, after = grads[reader], grads[node]
+        if _inside(before, band) and not _inside(after, band):
+            found.append(OffScale(describe(reader), reader.name, "backward", before, after))
+    return found
