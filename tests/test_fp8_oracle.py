@@ -9,15 +9,12 @@ cast of a float64 is no oracle there: it rounds to float32 first, and a value wi
 
 from __future__ import annotations
 
-import logging
-import warnings
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unitscale.errors import UnitscaleError
+from unitscale.errors import NothingQuantisedWarning, UnitscaleError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unitscale.transforms import simulate_fp8
 
@@ -136,15 +133,9 @@ def test_quantising_a_list_raises_a_typed_error_naming_quantise():
         FP8_E4M3.quantise([1.0, 2.0])  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="helper T: simulate_fp8 should say that nothing was quantised")
-def test_simulate_fp8_on_a_model_without_matmul_says_nothing_was_quantised(caplog):
+def test_simulate_fp8_on_a_model_without_matmul_says_nothing_was_quantised():
     model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.ReLU())
-    said = []
-    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
-        warnings.simplefilter("always")
-        try:
-            simulate_fp8(model)(torch.randn(4, 8))
-        except UnitscaleError as e:
-            said.append(str(e))
-    said += [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
-    assert any("quantis" in message.lower() or "nothing" in message.lower() for message in said), said
+    x = torch.randn(4, 8)
+    with pytest.warns(NothingQuantisedWarning, match="simulate_fp8"):
+        out = simulate_fp8(model)(x)
+    assert torch.equal(out, model(x))  # full precision, as the warning says

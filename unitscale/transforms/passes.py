@@ -305,8 +305,8 @@ class _SimulateFormat:
 
     __name__ = "simulate_format"
 
-    def __init__(self, fwd_format: FPFormat, bwd_format: FPFormat) -> None:
-        self.fwd_format, self.bwd_format = fwd_format, bwd_format
+    def __init__(self, fwd_format: FPFormat, bwd_format: FPFormat, caller: str = "simulate_format") -> None:
+        self.fwd_format, self.bwd_format, self.caller = fwd_format, bwd_format, caller
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
@@ -330,7 +330,7 @@ class _SimulateFormat:
                 rounded += 1
         if not rounded:
             warnings.warn(
-                f"{self.__name__}: the graph of {type(gm).__name__.removesuffix('Graph')} has no matmul-like op "
+                f"{self.caller}: the graph of {type(gm).__name__.removesuffix('Graph')} has no matmul-like op "
                 f"(linear, matmul, mm, bmm, addmm, conv1d/2d/3d, scaled_dot_product_attention) with a float "
                 f"operand, so nothing was rounded to {self.fwd_format!r} / {self.bwd_format!r}: the model runs "
                 f"in full precision as it was",
@@ -384,11 +384,24 @@ def simulate_format(
     >>> model(torch.tensor([[0.3]])).item()
     0.3125
     """
-    _check_module(module, "simulate_format")
+    return _simulate(module, fwd_format, bwd_format, example_inputs, example_kwargs, route, "simulate_format")
+
+
+def _simulate(
+    module: nn.Module,
+    fwd_format: FPFormat,
+    bwd_format: FPFormat,
+    example_inputs: Any,
+    example_kwargs: dict[str, Any] | None,
+    route: str | Sequence[str],
+    caller: str,
+) -> TransformedModule:
+    _check_module(module, caller)
     for name, fmt in (("fwd_format", fwd_format), ("bwd_format", bwd_format)):
         if not isinstance(fmt, FPFormat):
-            raise FormatError(f"simulate_format: {name}={fmt!r} is not an FPFormat (e.g. unitscale.formats.FP8_E4M3)")
-    return apply_transform(module, _SimulateFormat(fwd_format, bwd_format), example_inputs, example_kwargs, route)
+            raise FormatError(f"{caller}: {name}={fmt!r} is not an FPFormat (e.g. unitscale.formats.FP8_E4M3)")
+    transform = _SimulateFormat(fwd_format, bwd_format, caller)
+    return apply_transform(module, transform, example_inputs, example_kwargs, route)
 
 
 def simulate_fp8(module: nn.Module) -> TransformedModule:
@@ -400,5 +413,4 @@ def simulate_fp8(module: nn.Module) -> TransformedModule:
     >>> model(torch.randn(2, 4)).shape
     torch.Size([2, 4])
     """
-    _check_module(module, "simulate_fp8")
-    return simulate_format(module, FP8_E4M3, FP8_E5M2)
+    return _simulate(module, FP8_E4M3, FP8_E5M2, None, None, "auto", "simulate_fp8")
