@@ -12,7 +12,7 @@ loss is ``model.loss(inputs, targets)`` when the model has one, else cross-entro
 
 >>> import torch
 >>> from unitscale.examples import MarkovSource
->>> from unitscale.examples.umup_models import UmupGPT, markov_batches
+>>> from unitscale.examples import UmupGPT, markov_batches
 >>> from unitscale.scaling.transfer import lr_sweep
 >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
 >>> sweep = lr_sweep(lambda w: UmupGPT(8, width=w, depth=1), [16, 32], [0.01, 0.1, 1.0], data, steps=3)
@@ -209,7 +209,7 @@ def coord_check(
 
     >>> import torch
     >>> from unitscale.examples import MarkovSource
-    >>> from unitscale.examples.umup_models import UmupGPT, markov_batches
+    >>> from unitscale.examples import UmupGPT, markov_batches
     >>> from unitscale.scaling.transfer import coord_check
     >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
     >>> check = coord_check(lambda w: UmupGPT(8, width=w, depth=1), [16, 64], data, steps=2)
