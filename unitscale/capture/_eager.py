@@ -62,7 +62,8 @@ class OpRecorder(TorchFunctionMode):
     >>> class Shapes(OpRecorder):
     ...     def record(self, name, op, func, args, kwargs, out):
     ...         print(name, op, repr(self.module_path), tuple(out.shape))
-    >>> _ = Shapes(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())).run(torch.ones(1, 2))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    >>> _ = Shapes(model).run(torch.ones(1, 2))
     linear linear '0' (1, 3)
     relu relu '1' (1, 3)
     """
@@ -205,7 +206,8 @@ def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
     >>> import torch
     >>> from unitscale.capture._eager import record_eager
-    >>> rec = record_eager(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.ones(1, 2),), {})
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> rec = record_eager(model, (torch.ones(1, 2),), {})
     >>> rec.module_calls, [(op.name, op.module_path, op.params) for op in rec.ops]
     (['', '0'], [('linear', '0', ('0.weight', '0.bias'))])
     """

@@ -224,7 +224,8 @@ def addmm(
     >>> import torch
     >>> from unitscale.functional import addmm
     >>> _ = torch.manual_seed(0)
-    >>> x, w, b = torch.randn(512, 256, requires_grad=True), torch.randn(256, 64), torch.zeros(64)
+    >>> x = torch.randn(512, 256, requires_grad=True)
+    >>> w, b = torch.randn(256, 64), torch.zeros(64)
     >>> y = addmm(b, x, w, constraint=None)
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)

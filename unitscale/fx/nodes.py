@@ -86,10 +86,10 @@ def op_name(target: Any, *, qualified: bool = False) -> str:
 
     >>> import operator, torch
     >>> from unitscale.fx.nodes import op_name
-    >>> op_name(torch.nn.functional.linear), op_name(torch.Tensor.__add__), op_name("reshape")
-    ('linear', 'Tensor.add', 'Tensor.reshape')
-    >>> op_name(torch.nn.functional.linear, qualified=True), op_name(operator.add, qualified=True)
-    ('torch.nn.functional.linear', 'operator.add')
+    >>> [op_name(f) for f in (torch.nn.functional.linear, torch.Tensor.add, "reshape")]
+    ['linear', 'Tensor.add', 'Tensor.reshape']
+    >>> [op_name(f, qualified=True) for f in (torch.nn.functional.linear, operator.add)]
+    ['torch.nn.functional.linear', 'operator.add']
     """
     if isinstance(target, str):
         return f"Tensor.{_strip_dunder(target)}"

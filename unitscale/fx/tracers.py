@@ -786,7 +786,7 @@ def fx_exec_order(module: nn.Module, concrete_args: dict[str, Any] | None = None
         NotAModuleError: ``module`` is not an ``nn.Module``.
         TraceError: ``torch.fx`` cannot trace it.
 
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> from unitscale.fx import fx_exec_order
     >>> fx_exec_order(MLP(4)).module_names()
     ['', 'fc1', 'act', 'fc2']

@@ -231,7 +231,7 @@ def pipeline_stage(
 
     >>> import os
     >>> from unitscale.stages import pipeline_stage
-    >>> "RANK" in os.environ or callable(pipeline_stage)  # run it under torchrun; see docs/torchrun.md
+    >>> "RANK" in os.environ or callable(pipeline_stage)  # run it under torchrun
     True
     """
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")

@@ -9,7 +9,7 @@ modules (:meth:`StagePlan.split`, :meth:`StagePlan.stage_modules`), checks them
 
 >>> import torch
 >>> from unitscale import partition
->>> from unitscale.examples.models import TinyGPT
+>>> from unitscale.examples import TinyGPT
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
 <torch._C.Generator object at ...>
 >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
@@ -124,7 +124,7 @@ class StageReport:
 
     >>> import torch
     >>> from unitscale import partition
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> print(partition(MLP(4, 8), 2, torch.randn(2, 4)).report(num_microbatches=2))
     stage nodes    cost (params)  share    params  sends
         0     2               40  52.6%        40  act[2, 8] (64 B)
@@ -201,7 +201,7 @@ class StagePlan:
 
     >>> import torch
     >>> from unitscale import partition
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
     >>> plan
     StagePlan(MLP, 2 stages by params: [40, 36])
@@ -250,7 +250,8 @@ class StagePlan:
         >>> import torch
         >>> from torch import nn
         >>> from unitscale import partition
-        >>> plan = partition(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)), 2, torch.randn(1, 2))
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+        >>> plan = partition(model, 2, torch.randn(1, 2))
         >>> plan.with_bounds([0, 1, 3]).stage_costs
         [6.0, 6.0]
         """
@@ -316,7 +317,8 @@ class StagePlan:
         >>> import torch
         >>> from torch import nn
         >>> from unitscale import partition
-        >>> model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), torch.randn(2, 4)
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        >>> x = torch.randn(2, 4)
         >>> partition(model, 2, x).costs_under(partition(model, 1, x, cost="flops"))
         [64.0, 64.0]
         """
@@ -408,7 +410,7 @@ class StagePlan:
 
         >>> import tempfile, torch
         >>> from unitscale import StagePlan, partition
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> path = tempfile.mkdtemp() + "/plan.pt"
         >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).save(path)
         >>> StagePlan.load(path).num_stages
@@ -426,7 +428,7 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
         >>> plan.output_from_leaves(torch.ones(1)).shape  # MLP returns one tensor
         torch.Size([1])
@@ -443,7 +445,7 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).stage_parameter_names()
         [['fc1.weight', 'fc1.bias'], ['fc2.weight', 'fc2.bias']]
         """
@@ -481,7 +483,7 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> from unitscale.examples.models import TinyGPT
+        >>> from unitscale.examples import TinyGPT
         >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
         >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
         {'blocks.2': <SplitPoint.BEGINNING: 1>}
@@ -530,7 +532,8 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> [n.name for n in partition(torch.nn.Linear(2, 2), 1, torch.randn(1, 2)).compute_nodes()]
+        >>> plan = partition(torch.nn.Linear(2, 2), 1, torch.randn(1, 2))
+        >>> [n.name for n in plan.compute_nodes()]
         ['linear']
         """
         by_name = {n.name: n for n in self.graph.nodes}
@@ -724,7 +727,9 @@ def partition(
     >>> import torch
     >>> from torch import nn
     >>> from unitscale import partition
-    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> model = nn.Sequential(
+    ...     nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)
+    ... )
     >>> plan = partition(model, 2, torch.randn(3, 4))
     >>> plan.stage_costs, plan.assignment
     ([40.0, 90.0], {'_0': 0, '_1': 0, '_2': 1, '_3': 1, '_4': 1})

@@ -386,8 +386,9 @@ def op_libraries(module: nn.Module) -> list[str]:
     ...     return 2 * x
     >>> g = fx.Graph()
     >>> x = g.placeholder("x")
-    >>> _ = g.output(g.call_function(torch.ops.unitscale_doc.twice.default, (g.call_function(torch.relu, (x,)),)))
-    >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]  # where twice was defined
+    >>> relu = g.call_function(torch.relu, (x,))
+    >>> _ = g.output(g.call_function(torch.ops.unitscale_doc.twice.default, (relu,)))
+    >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]  # twice's home
     True
     """
     found: list[str] = []

@@ -147,7 +147,8 @@ class ScaleReport:
 
     >>> from unitscale import ScaleReport
     >>> from unitscale.tracking import ScaleRow
-    >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)], "Net")
+    >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)
+    >>> report = ScaleReport([row], "Net")
     >>> report["x"].scale
     (-> 1.0, <- 0.5)
     >>> print(report.table())
@@ -244,11 +245,12 @@ class ScaleReport:
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
         >>> nan = float("nan")
-        >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)], "Net")
-        >>> print(report.table())
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)
+        >>> report = ScaleReport([row], "Net")
+        >>> print(report.table())  # doctest: +ELLIPSIS
         node  module  op     shape  fwd std  bwd std  abs max  finite
         x             input  (2,)   nan      1        n/a      NO (fwd)
-        NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor(s) affected
+        NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor...
         >>> print(report.table(full=True).splitlines()[0])
         node  module  op     shape  dtype    fwd std  bwd std  abs max  finite
         """
@@ -298,7 +300,8 @@ class ScaleReport:
 
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
-        >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)], "Net")
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)
+        >>> report = ScaleReport([row], "Net")
         >>> fig = report.plot()
         >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]
         ['forward', 'backward']
