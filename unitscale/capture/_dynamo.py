@@ -58,7 +58,7 @@ class DynamoGraph:
 
 @contextmanager
 def no_torch_function_modes() -> Iterator[None]:
-    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures.
+    """Set aside the active ``TorchFunctionMode`` objects (an op recorder, say) while TorchDynamo captures.
 
     A graph transform may first run inside a tool that records ops eagerly (scale
     tracking's op recorder): TorchDynamo would trace that mode's Python instead of the

@@ -35,7 +35,7 @@ class OpRecorder(TorchFunctionMode):
     """Runs a model once and hands every torch function it calls to :meth:`record`.
 
     Each call gets a unique name as an fx node would (``linear``, ``linear_1``; the op
-    is named by :func:`~unitscale.fx.nodes.op_name`) and the innermost module of the
+    is named by ``op_name``, as every capture route names it) and the innermost module of the
     model it ran in. Property reads (``x.shape``, ``x.T``) are not calls. While the mode
     handles a call it is switched off, so the ops inside a recorded function (the pieces
     of ``layer_norm``) and what :meth:`record` itself computes are not recorded.

@@ -9,7 +9,7 @@ graph transform can swap a torch function for its twin by target
 
 Unit scaling changes the scales of gradients, never their directions: with a
 constraint, an op's input gradients are the true gradients of the scaled function
-it computed (see :mod:`unitscale.scaling.constraints` for ``constraint=None``).
+it computed (see :mod:`unitscale.scaling` for ``constraint=None``).
 The gradients of weights, biases, norm gains and embedding tables are scaled on
 their own, by the number of terms each sums over: a parameter is a *cut edge*,
 whose gradient is a positive multiple of its true gradient because it is read by

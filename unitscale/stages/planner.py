@@ -269,7 +269,7 @@ def plan_pipeline(
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
-            timed alone on the example batch, ``unitscale.stages.costs.backward_times``; with
+            timed alone on the example batch, :func:`unitscale.stages.backward_times`; with
             ``cost="time"`` scaled by ``seconds_per_cost`` as the forward's timings are), or a
             callable ``node -> seconds`` per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.
