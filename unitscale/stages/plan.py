@@ -142,13 +142,37 @@ class StageReport:
     lower_bound: float | None = None
     optimal: bool | None = None
 
-    def table(self) -> str:
-        """The report as a plain-text table."""
+    def table(self, full: bool = False, width: int = 88) -> str:
+        """The report as a plain-text table.
+
+        By default a line fits in ``width`` characters (88: a code block of the site): a
+        stage that sends more tensors than fit names the largest first and counts the rest
+        (``+2 more``); the bytes are always the total. ``full=True`` names every tensor.
+
+        Args:
+            full: name every tensor a stage sends, however long the line.
+            width: the most characters a line may take when ``full`` is false (at least 72:
+                the other columns take 47, and a count of tensors with their bytes needs the rest).
+
+        Raises:
+            InputError: ``width`` is not an int of at least 72.
+
+        >>> from unitscale.stages import StageReport, StageRow
+        >>> sends = [(f"add_{i}", (4, 32, 64), 32768) for i in range(6)]
+        >>> rows = [StageRow(0, 9, "x", "add_5", 9.0, 0.5, 64, sends),
+        ...         StageRow(1, 9, "y", "out", 9.0, 0.5, 64)]
+        >>> print(StageReport(rows, "params", num_microbatches=2, bubble=1 / 3))
+        stage nodes    cost (params)  share    params  sends
+            0     9                9  50.0%        64  add_0[4, 32, 64] +5 more (196,608 B)
+            1     9                9  50.0%        64  -
+        bubble with 2 microbatches: (p-1)/(m+p-1) = 1/3 = 0.333
+        """
+        if isinstance(width, bool) or not isinstance(width, int) or width < 72:
+            raise InputError(f"StageReport.table(width={width!r}): pass an int of at least 72 (characters per line)")
         lines = [f"{'stage':>5} {'nodes':>5} {'cost (' + self.cost + ')':>16} {'share':>6} {'params':>9}  sends"]
         for r in self.rows:
-            sends = ", ".join(f"{n}{list(shape)}" for n, shape, _ in r.sends) or "-"
-            sent = f" ({r.bytes_out:,} B)" if r.sends else ""
-            lines.append(f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  {sends}{sent}")
+            head = f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  "
+            lines.append(head + _sends_cell(r, None if full else width - len(head)))
         p, m = len(self.rows), self.num_microbatches
         lines.append(f"bubble with {m} microbatches: (p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {self.bubble:.3f}")
         if self.step_time is not None and self.lower_bound is not None:
@@ -157,6 +181,22 @@ class StageReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _sends_cell(row: StageRow, room: int | None) -> str:
+    """What ``row`` sends, in ``room`` characters when it can: the largest tensors first, the rest counted."""
+    if not row.sends:
+        return "-"
+    total = f" ({row.bytes_out:,} B)"
+    named = [f"{name}{list(shape)}" for name, shape, _ in row.sends]
+    if room is None or len(", ".join(named) + total) <= room:
+        return ", ".join(named) + total
+    largest = [named[i] for i in sorted(range(len(named)), key=lambda i: -row.sends[i][2])]
+    for keep in range(len(largest) - 1, 0, -1):
+        cell = ", ".join(largest[:keep]) + f" +{len(largest) - keep} more" + total
+        if len(cell) <= room:
+            return cell
+    return f"{len(named)} tensor{'' if len(named) == 1 else 's'}" + total
 
 
 def _certificate(step_time: float, lower_bound: float, optimal: bool | None) -> str:
