@@ -295,7 +295,7 @@ def underflow_fraction(x: torch.Tensor, fmt: FPFormat) -> float:
     >>> import torch
     >>> from unitscale.formats import FP8_E5M2, FP16, underflow_fraction
     >>> grad = torch.tensor([0.0, 1e-3, 1e-5, 1e-6, 2.0**-17, -2.0**-18])
-    >>> underflow_fraction(grad, FP8_E5M2)  # 1e-6, 2**-17, -2**-18 of the five nonzero
+    >>> underflow_fraction(grad, FP8_E5M2)  # 1e-6, 2**-17, -2**-18 of five nonzero
     0.6
     >>> underflow_fraction(grad, FP16)
     0.0

@@ -193,7 +193,8 @@ def trace_exec_order(
     >>> order = trace_exec_order(MLP(4))
     >>> order.module_names(), order.param_names()
     (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
-    >>> [type(u.module).__name__ for u in order.module_to_param_usage_infos[order.root]]
+    >>> usages = order.module_to_param_usage_infos[order.root]
+    >>> [type(u.module).__name__ for u in usages]
     ['Linear', 'Linear']
     """
     if not isinstance(module, nn.Module):

@@ -12,8 +12,8 @@ learning rate moves. :class:`UmupGPT` is built from :mod:`unitscale.nn` modules
 >>> import torch
 >>> from unitscale.examples import SPGPT, UmupGPT
 >>> idx = torch.randint(0, 16, (2, 8))
->>> UmupGPT(16, width=32)(idx).shape == SPGPT(16, width=32)(idx).shape == (2, 8, 16)
-True
+>>> UmupGPT(16, width=32)(idx).shape, SPGPT(16, width=32)(idx).shape
+(torch.Size([2, 8, 16]), torch.Size([2, 8, 16]))
 """
 
 from __future__ import annotations

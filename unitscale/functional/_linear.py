@@ -375,7 +375,8 @@ def conv2d(
     >>> import torch
     >>> from unitscale.functional import conv2d
     >>> _ = torch.manual_seed(0)
-    >>> x, w = torch.randn(8, 16, 32, 32, requires_grad=True), torch.randn(32, 16, 3, 3)
+    >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
+    >>> w = torch.randn(32, 16, 3, 3)
     >>> y = conv2d(x, w, padding=1, constraint=None)
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)

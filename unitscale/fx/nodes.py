@@ -86,9 +86,10 @@ def op_name(target: Any, *, qualified: bool = False) -> str:
 
     >>> import operator, torch
     >>> from unitscale.fx.nodes import op_name
-    >>> [op_name(f) for f in (torch.nn.functional.linear, torch.Tensor.add, "reshape")]
+    >>> linear = torch.nn.functional.linear
+    >>> [op_name(f) for f in (linear, torch.Tensor.add, "reshape")]
     ['linear', 'Tensor.add', 'Tensor.reshape']
-    >>> [op_name(f, qualified=True) for f in (torch.nn.functional.linear, operator.add)]
+    >>> [op_name(f, qualified=True) for f in (linear, operator.add)]
     ['torch.nn.functional.linear', 'operator.add']
     """
     if isinstance(target, str):

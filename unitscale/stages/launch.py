@@ -103,7 +103,8 @@ class RankPipeline:
     Unpacks as ``stages, schedule = rank_pipeline``.
 
     >>> from unitscale.stages import RankPipeline
-    >>> RankPipeline(stages=[], schedule=None, stage_indices=[0], num_stages=2).is_first
+    >>> pipeline = RankPipeline([], None, stage_indices=[0], num_stages=2)
+    >>> pipeline.is_first
     True
 
     Attributes:

@@ -161,9 +161,10 @@ class StageReport:
         >>> sends = [(f"add_{i}", (4, 32, 64), 32768) for i in range(6)]
         >>> rows = [StageRow(0, 9, "x", "add_5", 9.0, 0.5, 64, sends),
         ...         StageRow(1, 9, "y", "out", 9.0, 0.5, 64)]
-        >>> print(StageReport(rows, "params", num_microbatches=2, bubble=1 / 3))
+        >>> report = StageReport(rows, "params", num_microbatches=2, bubble=1 / 3)
+        >>> print(report.table(width=80))
         stage nodes    cost (params)  share    params  sends
-            0     9                9  50.0%        64  add_0[4, 32, 64] +5 more (196,608 B)
+            0     9                9  50.0%        64  6 tensors (196,608 B)
             1     9                9  50.0%        64  -
         bubble with 2 microbatches: (p-1)/(m+p-1) = 1/3 = 0.333
         """
@@ -525,7 +526,8 @@ class StagePlan:
         >>> from unitscale import partition
         >>> from unitscale.examples import TinyGPT
         >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
-        >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
+        >>> idx = torch.randint(0, 16, (2, 8))
+        >>> partition(model, 2, idx, boundary_depth=2).split_spec()
         {'blocks.2': <SplitPoint.BEGINNING: 1>}
         """
         # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)

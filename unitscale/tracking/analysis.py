@@ -467,7 +467,7 @@ def analyse_module(
         fc1_weight = self.fc1.weight  # (-> 0.0361, <- 4.61)
         fc1_bias = self.fc1.bias  # (-> 0.0363, <- 4.38)
         linear = torch._C._nn.linear(x, fc1_weight, fc1_bias)  # (-> 0.578, <- 0.204)
-        relu = torch.nn.functional.relu(linear, inplace = False)  # (-> 0.337, <- 0.288)
+        relu = torch.nn.functional.relu(linear, ...)  # (-> 0.337, <- 0.288)
         fc2_weight = self.fc2.weight  # (-> 0.018, <- 9.01)
         fc2_bias = self.fc2.bias  # (-> 0.0183, <- 21.2)
         linear_1 = torch._C._nn.linear(relu, fc2_weight, ...)  # (-> 0.236, <- 0.998)
