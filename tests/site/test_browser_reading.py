@@ -226,8 +226,9 @@ def _contrast_problems(tab) -> list[str]:
 
 # Pages whose code blocks may scroll: the source listings keep the package's 120 columns. The API
 # pages (docs/generated/) are counted: tests/test_docstring_examples_fit.py keeps every docstring
-# example line within their code blocks.
-CODE_MAY_SCROLL = ("_modules/",)
+# example line within their code blocks. unitscale.transforms' pages wait for the transforms
+# branch, as in that test's ALLOWED list; remove the entry when it lands.
+CODE_MAY_SCROLL = ("_modules/", "docs/generated/unitscale.transforms.")
 
 
 def layout_problems(tab, viewport: str, page: str = "") -> dict[str, list[str]]:

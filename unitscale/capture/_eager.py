@@ -44,11 +44,13 @@ class OpRecorder(TorchFunctionMode):
 
     .. code-block:: text
 
-        run(*args, **kwargs)          module hooks and this mode on, root(*args, **kwargs)
-        +-- enter_module(m)           a forward pre-hook: m joins the stack, its path module_calls
-        +-- __torch_function__()      runs the function
-        |   +-- record(name, op, func, args, kwargs, out) *   what to keep of one call
-        +-- leave_module(m)           a forward hook: m leaves the stack
+        run(*args, **kwargs)      module hooks and this mode on; root(*args, **kwargs)
+        +-- enter_module(m)       a forward pre-hook: m joins the stack, and its
+        |                         path joins module_calls
+        +-- __torch_function__()  runs the function
+        |   +-- record(name, op, func, args, kwargs, out) *
+        |                         what to keep of one call
+        +-- leave_module(m)       a forward hook: m leaves the stack
 
     Args:
         root: the model; its ``named_modules()`` give the paths.
