@@ -27,8 +27,8 @@ The contract every public function and class of unitscale keeps:
    the inputs') raise instead.
 
 >>> from unitscale.errors import NotAModuleError, UnitscaleError
->>> issubclass(NotAModuleError, TypeError) and issubclass(NotAModuleError, UnitscaleError)
-True
+>>> [issubclass(NotAModuleError, base) for base in (TypeError, UnitscaleError)]
+[True, True]
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class NotInvertibleError(UnitscaleError, ValueError):
     >>> import torch, unitscale
     >>> unitscale.invert(lambda x: torch.relu(x))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.NotInvertibleError: cannot invert node 'relu' (torch.relu) in function <lambda>: ...
+    unitscale.errors.NotInvertibleError: cannot invert node 'relu' (torch.relu) in ...
     """
 
 
@@ -184,9 +184,9 @@ class ScaleValueError(UnitscaleError, ValueError):
     """A scale given to a constraint (``gmean``, ``hmean``, ...) is not a finite number > 0.
 
     >>> import unitscale
-    >>> unitscale.scaling.gmean(0, 1)
+    >>> unitscale.scaling.gmean(0, 1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.ScaleValueError: gmean: output_scale=0.0 must be a finite number > 0
+    unitscale.errors.ScaleValueError: gmean: output_scale=0.0 must be a finite ...
     """
 
 
@@ -200,7 +200,7 @@ class ConfigError(InputError):
     >>> import unitscale
     >>> unitscale.examples.TinyGPT(d_model=10, n_heads=3)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by n_heads=3; ...
+    unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by ...
     """
 
 
@@ -226,9 +226,10 @@ class MonitorSettingError(InputError):
     format that is not an :class:`~unitscale.formats.FPFormat`, a step that is not an int >= 0.
 
     >>> import torch, unitscale
-    >>> unitscale.tracking.ScaleMonitor(torch.nn.Linear(2, 2), every=0)  # doctest: +ELLIPSIS
+    >>> model = torch.nn.Linear(2, 2)
+    >>> unitscale.tracking.ScaleMonitor(model, every=0)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.MonitorSettingError: ScaleMonitor: every=0 must be an int >= 1 ...
+    unitscale.errors.MonitorSettingError: ScaleMonitor: every=0 must be an int ...
     """
 
 
@@ -252,7 +253,7 @@ class UnknownRoleError(UnitscaleError, ValueError):
     >>> from unitscale.scaling import tag
     >>> tag(torch.nn.Parameter(torch.zeros(2)), "gain", width=2)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.UnknownRoleError: tag: role='gain' is not a u-μP role; pass one of ...
+    unitscale.errors.UnknownRoleError: tag: role='gain' is not a u-μP role; ...
     """
 
 

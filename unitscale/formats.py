@@ -66,7 +66,7 @@ class FPFormat:
     >>> FPFormat(9, 2)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    unitscale.errors.FormatError: FPFormat: exponent_bits=9 is outside 2..8; float32 simulates formats with ...
+    unitscale.errors.FormatError: FPFormat: exponent_bits=9 is outside 2..8; ...
     """
 
     exponent_bits: int
@@ -295,7 +295,7 @@ def underflow_fraction(x: torch.Tensor, fmt: FPFormat) -> float:
     >>> import torch
     >>> from unitscale.formats import FP8_E5M2, FP16, underflow_fraction
     >>> grad = torch.tensor([0.0, 1e-3, 1e-5, 1e-6, 2.0**-17, -2.0**-18])
-    >>> underflow_fraction(grad, FP8_E5M2)  # 1e-6, 2**-17 and -2**-18 of the five nonzero values
+    >>> underflow_fraction(grad, FP8_E5M2)  # 1e-6, 2**-17, -2**-18 of five nonzero
     0.6
     >>> underflow_fraction(grad, FP16)
     0.0

@@ -224,9 +224,11 @@ def _contrast_problems(tab) -> list[str]:
     return problems
 
 
-# Pages whose code blocks may scroll: the source listings keep the package's 120 columns, and the
-# API pages show docstring examples as written (a docstring line over 88 columns scrolls there).
-CODE_MAY_SCROLL = ("_modules/", "docs/generated/")
+# Pages whose code blocks may scroll: the source listings keep the package's 120 columns. The API
+# pages (docs/generated/) are counted: tests/test_docstring_examples_fit.py keeps every docstring
+# example line within their code blocks. unitscale.transforms' pages wait for the transforms
+# branch, as in that test's ALLOWED list; remove the entry when it lands.
+CODE_MAY_SCROLL = ("_modules/", "docs/generated/unitscale.transforms.")
 
 
 def layout_problems(tab, viewport: str, page: str = "") -> dict[str, list[str]]:

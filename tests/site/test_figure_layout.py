@@ -29,7 +29,8 @@ from matplotlib.collections import PathCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
-from test_figure_text import FIGURES  # noqa: E402  (tests/ is on the path: the same figures)
+
+from tests.test_figure_text import FIGURES  # noqa: E402  (the same figures)
 
 MIN_AXES_SHARE = 0.4
 MAX_WIDTH_IN = 7.5

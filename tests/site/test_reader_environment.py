@@ -18,6 +18,7 @@ The environment is made once per run and shared by the xdist workers (a file loc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -106,9 +107,13 @@ def _make_reader_env(where: Path, base_url: str) -> Path:
 def reader_env(base_url: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reader's environment, made by the first worker that asks; the others wait for it."""
     shared = tmp_path_factory.getbasetemp().parent  # the same folder for every xdist worker
-    where = shared / "reader-env"
-    failed = shared / "reader-env.failed"
-    with FileLock(str(shared / "reader-env.lock")):
+    # named by the wheel's bytes: without xdist that folder outlives the run, and an environment
+    # made from another build's wheel (same file name, older code) must not be reused
+    with urllib.request.urlopen(f"{base_url}/{wheel_name(ROOT)}") as response:
+        digest = hashlib.sha256(response.read()).hexdigest()[:16]
+    where = shared / f"reader-env-{digest}"
+    failed = shared / f"reader-env-{digest}.failed"
+    with FileLock(str(shared / f"reader-env-{digest}.lock")):
         if not (where / "kernels").is_dir() and not failed.exists():
             where.mkdir(exist_ok=True)
             try:

@@ -340,7 +340,7 @@ def test_report_table_iteration_indexing_and_plot() -> None:
     torch.manual_seed(0)
     report = track_scales(MLP(8), torch.randn(16, 8))
     lines = report.table().splitlines()
-    assert lines[0].split() == ["node", "module", "op", "shape", "dtype", "fwd", "std", "bwd", "std", "abs", "max"]
+    assert lines[0].split() == ["node", "module", "op", "shape", "fwd", "std", "bwd", "std", "abs", "max"]
     assert len(lines) == len(report) + 1 == 9
     assert report[0] is report.rows[0] and report["relu"].op == "relu"
     assert isinstance(report.scales["relu"], ScalePair)

@@ -85,7 +85,7 @@ class Capture:
 
         >>> import torch
         >>> from unitscale.capture import capture
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> code, _ = capture(MLP(4), torch.randn(2, 4)).python_code()
         >>> print(code.strip())
         def forward(self, x):
@@ -340,14 +340,15 @@ def capture(
 
     >>> import torch
     >>> from unitscale.capture import capture
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> cap = capture(MLP(4), torch.randn(2, 4))
     >>> cap
     Capture(MLP via 'fx', 5 nodes)
-    >>> [(n.name, n.meta["module_path"], n.meta["module_type"]) for n in cap.nodes(compute_only=True)]
-    ... # doctest: +NORMALIZE_WHITESPACE
-    [('fc1', 'fc1', 'torch.nn.modules.linear.Linear'), ('act', 'act', 'torch.nn.modules.activation.ReLU'),
-     ('fc2', 'fc2', 'torch.nn.modules.linear.Linear')]
+    >>> for n in cap.nodes(compute_only=True):
+    ...     print(n.name, n.meta["module_path"], n.meta["module_type"])
+    fc1 fc1 torch.nn.modules.linear.Linear
+    act act torch.nn.modules.activation.ReLU
+    fc2 fc2 torch.nn.modules.linear.Linear
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(

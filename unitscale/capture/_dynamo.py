@@ -58,7 +58,7 @@ class DynamoGraph:
 
 @contextmanager
 def no_torch_function_modes() -> Iterator[None]:
-    """Set aside active ``TorchFunctionMode``s (an op recorder, say) while TorchDynamo captures.
+    """Set aside the active ``TorchFunctionMode`` objects (an op recorder, say) while TorchDynamo captures.
 
     A graph transform may first run inside a tool that records ops eagerly (scale
     tracking's op recorder): TorchDynamo would trace that mode's Python instead of the
@@ -123,7 +123,8 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     >>> from unitscale.capture import dynamo_graph
     >>> x = torch.randn(2, 3)
     >>> captured = dynamo_graph(torch.nn.Sequential(torch.nn.Linear(3, 3)), (x,), {})
-    >>> [(n.op, n.meta["module_path"]) for n in captured.graph_module.graph.nodes][1:4]
+    >>> nodes = list(captured.graph_module.graph.nodes)
+    >>> [(n.op, n.meta["module_path"]) for n in nodes][1:4]
     [('get_attr', '0'), ('get_attr', '0'), ('call_function', '0')]
     """
     leaves = pytree.tree_leaves((args, kwargs))

@@ -35,7 +35,7 @@ class OpRecorder(TorchFunctionMode):
     """Runs a model once and hands every torch function it calls to :meth:`record`.
 
     Each call gets a unique name as an fx node would (``linear``, ``linear_1``; the op
-    is named by :func:`~unitscale.fx.nodes.op_name`) and the innermost module of the
+    is named by ``op_name``, as every capture route names it) and the innermost module of the
     model it ran in. Property reads (``x.shape``, ``x.T``) are not calls. While the mode
     handles a call it is switched off, so the ops inside a recorded function (the pieces
     of ``layer_norm``) and what :meth:`record` itself computes are not recorded.
@@ -44,11 +44,13 @@ class OpRecorder(TorchFunctionMode):
 
     .. code-block:: text
 
-        run(*args, **kwargs)          module hooks and this mode on, root(*args, **kwargs)
-        +-- enter_module(m)           a forward pre-hook: m joins the stack, its path module_calls
-        +-- __torch_function__()      runs the function
-        |   +-- record(name, op, func, args, kwargs, out) *   what to keep of one call
-        +-- leave_module(m)           a forward hook: m leaves the stack
+        run(*args, **kwargs)      module hooks and this mode on; root(*args, **kwargs)
+        +-- enter_module(m)       a forward pre-hook: m joins the stack, and its
+        |                         path joins module_calls
+        +-- __torch_function__()  runs the function
+        |   +-- record(name, op, func, args, kwargs, out) *
+        |                         what to keep of one call
+        +-- leave_module(m)       a forward hook: m leaves the stack
 
     Args:
         root: the model; its ``named_modules()`` give the paths.
@@ -62,7 +64,8 @@ class OpRecorder(TorchFunctionMode):
     >>> class Shapes(OpRecorder):
     ...     def record(self, name, op, func, args, kwargs, out):
     ...         print(name, op, repr(self.module_path), tuple(out.shape))
-    >>> _ = Shapes(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())).run(torch.ones(1, 2))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    >>> _ = Shapes(model).run(torch.ones(1, 2))
     linear linear '0' (1, 3)
     relu relu '1' (1, 3)
     """
@@ -205,7 +208,8 @@ def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
     >>> import torch
     >>> from unitscale.capture._eager import record_eager
-    >>> rec = record_eager(torch.nn.Sequential(torch.nn.Linear(2, 2)), (torch.ones(1, 2),), {})
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> rec = record_eager(model, (torch.ones(1, 2),), {})
     >>> rec.module_calls, [(op.name, op.module_path, op.params) for op in rec.ops]
     (['', '0'], [('linear', '0', ('0.weight', '0.bias'))])
     """

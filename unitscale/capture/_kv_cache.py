@@ -84,9 +84,12 @@ def kv_cache_error(module: nn.Module, where: str, leaf: Any) -> KVCacheError:
     >>> import torch
     >>> from unitscale.capture._kv_cache import kv_cache_error
     >>> class DynamicCache: ...
-    >>> error = kv_cache_error(torch.nn.Linear(1, 1), "['past_key_values']", DynamicCache())
-    >>> type(error).__name__, str(error).split(", which")[0]
-    ('KVCacheError', "Linear returns a DynamicCache at ['past_key_values'] (a key/value cache)")
+    >>> where = "['past_key_values']"
+    >>> error = kv_cache_error(torch.nn.Linear(1, 1), where, DynamicCache())
+    >>> type(error).__name__
+    'KVCacheError'
+    >>> str(error).split(", which")[0]
+    "Linear returns a DynamicCache at ['past_key_values'] (a key/value cache)"
     >>> str(error).split(": ")[-1]
     'pass use_cache=False to the model, or build it with use_cache=False'
     """

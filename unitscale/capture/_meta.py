@@ -56,8 +56,10 @@ def normalise_path(path: str) -> str:
 
     >>> normalise_path("L['self'].model.layers[0].self_attn")
     'model.layers.0.self_attn'
-    >>> normalise_path("getattr(L['self'].model.layers, '1')._modules['mlp']"), normalise_path("L['self']")
-    ('model.layers.1.mlp', '')
+    >>> normalise_path("getattr(L['self'].model.layers, '1')._modules['mlp']")
+    'model.layers.1.mlp'
+    >>> normalise_path("L['self']")
+    ''
     """
     while (new := _GETATTR.sub(r"\1.\2", path)) != path:
         path = new
@@ -87,7 +89,8 @@ def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
 
     >>> import torch
     >>> from unitscale.capture import capture, stack_entries
-    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2), route="export")
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> cap = capture(model, torch.randn(1, 2), route="export")
     >>> [stack_entries(n) for n in cap.nodes(compute_only=True)]
     [[('L__self__0', '0', 'torch.nn.modules.linear.Linear')]]
     """
@@ -167,7 +170,8 @@ def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     >>> gm = torch.export.export(model, (torch.randn(1, 2),)).module()
     >>> normalise_graph(gm, model)
-    >>> [(n.name, n.meta["module_path"], n.meta["module_type"]) for n in gm.graph.nodes if n.op == "call_function"]
+    >>> calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    >>> [(n.name, n.meta["module_path"], n.meta["module_type"]) for n in calls]
     [('linear', '0', 'torch.nn.modules.linear.Linear')]
     """
     names = dict(root.named_modules(remove_duplicate=False))

@@ -51,7 +51,8 @@ class DeepTracing:
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
-    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2), deep=DeepTracing())
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> cap = capture(model, torch.randn(1, 2), deep=DeepTracing())
     >>> [(n.op, n.meta["module_path"]) for n in cap.nodes()][1:4]
     [('get_attr', '0'), ('get_attr', '0'), ('call_function', '0')]
     """

@@ -92,12 +92,14 @@ class DeepCaptureTracer(CaptureTracer, DeepTracer):
     trace (measured on TinyGPT against the same tracer without it).
 
     >>> from unitscale.capture._tracers import DeepCaptureTracer
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> graph = DeepCaptureTracer().trace(MLP(4))
-    >>> [(n.name, n.meta["module_path"], n.meta["module_type"]) for n in graph.nodes if n.op == "call_function"]
-    ... # doctest: +NORMALIZE_WHITESPACE
-    [('linear', 'fc1', 'torch.nn.modules.linear.Linear'), ('relu', 'act', 'torch.nn.modules.activation.ReLU'),
-     ('linear_1', 'fc2', 'torch.nn.modules.linear.Linear')]
+    >>> for n in graph.nodes:
+    ...     if n.op == "call_function":
+    ...         print(n.name, n.meta["module_path"], n.meta["module_type"])
+    linear fc1 torch.nn.modules.linear.Linear
+    relu act torch.nn.modules.activation.ReLU
+    linear_1 fc2 torch.nn.modules.linear.Linear
     """
 
     record_sources = False

@@ -60,7 +60,9 @@ def innermost_frame(stack_trace: str | None) -> str:
     Falls back to the innermost frame of all when every frame is inside torch, and to
     ``""`` when there is none.
 
-    >>> innermost_frame('File "/m/model.py", line 3, in f\\n  File "/x/torch/nn/linear.py", line 9, in g')
+    >>> mine = 'File "/m/model.py", line 3, in f'
+    >>> torchs = 'File "/x/torch/nn/linear.py", line 9, in g'
+    >>> innermost_frame(mine + "\\n  " + torchs)
     '/m/model.py:3'
     """
     frames = [(f, int(n)) for f, n in _FRAME.findall(stack_trace or "") if int(n) > 0]

@@ -34,7 +34,7 @@ def module_paths(cap: Capture) -> dict[str, str]:
 
     >>> import torch
     >>> from unitscale.capture import capture, module_paths
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> module_paths(capture(MLP(4), torch.randn(2, 4)))
     {'x': '', 'fc1': 'fc1', 'act': 'act', 'fc2': 'fc2'}
     """
@@ -148,7 +148,7 @@ def capture_exec_order(cap: Capture) -> ExecOrder:
 
     >>> import torch
     >>> from unitscale.capture import capture, capture_exec_order
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> order = capture_exec_order(capture(MLP(4), torch.randn(2, 4), route="export"))
     >>> order.module_names(), order.param_names()
     (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
@@ -189,11 +189,12 @@ def trace_exec_order(
         InputError: the capture found the example inputs do not fit the module.
 
     >>> from unitscale.capture import trace_exec_order
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> order = trace_exec_order(MLP(4))
     >>> order.module_names(), order.param_names()
     (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
-    >>> [type(u.module).__name__ for u in order.module_to_param_usage_infos[order.root]]
+    >>> usages = order.module_to_param_usage_infos[order.root]
+    >>> [type(u.module).__name__ for u in usages]
     ['Linear', 'Linear']
     """
     if not isinstance(module, nn.Module):

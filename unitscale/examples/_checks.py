@@ -58,7 +58,7 @@ def check_tinygpt(vocab_size: Any, d_model: Any, n_layers: Any, n_heads: Any, se
 
     >>> check_tinygpt(64, 10, 2, 3, 64)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by n_heads=3; ...
+    unitscale.errors.ConfigError: TinyGPT: d_model=10 is not divisible by ...
     """
     for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads), ("seq_len", seq_len)):
         check_int("TinyGPT", name, value, 1)

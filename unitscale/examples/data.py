@@ -40,7 +40,8 @@ class MarkovSource:
     >>> import torch
     >>> from unitscale.examples import MarkovSource
     >>> source = MarkovSource(vocab_size=8, concentration=0.5, seed=0)
-    >>> tokens = source.sample(batch=2, seq_len=10, generator=torch.Generator().manual_seed(0))
+    >>> seeded = torch.Generator().manual_seed(0)
+    >>> tokens = source.sample(batch=2, seq_len=10, generator=seeded)
     >>> tokens.shape, tokens.dtype
     (torch.Size([2, 10]), torch.int64)
     >>> round(source.entropy_rate, 4) <= round(math.log(8), 4)

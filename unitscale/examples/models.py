@@ -217,8 +217,8 @@ def resnet18(num_classes: int = 1000, width: int = 64) -> ResNet:
 
     >>> from unitscale.examples import resnet18
     >>> model = resnet18(num_classes=10, width=8)
-    >>> [name for name, _ in model.named_children()]
-    ['conv1', 'bn1', 'relu', 'maxpool', 'layer1', 'layer2', 'layer3', 'layer4', 'avgpool', 'fc']
+    >>> print(*(name for name, _ in model.named_children()))
+    conv1 bn1 relu maxpool layer1 layer2 layer3 layer4 avgpool fc
     >>> sum(p.numel() for p in resnet18().parameters())
     11689512
     """

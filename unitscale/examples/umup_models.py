@@ -10,10 +10,10 @@ learning rate moves. :class:`UmupGPT` is built from :mod:`unitscale.nn` modules
 ``torch.optim``.
 
 >>> import torch
->>> from unitscale.examples.umup_models import SPGPT, UmupGPT
+>>> from unitscale.examples import SPGPT, UmupGPT
 >>> idx = torch.randint(0, 16, (2, 8))
->>> UmupGPT(16, width=32)(idx).shape == SPGPT(16, width=32)(idx).shape == (2, 8, 16)
-True
+>>> UmupGPT(16, width=32)(idx).shape, SPGPT(16, width=32)(idx).shape
+(torch.Size([2, 8, 16]), torch.Size([2, 8, 16]))
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class UmupGPT(nn.Module):
         MultiplierError: a multiplier is not a finite number > 0.
 
     >>> import torch
-    >>> from unitscale.examples.umup_models import UmupGPT
+    >>> from unitscale.examples import UmupGPT
     >>> _ = torch.manual_seed(0)
     >>> model = UmupGPT(16, width=32, depth=2)
     >>> idx = torch.randint(0, 16, (4, 12))
@@ -159,10 +159,10 @@ class SPGPT(nn.Module):
         ConfigError: a size is not a positive int, or ``width`` is not a multiple of ``head_dim``.
 
     >>> import torch
-    >>> from unitscale.examples.umup_models import SPGPT, UmupGPT
+    >>> from unitscale.examples import SPGPT, UmupGPT
     >>> count = lambda model: sum(p.numel() for p in model.parameters())
-    >>> count(SPGPT(16, width=32, depth=1)) == count(UmupGPT(16, width=32, depth=1)) == 19552
-    True
+    >>> count(SPGPT(16, width=32, depth=1)), count(UmupGPT(16, width=32, depth=1))
+    (19552, 19552)
     """
 
     def __init__(self, vocab_size: int, width: int, depth: int = 2, head_dim: int = 16, max_len: int = 64) -> None:
@@ -207,7 +207,7 @@ def markov_batches(
         ConfigError: ``batch`` or ``seq_len`` is not a positive int, or ``seed`` is negative.
 
     >>> from unitscale.examples import MarkovSource
-    >>> from unitscale.examples.umup_models import markov_batches
+    >>> from unitscale.examples import markov_batches
     >>> data = markov_batches(MarkovSource(8), batch=2, seq_len=5)
     >>> x, y = data(0)
     >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all()), data(0)[0] is x

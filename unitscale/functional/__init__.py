@@ -9,7 +9,7 @@ graph transform can swap a torch function for its twin by target
 
 Unit scaling changes the scales of gradients, never their directions: with a
 constraint, an op's input gradients are the true gradients of the scaled function
-it computed (see :mod:`unitscale.scaling.constraints` for ``constraint=None``).
+it computed (see :mod:`unitscale.scaling` for ``constraint=None``).
 The gradients of weights, biases, norm gains and embedding tables are scaled on
 their own, by the number of terms each sums over: a parameter is a *cut edge*,
 whose gradient is a positive multiple of its true gradient because it is read by
@@ -21,8 +21,10 @@ of differently scaled gradients, which is not: untie it, or scale its uses alike
 >>> import unitscale.functional as U
 >>> _ = torch.manual_seed(0)
 >>> x, w = torch.randn(256, 512), torch.randn(128, 512)
->>> round(U.linear(x, w, constraint=None).std().item(), 1), round(torch.nn.functional.linear(x, w).std().item())
-(1.0, 23)
+>>> round(U.linear(x, w, constraint=None).std().item(), 1)
+1.0
+>>> round(torch.nn.functional.linear(x, w).std().item())
+23
 
 Only the ops are public names here: tracers keep every public callable of this
 module as a single graph node (it is registered with ``unitscale.fx.autowrap``

@@ -74,7 +74,8 @@ def scaled_dot_product_attention(
     >>> from unitscale.functional import scaled_dot_product_attention
     >>> _ = torch.manual_seed(0)
     >>> q, k, v = torch.randn(3, 4, 8, 64, 32).unbind(0)
-    >>> round(scaled_dot_product_attention(q, k, v, is_causal=True, constraint=None).std().item(), 1)
+    >>> y = scaled_dot_product_attention(q, k, v, is_causal=True, constraint=None)
+    >>> round(y.std().item(), 1)
     1.0
     """
     dropout_p = check_p("scaled_dot_product_attention", dropout_p, "dropout_p")

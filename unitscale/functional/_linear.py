@@ -224,7 +224,8 @@ def addmm(
     >>> import torch
     >>> from unitscale.functional import addmm
     >>> _ = torch.manual_seed(0)
-    >>> x, w, b = torch.randn(512, 256, requires_grad=True), torch.randn(256, 64), torch.zeros(64)
+    >>> x = torch.randn(512, 256, requires_grad=True)
+    >>> w, b = torch.randn(256, 64), torch.zeros(64)
     >>> y = addmm(b, x, w, constraint=None)
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
@@ -396,7 +397,8 @@ def conv2d(
     >>> import torch
     >>> from unitscale.functional import conv2d
     >>> _ = torch.manual_seed(0)
-    >>> x, w = torch.randn(8, 16, 32, 32, requires_grad=True), torch.randn(32, 16, 3, 3)
+    >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
+    >>> w = torch.randn(32, 16, 3, 3)
     >>> y = conv2d(x, w, padding=1, constraint=None)
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)

@@ -74,7 +74,8 @@ def max_pool2d(
     >>> x = torch.randn(8, 16, 32, 32, requires_grad=True)
     >>> y = max_pool2d(x, 3, 2, 1, constraint=None)
     >>> y.backward(torch.randn_like(y))
-    >>> round(y.pow(2).mean().sqrt().item(), 1), round(x.grad.pow(2).mean().sqrt().item(), 1)
+    >>> rms = lambda t: round(t.pow(2).mean().sqrt().item(), 1)
+    >>> rms(y), rms(x.grad)
     (1.0, 1.0)
     """
     kh, kw = _pair(kernel_size)
@@ -131,7 +132,8 @@ def avg_pool2d(
     >>> import torch
     >>> from unitscale.functional import avg_pool2d
     >>> _ = torch.manual_seed(0)
-    >>> round(avg_pool2d(torch.randn(8, 16, 32, 32), 2, constraint=None).std().item(), 1)
+    >>> y = avg_pool2d(torch.randn(8, 16, 32, 32), 2, constraint=None)
+    >>> round(y.std().item(), 1)
     1.0
     """
     kh, kw = _pair(kernel_size)
@@ -165,7 +167,8 @@ def adaptive_avg_pool2d(
     >>> import torch
     >>> from unitscale.functional import adaptive_avg_pool2d
     >>> _ = torch.manual_seed(0)
-    >>> round(adaptive_avg_pool2d(torch.randn(64, 32, 8, 8), 1, constraint=None).std().item(), 1)
+    >>> y = adaptive_avg_pool2d(torch.randn(64, 32, 8, 8), 1, constraint=None)
+    >>> round(y.std().item(), 1)
     1.0
     """
     out = _F.adaptive_avg_pool2d(input, output_size)

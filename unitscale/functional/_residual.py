@@ -174,7 +174,8 @@ def residual_apply(fn: Callable[[Tensor], Tensor], input: Tensor, tau: float = 0
 
     >>> import torch
     >>> from unitscale.functional import residual_apply
-    >>> [round(v, 4) for v in residual_apply(lambda x: -x, torch.ones(2), tau=0.36).tolist()]
+    >>> y = residual_apply(lambda x: -x, torch.ones(2), tau=0.36)
+    >>> [round(v, 4) for v in y.tolist()]
     [0.2, 0.2]
     """
     split = residual_split(input, tau)

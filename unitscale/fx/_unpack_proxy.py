@@ -31,7 +31,9 @@ def unpack_length(code: types.CodeType, offset: int) -> int | None:
 
     >>> def f(pair):
     ...     a, b = pair
-    >>> [unpack_length(f.__code__, i.offset) for i in dis.get_instructions(f) if i.opname == "UNPACK_SEQUENCE"]
+    >>> code = dis.get_instructions(f)
+    >>> unpacks = [i for i in code if i.opname == "UNPACK_SEQUENCE"]
+    >>> [unpack_length(f.__code__, i.offset) for i in unpacks]
     [2]
     >>> unpack_length(f.__code__, 0) is None
     True

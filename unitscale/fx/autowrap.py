@@ -39,7 +39,8 @@ def register_autowrap_module(module: types.ModuleType) -> None:
         InputError: ``module`` is not a module.
 
     >>> import math
-    >>> from unitscale.fx.autowrap import default_autowrap_modules, register_autowrap_module
+    >>> from unitscale.fx.autowrap import default_autowrap_modules
+    >>> from unitscale.fx.autowrap import register_autowrap_module
     >>> register_autowrap_module(math)
     >>> default_autowrap_modules().count(math)
     1

@@ -190,10 +190,12 @@ def inline(
     >>> from torch import nn
     >>> from unitscale import inline
     >>> model = nn.Sequential(nn.Linear(3, 2), nn.ReLU())
-    >>> flat = inline(torch.fx.symbolic_trace(model), example_inputs=(torch.randn(4, 3),))
+    >>> traced = torch.fx.symbolic_trace(model)
+    >>> flat = inline(traced, example_inputs=(torch.randn(4, 3),))
     >>> [(n.op, n.name) for n in flat.graph.nodes]  # doctest: +NORMALIZE_WHITESPACE
-    [('placeholder', 'input_1'), ('get_attr', '_0_weight'), ('get_attr', '_0_bias'),
-     ('call_function', '_0_linear'), ('call_function', '_1_relu'), ('output', 'output')]
+    [('placeholder', 'input_1'), ('get_attr', '_0_weight'),
+     ('get_attr', '_0_bias'), ('call_function', '_0_linear'),
+     ('call_function', '_1_relu'), ('output', 'output')]
     >>> x = torch.randn(4, 3)
     >>> torch.equal(flat(x), model(x))
     True

@@ -86,10 +86,11 @@ def op_name(target: Any, *, qualified: bool = False) -> str:
 
     >>> import operator, torch
     >>> from unitscale.fx.nodes import op_name
-    >>> op_name(torch.nn.functional.linear), op_name(torch.Tensor.__add__), op_name("reshape")
-    ('linear', 'Tensor.add', 'Tensor.reshape')
-    >>> op_name(torch.nn.functional.linear, qualified=True), op_name(operator.add, qualified=True)
-    ('torch.nn.functional.linear', 'operator.add')
+    >>> linear = torch.nn.functional.linear
+    >>> [op_name(f) for f in (linear, torch.Tensor.add, "reshape")]
+    ['linear', 'Tensor.add', 'Tensor.reshape']
+    >>> [op_name(f, qualified=True) for f in (linear, operator.add)]
+    ['torch.nn.functional.linear', 'operator.add']
     """
     if isinstance(target, str):
         return f"Tensor.{_strip_dunder(target)}"

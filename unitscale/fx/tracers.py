@@ -318,8 +318,8 @@ class DeepTracer(_Tracer):
     >>> from torch import nn
     >>> from unitscale.fx import DeepTracer
     >>> graph = DeepTracer().trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
-    >>> [n.op for n in graph.nodes]
-    ['placeholder', 'get_attr', 'get_attr', 'call_function', 'call_function', 'output']
+    >>> print(*(n.op for n in graph.nodes))
+    placeholder get_attr get_attr call_function call_function output
     """
 
     def __init__(
@@ -384,8 +384,8 @@ def check_autowrap(modules: Any, functions: Any, caller: str = "DeepTracer") -> 
     >>> try:
     ...     check_autowrap("math", (), caller="track_scales")
     ... except Exception as e:
-    ...     print(e)
-    track_scales(autowrap_modules=...) got str 'math'; pass a tuple, e.g. (math, einops)
+    ...     print(e)  # doctest: +ELLIPSIS
+    track_scales(autowrap_modules=...) got str 'math'; pass a tuple, e.g. ...
     """
     for arg_name, values, kind, example in (
         ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
@@ -692,7 +692,8 @@ class ExecOrderTracer(_Tracer):
     >>> from torch import nn
     >>> from unitscale.fx import ExecOrderTracer
     >>> tracer = ExecOrderTracer()
-    >>> graph = tracer.trace(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)))
+    >>> model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    >>> graph = tracer.trace(model)
     >>> tracer.exec_order.module_names()
     ['', '0', '1', '2']
     >>> tracer.exec_order.param_names()
@@ -786,7 +787,7 @@ def fx_exec_order(module: nn.Module, concrete_args: dict[str, Any] | None = None
         NotAModuleError: ``module`` is not an ``nn.Module``.
         TraceError: ``torch.fx`` cannot trace it.
 
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> from unitscale.fx import fx_exec_order
     >>> fx_exec_order(MLP(4)).module_names()
     ['', 'fc1', 'act', 'fc2']

@@ -100,8 +100,10 @@ class TransformerStack(DepthSequential):
     >>> import torch
     >>> from unitscale.nn import TransformerStack
     >>> stack = TransformerStack(2, 32, heads=2, is_causal=True)
-    >>> [round(layer.attn_tau, 3) for layer in stack], stack(torch.randn(2, 8, 32)).shape
-    ([0.333, 0.2], torch.Size([2, 8, 32]))
+    >>> [round(layer.attn_tau, 3) for layer in stack]
+    [0.333, 0.2]
+    >>> stack(torch.randn(2, 8, 32)).shape
+    torch.Size([2, 8, 32])
     """
 
     def __init__(

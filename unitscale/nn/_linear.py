@@ -218,8 +218,10 @@ class Conv2d(RoleModule, nn.Conv2d):
     >>> from unitscale.scaling import role_of
     >>> _ = torch.manual_seed(0)
     >>> conv = Conv2d(32, 32, 3, padding=1, constraint=None)
-    >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1), role_of(conv.weight).width
-    (1.0, 288)
+    >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1)
+    1.0
+    >>> role_of(conv.weight).width
+    288
     """
 
     def __init__(

@@ -28,7 +28,8 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     >>> import torch
     >>> from unitscale.nn import CrossEntropyLoss
     >>> logits, target = torch.zeros(4, 10), torch.zeros(4, dtype=torch.long)
-    >>> round(CrossEntropyLoss()(logits, target).item(), 4) == round(torch.log(torch.tensor(10.0)).item(), 4)
+    >>> loss = CrossEntropyLoss()(logits, target)
+    >>> round(loss.item(), 4) == round(torch.log(torch.tensor(10.0)).item(), 4)
     True
     """
 

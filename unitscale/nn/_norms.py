@@ -28,8 +28,10 @@ class LayerNorm(RoleModule, nn.LayerNorm):
     >>> from unitscale.scaling import role_of
     >>> norm = LayerNorm(8)
     >>> y = norm(torch.arange(16.0).reshape(2, 8))
-    >>> round(y.square().mean().item(), 3), role_of(norm.weight).role, role_of(norm.bias).role
-    (1.0, 'norm', 'bias')
+    >>> round(y.square().mean().item(), 3)
+    1.0
+    >>> role_of(norm.weight).role, role_of(norm.bias).role
+    ('norm', 'bias')
     """
 
     def __init__(

@@ -72,7 +72,8 @@ class SwiGLU(nn.Module):
     >>> import torch
     >>> from unitscale.nn import SwiGLU
     >>> _ = torch.manual_seed(0)
-    >>> round(SwiGLU(64, constraint="to_output_scale")(torch.randn(512, 64)).std().item(), 1)
+    >>> mlp = SwiGLU(64, constraint="to_output_scale")
+    >>> round(mlp(torch.randn(512, 64)).std().item(), 1)
     1.0
 
     With the default ``gmean`` the two projections meet in a product: ``(64 / 256)**0.25``, twice,

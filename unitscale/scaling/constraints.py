@@ -261,7 +261,7 @@ def resolve_constraint(constraint: ConstraintArg) -> Callable[..., float] | None
     >>> resolve_constraint("geomean")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    unitscale.errors.UnknownConstraintError: unknown constraint 'geomean'; use one of 'gmean', 'hmean', ..., or None
+    unitscale.errors.UnknownConstraintError: unknown constraint 'geomean'; use ...
     """
     if constraint is None:
         return None

@@ -12,10 +12,11 @@ loss is ``model.loss(inputs, targets)`` when the model has one, else cross-entro
 
 >>> import torch
 >>> from unitscale.examples import MarkovSource
->>> from unitscale.examples.umup_models import UmupGPT, markov_batches
->>> from unitscale.scaling.transfer import lr_sweep
+>>> from unitscale.examples import UmupGPT, markov_batches
+>>> from unitscale.scaling import lr_sweep
 >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
->>> sweep = lr_sweep(lambda w: UmupGPT(8, width=w, depth=1), [16, 32], [0.01, 0.1, 1.0], data, steps=3)
+>>> model = lambda width: UmupGPT(8, width=width, depth=1)
+>>> sweep = lr_sweep(model, [16, 32], [0.01, 0.1, 1.0], data, steps=3)
 >>> sorted(sweep.best_lr) == [16, 32] and sweep.drift_octaves >= 0
 True
 """
@@ -106,8 +107,9 @@ class CoordCheck:
     def extremes(self, exclude: Sequence[str] = ()) -> tuple[float, float]:
         """The smallest and largest std at init and after training over every width and kind not in ``exclude``.
 
-        >>> from unitscale.scaling.transfer import CoordCheck
-        >>> CoordCheck([8], 1, {"a": [0.5], "b": [3.0]}, {"a": [1.0], "b": [1.0]}).extremes(exclude=["b"])
+        >>> from unitscale.scaling import CoordCheck
+        >>> check = CoordCheck([8], 1, {"a": [0.5], "b": [3.0]}, {"a": [1.0], "b": [1.0]})
+        >>> check.extremes(exclude=["b"])
         (0.5, 1.0)
         """
         values = [
@@ -209,10 +211,11 @@ def coord_check(
 
     >>> import torch
     >>> from unitscale.examples import MarkovSource
-    >>> from unitscale.examples.umup_models import UmupGPT, markov_batches
-    >>> from unitscale.scaling.transfer import coord_check
+    >>> from unitscale.examples import UmupGPT, markov_batches
+    >>> from unitscale.scaling import coord_check
     >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
-    >>> check = coord_check(lambda w: UmupGPT(8, width=w, depth=1), [16, 64], data, steps=2)
+    >>> model = lambda width: UmupGPT(8, width=width, depth=1)
+    >>> check = coord_check(model, [16, 64], data, steps=2)
     >>> low, high = check.extremes(exclude=["readout"])
     >>> 0.5 < low and high < 2
     True
@@ -364,10 +367,10 @@ def lr_sweep(
         NotCallableError: ``make_model`` or ``optimizer`` is not callable.
         InputError: ``steps`` below 1, a bad ``tail``, or ``data`` neither a function nor a pair.
 
-    >>> from unitscale.scaling.transfer import lr_sweep
-    >>> lr_sweep(lambda w: None, [8], [0.1, 1.0], (None, None), steps=1)  # doctest: +ELLIPSIS
+    >>> from unitscale.scaling import lr_sweep
+    >>> lr_sweep(lambda w: None, [8], [0.1, 1.0], (None, None), 1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    unitscale.errors.SweepGridError: lr_sweep: lrs has 2 point(s); pass at least 3 learning rates ...
+    unitscale.errors.SweepGridError: lr_sweep: lrs has 2 point(s); pass at least 3 ...
     """
     grid = _check_lrs(lrs)
     widths = _check_common("lr_sweep", make_model, widths, steps, optimizer, data)

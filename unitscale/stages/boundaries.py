@@ -13,7 +13,8 @@ on the first microbatch of the real inputs, where the plan is (the caller's proc
 >>> from unitscale.stages.boundaries import stage_examples
 >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 >>> x = torch.randn(6, 4)
->>> [[tuple(t.shape) for t in ins] for ins, _ in stage_examples(partition(model, 2, x).stage_modules(), (x,), 3)]
+>>> stages = partition(model, 2, x).stage_modules()
+>>> [[tuple(t.shape) for t in ins] for ins, _ in stage_examples(stages, (x,), 3)]
 [[(2, 4)], [(2, 8)]]
 """
 

@@ -7,7 +7,8 @@ only cuts leave a stage with nothing to do is refused, naming the values in the 
 >>> from torch import nn
 >>> from unitscale import partition
 >>> from unitscale.stages.cuts import allowed_cuts
->>> plan = partition(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), 1, torch.randn(1, 2))  # nodes with their types
+>>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+>>> plan = partition(model, 1, torch.randn(1, 2))  # nodes with their types
 >>> allowed_cuts(plan.compute_nodes(), None)
 [False, True]
 """

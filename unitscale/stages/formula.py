@@ -13,7 +13,7 @@ prefixes with range minima), walking down through the bottlenecks those plans re
 >>> from unitscale.stages.formula import Problem, formula_plan
 >>> from unitscale.stages.schedule_costs import ChainCosts
 >>> costs = ChainCosts.uniform([1.0] * 4)  # forward 1, backward 2 each
->>> formula_plan(Problem(costs, 2, "gpipe", 4, 1, None, None))[:2]  # (m + p - 1) * 6 for GPipe
+>>> formula_plan(Problem(costs, 2, "gpipe", 4, 1, None, None))[:2]  # (m+p-1) * 6
 ([0, 2, 4], 30.0)
 """
 

@@ -103,7 +103,8 @@ class RankPipeline:
     Unpacks as ``stages, schedule = rank_pipeline``.
 
     >>> from unitscale.stages import RankPipeline
-    >>> RankPipeline(stages=[], schedule=None, stage_indices=[0], num_stages=2).is_first
+    >>> pipeline = RankPipeline([], None, stage_indices=[0], num_stages=2)
+    >>> pipeline.is_first
     True
 
     Attributes:
@@ -231,7 +232,7 @@ def pipeline_stage(
 
     >>> import os
     >>> from unitscale.stages import pipeline_stage
-    >>> "RANK" in os.environ or callable(pipeline_stage)  # run it under torchrun; see docs/torchrun.md
+    >>> "RANK" in os.environ or callable(pipeline_stage)  # run it under torchrun
     True
     """
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")

@@ -208,8 +208,10 @@ def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts
     link is the ping-pong's; ``action_overhead`` is the ranks' mean bookkeeping per forward or backward.
 
     >>> from unitscale.stages.measured import RankRecord, measured_costs
-    >>> r0 = RankRecord([("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 3.0, 5.0)], [(1.0, 3.0)], [(0.0, 5.0)], {0: 8})
-    >>> r1 = RankRecord([("F", 1, 0, 1.0, 2.0), ("B", 1, 0, 2.0, 3.0)], [], [(0.0, 5.0)], {1: 8})
+    >>> actions0 = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 3.0, 5.0)]
+    >>> actions1 = [("F", 1, 0, 1.0, 2.0), ("B", 1, 0, 2.0, 3.0)]
+    >>> r0 = RankRecord(actions0, [(1.0, 3.0)], [(0.0, 5.0)], {0: 8})
+    >>> r1 = RankRecord(actions1, [], [(0.0, 5.0)], {1: 8})
     >>> c = measured_costs([r0, r1], 2)
     >>> c.forward, c.backward, c.boundary_bytes, c.action_overhead
     ((1.0, 1.0), (2.0, 1.0), (0.0, 8.0, 0.0), 0.75)

@@ -72,7 +72,8 @@ def chain_costs_for(
     >>> from torch import nn
     >>> from unitscale import partition
     >>> from unitscale.stages.model_costs import chain_costs_for
-    >>> plan = partition(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), 1, torch.randn(4, 4))
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    >>> plan = partition(model, 1, torch.randn(4, 4))
     >>> c = chain_costs_for(plan, num_microbatches=2)
     >>> c.param_bytes, c.activation_bytes, c.boundary_bytes
     ((640.0, 288.0), (64.0, 16.0), (0.0, 64.0, 0.0))
@@ -136,12 +137,16 @@ def calibrated(costs: ChainCosts, result: Any, costs_at: Callable[[int], ChainCo
     >>> from unitscale import partition
     >>> from unitscale.stages import ChainCosts, PipelineResult
     >>> from unitscale.stages.model_costs import calibrated, chain_costs_for
-    >>> plan = partition(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), 2, torch.randn(8, 4), cost="params")
+    >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    >>> plan = partition(model, 2, torch.randn(8, 4), cost="params")
     >>> at = lambda m: chain_costs_for(plan, m, backward=1.0)
     >>> zero = (0.0, 0.0)
-    >>> ran = ChainCosts((2.0, 1.0), (6.0, 3.0), zero, zero, (0.0, *zero), latency=0.5, action_overhead=0.25)
-    >>> run = PipelineResult(None, torch.tensor(0.0), {}, 1.0, ran, num_microbatches=2, bounds=[0, 1, 2])
-    >>> c = calibrated(at(4), run, at)  # each node ran at 2 s and 1 s a microbatch of 2; now 4 microbatches
+    >>> ran = ChainCosts((2.0, 1.0), (6.0, 3.0), zero, zero, (0.0, *zero),
+    ...                  latency=0.5, action_overhead=0.25)
+    >>> run = PipelineResult(None, torch.tensor(0.0), {}, 1.0, ran,
+    ...                      num_microbatches=2, bounds=[0, 1, 2])
+    >>> # each node ran at 2 s and 1 s a microbatch of 2; now 4 microbatches
+    >>> c = calibrated(at(4), run, at)
     >>> c.forward, c.backward, c.latency, c.action_overhead
     ((1.0, 0.5), (3.0, 1.5), 0.5, 0.25)
     """

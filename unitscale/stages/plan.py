@@ -9,7 +9,7 @@ modules (:meth:`StagePlan.split`, :meth:`StagePlan.stage_modules`), checks them
 
 >>> import torch
 >>> from unitscale import partition
->>> from unitscale.examples.models import TinyGPT
+>>> from unitscale.examples import TinyGPT
 >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
 <torch._C.Generator object at ...>
 >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
@@ -124,7 +124,7 @@ class StageReport:
 
     >>> import torch
     >>> from unitscale import partition
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> print(partition(MLP(4, 8), 2, torch.randn(2, 4)).report(num_microbatches=2))
     stage nodes    cost (params)  share    params  sends
         0     2               40  52.6%        40  act[2, 8] (64 B)
@@ -142,13 +142,38 @@ class StageReport:
     lower_bound: float | None = None
     optimal: bool | None = None
 
-    def table(self) -> str:
-        """The report as a plain-text table."""
+    def table(self, full: bool = False, width: int = 88) -> str:
+        """The report as a plain-text table.
+
+        By default a line fits in ``width`` characters (88: a code block of the site): a
+        stage that sends more tensors than fit names the largest first and counts the rest
+        (``+2 more``); the bytes are always the total. ``full=True`` names every tensor.
+
+        Args:
+            full: name every tensor a stage sends, however long the line.
+            width: the most characters a line may take when ``full`` is false (at least 72:
+                the other columns take 47, and a count of tensors with their bytes needs the rest).
+
+        Raises:
+            InputError: ``width`` is not an int of at least 72.
+
+        >>> from unitscale.stages import StageReport, StageRow
+        >>> sends = [(f"add_{i}", (4, 32, 64), 32768) for i in range(6)]
+        >>> rows = [StageRow(0, 9, "x", "add_5", 9.0, 0.5, 64, sends),
+        ...         StageRow(1, 9, "y", "out", 9.0, 0.5, 64)]
+        >>> report = StageReport(rows, "params", num_microbatches=2, bubble=1 / 3)
+        >>> print(report.table(width=80))
+        stage nodes    cost (params)  share    params  sends
+            0     9                9  50.0%        64  6 tensors (196,608 B)
+            1     9                9  50.0%        64  -
+        bubble with 2 microbatches: (p-1)/(m+p-1) = 1/3 = 0.333
+        """
+        if isinstance(width, bool) or not isinstance(width, int) or width < 72:
+            raise InputError(f"StageReport.table(width={width!r}): pass an int of at least 72 (characters per line)")
         lines = [f"{'stage':>5} {'nodes':>5} {'cost (' + self.cost + ')':>16} {'share':>6} {'params':>9}  sends"]
         for r in self.rows:
-            sends = ", ".join(f"{n}{list(shape)}" for n, shape, _ in r.sends) or "-"
-            sent = f" ({r.bytes_out:,} B)" if r.sends else ""
-            lines.append(f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  {sends}{sent}")
+            head = f"{r.stage:>5} {r.nodes:>5} {r.cost:>16.4g} {r.share:>6.1%} {r.params:>9,}  "
+            lines.append(head + _sends_cell(r, None if full else width - len(head)))
         p, m = len(self.rows), self.num_microbatches
         lines.append(f"bubble with {m} microbatches: (p-1)/(m+p-1) = {p - 1}/{m + p - 1} = {self.bubble:.3f}")
         if self.step_time is not None and self.lower_bound is not None:
@@ -157,6 +182,22 @@ class StageReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _sends_cell(row: StageRow, room: int | None) -> str:
+    """What ``row`` sends, in ``room`` characters when it can: the largest tensors first, the rest counted."""
+    if not row.sends:
+        return "-"
+    total = f" ({row.bytes_out:,} B)"
+    named = [f"{name}{list(shape)}" for name, shape, _ in row.sends]
+    if room is None or len(", ".join(named) + total) <= room:
+        return ", ".join(named) + total
+    largest = [named[i] for i in sorted(range(len(named)), key=lambda i: -row.sends[i][2])]
+    for keep in range(len(largest) - 1, 0, -1):
+        cell = ", ".join(largest[:keep]) + f" +{len(largest) - keep} more" + total
+        if len(cell) <= room:
+            return cell
+    return f"{len(named)} tensor{'' if len(named) == 1 else 's'}" + total
 
 
 def _certificate(step_time: float, lower_bound: float, optimal: bool | None) -> str:
@@ -201,7 +242,7 @@ class StagePlan:
 
     >>> import torch
     >>> from unitscale import partition
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
     >>> plan
     StagePlan(MLP, 2 stages by params: [40, 36])
@@ -250,7 +291,8 @@ class StagePlan:
         >>> import torch
         >>> from torch import nn
         >>> from unitscale import partition
-        >>> plan = partition(nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2)), 2, torch.randn(1, 2))
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+        >>> plan = partition(model, 2, torch.randn(1, 2))
         >>> plan.with_bounds([0, 1, 3]).stage_costs
         [6.0, 6.0]
         """
@@ -316,7 +358,8 @@ class StagePlan:
         >>> import torch
         >>> from torch import nn
         >>> from unitscale import partition
-        >>> model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), torch.randn(2, 4)
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+        >>> x = torch.randn(2, 4)
         >>> partition(model, 2, x).costs_under(partition(model, 1, x, cost="flops"))
         [64.0, 64.0]
         """
@@ -408,7 +451,7 @@ class StagePlan:
 
         >>> import tempfile, torch
         >>> from unitscale import StagePlan, partition
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> path = tempfile.mkdtemp() + "/plan.pt"
         >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).save(path)
         >>> StagePlan.load(path).num_stages
@@ -426,7 +469,7 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> plan = partition(MLP(4, 8), 2, torch.randn(2, 4))
         >>> plan.output_from_leaves(torch.ones(1)).shape  # MLP returns one tensor
         torch.Size([1])
@@ -443,7 +486,7 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> from unitscale.examples.models import MLP
+        >>> from unitscale.examples import MLP
         >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).stage_parameter_names()
         [['fc1.weight', 'fc1.bias'], ['fc2.weight', 'fc2.bias']]
         """
@@ -481,9 +524,10 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> from unitscale.examples.models import TinyGPT
+        >>> from unitscale.examples import TinyGPT
         >>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
-        >>> partition(model, 2, torch.randint(0, 16, (2, 8)), boundary_depth=2).split_spec()
+        >>> idx = torch.randint(0, 16, (2, 8))
+        >>> partition(model, 2, idx, boundary_depth=2).split_spec()
         {'blocks.2': <SplitPoint.BEGINNING: 1>}
         """
         # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
@@ -530,7 +574,8 @@ class StagePlan:
 
         >>> import torch
         >>> from unitscale import partition
-        >>> [n.name for n in partition(torch.nn.Linear(2, 2), 1, torch.randn(1, 2)).compute_nodes()]
+        >>> plan = partition(torch.nn.Linear(2, 2), 1, torch.randn(1, 2))
+        >>> [n.name for n in plan.compute_nodes()]
         ['linear']
         """
         by_name = {n.name: n for n in self.graph.nodes}
@@ -724,7 +769,9 @@ def partition(
     >>> import torch
     >>> from torch import nn
     >>> from unitscale import partition
-    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> model = nn.Sequential(
+    ...     nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)
+    ... )
     >>> plan = partition(model, 2, torch.randn(3, 4))
     >>> plan.stage_costs, plan.assignment
     ([40.0, 90.0], {'_0': 0, '_1': 0, '_2': 1, '_3': 1, '_4': 1})

@@ -23,7 +23,7 @@ For GPipe with a backward that is a fixed multiple of the forward, the formula's
 certified on its own. A model becomes a chain of pieces (the runs of nodes no cut may split)
 with :mod:`unitscale.stages.model_costs`.
 
->>> from unitscale.stages.planner import plan_chain
+>>> from unitscale.stages import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
 >>> costs = ChainCosts.uniform([4, 1, 1, 1, 1, 1, 1, 1, 1], backward_ratio=2.0)
 >>> found = plan_chain(costs, ranks=2, schedule="1f1b", num_microbatches=4)
@@ -149,10 +149,10 @@ def plan_chain(
         InputError: a microbatch count the schedule cannot run, or bad ``device_speeds``/``memory_limit``.
         UnknownScheduleError: an unknown schedule.
 
-    >>> from unitscale.stages.planner import plan_chain
+    >>> from unitscale.stages import plan_chain
     >>> from unitscale.stages.schedule_costs import ChainCosts
     >>> costs = ChainCosts.uniform([1.0] * 6, activation_bytes=10.0)
-    >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 microbatches * 10 B * 3 items
+    >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 * 10 B * 3
     [0, 3, 6]
     """
     check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
@@ -269,7 +269,7 @@ def plan_pipeline(
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
-            timed alone on the example batch, ``unitscale.stages.costs.backward_times``; with
+            timed alone on the example batch, :func:`unitscale.stages.backward_times`; with
             ``cost="time"`` scaled by ``seconds_per_cost`` as the forward's timings are), or a
             callable ``node -> seconds`` per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.
@@ -302,9 +302,12 @@ def plan_pipeline(
 
     >>> import torch
     >>> from torch import nn
-    >>> from unitscale.stages.planner import plan_pipeline
+    >>> from unitscale.stages import plan_pipeline
     >>> model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])
-    >>> plan = plan_pipeline(model, torch.randn(4, 8), 2, schedule="gpipe", num_microbatches=2, cost="params")
+    >>> x = torch.randn(4, 8)
+    >>> plan = plan_pipeline(
+    ...     model, x, 2, schedule="gpipe", num_microbatches=2, cost="params"
+    ... )
     >>> plan.stage_costs
     [216.0, 216.0]
     >>> plan.optimal, plan.step_time == plan.lower_bound  # the search's certificate

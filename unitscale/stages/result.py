@@ -23,7 +23,8 @@ class PipelineResult:
 
     >>> import torch
     >>> from unitscale.stages import PipelineResult
-    >>> PipelineResult(torch.zeros(2), torch.tensor(0.5), {}, step_time=0.01).loss.item()
+    >>> result = PipelineResult(torch.zeros(2), torch.tensor(0.5), {}, step_time=0.01)
+    >>> result.loss.item()
     0.5
 
     Attributes:

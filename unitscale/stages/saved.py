@@ -42,7 +42,7 @@ class SavedPlan:
 
     >>> import torch
     >>> from unitscale import partition
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> from unitscale.stages import SavedPlan
     >>> SavedPlan.from_plan(partition(MLP(4, 8), 2, torch.randn(2, 4))).num_stages
     2

@@ -82,7 +82,9 @@ class ChainCosts:
             by :func:`~unitscale.run_pipeline` (``PipelineResult.stage_costs``); 0 by default.
 
     >>> from unitscale.stages.schedule_costs import ChainCosts
-    >>> c = ChainCosts.uniform([1.0, 2.0, 3.0], backward_ratio=2.0, boundary_bytes=100.0, bandwidth=1e3)
+    >>> c = ChainCosts.uniform(
+    ...     [1.0, 2.0, 3.0], backward_ratio=2.0, boundary_bytes=100.0, bandwidth=1e3
+    ... )
     >>> c.backward, c.comm_time(1)
     ((2.0, 4.0, 6.0), 0.1)
     """
@@ -217,12 +219,12 @@ def check_schedule(
     12 and refuses 9 and 11); ZBV cannot run a forward-only step (``training=False``).
 
     >>> from unitscale.stages import check_schedule
-    >>> check_schedule("interleaved_1f1b", num_stages=8, stages_per_rank=2, num_microbatches=10)
+    >>> check_schedule("interleaved_1f1b", 8, stages_per_rank=2, num_microbatches=10)
     4
-    >>> check_schedule("interleaved_1f1b", num_stages=8, stages_per_rank=2, num_microbatches=9)
+    >>> check_schedule("interleaved_1f1b", 8, stages_per_rank=2, num_microbatches=9)
     Traceback (most recent call last):
     ...
-    unitscale.errors.InputError: num_microbatches=9 does not fit interleaved_1f1b on 4 ranks: ...
+    unitscale.errors.InputError: num_microbatches=9 does not fit interleaved_1f1b ...
 
     Raises:
         UnknownScheduleError: ``schedule`` is not one of ``SCHEDULES``.

@@ -259,7 +259,7 @@ def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:
     Items stay in order; a stage is also closed when only as many items remain as
     stages still to fill, so there are always exactly ``k`` non-empty stages.
 
-    >>> greedy_threshold_bounds([1, 2, 4, 1, 2], 3)  # stage sums 7, 1, 2; the optimum is 3, 4, 3
+    >>> greedy_threshold_bounds([1, 2, 4, 1, 2], 3)  # sums 7, 1, 2; optimum 3, 4, 3
     [0, 3, 4, 5]
     """
     n = len(costs)

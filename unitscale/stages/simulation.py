@@ -220,7 +220,7 @@ def simulate_bounds(
     >>> from unitscale.stages.schedule_costs import ChainCosts
     >>> from unitscale.stages.simulation import simulate_bounds
     >>> c = ChainCosts.uniform([1.0, 1.0], boundary_bytes=1.0, bandwidth=2.0)
-    >>> simulate_bounds(c, [0, 1, 2], "gpipe", 1).step_time  # f, send 0.5, f, b, send 0.5, b
+    >>> simulate_bounds(c, [0, 1, 2], "gpipe", 1).step_time  # f, send, f, b, send, b
     7.0
     """
     num_stages = len(bounds) - 1
@@ -291,9 +291,10 @@ def simulate(
     >>> import torch
     >>> from torch import nn
     >>> from unitscale import partition
-    >>> from unitscale.stages.simulation import simulate
+    >>> from unitscale.stages import simulate
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    >>> simulate(partition(model, 2, torch.randn(2, 4)), "1f1b", num_microbatches=4).step_time
+    >>> plan = partition(model, 2, torch.randn(2, 4))
+    >>> simulate(plan, "1f1b", num_microbatches=4).step_time
     300.0
     """
     if costs is None:

@@ -386,8 +386,10 @@ def op_libraries(module: nn.Module) -> list[str]:
     ...     return 2 * x
     >>> g = fx.Graph()
     >>> x = g.placeholder("x")
-    >>> _ = g.output(g.call_function(torch.ops.unitscale_doc.twice.default, (g.call_function(torch.relu, (x,)),)))
-    >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]  # where twice was defined
+    >>> relu = g.call_function(torch.relu, (x,))
+    >>> _ = g.output(g.call_function(torch.ops.unitscale_doc.twice.default, (relu,)))
+    >>> # twice was defined here, in this module
+    >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]
     True
     """
     found: list[str] = []

@@ -63,9 +63,11 @@ def annotated_code(cap: Capture, rows: list[ScaleRow], model: str) -> str:
     >>> class Double(torch.nn.Module):
     ...     def forward(self, x):
     ...         return x * 2
-    >>> x, grad = torch.tensor([1.0, -1.0]).requires_grad_(), torch.tensor([1.0, -1.0])
+    >>> x = torch.tensor([1.0, -1.0]).requires_grad_()
+    >>> grad = torch.tensor([1.0, -1.0])
     >>> report = track_scales(Double(), x, grad)
-    >>> print(annotated_code(capture(Double(), x, deep=DeepTracing()), list(report.rows), "Double"))
+    >>> cap = capture(Double(), x, deep=DeepTracing())
+    >>> print(annotated_code(cap, list(report.rows), "Double"))
     def forward(self, x):  # x (-> 1.41, <- 2.83)
         mul = x * 2  # (-> 2.83, <- 1.41)
         return mul

@@ -112,14 +112,14 @@ class CompiledTracking:
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> from unitscale.tracking.compiled import CompiledTracking
     >>> model = MLP(4)
     >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False)
     >>> program = CompiledTracking(model, cap.graph_module.graph, *cap.python_code())
     >>> captured = program.run(model, (torch.randn(8, 4),), abs_max=False)
-    >>> [row.node for row, _ in captured.entries]
-    ['x', 'fc1_weight', 'fc1_bias', 'linear', 'relu', 'fc2_weight', 'fc2_bias', 'linear_1']
+    >>> print(*(row.node for row, _ in captured.entries))
+    x fc1_weight fc1_bias linear relu fc2_weight fc2_bias linear_1
     >>> captured.remove_hooks()
     """
 
@@ -239,10 +239,11 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
-    >>> from unitscale.examples.models import MLP
+    >>> from unitscale.examples import MLP
     >>> from unitscale.tracking.compiled import compiled_tracking
     >>> model = MLP(4)
-    >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False, cache=True)
+    >>> x = torch.randn(2, 4)
+    >>> cap = capture(model, x, deep=DeepTracing(), check=False, cache=True)
     >>> program = compiled_tracking(model, cap)
     >>> program is not None and compiled_tracking(model, cap) is program
     True

@@ -62,8 +62,8 @@ class ScaleRecording:
     >>> captured = ScaleRecording()
     >>> x = torch.ones(3, requires_grad=True)
     >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
-    >>> captured.entries[0][0]
-    ScaleRow(node='y', module_path='', op='mul', shape=(3,), dtype='float32', forward=None, backward=None, abs_max=None)
+    >>> captured.entries[0][0][:5]
+    ('y', '', 'mul', (3,), 'float32')
     >>> captured.remove_hooks(); captured.handles
     []
     """
@@ -136,10 +136,14 @@ class ScaleRecording:
         >>> captured = ScaleRecording()
         >>> x = torch.tensor([1.0, 2.0, 3.0, 6.0])
         >>> first = captured.track(x, "x", "", "input", abs_max=False)
-        >>> captured.track_same_values(x.view(2, 2), x, "view", "", "Tensor.view", abs_max=False).forward
+        >>> def view(name):
+        ...     return captured.track_same_values(
+        ...         x.view(2, 2), x, name, "", "Tensor.view", abs_max=False
+        ...     )
+        >>> view("view").forward
         2.160246899469287
         >>> _ = x.mul_(2)  # changed in place: computed afresh
-        >>> captured.track_same_values(x.view(2, 2), x, "view_1", "", "Tensor.view", abs_max=False).forward
+        >>> view("view_1").forward
         4.320493798938574
         """
         known = self._latest.get(id(source)) if isinstance(source, torch.Tensor) else None
@@ -181,7 +185,7 @@ class ScaleRecording:
         >>> x = torch.ones(4, requires_grad=True) * 2
         >>> _ = captured.track(x, "x", "", "mul", abs_max=False)
         >>> view = x.view(2, 2)
-        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", abs_max=False)
+        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", False)
         >>> captured.output = view * torch.tensor([1.0, 3.0])
         >>> captured.share_view_gradients()
         >>> _ = captured.output.backward(torch.ones(2, 2)); captured.remove_hooks()

@@ -62,8 +62,11 @@ class CastStats(NamedTuple):
     >>> import torch
     >>> from unitscale.formats import FP8_E5M2
     >>> from unitscale.tracking import cast_stats
-    >>> cast_stats(torch.tensor([1.0, -3.0]), FP8_E5M2)
-    CastStats(std=2.8284271247461903, absmax=3.0, underflow=0.0, overflow=0.0, sqnr_db=inf)
+    >>> stats = cast_stats(torch.tensor([1.0, -3.0]), FP8_E5M2)
+    >>> round(stats.std, 4), stats.absmax, stats.underflow, stats.overflow
+    (2.8284, 3.0, 0.0, 0.0)
+    >>> stats.sqnr_db  # both values are exact in E5M2: no noise
+    inf
     """
 
     std: float
@@ -335,7 +338,8 @@ class CastBatch:
     >>> import torch
     >>> from unitscale.formats import FP8_E4M3
     >>> batch = CastBatch(FP8_E4M3)
-    >>> batch.add(torch.tensor([0.0, 1.0, 1e-4, 1e3])), batch.add(torch.tensor([0.5, 0.3, 0.0, 2.0]))
+    >>> a, b = torch.tensor([0.0, 1.0, 1e-4, 1e3]), torch.tensor([0.5, 0.3, 0.0, 2.0])
+    >>> batch.add(a), batch.add(b)
     (0, 1)
     >>> [row[2:5] for row in batch.finish()]
     [(3, 1, 1), (3, 0, 0)]
@@ -400,7 +404,7 @@ class CastBatch:
         >>> batch = CastBatch(FP8_E4M3)
         >>> batch.add_many([torch.ones(3), torch.tensor([0.5, -2.0])])
         [0, 1]
-        >>> [(round(std, 6), absmax, nonzero) for std, absmax, nonzero, *_ in batch.finish()]
+        >>> [(round(std, 6), top, nonzero) for std, top, nonzero, *_ in batch.finish()]
         [(0.0, 1.0, 3), (1.767767, 2.0, 2)]
         """
         rows: list[int] = []

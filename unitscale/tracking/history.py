@@ -91,7 +91,8 @@ class DriftTable:
     Iterate it (or index it) for :class:`Drift` rows.
 
     >>> from unitscale.tracking import Drift, DriftTable
-    >>> print(DriftTable([Drift("fc.weight", "parameter", "fwd", 0, 90, 0.1, 25.6, 8.0)], "std"))
+    >>> drift = Drift("fc.weight", "parameter", "fwd", 0, 90, 0.1, 25.6, 8.0)
+    >>> print(DriftTable([drift], "std"))
     tensor     kind       dir  steps  first std  last std  octaves
     fc.weight  parameter  fwd  0-90   0.1        25.6      +8.00
     """
@@ -162,8 +163,10 @@ class ScaleHistory:
         bwd_format: the format gradients were measured against.
 
     >>> from unitscale.tracking import MonitorRecord, ScaleHistory
-    >>> history = ScaleHistory([MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2),
-    ...                         MonitorRecord(10, "fc", "activation", "fwd", 4.0, 14.0, 0.0, 0.0, 31.0)])
+    >>> history = ScaleHistory([
+    ...     MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2),
+    ...     MonitorRecord(10, "fc", "activation", "fwd", 4.0, 14.0, 0.0, 0.0, 31.0),
+    ... ])
     >>> history.steps, history.drifted()[0].octaves
     ([0, 10], 2.0)
     """
@@ -219,7 +222,8 @@ class ScaleHistory:
         """A fixed-width text table of the records (all, or one step, kind or direction), 3 significant digits.
 
         >>> from unitscale.tracking import MonitorRecord, ScaleHistory
-        >>> print(ScaleHistory([MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2)]).table())
+        >>> record = MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2)
+        >>> print(ScaleHistory([record]).table())
         step  tensor  kind        dir  std  absmax  underflow  overflow  sqnr dB
         0     fc      activation  fwd  1    3.5     0          0         31.2
         """
@@ -314,7 +318,10 @@ class ScaleHistory:
             InputError: ``kind`` or ``direction`` unknown.
 
         >>> from unitscale.tracking import MonitorRecord, ScaleHistory
-        >>> h = ScaleHistory([MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1.0, 0.0, 0.0, 30.0) for s in (0, 1)])
+        >>> h = ScaleHistory([
+        ...     MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1.0, 0.0, 0.0, 30.0)
+        ...     for s in (0, 1)
+        ... ])
         >>> h.heatmap().axes[0].get_title()
         'forward (FP8 E4M3)'
         """

@@ -126,7 +126,8 @@ class ScaleMonitor:
 
     >>> import torch
     >>> from unitscale.tracking import ScaleMonitor
-    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with ScaleMonitor(model, every=2) as monitor:
     ...     for step in range(4):
@@ -135,7 +136,8 @@ class ScaleMonitor:
     ...         opt.step(); opt.zero_grad()
     >>> monitor.history.steps, monitor.history.tensors("activation")
     ([0, 2], ['0', '1', '2'])
-    >>> [(r.tensor, r.direction) for r in monitor.history.select(step=0, kind="activation")][:4]
+    >>> records = monitor.history.select(step=0, kind="activation")
+    >>> [(r.tensor, r.direction) for r in records][:4]
     [('0', 'fwd'), ('1', 'fwd'), ('2', 'fwd'), ('2', 'bwd')]
     """
 

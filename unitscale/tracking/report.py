@@ -94,6 +94,39 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+# The characters a line of ScaleReport.table() may take by default: the site's code blocks
+# show 88 (the tutorials' code is formatted to that width too).
+TABLE_WIDTH = 88
+# A shortened column keeps at least this many characters.
+_MIN_CELL = 10
+
+
+def _drop_column(line: tuple[str, ...], index: int) -> tuple[str, ...]:
+    return line[:index] + line[index + 1 :]
+
+
+def _fit(lines: list[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
+    """Column widths whose line (two spaces between columns) fits ``width``, cutting as few cells as it can.
+
+    Each step narrows by one character the shrinkable column where that cuts the fewest cells
+    not cut yet (the widest on a tie), so a rare long name is cut before a column of them.
+    """
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    lengths = {i: [len(line[i]) for line in lines] for i in shrinkable}
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        open_ = [i for i in shrinkable if widths[i] > _MIN_CELL]
+        if not open_:
+            break
+        cheapest = min(open_, key=lambda i: (lengths[i].count(widths[i]), -widths[i]))
+        widths[cheapest] -= 1
+    return widths
+
+
+def _cut(cell: str, width: int) -> str:
+    """``cell`` shortened from the left to ``width`` characters, ``…`` marking the cut."""
+    return cell if len(cell) <= width else "…" + cell[len(cell) - width + 1 :]
+
+
 class ScaleReport:
     """Scales of every floating-point tensor of one forward and backward pass.
 
@@ -114,12 +147,13 @@ class ScaleReport:
 
     >>> from unitscale import ScaleReport
     >>> from unitscale.tracking import ScaleRow
-    >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)], "Net")
+    >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)
+    >>> report = ScaleReport([row], "Net")
     >>> report["x"].scale
     (-> 1.0, <- 0.5)
     >>> print(report.table())
-    node  module  op     shape  dtype    fwd std  bwd std  abs max
-    x             input  (2,)   float32  1        0.5      2
+    node  module  op     shape  fwd std  bwd std  abs max
+    x             input  (2,)   1        0.5      2
     """
 
     def __init__(
@@ -187,21 +221,42 @@ class ScaleReport:
         """``node -> ScalePair`` for every row."""
         return {row.node: row.scale for row in self.rows}
 
-    def table(self) -> str:
+    def table(self, full: bool = False, width: int = TABLE_WIDTH) -> str:
         """A fixed-width text table, one line per tensor (3 significant digits).
+
+        By default the table fits in ``width`` characters (88: a code block of the site, a
+        terminal): the ``dtype`` column is left out when every tensor has the same dtype, and
+        the longest node names, module paths and ops are shortened from the left (``…`` marks
+        the cut), so their last part, the part that tells rows apart, stays. A shortened
+        column keeps at least 10 characters, so a very narrow ``width`` can be exceeded.
+        ``full=True`` prints every column at full length, however wide.
 
         When a NaN or infinity reached some tensor, a ``finite`` column marks each row
         (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
         the node where it first appeared (``first_nonfinite``).
 
+        Args:
+            full: every column (``dtype`` included), nothing shortened.
+            width: the most characters a line may take when ``full`` is false (at least 40).
+
+        Raises:
+            InputError: ``width`` is not an int of at least 40.
+
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
         >>> nan = float("nan")
-        >>> print(ScaleReport([ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)], "Net").table())
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)
+        >>> report = ScaleReport([row], "Net")
+        >>> print(report.table())  # doctest: +ELLIPSIS
+        node  module  op     shape  fwd std  bwd std  abs max  finite
+        x             input  (2,)   nan      1        n/a      NO (fwd)
+        NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor...
+        >>> print(report.table(full=True).splitlines()[0])
         node  module  op     shape  dtype    fwd std  bwd std  abs max  finite
-        x             input  (2,)   float32  nan      1        n/a      NO (fwd)
-        NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor(s) affected
         """
+        if isinstance(width, bool) or not isinstance(width, int) or width < 40:
+            raise InputError(f"ScaleReport.table(width={width!r}): pass an int of at least 40 (characters per line)")
+        show_dtype = full or len({r.dtype for r in self.rows}) > 1
         header: tuple[str, ...] = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
         body: list[tuple[str, ...]] = [
             (r.node, r.module_path, r.op, str(r.shape), r.dtype, _num(r.forward), _num(r.backward), _num(r.abs_max))
@@ -213,8 +268,13 @@ class ScaleReport:
             body = [
                 (*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)
             ]
-        widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
+        if not show_dtype:
+            header, body = _drop_column(header, 4), [_drop_column(line, 4) for line in body]
+        widths = _fit([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))
+        lines = [
+            "  ".join(_cut(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+            for line in [header, *body]
+        ]
         if note:
             lines.append(note)
         return "\n".join(lines)
@@ -240,7 +300,8 @@ class ScaleReport:
 
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
-        >>> report = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)], "Net")
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)
+        >>> report = ScaleReport([row], "Net")
         >>> fig = report.plot()
         >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]
         ['forward', 'backward']

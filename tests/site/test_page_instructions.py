@@ -1,0 +1,102 @@
+"""The set-up commands that Install, Run locally and the README give are the ones that work.
+
+- Install's "without make" block: each ``pip install -c constraints.txt -e ...`` line runs as
+  written on a copy of the sources, with ``--dry-run --no-index --no-build-isolation`` added so
+  that it resolves against this environment offline and installs nothing;
+- Install's "what make does on first use" block: each command is in the Makefile's set-up rule;
+- the README's and Install's two commands, ``make html`` and ``make test``: make runs them
+  (``make -n``, on this checkout): the build with the jupyter cache, and the four steps of CI;
+- Run locally's ``make notebooks``: run on the last build, it leaves one ``.ipynb`` per tutorial.
+
+The quick start on the home page runs as pasted in ``test_readers_without_a_clone.py``, and the
+wheel from the site's URL with its ``tutorials`` extra in ``test_reader_environment.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+
+
+def block_after(text: str, heading: str) -> list[str]:
+    """The command lines of the first ```bash block after ``heading``, comments removed."""
+    rest = text[text.index(heading) :]
+    match = re.search(r"^```bash\n(.*?)^```", rest, re.S | re.M)
+    assert match, f"no ```bash block after {heading!r}"
+    lines = [re.sub(r"\s+#.*$", "", line).strip() for line in match.group(1).splitlines()]
+    return [line for line in lines if line]
+
+
+def _make(*args: str, cwd: Path = ROOT) -> str:
+    env = {**os.environ, "MAKEFLAGS": ""}
+    done = subprocess.run(["make", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of what ``pip install -e .`` reads: the project file, the pins and the package."""
+    where = tmp_path_factory.mktemp("clone")
+    for name in ("pyproject.toml", "constraints.txt", "README.md"):
+        shutil.copy(ROOT / name, where / name)
+    shutil.copytree(ROOT / "unitscale", where / "unitscale", ignore=shutil.ignore_patterns("__pycache__"))
+    return where
+
+
+WITHOUT_MAKE = block_after(INSTALL, "## From a clone, without make")
+
+
+def test_install_gives_one_line_per_extra() -> None:
+    extras = [re.search(r"-e '?\.(\[\w+\])?", line).group(1) for line in WITHOUT_MAKE]  # type: ignore[union-attr]
+    assert extras == [None, "[tutorials]", "[docs]", "[test]"]
+
+
+@pytest.mark.parametrize("line", WITHOUT_MAKE)
+def test_each_install_line_resolves_with_the_pins(line: str, sources: Path) -> None:
+    words = shlex.split(line)
+    assert words[:2] == ["pip", "install"], line
+    command = [sys.executable, "-m", *words, "--dry-run", "--no-index", "--no-build-isolation"]
+    done = subprocess.run(command, cwd=sources, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{line}:\n{done.stderr[-3000:]}"
+    assert "Would install unitscale-" in done.stdout, done.stdout[-2000:]
+
+
+def test_what_make_does_on_first_use_is_the_makefiles_set_up_rule() -> None:
+    rule = (ROOT / "Makefile").read_text().split("$(STAMP): pyproject.toml constraints.txt\n", 1)[1].split("\n\n")[0]
+    rule = rule.replace("$(PY)", ".venv/bin/python").replace("$(PYTHON)", "python3").replace("$(VENV)", ".venv")
+    rule = rule.replace(" -q", "")
+    for line in block_after(INSTALL, "create `.venv` on first use with"):
+        assert line in rule, f"Install says make runs `{line}`; the Makefile's set-up rule is:\n{rule}"
+
+
+@pytest.mark.parametrize("text", [README, INSTALL], ids=["README", "Install"])
+def test_the_two_commands_are_targets_that_build_and_test(text: str) -> None:
+    commands = [line.split("#")[0].strip() for line in re.findall(r"^make (?:html|test).*$", text, re.M)]
+    assert commands == ["make html", "make test"]
+    html = _make("-n", "-o", ".venv/.installed-stamp", "html")
+    assert "NB_EXECUTION_MODE=cache .venv/bin/python -m sphinx -b html -W" in html
+    test = _make("-n", "-o", ".venv/.installed-stamp", "-o", "chromium", "test")
+    for step in ("ruff check", "mypy", "format_tutorials.py --check", "pytest", "NB_EXECUTION_MODE=force"):
+        assert step in test, f"make test no longer runs {step}"
+
+
+@pytest.mark.built
+def test_make_notebooks_leaves_one_notebook_per_tutorial(tmp_path: Path) -> None:
+    assert "make notebooks" in block_after((ROOT / "docs" / "run-locally.md").read_text(), "## All of them at once")[0]
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "_build").symlink_to(ROOT / "_build")
+    _make("-o", ".venv/.installed-stamp", "-o", "html", "notebooks", cwd=tmp_path)
+    assert sorted(p.stem for p in (tmp_path / "notebooks").glob("*.ipynb")) == TUTORIALS
