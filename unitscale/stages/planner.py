@@ -15,13 +15,23 @@ and device speeds too (``c_s = (F_s + B_s) / speed``).
 
 How
 ---
-The first incumbent is the optimum of a step-time formula (:mod:`unitscale.stages.formula`),
-polished one cut at a time with the simulator; a branch and bound whose bounds are the
-simulator's own step with the stages not yet placed taking no time, raised by the work they
-must still do (:mod:`unitscale.stages.branch_bound`), then proves it optimal or improves it.
-For GPipe with a backward that is a fixed multiple of the forward, the formula's optimum is
-certified on its own. A model becomes a chain of pieces (the runs of nodes no cut may split)
-with :mod:`unitscale.stages.model_costs`.
+The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.formula`),
+polished one cut at a time with the simulator, and the splits people use without a planner
+(:func:`rule_splits`: equal items per stage, equal work per stage, min-max, balanced); a branch
+and bound whose bounds are the simulator's own step with the stages not yet placed taking no
+time, raised by the work they must still do (:mod:`unitscale.stages.branch_bound`), then proves
+the best of them optimal or improves it. For GPipe with a backward that is a fixed multiple of
+the forward, the formula's optimum is certified on its own. So the plan's simulated step is
+never longer than a rule's, whether or not the search finishes.
+
+Where the search does not finish (several stages per rank: its bounds there are a water level,
+often 10 to 20 % below the best step on 8 ranks, so its best-first order spends the budget on
+partial plans and reaches few complete ones), a local search
+(:func:`~unitscale.stages.branch_bound.descend`: single cuts, and runs of cuts shifted
+together) improves the best plan held; ``optimal`` then stays ``False`` and ``lower_bound``
+says how far from optimal the plan can be. ``ChainPlan.origin`` names the incumbent the plan
+came from. A model becomes a chain of pieces (the runs of nodes no cut may split) with
+:mod:`unitscale.stages.model_costs`.
 
 >>> from unitscale.stages import plan_chain
 >>> from unitscale.stages.schedule_costs import ChainCosts
@@ -33,6 +43,8 @@ with :mod:`unitscale.stages.model_costs`.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,15 +53,16 @@ from typing import Any
 from torch import fx, nn
 
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError
-from unitscale.stages.branch_bound import SEARCH_BUDGET, Search, least_rank_memory, polish
+from unitscale.stages.branch_bound import SEARCH_BUDGET, TIE, Search, descend, least_rank_memory, polish
 from unitscale.stages.costs import backward_times
 from unitscale.stages.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
 from unitscale.stages.model_costs import calibrated, chain_costs_for, piece_costs
 from unitscale.stages.plan import StagePlan, partition
 from unitscale.stages.schedule_costs import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
+from unitscale.stages.search import balanced_bounds, equal_count_bounds, optimal_bounds
 from unitscale.stages.simulation import simulate_bounds
 
-__all__ = ["ChainPlan", "plan_chain", "plan_pipeline"]
+__all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "rule_splits"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,12 @@ class ChainPlan:
             its budget, and ``lower_bound`` bounds how far from optimal ``step_time`` can be; for
             GPipe the formula's programme proves it, and a spent budget only cuts the tie-break short).
         rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
+        origin: where the plan came from: ``"search"`` (the branch and bound), ``"formula"``
+            (the step-time formula's optimum; ``"polished formula"`` after moving single cuts;
+            ``"least memory"`` when the formula's caps fit nothing), a rule of :func:`rule_splits`
+            (``"equal count"``, ``"equal cost"``, ``"min-max"``, ``"balanced"``), or ``"local search
+            from ..."`` (:func:`~unitscale.stages.branch_bound.descend`, after a search that did not
+            finish). Names joined by ``" / "`` gave the same split.
     """
 
     bounds: list[int]
@@ -81,6 +100,7 @@ class ChainPlan:
     simulated: int = 0
     optimal: bool = True
     rank_memory: list[float] = field(default_factory=list)
+    origin: str = "search"
 
 
 def proportional(costs: ChainCosts) -> bool:
@@ -92,6 +112,50 @@ def proportional(costs: ChainCosts) -> bool:
         math.isclose(b, ratio * f, rel_tol=1e-12, abs_tol=0.0)
         for f, b in zip(costs.forward, costs.backward, strict=True)
     )
+
+
+def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
+    """The splits of a chain that people use without a planner, by name (each as ``num_stages + 1`` bounds).
+
+    Each rule sees one number per item, its work ``F + B`` (speed 1), and nothing of the
+    schedule, the links or memory:
+
+    * ``"equal count"``: the same number of items per stage, the remainder to the first stages
+      (torchtitan's and Megatron's default when the items are layers);
+    * ``"equal cost"``: stage ``s`` ends at the item boundary nearest to ``(s + 1) / k`` of the
+      total work (a split by hand from per-layer costs);
+    * ``"min-max"``: the contiguous split with the least largest stage
+      (:func:`~unitscale.stages.search.optimal_bounds`);
+    * ``"balanced"``: among min-max splits, the one with the least sum of squared stage times
+      (:func:`~unitscale.stages.search.balanced_bounds`; left out when its programme is too large).
+
+    :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
+    longer than any of theirs.
+
+    >>> from unitscale.stages.planner import rule_splits
+    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> rules = rule_splits(ChainCosts.uniform([3, 1, 1, 1, 1, 1]), 2)
+    >>> rules["equal count"], rules["min-max"]
+    ([0, 3, 6], [0, 2, 6])
+    """
+    n, k = len(costs), num_stages
+    if not 1 <= k <= n:
+        raise StageCountError(f"num_stages={num_stages} must be between 1 and the chain's {n} items")
+    work = [f + b for f, b in zip(costs.forward, costs.backward, strict=True)]
+    prefix = [0.0, *itertools.accumulate(work)]
+    total = prefix[-1]
+    cost = [0]
+    for s in range(1, k):
+        target = total * s / k
+        i = bisect.bisect_left(prefix, target)
+        if i > 0 and (i > n or target - prefix[i - 1] <= prefix[i] - target):
+            i -= 1
+        cost.append(min(max(i, cost[-1] + 1), n - (k - s)))
+    rules = {"equal count": equal_count_bounds(n, k), "equal cost": [*cost, n], "min-max": optimal_bounds(work, k)}
+    balanced = balanced_bounds(work, k)
+    if balanced is not None:
+        rules["balanced"] = balanced
+    return rules
 
 
 def plan_chain(
@@ -117,14 +181,17 @@ def plan_chain(
     step of any completion), raised by the work those stages must still do. Its first
     incumbent is the optimum of the formula ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``,
     ``κ = (v + p - 1) / (p v)`` (a dynamic programme over prefixes), polished cut by cut.
-    It stops when no open branch can beat the best simulated plan: ``lower_bound`` is then
-    the certificate. For GPipe with a backward that is a fixed multiple of the forward the
+    The rules of :func:`rule_splits` are incumbents too, so the plan is never worse than
+    theirs under this model. It stops when no open branch can beat the best simulated plan:
+    ``lower_bound`` is then the certificate. For GPipe with a backward that is a fixed multiple of the forward the
     formula is the simulated step exactly (the forward phase is a flow shop of ``m``
     identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``, the backward mirrors it), so
     the programme's optimum is certified by itself. Among plans with the same step time
     (within ``1e-9`` relative) the one with the least sum of squared stage times is kept.
-    After ``search_budget`` simulated partial plans the search stops with the best plan found,
-    ``optimal=False`` and a ``lower_bound`` below it (the gap is certified). The bounds are
+    After ``search_budget`` simulated partial plans the search stops, a local search from the
+    best plans it holds moves single cuts and runs of cuts while the simulated step falls, and
+    the result has ``optimal=False`` (unless that reached the bound) and a ``lower_bound``
+    below it (the gap is certified). The bounds are
     listed in the module's docstring (``unitscale.stages.planner``).
 
     Args:
@@ -176,6 +243,7 @@ def plan_chain(
     problem = Problem(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
     search = Search(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
     seeds: list[list[int]] = []
+    names: list[str] = []  # where each seed came from (ChainPlan.origin)
     probes, certified = 0, None
     try:
         exact = schedule == "gpipe" and proportional(costs) and costs.action_overhead == 0
@@ -183,12 +251,14 @@ def plan_chain(
         # (devices of different speeds can otherwise take hundreds)
         bounds, formula, formula_lower, probes = formula_plan(problem, None if exact else FORMULA_PROBES)
         seeds.append(bounds)
+        names.append("formula")
         if exact:
             certified = formula_lower
             if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
                 even = most_even(problem, problem.bottleneck(bounds))
                 if even is not None:
                     seeds.append(even)
+                    names.append("formula, most even")
     except NoFit:
         if stages_per_rank == 1:
             need, plan = smallest_memory(problem), None
@@ -208,11 +278,35 @@ def plan_chain(
                 needed=need,
             ) from None
         seeds.append(plan)
+        names.append("least memory")
     if certified is None:
         seeds.append(polish(search, seeds[0]))
+        names.append(f"polished {names[0]}")
+    # the rules people use anyway: the plan is never worse than any of them under this model
+    for name, bounds in rule_splits(costs, k).items():
+        seeds.append(bounds)
+        names.append(name)
     chosen, lower, best, finished = search.run(seeds, search_budget)
     if certified is not None:
         lower, finished = certified, True  # the programme's optimum is the simulator's
+    origin = " / ".join(dict.fromkeys(name for name, b in zip(names, seeds, strict=True) if list(b) == chosen))
+    origin = origin or "search"
+    if not finished:
+        # the best-first search spent its budget on partial plans (its bounds for several stages
+        # per rank are loose): a local search from the best plans it holds may still improve
+        starts = [chosen, *(b for b in seeds if list(b) != chosen and search.fits(b))]
+        unique = list(dict.fromkeys(tuple(b) for b in starts))
+        better, at = descend(search, [list(b) for b in unique])
+        old, new = search.evaluate([chosen, better]).tolist()
+        if new < old * (1 - TIE):
+            start = list(unique[at])
+            came = (
+                origin
+                if start == chosen
+                else " / ".join(x for x, b in zip(names, seeds, strict=True) if list(b) == start)
+            )
+            chosen, origin, best = better, f"local search from {came}", new
+            finished = best <= lower * (1 + TIE)
     step = simulate_bounds(costs, chosen, schedule, num_microbatches, stages_per_rank, device_speeds).step_time
     return ChainPlan(
         bounds=chosen,
@@ -224,6 +318,7 @@ def plan_chain(
         simulated=search.evaluated,
         optimal=finished,
         rank_memory=search.rank_memory(chosen),
+        origin=origin,
     )
 
 
