@@ -63,7 +63,7 @@ class FusedBlock(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
         q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
         scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
-        mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
+        mask = torch.ones((s, s), dtype=torch.bool, device=x.device).triu(1)  # one size tuple: their tracer wraps ones(size)
         att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, d))
         return x + self.down(F.gelu(self.up(self.ln2(x))))
