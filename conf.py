@@ -88,6 +88,7 @@ nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROO
 page_dependencies = {
     "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/**/*.py"],
     "docs/against-the-reference": ["unitscale/**/*.py"],
+    "docs/planner": ["docs/benchmark_runs/bench_planner.json", "unitscale/**/*.py"],
     **{f"tutorials/{page.stem}": ["unitscale/**/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
 }
 

@@ -54,6 +54,7 @@ _ITEM = re.compile(r"\[['\"]?(\w+)['\"]?\]")
 def normalise_path(path: str) -> str:
     """A module path as a qualified name, whichever route spelt it.
 
+    >>> from unitscale.capture import normalise_path
     >>> normalise_path("L['self'].model.layers[0].self_attn")
     'model.layers.0.self_attn'
     >>> normalise_path("getattr(L['self'].model.layers, '1')._modules['mlp']")

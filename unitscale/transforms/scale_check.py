@@ -176,6 +176,7 @@ def check_scale(
 
     >>> import torch
     >>> from torch import fx
+    >>> from unitscale.transforms import check_scale
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
     ...         return torch.pow(x, 3)
