@@ -1,4 +1,4 @@
-"""Unit-scaled batch norm: torch's batch norm forward, a backward scaled by the std it divides by.
+"""Unit-scaled batch norm: torch's batch norm forward; on a cut edge, a backward scaled by the std it divides by.
 
 Oracles: ``torch.nn.functional.batch_norm`` itself (values, true gradients) and hand-computed
 statistics of the batch (the running statistics' first-batch replacement and later updates).
@@ -24,7 +24,7 @@ def test_batch_norm_gradient_is_the_true_one_times_the_harmonic_mean_std(trainin
     x = _channels_with_spread().requires_grad_()
     mean, var = x.detach().mean((0, 2, 3)), x.detach().var((0, 2, 3), unbiased=False)
     running_mean, running_var = (None, None) if training else (mean.clone(), var.clone())
-    y = U.batch_norm(x, running_mean, running_var, training=training)
+    y = U.batch_norm(x, running_mean, running_var, training=training, constraint=None)
     expected = F.batch_norm(x, running_mean, running_var, training=training)
     assert torch.allclose(y, expected, atol=1e-5)
     g = torch.randn_like(y)
@@ -35,6 +35,42 @@ def test_batch_norm_gradient_is_the_true_one_times_the_harmonic_mean_std(trainin
     # the true gradient's std is about 1 / (harmonic-mean std): the scaled one is unit
     assert got.std().item() == pytest.approx(1.0, abs=0.1)
     assert true.std().item() > 2
+
+
+@pytest.mark.parametrize("constraint", ["to_output_scale", "gmean", lambda out, grad: grad])
+@pytest.mark.parametrize("training", [True, False])
+def test_constrained_batch_norm_gives_torchs_own_gradient(training: bool, constraint) -> None:
+    """Inside a residual block the input gradient meets the skip's: any constraint keeps torch's gradient."""
+    x = _channels_with_spread().requires_grad_()
+    stats = (x.detach().mean((0, 2, 3)), x.detach().var((0, 2, 3), unbiased=False))
+    running_mean, running_var = (None, None) if training else stats
+    g = torch.randn(x.shape)
+    (got,) = torch.autograd.grad(
+        U.batch_norm(x, running_mean, running_var, training=training, constraint=constraint), x, g
+    )
+    (true,) = torch.autograd.grad(F.batch_norm(x, running_mean, running_var, training=training), x, g)
+    assert torch.allclose(got, true, atol=1e-6)
+
+
+def test_eval_with_the_batchs_statistics_differentiates_through_them() -> None:
+    """Eval before any training batch normalises with the batch's statistics: the gradient is training mode's."""
+    x = _channels_with_spread().requires_grad_()
+    g = torch.randn(x.shape)
+    y = U.batch_norm(x, torch.zeros(32), torch.ones(32), training=False)
+    (got,) = torch.autograd.grad(y, x, g)
+    (true,) = torch.autograd.grad(F.batch_norm(x, None, None, training=True), x, g)
+    assert torch.allclose(got, true, atol=1e-6)
+
+
+def test_normalise_grad_is_the_identity_forward_and_unit_rms_backward() -> None:
+    x = torch.randn(3, 5, requires_grad=True)
+    g = 7 * torch.randn(3, 5)
+    y = U.normalise_grad(x)
+    assert torch.equal(y, x)
+    (got,) = torch.autograd.grad(y, x, g)
+    assert torch.allclose(got, g / g.pow(2).mean().sqrt())
+    (zero,) = torch.autograd.grad(U.normalise_grad(x), x, torch.zeros(3, 5))
+    assert torch.equal(zero, torch.zeros(3, 5))
 
 
 def test_reset_running_statistics_are_replaced_by_the_first_training_batch_then_updated_with_momentum() -> None:

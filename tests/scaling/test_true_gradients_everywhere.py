@@ -590,13 +590,16 @@ def test_residual_branch_outputs_may_be_changed_in_place():
     ],
     ids=["MLP", "MLP_gelu", "TinyGPT", "in_place_residuals", "SPGPT", "resnet18_train", "resnet18_eval"],
 )
-def test_unit_scaled_example_models_give_true_gradients(build, make_input):
+def test_unit_scaled_example_models_give_true_gradients(build, make_input, request):
     model, x = unit_scale(build().double()), make_input()
     model(x)  # capture and re-initialise before the oracle reads the parameters
     # Adding a number (the in-place residual model's ``x + 1``) is left as it is, by design.
     assert [op for op in model.unscaled_ops if not op.startswith(("operator.add", "operator.iadd"))] == []
     forward = lambda: projected(model(x))  # noqa: E731
-    cosines = module_cosines(model, forward, {"x": x} if x.is_floating_point() else {}, directions=3)
+    # ResNet's layer4 batch norms see 2 values per channel (batch 2, 1x1 maps); one channel's variance is 9e-6,
+    # near eps: its curvature gives steps of 1e-6 a truncation error of 7e-4 in the cosine, steps of 1e-7 none.
+    step = 1e-7 if request.node.callspec.id.startswith("resnet") else 1e-6
+    cosines = module_cosines(model, forward, {"x": x} if x.is_floating_point() else {}, directions=3, step=step)
     assert_true_gradients(cosines)
 
 

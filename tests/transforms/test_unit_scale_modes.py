@@ -200,3 +200,19 @@ def test_simulate_fp8_on_a_model_without_a_matmul_warns_that_nothing_was_rounded
     with pytest.warns(NothingQuantisedWarning, match=r"no matmul-like op .* nothing was rounded"):
         out = model(torch.randn(3, 4))
     assert out.shape == (3, 4)
+
+
+def test_a_captured_unit_scaled_model_deep_copies_without_warnings_and_computes_the_same():
+    """pytest turns warnings into errors: copying the captured graph's pytree specs used to warn (LeafSpec)."""
+    import copy
+
+    from unitscale.examples import resnet18
+    from unitscale.transforms import unit_scale
+
+    torch.manual_seed(0)
+    model = unit_scale(resnet18(num_classes=5, width=4), check=False)
+    x = torch.randn(2, 3, 16, 16)
+    model(x)
+    twin = copy.deepcopy(model)
+    assert twin is not model and twin.graph_module is not model.graph_module
+    assert torch.equal(twin(x), model(x))

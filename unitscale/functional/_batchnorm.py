@@ -11,9 +11,14 @@ gradient explosion of batch-normalised networks at initialisation. The unit-scal
 (Blake et al., arXiv 2303.11257, section 4: scale each op's backward so that a unit
 gradient in gives a unit gradient out) applied to batch norm is a backward scale of
 ``mean_c(1 / var_c)**-0.5``, with the variances batch norm divides by: the batch's in
-training mode, the running ones in eval mode. It is one positive number per call, so
-the gradient keeps its direction within the branch; it depends on the data, as batch
-norm's own normalisation does.
+training mode, the running ones in eval mode. It is one positive number per call, and it
+scales the backward alone: batch norm's output does not depend on its input's scale, so
+no forward scale could match it. That keeps gradients true only on a cut edge, where the
+input's gradient does not meet another path's upstream (the stem of a ResNet). Inside a
+residual branch the scaled gradient would meet the skip's unscaled one at the fork, and
+their sum would point elsewhere than the true gradient (in a ResNet-18, the other way).
+So the backward scale is opt-in, ``constraint=None``, as for the other ops with two
+scales; :func:`~unitscale.unit_scale` passes it where an op's two scales may differ.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale.functional._scale import _inv_sqrt, scale
+from unitscale.scaling.constraints import resolve_constraint
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+    from unitscale.scaling.constraints import ConstraintArg
 
 
 class _ScaleGrad(_torch.autograd.Function):
@@ -58,16 +66,21 @@ def batch_norm(
     training: bool = False,
     momentum: float = 0.1,
     eps: float = 1e-5,
+    constraint: ConstraintArg = "to_output_scale",
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.batch_norm`.
 
     The output is normalised, so unit-std where the statistics it uses describe the
-    input. The input gradient is scaled by ``mean_c(1 / (var_c + eps))**-0.5``, from the
-    variances the forward divides by (the batch's in training mode or without running
-    statistics, the running ones in eval mode): batch norm's gradient grows as its
-    input's per-channel variance shrinks, and this undoes it (see the module docstring).
-    The weight and bias gradients sum over ``N * H * W`` values per channel and are
-    scaled by its inverse square root.
+    input. With ``constraint=None`` the input gradient is scaled by ``mean_c(1 / (var_c +
+    eps))**-0.5``, from the variances the forward divides by (the batch's in training mode
+    or without running statistics, the running ones in eval mode): batch norm's gradient
+    grows as its input's per-channel variance shrinks, and this undoes it (see the module
+    docstring). That scale is the backward's alone, so it keeps the gradient true only on
+    a cut edge. With a constraint (the default, or any name or callable a ``constraint=``
+    takes) both directions keep the forward's scale, 1: the backward scale depends on the
+    batch, and a forward scale computed from the batch would change the function whose
+    gradient is taken. The weight and bias gradients sum over ``N * H * W`` values per
+    channel and are scaled by its inverse square root, whatever the constraint.
 
     Running statistics: :func:`~unitscale.unit_scale` resets them to mean 0 and variance
     1, the values torch starts from. Unit scaling sets every scale at initialisation, with
@@ -81,6 +94,8 @@ def batch_norm(
     are tensor ops (no ``.item()``), so a compiled model keeps one graph; in eval mode the
     batch's mean and variance are computed on every call for that (one pass over the input).
     The output is thus unit-std in training mode, and in eval mode before and after training.
+    Where the batch's statistics normalise in eval mode, the gradient goes through them,
+    as in training mode: it is the gradient of the function computed.
 
     Args:
         input: ``(N, C, ...)``.
@@ -91,20 +106,26 @@ def batch_norm(
         training: normalise with batch statistics (and update the running ones).
         momentum: as in torch.
         eps: as in torch.
+        constraint: ``None`` to scale the input gradient by the batch's variances (on a cut
+            edge only), else a constraint name or callable, which keeps 1 both ways.
 
     Returns:
         The normalised tensor.
+
+    Raises:
+        InputError: ``constraint`` is not a name from ``CONSTRAINTS``, a callable or ``None``.
 
     >>> import torch
     >>> from unitscale.functional import batch_norm
     >>> _ = torch.manual_seed(0)
     >>> x = (5 * torch.randn(32, 256, 4, 4)).requires_grad_()
     >>> w = torch.ones(256, requires_grad=True)
-    >>> y = batch_norm(x, None, None, w, training=True)
+    >>> y = batch_norm(x, None, None, w, training=True, constraint=None)
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1), round(w.grad.std().item(), 1)
     (1.0, 1.0, 1.0)
     """
+    unconstrained = resolve_constraint(constraint) is None
     channels = input.shape[1] if input.dim() > 1 else 1
     batch_scale = _inv_sqrt(input.numel() / max(channels, 1))
     if weight is not None:
@@ -114,23 +135,28 @@ def batch_norm(
     if input.numel() <= channels:  # one value per channel: torch raises its own error in training mode
         return _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     dims = [d for d in range(input.dim()) if d != 1] if input.dim() > 1 else [0]
+    unseen: Tensor | None = None
     with _torch.no_grad():
         values = input.detach().float()
         if training or running_mean is None or running_var is None:
-            variance = values.var(dim=dims, unbiased=False)
+            variance = values.var(dim=dims, unbiased=False) if unconstrained else None
             if training and running_mean is not None and running_var is not None:
                 _update_running_stats(values, dims, running_mean, running_var, momentum)
                 momentum = 0.0  # updated above: torch's own update is switched off
         else:
-            # Statistics at their reset values describe no batch yet: normalise with the batch's.
+            # Statistics at their reset values describe no batch yet: the batch's normalise (below).
             unseen = _unseen(running_mean, running_var)
-            variance = _torch.where(unseen, values.var(dim=dims, unbiased=False), running_var.float())
-            mean = _torch.where(unseen, values.mean(dim=dims), running_mean.float())
-            running_mean, running_var = mean.to(running_mean.dtype), variance.to(running_var.dtype)
-        factor = (1 / (variance + eps)).mean().rsqrt().to(input.dtype)
-    if input.requires_grad:
+            variance = None
+            if unconstrained:
+                variance = _torch.where(unseen, values.var(dim=dims, unbiased=False), running_var.float())
+        factor = None if variance is None else (1 / (variance + eps)).mean().rsqrt().to(input.dtype)
+    if factor is not None and input.requires_grad:
         input = _scale_grad(input, factor)
-    return _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    output = _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+    if unseen is None:
+        return output
+    # The batch's statistics with their gradient; chosen by a tensor op, so a compiled model keeps one graph.
+    return _torch.where(unseen, _F.batch_norm(input, None, None, weight, bias, True, 0.0, eps), output)
 
 
 def _unseen(running_mean: Tensor, running_var: Tensor) -> Tensor:

@@ -91,3 +91,54 @@ def _constrain(constraint: ConstraintArg, output_scale: float, *grad_input_scale
 def _inv_sqrt(count: float) -> float:
     # An empty tensor sums no terms; any finite scale will do.
     return count**-0.5 if count > 0 else 1.0
+
+
+# A custom op rather than an autograd.Function: its backward reads the gradient it scales, which
+# the detach trick ``scale`` uses under TorchDynamo cannot express, and one opaque node compiles.
+@_torch.library.custom_op("unitscale::normalise_grad", mutates_args=())
+def _normalise_grad_op(input: _torch.Tensor) -> _torch.Tensor:
+    return input.clone()
+
+
+@_normalise_grad_op.register_fake
+def _normalise_grad_fake(input: _torch.Tensor) -> _torch.Tensor:
+    return _torch.empty_like(input)
+
+
+def _no_context(ctx: object, inputs: tuple[object, ...], output: object) -> None:
+    return None
+
+
+def _unit_rms_grad(ctx: object, grad: Tensor) -> Tensor:
+    rms = grad.float().square().mean().sqrt()
+    return grad * _torch.where(rms > 0, 1 / rms, 1.0).to(grad.dtype)
+
+
+_normalise_grad_op.register_autograd(_unit_rms_grad, setup_context=_no_context)
+
+
+def normalise_grad(input: Tensor) -> Tensor:
+    """Identity in the forward pass; the gradient divided by its root-mean-square in the backward pass.
+
+    One positive number per call, read from the gradient itself: the gradient keeps its
+    direction, and is the true one times that number for everything upstream only where
+    every path from the inputs to the loss passes through ``input`` (a cut edge, such as the
+    residual stream between two blocks of a ResNet). :func:`~unitscale.unit_scale` puts it
+    there, before a residual block that holds batch norm: batch norm's gradient grows as
+    its input's per-channel variance shrinks, and inside a block no scale can undo that
+    without changing the gradient's direction. A zero gradient stays zero.
+
+    Args:
+        input: any floating-point tensor.
+
+    Returns:
+        ``input`` (a copy), whose gradient has root-mean-square 1.
+
+    >>> import torch
+    >>> from unitscale.functional import normalise_grad
+    >>> x = torch.ones(4, requires_grad=True)
+    >>> normalise_grad(x).backward(torch.tensor([3.0, -3.0, 3.0, -3.0]))
+    >>> x.grad.tolist()
+    [1.0, -1.0, 1.0, -1.0]
+    """
+    return _torch.ops.unitscale.normalise_grad(input)

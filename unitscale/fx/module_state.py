@@ -11,6 +11,7 @@ containers, and puts back whatever changed, on success and on failure. With
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["ModuleState", "module_state_kept"]
+__all__ = ["ModuleState", "module_state_kept", "pytree_specs_quiet"]
 
 _MISSING = object()
 
@@ -122,3 +123,18 @@ def module_state_kept(root: Any, values: bool = False) -> Iterator[None]:
         yield
     finally:
         state.restore()
+
+
+@contextmanager
+def pytree_specs_quiet() -> Iterator[None]:
+    """Silence torch's ``LeafSpec`` FutureWarning, tripped by copying or unpickling a
+    captured graph module's specs (an exported module's, a unit-scaled model's).
+
+    >>> import warnings
+    >>> from unitscale.fx.module_state import pytree_specs_quiet
+    >>> with pytree_specs_quiet():
+    ...     warnings.warn("LeafSpec is deprecated", FutureWarning)  # not shown
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        yield

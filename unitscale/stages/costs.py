@@ -12,14 +12,12 @@ number per node.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import re
 import statistics
 import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale.capture import capture, normalise_graph
 from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError
-from unitscale.fx.module_state import module_state_kept
+from unitscale.fx.module_state import module_state_kept, pytree_specs_quiet
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
 from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
@@ -389,20 +387,6 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
         ) from exc
     by_name = {n.name: n for n in graph.nodes}
     return [timer.seconds.get(by_name[name], 0.0) for name, _ in plan.node_costs]
-
-
-@contextlib.contextmanager
-def pytree_specs_quiet() -> Iterator[None]:
-    """Silence torch's ``LeafSpec`` FutureWarning, tripped by copying or unpickling an exported module's specs.
-
-    >>> import warnings
-    >>> from unitscale.stages.costs import pytree_specs_quiet
-    >>> with pytree_specs_quiet():
-    ...     warnings.warn("LeafSpec is deprecated", FutureWarning)  # not shown
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        yield
 
 
 def params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node, float]:

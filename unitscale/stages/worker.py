@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unitscale.stages.costs import pytree_specs_quiet
+from unitscale.fx.module_state import pytree_specs_quiet
 from unitscale.stages.launch import build_rank
 from unitscale.stages.measured import ActionClock, RankRecord, measure_link
 from unitscale.stages.workers import MAIN_ENV, STARTUP_S, TIMEOUT_ENV

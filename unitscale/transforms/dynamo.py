@@ -28,6 +28,7 @@ trains eagerly, compiles with ``torch.compile`` and traces with a
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
@@ -49,6 +50,7 @@ from unitscale.capture import (
     no_torch_function_modes,
 )
 from unitscale.errors import InputError, TraceError, TransformError, UnitscaleError
+from unitscale.fx.module_state import pytree_specs_quiet
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.transforms.aten import to_torch_functions
 from unitscale.transforms.scale_check import ScaleCheck, check_scale
@@ -351,6 +353,14 @@ class TransformedModule(nn.Module):
             logger.warning(
                 "unit_scale: %s is off unit scale: %s", type(self.module).__name__, self.scale_check.summary()
             )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TransformedModule:
+        # Copying a captured graph module copies its pytree specs, which trips torch's LeafSpec FutureWarning.
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        with pytree_specs_quiet():
+            new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return new
 
     def extra_repr(self) -> str:
         names = ", ".join(getattr(t, "__name__", type(t).__name__) for t in self.transforms)

@@ -32,7 +32,11 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    an average pool to one value per channel (for the mean its input has) and a ReLU after
    a residual add whose skip is a ReLU (post-activation ResNets) get the scales of their
    actual inputs rather than of ``N(0, 1)``; an add of two paths from one fork (a
-   projection shortcut) becomes a residual pair; higher-order ops and inlined ``vmap``
+   projection shortcut) becomes a residual pair; batch norm takes its data-dependent
+   backward scale only where the two scales may differ (``constraint=None``), and before
+   each residual block that holds batch norm the gradient on the trunk is brought back to
+   unit root-mean-square (:func:`~unitscale.functional.normalise_grad`, a cut edge);
+   higher-order ops and inlined ``vmap``
    bodies are left whole and listed in ``graph_module.meta["unscaled_regions"]``;
 7. the ops left as they were, other than ones that move data without changing its scale
    (reshapes, indexing, concatenation, ...) or produce no float tensor, are
@@ -667,6 +671,49 @@ def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -
     return added
 
 
+def _normalise_grads_before_batch_norm_blocks(graph: fx.Graph, trunk: set[fx.Node]) -> list[fx.Node]:
+    """Normalise the gradient on the trunk before each residual block that holds batch norm; returns the nodes added.
+
+    Batch norm's input gradient grows as its input's per-channel variance shrinks (1.2 per
+    batch norm after a ReLU, see :mod:`unitscale.functional`'s ``batch_norm``), and inside
+    a residual block no scale can undo that: a backward scale on the branch alone would
+    meet the skip's unscaled gradient at the fork and turn the sum away from the true
+    gradient (a ResNet-18's cosines went negative), and batch norm cancels any scale given
+    both ways. The residual stream between blocks is a cut edge (every path passes through
+    it), so a backward scale there multiplies every gradient upstream by one number:
+    :func:`~unitscale.functional.normalise_grad` sets it to bring the gradient back to
+    root-mean-square 1 before it enters the block.
+    """
+    added = []
+    nodes = list(graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    for split in [n for n in nodes if n.target is U.residual_split and n.args]:
+        source = split.args[0]
+        stream = source
+        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in trunk and stream.args:
+            stream = stream.args[0]
+        if not (isinstance(source, fx.Node) and stream in trunk):
+            continue
+        block = []
+        for node in nodes[position[split] + 1 :]:
+            if node in trunk:
+                break
+            block.append(node)
+        if not any(n.target is U.batch_norm for n in block):
+            continue
+        normalised = _insert_after(
+            source,
+            U.normalise_grad,
+            (source,),
+            f"{source.name}_grad_normalised",
+            split,
+            source.meta.get("example_value"),
+        )
+        split.replace_input_with(source, normalised)
+        added.append(normalised)
+    return added
+
+
 def _producer(node: Any) -> Any:
     """The op that made ``node``, looking back through reshapes and casts."""
     while isinstance(node, fx.Node) and _is_neutral(node) and node.args and isinstance(node.args[0], fx.Node):
@@ -824,6 +871,7 @@ class UnitScalePass:
         done.update(_rescale_relus_after_residuals(graph, before_last))
         done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
+        done.update(_normalise_grads_before_batch_norm_blocks(graph, trunk))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         for n in kept:
             n.meta[KEPT_KEY] = kept[n]
