@@ -122,8 +122,8 @@ def batch_norm(
     >>> w = torch.ones(256, requires_grad=True)
     >>> y = batch_norm(x, None, None, w, training=True, constraint=None)
     >>> y.backward(torch.randn_like(y))
-    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1), round(w.grad.std().item(), 1)
-    (1.0, 1.0, 1.0)
+    >>> [round(t.std().item(), 1) for t in (y, x.grad, w.grad)]
+    [1.0, 1.0, 1.0]
     """
     unconstrained = resolve_constraint(constraint) is None
     channels = input.shape[1] if input.dim() > 1 else 1

@@ -202,7 +202,8 @@ def mul(input: Tensor, other: Tensor) -> Tensor:
     >>> import torch
     >>> from unitscale.functional import mul
     >>> _ = torch.manual_seed(0)
-    >>> x, gate = torch.randn(64, 16, 32, 32), torch.randn(64, 16, 1, 1, requires_grad=True)
+    >>> x = torch.randn(64, 16, 32, 32)
+    >>> gate = torch.randn(64, 16, 1, 1, requires_grad=True)
     >>> y = mul(x, gate)
     >>> y.backward(torch.randn_like(y))
     >>> round(gate.grad.std().item(), 1)

@@ -80,7 +80,8 @@ class ScaleCheck:
 
     >>> import torch
     >>> from unitscale import unit_scale
-    >>> scaled = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()))
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
+    >>> scaled = unit_scale(model)
     >>> _ = scaled(torch.randn(256, 64))
     >>> scaled.scale_check.ok, len(scaled.scale_check.stds)
     (True, 3)
@@ -105,7 +106,8 @@ class ScaleCheck:
         """One paragraph: the two stds and, when off unit scale, the ops that moved them.
 
         >>> from unitscale.transforms.scale_check import OffScale, ScaleCheck
-        >>> check = ScaleCheck(3.1, 1.0, [OffScale("torch.exp (node exp)", "exp", "forward", 1.0, 3.1)])
+        >>> off = OffScale("torch.exp (node exp)", "exp", "forward", 1.0, 3.1)
+        >>> check = ScaleCheck(3.1, 1.0, [off])
         >>> print(check.summary())
         output std 3.1, input-gradient std 1 (band [0.5, 2]); off unit scale at:
           torch.exp (node exp): forward std 1 -> 3.1 (x3.1)
