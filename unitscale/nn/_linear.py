@@ -153,10 +153,7 @@ class Conv1d(_UnitWeighted, nn.Conv1d):
         in_channels: input channels.
         out_channels: output channels.
         kernel_size: as in torch.
-        stride: as in torch.
-        padding: as in torch (``"same"`` and ``"valid"`` included).
-        dilation: as in torch.
-        groups: as in torch.
+        {conv}
         bias: add a learnable bias (initialised to zero).
         {constraint}
 
@@ -203,10 +200,7 @@ class Conv2d(_UnitWeighted, nn.Conv2d):
         in_channels: input channels.
         out_channels: output channels.
         kernel_size: as in torch.
-        stride: as in torch.
-        padding: as in torch (``"same"`` and ``"valid"`` included).
-        dilation: as in torch.
-        groups: as in torch.
+        {conv}
         bias: add a learnable bias (initialised to zero).
         {constraint}
 
