@@ -32,13 +32,7 @@ from unitscale.scaling import residual_taus, role_of, set_depth, tag
 SHARED = ["gmean", "hmean", "amean", "to_output_scale", None]
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/scaling/conftest.py
 
 
 def run(op, *tensors: torch.Tensor, grad: torch.Tensor | None = None, **kwargs):

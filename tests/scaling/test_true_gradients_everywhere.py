@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import unitscale.functional as U
 from tests.gradient_oracle import module_cosines, projected, true_gradient_cosines, worst
+from tests.reference_models import InPlaceResiduals
 from unitscale import nn as unn
 from unitscale.examples import MLP, TinyGPT, resnet18
 from unitscale.examples.umup_models import SPGPT, UmupGPT
@@ -31,13 +32,7 @@ CONSTRAINED = [*NAMES, lambda out, *grads: min(out, *grads)]
 EVERY = [*CONSTRAINED, None]
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64")  # tests/scaling/conftest.py
 
 
 def leaf(*shape: int) -> torch.Tensor:
@@ -545,23 +540,6 @@ def test_umup_gpt_gives_true_gradients_for_every_parameter():
     model = UmupGPT(11, width=16, depth=2, head_dim=8, max_len=8, attn_mult=2.0, residual_mult=0.5)
     idx, targets = torch.randint(0, 11, (2, 6)), torch.randint(0, 11, (2, 6))
     assert_true_gradients(module_check(model, idx, loss=lambda m, i: m.loss(i, targets)))
-
-
-class InPlaceResiduals(torch.nn.Module):
-    """The reference's residual test model: constants added and residuals joined in place."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.l1, self.l2 = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        skip = x
-        x = self.l1(x + 1) + skip
-        skip = x
-        x += 1
-        x = self.l2(x)
-        x += skip
-        return x
 
 
 def test_residual_branch_outputs_may_be_changed_in_place():

@@ -21,6 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
+def _launch(command: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in ``cwd`` with this repository importable, one thread, gloo on loopback; it must succeed."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def test_a_saved_plan_loads_without_the_model_class_and_computes_the_same(tmp_path: Path) -> None:
     class Local(nn.Module):  # a local class cannot be pickled by reference: loading must not need it
         def __init__(self) -> None:
@@ -86,18 +94,13 @@ def test_torchrun_two_processes_train_a_saved_plan_like_the_unsplit_model(tmp_pa
     x, y = torch.randn(4, 4), torch.randn(4, 3)
     partition(model, 2, x).save(tmp_path / "plan.pt")
     torch.save({"x": x, "y": y}, tmp_path / "data.pt")
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     script = Path(__file__).with_name("torchrun_train.py")
-    done = subprocess.run(
+    _launch(
         [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script)]
         + [str(tmp_path / "plan.pt"), str(tmp_path / "data.pt"), str(tmp_path)],
-        capture_output=True,
-        text=True,
+        tmp_path,
         timeout=240,
-        env=env,
-        cwd=tmp_path,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     first, last = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     assert first["output"] is None
     torch.testing.assert_close(last["output"], model(x), atol=1e-6, rtol=0)
@@ -123,17 +126,8 @@ def test_tutorial_11s_torchrun_script_trains_the_plan_it_saves_like_the_unsplit_
     x = torch.randn(512, d)
     partition(model, 4, x, cost="flops").save(tmp_path / "plan.pt")  # 2 ranks, 2 stages each
     (tmp_path / "train.py").write_text(_tutorial_script())
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     launch = ["--standalone", "--nproc-per-node", "2", "train.py", "interleaved_1f1b", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", *launch],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _launch([sys.executable, "-m", "torch.distributed.run", *launch], tmp_path)
     printed = [float(line.split("loss ")[1]) for line in done.stdout.splitlines() if line.startswith("step ")]
     # the same three SGD steps on the unsplit model: a mean-reduced loss over the whole batch
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -158,20 +152,12 @@ def _page_blocks(path: Path) -> list[str]:
 def test_the_torchrun_pages_save_and_train_scripts_run_as_the_page_launches_them(tmp_path: Path) -> None:
     save, train, *_ = _page_blocks(REPO / "docs" / "torchrun.md")
     assert "plan.save(" in save and "pipeline_stage(" in train
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    saved = subprocess.run([sys.executable, "-c", save], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert saved.returncode == 0, saved.stderr[-2000:]
+    _launch([sys.executable, "-c", save], tmp_path)
     (tmp_path / "train.py").write_text(train)
     # the page's launch line: torchrun --standalone --nproc-per-node 4 train.py
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "train.py"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
+    done = _launch(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "train.py"], tmp_path
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     printed = [line.split() for line in done.stdout.splitlines()]
     losses = {int(step): float(loss) for step, loss in printed}
     assert sorted(losses) == list(range(0, 100, 10))

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import unitscale.functional as U
+from tests.reference_models import InPlaceResiduals
 from unitscale.transforms import simulate_fp8, unit_scale
 
 HELPER_T = "helper T (transforms): found by translating the reference's tests"
@@ -42,25 +43,8 @@ class MLPLayer(nn.Module):
         return x, x.sum()
 
 
-class Residuals(nn.Module):
-    """The reference's residual model: constants added, residuals joined in place."""
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.l1, self.l2 = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        skip = x
-        x = self.l1(x + 1) + skip
-        skip = x
-        x += 1
-        x = self.l2(x)
-        x += skip
-        return x
-
-
-class OutOfPlace(Residuals):
-    """What ``Residuals`` computes: ``x += 1`` changes the tensor ``skip`` also names."""
+class OutOfPlace(InPlaceResiduals):
+    """What ``InPlaceResiduals`` computes: ``x += 1`` changes the tensor ``skip`` also names."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.l1(x + 1) + x
@@ -99,7 +83,7 @@ def test_unit_scaled_mlp_has_unit_outputs_and_gradients(replace):
 
 def test_residual_adds_are_found_with_tau_one_half():
     """The reference's ``test_unit_scale_residual_add``: two residual adds, tau 0.5 (its ratio 1)."""
-    model = unit_scale(Residuals(2**6))
+    model = unit_scale(InPlaceResiduals(2**6))
     model(torch.randn(8, 2**6))
     adds = calls(model, U.residual_add)
     assert len(adds) == 2
@@ -109,7 +93,7 @@ def test_residual_adds_are_found_with_tau_one_half():
 @pytest.mark.xfail(strict=True, reason=f"{HELPER_T}: after skip = x, x += 1 reaches the branch, not the skip")
 def test_unit_scaling_keeps_what_an_in_place_add_after_a_skip_computes():
     x = torch.randn(4, 8)
-    in_place, out_of_place = Residuals(8), OutOfPlace(8)
+    in_place, out_of_place = InPlaceResiduals(8), OutOfPlace(8)
     out_of_place.load_state_dict(in_place.state_dict())
     torch.testing.assert_close(in_place(x.clone()), out_of_place(x))
     outputs = []

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch.nn.functional as _F
 
 from unitscale import errors as _errors
-from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._checks import _misfits
 from unitscale.functional._scale import _constrain
 from unitscale.functional._scale import scale as _scale
 from unitscale.scaling import softmax_stats as _stats
@@ -81,7 +81,16 @@ def scaled_dot_product_attention(
     dropout_p = check_p("scaled_dot_product_attention", dropout_p, "dropout_p")
     if dropout_p == 1:
         raise _errors.InputError("scaled_dot_product_attention: dropout_p=1 drops every weight; pass a value below 1")
-    try:
+    with _misfits(
+        "scaled_dot_product_attention",
+        "query (..., L, E), key (..., S, E) and value (..., S, Ev) share their leading dims "
+        "(key and value heads may divide query heads with enable_gqa=True), "
+        "attn_mask broadcasts to (..., L, S)",
+        query=query,
+        key=key,
+        value=value,
+        attn_mask=attn_mask,
+    ):
         queries, keys = query.shape[-2], key.shape[-2]
         score_scale = query.shape[-1] ** -0.5 if scale is None else scale
         # Three significant digits: a spread the statistics are measured for once.
@@ -107,19 +116,3 @@ def scaled_dot_product_attention(
             enable_gqa=enable_gqa,
         )
         return _scale(out, output_scale, grad_scale)
-    except _errors.UnitscaleError:
-        raise
-    except _TORCH_ERRORS as e:
-        if _tracing(e, query, key, value, attn_mask):
-            raise
-        raise _misfit(
-            "scaled_dot_product_attention",
-            e,
-            "query (..., L, E), key (..., S, E) and value (..., S, Ev) share their leading dims "
-            "(key and value heads may divide query heads with enable_gqa=True), "
-            "attn_mask broadcasts to (..., L, S)",
-            query=query,
-            key=key,
-            value=value,
-            attn_mask=attn_mask,
-        ) from e

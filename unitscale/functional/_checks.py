@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch as _torch
 
 from unitscale import errors as _errors
@@ -26,3 +29,19 @@ def _tracing(error: Exception, *args: object) -> bool:
 def _misfit(op: str, error: Exception, fits: str, **args: object) -> _errors.InputError:
     got = ", ".join(f"{name}={_describe(v)}" for name, v in args.items() if v is not None)
     return _errors.InputError(f"{op}: {got} do not fit; {fits}. torch said {type(error).__name__}: {error}")
+
+
+@contextmanager
+def _misfits(op: str, fits: str, **args: object) -> Iterator[None]:
+    """Raise torch's error on ``args`` in the block as :func:`_misfit`'s ``InputError`` naming ``op``.
+
+    unitscale's own errors, and a tracer's (:func:`_tracing` over ``args``), pass through as they are.
+    """
+    try:
+        yield
+    except _errors.UnitscaleError:
+        raise
+    except _TORCH_ERRORS as e:
+        if _tracing(e, *args.values()):
+            raise
+        raise _misfit(op, e, fits, **args) from e

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch.nn.functional as _F
 
-from unitscale import errors as _errors
-from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._checks import _misfits
 from unitscale.functional._scale import _inv_sqrt, scale
 
 if TYPE_CHECKING:
@@ -51,18 +50,11 @@ def embedding(
     >>> round(w.grad.std().item(), 1)
     1.0
     """
-    try:
+    with _misfits(
+        "embedding",
+        "input holds integer indices (int64 or int32) below weight.shape[0], weight is 2-D (vocab, dim)",
+        input=input,
+        weight=weight,
+    ):
         weight = scale(weight, 1.0, _inv_sqrt(input.numel() / weight.shape[0]))
         return _F.embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
-    except _errors.UnitscaleError:
-        raise
-    except _TORCH_ERRORS as e:
-        if _tracing(e, input, weight):
-            raise
-        raise _misfit(
-            "embedding",
-            e,
-            "input holds integer indices (int64 or int32) below weight.shape[0], weight is 2-D (vocab, dim)",
-            input=input,
-            weight=weight,
-        ) from e

@@ -333,10 +333,7 @@ def conv1d(
         input: ``(N, C_in, L)`` (or unbatched ``(C_in, L)``).
         weight: ``(C_out, C_in / groups, k)``.
         bias: optional ``(C_out,)``.
-        stride: as in torch.
-        padding: as in torch (``"same"`` and ``"valid"`` included).
-        dilation: as in torch.
-        groups: as in torch.
+        {conv}
         {constraint}
 
     Returns:
@@ -382,10 +379,7 @@ def conv2d(
         input: ``(N, C_in, H, W)`` (or unbatched ``(C_in, H, W)``).
         weight: ``(C_out, C_in / groups, kh, kw)``.
         bias: optional ``(C_out,)``.
-        stride: as in torch.
-        padding: as in torch (``"same"`` and ``"valid"`` included).
-        dilation: as in torch.
-        groups: as in torch.
+        {conv}
         {constraint}
 
     Returns:

@@ -8,7 +8,7 @@ import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale import errors as _errors
-from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._checks import _misfits
 from unitscale.functional._scale import scale
 from unitscale.scaling import softmax_stats as _stats
 from unitscale.scaling.checks import check_mult
@@ -73,7 +73,14 @@ def cross_entropy(
     1.0
     """
     mult = check_mult("cross_entropy", "mult", mult)
-    try:
+    with _misfits(
+        "cross_entropy",
+        "input is float logits (batch, classes, ...) or (classes,); target is int64 class indices "
+        "(batch, ...) below classes, or float probabilities shaped like input; weight is (classes,)",
+        input=input,
+        target=target,
+        weight=weight,
+    ):
         classes = input.shape[1] if input.dim() >= 2 else input.shape[0]
         batch = input.numel() // max(classes, 1)
         # E[sum_j (s_j - y_j)^2] = E[sum_j s_j^2] - 2 E[s_target] + 1, with E[sum s^2] = (f^2 + 1) / n
@@ -85,20 +92,6 @@ def cross_entropy(
         # The backward leaves out mult's own factor: one positive number on the loss's only path.
         input = scale(input, mult, grad_scale)
         return _F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
-    except _errors.UnitscaleError:
-        raise
-    except _TORCH_ERRORS as e:
-        if _tracing(e, input, target, weight):
-            raise
-        raise _misfit(
-            "cross_entropy",
-            e,
-            "input is float logits (batch, classes, ...) or (classes,); target is int64 class indices "
-            "(batch, ...) below classes, or float probabilities shaped like input; weight is (classes,)",
-            input=input,
-            target=target,
-            weight=weight,
-        ) from e
 
 
 def mse_loss(

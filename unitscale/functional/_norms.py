@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch.nn.functional as _F
 
-from unitscale import errors as _errors
-from unitscale.functional._checks import _TORCH_ERRORS, _misfit, _tracing
+from unitscale.functional._checks import _misfits
 from unitscale.functional._scale import _inv_sqrt, scale
 
 if TYPE_CHECKING:
@@ -47,27 +46,20 @@ def layer_norm(
     >>> round(w.grad.std().item(), 1)
     1.0
     """
-    try:
+    with _misfits(
+        "layer_norm",
+        "input's trailing dims must equal normalized_shape (a tuple of ints); weight and bias have that shape",
+        input=input,
+        normalized_shape=normalized_shape,
+        weight=weight,
+        bias=bias,
+    ):
         batch_scale = _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1))
         if weight is not None:
             weight = scale(weight, 1.0, batch_scale)
         if bias is not None:
             bias = scale(bias, 1.0, batch_scale)
         return _F.layer_norm(input, normalized_shape, weight, bias, eps)
-    except _errors.UnitscaleError:
-        raise
-    except _TORCH_ERRORS as e:
-        if _tracing(e, input, weight, bias):
-            raise
-        raise _misfit(
-            "layer_norm",
-            e,
-            "input's trailing dims must equal normalized_shape (a tuple of ints); weight and bias have that shape",
-            input=input,
-            normalized_shape=normalized_shape,
-            weight=weight,
-            bias=bias,
-        ) from e
 
 
 def rms_norm(

@@ -19,16 +19,39 @@ def _check_sizes(owner: str, **sizes: object) -> None:
             raise InputError(f"{owner}: {name}={value!r:.60} must be an int >= 0")
 
 
-def _unit_init(module: nn.Linear | nn.Conv1d | nn.Conv2d) -> None:
-    # Unit scaling and u-μP (u-μP §4, the parametrization table: every weight initialised with unit variance,
-    # the 1/sqrt(fan_in) moved into the op's multiplier): N(0, 1) weights, zero biases.
-    nn.init.normal_(module.weight)
-    if module.bias is not None:
-        nn.init.zeros_(module.bias)
+class _UnitWeighted(RoleModule):
+    """What Linear, Conv1d and Conv2d share: N(0, 1) weights, roles tagged, the constraint in the repr."""
+
+    weight: Tensor
+    constraint: ConstraintArg
+
+    def _bias(self) -> Tensor | None:
+        # torch's own attribute is typed per class (a Parameter on Linear, Optional on the convs)
+        return self._parameters.get("bias")
+
+    def _keep(self, constraint: ConstraintArg) -> None:
+        # Called after torch's __init__. A conv weight's width is its fan-in, C_in / groups
+        # times the kernel (ParamRole's default).
+        self.constraint = constraint
+        tag(self.weight, "weight")
+        bias = self._bias()
+        if bias is not None:
+            tag(bias, "bias")
+
+    def reset_parameters(self) -> None:
+        # Unit scaling and u-μP (u-μP §4, the parametrization table: every weight initialised with unit variance,
+        # the 1/sqrt(fan_in) moved into the op's multiplier): N(0, 1) weights, zero biases.
+        nn.init.normal_(self.weight)
+        bias = self._bias()
+        if bias is not None:
+            nn.init.zeros_(bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
 @fill_docstring
-class Linear(RoleModule, nn.Linear):
+class Linear(_UnitWeighted, nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
 
     Forward × ``fan_in**-0.5``, input gradient × ``fan_out**-0.5`` (reconciled by
@@ -66,19 +89,10 @@ class Linear(RoleModule, nn.Linear):
         resolve_constraint(constraint)
         _check_sizes(type(self).__name__, in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias)
-        self.constraint = constraint
-        tag(self.weight, "weight")
-        if self.bias is not None:
-            tag(self.bias, "bias")
-
-    def reset_parameters(self) -> None:
-        _unit_init(self)
+        self._keep(constraint)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.linear(input, self.weight, self.bias, constraint=self.constraint)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
 
 
 @fill_docstring
@@ -128,15 +142,8 @@ class LinearReadout(Linear):
         return f"{super().extra_repr()}, mult={self.mult}"
 
 
-def _tag_conv(module: nn.Conv1d | nn.Conv2d) -> None:
-    # The weight's width is its fan-in, C_in / groups times the kernel (ParamRole's default).
-    tag(module.weight, "weight")
-    if module.bias is not None:
-        tag(module.bias, "bias")
-
-
 @fill_docstring
-class Conv1d(RoleModule, nn.Conv1d):
+class Conv1d(_UnitWeighted, nn.Conv1d):
     """Unit-scaled :class:`torch.nn.Conv1d`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
 
     Scaled as :func:`unitscale.functional.conv1d`; zero padding only (a ``padding_mode``
@@ -146,10 +153,7 @@ class Conv1d(RoleModule, nn.Conv1d):
         in_channels: input channels.
         out_channels: output channels.
         kernel_size: as in torch.
-        stride: as in torch.
-        padding: as in torch (``"same"`` and ``"valid"`` included).
-        dilation: as in torch.
-        groups: as in torch.
+        {conv}
         bias: add a learnable bias (initialised to zero).
         {constraint}
 
@@ -178,23 +182,16 @@ class Conv1d(RoleModule, nn.Conv1d):
     ) -> None:
         resolve_constraint(constraint)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
-        self.constraint = constraint
-        _tag_conv(self)
-
-    def reset_parameters(self) -> None:
-        _unit_init(self)
+        self._keep(constraint)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.conv1d(
             input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.constraint
         )
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"
-
 
 @fill_docstring
-class Conv2d(RoleModule, nn.Conv2d):
+class Conv2d(_UnitWeighted, nn.Conv2d):
     """Unit-scaled :class:`torch.nn.Conv2d`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
 
     Scaled as :func:`unitscale.functional.conv2d`; zero padding only.
@@ -203,10 +200,7 @@ class Conv2d(RoleModule, nn.Conv2d):
         in_channels: input channels.
         out_channels: output channels.
         kernel_size: as in torch.
-        stride: as in torch.
-        padding: as in torch (``"same"`` and ``"valid"`` included).
-        dilation: as in torch.
-        groups: as in torch.
+        {conv}
         bias: add a learnable bias (initialised to zero).
         {constraint}
 
@@ -238,16 +232,9 @@ class Conv2d(RoleModule, nn.Conv2d):
     ) -> None:
         resolve_constraint(constraint)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
-        self.constraint = constraint
-        _tag_conv(self)
-
-    def reset_parameters(self) -> None:
-        _unit_init(self)
+        self._keep(constraint)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.conv2d(
             input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.constraint
         )
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}"

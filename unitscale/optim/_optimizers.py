@@ -12,7 +12,7 @@ from unitscale.optim._rules import Params, param_groups
 
 __all__ = ["SGD", "Adam", "AdamW"]
 
-_ARGS = """
+_ARGS = """\
     Args:
         params: a module, parameters, or parameter groups (tagged: built from :mod:`unitscale.nn`, or
             :func:`~unitscale.scaling.tag`).
@@ -25,14 +25,26 @@ _ARGS = """
 
     Raises:
         UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
-        InputError: a bad ``lr`` or ``weight_decay``.
-"""
+        InputError: a bad {bad}."""
 
 
 class _RoleScaled:
-    """The constructor every optimiser here shares: torch's, handed u-μP's parameter groups."""
+    """The constructor every optimiser here shares: torch's, handed u-μP's parameter groups.
+
+    A subclass's docstring holds the line ``{args}``, filled from :data:`_ARGS` with the
+    class's ``_decay``, ``_extra`` and ``_bad`` texts and torch's class of the same name.
+    """
 
     _rule = "adam"
+    _decay = ""
+    _extra = ""
+    _bad = "``lr`` or ``weight_decay``"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__doc__ and "    {args}" in cls.__doc__:
+            args = _ARGS.format(decay=cls._decay, base=cls.__name__, extra=cls._extra, bad=cls._bad)
+            cls.__doc__ = cls.__doc__.replace("    {args}", args)
 
     def __init__(
         self,
@@ -48,16 +60,10 @@ class _RoleScaled:
 
 
 class Adam(_RoleScaled, torch.optim.Adam):
-    __doc__ = (
-        """:class:`torch.optim.Adam` with u-μP's per-role learning rates (see :mod:`unitscale.optim`).
-"""
-        + _ARGS.format(
-            decay="L2 decay (through Adam's normaliser, as in torch), divided by each group's ``lr`` when\n"
-            "            ``independent_weight_decay``.",
-            base="Adam",
-            extra=" (``betas``, ``eps``, ...)",
-        )
-        + """
+    """:class:`torch.optim.Adam` with u-μP's per-role learning rates (see :mod:`unitscale.optim`).
+
+    {args}
+
     >>> import torch
     >>> from unitscale.nn import Linear
     >>> from unitscale.optim import Adam
@@ -67,44 +73,41 @@ class Adam(_RoleScaled, torch.optim.Adam):
     >>> Adam(Linear(64, 4).parameters(), lr=torch.tensor(0.1)).param_groups[0]["lr"]
     tensor(0.0125)
     """
+
+    _decay = (
+        "L2 decay (through Adam's normaliser, as in torch), divided by each group's ``lr`` when\n"
+        "            ``independent_weight_decay``."
     )
+    _extra = " (``betas``, ``eps``, ...)"
 
 
 class AdamW(_RoleScaled, torch.optim.AdamW):
-    __doc__ = (
-        """:class:`torch.optim.AdamW` with u-μP's per-role learning rates and lr-independent decay.
-"""
-        + _ARGS.format(
-            decay="the decay step per update (``p -= weight_decay * p``) when ``independent_weight_decay``;\n"
-            "            torch's ``lr * weight_decay`` otherwise.",
-            base="AdamW",
-            extra="",
-        )
-        + """
-    >>> import torch
+    """:class:`torch.optim.AdamW` with u-μP's per-role learning rates and lr-independent decay.
+
+    {args}
+
     >>> from unitscale.nn import RMSNorm
     >>> from unitscale.optim import AdamW
     >>> opt = AdamW(RMSNorm(8).parameters(), lr=0.1, weight_decay=0.01)
     >>> round(opt.param_groups[0]["weight_decay"], 4)
     0.1
     """
+
+    _decay = (
+        "the decay step per update (``p -= weight_decay * p``) when ``independent_weight_decay``;\n"
+        "            torch's ``lr * weight_decay`` otherwise."
     )
 
 
 class SGD(_RoleScaled, torch.optim.SGD):
-    __doc__ = (
-        """:class:`torch.optim.SGD` with u-μP's per-role learning rates and independent weight decay.
+    """:class:`torch.optim.SGD` with u-μP's per-role learning rates and independent weight decay.
 
     ``readout_constraint`` says how the model's readout scales its backward pass:
     ``None`` (unit-scaled gradients: Adam's rules) or ``"to_output_scale"`` (tied to its
     forward, so gradients shrink with width: SGD's own rules, see :mod:`unitscale.optim`).
-"""
-        + _ARGS.format(
-            decay="decay, independent of ``lr`` by default.",
-            base="SGD",
-            extra=" (``momentum``, ``nesterov``, ...)",
-        ).replace("a bad ``lr`` or ``weight_decay``.", "a bad ``lr``, ``weight_decay`` or ``readout_constraint``.")
-        + """
+
+    {args}
+
     >>> import torch
     >>> from unitscale.nn import Linear
     >>> from unitscale.optim import SGD
@@ -112,7 +115,10 @@ class SGD(_RoleScaled, torch.optim.SGD):
     >>> opt.param_groups[0]["lr"]
     0.25
     """
-    )
+
+    _decay = "decay, independent of ``lr`` by default."
+    _extra = " (``momentum``, ``nesterov``, ...)"
+    _bad = "``lr``, ``weight_decay`` or ``readout_constraint``"
 
     def __init__(
         self,

@@ -39,6 +39,12 @@ TEXTS: dict[str, str] = {
         "    nonlinearity, and the op's scales follow, so it changes the shape, not the scale, of the output."
     ),
     "mult_errors": "MultiplierError: ``mult`` is not a finite number > 0.",
+    "conv": (
+        "stride: as in torch.\n"
+        'padding: as in torch (``"same"`` and ``"valid"`` included).\n'
+        "dilation: as in torch.\n"
+        "groups: as in torch."
+    ),
 }
 """Each placeholder's text; continuation lines are indented relative to the first."""
 

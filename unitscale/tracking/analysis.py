@@ -301,33 +301,39 @@ def _track(
     autowrap_functions: Any,
     abs_max: Any,
 ) -> ScaleReport:
-    """:func:`track_scales`, with ``fn`` the name of the function the user called (for messages)."""
-    module = _check_module(module, fn)
-    if not isinstance(route, str) or route not in _ROUTES:
-        raise InputError(f"{fn}(route=...) got {route!r:.60}; pass 'auto', 'fx', 'export' or 'eager'")
-    for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
-        if not isinstance(flag, bool):
-            raise InputError(f"{fn}({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
-    # checked here: a tracer refusing them would otherwise send "auto" to the eager route
-    check_autowrap(autowrap_modules, autowrap_functions, caller=fn)
-    inputs = _check_inputs(module, inputs, fn)
-    deep = DeepTracing(recurse_modules, autowrap_modules, tuple(autowrap_functions))
-    try:
-        cap = capture(
-            module, inputs, route=_ROUTES[route], deep=deep, check=False, cache=not isinstance(module, fx.GraphModule)
-        )
-    except NoRouteError as e:
-        if route == "fx":
-            e.args = (f"{e.args[0]}\nUse route='auto' (or 'eager') to record the ops as they run.", *e.args[1:])
-        raise
-    model = type(module).__name__
-    # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
-    # buffers or assigns to its module is undone (the caller's model is only observed); a
-    # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
-    with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
-        rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
-    failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
-    return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
+    """:func:`track_scales`, with ``fn`` the name of the function the user called (put before every error's message)."""
+    with _called_as(fn):
+        module = _check_module(module, fn)
+        if not isinstance(route, str) or route not in _ROUTES:
+            raise InputError(f"{fn}(route=...) got {route!r:.60}; pass 'auto', 'fx', 'export' or 'eager'")
+        for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
+            if not isinstance(flag, bool):
+                raise InputError(f"{fn}({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
+        # checked here: a tracer refusing them would otherwise send "auto" to the eager route
+        check_autowrap(autowrap_modules, autowrap_functions, caller=fn)
+        inputs = _check_inputs(module, inputs, fn)
+        deep = DeepTracing(recurse_modules, autowrap_modules, tuple(autowrap_functions))
+        try:
+            cap = capture(
+                module,
+                inputs,
+                route=_ROUTES[route],
+                deep=deep,
+                check=False,
+                cache=not isinstance(module, fx.GraphModule),
+            )
+        except NoRouteError as e:
+            if route == "fx":
+                e.args = (f"{e.args[0]}\nUse route='auto' (or 'eager') to record the ops as they run.", *e.args[1:])
+            raise
+        model = type(module).__name__
+        # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
+        # buffers or assigns to its module is undone (the caller's model is only observed); a
+        # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
+        with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
+            rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
+        failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
+        return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
 
 
 def track_scales(
@@ -402,18 +408,9 @@ def track_scales(
     >>> track_scales(MLP(16), torch.randn(64, 16).requires_grad_())["x"].scale
     (-> 1.01, <- 0.228)
     """
-    with _called_as("track_scales"):
-        return _track(
-            "track_scales",
-            module,
-            inputs,
-            backward,
-            route,
-            recurse_modules,
-            autowrap_modules,
-            autowrap_functions,
-            abs_max,
-        )
+    return _track(
+        "track_scales", module, inputs, backward, route, recurse_modules, autowrap_modules, autowrap_functions, abs_max
+    )
 
 
 def analyse_module(
@@ -473,21 +470,12 @@ def analyse_module(
         linear_1 = torch._C._nn.linear(relu, fc2_weight, ...)  # (-> 0.236, <- 0.998)
         return linear_1
     """
-    with _called_as("analyse_module"):
-        if not isinstance(syntax_highlight, bool):
-            raise InputError(
-                f"analyse_module(syntax_highlight=...) got {type(syntax_highlight).__name__} "
-                f"{syntax_highlight!r:.60}; pass True or False"
-            )
-        report = _track(
-            "analyse_module",
-            module,
-            inputs,
-            backward,
-            route,
-            recurse_modules,
-            autowrap_modules,
-            autowrap_functions,
-            False,
+    if not isinstance(syntax_highlight, bool):
+        raise InputError(
+            f"analyse_module(syntax_highlight=...) got {type(syntax_highlight).__name__} "
+            f"{syntax_highlight!r:.60}; pass True or False"
         )
+    report = _track(
+        "analyse_module", module, inputs, backward, route, recurse_modules, autowrap_modules, autowrap_functions, False
+    )
     return AnnotatedCode(report.code, highlight=syntax_highlight)
