@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -191,17 +191,25 @@ def measure(
     y: torch.Tensor,
     schedule: str,
     v: int,
-    rounds: int,
-    steps: int,
-    warmup: int,
-) -> dict[tuple[int, ...], list[float]]:
-    """Each plan's step (the median of a run's timed steps), run in alternation ``rounds`` times."""
+    settings: Settings,
+    keep: set[tuple[int, ...]],
+) -> dict[tuple[int, ...], dict[int, float]]:
+    """Each plan's step per round (the median of a run's timed steps), the plans run in alternation,
+    the order rotated each round. After ``settings.retire_after`` rounds a plan not in ``keep``
+    (a split no method chose, measured for the oracle) whose fastest round is slower than the
+    slowest round of the plan with the least median so far is retired: slower beyond the spread,
+    it cannot be the best measured, and its rows keep the rounds it ran."""
     keys = list(plans)
-    seen: dict[tuple[int, ...], list[float]] = {k: [] for k in keys}
-    for r in range(rounds):
-        order = keys[r % len(keys) :] + keys[: r % len(keys)]
+    seen: dict[tuple[int, ...], dict[int, float]] = {k: {} for k in keys}
+    running = list(keys)
+    for r in range(settings.rounds):
+        if settings.retire_after and r == settings.retire_after:
+            best = min(running, key=lambda k: statistics.median(seen[k].values()))
+            ceiling = max(seen[best].values())
+            running = [k for k in running if k in keep or min(seen[k].values()) <= ceiling]
+        order = running[r % len(running) :] + running[: r % len(running)]
         for k in order:
-            seen[k].append(run_plan(plans[k], x, y, schedule, v, steps, warmup).step_time)
+            seen[k][r] = run_plan(plans[k], x, y, schedule, v, settings.steps, settings.warmup).step_time
     return seen
 
 
@@ -209,15 +217,45 @@ def spread(times: Sequence[float]) -> str:
     return f"{min(times) * 1e3:.0f}-{max(times) * 1e3:.0f}"
 
 
+class Settings(NamedTuple):
+    """How much is measured: alternating rounds, timed steps and untimed warm-up steps per run, and
+    the round after which splits no method chose are retired when slower beyond the spread (0: never)."""
+
+    rounds: int
+    steps: int
+    warmup: int
+    retire_after: int
+
+
+#: full mode. One warm-up step: the first step of a run measured about a fifth slower than the
+#: rest (its first calls allocate and warm gloo); the second was already within the others' range.
+FULL = Settings(rounds=5, steps=8, warmup=1, retire_after=3)
+QUICK = Settings(rounds=2, steps=2, warmup=1, retire_after=0)
+#: the bar: our plan's measured step within this of the best measured split
+BAR = 0.03
+
+
+def versus(ours: dict[int, float], other: dict[int, float]) -> tuple[float, str, bool, bool]:
+    """Ours against another split: the ratio of the medians, the range of the per-round ratios (the
+    two measured in the same round), and whether ours is slower, or faster, beyond the spread (the
+    ranges of their rounds do not overlap)."""
+    ratio = statistics.median(ours.values()) / statistics.median(other.values())
+    paired = [ours[r] / other[r] for r in ours if r in other]
+    span = f"{min(paired):.3f}-{max(paired):.3f}" if paired else ""
+    return ratio, span, min(ours.values()) > max(other.values()), max(ours.values()) < min(other.values())
+
+
 def compare(
     kind: str,
     layers: int,
     quick: bool,
-    settings: tuple[int, int, int] | None = None,
+    settings: Settings | None = None,
     schedules: Sequence[tuple[str, int]] = (("1f1b", 1), ("interleaved_1f1b", 2)),
 ) -> tuple[list[dict], Any]:
-    """Every method's split of one model, measured (``settings``: rounds, timed steps, warm-up steps)."""
-    rounds, steps, warmup = settings or ((2, 2, 1) if quick else (5, 8, 2))
+    """Every method's split of one model, measured; rows of three kinds (``row``): ``"split"``
+    (each split measured), ``"versus"`` (ours against each method and the best), ``"verdict"``
+    (per model, schedule and planner: the bar)."""
+    settings = settings or (QUICK if quick else FULL)
     model = build(kind, layers)
     x = torch.randint(0, model.lm.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     y = torch.randint(0, model.lm.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
@@ -240,7 +278,7 @@ def compare(
         ours = plan_pipeline(blocks, x, 2, schedule=schedule, num_microbatches=MICRO, stages_per_rank=v)
         methods["ours"] = list(ours.bounds)
         if calibration is None:
-            calibration = run_plan(ours, x, y, schedule, v, steps, warmup)
+            calibration = run_plan(ours, x, y, schedule, v, settings.steps, settings.warmup)
         tuned = plan_pipeline(
             blocks, x, 2, schedule=schedule, num_microbatches=MICRO, stages_per_rank=v, calibration=calibration
         )
@@ -249,36 +287,78 @@ def compare(
         weight = min(tail_weight, per_stage)
         methods[f"ends weighted (tail = {weight})"] = [cuts[b] for b in torchtitan_split(k, layers, 1, weight)]
         methods["FLOPs by hand"] = [cuts[b] for b in optimal_bounds(flops, k)]
+        # one run per distinct split: the methods often agree
         plans = {tuple(b): blocks.with_bounds(list(b)) for b in methods.values()}
-        if v == 1:  # the oracle: every cut between blocks
+        chosen = set(plans)
+        exhaustive = v == 1
+        if exhaustive:  # the oracle: every cut between blocks
             for c in cuts[1:-1]:
                 plans.setdefault((0, c, n), blocks.with_bounds([0, c, n]))
-        seen = measure(plans, x, y, schedule, v, rounds, steps, warmup)
-        costs = tuned.chain_costs
-        medians = {b: statistics.median(t) for b, t in seen.items()}
+        seen = measure(plans, x, y, schedule, v, settings, chosen)
+        medians = {b: statistics.median(t.values()) for b, t in seen.items()}
         best = min(medians, key=medians.__getitem__)
-        ours_median = medians[tuple(methods["ours (calibrated)"])]
 
         def label(b: tuple[int, ...]) -> str:
             return ", ".join(names[cuts.index(c)] for c in b[1:-1])
 
+        def by(b: tuple[int, ...], methods: dict[str, list[int]] = methods) -> str:
+            return ", ".join(m for m, mb in methods.items() if tuple(mb) == b) or "(exhaustive)"
+
+        predicted = {b: simulate_bounds(tuned.chain_costs, list(b), schedule, MICRO, v).step_time for b in seen}
+        default = {b: simulate_bounds(ours.chain_costs, list(b), schedule, MICRO, v).step_time for b in seen}
+        ours_median = medians[tuple(methods["ours (calibrated)"])]
         for b, t in sorted(seen.items(), key=lambda kv: medians[kv[0]]):
-            by = [m for m, mb in methods.items() if tuple(mb) == b]
-            predicted = simulate_bounds(costs, list(b), schedule, MICRO, v).step_time
-            uncalibrated = simulate_bounds(ours.chain_costs, list(b), schedule, MICRO, v).step_time
             rows.append(
                 {
+                    "row": "split",
                     "model": kind,
                     "schedule": schedule,
                     "stages start at": label(b),
-                    "chosen by": ", ".join(by) or "(exhaustive)",
+                    "chosen by": by(b),
+                    "rounds": len(t),
                     "measured ms (median)": round(medians[b] * 1e3, 1),
-                    "spread ms": spread(t),
-                    "predicted ms": round(predicted * 1e3, 1),
-                    "predicted / measured": round(predicted / medians[b], 3),
-                    "uncalibrated predicted / measured": round(uncalibrated / medians[b], 3),
+                    "spread ms": spread(list(t.values())),
+                    "predicted ms": round(predicted[b] * 1e3, 1),
+                    "predicted / measured": round(predicted[b] / medians[b], 3),
+                    "uncalibrated predicted / measured": round(default[b] / medians[b], 3),
                     "ours (calibrated) / this": round(ours_median / medians[b], 3),
                     "best measured": b == best,
+                }
+            )
+        oracle = "every cut between blocks" if exhaustive else "the methods' splits"
+        others = {m: tuple(mb) for m, mb in methods.items() if not m.startswith("ours")}
+        others[f"best measured ({oracle})"] = best
+        for m, b in others.items():
+            row: dict[str, Any] = {"row": "versus", "model": kind, "schedule": schedule, "alternative": m}
+            row["its stages start at"] = label(b)
+            for planner in ("ours", "ours (calibrated)"):
+                mine = tuple(methods[planner])
+                ratio, span, slower, faster = versus(seen[mine], seen[b])
+                row[f"{planner} / it (median)"] = round(ratio, 3)
+                row[f"{planner} / it (range over rounds)"] = span
+                row[f"{planner} faster beyond the spread"] = faster
+                row[f"{planner} slower beyond the spread"] = slower
+            rows.append(row)
+        for planner, costs_of in (("ours", default), ("ours (calibrated)", predicted)):
+            mine = tuple(methods[planner])
+            ratio, span, _, _ = versus(seen[mine], seen[best])
+            beaten_by = [f"{by(b)}: {label(b)}" for b in seen if b != mine and versus(seen[mine], seen[b])[2]]
+            error = [costs_of[b] / medians[b] - 1 for b in seen]
+            rows.append(
+                {
+                    "row": "verdict",
+                    "model": kind,
+                    "schedule": schedule,
+                    "planner": planner,
+                    "its stages start at": label(mine),
+                    "best measured": f"{label(best)} ({by(best)})",
+                    "oracle": oracle,
+                    "ours / best (median)": round(ratio, 3),
+                    "ours / best (range over rounds)": span,
+                    f"within {BAR:.0%} of the best": ratio <= 1 + BAR,
+                    "slower beyond the spread than": "; ".join(beaten_by),
+                    "prediction error, ours": round(costs_of[mine] / medians[mine] - 1, 3),
+                    "largest prediction error, any split": round(max(error, key=abs), 3),
                 }
             )
     return rows, (blocks, calibration)
@@ -316,6 +396,7 @@ def simulated(kind: str, layers: int, calibration: Any) -> list[dict]:
                 "FLOPs by hand": optimal_bounds(flops, k),
             }
             row: dict[str, Any] = {
+                "row": "simulated",
                 "model": f"{kind}, {layers} layers",
                 "ranks": ranks,
                 "schedule": schedule,
@@ -326,6 +407,8 @@ def simulated(kind: str, layers: int, calibration: Any) -> list[dict]:
                     simulate_bounds(costs, [cuts[i] for i in b], schedule, m, v).step_time / ours, 3
                 )
             row["ours proven optimal"] = found.optimal
+            row["ours / lower bound"] = round(found.step_time / found.lower_bound, 3)
+            row["ours came from"] = found.origin
             rows.append(row)
     return rows
 
@@ -334,7 +417,7 @@ def _table(rows: list[dict], title: str) -> None:
     if not rows:
         return
     print(f"\n{title}")
-    columns = list(dict.fromkeys(k for r in rows for k in r))
+    columns = [c for c in dict.fromkeys(k for r in rows for k in r) if c != "row"]
     print(" | ".join(columns))
     for r in rows:
         print(" | ".join(str(r.get(c, "")) for c in columns))
@@ -344,15 +427,19 @@ def main(quick: bool = False) -> list[dict]:
     torch.set_num_threads(1)  # as each worker runs: node timings then match the stages' speed
     started = time.perf_counter()
     cases = [("uniform", 2)] if quick else [("gpt2-vocab", 8), ("llama-vocab", 8), ("uniform", 8)]
-    rows: list[dict] = [{"machine": machine(), "quick": quick}]
+    rows: list[dict] = [{"row": "machine", "machine": machine(), "quick": quick}]
     measured: list[dict] = []
     sims: list[dict] = []
     for kind, layers in cases:
         got, (_, calibration) = compare(kind, layers, quick)
         measured += got
+        print(f"{kind}: measured after {time.perf_counter() - started:.0f} s", flush=True)
         if not quick:
             sims += simulated(kind, 32, calibration)
-    _table(measured, f"Measured steps on 2 gloo ranks ({machine()})")
+    kinds = {kind: [r for r in measured if r["row"] == kind] for kind in ("split", "versus", "verdict")}
+    _table(kinds["split"], f"Measured steps on 2 gloo ranks ({machine()})")
+    _table(kinds["versus"], "Ours against each alternative, measured (ratios of steps: below 1, ours is faster)")
+    _table(kinds["verdict"], f"Verdicts: ours against the best measured split (the bar: within {BAR:.0%})")
     _table(sims, "Simulated steps at 4 and 8 ranks: each rule's step over ours")
     print(f"\n{time.perf_counter() - started:.0f} s")
     return rows + measured + sims
