@@ -21,6 +21,7 @@ from unitscale.stages.plan import partition as partition
 from unitscale.stages.planner import ChainPlan as ChainPlan
 from unitscale.stages.planner import plan_chain as plan_chain
 from unitscale.stages.planner import plan_pipeline as plan_pipeline
+from unitscale.stages.planner import rule_splits as rule_splits
 from unitscale.stages.result import PipelineResult as PipelineResult
 from unitscale.stages.saved import SavedPlan as SavedPlan
 from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
@@ -39,6 +40,7 @@ __all__ = [
     "bubble_fraction",
     "plan_pipeline",
     "plan_chain",
+    "rule_splits",
     "ChainPlan",
     "ChainCosts",
     "simulate",

@@ -17,7 +17,7 @@ How
 ---
 The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.formula`),
 polished one cut at a time with the simulator, and the splits people use without a planner
-(:func:`rule_splits`: equal items per stage, equal work per stage, min-max, balanced); a branch
+(:func:`~unitscale.stages.rule_splits`: equal items per stage, equal work per stage, min-max, balanced); a branch
 and bound whose bounds are the simulator's own step with the stages not yet placed taking no
 time, raised by the work they must still do (:mod:`unitscale.stages.branch_bound`), then proves
 the best of them optimal or improves it. For GPipe with a backward that is a fixed multiple of
@@ -27,7 +27,7 @@ never longer than a rule's, whether or not the search finishes.
 Where the search does not finish (several stages per rank: its bounds there are a water level,
 often 10 to 20 % below the best step on 8 ranks, so its best-first order spends the budget on
 partial plans and reaches few complete ones), a local search
-(:func:`~unitscale.stages.branch_bound.descend`: single cuts, and runs of cuts shifted
+(``descend`` in ``unitscale.stages.branch_bound``: single cuts, and runs of cuts shifted
 together) improves the best plan held; ``optimal`` then stays ``False`` and ``lower_bound``
 says how far from optimal the plan can be. ``ChainPlan.origin`` names the incumbent the plan
 came from. A model becomes a chain of pieces (the runs of nodes no cut may split) with
@@ -85,9 +85,9 @@ class ChainPlan:
         rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
         origin: where the plan came from: ``"search"`` (the branch and bound), ``"formula"``
             (the step-time formula's optimum; ``"polished formula"`` after moving single cuts;
-            ``"least memory"`` when the formula's caps fit nothing), a rule of :func:`rule_splits`
+            ``"least memory"`` when the formula's caps fit nothing), a rule of :func:`~unitscale.stages.rule_splits`
             (``"equal count"``, ``"equal cost"``, ``"min-max"``, ``"balanced"``), or ``"local search
-            from ..."`` (:func:`~unitscale.stages.branch_bound.descend`, after a search that did not
+            from ..."`` (``descend`` in ``unitscale.stages.branch_bound``, after a search that did not
             finish). Names joined by ``" / "`` gave the same split.
     """
 
@@ -132,7 +132,7 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
     :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
     longer than any of theirs.
 
-    >>> from unitscale.stages.planner import rule_splits
+    >>> from unitscale.stages import rule_splits
     >>> from unitscale.stages.schedule_costs import ChainCosts
     >>> rules = rule_splits(ChainCosts.uniform([3, 1, 1, 1, 1, 1]), 2)
     >>> rules["equal count"], rules["min-max"]
@@ -181,7 +181,7 @@ def plan_chain(
     step of any completion), raised by the work those stages must still do. Its first
     incumbent is the optimum of the formula ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``,
     ``κ = (v + p - 1) / (p v)`` (a dynamic programme over prefixes), polished cut by cut.
-    The rules of :func:`rule_splits` are incumbents too, so the plan is never worse than
+    The rules of :func:`~unitscale.stages.rule_splits` are incumbents too, so the plan is never worse than
     theirs under this model. It stops when no open branch can beat the best simulated plan:
     ``lower_bound`` is then the certificate. For GPipe with a backward that is a fixed multiple of the forward the
     formula is the simulated step exactly (the forward phase is a flow shop of ``m``

@@ -76,7 +76,7 @@ class ScaleCheck:
             them left the band alone: many ops of a factor 1.2 each take a gradient off too.
         stds: ``(node, forward std, gradient std)`` for every activation, in graph order
             (``nan`` where there is no gradient).
-        band: the band held, :data:`BAND`.
+        band: the band held, ``BAND``, (0.5, 2).
 
     >>> import torch
     >>> from unitscale import unit_scale
