@@ -125,9 +125,9 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
     * ``"equal cost"``: stage ``s`` ends at the item boundary nearest to ``(s + 1) / k`` of the
       total work (a split by hand from per-layer costs);
     * ``"min-max"``: the contiguous split with the least largest stage
-      (:func:`~unitscale.stages.search.optimal_bounds`);
+      (``unitscale.stages.search.optimal_bounds``);
     * ``"balanced"``: among min-max splits, the one with the least sum of squared stage times
-      (:func:`~unitscale.stages.search.balanced_bounds`; left out when its programme is too large).
+      (``unitscale.stages.search.balanced_bounds``; left out when its programme is too large).
 
     :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
     longer than any of theirs.
