@@ -797,6 +797,44 @@ def _gate_pool(
     return None
 
 
+_IN_PLACE_OPERATORS: set[Any] = {operator.iadd, operator.isub, operator.imul, operator.itruediv}
+_IN_PLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__"}
+
+
+def _changes_in_place(node: fx.Node) -> bool:
+    """Whether ``node`` changes its first argument, a float tensor, in place (``x += 1``, ``x.mul_(2)``)."""
+    if not (node.args and _is_float_node(node.args[0])):
+        return False
+    if node.op == "call_method":
+        name = str(node.target)
+        return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+    if node.op != "call_function":
+        return False
+    if _member(node.target, _IN_PLACE_OPERATORS) or node.kwargs.get("inplace") is True:
+        return True
+    name = getattr(node.target, "__name__", "")
+    in_place = name.endswith("_") and not name.startswith("_")
+    return in_place and node.target in (getattr(torch.Tensor, name, None), getattr(torch, name, None))
+
+
+def _follow_in_place_changes(graph: fx.Graph) -> None:
+    """Make every read of a tensor after an op changed it in place read that op.
+
+    ``skip = x; x += 1`` changes the tensor ``skip`` also names, but the graph's later
+    reads of ``skip`` point at the node before the change; the pass would place a
+    residual split there and give the skip the value from before it. The op returns the
+    tensor it changed, so reading the op instead computes the same and puts the change
+    in the graph's edges.
+    """
+    for node in list(graph.nodes):
+        changed = node.args[0] if node.args else None
+        if not (isinstance(changed, fx.Node) and _changes_in_place(node)):
+            continue
+        for user in list(changed.users):
+            if user is not node and node < user:
+                user.replace_input_with(changed, node)
+
+
 def _producer(node: Any) -> Any:
     """The op that made ``node``, looking back through reshapes and casts."""
     while isinstance(node, fx.Node) and _is_neutral(node) and node.args and isinstance(node.args[0], fx.Node):
@@ -900,6 +938,7 @@ class UnitScalePass:
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
+        _follow_in_place_changes(graph)
         regions = _whole_regions(graph)
         frozen = {n for nodes in regions.values() for n in nodes}
         done: set[fx.Node] = set(frozen)
