@@ -988,20 +988,9 @@ NAMED_CALLS: dict[str, Callable[[], Any]] = {
     "fx_exec_order": lambda: fx_exec_order(42),  # type: ignore[arg-type]
     "trace_exec_order": lambda: trace_exec_order(42),  # type: ignore[arg-type]
 }
-# Allow-list of calls that still blame another function, each with the issue that fixes it;
-# strict, so a fix makes the test fail until the entry is removed.
-NAMES_ANOTHER: dict[str, str] = {}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=NAMES_ANOTHER[name]))
-        if name in NAMES_ANOTHER
-        else name
-        for name in NAMED_CALLS
-    ],
-)
+@pytest.mark.parametrize("name", list(NAMED_CALLS))
 def test_a_number_given_for_the_model_is_refused_in_the_name_of_the_function_called(name: str) -> None:
     with pytest.raises(UnitscaleError) as info:
         NAMED_CALLS[name]()

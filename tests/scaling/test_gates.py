@@ -98,11 +98,11 @@ def test_hardswish_unconstrained_has_unit_output_and_gradient() -> None:
     assert x.grad.std().item() == pytest.approx(1.0, abs=0.01)
 
 
-def test_mul_scales_a_broadcast_gates_gradient_by_its_copies() -> None:
+def test_unconstrained_mul_scales_a_broadcast_gates_gradient_by_its_copies() -> None:
     torch.manual_seed(0)
     x = torch.randn(16, 8, 12, 12, requires_grad=True)
     gate = torch.randn(16, 8, 1, 1, requires_grad=True)
-    y = U.mul(x, gate)
+    y = U.mul(x, gate, constraint=None)
     assert torch.equal(y, x * gate)
     g = torch.randn_like(y)
     y.backward(g)
@@ -110,3 +110,19 @@ def test_mul_scales_a_broadcast_gates_gradient_by_its_copies() -> None:
     assert torch.allclose(gate.grad, (g * x).sum((2, 3), keepdim=True) / 12, atol=1e-5)
     assert torch.allclose(x.grad, g * gate)
     assert gate.grad.std().item() == pytest.approx(1.0, abs=0.15)
+
+
+@pytest.mark.parametrize("constraint", ["to_output_scale", "gmean"])
+def test_constrained_mul_is_a_scaled_product_with_torchs_gradient(constraint: str) -> None:
+    """A gate computed from the activation it gates meets it at the fork: one scale both ways keeps gradients true."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 6, 6, requires_grad=True)
+    gate = torch.randn(4, 3, 1, 1, requires_grad=True)
+    y = U.mul(x, gate, constraint=constraint)
+    # the one scale the constraint picks from the forward's 1 and the gate's 36**-0.5 (x's gradient scale is 1)
+    factor = 1.0 if constraint == "to_output_scale" else (36**-0.5) ** (1 / 3)
+    assert torch.allclose(y, factor * x * gate)
+    g = torch.randn_like(y)
+    y.backward(g)
+    assert torch.allclose(gate.grad, factor * (g * x).sum((2, 3), keepdim=True))
+    assert torch.allclose(x.grad, factor * g * gate)

@@ -24,6 +24,7 @@ import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale.functional._scale import _constrain, scale
+from unitscale.scaling.constraints import resolve_constraint
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -181,39 +182,54 @@ def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = 
     return scale(_F.hardswish(input), output_scale, grad_scale)
 
 
-def mul(input: Tensor, other: Tensor) -> Tensor:
+def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled product of two activations, one broadcast over the other (``x * gate``).
 
     The forward is the plain product: a unit-scaled activation times a gate of unit
     root-mean-square has unit root-mean-square. The backward sums the gradient of a
     broadcast operand over every position it was broadcast to (a squeeze-excitation gate
     of shape ``(N, C, 1, 1)`` over ``H * W`` pixels), which grows its std by the square
-    root of that count; so each operand's gradient is scaled by
+    root of that count. With ``constraint=None`` each operand's gradient is scaled by
     ``(output.numel() / operand.numel())**-0.5``, as a weight's gradient, summed over the
-    batch, is (Blake et al.). Operands of the output's own shape are not scaled.
+    batch, is (Blake et al.); operands of the output's own shape are not scaled. That scale
+    is the backward's alone, so it keeps the gradient true only where the operands'
+    gradients do not meet upstream, or where the gate's branch undoes it (in a
+    squeeze-excitation block, :func:`~unitscale.unit_scale` gives the pool the inverse
+    backward scale). With a constraint (the default) the one scale it picks from the
+    forward's 1 and those backward scales applies both ways: ``to_output_scale`` is the
+    plain product and torch's gradient.
 
     Args:
         input: a tensor.
         other: a tensor broadcastable with ``input``.
+        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``
+            (the broadcast operand's gradient scaled on its own).
 
     Returns:
         ``input * other``.
+
+    Raises:
+        UnknownConstraintError: ``constraint`` names no constraint.
+        PredicateError: a callable ``constraint`` returned no positive, finite number.
 
     >>> import torch
     >>> from unitscale.functional import mul
     >>> _ = torch.manual_seed(0)
     >>> x = torch.randn(64, 16, 32, 32)
     >>> gate = torch.randn(64, 16, 1, 1, requires_grad=True)
-    >>> y = mul(x, gate)
+    >>> y = mul(x, gate, constraint=None)
     >>> y.backward(torch.randn_like(y))
     >>> round(gate.grad.std().item(), 1)
     1.0
     """
     shape = _torch.broadcast_shapes(input.shape, other.shape)
     count = _math.prod(shape)
-    operands = []
-    for operand in (input, other):
-        if isinstance(operand, _torch.Tensor) and 0 < operand.numel() < count:
-            operand = scale(operand, 1.0, (count / operand.numel()) ** -0.5)
-        operands.append(operand)
-    return operands[0] * operands[1]
+    operands = (input, other)
+    grad_scales = [
+        (count / o.numel()) ** -0.5 if isinstance(o, _torch.Tensor) and 0 < o.numel() < count else 1.0 for o in operands
+    ]
+    scales = _constrain(constraint, 1.0, *grad_scales)
+    if resolve_constraint(constraint) is not None:
+        return scale(input * other, scales[0], scales[0])
+    scaled = [o if s == 1.0 else scale(o, 1.0, s) for o, s in zip(operands, scales[1:], strict=True)]
+    return scaled[0] * scaled[1]

@@ -11,11 +11,12 @@ With a constraint, the op's input gradients are the true gradients of the scaled
 function it computed. Without one (``constraint=None``) the op is a *cut edge*: each
 input gradient is a positive multiple of its true gradient, but a different multiple
 from the one the output's consumers see, so the gradient stays a true gradient
-upstream only where it does not meet another path's gradient again. That holds after
-the last residual add (every path to the loss runs through the op); it fails inside a
-residual branch (the branch's gradient meets the skip's at ``residual_split``) and
-between an op's operands that come from one tensor (q, k and v of attention, both
-sides of a ``matmul`` of activations), where the meeting gradients mix two scales.
+upstream only where it does not meet another path's gradient again. That holds where
+every path to the loss runs through the op (after the last residual add, unless the
+head forks again); it fails inside a residual branch (the branch's gradient meets the
+skip's at ``residual_split``), in a squeeze-excitation gate's branch, and between an
+op's operands that come from one tensor (q, k and v of attention, both sides of a
+``matmul`` of activations), where the meeting gradients mix two scales.
 
 >>> from unitscale.scaling.constraints import gmean, to_output_scale
 >>> gmean(0.25, 1.0)

@@ -177,8 +177,9 @@ def unit_scale(
     residual adds (one operand an ancestor of the other) become
     :func:`~unitscale.functional.residual_split` / :func:`~unitscale.functional.residual_add`
     (``tau`` 0.01 for attention branches, 0.5 otherwise); other adds become unconstrained
-    :func:`~unitscale.functional.add`; constrained ops after the last residual add
-    or on the trunk (every input-to-output path goes through them) are unconstrained.
+    :func:`~unitscale.functional.add`; constrained ops on the trunk (every
+    input-to-output path goes through them, as after the last residual add) are
+    unconstrained.
     Ops written out by hand (``LlamaRMSNorm``, GPT-2's tanh GELU) are folded into their
     twins first; a constant factor that only linear layers and norms read is dropped.
     Ops off the activation path (position tables, masks: they read no float input and
@@ -205,6 +206,12 @@ def unit_scale(
     the std before and after each. When the output or the input gradient is off unit
     scale (outside [0.5, 2]) that summary is logged on the same logger: a report to read,
     not an error, since the model runs as it was written.
+
+    Applied to a :class:`TransformedModule`, unit scaling runs after its transforms but
+    before any :func:`simulate_format` / :func:`simulate_fp8` among them: tensors are
+    rounded at unit scale, so ``unit_scale(simulate_fp8(m))`` computes what
+    ``simulate_fp8(unit_scale(m))`` does (as in the reference library). A tensor that
+    changes in place (``skip = x; x += 1``) is read, after the change, with its new value.
 
     Training mode: the wrapper starts in the mode of ``module``; each combination of its
     submodules' training flags gets its own captured graph (a model captured in eval mode
@@ -257,9 +264,17 @@ def unit_scale(
     replacements = _check_replace(replace)
     _check_route_inputs(example_inputs, route)
     inner = module.module if isinstance(module, TransformedModule) else module
-    earlier = module.transforms if isinstance(module, TransformedModule) else ()
+    earlier: tuple[GraphTransform, ...] = module.transforms if isinstance(module, TransformedModule) else ()
+    # Unit scaling comes before any simulated format, in either order of calls: rounding a
+    # tensor before unit scaling would round values at the original initialisation's scale.
+    first_format = next((i for i, t in enumerate(earlier) if isinstance(t, _SimulateFormat)), len(earlier))
+    transforms: tuple[GraphTransform, ...] = (
+        *earlier[:first_format],
+        _UnitScale(replacements, strict, check),
+        *earlier[first_format:],
+    )
     scaled = copy.deepcopy(inner)
-    wrapped = TransformedModule.wrap(scaled, (*earlier, _UnitScale(replacements, strict, check)))
+    wrapped = TransformedModule.wrap(scaled, transforms)
     outer = module if isinstance(module, TransformedModule) else None
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 

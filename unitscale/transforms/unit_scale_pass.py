@@ -13,12 +13,14 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    when the branch holds attention (softmax or scaled dot-product attention) and 0.5
    otherwise; every other add of two float tensors becomes an unconstrained ``U.add``;
 3. every other op found in :data:`unitscale.functional.torch_map` becomes its twin, with
-   ``constraint=None`` after the last residual add and on the trunk: where every path
-   from the inputs to the output passes through the op (the stem of a ResNet, an op
-   between two residual blocks), its input's gradient reaches everything upstream
+   ``constraint=None`` on the trunk alone: where every path from the inputs to the output
+   passes through the op (the stem of a ResNet, an op between two residual blocks, the
+   head after the last residual add), its input's gradient reaches everything upstream
    through it alone, so a mismatch of its two scales multiplies every upstream gradient
    by one number, and the two directions may be scaled independently (Blake et al.'s
-   cut edges);
+   cut edges). Off the trunk (a residual branch, a squeeze-excitation gate's branch, one
+   of two heads read by one loss) the gradient meets another path's upstream, and the
+   op keeps its constraint;
 4. a product with a constant (``x * c``, ``x / c``) that only linear layers and norms
    read becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
 5. ops that keep the scale of unit-scaled operands without a twin are left as they are
@@ -26,7 +28,9 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    (``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` off the activation path)
    and elementwise products of two activations of one shape (gated MLPs); a product
    whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
-   :func:`~unitscale.functional.mul`, which scales the broadcast factor's summed gradient;
+   :func:`~unitscale.functional.mul`, which scales the broadcast factor's summed gradient
+   where that keeps gradients true: the factors share no input, or the gate's branch
+   starts at a global average pool, which then gets the inverse backward scale;
 6. convolutional networks: a matmul or convolution only batch norm reads takes its
    backward scale both ways (batch norm undoes its forward scale); a max pool of a ReLU,
    an average pool to one value per channel (for the mean its input has) and a ReLU after
@@ -628,7 +632,7 @@ def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -
 
     See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
     :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
-    trunk, after the last residual add), else their geometric mean both ways.
+    trunk), else their geometric mean both ways.
     """
     added = []
     rewritten: set[fx.Node] = set()
@@ -712,6 +716,123 @@ def _normalise_grads_before_batch_norm_blocks(graph: fx.Graph, trunk: set[fx.Nod
         split.replace_input_with(source, normalised)
         added.append(normalised)
     return added
+
+
+def _balance_gates(gm: fx.GraphModule) -> list[fx.Node]:
+    """Scale a gate's gradient by its copies where the gate's branch undoes it; returns the nodes added.
+
+    :func:`~unitscale.functional.mul` of an activation and a gate broadcast over ``k``
+    positions would scale the gate's summed gradient by ``k**-0.5`` (``constraint=None``),
+    which keeps the gate's branch at unit scale; a backward scale alone keeps the gradient
+    true only where the two operands' gradients do not meet upstream. A squeeze-excitation
+    gate is computed from the activation it gates, so they meet at the fork. Two cases
+    keep the scale:
+
+    - the operands come from no common input (a cut edge): the scale stays as it is;
+    - the gate's branch starts at a global average pool over the ``k`` positions, and the
+      branch between the pool and the gate is entered and left there alone: the pool's
+      gradient gets ``k**0.5`` backward, so along the branch the backward scales not
+      matched by forward ones multiply to 1, and the pool's input gets its true gradient.
+
+    Elsewhere the product keeps its constraint (torch's gradient).
+    """
+    graph = gm.graph
+    muls = [n for n in graph.nodes if n.target is U.mul and len(n.args) == 2]
+    if not muls:
+        return []
+    ancestors = _ancestors(graph)
+    stream = _stream(graph, _activation_path(gm))
+    added = []
+    for node in muls:
+        out = node.meta.get("example_value")
+        a, b = node.args
+        values = [x.meta.get("example_value") if isinstance(x, fx.Node) else None for x in (a, b)]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        if not isinstance(out, torch.Tensor) or len(tensors) != 2:
+            continue
+        small = [i for i, v in enumerate(tensors) if 0 < v.numel() < out.numel()]
+        if len(small) != 1:
+            continue
+        gate, other = (a, b) if small == [0] else (b, a)
+        copies = out.numel() // tensors[small[0]].numel()
+        meet = (ancestors[gate] | {gate}) & (ancestors[other] | {other}) & stream
+        pool = None if not meet else _gate_pool(gate, node, copies, ancestors, stream)
+        if meet and pool is None:
+            continue
+        node.kwargs = {**node.kwargs, "constraint": None}
+        if pool is None:
+            continue
+        users = list(pool.users)
+        balanced = _insert_after(
+            pool, U.scale, (pool, 1.0, copies**0.5), f"{pool.name}_gate_balanced", pool, pool.meta.get("example_value")
+        )
+        for user in users:
+            user.replace_input_with(pool, balanced)
+        added.append(balanced)
+    return added
+
+
+def _gate_pool(
+    gate: fx.Node, product: fx.Node, copies: int, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
+) -> fx.Node | None:
+    """The global average pool over ``copies`` positions where the gate's branch alone starts, if there is one.
+
+    The branch is every op on the activation stream between the pool and the gate: each
+    reads the stream only from the pool or the branch, and only the branch or (the gate)
+    the product reads them.
+    """
+    for pool in [n for n in ancestors[gate] if n.target in _POOLS and n in stream]:
+        source = pool.args[0] if pool.args else None
+        value, before = pool.meta.get("example_value"), getattr(source, "meta", {}).get("example_value")
+        if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor) and value.numel()):
+            continue
+        if before.numel() != copies * value.numel():
+            continue
+        branch = {n for n in ancestors[gate] if pool in ancestors[n]} | {gate}
+        inside = branch | {pool}
+        entered_once = all(p in inside or p not in stream for n in branch for p in n.all_input_nodes)
+        left_once = all(set(n.users) <= branch for n in inside - {gate}) and set(gate.users) == {product}
+        if entered_once and left_once:
+            return pool
+    return None
+
+
+_IN_PLACE_OPERATORS: set[Any] = {operator.iadd, operator.isub, operator.imul, operator.itruediv}
+_IN_PLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__"}
+
+
+def _changes_in_place(node: fx.Node) -> bool:
+    """Whether ``node`` changes its first argument, a float tensor, in place (``x += 1``, ``x.mul_(2)``)."""
+    if not (node.args and _is_float_node(node.args[0])):
+        return False
+    if node.op == "call_method":
+        name = str(node.target)
+        return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+    if node.op != "call_function":
+        return False
+    if _member(node.target, _IN_PLACE_OPERATORS) or node.kwargs.get("inplace") is True:
+        return True
+    name = getattr(node.target, "__name__", "")
+    in_place = name.endswith("_") and not name.startswith("_")
+    return in_place and node.target in (getattr(torch.Tensor, name, None), getattr(torch, name, None))
+
+
+def _follow_in_place_changes(graph: fx.Graph) -> None:
+    """Make every read of a tensor after an op changed it in place read that op.
+
+    ``skip = x; x += 1`` changes the tensor ``skip`` also names, but the graph's later
+    reads of ``skip`` point at the node before the change; the pass would place a
+    residual split there and give the skip the value from before it. The op returns the
+    tensor it changed, so reading the op instead computes the same and puts the change
+    in the graph's edges.
+    """
+    for node in list(graph.nodes):
+        changed = node.args[0] if node.args else None
+        if not (isinstance(changed, fx.Node) and _changes_in_place(node)):
+            continue
+        for user in list(changed.users):
+            if user is not node and node < user:
+                user.replace_input_with(changed, node)
 
 
 def _producer(node: Any) -> Any:
@@ -817,6 +938,7 @@ class UnitScalePass:
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
+        _follow_in_place_changes(graph)
         regions = _whole_regions(graph)
         frozen = {n for nodes in regions.values() for n in nodes}
         done: set[fx.Node] = set(frozen)
@@ -835,12 +957,12 @@ class UnitScalePass:
         kept = _rotary_ops(graph, live, ancestors, done)
         trunk = _trunk(graph, live)
         stream = _stream(graph, live)
-        residuals = self._residual_adds(graph, ancestors, done | set(kept), stream - frozen, frozen)
-        # Residual adds are found in graph order: the last one found is the last one run.
-        before_last = ancestors[residuals[-1]] | {residuals[-1]} if residuals else set()
-        before_last -= trunk
+        self._residual_adds(graph, ancestors, done | set(kept), stream - frozen, frozen)
+        # Off the trunk an op's input gradient meets another path's upstream (a skip, a gate's
+        # branch, a second output's head): its two scales must be one.
+        constrained = live - trunk
         for node in folded:
-            if node not in before_last and _takes_constraint(node.target):  # type: ignore[arg-type]
+            if node not in constrained and _takes_constraint(node.target):  # type: ignore[arg-type]
                 node.kwargs = {**node.kwargs, "constraint": None}
         for node in list(graph.nodes):
             if node in done or node in kept or node not in live or node.op not in ("call_function", "call_method"):
@@ -852,7 +974,7 @@ class UnitScalePass:
                 continue
             if _is_product_of_activations(node, stream):
                 if _is_broadcast_product(node):
-                    self._retarget(node, U.mul, {})
+                    self._retarget(node, U.mul, {"constraint": "to_output_scale"})
                     node.args = tuple(node.args[:2])
                     done.add(node)
                 else:
@@ -861,17 +983,18 @@ class UnitScalePass:
             twin = _lookup(self.torch_map, _function_of(node))
             if twin is None:
                 continue
-            extra = {"constraint": None} if node not in before_last and _takes_constraint(twin) else {}
+            extra = {"constraint": None} if node not in constrained and _takes_constraint(twin) else {}
             self._retarget(node, twin, extra)
             done.add(node)
         for node in list(graph.nodes):
             if node in live and node not in done and node not in kept and _drop_constant_factor(node):
                 done.add(node)
         _constrain_before_batch_norms(graph)
-        done.update(_rescale_relus_after_residuals(graph, before_last))
+        done.update(_rescale_relus_after_residuals(graph, constrained))
         done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
         done.update(_normalise_grads_before_batch_norm_blocks(graph, trunk))
+        done.update(_balance_gates(gm))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         for n in kept:
             n.meta[KEPT_KEY] = kept[n]
