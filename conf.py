@@ -86,7 +86,7 @@ nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROO
 # The Benchmarks page also runs benchmarks/bench_*.py: re-read (and, by its front matter,
 # re-run) it when they change, so its numbers are never the cached numbers of older scripts.
 page_dependencies = {
-    "docs/benchmarks": ["benchmarks/bench_*.py", "unitscale/**/*.py"],
+    "docs/benchmarks": ["benchmarks/bench_*.py", "docs/benchmark_runs/*.json", "unitscale/**/*.py"],
     "docs/against-the-reference": ["unitscale/**/*.py"],
     "docs/planner": ["docs/benchmark_runs/bench_planner.json", "unitscale/**/*.py"],
     **{f"tutorials/{page.stem}": ["unitscale/**/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
