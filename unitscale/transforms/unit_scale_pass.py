@@ -64,7 +64,6 @@ import operator
 import os
 import re
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from typing import Any
 
 import torch
@@ -74,15 +73,34 @@ from torch import fx
 import unitscale.functional as U
 from unitscale.fx.nodes import (
     MODULE_PATH_KEY,
-    MODULE_TYPE_KEY,
     SCALE_NEUTRAL_FUNCTIONS,
     SCALE_NEUTRAL_METHODS,
     SOURCE_KEY,
-    VIEW_ATTRIBUTES,
     op_name,
 )
 from unitscale.scaling.parameter import tag
-from unitscale.transforms.aten import ATEN_NEUTRAL
+from unitscale.transforms._graph import (
+    _SCALED,
+    _activation_path,
+    _ancestors,
+    _argument_name,
+    _aten_neutral,
+    _attr,
+    _consumers,
+    _function_of,
+    _insert_after,
+    _is_add,
+    _is_float_node,
+    _is_float_tensor,
+    _is_mul,
+    _is_scaled,
+    _is_view_attribute,
+    _lookup,
+    _member,
+    _producer,
+    _stream,
+    _trunk,
+)
 from unitscale.transforms.patterns import fold_patterns
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "unit_init_"]
@@ -91,56 +109,10 @@ __all__ = ["KEPT_KEY", "UnitScalePass", "unit_init_"]
 #: embedding's products, whose sum has the std of ``x``): the reason, for the std check.
 KEPT_KEY = "unitscale_kept"
 
-_ADDS: set[Any] = {operator.add, operator.iadd, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__iadd__}
-_ADD_METHODS = {"add", "add_", "__add__", "__iadd__", "__radd__"}
 _ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
 _ATTENTION |= {U.scaled_dot_product_attention}
 
-_MULS: set[Any] = {operator.mul, torch.mul, torch.Tensor.mul}
-_MUL_METHODS = {"mul", "__mul__", "__rmul__"}
 _TRIG: dict[Any, str] = {torch.cos: "cos", torch.Tensor.cos: "cos", torch.sin: "sin", torch.Tensor.sin: "sin"}
-_SCALED = {getattr(U, name) for name in U.__all__ if callable(getattr(U, name))}
-
-
-def _function_of(node: fx.Node) -> Any:
-    """The callable a node runs (a method name becomes ``torch.Tensor.<name>``)."""
-    if node.op == "call_function":
-        return node.target
-    if node.op == "call_method":
-        return getattr(torch.Tensor, str(node.target), str(node.target))
-    return None
-
-
-def _lookup(table: Mapping[Any, Any], fn: Any) -> Any:
-    try:
-        return table.get(fn)
-    except TypeError:  # an unhashable target
-        return None
-
-
-def _member(fn: Any, group: AbstractSet[Any]) -> bool:
-    try:
-        return fn in group
-    except TypeError:  # an unhashable target
-        return False
-
-
-def _is_float_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.is_floating_point()
-    if isinstance(value, (list, tuple)):
-        return any(_is_float_tensor(v) for v in value)
-    return False
-
-
-def _is_float_node(arg: Any) -> bool:
-    return isinstance(arg, fx.Node) and _is_float_tensor(arg.meta.get("example_value"))
-
-
-def _is_add(node: fx.Node) -> bool:
-    if node.op == "call_method":
-        return node.target in _ADD_METHODS
-    return node.op == "call_function" and _member(node.target, _ADDS)
 
 
 def _location(node: fx.Node) -> str:
@@ -166,17 +138,6 @@ def describe(node: fx.Node) -> str:
     return f"{op_name(_function_of(node), qualified=True)} (node {node.name}{module}){_location(node)}"
 
 
-def _ancestors(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
-    result: dict[fx.Node, set[fx.Node]] = {}
-    for node in graph.nodes:
-        mine: set[fx.Node] = set()
-        for parent in node.all_input_nodes:
-            mine.add(parent)
-            mine |= result[parent]
-        result[node] = mine
-    return result
-
-
 def _takes_constraint(fn: Callable[..., Any]) -> bool:
     try:
         return "constraint" in inspect.signature(fn).parameters
@@ -186,69 +147,6 @@ def _takes_constraint(fn: Callable[..., Any]) -> bool:
 
 _NORM_FUNCTIONS: set[Any] = {F.layer_norm, U.layer_norm, F.group_norm, F.batch_norm, F.instance_norm, F.rms_norm}
 _NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm}
-
-
-def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
-    """The name of the parameter of ``user``'s function that ``node`` is passed as."""
-    if user.op != "call_function":
-        return None
-    try:
-        bound = inspect.signature(user.target).bind_partial(*user.args, **user.kwargs)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return next((name for name, value in bound.arguments.items() if value is node), None)
-
-
-def _aten_neutral(fn: Any) -> bool:
-    """An aten op that only moves data, named by its overload or by its packet (``aten.slice``)."""
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        return any(_member(getattr(fn, name), ATEN_NEUTRAL) for name in fn.overloads())
-    return _member(fn, ATEN_NEUTRAL)
-
-
-def _is_neutral(node: fx.Node) -> bool:
-    if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
-        return True
-    return node.op == "call_function" and (_member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _aten_neutral(node.target))
-
-
-def _is_view_attribute(node: fx.Node) -> bool:
-    """``getattr(w, "T")``: how fx and Dynamo write ``w.T``."""
-    return (
-        node.op == "call_function"
-        and node.target is getattr
-        and len(node.args) == 2
-        and node.args[1] in VIEW_ATTRIBUTES
-    )
-
-
-def _consumers(node: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
-    """``(op, argument)`` for every op that reads ``node``, looking through reshapes and casts."""
-    found, todo, seen = [], [node], {node}
-    while todo:
-        current = todo.pop()
-        for user in current.users:
-            if _is_neutral(user) and not _member(user.target, _SCALED):
-                if user not in seen:
-                    seen.add(user)
-                    todo.append(user)
-            else:
-                found.append((user, current))
-    return found
-
-
-def _is_scaled(node: fx.Node) -> bool:
-    return node.op == "call_function" and (
-        _member(node.target, _SCALED)
-        or (isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "unitscale")
-    )
-
-
-def _attr(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for atom in target.split("."):
-        value = getattr(value, atom)
-    return value
 
 
 @torch.no_grad()
@@ -312,54 +210,6 @@ def unit_init_(gm: fx.GraphModule) -> None:
             tag(param, "embedding" if all(user.target is U.embedding for user, _ in consumers) else "weight")
 
 
-def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
-    """Nodes that read, directly or not, a float input or a parameter."""
-    live: set[fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            source = _is_float_tensor(node.meta.get("example_value"))
-        elif node.op == "get_attr":
-            try:
-                source = isinstance(_attr(gm, str(node.target)), torch.nn.Parameter)
-            except AttributeError:
-                source = False
-        else:
-            source = any(parent in live for parent in node.all_input_nodes)
-        if source:
-            live.add(node)
-    return live
-
-
-def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """The graph inputs and the ops on the activation path that compute from them (not from parameters alone)."""
-    stream: set[fx.Node] = set()
-    for node in graph.nodes:
-        if node.op == "placeholder" or (node in live and any(p in stream for p in node.all_input_nodes)):
-            stream.add(node)
-    return stream
-
-
-def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """Ops every path from the inputs to the output goes through.
-
-    In graph order, an op is on the trunk when no edge of the activation stream jumps
-    over it: every stream value made before it is read only up to it (a skip
-    connection is such a jump, and puts the ops of its branch off the trunk). The
-    stream is the graph inputs and the ops on the activation path that compute from them.
-    """
-    nodes = list(graph.nodes)
-    position = {node: i for i, node in enumerate(nodes)}
-    from_input = _stream(graph, live)
-    trunk, reach = set(), -1
-    for i, node in enumerate(nodes):
-        if node in from_input and node.op != "placeholder" and reach <= i:
-            trunk.add(node)
-        if node in from_input:
-            readers = [position[u] for u in node.users if u in from_input or u.op == "output"]
-            reach = max([reach, *readers])
-    return trunk
-
-
 _DIVS: set[Any] = {operator.truediv, torch.div, torch.true_divide, torch.Tensor.div}
 _DIV_METHODS = {"div", "__truediv__", "true_divide"}
 # Unit-scaled ops whose output only changes by a factor, or not at all, when an input does.
@@ -421,14 +271,6 @@ def _repeats_matmul_scale(x: fx.Node, factor: float) -> bool:
     if not isinstance(left, torch.Tensor) or left.dim() == 0:
         return False
     return abs(factor * left.shape[-1] ** 0.5 - 1) < 1e-3
-
-
-def _is_mul(node: Any) -> bool:
-    if not isinstance(node, fx.Node):
-        return False
-    if node.op == "call_method":
-        return node.target in _MUL_METHODS
-    return node.op == "call_function" and _member(node.target, _MULS)
 
 
 def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
@@ -835,13 +677,6 @@ def _follow_in_place_changes(graph: fx.Graph) -> None:
                 user.replace_input_with(changed, node)
 
 
-def _producer(node: Any) -> Any:
-    """The op that made ``node``, looking back through reshapes and casts."""
-    while isinstance(node, fx.Node) and _is_neutral(node) and node.args and isinstance(node.args[0], fx.Node):
-        node = node.args[0]
-    return node
-
-
 def _rescale_max_pools_of_relus(graph: fx.Graph) -> list[fx.Node]:
     """Scale a max pool of a ReLU by ``2**-0.5`` both ways; returns the scale nodes added.
 
@@ -908,17 +743,6 @@ def _functions_run_by(node: fx.Node) -> list[Any]:
             if isinstance(body, fx.GraphModule):
                 functions += [_function_of(n) for n in body.graph.nodes]
     return functions
-
-
-def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, like: fx.Node, value: Any) -> fx.Node:
-    """Insert ``fn(*args)`` after ``where``, attributed to the module ``like`` came from."""
-    with where.graph.inserting_after(where):
-        node = where.graph.create_node("call_function", fn, args, {}, name=name)
-    for key in ("nn_module_stack", "stack_trace", MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY):
-        if key in like.meta:
-            node.meta[key] = like.meta[key]
-    node.meta["example_value"] = value
-    return node
 
 
 class UnitScalePass:
