@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from unitscale.transforms.unit_scale_pass import _post_residual_relu, _ratio
+from unitscale.transforms._cnn_rules import _post_residual_relu, _ratio
 
 
 def test_a_relus_mean_to_std_ratio_is_the_closed_form() -> None:

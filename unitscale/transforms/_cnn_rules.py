@@ -1,0 +1,359 @@
+"""The unit-scaling pass's rules for convolutional networks: scales for the inputs they really get.
+
+A unit-scaled op assumes its inputs are ``N(0, 1)``, and in a convolutional network several
+are not: batch norm undoes any forward scale before it, a ReLU's output has a mean, a max
+pool keeps what a ReLU would drop, and batch norm grows the gradient in a way no scale
+inside a residual block can undo. After the twins are in place, these rules rewrite around
+them:
+
+- a matmul or convolution that only batch norm reads takes its backward scale both ways;
+- an average pool to one value per channel is scaled for the mean its input has, and a max
+  pool of a ReLU by ``2**-0.5`` both ways;
+- a ReLU after a residual add whose skip is such a ReLU (post-activation ResNets) gets the
+  scales of the sum it actually reads;
+- the gradient on the trunk is brought back to unit root-mean-square before each residual
+  block that holds batch norm;
+- a squeeze-excitation gate's product scales the gate's summed gradient where the gate's
+  branch undoes it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+import unitscale.functional as U
+from unitscale.transforms._graph import (
+    _activation_path,
+    _ancestors,
+    _consumers,
+    _insert_after,
+    _member,
+    _producer,
+    _stream,
+)
+
+_MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
+
+
+def _constrain_before_batch_norms(graph: fx.Graph) -> None:
+    """A matmul or convolution that only batch norm reads takes its input-gradient scale both ways.
+
+    Batch norm's output does not depend on its input's scale, so the forward scale of the op
+    before it changes nothing the model computes, and the constraint can give both directions
+    the scale the backward needs (``to_grad_input_scale``) instead of a mean of the two: a
+    stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
+    at every downsampling of a ResNet.
+    """
+    for node in graph.nodes:
+        if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
+            continue
+        readers = _consumers(node)
+        if readers and all(user.target is U.batch_norm and user.args[:1] == (via,) for user, via in readers):
+            node.kwargs = {**node.kwargs, "constraint": "to_grad_input_scale"}
+
+
+_POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d}
+
+
+def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
+    """Scale an average pool to one value per channel for its input's mean; returns the scale nodes added.
+
+    Over ``k`` independent zero-mean values the pool's forward scale is ``k**0.5`` and its
+    backward scale ``k`` (each input gets ``1/k`` of the pooled gradient). Two corrections:
+
+    - off the trunk (a squeeze-excitation block), the pool takes its forward scale both
+      ways: a geometric mean misses both by ``k**0.25`` (5.7 at 32x32) and the gate after it
+      saturates. What the pool computes is what every later op sees; its backward only adds
+      to the gradient its input gets from its other readers (the gated product).
+    - averaging keeps a mean and shrinks the spread around it by ``k**-0.5``. After a ReLU
+      (or SiLU, GELU, hardswish) the values have a mean ``r`` times their std (0.68 for
+      ReLU, for ``N(0, 1)`` input), and ``k**0.5`` would multiply that mean by 16 at 16x16:
+      the pooled value of unit-std input has mean square ``r**2 + 1/k``, so its forward
+      scale is ``(r**2 + 1/k)**-0.5``; ``r`` comes from the activation's Gaussian moments.
+    """
+    added = []
+    for node in list(graph.nodes):
+        if not (node.op == "call_function" and _member(node.target, _POOLS)):
+            continue
+        value = node.meta.get("example_value")
+        source = node.args[0] if node.args else None
+        if not (isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:].numel() == 1):
+            continue
+        if not isinstance(source, fx.Node) or not isinstance(source.meta.get("example_value"), torch.Tensor):
+            continue
+        window = source.meta["example_value"].shape[-2:].numel()
+        trunk = "constraint" in node.kwargs and node.kwargs["constraint"] is None
+        if not trunk:
+            node.kwargs = {**node.kwargs, "constraint": "to_output_scale"}
+        ratio = _mean_to_std(_producer(source))
+        if ratio == 0.0 or window <= 1:
+            continue
+        factor = (ratio**2 + 1 / window) ** -0.5 / window**0.5
+        users = list(node.users)
+        rescaled = _insert_after(
+            node, U.scale, (node, factor, 1.0 if trunk else factor), f"{node.name}_of_mean", node, value
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        added.append(rescaled)
+    return added
+
+
+# The torch function of each activation twin whose output has a mean (its ratio to the std is measured).
+_ACTIVATIONS: dict[Any, Callable[..., Any]] = {U.relu: F.relu, U.relu6: F.relu6, U.silu: F.silu, U.gelu: F.gelu}
+_ACTIVATIONS[U.hardswish] = F.hardswish
+_RATIOS: dict[Any, float] = {}
+_MEAN_TO_STD_KEY = "unitscale_mean_to_std"
+
+
+def _mean_to_std(node: Any) -> float:
+    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else).
+
+    From the activation's own torch function, by the trapezoid rule on [-12, 12]: 0.683 for
+    ReLU (``pdf(0) / (1/2 - pdf(0)**2)**0.5``), 0.369 for SiLU.
+    """
+    if isinstance(node, fx.Node) and _MEAN_TO_STD_KEY in node.meta:
+        return float(node.meta[_MEAN_TO_STD_KEY])
+    fn = _ACTIVATIONS.get(node.target) if isinstance(node, fx.Node) and node.op == "call_function" else None
+    return 0.0 if fn is None else _ratio(fn)
+
+
+def _ratio(fn: Callable[..., Any]) -> float:
+    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule (cached)."""
+    if fn not in _RATIOS:
+        x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
+        density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
+        y = fn(x)
+        mean = torch.trapezoid(y * density, x)
+        variance = torch.trapezoid(y * y * density, x) - mean**2
+        _RATIOS[fn] = float(mean / variance.sqrt())
+    return _RATIOS[fn]
+
+
+@functools.lru_cache(maxsize=16)
+def _post_residual_relu(tau: float) -> tuple[float, float]:
+    """Forward and backward scales of a ReLU after ``residual_add(branch, skip, tau)`` whose skip is such a ReLU.
+
+    A post-activation residual block (ResNet, RegNet) ends in ``relu(sqrt(tau) * branch +
+    sqrt(1 - tau) * skip)``: the branch ends in batch norm (mean 0, std 1), the skip is the
+    previous block's ReLU output, whose mean is not 0. The sum is taken as Gaussian with the
+    mean and variance these give; a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma
+    phi(a)``, mean square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``)
+    and passes a share ``Phi(a)`` of its gradient. Iterated to the fixed point where the skip
+    is the same ReLU, scaled to unit root-mean-square: at ``tau = 0.5``, 72% of the inputs
+    are positive, not half, and the ``2**0.5`` of :func:`~unitscale.functional.relu` would
+    grow the gradient by 1.2 per block. The scales are ``1 / RMS`` forward and
+    ``Phi(a)**-0.5`` backward.
+    """
+    mean, forward, share = 0.564, 2**0.5, 0.5  # start from a ReLU of N(0, 1) at unit RMS
+    for _ in range(60):
+        mu = (1 - tau) ** 0.5 * mean
+        sigma = (tau + (1 - tau) * (1 - mean * mean)) ** 0.5
+        a = mu / sigma
+        pdf, cdf = math.exp(-a * a / 2) / (2 * math.pi) ** 0.5, 0.5 * (1 + math.erf(a / 2**0.5))
+        forward = ((mu * mu + sigma * sigma) * cdf + mu * sigma * pdf) ** -0.5
+        mean, share = forward * (mu * cdf + sigma * pdf), cdf
+    return forward, share**-0.5
+
+
+def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -> list[fx.Node]:
+    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input; returns the nodes added.
+
+    See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
+    :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
+    trunk), else their geometric mean both ways.
+    """
+    added = []
+    rewritten: set[fx.Node] = set()
+    for node in list(graph.nodes):
+        if node.target is not U.relu or not node.args:
+            continue
+        join = _producer(node.args[0])
+        if not (isinstance(join, fx.Node) and join.target is U.residual_add and len(join.args) >= 3):
+            continue
+        skip = _producer(join.args[1])
+        while isinstance(skip, fx.Node) and (skip.target is operator.getitem or skip.target is U.residual_split):
+            skip = skip.args[0]
+        skip = _producer(skip)
+        if not (isinstance(skip, fx.Node) and (skip.target is U.relu or skip in rewritten)):
+            continue
+        tau = join.args[2]
+        if not isinstance(tau, (int, float)):
+            continue
+        forward, backward = _post_residual_relu(float(tau))
+        if node in constrained:
+            forward = backward = (forward * backward) ** 0.5
+        users = list(node.users)
+        node.target, node.kwargs = F.relu, {}
+        rescaled = _insert_after(
+            node,
+            U.scale,
+            (node, forward, backward),
+            f"{node.name}_after_residual",
+            node,
+            node.meta.get("example_value"),
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        # An average pool after it takes a plain ReLU's mean-to-std ratio (0.68), not the fixed
+        # point's (0.98): that one assumes every skip is such a ReLU, and measured on ResNet,
+        # RegNet and BotNet it undershoots the pooled scale by a factor of 2.
+        rescaled.meta[_MEAN_TO_STD_KEY] = _ratio(F.relu)
+        rewritten.update({node, rescaled})
+        added += [node, rescaled]
+    return added
+
+
+def _normalise_grads_before_batch_norm_blocks(graph: fx.Graph, trunk: set[fx.Node]) -> list[fx.Node]:
+    """Normalise the gradient on the trunk before each residual block that holds batch norm; returns the nodes added.
+
+    Batch norm's input gradient grows as its input's per-channel variance shrinks (1.2 per
+    batch norm after a ReLU, see :mod:`unitscale.functional`'s ``batch_norm``), and inside
+    a residual block no scale can undo that: a backward scale on the branch alone would
+    meet the skip's unscaled gradient at the fork and turn the sum away from the true
+    gradient (a ResNet-18's cosines went negative), and batch norm cancels any scale given
+    both ways. The residual stream between blocks is a cut edge (every path passes through
+    it), so a backward scale there multiplies every gradient upstream by one number:
+    :func:`~unitscale.functional.normalise_grad` sets it to bring the gradient back to
+    root-mean-square 1 before it enters the block.
+    """
+    added = []
+    nodes = list(graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    for split in [n for n in nodes if n.target is U.residual_split and n.args]:
+        source = split.args[0]
+        stream = source
+        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in trunk and stream.args:
+            stream = stream.args[0]
+        if not (isinstance(source, fx.Node) and stream in trunk):
+            continue
+        block = []
+        for node in nodes[position[split] + 1 :]:
+            if node in trunk:
+                break
+            block.append(node)
+        if not any(n.target is U.batch_norm for n in block):
+            continue
+        normalised = _insert_after(
+            source,
+            U.normalise_grad,
+            (source,),
+            f"{source.name}_grad_normalised",
+            split,
+            source.meta.get("example_value"),
+        )
+        split.replace_input_with(source, normalised)
+        added.append(normalised)
+    return added
+
+
+def _balance_gates(gm: fx.GraphModule) -> list[fx.Node]:
+    """Scale a gate's gradient by its copies where the gate's branch undoes it; returns the nodes added.
+
+    :func:`~unitscale.functional.mul` of an activation and a gate broadcast over ``k``
+    positions would scale the gate's summed gradient by ``k**-0.5`` (``constraint=None``),
+    which keeps the gate's branch at unit scale; a backward scale alone keeps the gradient
+    true only where the two operands' gradients do not meet upstream. A squeeze-excitation
+    gate is computed from the activation it gates, so they meet at the fork. Two cases
+    keep the scale:
+
+    - the operands come from no common input (a cut edge): the scale stays as it is;
+    - the gate's branch starts at a global average pool over the ``k`` positions, and the
+      branch between the pool and the gate is entered and left there alone: the pool's
+      gradient gets ``k**0.5`` backward, so along the branch the backward scales not
+      matched by forward ones multiply to 1, and the pool's input gets its true gradient.
+
+    Elsewhere the product keeps its constraint (torch's gradient).
+    """
+    graph = gm.graph
+    muls = [n for n in graph.nodes if n.target is U.mul and len(n.args) == 2]
+    if not muls:
+        return []
+    ancestors = _ancestors(graph)
+    stream = _stream(graph, _activation_path(gm))
+    added = []
+    for node in muls:
+        out = node.meta.get("example_value")
+        a, b = node.args
+        values = [x.meta.get("example_value") if isinstance(x, fx.Node) else None for x in (a, b)]
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        if not isinstance(out, torch.Tensor) or len(tensors) != 2:
+            continue
+        small = [i for i, v in enumerate(tensors) if 0 < v.numel() < out.numel()]
+        if len(small) != 1:
+            continue
+        gate, other = (a, b) if small == [0] else (b, a)
+        copies = out.numel() // tensors[small[0]].numel()
+        meet = (ancestors[gate] | {gate}) & (ancestors[other] | {other}) & stream
+        pool = None if not meet else _gate_pool(gate, node, copies, ancestors, stream)
+        if meet and pool is None:
+            continue
+        node.kwargs = {**node.kwargs, "constraint": None}
+        if pool is None:
+            continue
+        users = list(pool.users)
+        balanced = _insert_after(
+            pool, U.scale, (pool, 1.0, copies**0.5), f"{pool.name}_gate_balanced", pool, pool.meta.get("example_value")
+        )
+        for user in users:
+            user.replace_input_with(pool, balanced)
+        added.append(balanced)
+    return added
+
+
+def _gate_pool(
+    gate: fx.Node, product: fx.Node, copies: int, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
+) -> fx.Node | None:
+    """The global average pool over ``copies`` positions where the gate's branch alone starts, if there is one.
+
+    The branch is every op on the activation stream between the pool and the gate: each
+    reads the stream only from the pool or the branch, and only the branch or (the gate)
+    the product reads them.
+    """
+    for pool in [n for n in ancestors[gate] if n.target in _POOLS and n in stream]:
+        source = pool.args[0] if pool.args else None
+        value, before = pool.meta.get("example_value"), getattr(source, "meta", {}).get("example_value")
+        if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor) and value.numel()):
+            continue
+        if before.numel() != copies * value.numel():
+            continue
+        branch = {n for n in ancestors[gate] if pool in ancestors[n]} | {gate}
+        inside = branch | {pool}
+        entered_once = all(p in inside or p not in stream for n in branch for p in n.all_input_nodes)
+        left_once = all(set(n.users) <= branch for n in inside - {gate}) and set(gate.users) == {product}
+        if entered_once and left_once:
+            return pool
+    return None
+
+
+def _rescale_max_pools_of_relus(graph: fx.Graph) -> list[fx.Node]:
+    """Scale a max pool of a ReLU by ``2**-0.5`` both ways; returns the scale nodes added.
+
+    The ReLU's ``2**0.5`` assumes half its outputs are zero (forward) and half its gradients
+    are dropped (backward). A max over a window of ReLU outputs is almost never zero, and its
+    gradient goes only to a window's maximum, where the ReLU passed its input: both halves
+    are kept, and a ResNet's stem would grow the forward and the gradient by ``2**0.5``.
+    """
+    added = []
+    for node in list(graph.nodes):
+        if node.target is not U.max_pool2d or node.kwargs.get("return_indices") or len(node.args) > 6:
+            continue
+        source = _producer(node.args[0])
+        if not (isinstance(source, fx.Node) and source.target is U.relu):
+            continue
+        users = list(node.users)
+        rescaled = _insert_after(
+            node, U.scale, (node, 2**-0.5, 2**-0.5), f"{node.name}_of_relu", node, node.meta.get("example_value")
+        )
+        for user in users:
+            user.replace_input_with(node, rescaled)
+        added.append(rescaled)
+    return added
