@@ -55,6 +55,7 @@ from torch import fx, nn
 from unitscale import partition
 from unitscale.examples.models import TinyGPT, resnet18
 from unitscale.stages import search as P
+from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.formula import Problem, formula_plan
 from unitscale.stages.model_costs import piece_costs
 from unitscale.stages.planner import plan_chain
@@ -219,7 +220,7 @@ def planning_large(quick: bool) -> list[dict]:
         start = time.perf_counter()
         found = plan_chain(chain, ranks, schedule, 16, memory_limit=limit)
         seconds = time.perf_counter() - start
-        formula = formula_plan(Problem(chain, ranks, schedule, 16, 1, limit, None))[0]
+        formula = formula_plan(Problem(ChainArrays(chain, ranks, schedule, 16, 1, limit, None)))[0]
         rows.append(
             {
                 "benchmark": "20,000-node chain, 8 ranks",

@@ -16,6 +16,7 @@ from unitscale import StagePlan
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError, UnitscaleError
 from unitscale.stages import formula as step_formula
 from unitscale.stages.branch_bound import Search
+from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.model_costs import chain_costs_for, piece_costs
 from unitscale.stages.planner import plan_chain, plan_pipeline
 from unitscale.stages.schedule_costs import ChainCosts, stage_ranks, valid_microbatches
@@ -68,7 +69,7 @@ def _squares(costs: ChainCosts, bounds: list[int], speeds: list[float], schedule
 
 def _brute_force(costs: ChainCosts, p: int, schedule: str, m: int, v: int, limit: float | None, speeds: list[float]):
     """The least simulated step over every plan that fits, and the least sum of squares among its ties."""
-    search = Search(costs, p, schedule, m, v, limit, speeds)
+    search = Search(ChainArrays(costs, p, schedule, m, v, limit, speeds))
     found = []
     for cuts in itertools.combinations(range(1, len(costs)), p * v - 1):
         bounds = [0, *cuts, len(costs)]
@@ -112,7 +113,7 @@ def test_plan_is_optimal_for_the_simulator_against_brute_force(problem: Problem)
 @given(problems(), st.data())
 def test_bounds_never_exceed_the_step_of_any_completion(problem: Problem, data: st.DataObject) -> None:
     costs, p, schedule, m, v, _, speeds = problem
-    search = Search(costs, p, schedule, m, v, None, speeds)
+    search = Search(ChainArrays(costs, p, schedule, m, v, None, speeds))
     k, n = p * v, len(costs)
     j = data.draw(st.integers(0, k - 1))
     head = data.draw(st.sampled_from(list(itertools.combinations(range(1, n), j)))) if j else ()
@@ -149,7 +150,7 @@ def chain_problems(draw: st.DrawFn) -> Problem:
 def test_windows_hold_every_plan_within_the_target(problem: Problem, data: st.DataObject) -> None:
     """Every plan that fits and whose step is at most the target lies inside the cut windows."""
     costs, p, schedule, m, v, limit, speeds = problem
-    search = Search(costs, p, schedule, m, v, limit, speeds)
+    search = Search(ChainArrays(costs, p, schedule, m, v, limit, speeds))
     n = len(costs)
     plans = []
     for cuts in itertools.combinations(range(1, n), p - 1):
@@ -210,7 +211,7 @@ def test_windows_certify_a_long_chain_within_a_small_budget() -> None:
         assert found.lower_bound == pytest.approx(found.step_time, rel=1e-12)
         if limit is not None:
             assert max(found.rank_memory) <= limit
-        search = Search(costs, 8, "1f1b", 16, 1, limit, speeds)
+        search = Search(ChainArrays(costs, 8, "1f1b", 16, 1, limit, speeds))
         assert search.narrow(found.step_time) and search.window is not None
         lo, hi, _ = search.window
         assert all(a <= b <= c for a, b, c in zip(lo, found.bounds, hi, strict=True))
@@ -225,7 +226,7 @@ def test_one_f_one_b_plans_beat_the_formula_plans() -> None:
     for _ in range(20):
         f = [rng.lognormvariate(0, 1) for _ in range(12)]
         c = ChainCosts.uniform(f, 2.0, boundary_bytes=[0.0, *[rng.uniform(0, 1) for _ in range(11)], 0.0])
-        formula = step_formula.formula_plan(step_formula.Problem(c, 4, "1f1b", 8, 1, None, None))[0]
+        formula = step_formula.formula_plan(step_formula.Problem(ChainArrays(c, 4, "1f1b", 8, 1, None, None)))[0]
         plan = plan_chain(c, 4, "1f1b", 8)
         assert plan.optimal and plan.lower_bound == pytest.approx(plan.step_time, rel=1e-9)
         gains.append(simulate_bounds(c, formula, "1f1b", 8).step_time / plan.step_time)

@@ -46,8 +46,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.formula import NoFit
-from unitscale.stages.schedule_costs import ChainCosts, in_flight, schedule_order, stage_ranks
+from unitscale.stages.schedule_costs import schedule_order
 from unitscale.stages.simulation import step_times
 
 __all__ = ["SEARCH_BUDGET", "TIE", "Search", "descend", "least_rank_memory", "polish"]
@@ -68,46 +69,28 @@ class Search:
     the later stages. A child with every stage fixed is a plan and its bound is its
     simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
     window and within reach of its start. Children are evaluated a batch at a time
-    (:func:`~unitscale.stages.simulation.step_times`).
+    (:func:`~unitscale.stages.simulation.step_times`). It reads the problem's
+    :class:`~unitscale.stages.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
     """
 
-    def __init__(
-        self,
-        costs: ChainCosts,
-        ranks: int,
-        schedule: str,
-        num_microbatches: int,
-        stages_per_rank: int,
-        memory_limit: float | None,
-        device_speeds: Sequence[float] | None,
-    ) -> None:
-        self.costs, self.schedule = costs, schedule
-        self.n, self.p, self.v, self.m = len(costs), ranks, stages_per_rank, num_microbatches
-        self.k = ranks * stages_per_rank
-        self.placement = stage_ranks(schedule, ranks, stages_per_rank)
-        speeds = [1.0] * ranks if device_speeds is None else [float(s) for s in device_speeds]
-        self.rank_speed = np.asarray(speeds)
-        self.speed = np.asarray([speeds[r] for r in self.placement])
-
-        def prefix(values: Sequence[float]) -> np.ndarray:
-            return np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=np.float64))))
-
-        self.pf, self.pb = prefix(costs.forward), prefix(costs.backward)
-        self.pw = self.pf + self.pb
+    def __init__(self, arrays: ChainArrays) -> None:
+        a = self.arrays = arrays
+        # the problem's arrays, shared with the formula's Problem, under the names the bounds use
+        self.costs, self.schedule = a.costs, a.schedule
+        self.n, self.p, self.v, self.m, self.k = a.n, a.p, a.v, a.m, a.k
+        self.placement, self.rank_speed, self.speed = a.placement, a.rank_speed, a.speed
+        self.pf, self.pb, self.pw = a.pf, a.pb, a.pw
+        self.pp, self.pa, self.held, self.q, self.comm = a.pp, a.pa, a.held, a.q, a.comm
         #: the schedule's bookkeeping, added to every forward and backward of every stage (not scaled by speed)
-        self.overhead = float(costs.action_overhead)
+        self.overhead = float(a.costs.action_overhead)
         #: a lower bound on what each stage not yet placed adds to the work left: two actions'
         #: bookkeeping, counted at the slowest speed so that dividing by any speed stays below it
         self.unplaced_overhead = 2 * self.overhead * float(np.min(self.speed))
-        self.pp, self.pa = prefix(costs.param_bytes), prefix(costs.activation_bytes)
-        self.held = np.asarray(in_flight(schedule, ranks, stages_per_rank, num_microbatches), dtype=np.float64)
-        #: q[s][b] - q[s][a]: bytes of stage s over items a:b (the same arithmetic as Problem's)
-        self.q = [self.pp + self.held[s] * self.pa for s in range(self.k)]
-        self.comm = np.array([costs.comm_time(j) for j in range(self.n + 1)], dtype=np.float64)
-        self.limit = math.inf if memory_limit is None else float(memory_limit)
+        #: bytes per rank (``inf``: no limit); :func:`least_rank_memory` lifts it for a while
+        self.limit = math.inf if a.memory_limit is None else float(a.memory_limit)
         # 1F1B-like orders (one stage per rank) give a sharper water level: see _bounds
-        self.chain = stages_per_rank == 1
-        orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
+        self.chain = a.v == 1
+        orders = schedule_order(a.schedule, a.p, a.v, a.m)
         #: per rank, the stage of its first op (a forward) and the kind and stage of its last
         self.first_stage = [o[0].stage for o in orders]
         self.last_op = [(o[-1].kind, o[-1].stage) for o in orders]
@@ -227,7 +210,7 @@ class Search:
         return True
 
     def stage_memory(self, bounds: Sequence[int]) -> list[float]:
-        return [float(self.q[s][b] - self.q[s][a]) for s, (a, b) in enumerate(itertools.pairwise(bounds))]
+        return self.arrays.stage_memory(bounds)
 
     def rank_memory(self, bounds: Sequence[int]) -> list[float]:
         total = [0.0] * self.p

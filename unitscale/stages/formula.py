@@ -10,10 +10,12 @@ mirrors it); elsewhere it seeds the branch and bound (:mod:`unitscale.stages.bra
 ``Σ c_s + 2 Σ t`` with every stage within the cap (:meth:`Problem.cheapest`, a programme over
 prefixes with range minima), walking down through the bottlenecks those plans realise.
 
+>>> from unitscale.stages.chain_arrays import ChainArrays
 >>> from unitscale.stages.formula import Problem, formula_plan
 >>> from unitscale.stages.schedule_costs import ChainCosts
 >>> costs = ChainCosts.uniform([1.0] * 4)  # forward 1, backward 2 each
->>> formula_plan(Problem(costs, 2, "gpipe", 4, 1, None, None))[:2]  # (m+p-1) * 6
+>>> problem = Problem(ChainArrays(costs, 2, "gpipe", 4, 1, None, None))
+>>> formula_plan(problem)[:2]  # (m+p-1) * 6
 ([0, 2, 4], 30.0)
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from unitscale.stages import search
-from unitscale.stages.schedule_costs import ChainCosts, in_flight, stage_ranks
+from unitscale.stages.chain_arrays import ChainArrays, prefix_sums
 
 __all__ = [
     "FORMULA_PROBES",
@@ -42,35 +44,23 @@ FORMULA_PROBES = 40
 
 
 class Problem:
-    """Prefix arrays of one planning problem, in the units the search compares."""
+    """The formula's view of one planning problem (:class:`ChainArrays`): each stage's time
+    prefix on its rank, its share of the rank's memory limit, and the formula's weights."""
 
-    def __init__(
-        self,
-        costs: ChainCosts,
-        ranks: int,
-        schedule: str,
-        num_microbatches: int,
-        stages_per_rank: int,
-        memory_limit: float | None,
-        device_speeds: Sequence[float] | None,
-    ) -> None:
-        self.n = len(costs)
-        self.k = ranks * stages_per_rank
-        self.m, self.v, self.p = num_microbatches, stages_per_rank, ranks
-        placement = stage_ranks(schedule, ranks, stages_per_rank)
-        speeds = [1.0] * ranks if device_speeds is None else [float(s) for s in device_speeds]
-        work = np.cumsum(np.asarray(costs.forward, dtype=np.float64) + np.asarray(costs.backward, dtype=np.float64))
-        work = np.concatenate(([0.0], work))
+    def __init__(self, arrays: ChainArrays) -> None:
+        a = self.arrays = arrays
+        self.n, self.k = a.n, a.k
+        # each item's f + b, then summed (not a.pw = pf + pb, which can round differently)
+        items = np.asarray(a.costs.forward, dtype=np.float64) + np.asarray(a.costs.backward, dtype=np.float64)
+        work = prefix_sums(items)
         #: x[s][i] - x[s][j]: time of stage s over items j:i on its rank
-        self.x = [work / speeds[placement[s]] for s in range(self.k)]
-        held = in_flight(schedule, ranks, stages_per_rank, num_microbatches)
-        params = np.concatenate(([0.0], np.cumsum(np.asarray(costs.param_bytes, dtype=np.float64))))
-        acts = np.concatenate(([0.0], np.cumsum(np.asarray(costs.activation_bytes, dtype=np.float64))))
-        self.q = [params + held[s] * acts for s in range(self.k)]
-        self.limit = math.inf if memory_limit is None else memory_limit / stages_per_rank
-        self.comm = np.array([costs.comm_time(j) for j in range(self.n + 1)], dtype=np.float64)
-        self.kappa = (stages_per_rank + ranks - 1) / (ranks * stages_per_rank)
-        self.weight = (num_microbatches - 1) * stages_per_rank
+        self.x = [work / a.speed[s] for s in range(self.k)]
+        #: q[s][b] - q[s][a]: bytes of stage s over items a:b (:class:`ChainArrays`)
+        self.q, self.comm = a.q, a.comm
+        #: bytes per stage: the rank's limit shared by its v stages
+        self.limit = math.inf if a.memory_limit is None else a.memory_limit / a.v
+        self.kappa = (a.v + a.p - 1) / (a.p * a.v)
+        self.weight = (a.m - 1) * a.v
         self.idx = np.arange(self.n + 1)
         self._memory_starts: dict[tuple[int, float], np.ndarray] = {}
         #: the most one item takes on any stage (time, memory): at or above, any item fits any stage
@@ -177,9 +167,6 @@ class Problem:
 
     def bottleneck(self, bounds: Sequence[int]) -> float:
         return max(float(self.x[s][b] - self.x[s][a]) for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)))
-
-    def memory(self, bounds: Sequence[int]) -> list[float]:
-        return [float(self.q[s][b] - self.q[s][a]) for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
 
 
 class NoFit(Exception):

@@ -54,6 +54,7 @@ from torch import fx, nn
 
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError
 from unitscale.stages.branch_bound import SEARCH_BUDGET, TIE, Search, descend, least_rank_memory, polish
+from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.costs import backward_times
 from unitscale.stages.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
 from unitscale.stages.model_costs import calibrated, chain_costs_for, piece_costs
@@ -240,8 +241,8 @@ def plan_chain(
     if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
         raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
     # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
-    problem = Problem(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
-    search = Search(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    arrays = ChainArrays(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    problem, search = Problem(arrays), Search(arrays)
     seeds: list[list[int]] = []
     names: list[str] = []  # where each seed came from (ChainPlan.origin)
     probes, certified = 0, None
