@@ -177,7 +177,8 @@ def main(quick: bool = False, threads: int = 2) -> list[dict]:
     )
     print("ratios to plain forward+backward, by wall time (by CPU time); floor: first call / cached")
     header = (
-        f"{'model':<10} {'capture':>8} {'first call':>17} {'cached':>15} {'no stds':>8} {'floor':>13} {'2 reads':>8} {'plain ms':>9}"
+        f"{'model':<10} {'capture':>8} {'first call':>17} {'cached':>15} {'no stds':>8} {'floor':>13}"
+        f" {'2 reads':>8} {'plain ms':>9}"
     )
     print(f"{header}  unit_scaling")
     for name, (build, x) in _zoo().items():

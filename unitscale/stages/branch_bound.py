@@ -88,9 +88,13 @@ class Search:
         self.unplaced_overhead = 2 * self.overhead * float(np.min(self.speed))
         #: bytes per rank (``inf``: no limit); :func:`least_rank_memory` lifts it for a while
         self.limit = math.inf if a.memory_limit is None else float(a.memory_limit)
-        # 1F1B-like orders (one stage per rank) give a sharper water level: see _bounds
-        self.chain = a.v == 1
         orders = schedule_order(a.schedule, a.p, a.v, a.m)
+        # orders of whole forwards and backwards, one stage per rank, give a sharper water level: see _bounds
+        self.chain = a.v == 1 and all(op.kind in ("F", "B") for o in orders for op in o)
+        #: per rank, the forwards before its first backward and the backwards after its last forward
+        #: (1F1B: ``min(m, p - r)`` each; interleaved 1F1B with one stage per rank runs more)
+        self.warmup = [next((i for i, op in enumerate(o) if op.kind != "F"), len(o)) for o in orders]
+        self.cooldown = [next((i for i, op in enumerate(reversed(o)) if op.kind == "F"), len(o)) for o in orders]
         #: per rank, the stage of its first op (a forward) and the kind and stage of its last
         self.first_stage = [o[0].stage for o in orders]
         self.last_op = [(o[-1].kind, o[-1].stage) for o in orders]
@@ -258,11 +262,13 @@ class Search:
         """For one stage per rank: a lower bound on the step from each placed stage's own rank.
 
         Stage ``s`` (rank ``s``) starts after microbatch 0's forward reaches it (``H``) and its
-        last backward is followed by the backward of every stage before (``D``). Under 1F1B it
-        runs ``w = min(m, p - s)`` forwards before its first backward, which also waits for
-        microbatch 0's round trip through the later stages (``R``); its last ``w`` backwards
-        wait for microbatch ``m - 1``'s. Under GPipe the first backward waits for the last
-        forward's round trip. ``R`` counts the stages not yet placed by their work alone.
+        last backward is followed by the backward of every stage before (``D``). It runs ``w``
+        forwards before its first backward (1F1B: ``min(m, p - s)``), which also waits for a
+        round trip through the later stages (``R``) after its microbatch's forward; the ``c``
+        backwards after its last forward include that forward's microbatch, which waits for
+        another. Between the first backward and the last forward lie ``m - w`` forwards and
+        ``m - c`` backwards. Under GPipe the first backward waits for the last forward's
+        round trip. ``R`` counts the stages not yet placed by their work alone.
         """
         j = forward.shape[1] - 1
         cut = comm[:, : j + 1]
@@ -278,8 +284,9 @@ class Search:
         if self.schedule == "gpipe":
             own = m * f + trip + m * b
         else:
-            w = np.minimum(m, self.p - np.arange(j + 1))[None, :]
-            steady = np.maximum(w * f, f + trip) + (m - w) * work + np.maximum(w * b, trip + b)
+            w = np.asarray(self.warmup[: j + 1])[None, :]
+            c = np.asarray(self.cooldown[: j + 1])[None, :]
+            steady = np.maximum(w * f, f + trip) + (m - w) * f + (m - c) * b + np.maximum(c * b, trip + b)
             drained = np.maximum(np.maximum(m * f, f + trip) + m * b, m * f + trip + b)
             own = np.where(m > w, steady, drained)
         return np.max(head + own + tail, axis=1)
@@ -306,8 +313,10 @@ class Search:
             if self.schedule == "gpipe":
                 rows.append([b + (m if i == s else 1.0 if i > s else 0.0) for b, i in zip(before, later, strict=True)])
             else:
-                w = min(m, self.p - s)
-                if m > w:
+                # the bound below adds whole stage times, so it needs as many backwards after the
+                # last forward as forwards before the first backward (1F1B's order); else it is left out
+                w = self.warmup[s]
+                if m > w and self.cooldown[s] == w:
                     row = [
                         b + (m - w + 1 if i == s else 2.0 if i > s else 0.0) for b, i in zip(before, later, strict=True)
                     ]
