@@ -50,17 +50,23 @@ def test_silu_module_is_unit_scaled_and_rejects_unknown_constraints():
 
 @settings(max_examples=10, deadline=None)
 @given(
-    channels=st.sampled_from([(16, 16), (32, 8), (8, 64)]),
+    # c_in * c_out >= 1024: the std of y and of the input's gradient follows the norm of the random
+    # weight, and the weight's gradient has c_in * c_out * kernel**2 elements; with 1x1 kernels and
+    # 256 weights (16 x 16) their stds were 4.6% apart from 1 (one sd): 1.15 was 3.3 sd away, and
+    # 1 draw in 300 went over it (1.171). With 1024 weights the sd is 2.3%, and 1.15 is 6 sd away.
+    channels=st.sampled_from([(32, 32), (64, 16), (16, 64)]),
     kernel=st.sampled_from([1, 3, 5]),
     stride=st.sampled_from([1, 2]),
     size=st.sampled_from([16, 24]),
+    seed=st.integers(0, 2**31 - 1),
 )
-def test_conv2d_is_unit_scaled_at_any_shape_away_from_small_maps(channels, kernel, stride, size):
+def test_conv2d_is_unit_scaled_at_any_shape_away_from_small_maps(channels, kernel, stride, size, seed):
     c_in, c_out = channels
-    x = torch.randn(8, c_in, size, size, requires_grad=True)
-    w = torch.randn(c_out, c_in, kernel, kernel, requires_grad=True)
+    generator = torch.Generator().manual_seed(seed)  # Hypothesis replays a failure with the same numbers
+    x = torch.randn(8, c_in, size, size, generator=generator, requires_grad=True)
+    w = torch.randn(c_out, c_in, kernel, kernel, generator=generator, requires_grad=True)
     y = U.conv2d(x, w, stride=stride, padding=kernel // 2, constraint=None)
-    y.backward(torch.randn_like(y))
+    y.backward(torch.randn(y.shape, generator=generator))
     # Zero padding at the border sums fewer terms: up to ~15% low for a 5x5 kernel on a 16x16 map.
     for value in (y.std().item(), x.grad.std().item(), w.grad.std().item()):
         assert 0.75 < value < 1.15
