@@ -117,8 +117,10 @@ def test_scale_is_the_references_scale_fwd_and_scale_bwd():
     k=st.integers(1, 9),
     n=st.integers(1, 9),
     constraint=st.sampled_from(SHARED),
+    seed=st.integers(0, 2**31 - 1),
 )
-def test_matmul_equals_the_reference_without_broadcasting(batch, m, k, n, constraint):
+def test_matmul_equals_the_reference_without_broadcasting(batch, m, k, n, constraint, seed):
+    torch.manual_seed(seed)  # a failure replays with the same numbers
     a, b = torch.randn(*batch, m, k), torch.randn(*batch, k, n)
     grad = torch.randn(*batch, m, n)
     assert_same(
@@ -144,8 +146,10 @@ def test_broadcast_matmul_right_gradient_is_unit_where_the_references_is_sqrt_ba
     fan_in=st.integers(1, 9),
     fan_out=st.integers(1, 9),
     constraint=st.sampled_from([*SHARED, "to_grad_input_scale"]),
+    seed=st.integers(0, 2**31 - 1),
 )
-def test_linear_without_bias_equals_the_reference(batch, fan_in, fan_out, constraint):
+def test_linear_without_bias_equals_the_reference(batch, fan_in, fan_out, constraint, seed):
+    torch.manual_seed(seed)  # a failure replays with the same numbers
     x, w, grad = torch.randn(*batch, fan_in), torch.randn(fan_out, fan_in), torch.randn(*batch, fan_out)
     assert_same(
         run(U.linear, x, w, grad=grad, constraint=constraint),
