@@ -220,29 +220,22 @@ def _measure(
         _forget_captures()
         cached()
 
-    def no_stds() -> None:
-        std_stat = stats.std_stat
-        stats.std_stat = lambda t: 1.0  # type: ignore[assignment]
-        try:
-            cached()
-        finally:
-            stats.std_stat = std_stat
+    def cached_with(std: Callable[[torch.Tensor], float]) -> Callable[[], None]:
+        """The cached call with the std replaced by ``std``: what is left costs the rest."""
 
-    def one_read() -> None:
-        std_stat = stats.std_stat
-        stats.std_stat = lambda t: t.detach().sum().item()  # type: ignore[assignment]
-        try:
-            cached()
-        finally:
-            stats.std_stat = std_stat
+        def call() -> None:
+            std_stat = stats.std_stat
+            stats.std_stat = std  # type: ignore[assignment]
+            try:
+                cached()
+            finally:
+                stats.std_stat = std_stat
 
-    def two_reads() -> None:
-        std_stat = stats.std_stat
-        stats.std_stat = _sum_and_squares  # type: ignore[assignment]
-        try:
-            cached()
-        finally:
-            stats.std_stat = std_stat
+        return call
+
+    no_stds = cached_with(lambda t: 1.0)
+    one_read = cached_with(lambda t: t.detach().sum().item())
+    two_reads = cached_with(_sum_and_squares)
 
     fns: dict[str, Callable[[], object]] = {
         "plain": plain,
