@@ -10,6 +10,11 @@ that file pointed at an anchor that does not exist.
 This extension notes, as each page is read, the anchor each object really has (the ``id`` of its
 signature) and, once the build has written the source pages, rewrites each "[docs]" link whose
 anchor is not that one. ``tests/site/test_links.py`` checks every link of the build.
+
+It also keeps the source pages to the package's own code. viewcode writes a page for every module
+it read while looking for an object's source; type aliases (``unitscale.scaling.Constraint``) led
+it into the standard library, and it wrote unlinked pages for ``functools``, ``types`` and
+``collections.abc``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
+
+PACKAGE = "unitscale"
 
 BACKLINK = re.compile(r'(<a class="viewcode-back" href=")([^"#]*)#([^"]*)(")')
 
@@ -76,10 +83,19 @@ def _fix(app: Sphinx, exception: Exception | None) -> None:
             page.write_text(fixed, encoding="utf-8")
 
 
+def _own_sources_only(app: Sphinx) -> list[tuple[str, dict[str, Any], str]]:
+    """Drop, before viewcode writes its pages, the modules outside the package it read."""
+    modules = app.env.__dict__.get("_viewcode_modules", {})
+    for modname in [m for m in modules if m != PACKAGE and not m.startswith(PACKAGE + ".")]:
+        del modules[modname]
+    return []  # no pages of its own
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.setup_extension("sphinx.ext.viewcode")
     app.connect("doctree-read", _record)
     app.connect("env-merge-info", _merge)
     app.connect("env-purge-doc", _purge)
     app.connect("build-finished", _fix)
+    app.connect("html-collect-pages", _own_sources_only, priority=400)  # before viewcode's (500)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "env_version": 1}

@@ -93,3 +93,12 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path):
         "b.html: missing.html (no file missing.html)",
         "b.html: a.py:12 (not a link a browser can follow)",
     ]
+
+
+def test_source_pages_are_the_packages_own_modules():
+    """viewcode writes a page per module it reads; only ``unitscale``'s sources are the site's to show."""
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
+    pages = sorted(p.relative_to(SITE / "_modules").as_posix() for p in (SITE / "_modules").rglob("*.html"))
+    assert "unitscale/tracking/analysis.html" in pages  # a module the API reference documents
+    assert [p for p in pages if p != "index.html" and not p.startswith("unitscale/")] == []
