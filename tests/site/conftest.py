@@ -22,6 +22,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+#: every request but the loopback server's goes to a proxy nobody listens on: it fails at once,
+#: and the tab (``browser_tab.Visit``) records it
+NO_NETWORK = {"server": "http://127.0.0.1:9", "bypass": "127.0.0.1"}
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -51,6 +54,6 @@ def browser():
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"no Chromium at {CHROMIUM}: `make chromium` installs Debian's package")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, proxy=NO_NETWORK)
         yield browser
         browser.close()

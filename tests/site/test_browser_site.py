@@ -78,6 +78,18 @@ def test_the_site_root_forwards_to_the_home_page(visit, base_url):
     assert v.errors == [] and v.external == set()
 
 
+def test_a_request_off_the_machine_is_recorded_and_goes_nowhere(visit, base_url):
+    """The check every page gets (``test_browser_reading``) sees a file asked for from outside."""
+    v = visit(f"{base_url}/docs/index.html")
+    v.page.set_content(
+        '<img src="https://example.com/logo.png"><script src="http://203.0.113.5/x.js"></script>'
+        '<img src="/_static/favicon.svg">'
+    )
+    assert v.external == {"example.com", "203.0.113.5"}
+    assert v.page.evaluate("[...document.images].map(i => i.naturalWidth > 0)") == [False, True]
+    assert not [e for e in v.errors if "request failed" in e]
+
+
 def test_every_executed_figure_renders(visit, base_url):
     rendered = 0
     for tutorial in TUTORIALS:
