@@ -34,7 +34,7 @@ the simulator's, with the calibrated costs (and, beside it, with the default one
 at 4 and 8 ranks (and interleaved) are simulated with the same costs on a 32-layer model of the
 same width (not run: this machine has 2 cores).
 
-``--quick``: the uniform model with 2 layers, 2 rounds of 2 steps, no simulated ranks.
+``--quick``: the uniform model with 2 layers, one round of 2 steps, no simulated ranks.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class Settings(NamedTuple):
 #: full mode. One warm-up step: the first step of a run measured about a fifth slower than the
 #: rest (its first calls allocate and warm gloo); the second was already within the others' range.
 FULL = Settings(rounds=5, steps=8, warmup=1, retire_after=3)
-QUICK = Settings(rounds=2, steps=2, warmup=1, retire_after=0)
+QUICK = Settings(rounds=1, steps=2, warmup=1, retire_after=0)
 #: the bar: our plan's measured step within this of the best measured split
 BAR = 0.03
 

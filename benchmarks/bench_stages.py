@@ -530,7 +530,7 @@ def prediction(quick: bool) -> list[dict]:
 
     As tutorial 11 does it: every node timed once on one thread, scaled to the model's measured
     forward on a microbatch, backward as the measured ratio; the planner's plan is run (24 timed
-    steps), then re-planned with ``calibration=`` that run and run again. Columns: the
+    steps; 4 in quick mode), then re-planned with ``calibration=`` that run and run again. Columns: the
     first plan's estimate, the replay of the workers' durations and the calibrated plan's
     estimate, each over the step measured for its plan (1.0 is exact).
     """
@@ -540,6 +540,7 @@ def prediction(quick: bool) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each worker computes
     rows, ranks, m = [], 2, 4
+    steps = 4 if quick else 24  # quick: does it run; the page shows full runs
     try:
         for name, model, x, y, schedule, v in _prediction_cases(quick):
             base = partition(model, 1, x, cost="time")
@@ -558,7 +559,7 @@ def prediction(quick: bool) -> list[dict]:
 
             def run(plan: Any, x: torch.Tensor = x, y: torch.Tensor = y, schedule: str = schedule, v: int = v) -> Any:
                 return run_pipeline(
-                    plan, x, m, schedule, stages_per_rank=v, loss_fn=nn.MSELoss(), target=y, steps=24, warmup=2
+                    plan, x, m, schedule, stages_per_rank=v, loss_fn=nn.MSELoss(), target=y, steps=steps, warmup=2
                 )
 
             first = plan_pipeline(base, x, ranks, **options)
