@@ -16,11 +16,12 @@ checked for what a reader notices and a build does not:
 - **Nothing wider than its container** at desktop and phone width: an element whose content is
   wider than its box must scroll (``overflow-x: auto``/``scroll``), never stick out or be cut off;
   and the page itself never scrolls sideways.
-- **Layout that fits** (:data:`LAYOUT_JS`), four counts that must be 0 on every page at both
+- **Layout that fits** (:data:`LAYOUT_JS`), five counts that must be 0 on every page at both
   widths: table cells narrower than their longest word (a word broken over two lines: a wide table
   scrolls in its own box instead), output blocks that wrap their lines (printed tables keep their
   columns and scroll), code blocks that scroll sideways at desktop width (tutorial cells are
-  formatted to 88 columns: ``make format-tutorials``), and figures wider than the column.
+  formatted to 88 columns: ``make format-tutorials``), figures wider than the column, and tables
+  whose box is wider than their rows (a border framing empty space beside a narrow table).
 
 At phone width a figure shrinks to the column, so its text size is checked at desktop width only.
 """
@@ -139,7 +140,20 @@ LAYOUT_JS = f"""(desktop) => {{
     return r.width > column.width + 1 || r.right > window.innerWidth + 1;
   }}).map(img => `a figure is wider than the column (${{img.getBoundingClientRect().width.toFixed(0)}} px in `
     + `${{column.width.toFixed(0)}}): ${{img.getAttribute('src')}}`);
-  return {{cells, wrapped, scrolling, wide}};
+  // a drawn box wider than its rows by more than border spacing and borders: a frame around empty space
+  const drawn = el => {{  // a border or a background shows where the box ends
+    const cs = getComputedStyle(el);
+    return ['Top', 'Right', 'Bottom', 'Left'].some(side => parseFloat(cs[`border${{side}}Width`]) > 0
+      && cs[`border${{side}}Style`] !== 'none') || !/rgba\\(.*, 0\\)|transparent/.test(cs.backgroundColor);
+  }};
+  const tables = [...root.querySelectorAll('table')].filter(t => shown(t) && t.rows.length && drawn(t));
+  const framed = tables.map(table => {{
+    const box = table.getBoundingClientRect().width;
+    const rows = Math.max(...[...table.rows].map(row => row.getBoundingClientRect().width));
+    return box > rows + 16 ? `a table's box is wider than its rows (${{box.toFixed(0)}} px around `
+      + `${{rows.toFixed(0)}}): "${{table.rows[0].innerText.trim().replace(/\\s+/g, ' ').slice(0, 40)}}"` : null;
+  }}).filter(Boolean);
+  return {{cells, wrapped, scrolling, wide, framed}};
 }}"""
 
 CONTRAST_JS = f"""() => {{
@@ -232,7 +246,7 @@ CODE_MAY_SCROLL = ("_modules/", "docs/generated/unitscale.transforms.")
 
 
 def layout_problems(tab, viewport: str, page: str = "") -> dict[str, list[str]]:
-    """The four layout counts of :data:`LAYOUT_JS` on the open page, each problem named."""
+    """The five layout counts of :data:`LAYOUT_JS` on the open page, each problem named."""
     return tab.evaluate(LAYOUT_JS, viewport == "desktop" and not page.startswith(CODE_MAY_SCROLL))
 
 
@@ -270,7 +284,7 @@ def test_the_checks_see_a_shrunk_figure_clipped_text_and_low_contrast(pages, bas
 
 
 def test_the_layout_counts_see_each_fault(pages, base_url):
-    """Each of the four layout counts, on a page made to show that fault once: none is vacuous."""
+    """Each of the five layout counts, on a page made to show that fault once: none is vacuous."""
     tab = pages(f"{base_url}/{PAGES[0]}", "desktop").page
     long_line = "x = " + "1 + " * 60 + "1"
     tab.set_content(
@@ -281,10 +295,17 @@ def test_the_layout_counts_see_each_fault(pages, base_url):
         f'<pre style="overflow-x:auto">{long_line}</pre>'
         '<img style="width:500px" src="data:image/svg+xml,'
         "%3Csvg xmlns='http://www.w3.org/2000/svg' width='500' height='10'/%3E\">"
-        "<table><tr><td>fits</td></tr></table><pre>short</pre></div>"
+        "<table><tr><td>fits</td></tr></table><pre>short</pre>"
+        '<table style="display:block;border:1px solid"><tr><td>framed</td></tr></table></div>'
     )
     tab.wait_for_function("document.images[0].complete")
     found = layout_problems(tab, "desktop")
-    assert {kind: len(lines) for kind, lines in found.items()} == {"cells": 1, "wrapped": 1, "scrolling": 1, "wide": 1}
+    assert {kind: len(lines) for kind, lines in found.items()} == {
+        "cells": 1,
+        "wrapped": 1,
+        "scrolling": 1,
+        "wide": 1,
+        "framed": 1,
+    }
     assert "unitscale.capture.Capture" in found["cells"][0]
     assert layout_problems(tab, "phone")["scrolling"] == [], "code scrolling is counted at desktop width only"
