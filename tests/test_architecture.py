@@ -4,8 +4,9 @@
    outside that package imports it, and no module imports a ``_name`` from another package.
 2. No import cycle between modules (imports inside functions count: a cycle hidden in a
    function is still a cycle).
-3. Imports sit at the top of a module; one inside a function carries its reason as a comment on
-   its line (``import torch._dynamo  # 1.5 s: only a capture pays it``).
+3. Imports sit at the top of a module; one inside a function, of the package or of any other
+   library, carries its reason as a comment on its line (``import torch._dynamo  # 1.5 s: only a
+   capture pays it``) or on a comment line heading its run of imports.
 4. One name, one thing: no function or class in a package's face hides a module of the same
    name, and the top level holds no example model.
 
@@ -226,7 +227,35 @@ def cycles() -> set[frozenset[str]]:
 
 
 def local_imports_without_reason() -> set[tuple[str, str]]:
-    return {(imp.importer, imp.target) for imp in all_imports() if imp.local and not imp.reason}
+    """(module, imported) for each import inside a function with no reason beside it: of the
+    package (:func:`all_imports`) and of any other library (:func:`_library_imports_in_functions`)."""
+    inside = {(imp.importer, imp.target) for imp in all_imports() if imp.local and not imp.reason}
+    return inside | _library_imports_in_functions(ROOT)
+
+
+@functools.cache
+def _library_imports_in_functions(root: Path) -> set[tuple[str, str]]:
+    """Imports of other libraries inside a function with no comment on their lines, nor on a comment
+    line just above the run of imports they belong to (one reason may head a block of them)."""
+    found = set()
+    for name, path in _modules(root).items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for function in ast.walk(ast.parse("\n".join(lines), filename=str(path))):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
+                    continue
+                target = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                if (target or "").split(".")[0] == PACKAGE:
+                    continue  # the package's own: all_imports() has them
+                top = node.lineno
+                while top > 1 and lines[top - 2].strip().startswith(("import ", "from ")):
+                    top -= 1
+                head = top - 1 if top > 1 and lines[top - 2].strip().startswith("#") else top
+                if not _comment(lines, head, node.end_lineno or node.lineno):
+                    found.add((name, target))
+    return found
 
 
 # -- the rules ---------------------------------------------------------------------------------
@@ -338,6 +367,15 @@ def test_a_local_import_without_a_reason_is_found_and_a_lint_directive_is_no_rea
         "def g():\n    import unitscale.a.face  # needed late: it is slow\n"
     )
     assert local_imports_without_reason() == {("unitscale.b.user", "unitscale.a.face")}
+
+
+def test_a_library_imported_late_needs_a_reason_too(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/b/user.py").write_text(
+        "def f():\n    import json\n\n"
+        "def g():\n    # lazy: slow to import\n    import csv\n    from os import path\n\n"
+        "def h():\n    from math import pi  # lazy: the reason on the line\n"
+    )
+    assert local_imports_without_reason() == {("unitscale.b.user", "json")}
 
 
 if __name__ == "__main__":  # the arrows, read from the code

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from torch import nn
+
 from unitscale.errors import ConfigError
 
 __all__ = ["check_int", "check_positive", "check_mlp", "check_tinygpt"]
@@ -41,8 +43,6 @@ def check_mlp(d: Any, hidden: Any, d_out: Any, activation: Any) -> tuple[int, in
     >>> check_mlp(4, None, None, None)
     (16, 4)
     """
-    from torch import nn
-
     check_int("MLP", "d", d, 1)
     hidden = 4 * d if hidden is None else check_int("MLP", "hidden", hidden, 1)
     d_out = d if d_out is None else check_int("MLP", "d_out", d_out, 1)
