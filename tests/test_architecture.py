@@ -58,7 +58,7 @@ class Import:
     module: str  # the module the target lives in (``target`` itself when it is a module)
     line: int
     local: bool  # inside a function
-    reason: str  # the comment on the import's line(s), "" when there is none
+    reason: str  # the comment on the import's line(s) or heading its run of imports, "" when none
     type_only: bool  # under ``if TYPE_CHECKING:``
 
 
@@ -89,6 +89,16 @@ def _comment(lines: list[str], first: int, last: int) -> str:
     return " ".join(found)
 
 
+def _reason(lines: list[str], node: ast.Import | ast.ImportFrom) -> str:
+    """The reason written for an import: comments on its lines, or on a comment line just above
+    the run of imports it belongs to (one reason may head a block of them)."""
+    top = node.lineno
+    while top > 1 and lines[top - 2].strip().startswith(("import ", "from ")):
+        top -= 1
+    head = top - 1 if top > 1 and lines[top - 2].strip().startswith("#") else top
+    return _comment(lines, head, node.end_lineno or node.lineno)
+
+
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
@@ -113,7 +123,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> Iterator[Import]:
                 yield from visit(child, local, type_only)
 
     def resolve(node: ast.Import | ast.ImportFrom, local: bool, type_only: bool) -> Iterator[Import]:
-        reason = _comment(lines, node.lineno, node.end_lineno or node.lineno)
+        reason = _reason(lines, node)
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == PACKAGE:
@@ -235,8 +245,7 @@ def local_imports_without_reason() -> set[tuple[str, str]]:
 
 @functools.cache
 def _library_imports_in_functions(root: Path) -> set[tuple[str, str]]:
-    """Imports of other libraries inside a function with no comment on their lines, nor on a comment
-    line just above the run of imports they belong to (one reason may head a block of them)."""
+    """Imports of other libraries inside a function with no reason (:func:`_reason`) beside them."""
     found = set()
     for name, path in _modules(root).items():
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -249,11 +258,7 @@ def _library_imports_in_functions(root: Path) -> set[tuple[str, str]]:
                 target = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
                 if (target or "").split(".")[0] == PACKAGE:
                     continue  # the package's own: all_imports() has them
-                top = node.lineno
-                while top > 1 and lines[top - 2].strip().startswith(("import ", "from ")):
-                    top -= 1
-                head = top - 1 if top > 1 and lines[top - 2].strip().startswith("#") else top
-                if not _comment(lines, head, node.end_lineno or node.lineno):
+                if not _reason(lines, node):
                     found.add((name, target))
     return found
 
