@@ -102,3 +102,14 @@ def test_source_pages_are_the_packages_own_modules():
     pages = sorted(p.relative_to(SITE / "_modules").as_posix() for p in (SITE / "_modules").rglob("*.html"))
     assert "unitscale/tracking/analysis.html" in pages  # a module the API reference documents
     assert [p for p in pages if p != "index.html" and not p.startswith("unitscale/")] == []
+
+
+def test_every_page_names_its_icon():
+    """A page without ``<link rel="icon">`` makes the browser ask for ``/favicon.ico``: a 404 in the
+    console, logged or not depending on whether a redirect wins the race (CI saw it on the root page)."""
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
+    pages = [p for p in sorted(SITE.rglob("*.html")) if not p.relative_to(SITE).as_posix().startswith(SKIP)]
+    assert SITE / "index.html" in pages and len(pages) > 50
+    iconless = [p.relative_to(SITE).as_posix() for p in pages if 'rel="icon"' not in p.read_text(encoding="utf-8")]
+    assert iconless == []
