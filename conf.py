@@ -40,6 +40,7 @@ extensions = [
     "notebook_download",
     "page_dependencies",
     "reader_frame",  # each tutorial's opening box (learn, before, track, run time, terms), Previous/Next by number
+    "spread_notebooks",  # under -j, notebooks dealt out over the chunks read in parallel
     "viewcode_backlinks",  # the source pages' "[docs]" links find their anchors
     "wheel_download",  # the package's wheel at the site root, for `pip install <site>/<wheel>`
 ]
