@@ -36,6 +36,7 @@ extensions = [
     "api_reference",
     "benchmark_csv",  # each recorded benchmark as a CSV file beside the Benchmarks page
     "execute_alone",  # pages that time themselves execute with no other notebook beside them
+    "execution_report",  # the execution report's Status column in words
     "library_cache",
     "notebook_download",
     "page_dependencies",
