@@ -159,6 +159,9 @@ html_theme_options = {
     "use_download_button": True,
     "use_fullscreen_button": False,
     "show_toc_level": 2,
+    # the sidebar lists a section's pages (the API's 230) only on that section's pages: every page
+    # carried the whole tree, and building it took most of the site's write time
+    "collapse_navbar": True,
 }
 
 # Copy buttons on code (tutorial inputs, code blocks, doctests), never on cell outputs.
