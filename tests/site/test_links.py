@@ -40,6 +40,20 @@ class _Page(HTMLParser):
                 self.links.append(values[key] or "")
 
 
+def site_pages(site: Path) -> list[Path]:
+    """Every HTML page of ``site`` (resolved), the theme's fragments in ``_static`` left out."""
+    root = site.resolve()
+    return [p for p in sorted(root.rglob("*.html")) if not p.relative_to(root).as_posix().startswith(SKIP)]
+
+
+@pytest.fixture
+def built_site() -> Path:
+    """The built site, or a failure that says how to build it."""
+    if not (SITE / "index.html").is_file():
+        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
+    return SITE
+
+
 def broken_links(site: Path) -> list[str]:
     """``page: link (why)`` for every internal link of ``site`` that leads nowhere."""
     pages: dict[Path, _Page] = {}
@@ -53,10 +67,8 @@ def broken_links(site: Path) -> list[str]:
 
     broken = []
     root = site.resolve()
-    for path in sorted(root.rglob("*.html")):
+    for path in site_pages(root):
         name = path.relative_to(root).as_posix()
-        if name.startswith(SKIP):
-            continue
         for link in parse(path).links:
             parts = urlsplit(link)
             if parts.scheme in EXTERNAL or parts.netloc:
@@ -77,10 +89,8 @@ def broken_links(site: Path) -> list[str]:
     return broken
 
 
-def test_every_internal_link_and_anchor_resolves():
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
-    broken = broken_links(SITE)
+def test_every_internal_link_and_anchor_resolves(built_site):
+    broken = broken_links(built_site)
     assert broken == [], f"{len(broken)} broken internal links:\n" + "\n".join(broken[:40])
 
 
@@ -95,21 +105,19 @@ def test_the_link_check_sees_a_missing_file_and_a_missing_anchor(tmp_path):
     ]
 
 
-def test_source_pages_are_the_packages_own_modules():
+def test_source_pages_are_the_packages_own_modules(built_site):
     """viewcode writes a page per module it reads; only ``unitscale``'s sources are the site's to show."""
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
-    pages = sorted(p.relative_to(SITE / "_modules").as_posix() for p in (SITE / "_modules").rglob("*.html"))
+    modules = built_site / "_modules"
+    pages = sorted(p.relative_to(modules).as_posix() for p in modules.rglob("*.html"))
     assert "unitscale/tracking/analysis.html" in pages  # a module the API reference documents
     assert [p for p in pages if p != "index.html" and not p.startswith("unitscale/")] == []
 
 
-def test_every_page_names_its_icon():
+def test_every_page_names_its_icon(built_site):
     """A page without ``<link rel="icon">`` makes the browser ask for ``/favicon.ico``: a 404 in the
     console, logged or not depending on whether a redirect wins the race (CI saw it on the root page)."""
-    if not (SITE / "index.html").is_file():
-        pytest.fail(f"no built site at {SITE}: run `make html` (or set UNITSCALE_SITE)")
-    pages = [p for p in sorted(SITE.rglob("*.html")) if not p.relative_to(SITE).as_posix().startswith(SKIP)]
-    assert SITE / "index.html" in pages and len(pages) > 50
-    iconless = [p.relative_to(SITE).as_posix() for p in pages if 'rel="icon"' not in p.read_text(encoding="utf-8")]
+    root = built_site.resolve()
+    pages = site_pages(root)
+    assert root / "index.html" in pages and len(pages) > 50
+    iconless = [p.relative_to(root).as_posix() for p in pages if 'rel="icon"' not in p.read_text(encoding="utf-8")]
     assert iconless == []
