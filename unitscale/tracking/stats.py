@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -31,7 +31,9 @@ __all__ = [
     "read_records",
     "reads_at_once",
     "scratch_space",
+    "std_from_sums",
     "std_stat",
+    "sum_of_squares",
     "tensor_abs_max",
     "tensor_std",
 ]
@@ -136,17 +138,24 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     NaN and a warning). Low-precision tensors are reduced in float32.
 
     On an accelerator the std is two reductions left on the device (the mean, then the
-    norm of the deviations). On the CPU it is a sum and a BLAS dot product read at once:
-    a single read of the data each, about 3x faster than the two-pass form. Where the
-    mean is larger than the std, which would cancel digits, the sums are taken again
-    around the mean (in float64 only where the std is below about 1e-6 of the mean).
-    Float32 tensors are summed in float32: the std is good to about 1e-5 relative for a
-    million elements (a table shows 3 digits); float64 ones are summed in float64.
+    norm of the deviations, its squares summed in float64 where the device has it, MPS
+    aside: float32's squares underflow below about 1e-19 and overflow above 1e19). On the
+    CPU it is a sum and a BLAS dot product read at once: a single read of the data each,
+    about 3x faster than the two-pass form. Where the mean is larger than the std, which
+    would cancel digits, the sums are taken again around the mean (in float64 only where
+    the std is below about 1e-6 of the mean). Where the squares would underflow or overflow
+    the tensor's dtype (a gradient of std 1e-23 in float32), the tensor is first scaled by
+    a power of two, exactly. Float32 tensors are summed in float32, the dot product in
+    blocks of 2**18 elements: the std is good to about 1e-6 relative for a million random
+    elements, and to about 1e-4 at any size for data of few distinct values (a table shows
+    3 digits); float64 ones are summed in float64.
 
     >>> std_stat(torch.tensor([1.0, 2.0, 3.0]))
     1.0
     >>> std_stat(torch.tensor([5.0])), std_stat(torch.empty(0))
     (0.0, None)
+    >>> std_stat(torch.tensor([1e-23, 3e-23]))  # squares below float32's range
+    1.4142136736802574e-23
     """
     n = t.numel()
     if n == 0:
@@ -157,21 +166,25 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     if not reads_at_once(t.device):
         if n == 1:
             return torch.zeros((), dtype=t.dtype, device=t.device)
-        return torch.linalg.vector_norm(t - t.mean()) / math.sqrt(n - 1)
+        wide = None if t.device.type == "mps" else torch.float64  # the std itself fits t's dtype
+        return (torch.linalg.vector_norm(t - t.mean(), dtype=wide) / math.sqrt(n - 1)).to(t.dtype)
     if n == 1:
         return 0.0
-    flat = _flat(t)
-    total, squares = flat.sum().item(), torch.dot(flat, flat).item()
+    flat, owned = _flat(t)
+    total, squares = flat.sum().item(), sum_of_squares(flat)
+    std = std_from_sums(n, total, squares, flat.dtype)
+    if std is not None:
+        return std
+    if not _squares_in_range(n, squares, flat.dtype):
+        return _scaled_std(flat)  # squares under- or overflowing, all zeros, or inf or nan in t
     mean = total / n
-    var = (squares - total * mean) / (n - 1)
-    if mean * mean <= var < math.inf:
-        return math.sqrt(var)
     # Around the mean: the deviations' own mean is near 0, so nothing cancels. This path is
     # common (a norm's weight of ones, all-positive activations), so it stays one subtraction
     # and two reads in the tensor's dtype; only where the mean is still far from the deviations'
-    # scale (a std below about 1e-6 of the mean) does it sum again in float64.
-    deviations = torch.sub(flat, mean, out=_buffer(n, flat.dtype))
-    shift, squares = deviations.sum().item(), torch.dot(deviations, deviations).item()
+    # scale (a std below about 1e-6 of the mean) does it sum again in float64. A copy of a
+    # strided tensor is ours to overwrite; anything else is left as it is.
+    deviations = torch.sub(flat, mean, out=flat if owned else _buffer(n, flat.dtype))
+    shift, squares = deviations.sum().item(), sum_of_squares(deviations)
     squared = mean * mean > _COARSE * _COARSE * squares / n
     if squared:
         # Deviations from a mean over 1000x their size are multiples of the mean's ulp, and the
@@ -181,29 +194,94 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     var = (squares - shift * shift / n) / (n - 1)
     if (shift / n) ** 2 <= var < math.inf:
         return math.sqrt(max(var, 0.0))
-    if squared:
-        deviations = torch.sub(flat, mean, out=deviations)
+    if squared:  # the deviations were squared in place (and with them a copy of t): take them again
+        flat = _flat(t)[0] if owned else flat
+        deviations = torch.sub(flat, mean, out=flat if owned else deviations)
     total = deviations.sum(dtype=torch.float64).item()
     squares = torch.linalg.vector_norm(deviations, dtype=torch.float64).item() ** 2
     var = (squares - total * total / n) / (n - 1)
     if math.isfinite(var):
         return math.sqrt(max(var, 0.0))
-    return torch.std(t.double()).item()  # inf or nan in t (nan, as torch.std), or squares overflowing
+    return _scaled_std(_flat(t)[0])  # deviations whose squares overflow (float64 values near 1e154)
 
 
 # Above this ratio of mean to deviation, the careful path sums the squares without BLAS's dot;
 # below it the dot's error stays the 1.5e-6 of any float32 dot of a million elements.
 _COARSE = 1024.0
 
+# BLAS's dot keeps a few running float32 sums: over 2**22 equal squares they drift by 2e-3 (the
+# third digit a table shows); per block of 2**18 elements, the blocks added as floats, by 1.2e-4.
+_DOT_BLOCK = 2**18
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy."""
+
+def sum_of_squares(x: torch.Tensor) -> float:
+    """The sum of squares of ``x`` (1-D, contiguous, on the CPU), read: BLAS's dot per block of 2**18 elements.
+
+    >>> sum_of_squares(torch.tensor([1.0, 2.0, 2.0]))
+    9.0
+    """
+    if x.numel() <= _DOT_BLOCK:
+        return torch.dot(x, x).item()
+    return math.fsum(torch.dot(block, block).item() for block in x.split(_DOT_BLOCK))
+
+
+def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> float | None:
+    """The std of ``n`` values of ``dtype`` from their sum and :func:`sum_of_squares`, where they give it.
+
+    ``None`` where they do not: the mean is above the std (the two sums cancel), or the
+    squares under- or overflow ``dtype`` (then :func:`std_stat` measures the values again).
+
+    >>> std_from_sums(3, 3.0, 5.0, torch.float32)  # 0, 1, 2
+    1.0
+    >>> std_from_sums(3, 3000.0, 3000002.0, torch.float32) is None  # 999, 1000, 1001
+    True
+    """
+    if n < 2 or not _squares_in_range(n, squares, dtype):
+        return None
+    mean = total / n
+    var = (squares - total * mean) / (n - 1)
+    return math.sqrt(var) if mean * mean <= var else None
+
+
+# Below this mean square, some squares fall under the dtype's smallest normal number (2**-126 in
+# float32) and lose digits, up to all of them; above it, such squares add less than 2**-26 of the sum.
+_LEAST_MEAN_SQUARE = {torch.float32: 2.0**-100, torch.float64: 2.0**-990}
+
+
+def _squares_in_range(n: int, squares: float, dtype: torch.dtype) -> bool:
+    return n * _LEAST_MEAN_SQUARE.get(dtype, 2.0**-100) <= squares < math.inf
+
+
+def _scaled_std(flat: torch.Tensor) -> float:
+    """The std of ``flat`` (1-D), computed in float64 on its values times a power of two.
+
+    For tensors whose squares underflow or overflow: the largest magnitude is brought to
+    [0.5, 1), which changes no digit, and the std is scaled back. All zeros give 0; an
+    inf or nan gives nan, as ``torch.std``.
+    """
+    low, high = torch.aminmax(flat)
+    peak = max(-low.item(), high.item())
+    if not math.isfinite(peak):
+        return math.nan
+    if peak == 0.0:
+        return 0.0
+    exponent = math.frexp(peak)[1]  # peak / 2**exponent lies in [0.5, 1)
+    half = exponent // 2  # in two steps: 2**exponent alone can overflow a float
+    scaled = flat.to(torch.float64, copy=True).mul_(2.0**-half).mul_(2.0 ** (half - exponent))
+    return cast(float, std_stat(scaled)) * 2.0**half * 2.0 ** (exponent - half)
+
+
+def _flat(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``t``'s elements as a contiguous 1-D tensor, and whether it is a copy (ours to overwrite).
+
+    A view where its memory is dense (``False``), else a copy in :func:`_buffer` (``True``).
+    """
     if not t.is_contiguous():
         dense = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
         if not dense.is_contiguous():
-            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1)
+            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1), True
         t = dense
-    return t.view(-1)
+    return t.view(-1), False
 
 
 def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
