@@ -399,8 +399,8 @@ def _plain_raw(x: torch.Tensor, fmt: FPFormat) -> tuple[float, ...]:
         torch.count_nonzero(x).item(),
         torch.count_nonzero((a > 0) & (a < fmt.min_subnormal)).item(),
         torch.count_nonzero(a > fmt.max_value).item(),
-        torch.dot(x, x).item(),
-        torch.dot(error, error).item(),
+        torch.linalg.vector_norm(x, dtype=torch.float64).item() ** 2,  # float32's squares under- and overflow
+        torch.linalg.vector_norm(error, dtype=torch.float64).item() ** 2,
     )
 
 
@@ -436,8 +436,11 @@ def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 @given(_TENSORS, _FORMATS)
 def test_raw_cast_stats_are_bit_identical_to_the_plain_definitions(t: torch.Tensor, fmt: FPFormat) -> None:
     # abs once, float 0/1 counts, the magic-number rounding and the shared dot product change
-    # how the numbers are computed, not one bit of them
-    assert _same(tuple(float(v) for v in raw_cast_stats(t, fmt)), _plain_raw(t, fmt))
+    # how the numbers are computed, not one bit of them; the two sums of squares (float32 dot
+    # products where they stay in float32's range) only in their last digits
+    got, plain = tuple(float(v) for v in raw_cast_stats(t, fmt)), _plain_raw(t, fmt)
+    assert _same(got[:5], plain[:5])
+    assert got[5:] == pytest.approx(plain[5:], rel=1e-5, nan_ok=True)
 
 
 @settings(max_examples=60, deadline=None)

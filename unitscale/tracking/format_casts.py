@@ -25,7 +25,7 @@ from typing import NamedTuple
 import torch
 
 from unitscale.formats import FPFormat
-from unitscale.tracking.stats import Stat, reads_at_once, std_stat
+from unitscale.tracking.stats import Stat, reads_at_once, std_from_sums, std_stat, sum_of_squares
 
 __all__ = [
     "BATCH_MAX",
@@ -217,19 +217,18 @@ def _host_std(x: torch.Tensor, total: float, squares: float) -> float:
     n = x.numel()
     if n == 1:
         return 0.0
-    mean = total / n
-    var = (squares - total * mean) / (n - 1)
-    if mean * mean <= var < math.inf:
-        return math.sqrt(var)
-    std = std_stat(x)  # cancellation or overflow: std_stat's careful path
-    assert isinstance(std, float)
-    return std
+    std = std_from_sums(n, total, squares, x.dtype)
+    if std is not None:
+        return std
+    careful = std_stat(x)  # cancellation, or squares out of the dtype's range: std_stat's careful path
+    assert isinstance(careful, float)
+    return careful
 
 
 def _host_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
     n, device = x.numel(), x.device
     total = x.sum().item()
-    signal = torch.dot(x, x).item()
+    signal = sum_of_squares(x)
     a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
     absmax = a.max().item()
     flags = scratch.get(n, x.dtype, device, _WORK)
@@ -243,7 +242,13 @@ def _host_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat,
     else:
         clamped = a if in_range else torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
         error = _round_magic(clamped, magic, scratch).sub_(a)
-    noise = torch.dot(error, error).item()
+    noise = sum_of_squares(error)
+    low, high = _SAFE_SUMS
+    if not (low <= signal <= high and (noise == 0 or low <= noise <= high)):
+        # squares past float32's range (values below about 1e-19 or above 1e19, or all zero): the
+        # SQNR is the ratio of the two sums, so both are taken again in float64
+        signal = torch.linalg.vector_norm(x, dtype=torch.float64).item() ** 2
+        noise = torch.linalg.vector_norm(error, dtype=torch.float64).item() ** 2
     return (_host_std(x, total, signal), absmax, n - zeros, small - zeros, over, signal, noise)
 
 
@@ -262,7 +267,10 @@ def _device_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Sta
     else:
         clamped = torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
         error = _round_magic(clamped, magic, scratch).sub_(a)
-    return (std, a.max(), n - zeros, small - zeros, over, torch.dot(x, x), torch.dot(error, error))
+    # float32's squares leave its range below about 1e-19 and above 1e19: summed in float64 (not on MPS)
+    wide = None if device.type == "mps" else torch.float64
+    signal, noise = (torch.linalg.vector_norm(v, dtype=wide).square() for v in (x, error))
+    return (std, a.max(), n - zeros, small - zeros, over, signal, noise)
 
 
 BATCH_MAX = 8192
@@ -520,7 +528,10 @@ def _segment_stats(
     for i, (s, (t, signal, smalls, zero, over_, noise), absmax_) in enumerate(zip(segments, sums, maxes, strict=True)):
         pad = s.blocks * BLOCK - s.n
         zero = zero - pad if need_zeros else 0.0
-        if not all(v == 0 or low <= v <= high for v in (signal, noise)):  # NaN too
+        # A signal of 0 is an all-zero tensor only where its abs-max says so: float32 squares of
+        # values below about 4e-23 are 0 too. NaN is out of range.
+        zero_signal = signal == 0 and absmax_ == 0
+        if not ((zero_signal or low <= signal <= high) and (noise == 0 or low <= noise <= high)):
             raw = raw_cast_stats(data[s.start * BLOCK : s.start * BLOCK + s.n], fmt)
             rows.append(tuple(float(v) for v in raw))
             continue
