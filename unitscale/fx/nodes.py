@@ -44,6 +44,7 @@ __all__ = [
     "SCALE_NEUTRAL_METHODS",
     "SCALE_NEUTRAL_FUNCTIONS",
     "tensor_metadata",
+    "changes_in_place",
 ]
 
 MODULE_PATH_KEY = "module_path"
@@ -159,6 +160,44 @@ SCALE_NEUTRAL_FUNCTIONS: frozenset[Any] = VIEW_FUNCTIONS | {
     torch.narrow, torch.select, torch.roll, torch.flip, torch.clone, torch.detach, torch.masked_fill,
     F.pad, torch._C._nn.pad, einops.repeat, F.dropout, operator.neg, torch.neg, torch.where,
 }  # fmt: skip
+
+
+_IN_PLACE_OPERATORS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv})
+_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
+
+
+def changes_in_place(node: torch.fx.Node) -> bool:
+    """Whether ``node`` changes its first argument in place and returns it.
+
+    ``x.mul_(2)``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``, ``x += 1``. Not
+    ``x[i] = v`` (``operator.setitem``, which returns ``None``).
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.fx.nodes import changes_in_place
+    >>> def f(x):
+    ...     y = torch.relu_(x.mul_(2))
+    ...     return torch.nn.functional.relu(y, inplace=True) + y.add(1)
+    >>> [n.name for n in fx.symbolic_trace(f).graph.nodes if changes_in_place(n)]
+    ['mul_', 'relu_', 'relu']
+    """
+    if not node.args:
+        return False
+    if node.op == "call_method":
+        name = str(node.target)
+        return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+    if node.op != "call_function":
+        return False
+    try:
+        if node.target in _IN_PLACE_OPERATORS:
+            return True
+    except TypeError:  # an unhashable target
+        return False
+    if node.kwargs.get("inplace") is True:
+        return True
+    name = getattr(node.target, "__name__", "")
+    in_place = name.endswith("_") and not name.startswith("_")
+    return in_place and node.target in (getattr(torch.Tensor, name, None), getattr(torch, name, None))
 
 
 def tensor_metadata(value: torch.Tensor) -> TensorMetadata:

@@ -38,7 +38,7 @@ from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import check_autowrap
 from unitscale.tracking.annotated import AnnotatedCode, annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.compiled import compiled_tracking
+from unitscale.tracking.compiled import changed_in_place, compiled_tracking, view_taking_over
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScaleRecord, read_records, scratch_space
@@ -113,6 +113,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
         self.current_node: fx.Node | None = None
         self._shared: dict[fx.Node, ScaleRecord] = {}
+        self._changed = changed_in_place(self.graph.nodes)
 
     def run_node(self, n: fx.Node) -> Any:
         self.current_node = n
@@ -129,17 +130,17 @@ class ScaleTrackingInterpreter(fx.Interpreter):
             self.captured.leaves.append(out)
         # A reshape or transpose holds the same numbers as its input, and when it is the
         # input's only user, so does its gradient: one record serves the whole chain.
-        users = list(n.users)
-        hand_on = len(users) == 1 and is_view_node(users[0]) and users[0].args[:1] == (n,)
+        taker = view_taking_over(n)
+        hook = taker is None or taker in self._changed
         shared = self._shared.pop(n, None)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
         if shared is None and is_view_node(n) and isinstance(n.args[0], fx.Node):
             # the input has other users too: same forward numbers, its own gradient
-            record = self.captured.track_same_values(out, load(n.args[0]), n.name, path, op, self.abs_max, not hand_on)
+            record = self.captured.track_same_values(out, load(n.args[0]), n.name, path, op, self.abs_max, hook)
         else:
-            record = self.captured.track(out, n.name, path, op, self.abs_max, record=shared, hook=not hand_on)
-        if hand_on:
-            self._shared[users[0]] = record
+            record = self.captured.track(out, n.name, path, op, self.abs_max, record=shared, hook=hook)
+        if taker is not None:
+            self._shared[taker] = record
         return out
 
     def _op(self, n: fx.Node, value: torch.Tensor) -> str:
@@ -378,6 +379,9 @@ def track_scales(
     Returns:
         A :class:`ScaleReport`, one row per floating-point tensor in execution order.
         Integer and boolean tensors are skipped; the model's ``.grad`` fields are untouched.
+        A view that the model later changes in place (``x.view(-1).add_(1)``) may have no
+        backward std (``n/a``): torch calls no gradient hook on it. The fx route gives it
+        its source's where nothing else reads the source.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.

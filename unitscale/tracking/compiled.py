@@ -13,20 +13,22 @@ interpreter's.
 
 from __future__ import annotations
 
+import operator
 import re
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
 from torch import fx, nn
 
 from unitscale.capture import Capture
-from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
+from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, is_view_node, op_name
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf
 from unitscale.tracking.stats import ScaleRecord
 
-__all__ = ["CompiledTracking", "compiled_tracking"]
+__all__ = ["CompiledTracking", "changed_in_place", "compiled_tracking", "view_taking_over"]
 
 
 class _Step(NamedTuple):
@@ -38,6 +40,7 @@ class _Step(NamedTuple):
     op: str  # "" for get_attr: "parameter" or "buffer" depends on the value
     hand_on: int  # index of the only user, a view taking this record over; -1 if none
     from_source: bool  # a view whose source's value is passed along (same forward numbers)
+    keep_hook: bool  # hands on to a view that is changed in place later: torch drops the view's hook
 
 
 def _static_op(module: nn.Module, n: fx.Node) -> str:
@@ -89,9 +92,12 @@ def _track(value: Any, i: int, *source: Any) -> Any:
     name = step.node.name
     if shared is None and step.from_source:
         # the input has other users too: same forward numbers, its own gradient
-        record = captured.track_same_values(value, source[0], name, step.path, op, run.abs_max, not hand_on)
+        hook = step.keep_hook or not hand_on
+        record = captured.track_same_values(value, source[0], name, step.path, op, run.abs_max, hook)
     else:
-        record = captured.track(value, name, step.path, op, run.abs_max, record=shared, hook=not hand_on)
+        record = captured.track(
+            value, name, step.path, op, run.abs_max, record=shared, hook=step.keep_hook or not hand_on
+        )
     if hand_on:
         run.shared[step.hand_on] = record
     return value
@@ -165,13 +171,58 @@ class CompiledTracking:
 def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
     """What the recording call needs per node (the graph's nodes but its output, in order)."""
     index = {n: i for i, n in enumerate(nodes)}
+    changed = changed_in_place(nodes)
     steps = []
     for n in nodes:
-        users = list(n.users)
-        hand_on = index[users[0]] if len(users) == 1 and is_view_node(users[0]) and users[0].args[:1] == (n,) else -1
+        taker = view_taking_over(n)
+        hand_on = -1 if taker is None else index[taker]
+        keep_hook = taker in changed
         source = is_view_node(n) and isinstance(n.args[0], fx.Node)
-        steps.append(_Step(n, n.op, n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n), hand_on, source))
+        path, op = n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n)
+        steps.append(_Step(n, n.op, path, op, hand_on, source, keep_hook))
     return steps
+
+
+def view_taking_over(n: fx.Node) -> fx.Node | None:
+    """``n``'s only user where it is a view of ``n`` (a reshape, a transpose), else ``None``.
+
+    The view holds the same numbers as ``n``, and so does its gradient: one record serves
+    both rows, filled by one gradient hook on the view (unless :func:`changed_in_place`).
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.tracking.compiled import view_taking_over
+    >>> graph = fx.symbolic_trace(lambda x: torch.relu(x).t() + x.t()).graph
+    >>> [(n.name, getattr(view_taking_over(n), "name", None)) for n in graph.nodes if n.op != "output"]
+    [('x', None), ('relu', 't'), ('t', None), ('t_1', None), ('add', None)]
+    """
+    users = list(n.users)
+    return users[0] if len(users) == 1 and is_view_node(users[0]) and users[0].args[:1] == (n,) else None
+
+
+def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
+    """The nodes whose tensor a later node changes in place, directly or through views of it.
+
+    A gradient hook on a view that is then changed in place never fires (torch takes the
+    gradient through the view's base instead), so the node a view takes over from keeps
+    its own hook, which fills the shared record.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.tracking.compiled import changed_in_place
+    >>> graph = fx.symbolic_trace(lambda x: torch.tanh(x).view(-1).add_(1) * 2).graph
+    >>> sorted(n.name for n in changed_in_place(graph.nodes))
+    ['tanh', 'view']
+    """
+    changed: set[fx.Node] = set()
+    for n in nodes:
+        if changes_in_place(n) or (n.target is operator.setitem and n.args):
+            target = n.args[0]
+            while isinstance(target, fx.Node) and target not in changed:
+                changed.add(target)
+                aliases = is_view_node(target) or changes_in_place(target)  # returns the tensor it changed
+                target = target.args[0] if aliases and target.args else None
+    return changed
 
 
 class _NotCompiled(Exception):

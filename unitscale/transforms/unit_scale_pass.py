@@ -78,6 +78,7 @@ from unitscale.fx.nodes import (
     SCALE_NEUTRAL_FUNCTIONS,
     SCALE_NEUTRAL_METHODS,
     SOURCE_KEY,
+    changes_in_place,
     op_name,
 )
 from unitscale.scaling.parameter import tag
@@ -355,24 +356,9 @@ def _region_size(gm: fx.GraphModule, head: fx.Node, nodes: set[fx.Node]) -> int:
 _KNOWN: set[Any] = {torch.ops.higher_order.wrap_with_set_grad_enabled}
 
 
-_IN_PLACE_OPERATORS: set[Any] = {operator.iadd, operator.isub, operator.imul, operator.itruediv}
-_IN_PLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__"}
-
-
 def _changes_in_place(node: fx.Node) -> bool:
     """Whether ``node`` changes its first argument, a float tensor, in place (``x += 1``, ``x.mul_(2)``)."""
-    if not (node.args and _is_float_node(node.args[0])):
-        return False
-    if node.op == "call_method":
-        name = str(node.target)
-        return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
-    if node.op != "call_function":
-        return False
-    if _member(node.target, _IN_PLACE_OPERATORS) or node.kwargs.get("inplace") is True:
-        return True
-    name = getattr(node.target, "__name__", "")
-    in_place = name.endswith("_") and not name.startswith("_")
-    return in_place and node.target in (getattr(torch.Tensor, name, None), getattr(torch, name, None))
+    return bool(node.args) and _is_float_node(node.args[0]) and changes_in_place(node)
 
 
 def _follow_in_place_changes(graph: fx.Graph) -> None:
