@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 from unitscale.capture import Capture
@@ -220,9 +221,32 @@ def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
             target = n.args[0]
             while isinstance(target, fx.Node) and target not in changed:
                 changed.add(target)
-                aliases = is_view_node(target) or changes_in_place(target)  # returns the tensor it changed
-                target = target.args[0] if aliases and target.args else None
+                target = target.args[0] if _may_alias_its_input(target) and target.args else None
     return changed
+
+
+# Ops whose result may share its first argument's memory: views and slices, and casts and copies
+# that return the argument itself when there is nothing to do (x.float() of a float32 x).
+_ALIASING_METHODS = frozenset(
+    {"expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "diagonal", "unfold", "as_strided"}
+    | {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "detach", "cpu", "cuda"}
+)
+_ALIASING_FUNCTIONS = frozenset(
+    {operator.getitem, torch.narrow, torch.select, torch.split, torch.chunk, torch.unbind, torch.diagonal}
+    | {torch.detach, torch.as_strided, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout}
+    | {F.feature_alpha_dropout}
+)
+
+
+def _may_alias_its_input(n: fx.Node) -> bool:
+    if is_view_node(n) or changes_in_place(n):  # an op in place returns the tensor it changed
+        return True
+    if n.op == "call_method":
+        return n.target in _ALIASING_METHODS
+    try:
+        return n.op == "call_function" and n.target in _ALIASING_FUNCTIONS
+    except TypeError:  # an unhashable target
+        return False
 
 
 class _NotCompiled(Exception):
