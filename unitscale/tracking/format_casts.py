@@ -243,13 +243,14 @@ def _host_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat,
         clamped = a if in_range else torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
         error = _round_magic(clamped, magic, scratch).sub_(a)
     noise = sum_of_squares(error)
+    std = _host_std(x, total, signal)  # from the same float32 sums as std_stat's, to the last bit
     low, high = _SAFE_SUMS
     if not (low <= signal <= high and (noise == 0 or low <= noise <= high)):
         # squares past float32's range (values below about 1e-19 or above 1e19, or all zero): the
         # SQNR is the ratio of the two sums, so both are taken again in float64
         signal = torch.linalg.vector_norm(x, dtype=torch.float64).item() ** 2
         noise = torch.linalg.vector_norm(error, dtype=torch.float64).item() ** 2
-    return (_host_std(x, total, signal), absmax, n - zeros, small - zeros, over, signal, noise)
+    return (std, absmax, n - zeros, small - zeros, over, signal, noise)
 
 
 def _device_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
