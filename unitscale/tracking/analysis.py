@@ -32,7 +32,7 @@ from torch import fx, nn
 from unitscale.capture import Capture, DeepTracing, capture, no_kv_cache
 from unitscale.errors import InputError, NoRouteError, NotAModuleError, UnitscaleError
 from unitscale.fx.module_state import module_state_kept
-from unitscale.fx.nodes import MODULE_PATH_KEY, is_view_node, op_name
+from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, is_view_node, op_name
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import check_autowrap
@@ -132,6 +132,8 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         # input's only user, so does its gradient: one record serves the whole chain.
         taker = view_taking_over(n)
         hook = taker is None or taker in self._changed
+        if out._base is not None and changes_in_place(n):
+            self.captured.forget_view_gradients(out)  # hooks on views of its base now see part of a gradient
         shared = self._shared.pop(n, None)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
         if shared is None and is_view_node(n) and isinstance(n.args[0], fx.Node):
@@ -379,9 +381,10 @@ def track_scales(
     Returns:
         A :class:`ScaleReport`, one row per floating-point tensor in execution order.
         Integer and boolean tensors are skipped; the model's ``.grad`` fields are untouched.
-        A view that the model later changes in place (``x.view(-1).add_(1)``) may have no
-        backward std (``n/a``): torch calls no gradient hook on it. The fx route gives it
-        its source's where nothing else reads the source.
+        A view recorded before the model changes its base in place through a view
+        (``x.view(-1).add_(1)``) has no backward std (``n/a``): torch sends that gradient
+        through the base, and a hook on the view sees part of it or none. The fx route gives
+        such a view its source's where nothing else reads the source.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.

@@ -42,6 +42,7 @@ class _Step(NamedTuple):
     hand_on: int  # index of the only user, a view taking this record over; -1 if none
     from_source: bool  # a view whose source's value is passed along (same forward numbers)
     keep_hook: bool  # hands on to a view that is changed in place later: torch drops the view's hook
+    in_place: bool  # changes its first argument in place
 
 
 def _static_op(module: nn.Module, n: fx.Node) -> str:
@@ -91,14 +92,14 @@ def _track(value: Any, i: int, *source: Any) -> Any:
     hand_on = step.hand_on >= 0
     shared = run.shared.pop(i, None) if run.shared else None
     name = step.node.name
+    if step.in_place and value._base is not None:
+        captured.forget_view_gradients(value)  # hooks on views of its base now see part of a gradient
+    hook = step.keep_hook or not hand_on
     if shared is None and step.from_source:
         # the input has other users too: same forward numbers, its own gradient
-        hook = step.keep_hook or not hand_on
         record = captured.track_same_values(value, source[0], name, step.path, op, run.abs_max, hook)
     else:
-        record = captured.track(
-            value, name, step.path, op, run.abs_max, record=shared, hook=step.keep_hook or not hand_on
-        )
+        record = captured.track(value, name, step.path, op, run.abs_max, record=shared, hook=hook)
     if hand_on:
         run.shared[step.hand_on] = record
     return value
@@ -180,7 +181,7 @@ def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
         keep_hook = taker in changed
         source = is_view_node(n) and isinstance(n.args[0], fx.Node)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n)
-        steps.append(_Step(n, n.op, path, op, hand_on, source, keep_hook))
+        steps.append(_Step(n, n.op, path, op, hand_on, source, keep_hook, changes_in_place(n)))
     return steps
 
 
@@ -199,7 +200,10 @@ def view_taking_over(n: fx.Node) -> fx.Node | None:
     ('t', None)
     """
     users = list(n.users)
-    return users[0] if len(users) == 1 and is_view_node(users[0]) and users[0].args[:1] == (n,) else None
+    if len(users) != 1 or not is_view_node(users[0]) or users[0].args[:1] != (n,):
+        return None
+    # n's tensor may be its input itself (x.float()), whose gradient comes from its other readers too
+    return None if _in(n, _ITSELF_METHODS, _ITSELF_FUNCTIONS) or changes_in_place(n) else users[0]
 
 
 def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
@@ -228,26 +232,36 @@ def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
 
 # Ops whose result may share its first argument's memory: views and slices, and casts and copies
 # that return the argument itself when there is nothing to do (x.float() of a float32 x).
-_ALIASING_METHODS = frozenset(
-    {"expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "diagonal", "unfold", "as_strided"}
-    | {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "detach", "cpu", "cuda"}
+# Ops that return their first argument itself when there is nothing to do (x.float() of a
+# float32 x, dropout in eval mode): their node's tensor may be its input's, read by others too.
+_ITSELF_METHODS = frozenset(
+    {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "cpu", "cuda"}
 )
-_ALIASING_FUNCTIONS = frozenset(
-    {operator.getitem, torch.narrow, torch.select, torch.split, torch.chunk, torch.unbind, torch.diagonal}
-    | {torch.detach, torch.as_strided, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout}
-    | {F.feature_alpha_dropout}
+_ITSELF_FUNCTIONS = frozenset(
+    {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
 )
+# Ops whose result may share its first argument's memory: those, views and slices.
+_ALIASING_METHODS = _ITSELF_METHODS | {
+    "expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "diagonal", "unfold", "as_strided", "detach"
+}  # fmt: skip
+_ALIASING_FUNCTIONS = _ITSELF_FUNCTIONS | {
+    operator.getitem, torch.narrow, torch.select, torch.split, torch.chunk, torch.unbind, torch.diagonal,
+    torch.detach, torch.as_strided,
+}  # fmt: skip
+
+
+def _in(n: fx.Node, methods: frozenset[str], functions: frozenset[Any]) -> bool:
+    if n.op == "call_method":
+        return n.target in methods
+    try:
+        return n.op == "call_function" and n.target in functions
+    except TypeError:  # an unhashable target
+        return False
 
 
 def _may_alias_its_input(n: fx.Node) -> bool:
-    if is_view_node(n) or changes_in_place(n):  # an op in place returns the tensor it changed
-        return True
-    if n.op == "call_method":
-        return n.target in _ALIASING_METHODS
-    try:
-        return n.op == "call_function" and n.target in _ALIASING_FUNCTIONS
-    except TypeError:  # an unhashable target
-        return False
+    # an op in place returns the tensor it changed
+    return is_view_node(n) or changes_in_place(n) or _in(n, _ALIASING_METHODS, _ALIASING_FUNCTIONS)
 
 
 class _NotCompiled(Exception):

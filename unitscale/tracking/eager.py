@@ -219,6 +219,23 @@ class ScaleRecording:
                 self._copies.append((record, view_record))
         self._views.clear()
 
+    def forget_view_gradients(self, changed: torch.Tensor) -> None:
+        """Remove the gradient hooks of the views of ``changed``'s base, which was just changed in place.
+
+        torch takes a changed view's gradient through its base: a hook on a view of it,
+        registered before the change, would see part of the gradient (its earlier readers'),
+        or none. Their rows read n/a; the base's own hook, and hooks registered after the
+        change, are kept.
+        """
+        base = changed._base
+        for key, (ref, version, record, handle) in list(self._latest.items()):
+            t = ref()
+            if t is None or t._base is not base or handle is None:
+                continue
+            handle.remove()
+            self._latest[key] = (ref, version, record, None)
+            self._views = [v for v in self._views if v[3] is not handle and v[5] is not record]
+
     def _gradient_hook(self, record: ScaleRecord) -> Callable[[torch.Tensor], None]:
         """A hook recording a gradient's std into ``record``, measured once per gradient tensor."""
         measured = self._grad_stds
@@ -247,6 +264,16 @@ class ScaleRecording:
             handle.remove()
         self.handles.clear()
         self._grad_stds.clear()
+
+
+def _changes_in_place(op: str, kwargs: dict[str, Any]) -> bool:
+    """Whether an op, named as :func:`~unitscale.fx.nodes.op_name` names it, changed its first argument in place."""
+    name = op.removeprefix("Tensor.")
+    return (
+        kwargs.get("inplace") is True
+        or name in ("__iadd__", "__isub__", "__imul__", "__itruediv__")
+        or (name.endswith("_") and not name.startswith("_"))
+    )
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -352,6 +379,8 @@ class ScaleRecorder(OpRecorder):
             if not out.is_floating_point():
                 return
             path = self.module_path
+            if out._base is not None and args and out is args[0] and _changes_in_place(op, kwargs):
+                self.captured.forget_view_gradients(out)
             if op in SAME_VALUE_OPS and args:
                 self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)
             elif op in _SAME_OBJECT_OPS and args and out is args[0]:
