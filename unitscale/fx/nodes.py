@@ -45,6 +45,7 @@ __all__ = [
     "SCALE_NEUTRAL_FUNCTIONS",
     "tensor_metadata",
     "changes_in_place",
+    "in_place_name",
 ]
 
 MODULE_PATH_KEY = "module_path"
@@ -166,6 +167,16 @@ _IN_PLACE_OPERATORS = frozenset({operator.iadd, operator.isub, operator.imul, op
 _IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__"})
 
 
+def in_place_name(name: str) -> bool:
+    """Whether a tensor method of this name changes the tensor in place (``mul_``, ``__iadd__``).
+
+    >>> from unitscale.fx.nodes import in_place_name
+    >>> [in_place_name(name) for name in ("add_", "__iadd__", "add", "_foo_")]
+    [True, True, False, False]
+    """
+    return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+
+
 def changes_in_place(node: torch.fx.Node) -> bool:
     """Whether ``node`` changes its first argument in place and returns it.
 
@@ -184,8 +195,7 @@ def changes_in_place(node: torch.fx.Node) -> bool:
     if not node.args:
         return False
     if node.op == "call_method":
-        name = str(node.target)
-        return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+        return in_place_name(str(node.target))
     if node.op != "call_function":
         return False
     try:

@@ -230,8 +230,6 @@ def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
     return changed
 
 
-# Ops whose result may share its first argument's memory: views and slices, and casts and copies
-# that return the argument itself when there is nothing to do (x.float() of a float32 x).
 # Ops that return their first argument itself when there is nothing to do (x.float() of a
 # float32 x, dropout in eval mode): their node's tensor may be its input's, read by others too.
 _ITSELF_METHODS = frozenset(

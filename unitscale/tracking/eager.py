@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from unitscale.capture import OpRecorder
-from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, op_name
+from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, in_place_name, op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
 
@@ -226,15 +226,29 @@ class ScaleRecording:
         registered before the change, would see part of the gradient (its earlier readers'),
         or none. Their rows read n/a; the base's own hook, and hooks registered after the
         change, are kept.
+
+        >>> import torch
+        >>> from unitscale.tracking.eager import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> h = torch.ones(4, requires_grad=True) * 2
+        >>> view = h.view(2, 2)
+        >>> _ = captured.track(view, "view", "", "Tensor.view", abs_max=False)
+        >>> _ = view.add_(1)
+        >>> captured.forget_view_gradients(view)
+        >>> h.sum().backward()
+        >>> print(captured.entries[0][1].backward)
+        None
         """
         base = changed._base
+        forgotten = set()
         for key, (ref, version, record, handle) in list(self._latest.items()):
             t = ref()
             if t is None or t._base is not base or handle is None:
                 continue
             handle.remove()
             self._latest[key] = (ref, version, record, None)
-            self._views = [v for v in self._views if v[3] is not handle and v[5] is not record]
+            forgotten |= {id(handle), id(record)}
+        self._views = [v for v in self._views if id(v[3]) not in forgotten and id(v[5]) not in forgotten]
 
     def _gradient_hook(self, record: ScaleRecord) -> Callable[[torch.Tensor], None]:
         """A hook recording a gradient's std into ``record``, measured once per gradient tensor."""
@@ -264,16 +278,6 @@ class ScaleRecording:
             handle.remove()
         self.handles.clear()
         self._grad_stds.clear()
-
-
-def _changes_in_place(op: str, kwargs: dict[str, Any]) -> bool:
-    """Whether an op, named as :func:`~unitscale.fx.nodes.op_name` names it, changed its first argument in place."""
-    name = op.removeprefix("Tensor.")
-    return (
-        kwargs.get("inplace") is True
-        or name in ("__iadd__", "__isub__", "__imul__", "__itruediv__")
-        or (name.endswith("_") and not name.startswith("_"))
-    )
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -379,7 +383,8 @@ class ScaleRecorder(OpRecorder):
             if not out.is_floating_point():
                 return
             path = self.module_path
-            if out._base is not None and args and out is args[0] and _changes_in_place(op, kwargs):
+            in_place = kwargs.get("inplace") is True or in_place_name(op.removeprefix("Tensor."))
+            if out._base is not None and args and out is args[0] and in_place:
                 self.captured.forget_view_gradients(out)
             if op in SAME_VALUE_OPS and args:
                 self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)

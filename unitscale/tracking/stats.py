@@ -150,6 +150,8 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     elements, and to about 1e-4 at any size for data of few distinct values (a table shows
     3 digits); float64 ones are summed in float64.
 
+    >>> import torch
+    >>> from unitscale.tracking.stats import std_stat
     >>> std_stat(torch.tensor([1.0, 2.0, 3.0]))
     1.0
     >>> std_stat(torch.tensor([5.0])), std_stat(torch.empty(0))
@@ -217,6 +219,8 @@ _DOT_BLOCK = 2**18
 def sum_of_squares(x: torch.Tensor) -> float:
     """The sum of squares of ``x`` (1-D, contiguous, on the CPU), read: BLAS's dot per block of 2**18 elements.
 
+    >>> import torch
+    >>> from unitscale.tracking.stats import sum_of_squares
     >>> sum_of_squares(torch.tensor([1.0, 2.0, 2.0]))
     9.0
     """
@@ -231,6 +235,8 @@ def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> f
     ``None`` where they do not: the mean is above the std (the two sums cancel), or the
     squares under- or overflow ``dtype`` (then :func:`std_stat` measures the values again).
 
+    >>> import torch
+    >>> from unitscale.tracking.stats import std_from_sums
     >>> std_from_sums(3, 3.0, 5.0, torch.float32)  # 0, 1, 2
     1.0
     >>> std_from_sums(3, 3000.0, 3000002.0, torch.float32) is None  # 999, 1000, 1001
