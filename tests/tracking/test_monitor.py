@@ -279,6 +279,19 @@ def test_drift_leaves_out_zero_std_and_ranks_by_absmax_on_request() -> None:
     assert history.drifted(stat="absmax")[0].octaves == pytest.approx(math.log2(11))
 
 
+@given(st.integers(-1074, 1023), st.integers(-1074, 1023))
+@settings(max_examples=60, deadline=None)
+def test_drift_in_octaves_is_exact_for_stds_far_apart(first: int, last: int) -> None:
+    """Stds 2**first then 2**last drift by last - first octaves, integer arithmetic the oracle.
+
+    The ratio of the two leaves float range where they are far apart (1e10 over 1e-300 is inf,
+    1e-310 over 1e300 is 0); the drift must not.
+    """
+    records = [MonitorRecord(s, "fc", "activation", "fwd", 2.0**e, 1.0, 0, 0, 30.0) for s, e in ((0, first), (9, last))]
+    drifts = ScaleHistory(records).drifted()
+    assert [d.octaves for d in drifts] == [float(last - first)]
+
+
 # Heat map -------------------------------------------------------------------------------------
 
 

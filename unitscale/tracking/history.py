@@ -68,7 +68,8 @@ class MonitorRecord(NamedTuple):
 class Drift(NamedTuple):
     """How far one tensor's statistic moved between its first and last record.
 
-    ``octaves`` is ``log2(last / first)``: +1 means the statistic doubled.
+    ``octaves`` is ``log2(last / first)``, taken as ``log2(last) - log2(first)`` so that stds far
+    apart (1e-300 and 1e10) still give a number: +1 means the statistic doubled.
 
     >>> from unitscale.tracking import Drift
     >>> Drift("fc", "activation", "fwd", 0, 100, 0.5, 2.0, 2.0).octaves
@@ -283,7 +284,10 @@ class ScaleHistory:
             va, vb = getattr(a, stat), getattr(b, stat)
             if b.step == a.step or not (0 < va < math.inf and 0 < vb < math.inf):
                 continue
-            rows.append(Drift(a.tensor, a.kind, a.direction, a.step, b.step, va, vb, math.log2(vb / va)))
+            # the difference of logs, not the log of the ratio: vb / va leaves float range for stds
+            # far apart (1e10 against 1e-300), the logs never do
+            octaves = math.log2(vb) - math.log2(va)
+            rows.append(Drift(a.tensor, a.kind, a.direction, a.step, b.step, va, vb, octaves))
         rows.sort(key=lambda d: -abs(d.octaves))
         return DriftTable(rows[:top], stat)
 
