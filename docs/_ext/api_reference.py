@@ -9,8 +9,10 @@ and not documented.
 
 ``.. unitscale-api:: unitscale.fx unitscale.capture`` renders one autosummary table: each
 namespace named (its page says what it holds), then the names it exports; ``others`` among
-the arguments adds the namespaces that no ``unitscale-api`` directive of the page names (a
-new subpackage lands there until the page places it). A name is listed once, in the table
+the arguments adds the namespaces that no ``unitscale-api`` directive of the reference's pages
+names (a new subpackage lands there until a page places it). The reference is
+``docs/api.md``, an index, and one page per group in ``docs/api/``: the sidebar then lists the
+groups, and under the open group only its names. A name is listed once, in the table
 of the first namespace (in reference order, ``ORDER``) that exports it, and documented under
 the name users import it by: ``unitscale.<name>`` when the package exports it, else
 ``unitscale.<namespace>.<name>``. At ``builder-inited`` the stub pages for all of them are
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
 import re
 import tempfile
@@ -37,6 +40,7 @@ from pathlib import Path
 
 from docutils import nodes
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.ext.autosummary import Autosummary
 from sphinx.ext.autosummary.generate import generate_autosummary_docs
@@ -44,7 +48,8 @@ from sphinx.pycode import ModuleAnalyzer
 from sphinx.util.docutils import SphinxDirective
 
 PACKAGE = "unitscale"
-STUB_DIR = "docs/generated"  # relative to the source root; the directive lives in docs/api.md
+STUB_DIR = "docs/generated"  # relative to the source root
+GROUP_DIR = "docs/api"  # the reference's pages, one per group, each with its unitscale-api directives
 # Plain modules (not folders) that users import as namespaces (``functional`` and ``nn`` are
 # listed too in case they are plain modules: as folders they are found as subpackages anyway).
 NAMESPACE_MODULES = ("functional", "nn", "formats", "errors")
@@ -122,8 +127,13 @@ def unowned_names() -> list[str]:
     return [name for name, obj in documented_objects().items() if id(obj) not in in_namespaces]
 
 
+def group_pages(srcdir: Path) -> str:
+    """The source text of every page of the reference (``docs/api/*.md``), one after another."""
+    return "\n".join(page.read_text(encoding="utf-8") for page in sorted((srcdir / GROUP_DIR).glob("*.md")))
+
+
 def listed_namespaces(page: str) -> list[str]:
-    """The namespaces the ``unitscale-api`` directives in ``page`` (its source text) name."""
+    """The namespaces the ``unitscale-api`` directives in ``page`` (source text) name."""
     return [arg for args in _DIRECTIVE.findall(page) for arg in args.split() if arg != OTHERS]
 
 
@@ -147,7 +157,7 @@ def table(arguments: list[str], page: str) -> list[str]:
 
 
 class UnitscaleApi(SphinxDirective):
-    """An autosummary table (with stub pages) of the namespaces named and what they export.
+    """An autosummary table (with stub pages, listed under this page) of the namespaces named and their names.
 
     Use it from reStructuredText (in MyST: an ``{eval-rst}`` block): autosummary writes its
     table cells as reStructuredText roles.
@@ -161,12 +171,13 @@ class UnitscaleApi(SphinxDirective):
         unknown = [arg for arg in arguments if arg != OTHERS and arg not in namespaces()]
         if unknown:
             raise self.error(f"unitscale-api: {unknown} are not namespaces of {PACKAGE}; known: {namespaces()}")
-        page = Path(self.env.doc2path(self.env.docname)).read_text(encoding="utf-8")
-        names = table(arguments, page)
+        names = table(arguments, group_pages(Path(self.env.srcdir)))
+        here = Path(self.env.doc2path(self.env.docname)).parent
+        stubs = os.path.relpath(Path(self.env.srcdir) / STUB_DIR, here)  # the toctree is relative to this page
         directive = Autosummary(
             "autosummary",
             [],
-            {"toctree": "generated", "nosignatures": True},
+            {"toctree": stubs, "nosignatures": True},
             StringList(names, source="unitscale-api"),
             self.lineno,
             self.content_offset,
@@ -174,7 +185,20 @@ class UnitscaleApi(SphinxDirective):
             self.state,
             self.state_machine,
         )
-        return directive.run()
+        result = directive.run()
+        for toc in (toc for node in result for toc in node.findall(addnodes.toctree)):
+            toc["entries"] = [(sidebar_title(docname), docname) for _, docname in toc["entries"]]
+        return result
+
+
+def sidebar_title(docname: str) -> str:
+    """The sidebar's name for a stub page: ``track_scales``, not ``unitscale.track_scales``.
+
+    The group page above it in the sidebar says where the name lives, and the page's own
+    title keeps the full name; a namespace keeps its full name (``unitscale.tracking``).
+    """
+    name = docname.rsplit("/", 1)[-1]
+    return name if name in namespaces() else name.rsplit(".", 1)[-1]
 
 
 def generate_stubs(app: Sphinx) -> None:
@@ -328,8 +352,8 @@ def setup(app: Sphinx) -> dict:
     return {"parallel_read_safe": True, "parallel_write_safe": True}
 
 
-if __name__ == "__main__":  # `python docs/_ext/api_reference.py`: the tables docs/api.md gets, without Sphinx
-    page = (Path(__file__).resolve().parents[1] / "api.md").read_text(encoding="utf-8")
+if __name__ == "__main__":  # `python docs/_ext/api_reference.py`: the tables the reference gets, without Sphinx
+    page = group_pages(Path(__file__).resolve().parents[2])
     for arguments in _DIRECTIVE.findall(page):
         print(f"unitscale-api::{arguments}")
         for row in table(arguments.split(), page):

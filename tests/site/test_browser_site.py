@@ -162,3 +162,26 @@ def test_copy_buttons_on_code_but_not_on_outputs(visit, base_url):
     assert page.locator(".cell_output button.copybtn").count() == 0
     install = visit(f"{base_url}/docs/install.html").page
     assert install.locator("div.highlight-bash button.copybtn").count() > 0
+
+
+@pytest.mark.parametrize(
+    ("page", "group", "elsewhere"),
+    [
+        ("unitscale.track_scales", "Tracking scales", "partition"),
+        ("unitscale.functional.linear", "Unit-scaled ops", "Linear"),
+        ("unitscale.StagePlan", "Pipeline stages", "track_scales"),
+    ],
+)
+def test_an_api_page_sidebar_lists_its_group_not_the_whole_reference(visit, base_url, page, group, elsewhere):
+    """The reference has some 230 pages; the sidebar of one shows the groups and the open group's names only.
+
+    The names are short (``track_scales``): the group above them says where they live.
+    """
+    v = visit(f"{base_url}/docs/generated/{page}.html")
+    shown = v.page.evaluate(
+        """() => [...document.querySelectorAll('.bd-sidebar-primary nav a')]
+            .filter(a => a.offsetParent !== null).map(a => a.textContent.trim())"""
+    )
+    assert group in shown and page.rsplit(".", 1)[-1] in shown, shown
+    assert elsewhere not in shown
+    assert len(shown) < 80, f"{len(shown)} links in the sidebar of {page}"

@@ -24,11 +24,11 @@ def test_every_public_name_has_a_docstring_example(name):
     assert ">>>" in doc, f"unitscale.{name} needs a docstring with a runnable `>>>` example"
 
 
-API_PAGE = (ROOT / "docs" / "api.md").read_text()
+API_PAGE = api_reference.group_pages(ROOT)  # the reference's pages, one per group, docs/api/*.md
 
 
 def _tables() -> list[list[str]]:
-    """The rows of every ``unitscale-api`` table of docs/api.md, as the extension builds them."""
+    """The rows of every ``unitscale-api`` table of the reference, as the extension builds them."""
     return [
         api_reference.table(args.split(), API_PAGE)
         for args in re.findall(r"^\.\. unitscale-api::(.*)$", API_PAGE, re.M)
@@ -58,13 +58,30 @@ def test_api_reference_documents_every_public_name_exactly_once():
                 assert documented.get(f"unitscale.{name}") is obj
 
 
+def _group_tables() -> dict[str, list[str]]:
+    """Each page of the reference, in the index's order: its title -> the rows of its tables."""
+    order = re.findall(r"^api/(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M)  # the index's toctree
+    pages = sorted(p.stem for p in (ROOT / "docs" / "api").glob("*.md"))
+    assert sorted(order) == pages, "a page of docs/api/ is missing from the index's toctree"
+    tables = {}
+    for group in order:
+        text = (ROOT / "docs" / "api" / f"{group}.md").read_text()
+        title = re.search(r"^# (.+)$", text, re.M)
+        assert title is not None, f"docs/api/{group}.md has no title"
+        args = re.findall(r"^\.\. unitscale-api::(.*)$", text, re.M)
+        tables[title[1]] = [row for arg in args for row in api_reference.table(arg.split(), API_PAGE)]
+    return tables
+
+
 def test_api_reference_groups_by_task_under_the_import_names():
-    tables = dict(zip(re.findall(r"^## (.+)$", API_PAGE, re.M), _tables(), strict=True))
+    tables = _group_tables()
     assert list(tables) == [
         "Capturing a model's graph",
         "Tracing with torch.fx",
         "Tracking scales",
-        "Unit-scaled ops and modules",
+        "Unit-scaled ops",
+        "Unit-scaled modules",
+        "Constraints, roles and transfer checks",
         "u-μP optimisers",
         "Formats",
         "Transforms",
@@ -77,12 +94,15 @@ def test_api_reference_groups_by_task_under_the_import_names():
     )
     assert {"unitscale.fx", "unitscale.fx.DeepTracer", "unitscale.inline"} <= set(tables["Tracing with torch.fx"])
     assert {"unitscale.track_scales", "unitscale.tracking.ScaleRow"} <= set(tables["Tracking scales"])
-    assert {"unitscale.functional.linear", "unitscale.nn.Linear", "unitscale.scaling.ConstraintArg"} <= set(
-        tables["Unit-scaled ops and modules"]
-    )
+    assert "unitscale.functional.linear" in tables["Unit-scaled ops"]
+    assert "unitscale.nn.Linear" in tables["Unit-scaled modules"]
+    assert "unitscale.scaling.ConstraintArg" in tables["Constraints, roles and transfer checks"]
     assert (
         "unitscale.errors.NotInvertibleError" in tables["Errors"] and "unitscale.errors.TraceError" in tables["Errors"]
     )
+    # each name on one page only
+    rows = [row for table in tables.values() for row in table]
+    assert len(rows) == len(set(rows))
 
 
 def test_internals_are_not_documented():
