@@ -1,25 +1,30 @@
 // Long names break between their parts, never inside a word: after a dot
-// (unitscale.capture.GRAPH_ROUTE_NAMES) and between the words of a CamelCase name
-// (ScaleTracking|Interpreter). A narrow sidebar, and an API page's title on a phone, then wrap
-// where a reader would, instead of letter by letter where the line runs out.
+// (unitscale.capture.GRAPH_ROUTE_NAMES), between the words of a CamelCase name
+// (ScaleTracking|Interpreter) and, in the narrow sidebar and a title, after an underscore
+// (scaled_dot_product_|attention). The sidebar, an API page's title and the names of an API
+// table then wrap where a reader would, instead of letter by letter where the line runs out
+// (or a table too wide for the page).
 const NAME = /^[\w.]+$/;
-const BREAKS = /(?<=\.)|(?<=[a-z0-9])(?=[A-Z])/;
+const PARTS = /(?<=\.)(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
+const WORDS = /(?<=[._])(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
 
-function breakable(text) {
-  const parts = text.split(BREAKS);
-  return parts.flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part]));
+function breakName(node, breaks = WORDS) {
+  const text = node.textContent.trim();
+  if (!NAME.test(text) || text.length <= 12) return;
+  const parts = text.split(breaks);
+  node.replaceWith(...parts.flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part])));
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   for (const link of document.querySelectorAll(".bd-sidebar-primary a.reference")) {
-    const text = link.textContent;
-    if (NAME.test(text) && text.length > 12) link.replaceChildren(...breakable(text));
+    if (link.childNodes.length === 1 && link.firstChild.nodeType === Node.TEXT_NODE) breakName(link.firstChild);
   }
   // an API page's title: its first text node is the name, then the theme's "#" link
   for (const title of document.querySelectorAll(".bd-article h1")) {
-    const first = title.firstChild;
-    if (first && first.nodeType === Node.TEXT_NODE && NAME.test(first.textContent.trim())) {
-      first.replaceWith(...breakable(first.textContent.trim()));
-    }
+    if (title.firstChild && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild);
+  }
+  // an API table's names (unitscale.functional.scaled_dot_product_attention)
+  for (const name of document.querySelectorAll(".bd-article table.autosummary td:first-child span.pre")) {
+    if (name.childNodes.length === 1 && name.firstChild.nodeType === Node.TEXT_NODE) breakName(name.firstChild, PARTS);
   }
 });

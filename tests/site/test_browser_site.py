@@ -185,3 +185,23 @@ def test_an_api_page_sidebar_lists_its_group_not_the_whole_reference(visit, base
     assert group in shown and page.rsplit(".", 1)[-1] in shown, shown
     assert elsewhere not in shown
     assert len(shown) < 80, f"{len(shown)} links in the sidebar of {page}"
+
+
+@pytest.mark.parametrize("group", ["functional", "tracking", "errors"])
+def test_an_api_table_fits_the_desktop_column_and_keeps_short_names_on_one_line(visit, base_url, group):
+    """Names break after a dot only where they must; the summaries beside them are not scrolled away."""
+    v = visit(f"{base_url}/docs/api/{group}.html")
+    fit = v.page.evaluate(
+        """() => {
+            const table = document.querySelector('.bd-article table.autosummary');
+            const column = document.querySelector('.bd-article').clientWidth;
+            const lines = [...table.querySelectorAll('td:first-child span.pre')].map(name => {
+                const tops = new Set([...name.getClientRects()].map(r => Math.round(r.top)));
+                return [name.textContent, tops.size];
+            });
+            return {width: table.getBoundingClientRect().width, column, lines};
+        }"""
+    )
+    assert fit["width"] <= fit["column"], fit
+    short = [(name, lines) for name, lines in fit["lines"] if len(name) <= 28]
+    assert short and all(lines == 1 for _, lines in short), short
