@@ -18,7 +18,7 @@ from torch import fx, nn
 from unitscale.capture import DeepTracing, capture, clear_capture_cache
 from unitscale.errors import InputError
 from unitscale.examples.models import MLP, TinyGPT
-from unitscale.tracking import track_scales
+from unitscale.tracking import stats, track_scales
 from unitscale.tracking.compiled import _instrumented, _steps, compiled_tracking
 
 
@@ -209,6 +209,40 @@ def test_a_function_argument_is_passed_to_compiled_code_as_an_input() -> None:
     y = 2 * torch.tanh(model.fc(x))
     assert report.rows[-1].forward == pytest.approx(_std(y), rel=1e-5)
     assert report.rows[-1].backward == pytest.approx(_std(grad), rel=1e-5)
+
+
+class ViewChain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.w
+        return h.view(2, 4, 8).transpose(1, 2).reshape(-1, 8).unsqueeze(0) + h.float().view(1, 8, 8)
+
+
+def test_an_exported_chain_of_aten_views_is_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aten.view, transpose, reshape and unsqueeze hold the matmul's values: one record, two stds.
+
+    An exported graph's views are ATen ops (``aten.view.default``), not the torch functions
+    of an fx trace; each was measured again, forward and backward (a third of GPT-2's stds).
+    ``aten.to.dtype`` to float32 of a float32 tensor is that tensor itself (a quarter of
+    Llama's stds were such casts and their views). The numbers are torch's own (a plain
+    interpreter and ``autograd.grad``).
+    """
+    model, x = ViewChain(), torch.randn(8, 8)
+    grad = torch.randn(1, 8, 8)
+    cap = capture(model, x, route="export")
+    targets = {str(n.target) for n in cap.graph_module.graph.nodes}
+    assert targets >= {"aten.view.default", "aten.transpose.int", "aten.to.dtype"}
+    measured: list[torch.Size] = []
+    std_stat = stats.std_stat
+    monkeypatch.setattr(stats, "std_stat", lambda t: measured.append(t.shape) or std_stat(t))
+    report = track_scales(model, x, grad, route="export")
+    _check_rows(report, _oracle(cap.graph_module, (x,), grad))
+    # w forward and backward, x forward, the matmul and the sum forward and backward: the views
+    # and the cast take the matmul's forward numbers, and their gradients are the sum's own
+    assert len(measured) == 7, measured
 
 
 def test_an_exported_graph_runs_compiled_with_torchs_numbers() -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "op_name",
     "VIEW_METHODS",
     "VIEW_FUNCTIONS",
+    "VIEW_ATEN_OPS",
     "VIEW_ATTRIBUTES",
     "is_view_node",
     "SCALE_NEUTRAL_METHODS",
@@ -126,6 +127,16 @@ VIEW_FUNCTIONS: frozenset[Any] = frozenset(
     | {torch.movedim, torch.swapaxes, torch.swapdims, einops.rearrange}
 )
 
+_aten = torch.ops.aten
+#: The same views as ATen ops, the targets of an exported graph's nodes (``aten.view.default``, not
+#: ``aten.view.dtype``, which reinterprets the bits; ``aten.clone`` copies the same values).
+VIEW_ATEN_OPS: frozenset[Any] = frozenset(
+    {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default, _aten.transpose.int}
+    | {_aten.permute.default, _aten.t.default, _aten.unsqueeze.default, _aten.squeeze.default}
+    | {_aten.squeeze.dim, _aten.squeeze.dims, _aten.flatten.using_ints, _aten.unflatten.int}
+    | {_aten.movedim.int, _aten.alias.default, _aten.clone.default}
+)
+
 #: Tensor attributes that are views of the tensor (``w.T`` in ``x @ w.T``): a graph reads them
 #: as ``getattr(w, "T")``.
 VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH"})
@@ -133,6 +144,9 @@ VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH"})
 
 def is_view_node(n: torch.fx.Node) -> bool:
     """Whether ``n`` only rearranges its first argument's elements (same multiset of values).
+
+    A method or function of an fx trace (:data:`VIEW_METHODS`, :data:`VIEW_FUNCTIONS`), or
+    the ATen op of an exported graph (:data:`VIEW_ATEN_OPS`).
 
     >>> import torch
     >>> from torch import fx
@@ -144,7 +158,7 @@ def is_view_node(n: torch.fx.Node) -> bool:
     if n.op == "call_method":
         is_view = n.target in VIEW_METHODS
     else:
-        is_view = n.op == "call_function" and n.target in VIEW_FUNCTIONS
+        is_view = n.op == "call_function" and (n.target in VIEW_FUNCTIONS or n.target in VIEW_ATEN_OPS)
     # x.view(torch.float16) reinterprets the bits: not the same numbers.
     return is_view and not any(isinstance(a, torch.dtype) for a in n.args)
 

@@ -32,13 +32,13 @@ from torch import fx, nn
 from unitscale.capture import Capture, DeepTracing, capture, no_kv_cache
 from unitscale.errors import InputError, NoRouteError, NotAModuleError, UnitscaleError
 from unitscale.fx.module_state import module_state_kept
-from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, is_view_node, op_name
+from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, op_name
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import check_autowrap
 from unitscale.tracking.annotated import AnnotatedCode, annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.compiled import changed_in_place, compiled_tracking, view_taking_over
+from unitscale.tracking.compiled import changed_in_place, compiled_tracking, holds_its_input_values, view_taking_over
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf, record_ops
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import ScaleRecord, read_records, scratch_space
@@ -136,9 +136,10 @@ class ScaleTrackingInterpreter(fx.Interpreter):
             self.captured.forget_view_gradients(out)  # hooks on views of its base now see part of a gradient
         shared = self._shared.pop(n, None)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
-        if shared is None and is_view_node(n) and isinstance(n.args[0], fx.Node):
+        source = n.args[0] if shared is None and holds_its_input_values(n) else None
+        if isinstance(source, fx.Node):
             # the input has other users too: same forward numbers, its own gradient
-            record = self.captured.track_same_values(out, load(n.args[0]), n.name, path, op, self.abs_max, hook)
+            record = self.captured.track_same_values(out, load(source), n.name, path, op, self.abs_max, hook)
         else:
             record = self.captured.track(out, n.name, path, op, self.abs_max, record=shared, hook=hook)
         if taker is not None:

@@ -29,7 +29,7 @@ from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, is_view_node, 
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf
 from unitscale.tracking.stats import ScaleRecord
 
-__all__ = ["CompiledTracking", "changed_in_place", "compiled_tracking", "view_taking_over"]
+__all__ = ["CompiledTracking", "changed_in_place", "compiled_tracking", "holds_its_input_values", "view_taking_over"]
 
 
 class _Step(NamedTuple):
@@ -179,7 +179,7 @@ def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
         taker = view_taking_over(n)
         hand_on = -1 if taker is None else index[taker]
         keep_hook = taker in changed
-        source = is_view_node(n) and isinstance(n.args[0], fx.Node)
+        source = holds_its_input_values(n)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n)
         steps.append(_Step(n, n.op, path, op, hand_on, source, keep_hook, changes_in_place(n)))
     return steps
@@ -204,6 +204,25 @@ def view_taking_over(n: fx.Node) -> fx.Node | None:
         return None
     # n's tensor may be its input itself (x.float()), whose gradient comes from its other readers too
     return None if _in(n, _ITSELF_METHODS, _ITSELF_FUNCTIONS) or changes_in_place(n) else users[0]
+
+
+def holds_its_input_values(n: fx.Node) -> bool:
+    """Whether ``n``'s tensor holds its first argument's values: a view, a copy, or a cast that casts nothing.
+
+    Its forward numbers are then its input's (taken from the input's record where its
+    dtype, size and values are unchanged: :meth:`ScaleRecording.track_same_values`). In an
+    exported graph these are ATen ops: ``aten.to.dtype`` to the dtype a tensor already has
+    returns the tensor itself, as ``x.float()`` does.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.tracking.compiled import holds_its_input_values
+    >>> graph = fx.symbolic_trace(lambda x: torch.tanh(x.float().t()).clone() * 2).graph
+    >>> [(n.name, holds_its_input_values(n)) for n in graph.nodes if n.op != "placeholder"][:5]
+    [('float_1', True), ('t', True), ('tanh', False), ('clone', True), ('mul', False)]
+    """
+    same = is_view_node(n) or _in(n, _SAME_VALUE_METHODS, _SAME_VALUE_FUNCTIONS)
+    return same and bool(n.args) and isinstance(n.args[0], fx.Node)
 
 
 def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
@@ -235,9 +254,23 @@ def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
 _ITSELF_METHODS = frozenset(
     {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "cpu", "cuda"}
 )
-_ITSELF_FUNCTIONS = frozenset(
-    {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
+_aten = torch.ops.aten
+_DROPOUTS = frozenset(
+    {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, _aten.dropout.default}
 )
+_ITSELF_FUNCTIONS = _DROPOUTS | {  # and ATen's forms, the targets of an exported graph's nodes
+    _aten.to.dtype, _aten.to.dtype_layout, _aten.to.device, _aten.to.other, _aten.type_as.default,
+    _aten.contiguous.default,
+}  # fmt: skip
+# Ops whose tensor holds their first argument's values where they cast or move nothing: not
+# dropout, which in training zeroes some. (Views hold them too: unitscale.fx.nodes.is_view_node.)
+_SAME_VALUE_METHODS = _ITSELF_METHODS | {"clone", "detach"}
+_SAME_VALUE_FUNCTIONS = (_ITSELF_FUNCTIONS - _DROPOUTS) | {
+    torch.clone,
+    torch.detach,
+    _aten._to_copy.default,
+    _aten.detach.default,
+}
 # Ops whose result may share its first argument's memory: those, views and slices.
 _ALIASING_METHODS = _ITSELF_METHODS | {
     "expand", "expand_as", "narrow", "select", "split", "chunk", "unbind", "diagonal", "unfold", "as_strided", "detach"
