@@ -245,6 +245,34 @@ def test_an_exported_chain_of_aten_views_is_measured_once(monkeypatch: pytest.Mo
     assert len(measured) == 7, measured
 
 
+class Copies(nn.Module):
+    """Casts that cast nothing, copies, a detach and a real cast of a tensor with other readers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        a = h.float() * 2
+        b = h.clone().t() * x.t()
+        c = h.detach() + 1
+        d = h.to(torch.float64).sum()
+        e = torch.clone(a).contiguous()
+        return a.sum() + b.sum() + c.sum() + d.float() + e.pow(2).sum()
+
+
+@pytest.mark.parametrize("route", ["fx", "export"])
+def test_casts_copies_and_detach_take_their_inputs_numbers_as_torch_gives_them(route: str) -> None:
+    torch.manual_seed(0)
+    model, x = Copies(), torch.randn(4, 8)
+    report = track_scales(model, x, route=route)
+    deep = {"deep": DeepTracing(), "check": False} if route == "fx" else {}
+    cap = capture(model, x, route=route, **deep)
+    _check_rows(report, _oracle(cap.graph_module, (x,), torch.ones(())))
+    assert report.route == route
+
+
 def test_an_exported_graph_runs_compiled_with_torchs_numbers() -> None:
     torch.manual_seed(0)
     model, x = Views(), torch.randn(4, 8)
