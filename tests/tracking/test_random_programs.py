@@ -149,7 +149,7 @@ def _tolerance(stds: list[tuple[float, float]]) -> dict[str, Any]:
     return {"rel": 1e-5, "abs": 1e-6 * largest, "nan_ok": True}
 
 
-@pytest.mark.parametrize("graph_module", [False, True], ids=["compiled", "interpreted"])
+@pytest.mark.parametrize("how", ["compiled", "interpreted", "exported"])
 @pytest.mark.parametrize(
     "ops",
     [
@@ -158,16 +158,18 @@ def _tolerance(stds: list[tuple[float, float]]) -> dict[str, Any]:
         ["linear", "squeeze", "float", "add_"],  # float() of a float32 tensor is the tensor itself
     ],
 )
-def test_on_the_fx_route_a_view_changed_in_place_has_its_sources_gradient(ops: list[str], graph_module: bool) -> None:
+def test_on_the_graph_routes_a_view_changed_in_place_has_its_sources_gradient(ops: list[str], how: str) -> None:
     # the view's hook never fires; its source, read by the view alone, keeps its own hook and
     # gives both rows its gradient (before the fix neither row had one). A GraphModule of
-    # one's own runs through ScaleTrackingInterpreter, a traced model as compiled code.
+    # one's own runs through ScaleTrackingInterpreter, a traced model as compiled code; an
+    # exported graph's views and in-place ops are ATen ops (aten.view, aten.add_.Tensor).
     # (x.float() is no view: its row, the same tensor as the view, may still read n/a.)
     model = Program(ops)
     x = torch.randn(8, 8, generator=torch.Generator().manual_seed(2))
     grad = torch.randn(8, 8, generator=torch.Generator().manual_seed(3))
-    run = fx.symbolic_trace(model) if graph_module else model
-    rows = [r for r in track_scales(run, x, grad, route="fx") if r.op not in ("input", "parameter")]
+    run = fx.symbolic_trace(model) if how == "interpreted" else model
+    route = "export" if how == "exported" else "fx"
+    rows = [r for r in track_scales(run, x, grad, route=route) if r.op not in ("input", "parameter")]
     for row, name, (_, bwd) in zip(rows, ops, _oracle(ops, model.w, x, grad), strict=True):
         if name != "float":
             assert row.backward == pytest.approx(bwd, rel=1e-5), row.node

@@ -46,6 +46,7 @@ __all__ = [
     "SCALE_NEUTRAL_FUNCTIONS",
     "tensor_metadata",
     "changes_in_place",
+    "first_argument_alias",
     "in_place_name",
 ]
 
@@ -194,8 +195,9 @@ def in_place_name(name: str) -> bool:
 def changes_in_place(node: torch.fx.Node) -> bool:
     """Whether ``node`` changes its first argument in place and returns it.
 
-    ``x.mul_(2)``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``, ``x += 1``. Not
-    ``x[i] = v`` (``operator.setitem``, which returns ``None``).
+    ``x.mul_(2)``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``, ``x += 1``, and in an
+    exported graph the ATen op whose schema writes its first argument (``aten.mul_.Tensor``:
+    ``Tensor(a!) self``). Not ``x[i] = v`` (``operator.setitem``, which returns ``None``).
 
     >>> import torch
     >>> from torch import fx
@@ -212,6 +214,9 @@ def changes_in_place(node: torch.fx.Node) -> bool:
         return in_place_name(str(node.target))
     if node.op != "call_function":
         return False
+    if isinstance(node.target, torch._ops.OpOverload):
+        alias = first_argument_alias(node.target)
+        return alias is not None and alias.is_write
     try:
         if node.target in _IN_PLACE_OPERATORS:
             return True
@@ -222,6 +227,26 @@ def changes_in_place(node: torch.fx.Node) -> bool:
     name = getattr(node.target, "__name__", "")
     in_place = name.endswith("_") and not name.startswith("_")
     return in_place and node.target in (getattr(torch.Tensor, name, None), getattr(torch, name, None))
+
+
+def first_argument_alias(op: torch._ops.OpOverload) -> Any:
+    """The alias annotation of an ATen op's first argument, from its schema; ``None`` where it has none.
+
+    ``Tensor(a!) self`` (written in place: ``.is_write``) or ``Tensor(a) self`` (the result
+    may be a view of it); a plain ``Tensor self`` is neither.
+
+    >>> import torch
+    >>> from unitscale.fx.nodes import first_argument_alias
+    >>> aten = torch.ops.aten
+    >>> first_argument_alias(aten.mul_.Tensor).is_write  # Tensor(a!) self
+    True
+    >>> first_argument_alias(aten.view.default).is_write  # Tensor(a) self
+    False
+    >>> first_argument_alias(aten.mul.Tensor) is None  # Tensor self
+    True
+    """
+    arguments = op._schema.arguments
+    return arguments[0].alias_info if arguments else None
 
 
 def tensor_metadata(value: torch.Tensor) -> TensorMetadata:

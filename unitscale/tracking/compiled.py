@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from unitscale.capture import Capture
-from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, is_view_node, op_name
+from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument_alias, is_view_node, op_name
 from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf
 from unitscale.tracking.stats import ScaleRecord
 
@@ -292,7 +292,9 @@ def _in(n: fx.Node, methods: frozenset[str], functions: frozenset[Any]) -> bool:
 
 
 def _may_alias_its_input(n: fx.Node) -> bool:
-    # an op in place returns the tensor it changed
+    # an op in place returns the tensor it changed; an ATen op's schema says it (Tensor(a) self)
+    if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+        return first_argument_alias(n.target) is not None
     return is_view_node(n) or changes_in_place(n) or _in(n, _ALIASING_METHODS, _ALIASING_FUNCTIONS)
 
 
