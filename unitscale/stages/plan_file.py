@@ -236,7 +236,8 @@ class _Encoder:
             )
         return nodes
 
-    def module(self, m: nn.Module, where: str) -> dict[str, Any]:
+    def module(self, m: nn.Module, stage: str, path: str = "") -> dict[str, Any]:
+        where = f"{stage}'s module {path!r}" if path else stage
         hooks = [name for name in _HOOK_DICTS if getattr(m, name, None)]
         if hooks:
             raise PlanSaveError(
@@ -252,7 +253,9 @@ class _Encoder:
                 n: [None if b is None else self.tensor(b), n not in m._non_persistent_buffers_set]
                 for n, b in m._buffers.items()
             },
-            "modules": {n: self.module(c, f"{where}.{n}") for n, c in m._modules.items() if c is not None},
+            "modules": {
+                n: self.module(c, stage, f"{path}.{n}" if path else n) for n, c in m._modules.items() if c is not None
+            },
             "tensors": {
                 n: self.tensor(v) for n, v in vars(m).items() if isinstance(v, torch.Tensor) and not n.startswith("__")
             },
@@ -276,7 +279,7 @@ class _Encoder:
                 )
             desc["kind"], desc["class"] = "layer", [cls.__module__, cls.__name__]
             desc["attributes"] = {
-                n: self.value(v, f"{where}'s attribute {n!r}")
+                n: self.value(v, f"{where}, attribute {n!r},")
                 for n, v in vars(m).items()
                 if n not in _MODULE_BOOKKEEPING and not isinstance(v, torch.Tensor)
             }

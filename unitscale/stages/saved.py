@@ -222,7 +222,9 @@ def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
                 "written by StagePlan.save: save the plan again with plan.save(path)"
             )
     fields, stages = decode_plan(where, data["plan"], data["tensors"])
-    return SavedPlan(stages, _output_spec(where, fields, stages), _model_name(where, fields), _costs(where, fields, stages))
+    return SavedPlan(
+        stages, _output_spec(where, fields, stages), _model_name(where, fields), _costs(where, fields, stages)
+    )
 
 
 def _bad(where: str, what: str) -> PlanFileError:
