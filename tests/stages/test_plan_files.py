@@ -8,6 +8,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,9 @@ def test_a_crafted_plan_file_runs_no_code_in_load_or_pipeline_stage(
         assert not marker.exists(), f"loading the {name} file ran its command"
 
 
-def test_an_old_pickled_plan_is_refused_with_how_to_save_it_again(tmp_path: Path) -> None:
+def test_an_old_pickled_plan_is_refused_with_how_to_save_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, _, plan = _mlp_plan()
     old = tmp_path / "old.pt"
     # what StagePlan.save wrote before plans were data
@@ -85,6 +88,14 @@ def test_an_old_pickled_plan_is_refused_with_how_to_save_it_again(tmp_path: Path
     )
     with pytest.raises(PlanFileError, match=r"older unitscale .*would run code.*save it again with plan\.save\(path\)"):
         StagePlan.load(old)
+    # the API page's recipe for a file one trusts converts it, and the result computes the same
+    page = (REPO / "docs" / "api.md").read_text()
+    recipe = page.split("convert it once", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    old.rename(tmp_path / "old_plan.pt")
+    exec(textwrap.dedent(recipe), {})
+    x = torch.randn(3, 4)
+    assert torch.equal(StagePlan.load(tmp_path / "plan.pt")(x), plan.stage_modules()[1](plan.stage_modules()[0](x)))
 
 
 def test_a_saved_plan_is_plain_data_and_rebuilds_the_same_stages(tmp_path: Path) -> None:

@@ -444,10 +444,16 @@ class StagePlan:
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the stage modules (code and weights) and the output structure to ``path``.
+        """Write the stage modules (graphs and weights) and the output structure to ``path``, as data.
 
         :meth:`load` reads it back without the model's class; :func:`~unitscale.stages.pipeline_stage`
-        runs it under ``torchrun``.
+        runs it under ``torchrun``. The file holds JSON and tensors only (see "Plan files" on the
+        API reference page); it is written beside ``path`` and renamed over it, so a failed or
+        killed save leaves the old file as it was.
+
+        Raises:
+            PlanSaveError: the directory is missing, ``path`` is a directory, or a stage holds
+                something that is not data (a user's leaf module, a hook, a function on a layer).
 
         >>> import tempfile, torch
         >>> from unitscale import StagePlan, partition
@@ -461,7 +467,15 @@ class StagePlan:
 
     @staticmethod
     def load(path: str | os.PathLike[str]) -> SavedPlan:
-        """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure)."""
+        """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure).
+
+        Nothing in the file runs: it is read with ``torch.load(weights_only=True)`` and the stages
+        are rebuilt from their description, every field checked, so a plan that loads is one that runs.
+
+        Raises:
+            PlanFileError: not a path, no file, a file that is not a plan (an older pickled plan,
+                a crafted file), or a field that fails its check; the message says which.
+        """
         return load_plan(path)
 
     def output_from_leaves(self, out: Any) -> Any:

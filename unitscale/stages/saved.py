@@ -83,6 +83,20 @@ class SavedPlan:
             )
         return cls(plan.stage_modules(), plan.output_spec, plan.model_name, list(plan.stage_costs))
 
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write this plan to ``path`` as :meth:`~unitscale.StagePlan.save` does (data only, atomically).
+
+        >>> import os, tempfile, torch
+        >>> from unitscale import StagePlan, partition
+        >>> from unitscale.examples import MLP
+        >>> path = os.path.join(tempfile.mkdtemp(), "plan.pt")
+        >>> partition(MLP(4, 8), 2, torch.randn(2, 4)).save(path)
+        >>> StagePlan.load(path).save(path)  # a loaded plan saves again
+        >>> StagePlan.load(path).num_stages
+        2
+        """
+        save_plan(self, path)
+
     def output_from_leaves(self, out: Any) -> Any:
         """The model's output rebuilt from what the last stage returns."""
         if self.output_spec is None:
