@@ -209,18 +209,18 @@ class _Encoder:
             return {"op": [namespace, name, None]}
         if isinstance(target, torch._ops.HigherOrderOperator):
             return {"higher_order": target.__name__}
-        module, name = getattr(target, "__module__", None), getattr(target, "__name__", None)
+        module, function = getattr(target, "__module__", None), getattr(target, "__name__", None)
         try:
-            found = _resolve_function(str(module), str(name))
+            found = _resolve_function(str(module), str(function))
         except (LookupError, AttributeError, ImportError):
             found = None
         if found is not target:
             raise PlanSaveError(
-                f"StagePlan.save: {where}, node {node.name!r} calls {module}.{name}, which a plan file cannot name "
+                f"StagePlan.save: {where}, node {node.name!r} calls {module}.{function}, which a plan file cannot name "
                 "safely (it calls only torch, operator, math, einops and unitscale.functional functions); "
                 "write the model with torch functions there"
             )
-        return {"function": [module, name]}
+        return {"function": [module, function]}
 
     def graph(self, graph: fx.Graph, where: str) -> list[Any]:
         if type(graph._codegen) is not fx.graph.CodeGen:
@@ -343,7 +343,8 @@ class _Decoder:
             return [self.value(x, where, nodes) for x in v]
         if not isinstance(v, dict) or len(v) != 1:
             raise self.bad(where, f"holds {v!r:.60}, which is not a value a plan file writes")
-        (kind, body), decoded = next(iter(v.items())), None
+        (kind, body) = next(iter(v.items()))
+        decoded: Any = None
         try:
             if kind == "node" and nodes is not None and body in nodes:
                 decoded = nodes[body]
