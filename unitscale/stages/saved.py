@@ -160,11 +160,12 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
     Any failure (an error in ``write``, a full disk, a kill) leaves ``target`` as it was; an error
     removes the temporary file (a kill leaves it, named ``.NAME.*.tmp``).
 
-    >>> import os, tempfile
+    >>> import tempfile
+    >>> from pathlib import Path
     >>> from unitscale.stages.saved import write_atomically
-    >>> path = os.path.join(tempfile.mkdtemp(), "f.bin")
-    >>> write_atomically(path, lambda f: f.write(b"new"))
-    >>> open(path, "rb").read()
+    >>> path = Path(tempfile.mkdtemp()) / "f.bin"
+    >>> write_atomically(str(path), lambda f: f.write(b"new"))
+    >>> path.read_bytes()
     b'new'
     """
     directory, name = os.path.split(os.path.abspath(target))
