@@ -27,7 +27,7 @@ the last stage). :func:`placement` gives the table.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -217,6 +217,7 @@ def pipeline_stage(
     device: torch.device | str | None = None,
     backend: str | None = None,
     example_inputs: Any = None,
+    functions: Sequence[Callable[..., Any]] = (),
 ) -> RankPipeline:
     """This rank's pipeline stages and schedule, built from ``torchrun``'s environment.
 
@@ -241,6 +242,8 @@ def pipeline_stage(
             stage boundary carries integer or boolean tensors, such as token ids for a later
             embedding). Without it, torch infers them at the first step by running each stage
             on uninitialised tensors of the shapes the stage before sent.
+        functions: for a path, the functions its graphs may call beyond the allow-list
+            (as :meth:`~unitscale.StagePlan.load` takes them).
 
     Returns:
         A :class:`RankPipeline`; ``rank.step(x, target=y)`` runs one step.
@@ -257,7 +260,7 @@ def pipeline_stage(
     True
     """
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
-    loaded = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
+    loaded = load_plan(plan, functions) if isinstance(plan, (str, os.PathLike)) else plan
     if not isinstance(loaded, SavedPlan):
         loaded = SavedPlan.from_plan(loaded)
     ranks = check_schedule(schedule, loaded.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)

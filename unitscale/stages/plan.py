@@ -27,7 +27,7 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -466,17 +466,23 @@ class StagePlan:
         save_plan(self, path)
 
     @staticmethod
-    def load(path: str | os.PathLike[str]) -> SavedPlan:
+    def load(path: str | os.PathLike[str], *, functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
         """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure).
 
         Nothing in the file runs: it is read with ``torch.load(weights_only=True)`` and the stages
         are rebuilt from their description, every field checked, so a plan that loads is one that runs.
 
+        Args:
+            path: the file :meth:`save` wrote.
+            functions: functions the plan's graphs may call beyond the allow-list (``torch``,
+                ``operator``, ``math``, ``einops``, ``unitscale.functional``), such as
+                ``[torchvision.ops.stochastic_depth]``; the error for a plan that needs one names it.
+
         Raises:
             PlanFileError: not a path, no file, a file that is not a plan (an older pickled plan,
                 a crafted file), or a field that fails its check; the message says which.
         """
-        return load_plan(path)
+        return load_plan(path, functions)
 
     def output_from_leaves(self, out: Any) -> Any:
         """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves).

@@ -11,8 +11,10 @@ plain attributes, graphs again for nested graph modules, and every parameter and
 into ``tensors``. Loading builds the stages from that description; it never unpickles or
 ``exec``\\ s anything from the file. Python code is generated only from the rebuilt graph, whose
 function targets are resolved by name from an allow-list (``torch`` and its ``aten``/``prims``
-ops, ``operator``, ``math``, ``einops``, ``unitscale.functional``), whose layers must be classes
-of ``torch.nn.modules``, and whose methods and attributes may not be private (``_x``) ones.
+ops, ``operator``, ``math``, ``einops``, ``unitscale.functional``; another function, such as
+torchvision's ``stochastic_depth``, only when the caller passes it as ``functions=``), whose
+layers must be classes of ``torch.nn.modules``, and whose methods and attributes may not be
+private (``_x``) ones.
 
 What cannot be written as data (a user's leaf module, a hook, a lambda on a layer) is refused at
 save, with a :class:`~unitscale.errors.PlanSaveError` naming the stage and module; what the file
@@ -28,6 +30,7 @@ import json
 import keyword
 import math
 import operator
+import sys
 from typing import Any
 
 import torch
@@ -35,7 +38,7 @@ from torch import fx, nn
 
 from unitscale.errors import PlanFileError, PlanSaveError
 
-__all__ = ["FORMAT", "decode_plan", "encode_plan"]
+__all__ = ["FORMAT", "decode_plan", "encode_plan", "function_names"]
 
 FORMAT = "unitscale.stages.saved/2"
 
@@ -65,7 +68,7 @@ _FUNCTION_MODULES = frozenset(
 )
 _FUNCTION_PREFIXES = ("einops.", "unitscale.functional.")
 _BUILTINS = frozenset({"getattr", "len", "abs", "min", "max", "int", "float", "bool", "round", "pow", "divmod"})
-_OP_NAMESPACES = frozenset({"aten", "prims"})
+_OP_NAMESPACES = frozenset({"aten", "prims"})  # torch's own; others must be registered before a load
 _REFUSED_FUNCTIONS = frozenset({"from_file"})  # aten/torch functions that read files
 _ROOTS: dict[str, Any] = {"torch": torch, "operator": operator, "_operator": operator, "math": math}
 
@@ -82,6 +85,26 @@ def _identifier(name: Any) -> bool:
 def _part(name: Any) -> bool:
     """A module, parameter or buffer name (``fc1``, ``0``), never a dunder."""
     return isinstance(name, str) and (name.isidentifier() or name.isdigit()) and not name.startswith("__")
+
+
+def _importable(module: Any, name: Any) -> Any:
+    """The function ``module.name`` of an imported module (not ``__main__``), or ``None``."""
+    if not isinstance(module, str) or module == "__main__" or not _identifier(name):
+        return None
+    return getattr(sys.modules.get(module), name, None)
+
+
+def function_names(functions: Any, who: str) -> dict[tuple[str, str], Any]:
+    """``(module, name) -> function`` for the functions a caller allows a plan to call beyond the allow-list."""
+    if callable(functions) or not isinstance(functions, (list, tuple, set, frozenset)):
+        raise PlanFileError(f"{who}(functions={functions!r:.60}): pass a list of functions (or [] for none)")
+    named = {}
+    for fn in functions:
+        module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+        if not callable(fn) or not isinstance(module, str) or not isinstance(name, str):
+            raise PlanFileError(f"{who}(functions=...) holds {fn!r:.60}, which is not a named function")
+        named[(module, name)] = fn
+    return named
 
 
 def _resolve_module(module: str) -> Any:
@@ -114,10 +137,16 @@ def _resolve_function(module: str, name: str) -> Any:
 
 
 def _resolve_op(namespace: str, name: str, overload: str | None) -> Any:
-    # dunder names are fine here (aten::__and__): only an OpOverloadPacket passes the check below
-    if namespace not in _OP_NAMESPACES or not name.isidentifier() or name in _REFUSED_FUNCTIONS:
+    # dunder names are fine here (aten::__and__): only an OpOverloadPacket passes the check below.
+    # Another namespace (a library's custom op, transformers::grouped_mm_fallback) resolves only to
+    # an op that code already imported in this process registered; nothing is loaded for it.
+    if not _identifier(namespace) or not name.isidentifier() or name in _REFUSED_FUNCTIONS:
         raise LookupError(f"torch.ops.{namespace}.{name} is not an op a plan's graph may call")
-    packet = getattr(getattr(torch.ops, namespace), name)
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError) as exc:
+        hint = "" if namespace in _OP_NAMESPACES else f": import the library that defines {namespace}:: ops first"
+        raise LookupError(f"the op {namespace}::{name} is not registered in this process{hint}") from exc
     if not isinstance(packet, torch._ops.OpOverloadPacket):
         raise LookupError(f"torch.ops.{namespace}.{name} is not an op")
     if overload is None:
@@ -203,6 +232,15 @@ class _Encoder:
             return target
         if isinstance(target, torch._ops.OpOverload):
             namespace, name = target.namespace, target._schema.name.split("::")[-1]
+            try:
+                found = _resolve_op(namespace, name, target._overloadname)
+            except (LookupError, AttributeError, RuntimeError):
+                found = None
+            if found is not target:
+                raise PlanSaveError(
+                    f"StagePlan.save: {where}, node {node.name!r} calls the op {target}, which a plan file cannot "
+                    "name so that it loads again; write the model with torch's own ops there"
+                )
             return {"op": [namespace, name, target._overloadname]}
         if isinstance(target, torch._ops.OpOverloadPacket):
             namespace, name = target._qualified_op_name.split("::")
@@ -213,12 +251,12 @@ class _Encoder:
         try:
             found = _resolve_function(str(module), str(function))
         except (LookupError, AttributeError, ImportError):
-            found = None
+            found = _importable(module, function)  # loads only where the caller names it (functions=)
         if found is not target:
             raise PlanSaveError(
-                f"StagePlan.save: {where}, node {node.name!r} calls {module}.{function}, which a plan file cannot name "
-                "safely (it calls only torch, operator, math, einops and unitscale.functional functions); "
-                "write the model with torch functions there"
+                f"StagePlan.save: {where} calls {module}.{function}, which a plan file cannot name (only a "
+                "function a module defines at its top level, such as torch's, can be named and found again); "
+                "move it to a module, or write the model with torch functions there"
             )
         return {"function": [module, function]}
 
@@ -300,8 +338,11 @@ def encode_plan(fields: dict[str, Any], stage_modules: list[fx.GraphModule]) -> 
 class _Decoder:
     """The inverse of :class:`_Encoder`, checking every field; a bad one raises :class:`PlanFileError`."""
 
-    def __init__(self, path: str, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, path: str, tensors: dict[str, torch.Tensor], functions: dict[tuple[str, str], Any] | None = None
+    ) -> None:
         self.path = path
+        self.functions = functions or {}
         self.tensors = tensors
         self._made: dict[str, torch.Tensor] = {}
 
@@ -380,8 +421,16 @@ class _Decoder:
                     return _resolve_higher_order(str(target["higher_order"]))
                 if isinstance(target, dict) and list(target) == ["function"] and isinstance(target["function"], list):
                     module, name = target["function"]
-                    return _resolve_function(str(module), str(name))
+                    allowed = self.functions.get((str(module), str(name)))
+                    return allowed if allowed is not None else _resolve_function(str(module), str(name))
             except (LookupError, AttributeError, ImportError, ValueError, RuntimeError) as exc:
+                if isinstance(target, dict) and list(target) == ["function"]:
+                    name = ".".join(map(str, target["function"]))
+                    raise PlanFileError(
+                        f"StagePlan.load({self.path!r}): {where} calls {name}, which is not on the allow-list of "
+                        f"functions a plan may call ({exc}); if you trust the plan and that function, pass it: "
+                        f"StagePlan.load(path, functions=[{name}]) (pipeline_stage takes the same functions=)"
+                    ) from exc
                 raise self.bad(where, f"calls {target!r:.80}, which is refused ({exc})") from exc
             raise self.bad(where, f"has call target {target!r:.60}, which is not one a plan file writes")
         if not isinstance(target, str):
@@ -502,14 +551,19 @@ class _Decoder:
         return module
 
 
-def decode_plan(path: str, text: Any, tensors: Any) -> tuple[dict[str, Any], list[fx.GraphModule]]:
+def decode_plan(
+    path: str, text: Any, tensors: Any, functions: dict[tuple[str, str], Any] | None = None
+) -> tuple[dict[str, Any], list[fx.GraphModule]]:
     """The plan's fields and its stage modules rebuilt from :func:`encode_plan`'s output, every field checked.
+
+    Args:
+        functions: ``(module, name) -> function`` the caller allows beyond the allow-list (:func:`function_names`).
 
     Raises:
         PlanFileError: a field is missing, of the wrong type, or names a function, class or tensor
             that is refused or absent.
     """
-    decoder = _Decoder(path, tensors if isinstance(tensors, dict) else {})
+    decoder = _Decoder(path, tensors if isinstance(tensors, dict) else {}, functions)
     if not isinstance(text, str):
         raise decoder.bad("its 'plan' field", f"is {type(text).__name__}, not JSON text")
     if not isinstance(tensors, dict):

@@ -16,7 +16,7 @@ import os
 import pickle
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
@@ -25,7 +25,7 @@ from torch import fx
 from torch.utils._pytree import TreeSpec, tree_unflatten, treespec_dumps, treespec_loads
 
 from unitscale.errors import InputError, PlanFileError, PlanSaveError
-from unitscale.stages.plan_file import FORMAT, decode_plan, encode_plan
+from unitscale.stages.plan_file import FORMAT, decode_plan, encode_plan, function_names
 
 
 class _Plan(Protocol):
@@ -192,8 +192,10 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
             os.close(dir_fd)
 
 
-def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
+def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
     """Read a plan :func:`save_plan` wrote; the file is read as data (no code in it runs), every field checked.
+
+    ``functions`` are those the plan's graphs may call beyond the allow-list (see :mod:`~unitscale.stages.plan_file`).
 
     Raises:
         PlanFileError: ``path`` is not a path, there is no file, it is not a plan file, it holds objects
@@ -203,6 +205,7 @@ def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
         raise PlanFileError(
             f"StagePlan.load(path={path!r:.60}): pass the path (a str or pathlib.Path) that plan.save(path) wrote"
         )
+    allowed = function_names(functions, "StagePlan.load")
     where = os.fspath(path)
     if os.path.isdir(where):
         raise PlanFileError(f"StagePlan.load({where!r}): that path is a directory; pass the file plan.save(path) wrote")
@@ -236,7 +239,7 @@ def load_plan(path: str | os.PathLike[str]) -> SavedPlan:
                 f"StagePlan.load({where!r}): the file has no {key!r} field; it is damaged or was not "
                 "written by StagePlan.save: save the plan again with plan.save(path)"
             )
-    fields, stages = decode_plan(where, data["plan"], data["tensors"])
+    fields, stages = decode_plan(where, data["plan"], data["tensors"], allowed)
     return SavedPlan(
         stages, _output_spec(where, fields, stages), _model_name(where, fields), _costs(where, fields, stages)
     )
