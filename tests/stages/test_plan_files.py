@@ -181,6 +181,12 @@ GARBAGE: dict[str, tuple[Any, str]] = {
         "class",
     ),
     "a missing tensor": (lambda d, r: r["tensors"].clear(), r"does not hold"),
+    # well-formed everywhere, but stage 0's first weight has the wrong shape: only running it tells
+    "a weight of the wrong shape": (
+        lambda d, r: r["tensors"].__setitem__("t0", torch.zeros(8, 5)),
+        r"its stages do not run on inputs like those the plan was made with \(RuntimeError: .*same reduction dim",
+    ),
+    "example inputs of another plan": (_set("inputs", value=[None, None]), r"not stage 0's 1 inputs"),
     "a layer that is not there": (_call("nowhere", "call_module"), r"not a submodule"),
     "a node read before it is made": (lambda d, r: d["stages"][0]["graph"].reverse(), r"holds|output"),
     "stage costs of another plan": (_set("stage_costs", value=[1.0]), r"stage_costs"),

@@ -260,6 +260,12 @@ class _Encoder:
             )
         return {"function": [module, function]}
 
+    def example(self, x: Any) -> Any:
+        """One example input: ``{"tensor": [shape, dtype]}``, or the value itself (``None``)."""
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.dtype):
+            return {"tensor": [list(x[0]), self.value(x[1], "an example input")]}
+        return self.value(x, "an example input")
+
     def graph(self, graph: fx.Graph, where: str) -> list[Any]:
         if type(graph._codegen) is not fx.graph.CodeGen:
             raise PlanSaveError(
@@ -332,6 +338,12 @@ def encode_plan(fields: dict[str, Any], stage_modules: list[fx.GraphModule]) -> 
     """
     encoder = _Encoder()
     stages = [encoder.module(m, f"stage {i}") for i, m in enumerate(stage_modules)]
+    inputs = fields.get("inputs")
+    if inputs is not None:
+        try:
+            fields = {**fields, "inputs": [encoder.example(x) for x in inputs]}
+        except PlanSaveError:
+            fields = {**fields, "inputs": None}  # an input no plan file can describe: loads skip the dry run
     return json.dumps({**fields, "stages": stages}, allow_nan=False), encoder.tensors
 
 
@@ -438,6 +450,31 @@ class _Decoder:
         if op == "call_method" and not _plain_name(target):
             raise self.bad(where, f"calls method {target!r:.60}; a plan's graph calls only public methods")
         return target
+
+    def inputs(self, data: Any, count: int) -> list[Any] | None:
+        """Stage 0's example inputs, ``(shape, dtype)`` or a value each; ``None`` when the file has none."""
+        if data is None:
+            return None
+        if not isinstance(data, list) or len(data) != count:
+            raise self.bad("the plan's field 'inputs'", f"is {data!r:.60}, not stage 0's {count} inputs")
+        inputs: list[Any] = []
+        for i, x in enumerate(data):
+            if isinstance(x, dict) and list(x) == ["tensor"]:
+                body = x["tensor"]
+                if not (
+                    isinstance(body, list)
+                    and len(body) == 2
+                    and isinstance(body[0], list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in body[0])
+                ):
+                    raise self.bad(f"the plan's input {i}", f"is {x!r:.60}, not [shape, dtype]")
+                dtype = self.value(body[1], f"the plan's input {i}")
+                if not isinstance(dtype, torch.dtype):
+                    raise self.bad(f"the plan's input {i}", f"has dtype {body[1]!r:.40}")
+                inputs.append((tuple(body[0]), dtype))
+            else:
+                inputs.append(self.value(x, f"the plan's input {i}"))
+        return inputs
 
     def graph(self, data: Any, owner: nn.Module, where: str) -> fx.Graph:
         if not isinstance(data, list):
@@ -551,10 +588,15 @@ class _Decoder:
         return module
 
 
+def _placeholders(module: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in module.graph.nodes if n.op == "placeholder"]
+
+
 def decode_plan(
     path: str, text: Any, tensors: Any, functions: dict[tuple[str, str], Any] | None = None
-) -> tuple[dict[str, Any], list[fx.GraphModule]]:
-    """The plan's fields and its stage modules rebuilt from :func:`encode_plan`'s output, every field checked.
+) -> tuple[dict[str, Any], list[fx.GraphModule], list[Any] | None]:
+    """The plan's fields, its stage modules and stage 0's example inputs (``(shape, dtype)`` or a value),
+    rebuilt from :func:`encode_plan`'s output, every field checked.
 
     Args:
         functions: ``(module, name) -> function`` the caller allows beyond the allow-list (:func:`function_names`).
@@ -583,4 +625,4 @@ def decode_plan(
         if not isinstance(stage, fx.GraphModule):
             raise decoder.bad(f"stage {i}", "is not a graph")
         stages.append(stage)
-    return data, stages
+    return data, stages, decoder.inputs(data.get("inputs"), len(_placeholders(stages[0])))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import math
 import os
 import pickle
@@ -25,6 +26,7 @@ from torch import fx
 from torch.utils._pytree import TreeSpec, tree_unflatten, treespec_dumps, treespec_loads
 
 from unitscale.errors import InputError, PlanFileError, PlanSaveError
+from unitscale.stages.costs import flat_inputs
 from unitscale.stages.plan_file import FORMAT, decode_plan, encode_plan, function_names
 
 
@@ -67,6 +69,9 @@ class SavedPlan:
     output_spec: TreeSpec | None
     model_name: str
     stage_costs: list[float]
+    #: stage 0's example inputs as ``(shape, dtype)`` for a tensor or the value itself (``None``):
+    #: what a load checks the stages run on (shapes only, no numbers); ``None`` when unknown
+    example_inputs: list[Any] | None = None
 
     @property
     def num_stages(self) -> int:
@@ -81,7 +86,14 @@ class SavedPlan:
                 f"expected a StagePlan, a SavedPlan or a path to a saved plan, got {type(plan).__name__} "
                 f"{plan!r:.60}; make one with unitscale.partition(model, num_stages, example_inputs)"
             )
-        return cls(plan.stage_modules(), plan.output_spec, plan.model_name, list(plan.stage_costs))
+        examples = getattr(plan, "_example_inputs", None)
+        graph = getattr(plan, "graph", None)
+        described = None
+        if isinstance(examples, tuple) and isinstance(graph, fx.Graph):
+            described = [
+                (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in flat_inputs(graph, examples)
+            ]
+        return cls(plan.stage_modules(), plan.output_spec, plan.model_name, list(plan.stage_costs), described)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write this plan to ``path`` as :meth:`~unitscale.StagePlan.save` does (data only, atomically).
@@ -131,7 +143,12 @@ def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
             f"StagePlan.save({target!r}): the model's output structure ({saved.output_spec}) cannot be written "
             f"as data ({type(exc).__name__}: {exc}); return a tensor, tuple, list, dict or a transformers ModelOutput"
         ) from exc
-    fields = {"model_name": saved.model_name, "stage_costs": [float(c) for c in saved.stage_costs], "output": output}
+    fields = {
+        "model_name": saved.model_name,
+        "stage_costs": [float(c) for c in saved.stage_costs],
+        "output": output,
+        "inputs": saved.example_inputs,
+    }
     text, tensors = encode_plan(fields, saved.stage_modules)
     write_atomically(target, lambda file: torch.save({"format": FORMAT, "plan": text, "tensors": tensors}, file))
 
@@ -239,10 +256,48 @@ def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., An
                 f"StagePlan.load({where!r}): the file has no {key!r} field; it is damaged or was not "
                 "written by StagePlan.save: save the plan again with plan.save(path)"
             )
-    fields, stages = decode_plan(where, data["plan"], data["tensors"], allowed)
-    return SavedPlan(
-        stages, _output_spec(where, fields, stages), _model_name(where, fields), _costs(where, fields, stages)
+    fields, stages, inputs = decode_plan(where, data["plan"], data["tensors"], allowed)
+    spec = _output_spec(where, fields, stages)
+    loaded = SavedPlan(stages, spec, _model_name(where, fields), _costs(where, fields, stages), inputs)
+    dry_run(where, loaded)
+    return loaded
+
+
+def dry_run(where: str, plan: SavedPlan) -> None:
+    """Run the stages, chained, on fake tensors of the example inputs' shapes: a plan that loads runs.
+
+    Shapes only (``FakeTensorMode``: no numbers are computed, the weights are not copied). An op
+    whose output shape depends on values, or one without a shape rule, ends the check unrefused.
+    """
+    if plan.example_inputs is None:
+        return
+    from torch._subclasses import fake_tensor as fake  # lazy: only loads need it
+
+    cannot_tell = (
+        fake.DataDependentOutputException,
+        fake.DynamicOutputShapeException,
+        fake.UnsupportedOperatorException,
+        fake.UnsupportedFakeTensorException,
+        NotImplementedError,
     )
+    log = logging.getLogger(fake.__name__)  # it logs each failing op as an error; ours says it once
+    disabled, log.disabled = log.disabled, True
+    try:
+        with fake.FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            args = [torch.empty(x[0], dtype=x[1]) if isinstance(x, tuple) else x for x in plan.example_inputs]
+            out: Any = plan.stage_modules[0](*args)
+            for stage in plan.stage_modules[1:]:
+                out = stage(*out) if isinstance(out, tuple) else stage(out)
+    except cannot_tell:
+        return
+    except Exception as exc:
+        raise _bad(
+            where,
+            "its stages do not run on inputs like those the plan was made with "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+        ) from exc
+    finally:
+        log.disabled = disabled
 
 
 def _bad(where: str, what: str) -> PlanFileError:
