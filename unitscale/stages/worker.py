@@ -128,10 +128,11 @@ def _die_with_parent(parent: int) -> None:
     """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL.value, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-            if os.getppid() != parent:
-                os._exit(1)
-            return
+            # 1: PR_SET_PDEATHSIG; 0 on success, else fall back to the thread below
+            if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL.value, 0, 0, 0) == 0:
+                if os.getppid() != parent:
+                    os._exit(1)
+                return
 
     def watch() -> None:
         while os.getppid() == parent:
