@@ -75,6 +75,8 @@ __all__ = [
     "BackwardValueError",
     "KVCacheError",
     "NothingQuantisedWarning",
+    "PlanFileError",
+    "PlanSaveError",
 ]
 
 
@@ -310,3 +312,14 @@ class NothingQuantisedWarning(UserWarning):
     correct and a model may legitimately have no matmul (a normalisation, an activation);
     the message names the model and the ops the simulation rounds.
     """
+
+
+class PlanFileError(InputError):
+    """A file given to :meth:`~unitscale.StagePlan.load` (or ``pipeline_stage``) is not a plan file it can use:
+    missing, not a path, holding objects other than data (an old pickled plan, a crafted file), or with a
+    field that fails its check. Nothing in the file runs."""
+
+
+class PlanSaveError(InputError):
+    """:meth:`~unitscale.StagePlan.save` cannot write the plan: the directory is missing, the path is a
+    directory, or a stage holds something that is not data (a user's leaf module, a hook, a function)."""

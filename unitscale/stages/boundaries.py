@@ -9,6 +9,8 @@ on the first microbatch of the real inputs, where the plan is (the caller's proc
 
 >>> import torch
 >>> from torch import nn
+
+from unitscale.errors import InputError
 >>> from unitscale import partition
 >>> from unitscale.stages.boundaries import stage_examples
 >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -25,6 +27,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from unitscale.errors import InputError
 
 __all__ = ["StageExample", "stage_examples"]
 
@@ -47,8 +51,17 @@ def _received(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(t.requires_grad)
 
 
+def _shapes(values: Sequence[Any]) -> str:
+    return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in values)
+
+
 def stage_examples(
-    stages: Sequence[nn.Module], inputs: Sequence[Any], num_microbatches: int, training: bool = True
+    stages: Sequence[nn.Module],
+    inputs: Sequence[Any],
+    num_microbatches: int,
+    training: bool = True,
+    who: str | None = None,
+    expected: Sequence[Any] | None = None,
 ) -> list[StageExample]:
     """Each stage's inputs and outputs for the first of ``num_microbatches`` microbatches of ``inputs``.
 
@@ -57,6 +70,9 @@ def stage_examples(
         inputs: the model's (flat) inputs for the whole batch; tensors are split on dim 0.
         num_microbatches: how many microbatches the batch is split into.
         training: run with autograd, so that which values need a gradient is known.
+        who: the function the user called; given, a stage that cannot run on ``inputs`` raises
+            :class:`~unitscale.errors.InputError` naming it, the inputs' shapes and ``expected``'s.
+        expected: the example inputs the plan was made with.
 
     Returns:
         Per stage, ``(inputs, outputs)`` as tensors on the meta device (inputs that are not tensors,
@@ -65,8 +81,18 @@ def stage_examples(
     args = tuple(x.tensor_split(num_microbatches)[0] if isinstance(x, torch.Tensor) and x.dim() else x for x in inputs)
     examples: list[StageExample] = []
     with torch.set_grad_enabled(training):
-        for stage in stages:
-            out = _as_tuple(stage(*args))
+        for s, stage in enumerate(stages):
+            try:
+                out = _as_tuple(stage(*args))
+            except Exception as exc:
+                if who is None:
+                    raise
+                made = f"; the plan was made with example inputs of shapes {_shapes(expected)}" if expected else ""
+                raise InputError(
+                    f"{who}: stage {s} cannot run on inputs of shapes {_shapes(inputs)} "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}){made}; "
+                    "pass inputs like those (any batch size)"
+                ) from exc
             sent = tuple(_on_meta(a) for a in args if isinstance(a, torch.Tensor))
             examples.append((sent, tuple(_on_meta(o) for o in out)))
             args = tuple(_received(o) for o in out)

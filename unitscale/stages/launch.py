@@ -27,7 +27,7 @@ the last stage). :func:`placement` gives the table.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
-from unitscale.errors import InputError
+from unitscale.errors import InputError, PipelineError
 from unitscale.stages.boundaries import StageExample, stage_examples
 from unitscale.stages.costs import as_tuple
 from unitscale.stages.saved import SavedPlan, load_plan
@@ -188,6 +188,25 @@ def _env_int(name: str) -> int:
     return int(value)
 
 
+def _join_group(backend: str) -> None:
+    """``init_process_group`` from ``torchrun``'s environment; a port in use is said as such, with the fix."""
+    try:
+        dist.init_process_group(backend)
+    except dist.DistNetworkError as exc:
+        addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        in_use = "EADDRINUSE" in str(exc) or "address already in use" in str(exc)
+        why = "that port is taken by another process (an earlier run still alive?)" if in_use else "it is unreachable"
+        raise PipelineError(
+            f"pipeline_stage could not join the process group at MASTER_ADDR={addr} MASTER_PORT={port}: {why} "
+            f"({_first_line(str(exc))}); launch with another port (torchrun --master-port PORT, or "
+            "--rdzv-endpoint host:PORT), or stop the process that holds it"
+        ) from exc
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
 def pipeline_stage(
     plan: StagePlan | SavedPlan | str | os.PathLike[str],
     num_microbatches: int,
@@ -198,6 +217,7 @@ def pipeline_stage(
     device: torch.device | str | None = None,
     backend: str | None = None,
     example_inputs: Any = None,
+    functions: Sequence[Callable[..., Any]] = (),
 ) -> RankPipeline:
     """This rank's pipeline stages and schedule, built from ``torchrun``'s environment.
 
@@ -222,12 +242,16 @@ def pipeline_stage(
             stage boundary carries integer or boolean tensors, such as token ids for a later
             embedding). Without it, torch infers them at the first step by running each stage
             on uninitialised tensors of the shapes the stage before sent.
+        functions: for a path, the functions its graphs may call beyond the allow-list
+            (as :meth:`~unitscale.StagePlan.load` takes them).
 
     Returns:
         A :class:`RankPipeline`; ``rank.step(x, target=y)`` runs one step.
 
     Raises:
         InputError: a missing environment variable, a world size that does not match the plan.
+        PlanFileError: ``plan`` is a path to something that is not a plan file (nothing in it runs).
+        PipelineError: the process group cannot be joined (``MASTER_PORT`` in use, say).
         UnknownScheduleError: an unknown schedule.
 
     >>> import os
@@ -236,7 +260,7 @@ def pipeline_stage(
     True
     """
     rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
-    loaded = load_plan(plan) if isinstance(plan, (str, os.PathLike)) else plan
+    loaded = load_plan(plan, functions) if isinstance(plan, (str, os.PathLike)) else plan
     if not isinstance(loaded, SavedPlan):
         loaded = SavedPlan.from_plan(loaded)
     ranks = check_schedule(schedule, loaded.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)
@@ -249,12 +273,14 @@ def pipeline_stage(
     cuda = torch.cuda.is_available()
     where = torch.device(device) if device is not None else torch.device(f"cuda:{local_rank}" if cuda else "cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend or ("nccl" if cuda and where.type == "cuda" else "gloo"))
+        _join_group(backend or ("nccl" if cuda and where.type == "cuda" else "gloo"))
     mine = placement(schedule, ranks, stages_per_rank)[rank]
     modules = {i: loaded.stage_modules[i].to(where) for i in mine}
     examples = None
     if example_inputs is not None:
-        found = stage_examples(loaded.stage_modules, as_tuple(example_inputs), num_microbatches, loss_fn is not None)
+        found = stage_examples(
+            loaded.stage_modules, as_tuple(example_inputs), num_microbatches, loss_fn is not None, "pipeline_stage"
+        )
         examples = {i: found[i] for i in mine}
     if loss_fn is not None:
         loss_fn = loss_on_model_output(loss_fn, loaded.output_spec)

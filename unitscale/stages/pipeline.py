@@ -235,7 +235,9 @@ def _jobs(
 ) -> tuple[list[bytes], str | None, str]:
     """Each rank's job pickled, and the caller's script the workers must run first (with its advice)."""
     stages = plan.stage_modules()
-    examples = stage_examples(stages, args, num_microbatches, training=loss_fn is not None)
+    examples = stage_examples(
+        stages, args, num_microbatches, loss_fn is not None, who="run_pipeline", expected=plan._example_inputs
+    )
     stages[0] = bake_constant_inputs(stages[0])
     sent = _sent_inputs(plan, args)
     last = plan.num_stages - 1

@@ -27,7 +27,7 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -444,10 +444,16 @@ class StagePlan:
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the stage modules (code and weights) and the output structure to ``path``.
+        """Write the stage modules (graphs and weights) and the output structure to ``path``, as data.
 
         :meth:`load` reads it back without the model's class; :func:`~unitscale.stages.pipeline_stage`
-        runs it under ``torchrun``.
+        runs it under ``torchrun``. The file holds JSON and tensors only (see "Plan files" on the
+        API reference page); it is written beside ``path`` and renamed over it, so a failed or
+        killed save leaves the old file as it was.
+
+        Raises:
+            PlanSaveError: the directory is missing, ``path`` is a directory, or a stage holds
+                something that is not data (a user's leaf module, a hook, a function on a layer).
 
         >>> import tempfile, torch
         >>> from unitscale import StagePlan, partition
@@ -460,9 +466,23 @@ class StagePlan:
         save_plan(self, path)
 
     @staticmethod
-    def load(path: str | os.PathLike[str]) -> SavedPlan:
-        """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure)."""
-        return load_plan(path)
+    def load(path: str | os.PathLike[str], *, functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
+        """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure).
+
+        Nothing in the file runs: it is read with ``torch.load(weights_only=True)`` and the stages
+        are rebuilt from their description, every field checked, so a plan that loads is one that runs.
+
+        Args:
+            path: the file :meth:`save` wrote.
+            functions: functions the plan's graphs may call beyond the allow-list (``torch``,
+                ``operator``, ``math``, ``einops``, ``unitscale.functional``), such as
+                ``[torchvision.ops.stochastic_depth]``; the error for a plan that needs one names it.
+
+        Raises:
+            PlanFileError: not a path, no file, a file that is not a plan (an older pickled plan,
+                a crafted file), or a field that fails its check; the message says which.
+        """
+        return load_plan(path, functions)
 
     def output_from_leaves(self, out: Any) -> Any:
         """The model's output rebuilt from what the last stage returns (one tensor or a tuple of leaves).

@@ -391,7 +391,8 @@ def plan_pipeline(
 
     Raises:
         MemoryLimitError: no split fits; the message says the least ``memory_limit`` that works.
-        CostError: ``bandwidth <= 0``, a negative latency or ``action_overhead``, or a bad cost model.
+        CostError: ``bandwidth <= 0``, a negative latency or ``action_overhead``, a ``seconds_per_cost``
+            that is not a finite number > 0, or a bad cost model.
         StageCountError: more stages than places to cut.
         InputError: a microbatch count ``schedule`` cannot run (the message lists ones that can),
             or a ``calibration`` that is not a measured run of this graph.
@@ -411,6 +412,16 @@ def plan_pipeline(
     """
     check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     check_link(bandwidth, latency)
+    if seconds_per_cost is not None and (
+        isinstance(seconds_per_cost, bool)
+        or not isinstance(seconds_per_cost, (int, float))
+        or not math.isfinite(seconds_per_cost)
+        or seconds_per_cost <= 0
+    ):
+        raise CostError(
+            f"plan_pipeline(seconds_per_cost={seconds_per_cost!r}): pass a finite number of seconds > 0 per unit "
+            "of cost (1 for cost='time', about 1e-11 for cost='flops'), or None for that default"
+        )
     if isinstance(module, StagePlan):
         base = module  # its graph and node costs, measured once, serve every schedule
     else:

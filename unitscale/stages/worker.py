@@ -12,6 +12,8 @@ which then fail on the broken links, are blamed after it).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import faulthandler
 import math
 import os
@@ -19,6 +21,7 @@ import pickle
 import runpy
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -31,7 +34,7 @@ import torch.distributed as dist
 from unitscale.fx.module_state import pytree_specs_quiet
 from unitscale.stages.launch import build_rank
 from unitscale.stages.measured import ActionClock, RankRecord, measure_link
-from unitscale.stages.workers import MAIN_ENV, STARTUP_S, TIMEOUT_ENV
+from unitscale.stages.workers import MAIN_ENV, PARENT_ENV, STARTUP_S, TIMEOUT_ENV
 
 __all__ = ["run_rank", "worker_main"]
 
@@ -117,8 +120,32 @@ def _users_exception(exc: BaseException) -> BaseException:
     return exc
 
 
+def _die_with_parent(parent: int) -> None:
+    """Exit when the process that started this worker dies, however it dies (``SIGKILL`` included).
+
+    Linux: the kernel sends ``SIGKILL`` when the parent goes (``prctl(PR_SET_PDEATHSIG)``); a parent
+    already gone before that call shows as a changed ``getppid()``. Elsewhere a daemon thread polls it.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            # 1: PR_SET_PDEATHSIG; 0 on success, else fall back to the thread below
+            if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL.value, 0, 0, 0) == 0:
+                if os.getppid() != parent:
+                    os._exit(1)
+                return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="unitscale-parent-watch", daemon=True).start()
+
+
 def worker_main(scratch: str) -> None:
     """Run this rank's part of the job in ``scratch`` and report how it went."""
+    if os.environ.get(PARENT_ENV, "").isdigit():
+        _die_with_parent(int(os.environ[PARENT_ENV]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = float(os.environ[TIMEOUT_ENV])

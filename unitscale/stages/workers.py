@@ -22,6 +22,9 @@ What torch's launcher does not do, and this module adds (each small, with its re
   in the worker) and the one busy in the user's code is named before those waiting on a
   neighbour (:func:`timeout_error`); starting the interpreters has its own allowance, so a
   slow import is not counted against ``timeout``;
+* **the caller's death**: a worker whose caller is killed (``SIGKILL`` leaves no time to stop
+  anything) exits at once instead of waiting out its timeout: on Linux the kernel sends it
+  ``SIGKILL`` (``prctl(PR_SET_PDEATHSIG)``), elsewhere a thread watches its parent's pid;
 * **the caller's process**: the launcher installs handlers for ``SIGINT``/``SIGTERM`` in the
   process that starts workers (it is written for ``torchrun``, which is that process); a
   notebook's ``Ctrl-C`` must stay a ``KeyboardInterrupt``, so one during the run is raised as
@@ -52,6 +55,7 @@ from unitscale.errors import PipelineError
 
 __all__ = [
     "MAIN_ENV",
+    "PARENT_ENV",
     "STARTUP_S",
     "TIMEOUT_ENV",
     "WORKER_ENV",
@@ -63,6 +67,7 @@ __all__ = [
 ]
 
 WORKER_ENV = "UNITSCALE_PIPELINE_WORKER"
+PARENT_ENV = "UNITSCALE_PIPELINE_PARENT"  # the caller's pid: a worker dies with it (see worker.py)
 MAIN_ENV = "UNITSCALE_PIPELINE_MAIN"  # the caller's script, when the job names things defined in it
 TIMEOUT_ENV = "UNITSCALE_PIPELINE_TIMEOUT"
 STARTUP_S = 60.0  # allowance for starting the interpreters, on top of ``timeout``
@@ -222,6 +227,7 @@ def _worker_env(rank: int, world: int, port: int, timeout: float, main_path: str
         TIMEOUT_ENV: repr(timeout),
         WORKER_ENV: "1",
         MAIN_ENV: main_path or "",
+        PARENT_ENV: str(os.getpid()),
     }
     return env
 

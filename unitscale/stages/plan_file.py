@@ -1,0 +1,628 @@
+"""A plan file as data: the stage graphs as JSON, their tensors as plain tensors; nothing in it is code.
+
+:meth:`~unitscale.StagePlan.save` writes one ``torch.save`` file holding a plain dict::
+
+    {"format": "unitscale.stages.saved/2", "plan": "<JSON text>", "tensors": {"t0": tensor, ...}}
+
+read back with ``torch.load(weights_only=True)``, which refuses any object but tensors and plain
+containers before it builds one. The JSON holds, per stage, its :class:`~torch.fx.Graph` node by
+node (op, name, target, arguments) and its submodules: ``torch.nn`` layers by class name and
+plain attributes, graphs again for nested graph modules, and every parameter and buffer as a key
+into ``tensors``. Loading builds the stages from that description; it never unpickles or
+``exec``\\ s anything from the file. Python code is generated only from the rebuilt graph, whose
+function targets are resolved by name from an allow-list (``torch`` and its ``aten``/``prims``
+ops, ``operator``, ``math``, ``einops``, ``unitscale.functional``; another function, such as
+torchvision's ``stochastic_depth``, only when the caller passes it as ``functions=``), whose
+layers must be classes of ``torch.nn.modules``, and whose methods and attributes may not be
+private (``_x``) ones.
+
+What cannot be written as data (a user's leaf module, a hook, a lambda on a layer) is refused at
+save, with a :class:`~unitscale.errors.PlanSaveError` naming the stage and module; what the file
+holds is checked field by field at load, with a :class:`~unitscale.errors.PlanFileError` naming
+the field.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import json
+import keyword
+import math
+import operator
+import sys
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from unitscale.errors import PlanFileError, PlanSaveError
+
+__all__ = ["FORMAT", "decode_plan", "encode_plan", "function_names"]
+
+FORMAT = "unitscale.stages.saved/2"
+
+# the nn.Module bookkeeping (hooks, parameter dicts) a fresh module builds itself
+_MODULE_BOOKKEEPING = frozenset(nn.Module().__dict__) - {"training"}
+_HOOK_DICTS = tuple(
+    name for name in _MODULE_BOOKKEEPING if "hook" in name and isinstance(getattr(nn.Module(), name), dict)
+)
+
+# functions a graph may call: the modules tracers and torch.export put in graphs
+_FUNCTION_MODULES = frozenset(
+    {
+        "torch",
+        "torch.functional",
+        "torch.nn.functional",
+        "torch._C._nn",
+        "torch._C._linalg",
+        "torch._C._fft",
+        "torch._C._special",
+        "torch.fft",
+        "torch.linalg",
+        "torch.special",
+        "operator",
+        "_operator",
+        "math",
+    }
+)
+_FUNCTION_PREFIXES = ("einops.", "unitscale.functional.")
+_BUILTINS = frozenset({"getattr", "len", "abs", "min", "max", "int", "float", "bool", "round", "pow", "divmod"})
+_OP_NAMESPACES = frozenset({"aten", "prims"})  # torch's own; others must be registered before a load
+_REFUSED_FUNCTIONS = frozenset({"from_file"})  # aten/torch functions that read files
+_ROOTS: dict[str, Any] = {"torch": torch, "operator": operator, "_operator": operator, "math": math}
+
+
+def _plain_name(name: Any) -> bool:
+    """A public identifier: what a method, attribute or function name in a plan file may be."""
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name) and not name.startswith("_")
+
+
+def _identifier(name: Any) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not name.startswith("__")
+
+
+def _part(name: Any) -> bool:
+    """A module, parameter or buffer name (``fc1``, ``0``), never a dunder."""
+    return isinstance(name, str) and (name.isidentifier() or name.isdigit()) and not name.startswith("__")
+
+
+def _importable(module: Any, name: Any) -> Any:
+    """The function ``module.name`` of an imported module (not ``__main__``), or ``None``."""
+    if not isinstance(module, str) or module == "__main__" or not _identifier(name):
+        return None
+    return getattr(sys.modules.get(module), name, None)
+
+
+def function_names(functions: Any, who: str) -> dict[tuple[str, str], Any]:
+    """``(module, name) -> function`` for the functions a caller allows a plan to call beyond the allow-list."""
+    if callable(functions) or not isinstance(functions, (list, tuple, set, frozenset)):
+        raise PlanFileError(f"{who}(functions={functions!r:.60}): pass a list of functions (or [] for none)")
+    named = {}
+    for fn in functions:
+        module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", None)
+        if not callable(fn) or not isinstance(module, str) or not isinstance(name, str):
+            raise PlanFileError(f"{who}(functions=...) holds {fn!r:.60}, which is not a named function")
+        named[(module, name)] = fn
+    return named
+
+
+def _resolve_module(module: str) -> Any:
+    """The module object ``module`` (a dotted name on the allow-list), walked from its allowed root."""
+    allowed = module in _FUNCTION_MODULES or module.startswith(_FUNCTION_PREFIXES)
+    parts = module.split(".")
+    if not allowed or not all(_identifier(p) for p in parts):
+        raise LookupError(f"module {module!r} is not one a plan's graph may call into")
+    if parts[0] in _ROOTS:
+        obj = _ROOTS[parts[0]]
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+        return obj
+    return importlib.import_module(module)  # einops.*, unitscale.functional.*: installed packages only
+
+
+def _resolve_function(module: str, name: str) -> Any:
+    """The function ``module.name``, refused unless the allow-list names it and it says it is that function."""
+    if module == "builtins":
+        if name not in _BUILTINS:
+            raise LookupError(f"builtins.{name} is not one a plan's graph may call")
+        return getattr(builtins, name)
+    if not _identifier(name) or name in _REFUSED_FUNCTIONS:
+        raise LookupError(f"{module}.{name} is not a function a plan's graph may call")
+    fn = getattr(_resolve_module(module), name)
+    # a name that leads elsewhere (torch.os.system) does not say it is torch's
+    if getattr(fn, "__module__", None) != module or getattr(fn, "__name__", None) != name:
+        raise LookupError(f"{module}.{name} is not a function of {module}")
+    return fn
+
+
+def _resolve_op(namespace: str, name: str, overload: str | None) -> Any:
+    # dunder names are fine here (aten::__and__): only an OpOverloadPacket passes the check below.
+    # Another namespace (a library's custom op, transformers::grouped_mm_fallback) resolves only to
+    # an op that code already imported in this process registered; nothing is loaded for it.
+    if not _identifier(namespace) or not name.isidentifier() or name in _REFUSED_FUNCTIONS:
+        raise LookupError(f"torch.ops.{namespace}.{name} is not an op a plan's graph may call")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError) as exc:
+        hint = "" if namespace in _OP_NAMESPACES else f": import the library that defines {namespace}:: ops first"
+        raise LookupError(f"the op {namespace}::{name} is not registered in this process{hint}") from exc
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        raise LookupError(f"torch.ops.{namespace}.{name} is not an op")
+    if overload is None:
+        return packet
+    if not overload.isidentifier():
+        raise LookupError(f"{overload!r} is not an overload name")
+    op = getattr(packet, overload)
+    if not isinstance(op, torch._ops.OpOverload):
+        raise LookupError(f"torch.ops.{namespace}.{name}.{overload} is not an op overload")
+    return op
+
+
+def _resolve_higher_order(name: str) -> Any:
+    if not _identifier(name):
+        raise LookupError(f"{name!r} is not a higher-order op name")
+    op = getattr(torch.ops.higher_order, name)
+    if not isinstance(op, torch._ops.HigherOrderOperator):
+        raise LookupError(f"torch.ops.higher_order.{name} is not a higher-order op")
+    return op
+
+
+def _resolve_layer(module: str, name: str) -> type[nn.Module]:
+    """A ``torch.nn.modules`` class by its module and name."""
+    if not module.startswith("torch.nn.modules.") or not all(_identifier(p) for p in module.split(".")):
+        raise LookupError(f"{module}.{name} is not a torch.nn layer")
+    obj: Any = torch
+    for part in module.split(".")[1:]:
+        obj = getattr(obj, part)
+    cls = getattr(obj, name) if _identifier(name) else None
+    if not isinstance(cls, type) or not issubclass(cls, nn.Module) or cls.__module__ != module:
+        raise LookupError(f"{module}.{name} is not a torch.nn layer")
+    return cls
+
+
+class _Encoder:
+    """Stage modules to JSON-able data, their tensors collected once each (shared ones stay shared)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._keys: dict[int, str] = {}
+
+    def tensor(self, t: torch.Tensor) -> str:
+        key = self._keys.get(id(t))
+        if key is None:
+            key = self._keys[id(t)] = f"t{len(self.tensors)}"
+            self.tensors[key] = t.detach()
+        return key
+
+    def value(self, v: Any, where: str) -> Any:
+        """A plain value (a node argument, a layer attribute) as JSON; a :class:`~torch.fx.Node` by name."""
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else {"float": repr(v)}
+        if isinstance(v, fx.Node):
+            return {"node": v.name}
+        if isinstance(v, torch.Size):
+            return {"size": [self.value(x, where) for x in v]}
+        if isinstance(v, tuple):
+            return {"tuple": [self.value(x, where) for x in v]}
+        if isinstance(v, list):
+            return [self.value(x, where) for x in v]
+        if isinstance(v, dict):
+            return {"dict": [[self.value(k, where), self.value(x, where)] for k, x in v.items()]}
+        if isinstance(v, slice):
+            return {"slice": [self.value(x, where) for x in (v.start, v.stop, v.step)]}
+        if v is Ellipsis:
+            return {"ellipsis": None}
+        for kind in (torch.dtype, torch.layout, torch.memory_format):
+            if isinstance(v, kind):
+                return {kind.__name__: str(v).removeprefix("torch.")}
+        if isinstance(v, torch.device):
+            return {"device": str(v)}
+        raise PlanSaveError(
+            f"StagePlan.save: {where} holds {type(v).__name__} {v!r:.60}, which a plan file cannot hold "
+            "(it holds graphs, torch.nn layers, tensors and plain values: numbers, strings, tuples, dtypes); "
+            "remove it from the model, or set it to a plain value, before partitioning"
+        )
+
+    def target(self, node: fx.Node, where: str) -> Any:
+        target = node.target
+        if node.op != "call_function":
+            return target
+        if isinstance(target, torch._ops.OpOverload):
+            namespace, name = target.namespace, target._schema.name.split("::")[-1]
+            try:
+                found = _resolve_op(namespace, name, target._overloadname)
+            except (LookupError, AttributeError, RuntimeError):
+                found = None
+            if found is not target:
+                raise PlanSaveError(
+                    f"StagePlan.save: {where}, node {node.name!r} calls the op {target}, which a plan file cannot "
+                    "name so that it loads again; write the model with torch's own ops there"
+                )
+            return {"op": [namespace, name, target._overloadname]}
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            namespace, name = target._qualified_op_name.split("::")
+            return {"op": [namespace, name, None]}
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            return {"higher_order": target.__name__}
+        module, function = getattr(target, "__module__", None), getattr(target, "__name__", None)
+        try:
+            found = _resolve_function(str(module), str(function))
+        except (LookupError, AttributeError, ImportError):
+            found = _importable(module, function)  # loads only where the caller names it (functions=)
+        if found is not target:
+            raise PlanSaveError(
+                f"StagePlan.save: {where} calls {module}.{function}, which a plan file cannot name (only a "
+                "function a module defines at its top level, such as torch's, can be named and found again); "
+                "move it to a module, or write the model with torch functions there"
+            )
+        return {"function": [module, function]}
+
+    def example(self, x: Any) -> Any:
+        """One example input: ``{"tensor": [shape, dtype]}``, or the value itself (``None``)."""
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.dtype):
+            return {"tensor": [list(x[0]), self.value(x[1], "an example input")]}
+        return self.value(x, "an example input")
+
+    def graph(self, graph: fx.Graph, where: str) -> list[Any]:
+        if type(graph._codegen) is not fx.graph.CodeGen:
+            raise PlanSaveError(
+                f"StagePlan.save: {where}'s graph generates its code with {type(graph._codegen).__name__}, "
+                "which a plan file cannot hold; partition a model captured by torch.fx or torch.export"
+            )
+        nodes = []
+        for node in graph.nodes:
+            at = f"{where}, node {node.name!r}"
+            nodes.append(
+                [node.op, node.name, self.target(node, at), self.value(node.args, at), self.value(node.kwargs, at)]
+            )
+        return nodes
+
+    def module(self, m: nn.Module, stage: str, path: str = "") -> dict[str, Any]:
+        where = f"{stage}'s module {path!r}" if path else stage
+        hooks = [name for name in _HOOK_DICTS if getattr(m, name, None)]
+        if hooks:
+            raise PlanSaveError(
+                f"StagePlan.save: {where} has hooks ({', '.join(hooks)}), which are code a plan file cannot hold; "
+                "remove them before saving"
+            )
+        desc: dict[str, Any] = {
+            "training": bool(m.training),
+            "parameters": {
+                n: None if p is None else [self.tensor(p), bool(p.requires_grad)] for n, p in m._parameters.items()
+            },
+            "buffers": {
+                n: [None if b is None else self.tensor(b), n not in m._non_persistent_buffers_set]
+                for n, b in m._buffers.items()
+            },
+            "modules": {
+                n: self.module(c, stage, f"{path}.{n}" if path else n) for n, c in m._modules.items() if c is not None
+            },
+            "tensors": {
+                n: self.tensor(v) for n, v in vars(m).items() if isinstance(v, torch.Tensor) and not n.startswith("__")
+            },
+        }
+        cls = type(m)
+        if isinstance(m, fx.GraphModule):
+            desc["kind"], desc["class_name"] = "graph", cls.__name__
+            desc["graph"] = self.graph(m.graph, where)
+        elif cls is nn.Module:
+            desc["kind"] = "module"
+        else:
+            try:
+                known = _resolve_layer(cls.__module__, cls.__name__) is cls
+            except (LookupError, AttributeError):
+                known = False
+            if not known:
+                raise PlanSaveError(
+                    f"StagePlan.save: {where} is a {cls.__module__}.{cls.__qualname__}, whose code a plan file "
+                    "cannot hold (it holds graphs and torch.nn layers); partition with a tracer that traces into it "
+                    "(unitscale.partition keeps only torch.nn layers as leaves), or pass a traced GraphModule"
+                )
+            desc["kind"], desc["class"] = "layer", [cls.__module__, cls.__name__]
+            desc["attributes"] = {
+                n: self.value(v, f"{where}, attribute {n!r},")
+                for n, v in vars(m).items()
+                if n not in _MODULE_BOOKKEEPING and not isinstance(v, torch.Tensor)
+            }
+        return desc
+
+
+def encode_plan(fields: dict[str, Any], stage_modules: list[fx.GraphModule]) -> tuple[str, dict[str, torch.Tensor]]:
+    """``(JSON text, tensors)`` for a plan file: ``fields`` (plain values) and each stage module as data.
+
+    Raises:
+        PlanSaveError: a stage holds something that is not data (a user's leaf module, a hook, a lambda).
+    """
+    encoder = _Encoder()
+    stages = [encoder.module(m, f"stage {i}") for i, m in enumerate(stage_modules)]
+    inputs = fields.get("inputs")
+    if inputs is not None:
+        try:
+            fields = {**fields, "inputs": [encoder.example(x) for x in inputs]}
+        except PlanSaveError:
+            fields = {**fields, "inputs": None}  # an input no plan file can describe: loads skip the dry run
+    return json.dumps({**fields, "stages": stages}, allow_nan=False), encoder.tensors
+
+
+class _Decoder:
+    """The inverse of :class:`_Encoder`, checking every field; a bad one raises :class:`PlanFileError`."""
+
+    def __init__(
+        self, path: str, tensors: dict[str, torch.Tensor], functions: dict[tuple[str, str], Any] | None = None
+    ) -> None:
+        self.path = path
+        self.functions = functions or {}
+        self.tensors = tensors
+        self._made: dict[str, torch.Tensor] = {}
+
+    def bad(self, where: str, what: str) -> PlanFileError:
+        return PlanFileError(
+            f"StagePlan.load({self.path!r}): {where} {what}; the file is damaged or was not written by "
+            "StagePlan.save: save the plan again with plan.save(path)"
+        )
+
+    def field(self, data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if not isinstance(data, dict) or key not in data:
+            raise self.bad(where, f"has no {key!r} field")
+        value = data[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.bad(f"{where} field {key!r}", f"is {type(value).__name__} {value!r:.40}, not {kind}")
+        return value
+
+    def tensor(self, key: Any, where: str, requires_grad: bool | None = None) -> torch.Tensor:
+        """The tensor ``key`` names; a parameter when ``requires_grad`` is given (one object per key)."""
+        parameter = requires_grad is not None
+        if not isinstance(key, str) or not isinstance(self.tensors.get(key), torch.Tensor):
+            raise self.bad(where, f"names tensor {key!r:.40}, which the file does not hold")
+        if key not in self._made:
+            t = self.tensors[key]
+            if parameter and requires_grad and not (t.is_floating_point() or t.is_complex()):
+                raise self.bad(where, f"is a {t.dtype} parameter that requires a gradient")
+            self._made[key] = nn.Parameter(t, requires_grad=bool(requires_grad)) if parameter else t
+        made = self._made[key]
+        if parameter and not isinstance(made, nn.Parameter):
+            raise self.bad(where, f"uses tensor {key!r} both as a parameter and as a buffer")
+        return made
+
+    def value(self, v: Any, where: str, nodes: dict[str, fx.Node] | None = None) -> Any:
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return v
+        if isinstance(v, list):
+            return [self.value(x, where, nodes) for x in v]
+        if not isinstance(v, dict) or len(v) != 1:
+            raise self.bad(where, f"holds {v!r:.60}, which is not a value a plan file writes")
+        (kind, body) = next(iter(v.items()))
+        decoded: Any = None
+        try:
+            if kind == "node" and nodes is not None and body in nodes:
+                decoded = nodes[body]
+            elif kind in ("tuple", "size") and isinstance(body, list):
+                items = tuple(self.value(x, where, nodes) for x in body)
+                decoded = torch.Size(items) if kind == "size" else items
+            elif kind == "dict" and isinstance(body, list) and all(isinstance(p, list) and len(p) == 2 for p in body):
+                decoded = {self.value(k, where, nodes): self.value(x, where, nodes) for k, x in body}
+            elif kind == "slice" and isinstance(body, list) and len(body) == 3:
+                decoded = slice(*(self.value(x, where, nodes) for x in body))
+            elif kind == "ellipsis" and body is None:
+                decoded = Ellipsis
+            elif kind == "float" and body in ("inf", "-inf", "nan"):
+                decoded = float(body)
+            elif kind in ("dtype", "layout", "memory_format") and _plain_name(body):
+                found = getattr(torch, body, None)
+                decoded = found if type(found).__name__ == kind else None
+            elif kind == "device" and isinstance(body, str):
+                decoded = torch.device(body)
+        except (TypeError, RuntimeError) as exc:  # an unhashable dict key, a bad device string
+            raise self.bad(where, f"holds {v!r:.60} ({exc})") from exc
+        if decoded is None:
+            raise self.bad(where, f"holds {v!r:.60}, which is not a value a plan file writes")
+        return decoded
+
+    def target(self, op: str, target: Any, where: str) -> Any:
+        if op == "call_function":
+            try:
+                if isinstance(target, dict) and list(target) == ["op"] and isinstance(target["op"], list):
+                    namespace, name, overload = target["op"]
+                    return _resolve_op(str(namespace), str(name), None if overload is None else str(overload))
+                if isinstance(target, dict) and list(target) == ["higher_order"]:
+                    return _resolve_higher_order(str(target["higher_order"]))
+                if isinstance(target, dict) and list(target) == ["function"] and isinstance(target["function"], list):
+                    module, name = target["function"]
+                    allowed = self.functions.get((str(module), str(name)))
+                    return allowed if allowed is not None else _resolve_function(str(module), str(name))
+            except (LookupError, AttributeError, ImportError, ValueError, RuntimeError) as exc:
+                if isinstance(target, dict) and list(target) == ["function"]:
+                    name = ".".join(map(str, target["function"]))
+                    raise PlanFileError(
+                        f"StagePlan.load({self.path!r}): {where} calls {name}, which is not on the allow-list of "
+                        f"functions a plan may call ({exc}); if you trust the plan and that function, pass it: "
+                        f"StagePlan.load(path, functions=[{name}]) (pipeline_stage takes the same functions=)"
+                    ) from exc
+                raise self.bad(where, f"calls {target!r:.80}, which is refused ({exc})") from exc
+            raise self.bad(where, f"has call target {target!r:.60}, which is not one a plan file writes")
+        if not isinstance(target, str):
+            raise self.bad(where, f"has target {target!r:.60}, not a name")
+        if op == "call_method" and not _plain_name(target):
+            raise self.bad(where, f"calls method {target!r:.60}; a plan's graph calls only public methods")
+        return target
+
+    def inputs(self, data: Any, count: int) -> list[Any] | None:
+        """Stage 0's example inputs, ``(shape, dtype)`` or a value each; ``None`` when the file has none."""
+        if data is None:
+            return None
+        if not isinstance(data, list) or len(data) != count:
+            raise self.bad("the plan's field 'inputs'", f"is {data!r:.60}, not stage 0's {count} inputs")
+        inputs: list[Any] = []
+        for i, x in enumerate(data):
+            if isinstance(x, dict) and list(x) == ["tensor"]:
+                body = x["tensor"]
+                if not (
+                    isinstance(body, list)
+                    and len(body) == 2
+                    and isinstance(body[0], list)
+                    and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**40 for d in body[0])
+                ):
+                    raise self.bad(f"the plan's input {i}", f"is {x!r:.60}, not [shape, dtype]")
+                dtype = self.value(body[1], f"the plan's input {i}")
+                if not isinstance(dtype, torch.dtype):
+                    raise self.bad(f"the plan's input {i}", f"has dtype {body[1]!r:.40}")
+                inputs.append((tuple(body[0]), dtype))
+            else:
+                inputs.append(self.value(x, f"the plan's input {i}"))
+        return inputs
+
+    def graph(self, data: Any, owner: nn.Module, where: str) -> fx.Graph:
+        if not isinstance(data, list):
+            raise self.bad(f"{where}'s graph", "is not a list of nodes")
+        graph = fx.Graph()
+        nodes: dict[str, fx.Node] = {}
+        for i, entry in enumerate(data):
+            if not (isinstance(entry, list) and len(entry) == 5 and all(isinstance(x, str) for x in entry[:2])):
+                raise self.bad(f"{where}'s node {i}", "is not [op, name, target, args, kwargs]")
+            op, name, target, args, kwargs = entry
+            at = f"{where}, node {name!r}"
+            if op not in ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output"):
+                raise self.bad(at, f"has op {op!r:.40}")
+            if not name.isidentifier() or name in nodes:
+                raise self.bad(at, "has a name that is not a new identifier")
+            decoded_args = self.value(args, at, nodes)
+            decoded_kwargs = self.value(kwargs, at, nodes)
+            if not isinstance(decoded_args, tuple) or not isinstance(decoded_kwargs, dict):
+                raise self.bad(at, "has arguments that are not a tuple and a dict")
+            if not all(isinstance(k, str) for k in decoded_kwargs):
+                raise self.bad(at, "has a keyword argument whose name is not a string")
+            fn = self.target(op, target, at)
+            if fn is builtins.getattr and not (len(decoded_args) == 2 and _plain_name(decoded_args[1])):
+                raise self.bad(at, "reads an attribute that is not public")
+            if op in ("get_attr", "call_module"):
+                self._check_attribute(owner, fn, op, at)
+            node = graph.create_node(op, fn, decoded_args, decoded_kwargs, name=name)
+            if node.name != name:
+                raise self.bad(at, f"clashes with a name fx reserves (it became {node.name!r})")
+            nodes[name] = node
+        if not nodes or next(reversed(graph.nodes)).op != "output":
+            raise self.bad(f"{where}'s graph", "does not end with an output node")
+        try:
+            graph.lint()
+        except Exception as exc:
+            raise self.bad(f"{where}'s graph", f"is not a valid graph ({exc})") from exc
+        return graph
+
+    def _check_attribute(self, owner: nn.Module, target: str, op: str, where: str) -> None:
+        parts = target.split(".")
+        if not all(_part(p) for p in parts):
+            raise self.bad(where, f"reads {target!r:.60}, not an attribute path")
+        obj: Any = owner
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if not isinstance(obj, nn.Module):
+                obj = None
+                break
+            if part in obj._modules:
+                obj = obj._modules[part]
+            elif last and op == "get_attr" and (part in obj._parameters or part in obj._buffers):
+                obj = obj._parameters.get(part, obj._buffers.get(part))
+            elif last and op == "get_attr" and isinstance(vars(obj).get(part), torch.Tensor):
+                obj = vars(obj)[part]
+            else:
+                obj = None
+                break
+        if obj is None or (op == "call_module" and not isinstance(obj, nn.Module)):
+            kind = "a submodule" if op == "call_module" else "a parameter, buffer, tensor or submodule"
+            raise self.bad(where, f"reads {target!r}, which is not {kind} the file holds")
+
+    def module(self, data: Any, where: str) -> nn.Module:
+        kind = self.field(data, "kind", str, where)
+        module: nn.Module
+        if kind == "layer":
+            names = self.field(data, "class", list, where)
+            try:
+                cls = _resolve_layer(*(str(n) for n in names))
+            except (LookupError, AttributeError, TypeError) as exc:
+                raise self.bad(f"{where}'s class", f"{names!r:.80} is refused ({exc})") from exc
+            module = cls.__new__(cls)
+            nn.Module.__init__(module)
+            for name, value in self.field(data, "attributes", dict, where).items():
+                if not _identifier(name) or name in _MODULE_BOOKKEEPING:
+                    raise self.bad(where, f"sets attribute {name!r:.40}")
+                object.__setattr__(module, name, self.value(value, f"{where}'s attribute {name!r}"))
+        elif kind in ("graph", "module"):
+            module = nn.Module()
+        else:
+            raise self.bad(where, f"is of kind {kind!r:.40}, not layer, graph or module")
+        for name, sub in self.field(data, "modules", dict, where).items():
+            if not _part(name):
+                raise self.bad(where, f"has a submodule named {name!r:.40}")
+            module.add_module(name, self.module(sub, f"{where}.{name}"))
+        for name, entry in self.field(data, "parameters", dict, where).items():
+            if not _part(name) or not (
+                entry is None or (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], bool))
+            ):
+                raise self.bad(f"{where}'s parameter {name!r:.40}", "is not [tensor, requires_grad]")
+            param = None if entry is None else self.tensor(entry[0], f"{where}.{name}", entry[1])
+            module.register_parameter(name, param)  # type: ignore[arg-type]
+        for name, entry in self.field(data, "buffers", dict, where).items():
+            if not (_part(name) and isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], bool)):
+                raise self.bad(f"{where}'s buffer {name!r:.40}", "is not [tensor, persistent]")
+            buffer = None if entry[0] is None else self.tensor(entry[0], f"{where}.{name}")
+            module.register_buffer(name, buffer, persistent=entry[1])
+        for name, key in self.field(data, "tensors", dict, where).items():
+            if not _part(name) or hasattr(module, name):
+                raise self.bad(where, f"sets tensor attribute {name!r:.40}")
+            object.__setattr__(module, name, self.tensor(key, f"{where}.{name}"))
+        if kind == "graph":
+            class_name = self.field(data, "class_name", str, where)
+            if not class_name.isidentifier():
+                raise self.bad(where, f"has class name {class_name!r:.40}")
+            graph = self.graph(self.field(data, "graph", list, where), module, where)
+            try:
+                module = fx.GraphModule(module, graph, class_name)
+            except Exception as exc:
+                raise self.bad(where, f"does not make a graph module ({type(exc).__name__}: {exc})") from exc
+        module.training = self.field(data, "training", bool, where)  # not .train(): children keep their own
+        return module
+
+
+def _placeholders(module: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in module.graph.nodes if n.op == "placeholder"]
+
+
+def decode_plan(
+    path: str, text: Any, tensors: Any, functions: dict[tuple[str, str], Any] | None = None
+) -> tuple[dict[str, Any], list[fx.GraphModule], list[Any] | None]:
+    """The plan's fields, its stage modules and stage 0's example inputs (``(shape, dtype)`` or a value),
+    rebuilt from :func:`encode_plan`'s output, every field checked.
+
+    Args:
+        functions: ``(module, name) -> function`` the caller allows beyond the allow-list (:func:`function_names`).
+
+    Raises:
+        PlanFileError: a field is missing, of the wrong type, or names a function, class or tensor
+            that is refused or absent.
+    """
+    decoder = _Decoder(path, tensors if isinstance(tensors, dict) else {}, functions)
+    if not isinstance(text, str):
+        raise decoder.bad("its 'plan' field", f"is {type(text).__name__}, not JSON text")
+    if not isinstance(tensors, dict):
+        raise decoder.bad("its 'tensors' field", f"is {type(tensors).__name__}, not a dict of tensors")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise decoder.bad("its 'plan' field", f"is not JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise decoder.bad("its 'plan' field", "is not a JSON object")
+    stages_data = decoder.field(data, "stages", list, "the plan")
+    if not stages_data:
+        raise decoder.bad("the plan", "has no stages")
+    stages = []
+    for i, entry in enumerate(stages_data):
+        stage = decoder.module(entry, f"stage {i}")
+        if not isinstance(stage, fx.GraphModule):
+            raise decoder.bad(f"stage {i}", "is not a graph")
+        stages.append(stage)
+    return data, stages, decoder.inputs(data.get("inputs"), len(_placeholders(stages[0])))
