@@ -254,3 +254,55 @@ def test_multi_head_attention_refuses_what_it_does_not_scale_by_name():
         U.multi_head_attention_forward(x, x, x, 8, 2, w_in, None, None, None, True, 0.0, w_out, None)
     with pytest.raises(ValueError, match="multi_head_attention_forward: bias_k"):
         U.multi_head_attention_forward(x, x, x, 8, 2, w_in, None, torch.zeros(1, 1, 8), None, False, 0.0, w_out, None)
+
+
+# -- LSTM --------------------------------------------------------------------------------------------
+
+
+def lstm_params(layers, directions, inputs, hidden, biases=True):
+    params = []
+    for layer in range(layers):
+        fan_in = inputs if layer == 0 else hidden * directions
+        for _ in range(directions):
+            params += [torch.randn(4 * hidden, fan_in), torch.randn(4 * hidden, hidden)]
+            if biases:
+                params += [torch.randn(4 * hidden), torch.randn(4 * hidden)]
+    return params
+
+
+def test_lstm_has_unit_output():
+    x, h0 = torch.randn(32, 64, 16), torch.zeros(1, 64, 128)
+    out, _, _ = U.lstm(x, (h0, h0), lstm_params(1, 1, 16, 128, biases=False), False, 1, 0.0, False, False, False)
+    assert out.std().item() == pytest.approx(1, abs=0.1)
+    # torch's own LSTM on the same unit-scaled weights: h's root-mean-square, 0.2.
+    plain = torch.lstm(x, (h0, h0), [p / p.shape[-1] ** 0.5 for p in lstm_params(1, 1, 16, 128, False)],
+                       False, 1, 0.0, False, False, False)[0]  # fmt: skip
+    assert plain.std().item() < 0.3
+
+
+@pytest.mark.parametrize(("layers", "bidirectional", "batch_first"), [(1, False, False), (2, True, True)])
+def test_lstm_gradients_point_where_torchs_do(layers, bidirectional, batch_first):
+    directions = 2 if bidirectional else 1
+    x = torch.randn(2, 5, 4) if batch_first else torch.randn(5, 2, 4)
+    h0 = torch.randn(layers * directions, 2, 6)
+    params = lstm_params(layers, directions, 4, 6)
+    flags = (True, layers, 0.0, False, bidirectional, batch_first)
+
+    def ours(x, h, c, *p):
+        return U.lstm(x, (h, c), list(p), *flags)[0]
+
+    def torchs(x, h, c, *p):
+        # Hand-computed: each weight over the root of its fan-in (its last dim), biases as they are.
+        return torch.lstm(x, (h, c), [w / w.shape[-1] ** 0.5 if w.dim() == 2 else w for w in p], *flags)[0]
+
+    out, mine = grads(ours, x, h0, h0.clone(), *params)
+    ref, theirs = grads(torchs, x, h0, h0.clone(), *params)
+    assert_proportional(out, ref)
+    for i, (a, r) in enumerate(zip(mine, theirs, strict=True)):
+        assert cosine(a, r) >= TRUE, i
+
+
+def test_lstm_refuses_packed_sequences_by_name():
+    with pytest.raises(ValueError, match="lstm: packed sequences"):
+        # torch.lstm's packed form: (data, batch_sizes, hx, params, has_biases, layers, dropout, train, bidirectional)
+        U.lstm(torch.randn(6, 4), torch.tensor([2, 2, 2]), [], [], True, 1, 0.0, False, False)  # type: ignore[arg-type]

@@ -80,6 +80,17 @@ class Attention(nn.Module):
         return self.head(x + self.attn(x, x, x, need_weights=self.need_weights)[0])
 
 
+class Recurrent(nn.Module):
+    """An LSTM classifier: ``nn.LSTM`` then a head on the last step (TorchDynamo refuses RNNs by default)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0][:, -1])
+
+
 CASES = {
     "mean_pool": (lambda: MeanPoolHead(), (16, 8, 8, 8), U.mean),
     "mean_pool_keepdim": (lambda: MeanPoolHead(keepdim=True), (16, 8, 8, 8), U.mean),
@@ -89,6 +100,7 @@ CASES = {
     "interpolate": (lambda: Decoder(), (8, 16, 8, 8), U.interpolate),
     "multi_head_attention": (lambda: Attention(), (8, 16, 32), U.multi_head_attention_forward),
     "multi_head_attention_weights": (lambda: Attention(True), (8, 16, 32), U.multi_head_attention_forward),
+    "lstm": (lambda: Recurrent(), (8, 6, 8), U.lstm),
 }
 
 
@@ -155,3 +167,10 @@ def test_statistic_means_are_left_as_they_are():
     scaled = unit_scale(HandNorm())
     scaled(torch.randn(8, 16))
     assert not any(node.target is U.mean for node in scaled.graph_module.graph.nodes)
+
+
+def test_lstm_is_captured_by_the_default_route():
+    """Before: ``CaptureError`` blaming "data-dependent Python control flow" (TorchDynamo refuses RNNs unless told)."""
+    scaled = unit_scale(Recurrent())
+    scaled(torch.randn(4, 6, 8))
+    assert scaled.route == "dynamo" and scaled.unscaled_ops == []

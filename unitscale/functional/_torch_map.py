@@ -18,6 +18,7 @@ from unitscale.functional._linear import addmm, conv1d, conv2d, conv_transpose2d
 from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from unitscale.functional._recurrent import lstm
 from unitscale.functional._resample import interpolate
 from unitscale.functional._residual import add
 
@@ -75,5 +76,6 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _torch.conv_transpose2d: conv_transpose2d,
     _F.interpolate: interpolate,
     _F.multi_head_attention_forward: multi_head_attention_forward,
+    _torch.lstm: lstm,
 }
 """Each torch function (as a TorchDynamo or ``torch.fx`` graph names it) -> its unit-scaled twin."""
