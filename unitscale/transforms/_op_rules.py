@@ -43,7 +43,7 @@ def _reduced_dims(node: fx.Node) -> tuple[Any, bool] | None:
         return None
     if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)):
         return None
-    if value.numel() <= 1 or value.numel() >= before.numel():
+    if value.numel() <= 1 or value.numel() > before.numel():  # a mean over size-1 dims is one of 1: scale 1
         return None
     return dim, keepdim
 
