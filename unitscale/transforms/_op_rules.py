@@ -98,7 +98,7 @@ def rewrite_by_rule(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node], con
     """
     if _is_pool(node):
         dim, keepdim = _reduced_dims(node)  # type: ignore[misc]
-        extra = {} if node in constrained else {"constraint": None}
+        extra: dict[str, Any] = {} if node in constrained else {"constraint": None}
         node.op, node.target, node.args, node.kwargs = "call_function", U.mean, (node.args[0], dim, keepdim), extra
         return True
     operands = _layer_scale_operands(gm, node, stream)
