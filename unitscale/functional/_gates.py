@@ -257,7 +257,7 @@ def layer_scale(input: Tensor, weight: Tensor) -> Tensor:
     >>> import torch
     >>> from unitscale.functional import layer_scale
     >>> _ = torch.manual_seed(0)
-    >>> x, gamma = torch.randn(64, 196, 96), torch.ones(96, requires_grad=True)
+    >>> x, gamma = torch.randn(32, 49, 512), torch.ones(512, requires_grad=True)
     >>> y = layer_scale(x, gamma)
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(gamma.grad.std().item(), 1)
