@@ -143,7 +143,9 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         return module(*a, **k)
 
     try:
-        with no_torch_function_modes(), no_kv_cache(module):
+        # allow_rnn: TorchDynamo refuses nn.LSTM, nn.GRU and nn.RNN by default; with it, each is one
+        # torch.lstm / torch.gru / torch.rnn_tanh node, as torch.export captures them.
+        with no_torch_function_modes(), no_kv_cache(module), torch._dynamo.config.patch(allow_rnn=True):
             result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
     except torch._dynamo.exc.TorchDynamoException as exc:
         raise _capture_error(module, exc) from None

@@ -35,15 +35,25 @@ the traced model's module too.
 import sys as _sys
 
 from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, silu_glu, softmax
-from unitscale.functional._attention import scaled_dot_product_attention
+from unitscale.functional._attention import multi_head_attention_forward, scaled_dot_product_attention
 from unitscale.functional._batchnorm import batch_norm
 from unitscale.functional._dropout import dropout
 from unitscale.functional._embedding import embedding
-from unitscale.functional._gates import hardsigmoid, hardswish, mul, sigmoid
-from unitscale.functional._linear import addmm, conv1d, conv2d, linear, linear_readout, matmul
+from unitscale.functional._gates import hardsigmoid, hardswish, layer_scale, mul, sigmoid
+from unitscale.functional._linear import (
+    addmm,
+    conv1d,
+    conv2d,
+    conv_transpose2d,
+    linear,
+    linear_readout,
+    matmul,
+)
 from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import layer_norm, rms_norm
-from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d, mean
+from unitscale.functional._recurrent import lstm
+from unitscale.functional._resample import interpolate
 from unitscale.functional._residual import add, residual_add, residual_apply, residual_split
 from unitscale.functional._scale import normalise_grad, scale
 from unitscale.functional._torch_map import torch_map
@@ -83,6 +93,12 @@ __all__ = [
     "hardsigmoid",
     "hardswish",
     "mul",
+    "mean",
+    "conv_transpose2d",
+    "interpolate",
+    "layer_scale",
+    "multi_head_attention_forward",
+    "lstm",
     "normalise_grad",
     "torch_map",
 ]

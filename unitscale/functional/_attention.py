@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 import torch.nn.functional as _F
 
 from unitscale import errors as _errors
 from unitscale.functional._checks import _misfits
+from unitscale.functional._linear import linear as _linear
 from unitscale.functional._scale import _constrain
 from unitscale.functional._scale import scale as _scale
 from unitscale.scaling import softmax_stats as _stats
@@ -116,3 +118,197 @@ def scaled_dot_product_attention(
             enable_gqa=enable_gqa,
         )
         return _scale(out, output_scale, grad_scale)
+
+
+def _project(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    weights: tuple[Tensor, ...],
+    biases: tuple[Tensor | None, ...],
+    constraint: ConstraintArg,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v projections as torch's ``_in_projection_packed`` groups them: one matmul per distinct input.
+
+    Each distinct input gets one unit-scaled linear over the rows it feeds, so an input read by
+    several projections gets one backward scale for all of them (its gradient stays true).
+    """
+    if len(weights) == 1:
+        w, b = weights[0], biases[0]
+        e = w.shape[0] // 3
+        if query is key and key is value:
+            q, k, v = _linear(query, w, b, constraint).split(e, dim=-1)
+            return q, k, v
+        bq, bkv = (None, None) if b is None else (b[:e], b[e:])
+        q = _linear(query, w[:e], bq, constraint)
+        if key is value:
+            k, v = _linear(key, w[e:], bkv, constraint).split(e, dim=-1)
+            return q, k, v
+        weights = (w[e : 2 * e], w[2 * e :])
+        biases = (None, None) if bkv is None else (bkv[:e], bkv[e:])
+        return q, _linear(key, weights[0], biases[0], constraint), _linear(value, weights[1], biases[1], constraint)
+    q_w, k_w, v_w = weights
+    q_b, k_b, v_b = biases
+    return (
+        _linear(query, q_w, q_b, constraint),
+        _linear(key, k_w, k_b, constraint),
+        _linear(value, v_w, v_b, constraint),
+    )
+
+
+@fill_docstring
+def multi_head_attention_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    embed_dim_to_check: int,
+    num_heads: int,
+    in_proj_weight: Tensor | None,
+    in_proj_bias: Tensor | None,
+    bias_k: Tensor | None,
+    bias_v: Tensor | None,
+    add_zero_attn: bool,
+    dropout_p: float,
+    out_proj_weight: Tensor,
+    out_proj_bias: Tensor | None,
+    training: bool = True,
+    key_padding_mask: Tensor | None = None,
+    need_weights: bool = True,
+    attn_mask: Tensor | None = None,
+    use_separate_proj_weight: bool = False,
+    q_proj_weight: Tensor | None = None,
+    k_proj_weight: Tensor | None = None,
+    v_proj_weight: Tensor | None = None,
+    static_k: Tensor | None = None,
+    static_v: Tensor | None = None,
+    average_attn_weights: bool = True,
+    is_causal: bool = False,
+    constraint: ConstraintArg = "gmean",
+) -> tuple[Tensor, Tensor | None]:
+    """Unit-scaled :func:`torch.nn.functional.multi_head_attention_forward` (:class:`torch.nn.MultiheadAttention`'s).
+
+    The same computation from unit-scaled parts: the q, k and v projections as
+    :func:`~unitscale.functional.linear` (one per distinct input, as torch groups them:
+    self-attention's packed ``in_proj_weight`` is one matmul), the heads' attention as
+    :func:`scaled_dot_product_attention` (whose q, k and v share one backward scale),
+    and the output projection as :func:`~unitscale.functional.linear`, biases added
+    unscaled. Masks are torch's (a boolean ``True`` masks a key out). With
+    ``need_weights=True`` the head-averaged attention weights are computed as torch does
+    and returned unscaled (they are probabilities), without dropout.
+
+    Args:
+        query: ``(L, N, E)`` (or unbatched ``(L, E)``); the other arguments as in torch.
+        key: ``(S, N, E)``.
+        value: ``(S, N, E)``.
+        embed_dim_to_check: ``E``.
+        num_heads: heads; ``E`` must divide by it.
+        in_proj_weight: ``(3E, E)``, or ``None`` with ``use_separate_proj_weight``.
+        in_proj_bias: ``(3E,)`` or ``None``.
+        bias_k: must be ``None`` (not supported).
+        bias_v: must be ``None`` (not supported).
+        add_zero_attn: must be ``False`` (not supported).
+        dropout_p: attention dropout, applied in training.
+        out_proj_weight: ``(E, E)``.
+        out_proj_bias: ``(E,)`` or ``None``.
+        training: apply dropout.
+        key_padding_mask: ``(N, S)``, as in torch.
+        need_weights: also return the attention weights.
+        attn_mask: ``(L, S)`` or ``(N * heads, L, S)``, as in torch.
+        use_separate_proj_weight: use ``q/k/v_proj_weight``.
+        q_proj_weight: ``(E, E)``.
+        k_proj_weight: ``(E, kdim)``.
+        v_proj_weight: ``(E, vdim)``.
+        static_k: must be ``None`` (not supported).
+        static_v: must be ``None`` (not supported).
+        average_attn_weights: average the returned weights over heads.
+        is_causal: as in torch (a hint with ``attn_mask``).
+        {constraint}
+
+    Returns:
+        ``(attn_output, attn_weights)``, the output ``(L, N, E)`` unit-scaled.
+
+    Raises:
+        InputError: ``bias_k``, ``bias_v``, ``add_zero_attn``, ``static_k`` or ``static_v`` given;
+            ``embed_dim_to_check`` or ``num_heads`` does not fit the query.
+        {constraint_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import multi_head_attention_forward
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.randn(32, 16, 64)
+    >>> w_in, w_out = torch.randn(192, 64), torch.randn(64, 64)
+    >>> y, _ = multi_head_attention_forward(x, x, x, 64, 4, w_in, None, None, None,
+    ...     False, 0.0, w_out, None, need_weights=False, constraint=None)
+    >>> round(y.std().item())
+    1
+    """
+    name = "multi_head_attention_forward"
+    for arg, given in (("bias_k", bias_k), ("bias_v", bias_v), ("static_k", static_k), ("static_v", static_v)):
+        if given is not None:
+            raise _errors.InputError(f"{name}: {arg} is not supported by the unit-scaled twin; pass None")
+    if add_zero_attn:
+        raise _errors.InputError(f"{name}: add_zero_attn=True is not supported by the unit-scaled twin; pass False")
+    batched = query.dim() == 3
+    if not batched:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.unsqueeze(0)
+    length, batch, embed = query.shape
+    if embed != embed_dim_to_check or num_heads < 1 or embed % num_heads:
+        raise _errors.InputError(
+            f"{name}: query of shape {tuple(query.shape)} does not fit embed_dim_to_check={embed_dim_to_check} "
+            f"and num_heads={num_heads}; the query's last size must be embed_dim_to_check, divisible by num_heads"
+        )
+    if use_separate_proj_weight:
+        weights: tuple[Tensor, ...] = (q_proj_weight, k_proj_weight, v_proj_weight)  # type: ignore[assignment]
+        b = in_proj_bias
+        biases: tuple[Tensor | None, ...] = (
+            (None,) * 3 if b is None else (b[:embed], b[embed : 2 * embed], b[2 * embed :])
+        )
+    else:
+        weights, biases = (in_proj_weight,), (in_proj_bias,)  # type: ignore[assignment]
+    q, k, v = _project(query, key, value, weights, biases, constraint)
+    source = k.shape[0]
+    head = embed // num_heads
+
+    def heads(t: Tensor, rows: int) -> Tensor:  # (rows, N, E) -> (N, heads, rows, head)
+        return t.reshape(rows, batch, num_heads, head).permute(1, 2, 0, 3)
+
+    q, k, v = heads(q, length), heads(k, source), heads(v, source)
+    mask = None
+    if is_causal and key_padding_mask is None and not need_weights and attn_mask is None:
+        mask = None
+    elif attn_mask is not None or key_padding_mask is not None:
+        is_causal = False
+        float_mask = torch.zeros(batch, num_heads, length, source, dtype=q.dtype, device=q.device)
+        for given, shape in ((attn_mask, None), (key_padding_mask, (batch, 1, 1, source))):
+            if given is None:
+                continue
+            if given.dtype == torch.bool:
+                given = torch.zeros_like(given, dtype=q.dtype).masked_fill(given, float("-inf"))
+            if shape is not None:
+                given = given.reshape(shape)
+            elif given.dim() == 3:
+                given = given.reshape(batch, num_heads, length, source)
+            float_mask = float_mask + given.to(q.dtype)
+        mask = float_mask
+    p = dropout_p if training else 0.0
+    out = scaled_dot_product_attention(q, k, v, mask, p, is_causal, constraint=constraint)
+    out = out.permute(2, 0, 1, 3).reshape(length, batch, embed)
+    out = _linear(out, out_proj_weight, out_proj_bias, constraint)
+    weights_out = None
+    if need_weights:
+        scores = (q * head**-0.5) @ k.transpose(-2, -1)
+        if mask is not None:
+            scores = scores + mask
+        elif is_causal:
+            causal = torch.ones(length, source, dtype=torch.bool, device=q.device).tril()
+            scores = scores.masked_fill(~causal, float("-inf"))
+        weights_out = scores.softmax(-1)
+        if average_attn_weights:
+            weights_out = weights_out.mean(1)
+        if not batched:
+            weights_out = weights_out.squeeze(0)
+    if not batched:
+        out = out.squeeze(1)
+    return out, weights_out

@@ -233,3 +233,35 @@ def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_sca
         return scale(input * other, scales[0], scales[0])
     scaled = [o if s == 1.0 else scale(o, 1.0, s) for o, s in zip(operands, scales[1:], strict=True)]
     return scaled[0] * scaled[1]
+
+
+def layer_scale(input: Tensor, weight: Tensor) -> Tensor:
+    """Unit-scaled layer scale: ``input * weight``, a learned per-channel gain (ConvNeXt's, CaiT's ``gamma``).
+
+    The forward is the plain product, so a gain of 1 (what :func:`~unitscale.unit_scale`
+    initialises it to, as a norm's gain) keeps a unit-scaled input's scale; a gain of
+    ``1e-6`` would silence its branch, which unit scaling weights with its residual's
+    ``tau`` instead. The input's gradient is ``weight`` times the output's, unscaled. The
+    gain's gradient sums over the ``copies`` positions it is broadcast to (the batch and
+    the spatial or token dims) and is scaled by ``copies**-0.5``, as a weight's is
+    (Blake et al.): a parameter read by this one op is a cut edge, so that scale keeps
+    its gradient a positive multiple of the true one.
+
+    Args:
+        input: a tensor.
+        weight: the gain, broadcastable to ``input`` (``(C,)`` or ``(C, 1, 1)``).
+
+    Returns:
+        ``input * weight``.
+
+    >>> import torch
+    >>> from unitscale.functional import layer_scale
+    >>> _ = torch.manual_seed(0)
+    >>> x, gamma = torch.randn(32, 49, 512), torch.ones(512, requires_grad=True)
+    >>> y = layer_scale(x, gamma)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(gamma.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    copies = _math.prod(_torch.broadcast_shapes(input.shape, weight.shape)) / max(weight.numel(), 1)
+    return input * scale(weight, 1.0, copies**-0.5 if copies > 0 else 1.0)

@@ -399,3 +399,77 @@ def conv2d(
     (1.0, 1.0)
     """
     return _conv(_F.conv2d, 2, input, weight, bias, stride, padding, dilation, groups, constraint)
+
+
+@fill_docstring
+def conv_transpose2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, ...] = 1,
+    padding: int | tuple[int, ...] = 0,
+    output_padding: int | tuple[int, ...] = 0,
+    groups: int = 1,
+    dilation: int | tuple[int, ...] = 1,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :func:`torch.nn.functional.conv_transpose2d`.
+
+    A transposed convolution is the backward of :func:`conv2d` with the same weight, so
+    the two swap scales: an output element sums ``fan_in = C_in / groups * T / (H_out *
+    W_out)`` terms and is scaled by ``fan_in**-0.5``; an input element's gradient sums
+    ``fan_out = C_out / groups * T / (H_in * W_in)`` terms and is scaled by
+    ``fan_out**-0.5``, where ``T`` counts the (input position, kernel tap) pairs that land
+    inside the output (the cropping of ``padding`` drops some). The weight's gradient sums
+    ``N * T / (kh * kw)`` terms per element, the bias's ``N * H_out * W_out``. The
+    constraint reconciles the output and input-gradient scales, as for :func:`linear`.
+
+    Args:
+        input: ``(N, C_in, H_in, W_in)`` (or unbatched ``(C_in, H_in, W_in)``).
+        weight: ``(C_in, C_out / groups, kh, kw)``.
+        bias: optional ``(C_out,)``.
+        stride: as in torch.
+        padding: as in torch.
+        output_padding: as in torch.
+        groups: as in torch.
+        dilation: as in torch.
+        {constraint}
+
+    Returns:
+        The scaled transposed convolution.
+
+    Raises:
+        {constraint_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import conv_transpose2d
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.randn(8, 32, 16, 16, requires_grad=True)
+    >>> w = torch.randn(32, 16, 4, 4)
+    >>> y = conv_transpose2d(x, w, stride=2, padding=1, constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    strides, paddings, dilations = _tuple(stride, 2), _tuple(padding, 2), _tuple(dilation, 2)
+    out = _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation)
+    kernel, in_size, out_size = weight.shape[-2:], input.shape[-2:], out.shape[-2:]
+    # The conv2d this transposes maps the output's positions to the input's: its valid taps are T.
+    pairs = _math.prod(
+        _valid_taps(out_size[i], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))[0] for i in range(2)
+    )
+    fan_in = input.shape[-3] / groups * pairs / max(_math.prod(out_size), 1)
+    fan_out = weight.shape[1] * pairs / max(_math.prod(in_size), 1)
+    batch = input.numel() // max(_math.prod(input.shape[-3:]), 1)
+    weight_grad_scale = _inv_sqrt(batch * pairs / max(_math.prod(kernel), 1))
+    output_scale, grad_scale = _constrain(constraint, _inv_sqrt(fan_in), _inv_sqrt(fan_out))
+    # Scales act on the result, as in linear; the weight's own gradient gets its count alone.
+    weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
+    out = scale(
+        _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation),
+        output_scale,
+        grad_scale,
+    )
+    if bias is None:
+        return out
+    return out + scale(bias, 1.0, _inv_sqrt(batch * _math.prod(out_size))).reshape(-1, 1, 1)

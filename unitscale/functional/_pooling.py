@@ -6,6 +6,7 @@ import functools as _functools
 import math as _math
 from typing import TYPE_CHECKING
 
+import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale.functional._linear import _pair
@@ -174,4 +175,53 @@ def adaptive_avg_pool2d(
     out = _F.adaptive_avg_pool2d(input, output_size)
     window = max(round(input.shape[-2] * input.shape[-1] / max(out.shape[-2] * out.shape[-1], 1)), 1)
     output_scale, grad_scale = _pool_scales(input, out, window, constraint)
+    return scale(out, output_scale, grad_scale)
+
+
+@fill_docstring
+def mean(
+    input: Tensor,
+    dim: int | tuple[int, ...] | list[int] | None = None,
+    keepdim: bool = False,
+    *,
+    dtype: _torch.dtype | None = None,
+    constraint: ConstraintArg = "gmean",
+) -> Tensor:
+    """Unit-scaled :meth:`torch.Tensor.mean`: a mean pool (``x.mean((2, 3))``, timm's global pool).
+
+    The mean of ``n`` independent unit-std values has std ``n**-0.5``, so the output is
+    scaled by ``n**0.5`` (``n``: the number of elements each output averages, the
+    product of the sizes of ``dim``; every element for ``dim=None``). In the backward
+    pass each input element gets exactly one output's gradient divided by ``n`` (std
+    ``1 / n``), so its gradient is scaled by ``n``: the rule of Blake et al. for a sum
+    over ``n`` terms (forward ``n**-0.5``, backward 1) composed with the division by
+    ``n``. With a constraint one scale serves both directions (``gmean``: ``n**0.75``).
+    Values with a mean come out above 1 (the mean is kept, not shrunk):
+    :func:`~unitscale.unit_scale` corrects for the mean of a ReLU or GELU it pools.
+
+    Args:
+        input: a tensor.
+        dim: as in torch (``None``: every dim).
+        keepdim: as in torch.
+        dtype: as in torch.
+        {constraint}
+
+    Returns:
+        The scaled mean.
+
+    Raises:
+        {constraint_errors}
+
+    >>> import torch
+    >>> from unitscale.functional import mean
+    >>> _ = torch.manual_seed(0)
+    >>> x = torch.randn(64, 32, 8, 8, requires_grad=True)
+    >>> y = mean(x, (2, 3), constraint=None)
+    >>> y.backward(torch.randn_like(y))
+    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    out = input.mean(dtype=dtype) if dim is None else input.mean(dim, keepdim, dtype=dtype)
+    window = max(input.numel() // max(out.numel(), 1), 1)
+    output_scale, grad_scale = _constrain(constraint, window**0.5, float(window))
     return scale(out, output_scale, grad_scale)

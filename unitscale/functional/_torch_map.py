@@ -9,15 +9,17 @@ import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, softmax
-from unitscale.functional._attention import scaled_dot_product_attention
+from unitscale.functional._attention import multi_head_attention_forward, scaled_dot_product_attention
 from unitscale.functional._batchnorm import batch_norm
 from unitscale.functional._dropout import dropout
 from unitscale.functional._embedding import embedding
 from unitscale.functional._gates import hardsigmoid, hardswish, sigmoid
-from unitscale.functional._linear import addmm, conv1d, conv2d, linear, matmul
+from unitscale.functional._linear import addmm, conv1d, conv2d, conv_transpose2d, linear, matmul
 from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
+from unitscale.functional._recurrent import lstm
+from unitscale.functional._resample import interpolate
 from unitscale.functional._residual import add
 
 if TYPE_CHECKING:
@@ -70,5 +72,10 @@ torch_map: dict[Callable[..., object], Callable[..., object]] = {
     _torch._C._nn.hardsigmoid: hardsigmoid,
     _F.hardswish: hardswish,
     _torch._C._nn.hardswish: hardswish,
+    _F.conv_transpose2d: conv_transpose2d,
+    _torch.conv_transpose2d: conv_transpose2d,
+    _F.interpolate: interpolate,
+    _F.multi_head_attention_forward: multi_head_attention_forward,
+    _torch.lstm: lstm,
 }
 """Each torch function (as a TorchDynamo or ``torch.fx`` graph names it) -> its unit-scaled twin."""

@@ -59,9 +59,18 @@ class SwiGLU(nn.Module):
     the constraint; :func:`unitscale.functional.silu_glu` scales its output alike in
     both passes.
 
+    The default ``constraint=None`` mirrors the scales, as the reference's ``MLP`` does: ``up``
+    and ``gate`` scale their output by ``d**-0.5`` and their input gradient by ``(e d)**-0.5``,
+    ``down`` the other way round, so along every path from the input to the output the
+    forward scales and the backward scales multiply to the same number. Each op's input
+    gradient is then its true one times one factor shared by every path, the block's input
+    gradient is the true one, and outputs and every gradient are unit-scaled. A constraint
+    gives each projection one scale both ways instead (``gmean``: the output std falls to
+    ``(1 / e)**0.25``, and the up and gate weights' gradients to half).
+
     Args:
         hidden_size: model width ``d``.
-        expansion_factor: the inner width is ``expansion_factor * d``.
+        expansion_factor: the inner width is ``expansion_factor * d`` (``e d``).
         {constraint}
         {mult}
 
@@ -72,19 +81,19 @@ class SwiGLU(nn.Module):
     >>> import torch
     >>> from unitscale.nn import SwiGLU
     >>> _ = torch.manual_seed(0)
-    >>> mlp = SwiGLU(64, constraint="to_output_scale")
+    >>> mlp = SwiGLU(64)
     >>> round(mlp(torch.randn(512, 64)).std().item(), 1)
     1.0
 
-    With the default ``gmean`` the two projections meet in a product: ``(64 / 256)**0.25``, twice,
+    With ``gmean`` the two projections meet in a product: ``(64 / 256)**0.25``, twice,
     and ``down`` gives one factor back:
 
-    >>> round(SwiGLU(64)(torch.randn(512, 64)).std().item(), 1)
+    >>> round(SwiGLU(64, constraint="gmean")(torch.randn(512, 64)).std().item(), 1)
     0.7
     """
 
     def __init__(
-        self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = "gmean", mult: float = 1.0
+        self, hidden_size: int, expansion_factor: int = 4, constraint: ConstraintArg = None, mult: float = 1.0
     ) -> None:
         super().__init__()
         self.mult = check_mult("SwiGLU", "mult", mult)

@@ -60,7 +60,20 @@ def _constrain_before_batch_norms(graph: fx.Graph) -> None:
             node.kwargs = {**node.kwargs, "constraint": "to_grad_input_scale"}
 
 
-_POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d}
+_POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d, U.mean}
+
+
+def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> int | None:
+    """The elements a pool to one value per channel averages (``None``: not such a pool).
+
+    A 2-D pool to a 1x1 map, or a mean pool (:func:`~unitscale.functional.mean` over the
+    spatial dims or the tokens), whose window is what each output averages.
+    """
+    if node.target is U.mean:
+        return before.numel() // max(value.numel(), 1)
+    if value.dim() >= 2 and value.shape[-2:].numel() == 1:
+        return before.shape[-2:].numel()
+    return None
 
 
 def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
@@ -85,11 +98,13 @@ def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
             continue
         value = node.meta.get("example_value")
         source = node.args[0] if node.args else None
-        if not (isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[-2:].numel() == 1):
+        if not isinstance(value, torch.Tensor):
             continue
         if not isinstance(source, fx.Node) or not isinstance(source.meta.get("example_value"), torch.Tensor):
             continue
-        window = source.meta["example_value"].shape[-2:].numel()
+        window = _global_window(node, value, source.meta["example_value"])
+        if window is None:
+            continue
         trunk = "constraint" in node.kwargs and node.kwargs["constraint"] is None
         if not trunk:
             node.kwargs = {**node.kwargs, "constraint": "to_output_scale"}

@@ -111,6 +111,7 @@ from unitscale.transforms._graph import (
     _stream,
     _trunk,
 )
+from unitscale.transforms._op_rules import rewrite_by_rule
 from unitscale.transforms.patterns import fold_patterns
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "unit_init_"]
@@ -157,6 +158,7 @@ def _takes_constraint(fn: Callable[..., Any]) -> bool:
 
 _NORM_FUNCTIONS: set[Any] = {F.layer_norm, U.layer_norm, F.group_norm, F.batch_norm, F.instance_norm, F.rms_norm}
 _NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm}
+_NORM_FUNCTIONS |= {U.layer_scale}  # a layer scale's gain starts at 1, as a norm's does
 
 
 @torch.no_grad()
@@ -209,7 +211,7 @@ def unit_init_(gm: fx.GraphModule) -> None:
                 param.zero_()
             elif roles == {"running_var"}:
                 param.fill_(1.0)
-        elif "bias" in roles:
+        elif any(str(role).endswith("bias") for role in roles):  # in_proj_bias of attention too
             param.zero_()
             tag(param, "bias")
         elif "weight" in roles and any(_member(user.target, _NORM_FUNCTIONS) for user, _ in consumers):
@@ -480,6 +482,9 @@ class UnitScalePass:
                     done.add(node)
                 else:
                     kept[node] = "product of two activations (unit std times unit std stays unit std)"
+                continue
+            if rewrite_by_rule(gm, node, stream, constrained):  # mean pools, layer scales
+                done.add(node)
                 continue
             twin = _lookup(self.torch_map, _function_of(node))
             if twin is None:
