@@ -21,6 +21,7 @@ from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_f
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
 from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
+from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import COMPUTE_OPS
 
 __all__ = ["ROUTES", "GRAPH_ROUTE_NAMES", "Capture", "capture"]
@@ -367,7 +368,8 @@ def capture(
     def make() -> Capture:
         # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
         # No tool needs a decoder's KV cache, and no graph can return one: it is switched off.
-        with torch.random.fork_rng(devices=[]), no_kv_cache(module) as switched:
+        # Tracing and exporting patch torch.nn.Module for the whole process: one capture at a time.
+        with GLOBAL_STATE_LOCK, torch.random.fork_rng(devices=[]), no_kv_cache(module) as switched:
             cap = _capture(module, routes, args, kw, _route_fns(dynamic_batch, flat, deep), check)
         cap.kv_cache_disabled = switched
         return cap

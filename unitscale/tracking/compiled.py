@@ -141,6 +141,7 @@ class CompiledTracking:
         exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
         self.steps = steps
         self.nodes = nodes
+        self._failed = threading.local()
         self._forward = scope["forward"]
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
@@ -156,18 +157,17 @@ class CompiledTracking:
             captured.output = self._forward(module, *inputs)
         except BaseException:
             captured.remove_hooks()
-            self.failed = _run.last + 1
+            self._failed.index = _run.last + 1  # per thread: a cached program is shared
             raise
         finally:
             _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = saved  # type: ignore[assignment]
         return captured
 
-    failed: int = -1
-
     @property
     def failed_node(self) -> fx.Node | None:
-        """The node the last failed :meth:`run` stopped at (``None`` at the output or before any run failed)."""
-        return self.nodes[self.failed] if 0 <= self.failed < len(self.nodes) else None
+        """The node this thread's last failed :meth:`run` stopped at (``None`` at the output or before any failed)."""
+        failed = getattr(self._failed, "index", -1)
+        return self.nodes[failed] if 0 <= failed < len(self.nodes) else None
 
 
 def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
