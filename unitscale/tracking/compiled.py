@@ -16,7 +16,6 @@ from __future__ import annotations
 import operator
 import re
 import threading
-import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -346,8 +345,10 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | 
     return "\n".join(out)
 
 
-# graph -> its compiled tracking: the graph of a cached capture lives as long as the capture
-_compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary()
+# A graph's compiled tracking is kept on the graph (it refers to the graph's nodes, so a
+# dict keyed weakly by graph would keep every graph, and its model, alive): it lives as long
+# as the graph of the cached capture does.
+_COMPILED = "_unitscale_compiled_tracking"
 
 
 def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | None:
@@ -373,12 +374,12 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     True
     """
     graph = cap.require_graph("compiled_tracking()").graph
-    program: Any = _compiled.get(graph, False)
+    program: Any = vars(graph).get(_COMPILED, False)
     if program is False:
         code, namespace = cap.python_code()
         try:
             program = CompiledTracking(module, graph, code, namespace)
         except _NotCompiled:
             program = None
-        _compiled[graph] = program
+        setattr(graph, _COMPILED, program)
     return program
