@@ -217,8 +217,10 @@ def _run_interpreted(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...]
     interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
     try:
         interp.captured.output = interp.run(*inputs)
-    except Exception as e:
-        interp.captured.remove_hooks()
+    except BaseException as e:
+        interp.captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
+        if not isinstance(e, Exception):
+            raise
         n = interp.current_node
         where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
         reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
@@ -270,16 +272,19 @@ def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: b
         # an fx trace's code reads the module itself (its current parameters); an exported
         # graph holds its own references
         captured = _run_compiled(cap, module if cap.route == "fx" else cap.graph_module, inputs, abs_max)
-    seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
-    captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    try:
+        seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
+        captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    except BaseException:
+        captured.remove_hooks()
+        raise
     return captured
 
 
 def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRow]:
-    try:
-        run_backward(float_outputs(captured.output, model), backward, captured.leaves)
-    finally:
-        captured.remove_hooks()
+    """The backward pass and the numbers (the caller's ``finally`` removes the hooks again if this fails)."""
+    run_backward(float_outputs(captured.output, model), backward, captured.leaves)
+    captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
     values = read_records([record for _, record in captured.entries])
     entries = zip(captured.entries, values, strict=True)
     return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
@@ -335,7 +340,11 @@ def _track(
         # buffers or assigns to its module is undone (the caller's model is only observed); a
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
         with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
-            rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
+            captured = _record(cap, module, inputs, abs_max)  # on failure it removed its hooks
+            try:
+                rows = _finish(captured, backward, model)
+            finally:  # Ctrl-C included: the gradient hooks sit on the caller's parameters
+                captured.remove_hooks()
         failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
         return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
 
