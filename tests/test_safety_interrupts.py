@@ -168,8 +168,19 @@ class AtCall:
                 raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("tool", ["track_scales fx", "track_scales eager", "track_scales GraphModule"])
-def test_ctrl_c_inside_the_library_leaves_everything_as_it_was(tool: str) -> None:
+@pytest.mark.parametrize(
+    ("tool", "points"),
+    [
+        ("track_scales fx", 25),
+        ("track_scales eager", 25),
+        ("track_scales GraphModule", 25),
+        ("partition", 12),
+        ("unit_scale", 12),
+        ("inline", 12),
+        ("trace_exec_order", 8),
+    ],
+)
+def test_ctrl_c_inside_the_library_leaves_everything_as_it_was(tool: str, points: int) -> None:
     run = TOOLS.get(tool) or (lambda m: us.track_scales(us.inline(m), X))
     TICKS.at = 0
     counter = AtCall(0)
@@ -180,7 +191,7 @@ def test_ctrl_c_inside_the_library_leaves_everything_as_it_was(tool: str) -> Non
     finally:
         sys.settrace(None)
     calls = counter.count
-    for at in range(1, calls, max(1, calls // 25)):  # about 25 points spread over the whole call
+    for at in range(1, calls, max(1, calls // points)):  # points spread over the whole call
         net = model()
         clear_capture_cache()
         before = snapshot(net)
