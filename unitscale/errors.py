@@ -75,6 +75,9 @@ __all__ = [
     "BackwardValueError",
     "KVCacheError",
     "NothingQuantisedWarning",
+    "BackwardError",
+    "MetaTensorError",
+    "OutOfMemoryError",
 ]
 
 
@@ -310,3 +313,49 @@ class NothingQuantisedWarning(UserWarning):
     correct and a model may legitimately have no matmul (a normalisation, an activation);
     the message names the model and the ops the simulation rounds.
     """
+
+
+class BackwardError(UnitscaleError, RuntimeError):
+    """The model's backward pass raised (a backward hook, a custom ``autograd.Function``'s backward).
+
+    The original exception is the ``__cause__``; the message names the call and the model.
+    """
+
+
+class MetaTensorError(InputError):
+    """The model's parameters, buffers or inputs are on the ``meta`` device: they hold no values to run.
+
+    Materialise the model first (``model.to_empty(device="cpu")``, then initialise or load
+    its weights) and pass real input tensors.
+    """
+
+
+class OutOfMemoryError(UnitscaleError, MemoryError):
+    """Running the model ran out of memory (``torch.OutOfMemoryError``, or an allocator's "can't allocate").
+
+    Not a wrong input: the message says to use smaller inputs, free memory or another device.
+    The original error is the ``__cause__``.
+    """
+
+    @staticmethod
+    def caused(e: BaseException) -> bool:
+        """Whether ``e`` (or what it was raised from) is running out of memory.
+
+        >>> from unitscale.errors import OutOfMemoryError
+        >>> full = RuntimeError("DefaultCPUAllocator: can't allocate memory: ...")
+        >>> OutOfMemoryError.caused(full)
+        True
+        >>> OutOfMemoryError.caused(ValueError("mat1 and mat2 shapes differ"))
+        False
+        """
+        seen: set[int] = set()
+        current: BaseException | None = e
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if isinstance(current, MemoryError) or type(current).__name__ == "OutOfMemoryError":
+                return True
+            text = str(current)
+            if "can't allocate memory" in text or "CUDA out of memory" in text or "out of memory" in text[:200]:
+                return True
+            current = current.__cause__ or current.__context__
+        return False

@@ -20,7 +20,15 @@ from unitscale.capture._meta import normalise_graph
 from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_fx_route, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
-from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
+from unitscale.errors import (
+    InputError,
+    MetaTensorError,
+    NoGraphError,
+    NoRouteError,
+    NotAModuleError,
+    OutOfMemoryError,
+    UnknownRouteError,
+)
 from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import COMPUTE_OPS
 
@@ -272,6 +280,12 @@ def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
             return module(*args, **kwargs)
     except Exception as e:
         shapes = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        if OutOfMemoryError.caused(e):
+            raise OutOfMemoryError(
+                f"{type(module).__name__} ran out of memory on the example inputs ({shapes}) at {failure_frame(e)}: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; use smaller inputs (a smaller "
+                "batch), free memory, or run on a device with more"
+            ) from e
         raise InputError(
             f"{type(module).__name__} failed on the example inputs ({shapes}) at {failure_frame(e)}: "
             f"{type(e).__name__}: {e}. Check that they have the shapes and dtypes the model expects."
@@ -364,6 +378,7 @@ def capture(
     if deep is not None and flat:
         raise InputError("capture() got flat=True and deep=...; pick one way for the fx route to trace")
     args, kw = _check_inputs(module, example_inputs, kwargs)
+    _refuse_meta(module, args, kw)
 
     def make() -> Capture:
         # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
@@ -378,6 +393,20 @@ def capture(
         return make()
     request = (routes, dynamic_batch, flat, deep, check)
     return cached(module, request, lambda: input_signature(module, args, kw), make, _depends_on_inputs)
+
+
+def _refuse_meta(module: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    """A model or input on the meta device holds no values: every route would fail on it (``.item()``, a check)."""
+    named = [*module.named_parameters(), *module.named_buffers()]
+    on_meta = [name for name, t in named if t.is_meta]
+    on_meta += [f"input {i}" for i, a in enumerate([*args, *kw.values()]) if isinstance(a, torch.Tensor) and a.is_meta]
+    if on_meta:
+        shown = ", ".join(on_meta[:3]) + (f" and {len(on_meta) - 3} more" if len(on_meta) > 3 else "")
+        raise MetaTensorError(
+            f"{type(module).__name__} has tensors on the meta device ({shown}), which hold no values to run; "
+            "materialise the model first (model.to_empty(device='cpu'), then initialise or load its weights) "
+            "and pass real input tensors"
+        )
 
 
 def _depends_on_inputs(cap: Capture) -> bool:
@@ -417,6 +446,12 @@ def _capture(
             try:
                 result = _take_route(name, module, args, kw, route_fns, check, expected)
             except Exception as e:
+                if OutOfMemoryError.caused(e):  # no other route will have more memory
+                    raise OutOfMemoryError(
+                        f"capturing {type(module).__name__} (route {name!r}) ran out of memory: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; use smaller example "
+                        "inputs, free memory, or capture on a device with more"
+                    ) from e
                 reasons[name] = exception_summary(e, fallback=lambda: _forward_line(module))
                 continue
         result.reasons = reasons

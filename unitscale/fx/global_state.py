@@ -47,10 +47,10 @@ def this_thread_only(tracer: fx.Tracer) -> Iterator[None]:
     >>> from unitscale.fx import ModulePathTracer
     >>> from unitscale.fx.global_state import this_thread_only
     >>> tracer, plain = ModulePathTracer(), torch.nn.Linear(2, 2)
+    >>> def elsewhere():
+    ...     print(tracer.call_module(plain, lambda x: "ran", (1,), {}))
     >>> with this_thread_only(tracer):
-    ...     worker = threading.Thread(
-    ...         target=lambda: print(tracer.call_module(plain, lambda x: "ran", (1,), {}))
-    ...     )
+    ...     worker = threading.Thread(target=elsewhere)
     ...     worker.start(); worker.join()
     ran
     """
