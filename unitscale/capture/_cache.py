@@ -115,7 +115,7 @@ T = TypeVar("T")
 _SLOT = "_unitscale_captures"
 
 
-class _Entries(dict):  # type: ignore[type-arg]
+class _Entries(dict):
     """One module's captures: request -> (fingerprint, input signature or None, capture).
 
     Kept in the module's ``__dict__``; a copy or a pickle of the module starts with none.
