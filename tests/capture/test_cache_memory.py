@@ -59,15 +59,18 @@ def test_an_exported_or_partitioned_model_is_freed() -> None:
         assert ref() is None
 
 
-def test_a_capture_lives_on_its_module_and_not_in_its_copies() -> None:
+def test_a_cached_capture_holds_its_module_weakly_and_leaves_it_unchanged() -> None:
     model, x = nn.Linear(2, 2), torch.randn(1, 2)
+    attributes = sorted(vars(model))
     first = capture(model, x, cache=True)
-    assert capture(model, x, cache=True) is first
-    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model)), copy.copy(model)):
+    assert capture(model, x, cache=True) is first and first.module is model
+    assert sorted(vars(model)) == attributes  # nothing stored on the model
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert capture(twin, x, cache=True) is not first
         assert torch.equal(twin(x), model(x))
+    assert capture(model, x).module is model  # an uncached capture holds it as it was
     ref = weakref.ref(model)
-    del model, first
+    del model
     gc.collect()
-    assert ref() is None
+    assert ref() is None and first.module is None
     clear_capture_cache()

@@ -16,14 +16,9 @@ unchanged:
   value, and the identity of every parameter and buffer (an exported graph holds them).
 
 What the fingerprint cannot see (a global, an object changed in place) needs
-:func:`clear_capture_cache`.
-
-A capture refers to its module (its graph holds the module's submodules and parameters),
-so a cache keyed weakly by module would keep every module alive through its values. The
-entries live on the module instead, in its ``__dict__`` under ``_unitscale_captures``
-(not copied by ``copy``/``deepcopy``, not pickled): they die with it. A module that is
-``del``-ed is freed at the next garbage collection (module and entries refer to each
-other, a cycle that only ``gc`` frees); nothing else holds it.
+:func:`clear_capture_cache`. Modules are held weakly, and a cached capture holds its module
+weakly too (a strong reference from a value back to its key would keep both alive): a
+module the caller drops is freed with its captures.
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ __all__ = ["cached", "clear_capture_cache", "fingerprint", "input_signature"]
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 # What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
 # and hooks, fingerprinted on their own (``training`` is compared like any attribute).
-_MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"} | {"_unitscale_captures"}
+_MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
 def _value_key(value: Any) -> Any:
@@ -112,38 +107,9 @@ def input_signature(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 T = TypeVar("T")
 
-_SLOT = "_unitscale_captures"
-
-
-class _Entries(dict):
-    """One module's captures: request -> (fingerprint, input signature or None, capture).
-
-    Kept in the module's ``__dict__``; a copy or a pickle of the module starts with none.
-    """
-
-    def __copy__(self) -> _Entries:
-        return _Entries()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Entries:
-        return _Entries()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Entries, ())
-
-
-# the modules holding entries, weakly: what clear_capture_cache() clears
-_holders: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-# Threads may look up and keep captures at once; make() itself runs outside this lock.
+# module -> request -> (fingerprint, input signature or None when the capture does not depend on it, capture)
+_cache: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Any, Any, Any]]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
-
-
-def _entries(module: nn.Module) -> _Entries:
-    with _lock:
-        found = module.__dict__.get(_SLOT)
-        if type(found) is not _Entries:
-            found = module.__dict__[_SLOT] = _Entries()
-            _holders.add(module)
-        return found
 
 
 def cached(
@@ -156,7 +122,7 @@ def cached(
     """The capture ``make()`` made before for ``module`` and ``request``, if still valid; else a new one, kept.
 
     Args:
-        module: the captured module (the entry is kept on it, and dies with it).
+        module: the captured module (held weakly).
         request: what was asked (routes and options), hashable.
         signature: gives :func:`input_signature` of this call (``None``: inputs of a kind
             it cannot key, so only a capture that does not depend on them is cached); called
@@ -166,7 +132,8 @@ def cached(
             or only on the module (a symbolic trace).
     """
     key = fingerprint(module)
-    entries = _entries(module)
+    with _lock:  # threads may look up and keep captures at once; make() runs outside the lock
+        entries = _cache.setdefault(module, {})
     found = entries.get(request)
     if found is not None and found[0] == key:
         if found[1] is None:  # a capture of the module alone (a symbolic trace)
@@ -200,6 +167,4 @@ def clear_capture_cache() -> None:
     'fx'
     """
     with _lock:
-        for module in list(_holders):
-            module.__dict__.pop(_SLOT, None)
-        _holders.clear()
+        _cache.clear()

@@ -6,6 +6,7 @@ import functools
 import inspect
 import typing
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +41,33 @@ ROUTES: tuple[str, ...] = ("fx", "export", "export-strict", "dynamo", "eager")
 GRAPH_ROUTE_NAMES: tuple[str, ...] = ROUTES[:-1]
 
 
+class _HeldModule:
+    """``Capture.module``: the module, held strongly, or weakly once the capture is cached.
+
+    A cached capture lives as long as its module (the cache is keyed weakly by module); a
+    strong reference from the capture back to its key would keep both alive for good.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_ref"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        held = obj.__dict__[self.slot]
+        return held() if isinstance(held, weakref.ref) else held
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.slot] = value
+
+
 @dataclass(repr=False)
 class Capture:
     """One captured forward pass of ``module`` on example inputs.
 
     Attributes:
-        module: the captured model.
+        module: the captured model (held weakly by a capture made with ``cache=True``,
+            which lives only as long as the model).
         route: the route that captured it (one of :data:`ROUTES`).
         graph_module: a runnable ``fx.GraphModule`` with the model's call signature
             (``None`` for the eager route). Every node carries ``module_path``,
@@ -143,6 +165,12 @@ class Capture:
             count = f"{len(self.ops)} ops recorded" if self.checked else "not run: the tool records the ops"
         failed = f"; failed: {', '.join(self.reasons)}" if self.reasons else ""
         return f"Capture({type(self.module).__name__} via {self.route!r}, {count}{failed})"
+
+
+# set after the class is made, so that the dataclass sees a field without a default
+_held = _HeldModule()
+_held.__set_name__(Capture, "module")
+Capture.module = _held  # type: ignore[assignment]
 
 
 def _list_reasons(reasons: dict[str, str]) -> str:
@@ -391,8 +419,14 @@ def capture(
 
     if not cache:
         return make()
+
+    def make_weak() -> Capture:
+        cap = make()
+        cap.__dict__["_module_ref"] = weakref.ref(module)  # the cache is keyed weakly by it
+        return cap
+
     request = (routes, dynamic_batch, flat, deep, check)
-    return cached(module, request, lambda: input_signature(module, args, kw), make, _depends_on_inputs)
+    return cached(module, request, lambda: input_signature(module, args, kw), make_weak, _depends_on_inputs)
 
 
 def _refuse_meta(module: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
