@@ -171,9 +171,9 @@ class AtCall:
 @pytest.mark.parametrize(
     ("tool", "points"),
     [
-        ("track_scales fx", 25),
-        ("track_scales eager", 25),
-        ("track_scales GraphModule", 25),
+        ("track_scales fx", 15),
+        ("track_scales eager", 15),
+        ("track_scales GraphModule", 15),
         ("partition", 12),
         ("unit_scale", 12),
         ("inline", 12),
