@@ -77,6 +77,9 @@ __all__ = [
     "NothingQuantisedWarning",
     "PlanFileError",
     "PlanSaveError",
+    "BackwardError",
+    "MetaTensorError",
+    "OutOfMemoryError",
 ]
 
 
@@ -323,3 +326,49 @@ class PlanFileError(InputError):
 class PlanSaveError(InputError):
     """:meth:`~unitscale.StagePlan.save` cannot write the plan: the directory is missing, the path is a
     directory, or a stage holds something that is not data (a user's leaf module, a hook, a function)."""
+
+
+class BackwardError(UnitscaleError, RuntimeError):
+    """The model's backward pass raised (a backward hook, a custom ``autograd.Function``'s backward).
+
+    The original exception is the ``__cause__``; the message names the call and the model.
+    """
+
+
+class MetaTensorError(InputError):
+    """The model's parameters, buffers or inputs are on the ``meta`` device: they hold no values to run.
+
+    Materialise the model first (``model.to_empty(device="cpu")``, then initialise or load
+    its weights) and pass real input tensors.
+    """
+
+
+class OutOfMemoryError(UnitscaleError, MemoryError):
+    """Running the model ran out of memory (``torch.OutOfMemoryError``, or an allocator's "can't allocate").
+
+    Not a wrong input: the message says to use smaller inputs, free memory or another device.
+    The original error is the ``__cause__``.
+    """
+
+    @staticmethod
+    def caused(e: BaseException) -> bool:
+        """Whether ``e`` (or what it was raised from) is running out of memory.
+
+        >>> from unitscale.errors import OutOfMemoryError
+        >>> full = RuntimeError("DefaultCPUAllocator: can't allocate memory: ...")
+        >>> OutOfMemoryError.caused(full)
+        True
+        >>> OutOfMemoryError.caused(ValueError("mat1 and mat2 shapes differ"))
+        False
+        """
+        seen: set[int] = set()
+        current: BaseException | None = e
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if isinstance(current, MemoryError) or type(current).__name__ == "OutOfMemoryError":
+                return True
+            text = str(current)
+            if "can't allocate memory" in text or "CUDA out of memory" in text or "out of memory" in text[:200]:
+                return True
+            current = current.__cause__ or current.__context__
+        return False

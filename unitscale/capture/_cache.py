@@ -16,11 +16,14 @@ unchanged:
   value, and the identity of every parameter and buffer (an exported graph holds them).
 
 What the fingerprint cannot see (a global, an object changed in place) needs
-:func:`clear_capture_cache`. Modules are held weakly.
+:func:`clear_capture_cache`. Modules are held weakly, and a cached capture holds its module
+weakly too (a strong reference from a value back to its key would keep both alive): a
+module the caller drops is freed with its captures.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
@@ -106,6 +109,7 @@ T = TypeVar("T")
 
 # module -> request -> (fingerprint, input signature or None when the capture does not depend on it, capture)
 _cache: weakref.WeakKeyDictionary[nn.Module, dict[Hashable, tuple[Any, Any, Any]]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
 
 
 def cached(
@@ -128,7 +132,8 @@ def cached(
             or only on the module (a symbolic trace).
     """
     key = fingerprint(module)
-    entries = _cache.setdefault(module, {})
+    with _lock:  # threads may look up and keep captures at once; make() runs outside the lock
+        entries = _cache.setdefault(module, {})
     found = entries.get(request)
     if found is not None and found[0] == key:
         if found[1] is None:  # a capture of the module alone (a symbolic trace)
@@ -161,4 +166,5 @@ def clear_capture_cache() -> None:
     >>> capture(model, x, cache=True).route
     'fx'
     """
-    _cache.clear()
+    with _lock:
+        _cache.clear()

@@ -6,6 +6,7 @@ import functools
 import inspect
 import typing
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,16 @@ from unitscale.capture._meta import normalise_graph
 from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_fx_route, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
 from unitscale.capture._where import exception_summary, failure_frame
-from unitscale.errors import InputError, NoGraphError, NoRouteError, NotAModuleError, UnknownRouteError
+from unitscale.errors import (
+    InputError,
+    MetaTensorError,
+    NoGraphError,
+    NoRouteError,
+    NotAModuleError,
+    OutOfMemoryError,
+    UnknownRouteError,
+)
+from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import COMPUTE_OPS
 
 __all__ = ["ROUTES", "GRAPH_ROUTE_NAMES", "Capture", "capture"]
@@ -31,12 +41,33 @@ ROUTES: tuple[str, ...] = ("fx", "export", "export-strict", "dynamo", "eager")
 GRAPH_ROUTE_NAMES: tuple[str, ...] = ROUTES[:-1]
 
 
+class _HeldModule:
+    """``Capture.module``: the module, held strongly, or weakly once the capture is cached.
+
+    A cached capture lives as long as its module (the cache is keyed weakly by module); a
+    strong reference from the capture back to its key would keep both alive for good.
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = f"_{name}_ref"
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        held = obj.__dict__[self.slot]
+        return held() if isinstance(held, weakref.ref) else held
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self.slot] = value
+
+
 @dataclass(repr=False)
 class Capture:
     """One captured forward pass of ``module`` on example inputs.
 
     Attributes:
-        module: the captured model.
+        module: the captured model (held weakly by a capture made with ``cache=True``,
+            which lives only as long as the model).
         route: the route that captured it (one of :data:`ROUTES`).
         graph_module: a runnable ``fx.GraphModule`` with the model's call signature
             (``None`` for the eager route). Every node carries ``module_path``,
@@ -134,6 +165,12 @@ class Capture:
             count = f"{len(self.ops)} ops recorded" if self.checked else "not run: the tool records the ops"
         failed = f"; failed: {', '.join(self.reasons)}" if self.reasons else ""
         return f"Capture({type(self.module).__name__} via {self.route!r}, {count}{failed})"
+
+
+# set after the class is made, so that the dataclass sees a field without a default
+_held = _HeldModule()
+_held.__set_name__(Capture, "module")
+Capture.module = _held  # type: ignore[assignment]
 
 
 def _list_reasons(reasons: dict[str, str]) -> str:
@@ -271,6 +308,12 @@ def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
             return module(*args, **kwargs)
     except Exception as e:
         shapes = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        if OutOfMemoryError.caused(e):
+            raise OutOfMemoryError(
+                f"{type(module).__name__} ran out of memory on the example inputs ({shapes}) at {failure_frame(e)}: "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; use smaller inputs (a smaller "
+                "batch), free memory, or run on a device with more"
+            ) from e
         raise InputError(
             f"{type(module).__name__} failed on the example inputs ({shapes}) at {failure_frame(e)}: "
             f"{type(e).__name__}: {e}. Check that they have the shapes and dtypes the model expects."
@@ -363,19 +406,41 @@ def capture(
     if deep is not None and flat:
         raise InputError("capture() got flat=True and deep=...; pick one way for the fx route to trace")
     args, kw = _check_inputs(module, example_inputs, kwargs)
+    _refuse_meta(module, args, kw)
 
     def make() -> Capture:
         # A route may draw random numbers (tracing dropout); the caller's stream stays as it was.
         # No tool needs a decoder's KV cache, and no graph can return one: it is switched off.
-        with torch.random.fork_rng(devices=[]), no_kv_cache(module) as switched:
+        # Tracing and exporting patch torch.nn.Module for the whole process: one capture at a time.
+        with GLOBAL_STATE_LOCK, torch.random.fork_rng(devices=[]), no_kv_cache(module) as switched:
             cap = _capture(module, routes, args, kw, _route_fns(dynamic_batch, flat, deep), check)
         cap.kv_cache_disabled = switched
         return cap
 
     if not cache:
         return make()
+
+    def make_weak() -> Capture:
+        cap = make()
+        cap.__dict__["_module_ref"] = weakref.ref(module)  # the cache is keyed weakly by it
+        return cap
+
     request = (routes, dynamic_batch, flat, deep, check)
-    return cached(module, request, lambda: input_signature(module, args, kw), make, _depends_on_inputs)
+    return cached(module, request, lambda: input_signature(module, args, kw), make_weak, _depends_on_inputs)
+
+
+def _refuse_meta(module: nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    """A model or input on the meta device holds no values: every route would fail on it (``.item()``, a check)."""
+    named = [*module.named_parameters(), *module.named_buffers()]
+    on_meta = [name for name, t in named if t.is_meta]
+    on_meta += [f"input {i}" for i, a in enumerate([*args, *kw.values()]) if isinstance(a, torch.Tensor) and a.is_meta]
+    if on_meta:
+        shown = ", ".join(on_meta[:3]) + (f" and {len(on_meta) - 3} more" if len(on_meta) > 3 else "")
+        raise MetaTensorError(
+            f"{type(module).__name__} has tensors on the meta device ({shown}), which hold no values to run; "
+            "materialise the model first (model.to_empty(device='cpu'), then initialise or load its weights) "
+            "and pass real input tensors"
+        )
 
 
 def _depends_on_inputs(cap: Capture) -> bool:
@@ -415,6 +480,12 @@ def _capture(
             try:
                 result = _take_route(name, module, args, kw, route_fns, check, expected)
             except Exception as e:
+                if OutOfMemoryError.caused(e):  # no other route will have more memory
+                    raise OutOfMemoryError(
+                        f"capturing {type(module).__name__} (route {name!r}) ran out of memory: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; use smaller example "
+                        "inputs, free memory, or capture on a device with more"
+                    ) from e
                 reasons[name] = exception_summary(e, fallback=lambda: _forward_line(module))
                 continue
         result.reasons = reasons

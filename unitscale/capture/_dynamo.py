@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 from unitscale.capture._kv_cache import find_kv_cache, kv_cache_error, no_kv_cache
 from unitscale.capture._meta import normalise_graph
 from unitscale.errors import CaptureError
+from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 
 __all__ = ["DynamoGraph", "dynamo_graph", "no_torch_function_modes", "with_call_signature"]
 
@@ -142,17 +143,19 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     def call(*a: Any, **k: Any) -> Any:
         return module(*a, **k)
 
-    try:
-        # allow_rnn: TorchDynamo refuses nn.LSTM, nn.GRU and nn.RNN by default; with it, each is one
-        # torch.lstm / torch.gru / torch.rnn_tanh node, as torch.export captures them.
-        with no_torch_function_modes(), no_kv_cache(module), torch._dynamo.config.patch(allow_rnn=True):
-            result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
-    except torch._dynamo.exc.TorchDynamoException as exc:
-        raise _capture_error(module, exc) from None
-    finally:
-        # Each capture compiles a fresh frame; drop its cache entry so repeated captures
-        # never reach TorchDynamo's recompile limit.
-        torch._dynamo.reset_code(call.__code__)
+    # every capture compiles the same code object (call's), reset below: one at a time
+    with GLOBAL_STATE_LOCK:
+        try:
+            # allow_rnn: TorchDynamo refuses nn.LSTM, nn.GRU and nn.RNN by default; with it, each is one
+            # torch.lstm / torch.gru / torch.rnn_tanh node, as torch.export captures them.
+            with no_torch_function_modes(), no_kv_cache(module), torch._dynamo.config.patch(allow_rnn=True):
+                result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            raise _capture_error(module, exc) from None
+        finally:
+            # Each capture compiles a fresh frame; drop its cache entry so repeated captures
+            # never reach TorchDynamo's recompile limit.
+            torch._dynamo.reset_code(call.__code__)
     if "gm" not in record:
         raise CaptureError(
             f"TorchDynamo found no tensor ops in {type(module).__name__}.forward, so there is no graph to "

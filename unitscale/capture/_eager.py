@@ -15,6 +15,7 @@ route keeps a :class:`RecordedOp`; scale tracking keeps each float output's stat
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -78,6 +79,7 @@ class OpRecorder(TorchFunctionMode):
         self.module_calls: list[str] = []
         self._counts: Counter[str] = Counter()
         self._ops: dict[Any, str] = {}
+        self._thread = threading.get_ident()
 
     @property
     def module(self) -> nn.Module:
@@ -114,17 +116,23 @@ class OpRecorder(TorchFunctionMode):
     def enter_module(self, module: nn.Module, *_: Any) -> None:
         """A module's forward starts (a global forward pre-hook while :meth:`run` runs)."""
         path = self.paths.get(id(module))
-        if path is not None:
+        if path is not None and threading.get_ident() == self._thread:  # global hooks see every thread
             self.stack.append(module)
             self.module_calls.append(path)
 
     def leave_module(self, module: nn.Module, *_: Any) -> None:
         """A module's forward returned (a global forward hook while :meth:`run` runs)."""
-        if self.stack and self.stack[-1] is module:
+        if self.stack and self.stack[-1] is module and threading.get_ident() == self._thread:
             self.stack.pop()
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        """``root(*args, **kwargs)`` with every torch function call recorded; returns the output."""
+        """``root(*args, **kwargs)`` with every torch function call recorded; returns the output.
+
+        The module hooks are global: they see every thread's module calls, and keep this
+        thread's only (the mode itself is this thread's), so another thread running the same
+        model meanwhile changes no path.
+        """
+        self._thread = threading.get_ident()
         pre = register_module_forward_pre_hook(self.enter_module)
         post = register_module_forward_hook(self.leave_module)
         try:

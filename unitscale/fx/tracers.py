@@ -45,6 +45,7 @@ from torch.fx.node import Argument, Target
 from unitscale.errors import InputError, NotAModuleError, PredicateError, UnitscaleError
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
+from unitscale.fx.global_state import GLOBAL_STATE_LOCK, this_thread_only
 from unitscale.fx.module_state import ModuleState
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
 from unitscale.fx.trace_errors import trace_error
@@ -166,6 +167,12 @@ class _Tracer(fx.Tracer):
                 f"{type(self).__name__}.trace(concrete_args=...) got {type(concrete_args).__name__} "
                 f"{concrete_args!r:.60}; pass a dict of argument name -> value, or None"
             )
+        # fx patches nn.Module and the autowrapped functions for the whole process while it
+        # traces: one trace at a time, and other threads' models run untraced meanwhile.
+        with GLOBAL_STATE_LOCK, this_thread_only(self):
+            return self._trace(root, concrete_args)
+
+    def _trace(self, root: nn.Module | Callable[..., Any], concrete_args: dict[str, Any] | None) -> fx.Graph:
         self._names_of = None
         # A forward that assigns to its module (self.steps += 1, self.last = y) would leave
         # proxies there: every submodule is put back as it was, whether tracing succeeds or not.

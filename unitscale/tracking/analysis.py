@@ -30,7 +30,14 @@ import torch
 from torch import fx, nn
 
 from unitscale.capture import Capture, DeepTracing, capture, no_kv_cache
-from unitscale.errors import InputError, NoRouteError, NotAModuleError, UnitscaleError
+from unitscale.errors import (
+    BackwardError,
+    InputError,
+    NoRouteError,
+    NotAModuleError,
+    OutOfMemoryError,
+    UnitscaleError,
+)
 from unitscale.fx.module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, op_name
 from unitscale.fx.plain_run import run_plainly
@@ -217,8 +224,11 @@ def _run_interpreted(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...]
     interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
     try:
         interp.captured.output = interp.run(*inputs)
-    except Exception as e:
-        interp.captured.remove_hooks()
+    except BaseException as e:
+        interp.captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
+        if not isinstance(e, Exception):
+            raise
+        _out_of_memory(module, inputs, e)
         n = interp.current_node
         where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
         reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
@@ -237,6 +247,7 @@ def _run_compiled(cap: Capture, root: nn.Module, inputs: tuple[Any, ...], abs_ma
     try:
         return program.run(root, inputs + cap.extra_inputs, abs_max)
     except Exception as e:
+        _out_of_memory(root, inputs, e)
         n = program.failed_node
         where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
         raise InputError(
@@ -248,9 +259,20 @@ def _run_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> Sca
     try:
         return record_ops(module, inputs, abs_max)
     except Exception as e:
+        _out_of_memory(module, inputs, e)
         raise InputError(
             f"{type(module).__name__} failed at {user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
             f"{_advice(str(e))}"
+        ) from e
+
+
+def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
+    """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
+    if OutOfMemoryError.caused(e):
+        raise OutOfMemoryError(
+            f"{type(module).__name__} ran out of memory on inputs of shape {_shapes(inputs)} "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller "
+            "batch), free memory, or run on a device with more"
         ) from e
 
 
@@ -270,16 +292,35 @@ def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: b
         # an fx trace's code reads the module itself (its current parameters); an exported
         # graph holds its own references
         captured = _run_compiled(cap, module if cap.route == "fx" else cap.graph_module, inputs, abs_max)
-    seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
-    captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    try:
+        seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
+        captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
+    except BaseException:
+        captured.remove_hooks()
+        raise
     return captured
 
 
 def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRow]:
+    """The backward pass and the numbers (the caller's ``finally`` removes the hooks again if this fails)."""
+    outputs = float_outputs(captured.output, model)
     try:
-        run_backward(float_outputs(captured.output, model), backward, captured.leaves)
-    finally:
-        captured.remove_hooks()
+        run_backward(outputs, backward, captured.leaves)
+    except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
+        raise
+    except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
+        if OutOfMemoryError.caused(e):
+            raise OutOfMemoryError(
+                f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
+                "or run on a device with more"
+            ) from e
+        raise BackwardError(
+            f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
+            "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "
+            "while tracking"
+        ) from e
+    captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
     values = read_records([record for _, record in captured.entries])
     entries = zip(captured.entries, values, strict=True)
     return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
@@ -335,7 +376,11 @@ def _track(
         # buffers or assigns to its module is undone (the caller's model is only observed); a
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
         with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
-            rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
+            captured = _record(cap, module, inputs, abs_max)  # on failure it removed its hooks
+            try:
+                rows = _finish(captured, backward, model)
+            finally:  # Ctrl-C included: the gradient hooks sit on the caller's parameters
+                captured.remove_hooks()
         failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
         return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import operator
 import re
 import threading
-import weakref
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -141,6 +140,7 @@ class CompiledTracking:
         exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
         self.steps = steps
         self.nodes = nodes
+        self._failed = threading.local()
         self._forward = scope["forward"]
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
@@ -156,18 +156,17 @@ class CompiledTracking:
             captured.output = self._forward(module, *inputs)
         except BaseException:
             captured.remove_hooks()
-            self.failed = _run.last + 1
+            self._failed.index = _run.last + 1  # per thread: a cached program is shared
             raise
         finally:
             _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = saved  # type: ignore[assignment]
         return captured
 
-    failed: int = -1
-
     @property
     def failed_node(self) -> fx.Node | None:
-        """The node the last failed :meth:`run` stopped at (``None`` at the output or before any run failed)."""
-        return self.nodes[self.failed] if 0 <= self.failed < len(self.nodes) else None
+        """The node this thread's last failed :meth:`run` stopped at (``None`` at the output or before any failed)."""
+        failed = getattr(self._failed, "index", -1)
+        return self.nodes[failed] if 0 <= failed < len(self.nodes) else None
 
 
 def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
@@ -346,8 +345,10 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | 
     return "\n".join(out)
 
 
-# graph -> its compiled tracking: the graph of a cached capture lives as long as the capture
-_compiled: weakref.WeakKeyDictionary[fx.Graph, Any] = weakref.WeakKeyDictionary()
+# A graph's compiled tracking is kept on the graph (it refers to the graph's nodes, so a
+# dict keyed weakly by graph would keep every graph, and its model, alive): it lives as long
+# as the graph of the cached capture does.
+_COMPILED = "_unitscale_compiled_tracking"
 
 
 def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | None:
@@ -373,12 +374,12 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     True
     """
     graph = cap.require_graph("compiled_tracking()").graph
-    program: Any = _compiled.get(graph, False)
+    program: Any = vars(graph).get(_COMPILED, False)
     if program is False:
         code, namespace = cap.python_code()
         try:
             program = CompiledTracking(module, graph, code, namespace)
         except _NotCompiled:
             program = None
-        _compiled[graph] = program
+        setattr(graph, _COMPILED, program)
     return program

@@ -20,6 +20,7 @@ import torch
 from torch import fx
 
 import unitscale.functional as U
+from unitscale.errors import ReplaceMapError
 from unitscale.fx.nodes import (
     MODULE_PATH_KEY,
     MODULE_TYPE_KEY,
@@ -226,3 +227,30 @@ def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, lik
             node.meta[key] = like.meta[key]
     node.meta["example_value"] = value
     return node
+
+
+def check_replacement(node: fx.Node, replacement: Any) -> None:
+    """Refuse a ``replace`` entry that cannot take the call it replaces, when the graph is made.
+
+    Without this, a replacement of the wrong signature (a missing keyword such as gelu's
+    ``approximate``, one argument too few) fails only when the unit-scaled model runs, far
+    from the ``unit_scale(replace=...)`` that caused it.
+
+    Raises:
+        ReplaceMapError: ``replacement(*node.args, **node.kwargs)`` does not bind.
+    """
+    try:
+        signature = inspect.signature(replacement)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    try:
+        signature.bind(*node.args, **node.kwargs)
+    except TypeError as e:
+        op = getattr(_function_of(node), "__name__", str(node.target))
+        call = ", ".join([*(str(a) for a in node.args), *(f"{k}={v!r}" for k, v in node.kwargs.items())])
+        name = getattr(replacement, "__name__", repr(replacement))
+        raise ReplaceMapError(
+            f"unit_scale(replace=...): replace[{op!r}] = {name}{signature} cannot take the call "
+            f"{op}({call}) of node {node.name!r} (module {node.meta.get('module_path', '')!r}): {e}; "
+            f"give {name} the parameters of {op} (or *args, **kwargs)"
+        ) from e

@@ -110,6 +110,7 @@ from unitscale.transforms._graph import (
     _member,
     _stream,
     _trunk,
+    check_replacement,
 )
 from unitscale.transforms._op_rules import rewrite_by_rule
 from unitscale.transforms.patterns import fold_patterns
@@ -451,6 +452,7 @@ class UnitScalePass:
             fn = _function_of(node)
             user_fn = _lookup(self.replace, fn) if fn is not None else None
             if user_fn is not None:
+                check_replacement(node, user_fn)
                 self._retarget(node, user_fn, {})
                 done.add(node)
         folded = fold_patterns(graph)

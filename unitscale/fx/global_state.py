@@ -1,0 +1,86 @@
+"""One lock for every change unitscale makes to process-wide state, and fx's patches made per-thread.
+
+A ``torch.fx`` symbolic trace patches ``nn.Module.__call__`` and ``nn.Module.__getattr__``
+on the class, and the functions of its autowrapped modules (``math``, ``einops``,
+``unitscale.functional``) in their modules, for as long as it runs; ``torch.export``
+traces the same way, and TorchDynamo compiles under global state of its own. Two traces
+at once in two threads undo each other's patches in the wrong order (the second one
+saves the first one's patch as "the original" and puts it back at the end), which left
+``nn.Module.__call__`` patched for good. So every trace, export and Dynamo capture the
+library makes holds :data:`GLOBAL_STATE_LOCK` (reentrant: a capture that traces inside a
+capture takes it again).
+
+While one of unitscale's tracers runs, the class-wide patches still reach every thread:
+:func:`this_thread_only` makes the tracer hand a module call or attribute read from any
+other thread straight to ``torch.nn.Module``'s own, so a model another thread runs at the
+same time computes what it computes without a trace. ``torch.fx.symbolic_trace`` itself,
+and other libraries' tracers, do not do that: their traces break other threads' models
+(``NameError: module is not installed as a submodule``); see the capture tutorial.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import fx, nn
+
+__all__ = ["GLOBAL_STATE_LOCK", "this_thread_only"]
+
+#: Held by every trace, export and TorchDynamo capture unitscale makes (reentrant).
+GLOBAL_STATE_LOCK = threading.RLock()
+
+
+@contextmanager
+def this_thread_only(tracer: fx.Tracer) -> Iterator[None]:
+    """While ``tracer`` traces, module calls and attribute reads of other threads bypass it.
+
+    ``fx.Tracer.trace`` sends every ``module(...)`` and ``module.attr`` in the process to
+    ``tracer.call_module`` and ``tracer.getattr``. From the first block on, those two are
+    the tracer's own on the thread inside the block, and ``torch.nn.Module``'s own on any
+    other thread and outside it: a thread that read the patched ``nn.Module.__call__`` just
+    before the trace ended still runs its module untraced.
+
+    >>> import threading, torch
+    >>> from unitscale.fx import ModulePathTracer
+    >>> from unitscale.fx.global_state import this_thread_only
+    >>> tracer, plain = ModulePathTracer(), torch.nn.Linear(2, 2)
+    >>> def elsewhere():
+    ...     print(tracer.call_module(plain, lambda x: "ran", (1,), {}))
+    >>> with this_thread_only(tracer):
+    ...     worker = threading.Thread(target=elsewhere)
+    ...     worker.start(); worker.join()
+    ran
+    """
+    state = vars(tracer)
+    outer = state.get(_OWNER)
+    if outer is not None:  # a trace inside a trace
+        yield
+        return
+    if "call_module" not in state:
+        call_module: Callable[..., Any] = tracer.call_module
+        read_attr: Callable[..., Any] = tracer.getattr
+
+        def guarded_call(
+            m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> Any:
+            if state.get(_OWNER) != threading.get_ident():
+                return forward(*args, **kwargs)  # torch.nn.Module.__call__ itself
+            return call_module(m, forward, args, kwargs)
+
+        def guarded_getattr(attr: str, attr_val: Any, parameter_proxy_cache: dict[str, Any]) -> Any:
+            if state.get(_OWNER) != threading.get_ident():
+                return attr_val
+            return read_attr(attr, attr_val, parameter_proxy_cache)
+
+        state["call_module"], state["getattr"] = guarded_call, guarded_getattr
+    state[_OWNER] = threading.get_ident()
+    try:
+        yield
+    finally:
+        state[_OWNER] = None
+
+
+_OWNER = "_unitscale_tracing_thread"
