@@ -9,7 +9,7 @@ Under each tutorial's title, a box says
   MyST-NB's execution data (the same numbers as the execution report), never written by hand;
 - **Terms**: the glossary entries (``docs/glossary.md``) for the jargon the page's prose uses.
 
-Previous/Next at the foot of a tutorial follow the tutorials' numbers (1 to 11), whatever
+Previous/Next at the foot of a tutorial follow the tutorials' numbers (1 to 12), whatever
 order the sidebar groups them in by track: the sidebar's toctrees put tutorial 10 in the scaling
 track, after 7, but its reader comes from 9.
 """
@@ -29,7 +29,7 @@ from sphinx.application import Sphinx
 
 TRACKS = {
     "fx": ("The torch.fx track", [1, 2, 3, 4]),
-    "scaling": ("The scaling track", [5, 6, 7, 10]),
+    "scaling": ("The scaling track", [5, 6, 7, 10, 12]),
     "stages": ("Stages and real models", [8, 9, 11]),
 }
 
@@ -146,6 +146,15 @@ TUTORIALS: dict[int, Frame] = {
             "how to launch the plan with `torchrun`",
         ),
         (8,),
+        "",
+    ),
+    12: Frame(
+        "scaling",
+        (
+            "how to compare plain and unit-scaled training, in FP32 and simulated FP8, each at its best learning rate",
+            "why a unit-scaled model needs its own learning-rate rule to match the plain one",
+        ),
+        (7, 10),
         "",
     ),
 }
