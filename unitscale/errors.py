@@ -75,6 +75,7 @@ __all__ = [
     "BackwardValueError",
     "KVCacheError",
     "NothingQuantisedWarning",
+    "LostBehaviourError",
 ]
 
 
@@ -309,4 +310,14 @@ class NothingQuantisedWarning(UserWarning):
     The model runs in full precision as it was: a warning, not an error, since the result is
     correct and a model may legitimately have no matmul (a normalisation, an activation);
     the message names the model and the ops the simulation rounds.
+    """
+
+
+class LostBehaviourError(CaptureError):
+    """A capture route would drop something the model does, so its graph would not be the model.
+
+    A custom ``torch.autograd.Function`` whose backward the route replaces by the derivative
+    of its forward, a hook on the root module that the route does not run, a module's own
+    grad-mode switch. The message names the module, the Function or hook, and what would be
+    lost; ``route="auto"`` moves on to a route that keeps it, a forced route refuses.
     """
