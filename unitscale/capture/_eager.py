@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -94,6 +95,10 @@ class OpRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if _called_by_library(sys._getframe(1)):
+            # unitscale's own work (a scale tracker nested in the model, a transform's check)
+            # is not the model's: run it unrecorded
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         try:
             op = self._ops[func]
@@ -133,6 +138,54 @@ class OpRecorder(TorchFunctionMode):
         finally:
             pre.remove()
             post.remove()
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+# The folders of unitscale that run models rather than being part of them: the ops they call
+# themselves are the library's (statistics, checks, backward seeds), not the model's.
+_TOOLS = tuple(
+    str(_PACKAGE / room).replace("\\", "/") + "/" for room in ("capture", "tracking", "transforms", "stages", "fx")
+)
+# Runs a graph's nodes: what it calls is the model's.
+_GRAPH_RUNNER = str(_PACKAGE / "fx" / "plain_run.py").replace("\\", "/")
+_kinds: dict[str, str] = {}
+
+
+def _file_kind(filename: str) -> str:
+    kind = _kinds.get(filename)
+    if kind is None:
+        name = filename.replace("\\", "/")
+        if name == _GRAPH_RUNNER:
+            kind = "model"
+        elif "/torch/" in name:
+            kind = "torch"
+        elif name.startswith(_TOOLS):
+            kind = "library"
+        else:
+            kind = "model"
+        _kinds[filename] = kind
+    return kind
+
+
+def _called_by_library(frame: Any) -> bool:
+    """Whether the torch function being handled was called by unitscale's tools, not by the model.
+
+    The first caller outside torch decides (a recorder's own handler is looked through, so a
+    recorder nested in another hands the model's ops on).
+    """
+    while frame is not None:
+        code = frame.f_code
+        if code is _HANDLER:
+            frame = frame.f_back
+            continue
+        kind = _file_kind(code.co_filename)
+        if kind != "torch":
+            return kind == "library"
+        frame = frame.f_back
+    return False
+
+
+_HANDLER = OpRecorder.__torch_function__.__code__
 
 
 class RecordedOp(NamedTuple):

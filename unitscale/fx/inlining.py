@@ -61,6 +61,7 @@ class _Inliner:
     def call(self, qualname: str, args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str) -> Any:
         """Append the body of module ``qualname`` applied to ``args``; return its output."""
         module = self.root.get_submodule(qualname)
+        _refuse_hooks(module, f"module '{qualname}'")
         try:
             body = LeafTracer().trace(module)
         except TraceError as e:
@@ -113,6 +114,33 @@ class _Inliner:
         raise TraceError(f"cannot inline module '{qualname}': its call gives no value for argument '{target}'")
 
 
+_HOOKS = (
+    ("_forward_pre_hooks", "forward pre-hook"),
+    ("_forward_hooks", "forward hook"),
+    ("_backward_pre_hooks", "backward pre-hook"),
+    ("_backward_hooks", "backward hook"),
+)
+
+
+def _refuse_hooks(module: nn.Module, what: str) -> None:
+    """Inlining traces ``forward`` itself, so hooks registered on ``module`` would be dropped: refuse by name."""
+    kinds = [kind for attr, kind in _HOOKS if getattr(module, attr, None)]
+    if kinds:
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it has {' and '.join(kinds)}(s) registered, "
+            "and its inlined body would not run them, so the result would not compute the model; pass a predicate "
+            "that returns False for it (it stays a call, hooks and all), or remove the hook"
+        )
+
+
+def _dropout_in_training(module: nn.Module) -> list[str]:
+    return [
+        name or type(m).__name__
+        for name, m in module.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+    ]
+
+
 def _check_example_inputs(gm: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, torch.Tensor):
         raise InputError(
@@ -146,9 +174,18 @@ def _check_same_outputs(original: nn.Module, inlined: fx.GraphModule, example_in
     for i, (e, g) in enumerate(zip(flat_expected, flat_got, strict=True)):
         if isinstance(e, torch.Tensor) and not torch.allclose(e, g, rtol=1e-5, atol=1e-6, equal_nan=True):
             diff = (e - g).abs().max().item()
+            dropouts = _dropout_in_training(original)
+            cause = (
+                f"dropout in training mode ({', '.join(dropouts[:3])}) draws different masks on each run: "
+                "call .eval() first"
+                if dropouts
+                else "the traced body differs from what the model runs on these inputs (control flow on tensor "
+                "values or Python state that the trace fixed, or random ops): inline only the modules that trace "
+                "faithfully (a predicate), and check each with example_inputs"
+            )
             raise TraceError(
-                f"the inlined module's output {i} differs from the original's by up to {diff:.3g}; "
-                "random ops (dropout in training mode) differ between runs: call .eval() first"
+                f"inline(example_inputs=...): the inlined module's output {i} differs from "
+                f"{type(original).__name__}'s by up to {diff:.3g}; {cause}"
             )
 
 
@@ -184,7 +221,9 @@ def inline(
         NotAModuleError: ``gm`` is not an ``nn.Module``.
         InputError: ``example_inputs`` is not a tuple, or the module fails on it.
         PredicateError: ``predicate`` is not callable, raised, or returned a non-bool.
-        TraceError: a module cannot be traced, or the outputs differ on ``example_inputs``.
+        TraceError: a module cannot be traced, has hooks that its inlined body would not run
+            (the message names it; keep it as a call with a predicate), or the outputs differ
+            on ``example_inputs``.
 
     >>> import torch
     >>> from torch import nn
@@ -213,6 +252,8 @@ def inline(
         # Copying node by node would drop an exported graph's pytree calling convention; and
         # an unchanged graph computes what it did, so example_inputs have nothing to check.
         return gm
+    if not isinstance(gm, fx.GraphModule):
+        _refuse_hooks(gm, "the module given")  # traced from its forward, which skips its own hooks
     root = gm if isinstance(gm, fx.GraphModule) else fx.GraphModule(gm, LeafTracer().trace(gm), type(gm).__name__)
     inliner = _Inliner(root, predicate)
     inliner.copy_graph(root.graph)

@@ -275,14 +275,15 @@ def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: b
     return captured
 
 
-def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRow]:
+def _finish(captured: ScaleRecording, backward: Any, model: str) -> tuple[list[ScaleRow], str]:
+    """The rows with their numbers, and why no backward pass ran (``""``: one did)."""
     try:
-        run_backward(float_outputs(captured.output, model), backward, captured.leaves)
+        no_backward = run_backward(float_outputs(captured.output, model), backward, captured.leaves)
     finally:
         captured.remove_hooks()
     values = read_records([record for _, record in captured.entries])
     entries = zip(captured.entries, values, strict=True)
-    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
+    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries], no_backward
 
 
 #: ``route=`` of :func:`track_scales` -> the routes :func:`unitscale.capture.capture` tries.
@@ -335,9 +336,9 @@ def _track(
         # buffers or assigns to its module is undone (the caller's model is only observed); a
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
         with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
-            rows = _finish(_record(cap, module, inputs, abs_max), backward, model)
+            rows, no_backward = _finish(_record(cap, module, inputs, abs_max), backward, model)
         failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
-        return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
+        return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure, no_backward)
 
 
 def track_scales(
