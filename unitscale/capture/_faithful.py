@@ -9,8 +9,7 @@ backward) gets gradient 0. ``torch.export`` also runs the body of a reentrant
 ``torch.utils.checkpoint`` under ``no_grad``, so no gradient flows through it. And
 ``torch.fx`` traces the root's ``forward`` directly, so hooks on the root never run.
 
-:func:`functions_applied` sees every ``Function.apply`` while a route traces (``apply``
-is wrapped for that time, as ``torch.fx`` patches ``math`` functions while it traces);
+:func:`unitscale.fx.functions_applied` sees every ``Function.apply`` while a route traces;
 :func:`refuse_lost_functions` and :func:`refuse_root_hooks` raise
 :class:`~unitscale.errors.LostBehaviourError`, which is the route's reason:
 ``route="auto"`` moves on to a route that keeps the behaviour (TorchDynamo keeps
@@ -19,96 +18,12 @@ Functions; the eager route runs the model itself), a forced route refuses.
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
-
-import torch
 from torch import nn
 
-from unitscale.capture._where import show_frame, user_code_frame
 from unitscale.errors import LostBehaviourError
+from unitscale.fx.autograd_functions import FunctionCall
 
-__all__ = ["FunctionCall", "functions_applied", "refuse_lost_functions", "refuse_root_hooks"]
-
-
-@dataclass(frozen=True)
-class FunctionCall:
-    """One ``Function.apply`` seen while a route traced: the class, the module it ran in, the user's line."""
-
-    function: type
-    module_path: str
-    module_type: str
-    source: str
-
-    def describe(self) -> str:
-        where = f"module '{self.module_path}'" if self.module_path else "the root"
-        where += f" ({self.module_type})"
-        name = f"{self.function.__module__}.{self.function.__qualname__}"
-        return f"{name} in {where}" + (f" at {self.source}" if self.source else "")
-
-
-_lock = threading.RLock()
-_recorders: list[tuple[nn.Module, dict[int, str], list[FunctionCall]]] = []
-_original_apply: Any = None
-
-
-def _module_of(frame: Any, paths: dict[int, str], root: nn.Module) -> tuple[str, str]:
-    """The innermost module of the root whose code is on the stack (its ``self``), and its type."""
-    depth = 0
-    while frame is not None and depth < 64:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, nn.Module) and id(owner) in paths:
-            return paths[id(owner)], type(owner).__name__
-        frame, depth = frame.f_back, depth + 1
-    return "", type(root).__name__
-
-
-def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    if _recorders:
-        root, paths, calls = _recorders[-1]
-        caller = sys._getframe(1)
-        path, kind = _module_of(caller, paths, root)
-        user = user_code_frame(caller)
-        source = show_frame(user.f_code.co_filename, user.f_lineno) if user is not None else ""
-        calls.append(FunctionCall(cls, path, kind, source))
-    return _original_apply.__func__(cls, *args, **kwargs)
-
-
-@contextmanager
-def functions_applied(root: nn.Module) -> Iterator[list[FunctionCall]]:
-    """Every custom ``autograd.Function`` applied inside the block, with the module of ``root`` it ran in.
-
-    >>> import torch
-    >>> from unitscale.capture._faithful import functions_applied
-    >>> class Twice(torch.autograd.Function):
-    ...     @staticmethod
-    ...     def forward(ctx, x): return x * 2
-    ...     @staticmethod
-    ...     def backward(ctx, g): return g * 2
-    >>> with functions_applied(torch.nn.Identity()) as calls:
-    ...     _ = Twice.apply(torch.ones(1))
-    >>> [c.function.__name__ for c in calls]
-    ['Twice']
-    """
-    global _original_apply
-    calls: list[FunctionCall] = []
-    paths = {id(m): name for name, m in root.named_modules()}
-    with _lock:
-        if not _recorders:
-            _original_apply = torch.autograd.Function.__dict__["apply"]
-            torch.autograd.Function.apply = classmethod(_recording_apply)  # type: ignore[method-assign,assignment]
-        _recorders.append((root, paths, calls))
-    try:
-        yield calls
-    finally:
-        with _lock:
-            _recorders.remove((root, paths, calls))
-            if not _recorders:
-                torch.autograd.Function.apply = _original_apply  # type: ignore[method-assign]
+__all__ = ["refuse_lost_functions", "refuse_root_hooks", "root_hooks"]
 
 
 def _is_reentrant_checkpoint(function: type) -> bool:
@@ -130,6 +45,8 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
         return
     first = lost[0]
     name = first.function.__qualname__
+    if "ApplyTemplate" in name:  # strict export meets the Function as TorchDynamo's autograd_function_apply
+        name = "the Function"
     more = f" (and {len(lost) - 1} more call(s): {', '.join(sorted({c.function.__qualname__ for c in lost[1:]}))})"
     more = more if len(lost) > 1 else ""
     tool = "torch.fx" if route == "fx" else "torch.export"

@@ -17,8 +17,9 @@ from torch import fx, nn
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from unitscale.capture._dynamo import dynamo_graph, with_call_signature
-from unitscale.capture._faithful import functions_applied, refuse_lost_functions, refuse_root_hooks
+from unitscale.capture._faithful import refuse_lost_functions, refuse_root_hooks
 from unitscale.capture._tracers import CaptureTracer, DeepCaptureTracer, FlatCaptureTracer
+from unitscale.fx.autograd_functions import functions_applied
 from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.tracers import check_autowrap
 

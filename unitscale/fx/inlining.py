@@ -12,6 +12,7 @@ from torch.fx.proxy import GraphAppendingTracer
 from torch.utils import _pytree
 
 from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError
+from unitscale.fx.autograd_functions import functions_applied
 from unitscale.fx.nodes import INLINED_FROM_KEY
 from unitscale.fx.tracers import LeafTracer, ask_module_predicate
 
@@ -63,7 +64,7 @@ class _Inliner:
         module = self.root.get_submodule(qualname)
         _refuse_hooks(module, f"module '{qualname}'")
         try:
-            body = LeafTracer().trace(module)
+            body = _trace_keeping_functions(module, f"module '{qualname}'")
         except TraceError as e:
             raise TraceError(
                 f"cannot inline module '{qualname}' ({type(module).__name__}): {e}; "
@@ -131,6 +132,27 @@ def _refuse_hooks(module: nn.Module, what: str) -> None:
             "and its inlined body would not run them, so the result would not compute the model; pass a predicate "
             "that returns False for it (it stays a call, hooks and all), or remove the hook"
         )
+
+
+def _trace_keeping_functions(module: nn.Module, what: str) -> fx.Graph:
+    """``LeafTracer().trace(module)``, refused where it would record a custom ``autograd.Function``'s forward ops.
+
+    The inlined graph's backward would be the derivative of those ops, not the Function's
+    ``backward``. A reentrant ``torch.utils.checkpoint`` is kept (its body is traced as ops
+    with their own derivatives, which recomputing gives too).
+    """
+    with functions_applied(module) as applied:
+        graph = LeafTracer().trace(module)
+    lost = [c for c in applied if not (c.function.__module__ == "torch.utils.checkpoint")]
+    if lost:
+        name = lost[0].function.__qualname__
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it applies the custom autograd.Function "
+            f"{lost[0].describe()}, and its inlined body would hold the ops of {name}.forward, whose derivative is "
+            f"not {name}.backward (the model's gradient would be lost); keep the module that applies it as a call "
+            "(a predicate that returns False for it)"
+        )
+    return graph
 
 
 def _dropout_in_training(module: nn.Module) -> list[str]:
@@ -254,7 +276,10 @@ def inline(
         return gm
     if not isinstance(gm, fx.GraphModule):
         _refuse_hooks(gm, "the module given")  # traced from its forward, which skips its own hooks
-    root = gm if isinstance(gm, fx.GraphModule) else fx.GraphModule(gm, LeafTracer().trace(gm), type(gm).__name__)
+    if isinstance(gm, fx.GraphModule):
+        root = gm
+    else:
+        root = fx.GraphModule(gm, _trace_keeping_functions(gm, "the module given"), type(gm).__name__)
     inliner = _Inliner(root, predicate)
     inliner.copy_graph(root.graph)
     inliner.graph.lint()

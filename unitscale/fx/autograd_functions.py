@@ -1,0 +1,119 @@
+"""Which custom ``torch.autograd.Function`` s a block of code applies: what a trace would lose.
+
+A symbolic trace (``torch.fx``) or an export runs the model's Python on stand-ins, and where
+that Python calls ``SomeFunction.apply`` it records the ops of ``SomeFunction.forward``: the
+graph's backward is then their derivative, not ``SomeFunction.backward``. A tool that traces
+watches for such calls with :func:`functions_applied` and refuses by name
+(:func:`unitscale.fx.inline` here; every capture route in :mod:`unitscale.capture`).
+
+``Function.apply`` is wrapped for the time of the block, as ``torch.fx`` patches ``math``
+functions while it traces; blocks nest, and the wrapper is removed when the last one ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["FunctionCall", "functions_applied"]
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """One ``Function.apply`` seen while a route traced: the class, the module it ran in, the user's line."""
+
+    function: type
+    module_path: str
+    module_type: str
+    source: str
+
+    def describe(self) -> str:
+        where = f"module '{self.module_path}'" if self.module_path else "the root"
+        where += f" ({self.module_type})"
+        name = f"{self.function.__module__}.{self.function.__qualname__}"
+        if "ApplyTemplate" in name:  # what TorchDynamo (strict export) makes of a user's Function
+            name = "(a Function TorchDynamo rewrote as autograd_function_apply)"
+        return f"{name} in {where}" + (f" at {self.source}" if self.source else "")
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
+_EXAMPLES = _PACKAGE + "examples/"
+
+
+def _user_line(frame: Any) -> str:
+    """``file:line`` of the innermost frame outside torch and unitscale (its examples count as user code)."""
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" not in name and (not name.startswith(_PACKAGE) or name.startswith(_EXAMPLES)):
+            if "ipykernel_" in name or name.startswith("<"):
+                return f"line {frame.f_lineno} of a notebook cell"
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+_lock = threading.RLock()
+_recorders: list[tuple[nn.Module, dict[int, str], list[FunctionCall]]] = []
+_original_apply: Any = None
+
+
+def _module_of(frame: Any, paths: dict[int, str], root: nn.Module) -> tuple[str, str]:
+    """The innermost module of the root whose code is on the stack (its ``self``), and its type."""
+    depth = 0
+    while frame is not None and depth < 64:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in paths:
+            return paths[id(owner)], type(owner).__name__
+        frame, depth = frame.f_back, depth + 1
+    return "", type(root).__name__
+
+
+def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    if _recorders:
+        root, paths, calls = _recorders[-1]
+        caller = sys._getframe(1)
+        path, kind = _module_of(caller, paths, root)
+        source = _user_line(caller)
+        calls.append(FunctionCall(cls, path, kind, source))
+    return _original_apply.__func__(cls, *args, **kwargs)
+
+
+@contextmanager
+def functions_applied(root: nn.Module) -> Iterator[list[FunctionCall]]:
+    """Every custom ``autograd.Function`` applied inside the block, with the module of ``root`` it ran in.
+
+    >>> import torch
+    >>> from unitscale.fx import functions_applied
+    >>> class Twice(torch.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x): return x * 2
+    ...     @staticmethod
+    ...     def backward(ctx, g): return g * 2
+    >>> with functions_applied(torch.nn.Identity()) as calls:
+    ...     _ = Twice.apply(torch.ones(1))
+    >>> [c.function.__name__ for c in calls]
+    ['Twice']
+    """
+    global _original_apply
+    calls: list[FunctionCall] = []
+    paths = {id(m): name for name, m in root.named_modules()}
+    with _lock:
+        if not _recorders:
+            _original_apply = torch.autograd.Function.__dict__["apply"]
+            torch.autograd.Function.apply = classmethod(_recording_apply)  # type: ignore[method-assign,assignment]
+        _recorders.append((root, paths, calls))
+    try:
+        yield calls
+    finally:
+        with _lock:
+            _recorders.remove((root, paths, calls))
+            if not _recorders:
+                torch.autograd.Function.apply = _original_apply  # type: ignore[method-assign]
