@@ -277,3 +277,36 @@ def test_trace_exec_order_lists_the_modules_that_ran(name: str) -> None:
     assert all(any(m is r for r in ran) for m in listed), [type(m).__name__ for m in listed]
     first_calls = list(dict.fromkeys(id(m) for m in ran))
     assert [id(m) for m in listed] == [i for i in first_calls if any(i == id(m) for m in listed)]
+
+
+class FromEmbeddings(nn.Module):
+    """A ``transformers`` model fed float embeddings, so its input has a gradient to compare."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.model(inputs_embeds=x)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "llama"])
+def test_transformers_families_backward_is_the_models_own(family: str) -> None:
+    """Scale tracking on every route and the transforms' graph, against the model's own backward."""
+    real_models = pytest.importorskip("tests.real_models")
+    model = FromEmbeddings(getattr(real_models, family)()[0])
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 64)
+    g = torch.randn(model(x).shape)
+    want_out, want_x, _ = _model_gradients(model, x, g)
+    for route in ("auto", "eager", "export"):
+        report = track_scales(model, x.clone().requires_grad_(), g, route=route)
+        (row,) = [r for r in report if r.op == "input"]
+        assert row.backward == pytest.approx(want_x.std().item(), rel=1e-4), route
+    wrapped = apply_transform(model, lambda gm: gm, example_inputs=(x,))
+    leaf = x.clone().requires_grad_()
+    out = wrapped(leaf)
+    out.backward(g)
+    torch.testing.assert_close(out.detach(), want_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(leaf.grad, want_x, rtol=1e-4, atol=1e-5)
