@@ -208,12 +208,14 @@ def _run(name: str, tool: str, run: Callable[[], T]) -> T | None:
 @pytest.mark.parametrize("name", list(ZOO))
 def test_track_scales_backward_is_the_models_own(name: str, route: str) -> None:
     model, x, g = _build(name)
-    _, want, _ = _model_gradients(model, x, g)
+    want_out, want, _ = _model_gradients(model, x, g)
     report = _run(name, f"track-{route}", lambda: track_scales(model, x.clone().requires_grad_(), g, route=route))
     if report is None:
         return
     (row,) = [r for r in report if r.op == "input"]
     assert report.backward_recorded
+    # the model's ops are in it: some row holds its output
+    assert any(r.forward == pytest.approx(want_out.std().item(), rel=1e-4) for r in report), report.table()
     assert row.backward == pytest.approx(want.std().item(), rel=1e-4), report.route
 
 

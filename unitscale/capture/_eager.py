@@ -146,46 +146,54 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 _TOOLS = tuple(
     str(_PACKAGE / room).replace("\\", "/") + "/" for room in ("capture", "tracking", "transforms", "stages", "fx")
 )
-# Runs a graph's nodes: what it calls is the model's.
-_GRAPH_RUNNER = str(_PACKAGE / "fx" / "plain_run.py").replace("\\", "/")
-_kinds: dict[str, str] = {}
 
 
-def _file_kind(filename: str) -> str:
-    kind = _kinds.get(filename)
+def _tool_file(relative: str) -> str:
+    return str(_PACKAGE / relative).replace("\\", "/")
+
+
+# Frames looked through: a recorder's handler (a recorder nested in another hands the model's ops
+# on) and the runner of one graph node, shared by the tools' own checks and by the tracked run.
+_LOOKED_THROUGH = {
+    (_tool_file("capture/_eager.py"), "__torch_function__"),
+    (_tool_file("fx/plain_run.py"), "run_plainly"),
+}
+# Frames of the tools that run the model itself: what is called under them is the model's.
+_RUN_THE_MODEL = {(_tool_file("capture/_eager.py"), "run"), (_tool_file("tracking/analysis.py"), "run_node")}
+_kinds: dict[Any, str] = {}
+
+
+def _frame_kind(code: Any) -> str:
+    kind = _kinds.get(code)
     if kind is None:
-        name = filename.replace("\\", "/")
-        if name == _GRAPH_RUNNER:
+        name = code.co_filename.replace("\\", "/")
+        if (name, code.co_name) in _LOOKED_THROUGH:
+            kind = "through"
+        elif (name, code.co_name) in _RUN_THE_MODEL:
             kind = "model"
         elif "/torch/" in name:
-            kind = "torch"
+            kind = "through"
         elif name.startswith(_TOOLS):
             kind = "library"
         else:
             kind = "model"
-        _kinds[filename] = kind
+        _kinds[code] = kind
     return kind
 
 
 def _called_by_library(frame: Any) -> bool:
     """Whether the torch function being handled was called by unitscale's tools, not by the model.
 
-    The first caller outside torch decides (a recorder's own handler is looked through, so a
-    recorder nested in another hands the model's ops on).
+    The first caller outside torch decides: the model's code, a tool that runs the model
+    (the recorder's ``run``, the tracked run's interpreter), or a tool's own work (its
+    statistics, checks, backward seeds, extra runs).
     """
     while frame is not None:
-        code = frame.f_code
-        if code is _HANDLER:
-            frame = frame.f_back
-            continue
-        kind = _file_kind(code.co_filename)
-        if kind != "torch":
+        kind = _frame_kind(frame.f_code)
+        if kind != "through":
             return kind == "library"
         frame = frame.f_back
     return False
-
-
-_HANDLER = OpRecorder.__torch_function__.__code__
 
 
 class RecordedOp(NamedTuple):
