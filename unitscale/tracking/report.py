@@ -182,7 +182,8 @@ class ScaleReport:
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
         >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, None, 2.0)
-        >>> report = ScaleReport([row], "Net", no_backward="called under torch.inference_mode()")
+        >>> why = "called under torch.inference_mode()"
+        >>> report = ScaleReport([row], "Net", no_backward=why)
         >>> report.backward_recorded
         False
         >>> print(report.table().splitlines()[-1])
