@@ -267,7 +267,9 @@ def _forward_line(module: nn.Module) -> str:
 
 def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        with kept_state(module), torch.no_grad():
+        # the model's warnings come again from the route that captures it (kept on cap.warnings)
+        with kept_state(module), torch.no_grad(), warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
             return module(*args, **kwargs)
     except Exception as e:
         shapes = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)

@@ -140,7 +140,7 @@ def _reentrant_checkpoint_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.
     recomputed in the backward): the caller sets aside the model's parameters too.
     """
     seen: set[Any] = set()
-    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    stack: list[Any] = [t.grad_fn for t in outputs if t.grad_fn is not None]
     leaves: list[torch.Tensor] = []
     found = False
     while stack:
