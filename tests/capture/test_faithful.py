@@ -266,3 +266,28 @@ def test_nested_track_scales_leaves_its_own_ops_out_of_the_outer_report() -> Non
 
     report = track_scales(Outer(), torch.randn(4, 8), route="eager")
     assert [row.op for row in report] == ["input", "linear", "tanh", "Tensor.detach", "linear"]
+
+
+def test_reformer_reversible_layers_are_refused_on_export_and_recorded_on_auto() -> None:
+    """Reformer's reversible layers are a custom Function: on export every row had no backward std."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(
+        "reformer",
+        vocab_size=64,
+        hidden_size=32,
+        num_attention_heads=2,
+        attention_head_size=16,
+        feed_forward_size=64,
+        axial_pos_embds=False,
+        attn_layers=["local", "local"],
+        local_attn_chunk_length=8,
+        max_position_embeddings=64,
+        num_hashes=1,
+    )
+    torch.manual_seed(0)
+    model = transformers.ReformerModel(config).train()  # its backward needs training mode
+    ids = torch.randint(0, 64, (2, 16))
+    with pytest.raises(NoRouteError, match=r"_ReversibleFunction in module 'encoder'"):
+        track_scales(model, ids, route="export")
+    report = track_scales(model, ids)
+    assert report.route == "eager" and report.backward_recorded
