@@ -88,6 +88,19 @@ class Tied(nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
+class NoGradBlock(nn.Module):
+    """A frozen branch: ``torch.no_grad()`` inside forward, which a symbolic trace does not record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(W, W), nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            frozen = self.a(x)
+        return self.b(torch.tanh(frozen) + x)
+
+
 class AttentionWeights(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -134,6 +147,7 @@ ZOO: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "checkpoint_reentrant": (lambda: Checkpointed(True), (4, W)),
     "checkpoint": (lambda: Checkpointed(False), (4, W)),
     "tied": (Tied, (4, W)),
+    "no_grad_block": (NoGradBlock, (4, W)),
     "transformer_encoder_eval": (_encoder, (2, 5, W)),
     "mha_weights": (AttentionWeights, (2, 5, W)),
     "lstm": (lambda: Recurrent(nn.LSTM), (2, 5, W)),
@@ -152,6 +166,10 @@ REFUSED: dict[tuple[str, str], str] = {
     ("root_prehook", "apply-fx"): "forward pre-hook",
     ("root_prehook", "inline"): "forward pre-hook",
     ("child_hook", "inline"): "forward hook",
+    **{
+        ("no_grad_block", tool): r"grad mode switched off|switches grad mode off"
+        for tool in ("track-fx", "apply-fx", "inline")
+    },
     ("checkpoint_reentrant", "track-export"): r"use_reentrant=True.*no gradient",
     ("checkpoint_reentrant", "apply-export"): r"use_reentrant=True.*no gradient",
 }

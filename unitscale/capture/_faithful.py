@@ -18,6 +18,7 @@ Functions; the eager route runs the model itself), a forced route refuses.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from unitscale.errors import LostBehaviourError
@@ -50,7 +51,14 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
     more = f" (and {len(lost) - 1} more call(s): {', '.join(sorted({c.function.__qualname__ for c in lost[1:]}))})"
     more = more if len(lost) > 1 else ""
     tool = "torch.fx" if route == "fx" else "torch.export"
-    if _is_reentrant_checkpoint(first.function):
+    if first.function is torch.no_grad:
+        lost_what = (
+            f"grad mode switched off (torch.no_grad() or set_grad_enabled(False)) in "
+            f"{first.describe().split(' in ', 1)[1]}: torch.fx records no grad mode, so the graph would "
+            "compute gradients through ops the model computes without them"
+        )
+        fix = "route='auto' moves on to a route that keeps it (torch.export, TorchDynamo or the eager record)"
+    elif _is_reentrant_checkpoint(first.function):
         lost_what = (
             f"torch.utils.checkpoint(use_reentrant=True) in {first.describe().split(' in ', 1)[1]}: {tool} runs "
             "the checkpointed forward under no_grad, so the graph would compute no gradient through it"

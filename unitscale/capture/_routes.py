@@ -108,7 +108,7 @@ def _fx(tracer: CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tup
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
     # What the trace would lose of the model (root hooks, a custom Function's backward) is refused by name.
     refuse_root_hooks(module)
-    with functions_applied(module) as applied:
+    with functions_applied(module, grad_switches=True) as applied:
         graph = tracer.trace(module, concrete_args=concrete or None)
     refuse_lost_functions(applied, "fx", module)
     # Python code for the graph is generated on first call, not here: capture checks the graph

@@ -76,19 +76,40 @@ def _module_of(frame: Any, paths: dict[int, str], root: nn.Module) -> tuple[str,
     return "", type(root).__name__
 
 
+_inside_apply = [0]  # Functions being applied: their forward's grad-mode switches are their own
+_original_set_grad: Any = None
+_watch_grad = [0]
+
+
+def _record(function: Any, caller: Any) -> None:
+    root, paths, calls = _recorders[-1]
+    path, kind = _module_of(caller, paths, root)
+    calls.append(FunctionCall(function, path, kind, _user_line(caller)))
+
+
 def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
     if _recorders:
-        root, paths, calls = _recorders[-1]
-        caller = sys._getframe(1)
-        path, kind = _module_of(caller, paths, root)
-        source = _user_line(caller)
-        calls.append(FunctionCall(cls, path, kind, source))
-    return _original_apply.__func__(cls, *args, **kwargs)
+        _record(cls, sys._getframe(1))
+    _inside_apply[0] += 1
+    try:
+        return _original_apply.__func__(cls, *args, **kwargs)
+    finally:
+        _inside_apply[0] -= 1
+
+
+def _recording_set_grad(mode: bool) -> None:
+    if _recorders and not mode and torch.is_grad_enabled() and not _inside_apply[0]:
+        _record(torch.no_grad, sys._getframe(2))  # the caller of no_grad().__enter__ or set_grad_enabled()
+    _original_set_grad(mode)
 
 
 @contextmanager
-def functions_applied(root: nn.Module) -> Iterator[list[FunctionCall]]:
+def functions_applied(root: nn.Module, grad_switches: bool = False) -> Iterator[list[FunctionCall]]:
     """Every custom ``autograd.Function`` applied inside the block, with the module of ``root`` it ran in.
+
+    With ``grad_switches``, every switch of grad mode off outside a Function's ``forward``
+    (``torch.no_grad()``, ``torch.set_grad_enabled(False)``) is listed too, as a call whose
+    ``function`` is ``torch.no_grad``: a symbolic trace records no grad mode.
 
     >>> import torch
     >>> from unitscale.fx import functions_applied
@@ -102,18 +123,27 @@ def functions_applied(root: nn.Module) -> Iterator[list[FunctionCall]]:
     >>> [c.function.__name__ for c in calls]
     ['Twice']
     """
-    global _original_apply
+    global _original_apply, _original_set_grad
     calls: list[FunctionCall] = []
     paths = {id(m): name for name, m in root.named_modules()}
     with _lock:
         if not _recorders:
             _original_apply = torch.autograd.Function.__dict__["apply"]
             torch.autograd.Function.apply = classmethod(_recording_apply)  # type: ignore[method-assign,assignment]
+        if grad_switches:
+            if not _watch_grad[0]:
+                _original_set_grad = torch._C._set_grad_enabled
+                torch._C._set_grad_enabled = _recording_set_grad
+            _watch_grad[0] += 1
         _recorders.append((root, paths, calls))
     try:
         yield calls
     finally:
         with _lock:
             _recorders.remove((root, paths, calls))
+            if grad_switches:
+                _watch_grad[0] -= 1
+                if not _watch_grad[0]:
+                    torch._C._set_grad_enabled = _original_set_grad
             if not _recorders:
                 torch.autograd.Function.apply = _original_apply  # type: ignore[method-assign]

@@ -141,9 +141,16 @@ def _trace_keeping_functions(module: nn.Module, what: str) -> fx.Graph:
     ``backward``. A reentrant ``torch.utils.checkpoint`` is kept (its body is traced as ops
     with their own derivatives, which recomputing gives too).
     """
-    with functions_applied(module) as applied:
+    with functions_applied(module, grad_switches=True) as applied:
         graph = LeafTracer().trace(module)
     lost = [c for c in applied if not (c.function.__module__ == "torch.utils.checkpoint")]
+    if lost and lost[0].function is torch.no_grad:
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it switches grad mode off (torch.no_grad()) "
+            f"in {lost[0].describe().split(' in ', 1)[1]}, and a traced body records no grad mode, so the result "
+            "would compute gradients the model does not; keep that module as a call (a predicate that returns "
+            "False for it)"
+        )
     if lost:
         name = lost[0].function.__qualname__
         raise TraceError(
