@@ -97,9 +97,24 @@ def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
         _inside_apply[0] -= 1
 
 
+_TOOLS = tuple(_PACKAGE + room + "/" for room in ("capture", "tracking", "transforms", "stages", "fx"))
+
+
+def _by_the_model(frame: Any) -> bool:
+    """Whether the first caller outside torch is the model's code (not a tracer's own bookkeeping)."""
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" not in name:
+            return not name.startswith(_TOOLS)
+        frame = frame.f_back
+    return False
+
+
 def _recording_set_grad(mode: bool) -> None:
     if _recorders and not mode and torch.is_grad_enabled() and not _inside_apply[0]:
-        _record(torch.no_grad, sys._getframe(2))  # the caller of no_grad().__enter__ or set_grad_enabled()
+        caller = sys._getframe(1)
+        if _by_the_model(caller):
+            _record(torch.no_grad, caller)
     _original_set_grad(mode)
 
 
