@@ -291,3 +291,28 @@ def test_reformer_reversible_layers_are_refused_on_export_and_recorded_on_auto()
         track_scales(model, ids, route="export")
     report = track_scales(model, ids)
     assert report.route == "eager" and report.backward_recorded
+
+
+def test_a_no_grad_block_in_forward_is_kept_or_refused() -> None:
+    """fx records no grad mode: its graph sent gradient through a branch the model computes without it."""
+
+    class Frozen(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                frozen = self.a(x)
+            return self.b(torch.tanh(frozen) + x)
+
+    torch.manual_seed(0)
+    model, x, g = Frozen(), torch.randn(4, 8), torch.randn(4, 8)
+    want = _input_grad(model, x, g).std().item()
+    report = track_scales(model, x.clone().requires_grad_(), g)
+    assert report.route == "eager"
+    assert _input_row(report).backward == pytest.approx(want, rel=1e-4)
+    with pytest.raises(NoRouteError, match=r"grad mode switched off .* in the root \(Frozen\)"):
+        track_scales(model, x, route="fx")
+    with pytest.raises(TraceError, match="switches grad mode off"):
+        inline(model)
