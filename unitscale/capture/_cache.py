@@ -115,7 +115,9 @@ def call_state() -> tuple[Any, ...]:
     )
     module = torch.nn.modules.module
     hooks = tuple(tuple(getattr(module, name)) for name in _GLOBAL_HOOKS if hasattr(module, name))
-    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast, hooks)
+    # under torch.compile the inference-mode query is left out: TorchDynamo cannot trace it (a graph break)
+    inference = False if torch.compiler.is_compiling() else torch.is_inference_mode_enabled()
+    return (torch.is_grad_enabled(), inference, autocast, hooks)
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")
