@@ -338,7 +338,10 @@ def capture(
             off (``use_cache=True`` passed in); the message says to pass ``use_cache=False``.
         UnknownRouteError: an unknown route name.
         NoRouteError: no allowed route captured the model; the message lists each
-            route's reason with the user's file and line.
+            route's reason with the user's file and line. A route that would lose part of
+            the model's backward (a custom ``autograd.Function``, hooks on the root for
+            ``fx``, a ``torch.no_grad()`` block for ``fx``, a reentrant checkpoint for
+            export) fails with a :class:`~unitscale.errors.LostBehaviourError` naming it.
 
     >>> import torch
     >>> from unitscale.capture import capture

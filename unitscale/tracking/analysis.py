@@ -372,7 +372,10 @@ def track_scales(
             as they run, each with its module path), ``"export"`` (``torch.export``: a
             graph of aten ops, cached per module and input signature; its first call costs
             several tracked passes) or ``"auto"`` (fx, else eager: the ops and module
-            paths of an export for a fraction of its cost).
+            paths of an export for a fraction of its cost). A route that would lose part
+            of the model's backward (a custom ``autograd.Function``, a hook on the model, a
+            ``torch.no_grad()`` block) is not taken: ``"auto"`` records the ops eagerly,
+            a forced route raises :class:`~unitscale.errors.NoRouteError` naming it.
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
@@ -383,6 +386,8 @@ def track_scales(
     Returns:
         A :class:`ScaleReport`, one row per floating-point tensor in execution order.
         Integer and boolean tensors are skipped; the model's ``.grad`` fields are untouched.
+        Under ``torch.inference_mode()`` no backward pass can run: the report says so
+        (``report.backward_recorded`` is false, its table ends with the reason).
         A view recorded before the model changes its base in place through a view
         (``x.view(-1).add_(1)``) has no backward std (``n/a``): torch sends that gradient
         through the base, and a hook on the view sees part of it or none. The fx route gives
