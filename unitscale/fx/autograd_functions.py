@@ -110,12 +110,12 @@ def _by_the_model(frame: Any) -> bool:
     return False
 
 
-def _recording_set_grad(mode: bool) -> None:
-    if _recorders and not mode and torch.is_grad_enabled() and not _inside_apply[0]:
+def _recording_set_grad(enabled: bool) -> None:
+    if _recorders and not enabled and torch.is_grad_enabled() and not _inside_apply[0]:
         caller = sys._getframe(1)
         if _by_the_model(caller):
             _record(torch.no_grad, caller)
-    _original_set_grad(mode)
+    _original_set_grad(enabled)
 
 
 @contextmanager
