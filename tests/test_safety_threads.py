@@ -189,3 +189,29 @@ def test_eager_paths_are_this_threads_while_another_thread_runs_the_same_model()
         thread.join()
     for report in reports:
         assert [(r.node, r.module_path) for r in report] == expected
+
+
+def test_a_function_another_thread_applies_is_not_blamed_on_this_threads_capture() -> None:
+    """The Function watcher records only the capturing thread's calls, as the model's own."""
+    import threading
+
+    from unitscale.fx import functions_applied
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    elsewhere: list[torch.Tensor] = []
+    with functions_applied(torch.nn.Identity()) as calls:
+        worker = threading.Thread(target=lambda: elsewhere.append(Twice.apply(torch.ones(1))))
+        worker.start()
+        worker.join()
+        assert calls == []
+        Twice.apply(torch.ones(1))
+    assert [c.function for c in calls] == [Twice]
+    assert torch.equal(elsewhere[0], torch.full((1,), 2.0))

@@ -80,6 +80,7 @@ __all__ = [
     "BackwardError",
     "MetaTensorError",
     "OutOfMemoryError",
+    "LostBehaviourError",
 ]
 
 
@@ -372,3 +373,13 @@ class OutOfMemoryError(UnitscaleError, MemoryError):
                 return True
             current = current.__cause__ or current.__context__
         return False
+
+
+class LostBehaviourError(CaptureError):
+    """A capture route would drop something the model does, so its graph would not be the model.
+
+    A custom ``torch.autograd.Function`` whose backward the route replaces by the derivative
+    of its forward, a hook on the root module that the route does not run, a module's own
+    grad-mode switch. The message names the module, the Function or hook, and what would be
+    lost; ``route="auto"`` moves on to a route that keeps it, a forced route refuses.
+    """

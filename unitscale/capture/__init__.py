@@ -13,7 +13,9 @@ Why the package is shaped as it is: ``unitscale/capture/README.md``.
 ('fx', ['0'])
 """
 
+from unitscale.capture._cache import call_state as call_state
 from unitscale.capture._cache import clear_capture_cache as clear_capture_cache
+from unitscale.capture._cache import hook_key as hook_key
 from unitscale.capture._capture import GRAPH_ROUTE_NAMES as GRAPH_ROUTE_NAMES
 from unitscale.capture._capture import ROUTES as ROUTES
 from unitscale.capture._capture import Capture as Capture
@@ -40,6 +42,8 @@ __all__ = [
     "RecordedOp",
     "capture",
     "clear_capture_cache",
+    "call_state",
+    "hook_key",
     "DeepTracing",
     "OpRecorder",
     "capture_exec_order",

@@ -9,8 +9,11 @@ unchanged:
 - the module's *fingerprint*: the identity and type of every submodule, its ``forward``,
   its ``training`` flag and other plain attributes (``int``, ``float``, ``bool``, ``str``,
   ``None``, dtypes, and tuples, lists, dicts and frozensets of them) by value, any other
-  attribute by type and identity, and its parameter and buffer names. Those are what a
-  symbolic trace can depend on without reading tensor values.
+  attribute by type and identity, its parameter and buffer names, and the handles of its
+  hooks (added or removed). Those are what a symbolic trace can depend on without
+  reading tensor values.
+- the state of the call (:func:`call_state`): grad mode, inference mode, autocast and the
+  global module hooks, which change what a route records.
 - for a graph that depends on the inputs (an export, a TorchDynamo graph, or a checked
   capture): the inputs' shapes, dtypes, devices and ``requires_grad``, plain inputs by
   value, and the identity of every parameter and buffer (an exported graph holds them).
@@ -31,7 +34,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["cached", "clear_capture_cache", "fingerprint", "input_signature"]
+__all__ = ["cached", "call_state", "clear_capture_cache", "fingerprint", "hook_key", "input_signature"]
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 # What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
@@ -82,9 +85,51 @@ def fingerprint(module: nn.Module) -> tuple[Any, ...]:
                 plain,
                 tuple((k, v is None) for k, v in m._parameters.items()),
                 tuple((k, v is None) for k, v in m._buffers.items()),
+                hook_key(m),
             )
         )
     return tuple(parts)
+
+
+_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def hook_key(module: nn.Module) -> tuple[tuple[int, ...], ...]:
+    """The handles of ``module``'s own hooks: each registration has a new id, so an added or removed hook shows."""
+    return tuple(tuple(getattr(module, name, None) or ()) for name in _HOOKS)
+
+
+def call_state() -> tuple[Any, ...]:
+    """What changes a graph beyond the module and its inputs: grad mode, inference mode, autocast, global hooks.
+
+    A graph captured under ``torch.no_grad()`` may take a path with no derivative
+    (``nn.TransformerEncoder``'s fast path) or inline a Function's forward; one captured
+    under autocast holds its casts. So each is part of a capture's key.
+
+    >>> import torch
+    >>> from unitscale.capture._cache import call_state
+    >>> with torch.no_grad():
+    ...     quiet = call_state()
+    >>> quiet == call_state()
+    False
+    """
+    autocast = tuple(
+        (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) for device in _AUTOCAST_DEVICES
+    )
+    module = torch.nn.modules.module
+    hooks = tuple(tuple(getattr(module, name)) for name in _GLOBAL_HOOKS if hasattr(module, name))
+    # under torch.compile the inference-mode query is left out: TorchDynamo cannot trace it (a graph break)
+    inference = False if torch.compiler.is_compiling() else torch.is_inference_mode_enabled()
+    return (torch.is_grad_enabled(), inference, autocast, hooks)
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+_GLOBAL_HOOKS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_backward_pre_hooks",
+    "_global_backward_hooks",
+)
 
 
 def input_signature(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
@@ -131,7 +176,7 @@ def cached(
         depends_on_inputs: whether a capture depends on the inputs' signature (an export)
             or only on the module (a symbolic trace).
     """
-    key = fingerprint(module)
+    key = (fingerprint(module), call_state())
     with _lock:  # threads may look up and keep captures at once; make() runs outside the lock
         entries = _cache.setdefault(module, {})
     found = entries.get(request)

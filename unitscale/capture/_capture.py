@@ -304,7 +304,9 @@ def _forward_line(module: nn.Module) -> str:
 
 def _run_reference(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        with kept_state(module), torch.no_grad():
+        # the model's warnings come again from the route that captures it (kept on cap.warnings)
+        with kept_state(module), torch.no_grad(), warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
             return module(*args, **kwargs)
     except Exception as e:
         shapes = ", ".join(str(tuple(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
@@ -379,7 +381,10 @@ def capture(
             off (``use_cache=True`` passed in); the message says to pass ``use_cache=False``.
         UnknownRouteError: an unknown route name.
         NoRouteError: no allowed route captured the model; the message lists each
-            route's reason with the user's file and line.
+            route's reason with the user's file and line. A route that would lose part of
+            the model's backward (a custom ``autograd.Function``, hooks on the root for
+            ``fx``, a ``torch.no_grad()`` block for ``fx``, a reentrant checkpoint for
+            export) fails with a :class:`~unitscale.errors.LostBehaviourError` naming it.
 
     >>> import torch
     >>> from unitscale.capture import capture

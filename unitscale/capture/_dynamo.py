@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,7 +149,15 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         try:
             # allow_rnn: TorchDynamo refuses nn.LSTM, nn.GRU and nn.RNN by default; with it, each is one
             # torch.lstm / torch.gru / torch.rnn_tanh node, as torch.export captures them.
-            with no_torch_function_modes(), no_kv_cache(module), torch._dynamo.config.patch(allow_rnn=True):
+            with (
+                no_torch_function_modes(),
+                no_kv_cache(module),
+                torch._dynamo.config.patch(allow_rnn=True),
+                warnings.catch_warnings(),
+            ):
+                # TorchDynamo makes an instance of a custom autograd.Function to trace it, and torch warns
+                # about its own doing (an error under -W error, which would lose the Function's route)
+                warnings.filterwarnings("ignore", ".*should not be instantiated", DeprecationWarning)
                 result = torch.compile(call, backend=backend, fullgraph=True, dynamic=False)(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as exc:
             raise _capture_error(module, exc) from None

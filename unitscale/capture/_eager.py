@@ -18,6 +18,7 @@ import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -96,6 +97,10 @@ class OpRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if _called_by_library(sys._getframe(1)):
+            # unitscale's own work (a scale tracker nested in the model, a transform's check)
+            # is not the model's: run it unrecorded
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         try:
             op = self._ops[func]
@@ -141,6 +146,62 @@ class OpRecorder(TorchFunctionMode):
         finally:
             pre.remove()
             post.remove()
+
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+# The folders of unitscale that run models rather than being part of them: the ops they call
+# themselves are the library's (statistics, checks, backward seeds), not the model's.
+_TOOLS = tuple(
+    str(_PACKAGE / room).replace("\\", "/") + "/" for room in ("capture", "tracking", "transforms", "stages", "fx")
+)
+
+
+def _tool_file(relative: str) -> str:
+    return str(_PACKAGE / relative).replace("\\", "/")
+
+
+# Frames looked through: a recorder's handler (a recorder nested in another hands the model's ops
+# on) and the runner of one graph node, shared by the tools' own checks and by the tracked run.
+_LOOKED_THROUGH = {
+    (_tool_file("capture/_eager.py"), "__torch_function__"),
+    (_tool_file("fx/plain_run.py"), "run_plainly"),
+}
+# Frames of the tools that run the model itself: what is called under them is the model's.
+_RUN_THE_MODEL = {(_tool_file("capture/_eager.py"), "run"), (_tool_file("tracking/analysis.py"), "run_node")}
+_kinds: dict[Any, str] = {}
+
+
+def _frame_kind(code: Any) -> str:
+    kind = _kinds.get(code)
+    if kind is None:
+        name = code.co_filename.replace("\\", "/")
+        if (name, code.co_name) in _LOOKED_THROUGH:
+            kind = "through"
+        elif (name, code.co_name) in _RUN_THE_MODEL:
+            kind = "model"
+        elif "/torch/" in name:
+            kind = "through"
+        elif name.startswith(_TOOLS):
+            kind = "library"
+        else:
+            kind = "model"
+        _kinds[code] = kind
+    return kind
+
+
+def _called_by_library(frame: Any) -> bool:
+    """Whether the torch function being handled was called by unitscale's tools, not by the model.
+
+    The first caller outside torch decides: the model's code, a tool that runs the model
+    (the recorder's ``run``, the tracked run's interpreter), or a tool's own work (its
+    statistics, checks, backward seeds, extra runs).
+    """
+    while frame is not None:
+        kind = _frame_kind(frame.f_code)
+        if kind != "through":
+            return kind == "library"
+        frame = frame.f_back
+    return False
 
 
 class RecordedOp(NamedTuple):

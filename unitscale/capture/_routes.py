@@ -17,7 +17,9 @@ from torch import fx, nn
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from unitscale.capture._dynamo import dynamo_graph, with_call_signature
+from unitscale.capture._faithful import refuse_lost_functions, refuse_root_hooks
 from unitscale.capture._tracers import CaptureTracer, DeepCaptureTracer, FlatCaptureTracer
+from unitscale.fx.autograd_functions import functions_applied
 from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.tracers import check_autowrap
 
@@ -104,7 +106,11 @@ def deep_fx_route(deep: DeepTracing) -> RouteFn:
 def _fx(tracer: CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
-    graph = tracer.trace(module, concrete_args=concrete or None)
+    # What the trace would lose of the model (root hooks, a custom Function's backward) is refused by name.
+    refuse_root_hooks(module)
+    with functions_applied(module, grad_switches=True) as applied:
+        graph = tracer.trace(module, concrete_args=concrete or None)
+    refuse_lost_functions(applied, "fx", module)
     # Python code for the graph is generated on first call, not here: capture checks the graph
     # with an interpreter, partition splits it and scale tracking writes its own, so no graph pays for it unused.
     with _use_lazy_graph_module(True):
@@ -123,10 +129,12 @@ def export_route(strict: bool, dynamic_batch: bool = False) -> RouteFn:
         failure = Exception("no export attempted")
         for dynamic_shapes in attempts:
             try:
-                ep = torch.export.export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=strict)
+                with functions_applied(module) as applied:
+                    ep = torch.export.export(module, args, kwargs or None, dynamic_shapes=dynamic_shapes, strict=strict)
             except Exception as exc:
                 failure = exc
                 continue
+            refuse_lost_functions(applied, "export-strict" if strict else "export", module)
             # The guard check would be a call_module node (_guards_fn) in an otherwise flat graph,
             # and it pins the example's batch size.
             return ep.module(check_guards=False), ep

@@ -7,6 +7,8 @@
 ['0']
 """
 
+from unitscale.fx.autograd_functions import FunctionCall as FunctionCall
+from unitscale.fx.autograd_functions import functions_applied as functions_applied
 from unitscale.fx.autowrap import register_autowrap_module as register_autowrap_module
 from unitscale.fx.inlining import inline as inline
 from unitscale.fx.inversion import invert as invert
@@ -33,4 +35,6 @@ __all__ = [
     "invert",
     "register_inverse",
     "register_autowrap_module",
+    "FunctionCall",
+    "functions_applied",
 ]

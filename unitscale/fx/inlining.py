@@ -12,6 +12,7 @@ from torch.fx.proxy import GraphAppendingTracer
 from torch.utils import _pytree
 
 from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError
+from unitscale.fx.autograd_functions import functions_applied
 from unitscale.fx.nodes import INLINED_FROM_KEY
 from unitscale.fx.tracers import LeafTracer, ask_module_predicate
 
@@ -61,8 +62,9 @@ class _Inliner:
     def call(self, qualname: str, args: tuple[Any, ...], kwargs: dict[str, Any], prefix: str) -> Any:
         """Append the body of module ``qualname`` applied to ``args``; return its output."""
         module = self.root.get_submodule(qualname)
+        _refuse_hooks(module, f"module '{qualname}'")
         try:
-            body = LeafTracer().trace(module)
+            body = _trace_keeping_functions(module, f"module '{qualname}'")
         except TraceError as e:
             raise TraceError(
                 f"cannot inline module '{qualname}' ({type(module).__name__}): {e}; "
@@ -113,6 +115,61 @@ class _Inliner:
         raise TraceError(f"cannot inline module '{qualname}': its call gives no value for argument '{target}'")
 
 
+_HOOKS = (
+    ("_forward_pre_hooks", "forward pre-hook"),
+    ("_forward_hooks", "forward hook"),
+    ("_backward_pre_hooks", "backward pre-hook"),
+    ("_backward_hooks", "backward hook"),
+)
+
+
+def _refuse_hooks(module: nn.Module, what: str) -> None:
+    """Inlining traces ``forward`` itself, so hooks registered on ``module`` would be dropped: refuse by name."""
+    kinds = [kind for attr, kind in _HOOKS if getattr(module, attr, None)]
+    if kinds:
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it has {' and '.join(kinds)}(s) registered, "
+            "and its inlined body would not run them, so the result would not compute the model; pass a predicate "
+            "that returns False for it (it stays a call, hooks and all), or remove the hook"
+        )
+
+
+def _trace_keeping_functions(module: nn.Module, what: str) -> fx.Graph:
+    """``LeafTracer().trace(module)``, refused where it would record a custom ``autograd.Function``'s forward ops.
+
+    The inlined graph's backward would be the derivative of those ops, not the Function's
+    ``backward``. A reentrant ``torch.utils.checkpoint`` is kept (its body is traced as ops
+    with their own derivatives, which recomputing gives too).
+    """
+    with functions_applied(module, grad_switches=True) as applied:
+        graph = LeafTracer().trace(module)
+    lost = [c for c in applied if not (c.function.__module__ == "torch.utils.checkpoint")]
+    if lost and lost[0].function is torch.no_grad:
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it switches grad mode off (torch.no_grad()) "
+            f"in {lost[0].describe().split(' in ', 1)[1]}, and a traced body records no grad mode, so the result "
+            "would compute gradients the model does not; keep that module as a call (a predicate that returns "
+            "False for it)"
+        )
+    if lost:
+        name = lost[0].function.__qualname__
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it applies the custom autograd.Function "
+            f"{lost[0].describe()}, and its inlined body would hold the ops of {name}.forward, whose derivative is "
+            f"not {name}.backward (the model's gradient would be lost); keep the module that applies it as a call "
+            "(a predicate that returns False for it)"
+        )
+    return graph
+
+
+def _dropout_in_training(module: nn.Module) -> list[str]:
+    return [
+        name or type(m).__name__
+        for name, m in module.named_modules()
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+    ]
+
+
 def _check_example_inputs(gm: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
     if isinstance(example_inputs, torch.Tensor):
         raise InputError(
@@ -146,9 +203,18 @@ def _check_same_outputs(original: nn.Module, inlined: fx.GraphModule, example_in
     for i, (e, g) in enumerate(zip(flat_expected, flat_got, strict=True)):
         if isinstance(e, torch.Tensor) and not torch.allclose(e, g, rtol=1e-5, atol=1e-6, equal_nan=True):
             diff = (e - g).abs().max().item()
+            dropouts = _dropout_in_training(original)
+            cause = (
+                f"dropout in training mode ({', '.join(dropouts[:3])}) draws different masks on each run: "
+                "call .eval() first"
+                if dropouts
+                else "the traced body differs from what the model runs on these inputs (control flow on tensor "
+                "values or Python state that the trace fixed, or random ops): inline only the modules that trace "
+                "faithfully (a predicate), and check each with example_inputs"
+            )
             raise TraceError(
-                f"the inlined module's output {i} differs from the original's by up to {diff:.3g}; "
-                "random ops (dropout in training mode) differ between runs: call .eval() first"
+                f"inline(example_inputs=...): the inlined module's output {i} differs from "
+                f"{type(original).__name__}'s by up to {diff:.3g}; {cause}"
             )
 
 
@@ -184,7 +250,9 @@ def inline(
         NotAModuleError: ``gm`` is not an ``nn.Module``.
         InputError: ``example_inputs`` is not a tuple, or the module fails on it.
         PredicateError: ``predicate`` is not callable, raised, or returned a non-bool.
-        TraceError: a module cannot be traced, or the outputs differ on ``example_inputs``.
+        TraceError: a module cannot be traced, has hooks that its inlined body would not run
+            (the message names it; keep it as a call with a predicate), or the outputs differ
+            on ``example_inputs``.
 
     >>> import torch
     >>> from torch import nn
@@ -213,7 +281,12 @@ def inline(
         # Copying node by node would drop an exported graph's pytree calling convention; and
         # an unchanged graph computes what it did, so example_inputs have nothing to check.
         return gm
-    root = gm if isinstance(gm, fx.GraphModule) else fx.GraphModule(gm, LeafTracer().trace(gm), type(gm).__name__)
+    if not isinstance(gm, fx.GraphModule):
+        _refuse_hooks(gm, "the module given")  # traced from its forward, which skips its own hooks
+    if isinstance(gm, fx.GraphModule):
+        root = gm
+    else:
+        root = fx.GraphModule(gm, _trace_keeping_functions(gm, "the module given"), type(gm).__name__)
     inliner = _Inliner(root, predicate)
     inliner.copy_graph(root.graph)
     inliner.graph.lint()

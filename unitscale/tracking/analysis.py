@@ -301,11 +301,12 @@ def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: b
     return captured
 
 
-def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRow]:
-    """The backward pass and the numbers (the caller's ``finally`` removes the hooks again if this fails)."""
+def _finish(captured: ScaleRecording, backward: Any, model: str) -> tuple[list[ScaleRow], str]:
+    """The rows with their numbers, and why no backward pass ran (``""``: one did). The caller's
+    ``finally`` removes the hooks again if this fails."""
     outputs = float_outputs(captured.output, model)
     try:
-        run_backward(outputs, backward, captured.leaves)
+        no_backward = run_backward(outputs, backward, captured.leaves)
     except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
         raise
     except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
@@ -323,7 +324,7 @@ def _finish(captured: ScaleRecording, backward: Any, model: str) -> list[ScaleRo
     captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
     values = read_records([record for _, record in captured.entries])
     entries = zip(captured.entries, values, strict=True)
-    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
+    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries], no_backward
 
 
 #: ``route=`` of :func:`track_scales` -> the routes :func:`unitscale.capture.capture` tries.
@@ -378,11 +379,11 @@ def _track(
         with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
             captured = _record(cap, module, inputs, abs_max)  # on failure it removed its hooks
             try:
-                rows = _finish(captured, backward, model)
+                rows, no_backward = _finish(captured, backward, model)
             finally:  # Ctrl-C included: the gradient hooks sit on the caller's parameters
                 captured.remove_hooks()
         failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
-        return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure)
+        return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure, no_backward)
 
 
 def track_scales(
@@ -416,7 +417,10 @@ def track_scales(
             as they run, each with its module path), ``"export"`` (``torch.export``: a
             graph of aten ops, cached per module and input signature; its first call costs
             several tracked passes) or ``"auto"`` (fx, else eager: the ops and module
-            paths of an export for a fraction of its cost).
+            paths of an export for a fraction of its cost). A route that would lose part
+            of the model's backward (a custom ``autograd.Function``, a hook on the model, a
+            ``torch.no_grad()`` block) is not taken: ``"auto"`` records the ops eagerly,
+            a forced route raises :class:`~unitscale.errors.NoRouteError` naming it.
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
@@ -427,6 +431,8 @@ def track_scales(
     Returns:
         A :class:`ScaleReport`, one row per floating-point tensor in execution order.
         Integer and boolean tensors are skipped; the model's ``.grad`` fields are untouched.
+        Under ``torch.inference_mode()`` no backward pass can run: the report says so
+        (``report.backward_recorded`` is false, its table ends with the reason).
         A view recorded before the model changes its base in place through a view
         (``x.view(-1).add_(1)``) has no backward std (``n/a``): torch sends that gradient
         through the base, and a hook on the view sees part of it or none. The fx route gives

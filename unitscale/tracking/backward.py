@@ -98,15 +98,61 @@ def gradients_for(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any) ->
     return grads
 
 
-def run_backward(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any, leaves: Sequence[torch.Tensor]) -> None:
+def run_backward(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any, leaves: Sequence[torch.Tensor]) -> str:
     """Backpropagate gradients for ``outputs`` without touching any ``.grad`` of the model.
 
     Gradients are taken with :func:`torch.autograd.grad` with respect to ``leaves`` (the
     detached inputs and the parameters) and dropped: tensor hooks along the way see them.
+
+    Returns:
+        ``""``, or why no backward pass ran (no output requires grad, no leaf does).
     """
     grads = gradients_for(outputs, backward)
     pairs = [(t, g) for (_, t), g in zip(outputs, grads, strict=True) if t.requires_grad]
     inputs = [leaf for leaf in leaves if leaf.requires_grad]
-    if not pairs or not inputs:
-        return
-    torch.autograd.grad([t for t, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+    if torch.is_inference_mode_enabled():
+        return "called under torch.inference_mode(), where no operation records a backward"
+    if not pairs:
+        return "no output requires grad (no parameter of the model requires grad, and no input does)"
+    if not inputs:
+        return "no parameter or input requires grad"
+    reached = _reentrant_checkpoint_leaves([t for t, _ in pairs])
+    if reached is None:
+        torch.autograd.grad([t for t, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+        return ""
+    # A reentrant torch.utils.checkpoint refuses autograd.grad (its backward runs a backward of its
+    # own): run the model's .backward() itself, with every .grad it could reach set aside and put back.
+    kept = {id(t): (t, t.grad) for t in [*inputs, *reached]}
+    try:
+        for t, _ in kept.values():
+            t.grad = None
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+    finally:
+        for t, grad in kept.values():
+            t.grad = grad
+    return ""
+
+
+def _reentrant_checkpoint_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The leaves the backward of ``outputs`` accumulates into, if it passes a reentrant checkpoint; else ``None``.
+
+    The checkpointed segment's own parameters are not in the outer graph (the segment is
+    recomputed in the backward): the caller sets aside the model's parameters too.
+    """
+    seen: set[Any] = set()
+    stack: list[Any] = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    leaves: list[torch.Tensor] = []
+    found = False
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        name = type(fn).__name__
+        if name == "CheckpointFunctionBackward":
+            found = True
+        variable = getattr(fn, "variable", None) if name == "AccumulateGrad" else None
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return leaves if found else None

@@ -144,6 +144,9 @@ class ScaleReport:
         code: annotated code or op listing.
         route: ``"fx"``, ``"eager"`` or ``"export"``.
         trace_failure: why fx tracing failed (eager capture only).
+        no_backward: why no backward pass was recorded (``""``: one was); e.g. the call
+            ran under ``torch.inference_mode()``. Then every ``bwd std`` is ``n/a``, the
+            table ends with a line saying so and :attr:`backward_recorded` is false.
 
     >>> from unitscale import ScaleReport
     >>> from unitscale.tracking import ScaleRow
@@ -157,13 +160,36 @@ class ScaleReport:
     """
 
     def __init__(
-        self, rows: list[ScaleRow], model: str, code: str = "", route: str = "fx", trace_failure: str = ""
+        self,
+        rows: list[ScaleRow],
+        model: str,
+        code: str = "",
+        route: str = "fx",
+        trace_failure: str = "",
+        no_backward: str = "",
     ) -> None:
         self.rows = list(rows)
+        self.no_backward = no_backward
         self.model = model
         self.code = code
         self.route = route
         self.trace_failure = trace_failure
+
+    @property
+    def backward_recorded(self) -> bool:
+        """Whether a backward pass was recorded (``False``: every ``bwd std`` is ``n/a``; ``no_backward`` says why).
+
+        >>> from unitscale import ScaleReport
+        >>> from unitscale.tracking import ScaleRow
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, None, 2.0)
+        >>> why = "called under torch.inference_mode()"
+        >>> report = ScaleReport([row], "Net", no_backward=why)
+        >>> report.backward_recorded
+        False
+        >>> print(report.table().splitlines()[-1])
+        no backward pass recorded: called under torch.inference_mode()
+        """
+        return not self.no_backward
 
     def __iter__(self) -> Iterator[ScaleRow]:
         return iter(self.rows)
@@ -183,6 +209,7 @@ class ScaleReport:
     def __repr__(self) -> str:
         bad = self.first_nonfinite
         marker = "" if bad is None else f", NON-FINITE from {bad.node!r}"
+        marker += "" if self.backward_recorded else ", no backward pass"
         return f"<ScaleReport of {self.model}: {len(self.rows)} tensors, {self.route} capture{marker}>"
 
     @property
@@ -277,6 +304,8 @@ class ScaleReport:
         ]
         if note:
             lines.append(note)
+        if self.no_backward:
+            lines.append(f"no backward pass recorded: {self.no_backward}")
         return "\n".join(lines)
 
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:

@@ -341,6 +341,8 @@ def scratch_space() -> Iterator[None]:
     previous = getattr(_scratch, "buffer", None)
     kept = getattr(_scratch, "kept", None)
     _scratch.kept = None
+    if kept is not None and kept.is_inference() and not torch.is_inference_mode_enabled():
+        kept = None  # made under torch.inference_mode(): it cannot be written outside it
     _scratch.buffer = kept if kept is not None else torch.empty(0)
     try:
         yield

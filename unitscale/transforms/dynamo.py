@@ -44,12 +44,14 @@ from torch.utils import _pytree as pytree
 from unitscale.capture import (
     GRAPH_ROUTE_NAMES,
     DynamoGraph,
+    call_state,
     capture,
     dynamo_graph,
     flat_graph_inputs,
+    hook_key,
     no_torch_function_modes,
 )
-from unitscale.errors import InputError, TraceError, TransformError, UnitscaleError
+from unitscale.errors import InputError, NoRouteError, TraceError, TransformError, UnitscaleError
 from unitscale.fx.module_state import pytree_specs_quiet
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.transforms.aten import to_torch_functions
@@ -226,6 +228,7 @@ class TransformedModule(nn.Module):
         self._latest: _CompiledGraph | _EagerGraph | None = None
         self._eager: _EagerGraph | None = None
         self._eager_spec: tuple[tuple[Any, ...], dict[str, Any], str | Sequence[str]] | None = None
+        self._eager_modes: dict[Any, _EagerGraph | None] = {}
         self.route: str | None = None
         self.reasons: dict[str, str] = {}
         self.unscaled_ops: list[str] = []
@@ -270,6 +273,10 @@ class TransformedModule(nn.Module):
             return self._latest.run(leaves)
         mode = _modes(self.module)
         eager = self._eager
+        if eager is not None and eager.key[0] != mode and self._eager_spec is not None:
+            # Another mode (train()/eval(), no_grad, a hook added): the example inputs are captured
+            # again, by the same routes, in this mode; a model only those routes take keeps working.
+            eager = self._eager_for_mode(mode)
         if eager is not None and eager.key == _eager_key(mode, args, kwargs, leaves, eager.batch_free):
             return eager.run(args, kwargs)
         key = (mode, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
@@ -323,6 +330,23 @@ class TransformedModule(nn.Module):
         >>> scaled.route, scaled(torch.randn(5, 4)).shape
         ('fx', torch.Size([5, 4]))
         """
+        self._eager_modes = {}
+        self._capture_eager(example_inputs, example_kwargs, route)
+        return self
+
+    @_outside_dynamo
+    def _eager_for_mode(self, mode: Any) -> _EagerGraph | None:
+        """The graph of the example inputs captured in ``mode`` (captured now if new); ``None`` if no route takes it."""
+        if mode not in self._eager_modes:
+            assert self._eager_spec is not None  # only called with example inputs
+            args, kwargs, route = self._eager_spec
+            try:
+                self._capture_eager(args, kwargs, route)
+            except NoRouteError:
+                self._eager_modes[mode] = None  # the call is captured lazily, by TorchDynamo
+        return self._eager_modes[mode]
+
+    def _capture_eager(self, example_inputs: Any, example_kwargs: dict[str, Any] | None, route: Any) -> None:
         routes = GRAPH_ROUTE_NAMES if route == "auto" else route
         with no_torch_function_modes(), _state_kept(self.module):
             cap = capture(self.module, example_inputs, example_kwargs, route=routes, dynamic_batch=True, flat=True)
@@ -339,16 +363,17 @@ class TransformedModule(nn.Module):
         key = _eager_key(_modes(self.module), args, kwargs, leaves, batch_free)
         eager = _EagerGraph(gm, self.module, key, batch_free)
         self._eager, self._eager_spec, self.reasons = eager, (args, kwargs, route), dict(cap.reasons)
+        self._eager_modes[key[0]] = eager
         self._adopt(eager, cap.route)
         self._check(gm, flat_graph_inputs(gm, self.module, args, kwargs))
-        return self
 
     def _check(self, gm: fx.GraphModule, inputs: list[Any], outputs: list[int] | None = None) -> None:
         """Measure the std along a new graph (:func:`~unitscale.transforms.scale_check.check_scale`), for unit_scale."""
         if not any(getattr(t, "checks_scale", False) for t in self.transforms):
             return
         with _state_kept(self.module):
-            self.scale_check = check_scale(gm, inputs, outputs=outputs)
+            # a graph captured without grad serves calls without grad: its backward is not the call's
+            self.scale_check = check_scale(gm, inputs, outputs=outputs, backward=torch.is_grad_enabled())
         if not self.scale_check.ok:
             logger.warning(
                 "unit_scale: %s is off unit scale: %s", type(self.module).__name__, self.scale_check.summary()
@@ -397,17 +422,20 @@ def _batch_free(gm: fx.GraphModule, route: str) -> bool:
     return bool(tensors) and all(isinstance(v.shape[0], torch.SymInt) for v in tensors)
 
 
-def _modes(module: nn.Module) -> tuple[bool, ...]:
-    """The training flag of every submodule: a graph is captured for one such mode and serves only it.
+def _modes(module: nn.Module) -> tuple[Any, ...]:
+    """The training flag and hooks of every submodule, and the call's state: a graph is captured for one such mode.
 
     One flag would not do: ``model.train(); model.bn.eval()`` (batch norm frozen) is a mode
-    of its own, whose graph normalises with the running statistics.
+    of its own, whose graph normalises with the running statistics. Grad mode, inference
+    mode and autocast change the graph too (:func:`unitscale.capture.call_state`): a
+    graph captured under ``no_grad`` inlines a custom ``autograd.Function``'s forward and
+    takes ``nn.TransformerEncoder``'s fast path, which has no derivative.
     """
-    return tuple(m.training for m in module.modules())
+    return (tuple((m.training, hook_key(m)) for m in module.modules()), call_state())
 
 
 def _eager_key(
-    modes: tuple[bool, ...], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], batch_free: bool
+    modes: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any], leaves: list[Any], batch_free: bool
 ) -> Any:
     def leaf_key(leaf: Any) -> Any:
         if isinstance(leaf, torch.Tensor) and batch_free and leaf.dim() > 0:

@@ -157,7 +157,11 @@ class _Recorder(fx.Interpreter):
 
 
 def check_scale(
-    gm: fx.GraphModule, inputs: list[Any], band: tuple[float, float] = BAND, outputs: list[int] | None = None
+    gm: fx.GraphModule,
+    inputs: list[Any],
+    band: tuple[float, float] = BAND,
+    outputs: list[int] | None = None,
+    backward: bool = True,
 ) -> ScaleCheck:
     """Run ``gm`` on ``inputs`` forward and backward, and measure the std along it.
 
@@ -172,6 +176,9 @@ def check_scale(
         outputs: the positions, among the graph's output leaves, of the model's outputs
             (``None``: all). TorchDynamo's graphs also return values the model stores
             (a cache filled in eval mode), which are not the model's output.
+        backward: measure the backward pass too. ``False`` for a graph captured under
+            ``torch.no_grad()``, which may hold ops with no derivative (``nn.TransformerEncoder``'s
+            fast path): its input-gradient std is ``nan``.
 
     Returns:
         A :class:`ScaleCheck`.
@@ -198,7 +205,7 @@ def check_scale(
         differentiable = [o for o in float_outputs if o.requires_grad]
         grads: dict[fx.Node, float] = {}
         targets = [(n, v) for n, v in values.items() if v.requires_grad]
-        if differentiable and targets:
+        if backward and differentiable and targets:
             generator = torch.Generator(device=differentiable[0].device).manual_seed(0)
             seeds = [torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device) for o in differentiable]
             found = torch.autograd.grad(differentiable, [v for _, v in targets], seeds, allow_unused=True)

@@ -1,0 +1,105 @@
+"""What a graph route would lose of the model, found while it captures, and refused by name.
+
+A captured graph must compute the model's forward *and its backward*. Two routes run the
+model's Python on stand-ins: ``torch.fx`` on proxies, ``torch.export`` on fake tensors.
+Where that Python calls a custom :class:`torch.autograd.Function`, they record the ops of
+its ``forward``, and the graph's backward is the derivative of those ops, not the
+Function's ``backward``: a straight-through estimator (``round`` forward, identity
+backward) gets gradient 0. ``torch.export`` also runs the body of a reentrant
+``torch.utils.checkpoint`` under ``no_grad``, so no gradient flows through it. And
+``torch.fx`` traces the root's ``forward`` directly, so hooks on the root never run.
+
+:func:`unitscale.fx.functions_applied` sees every ``Function.apply`` while a route traces;
+:func:`refuse_lost_functions` and :func:`refuse_root_hooks` raise
+:class:`~unitscale.errors.LostBehaviourError`, which is the route's reason:
+``route="auto"`` moves on to a route that keeps the behaviour (TorchDynamo keeps
+Functions; the eager route runs the model itself), a forced route refuses.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from unitscale.errors import LostBehaviourError
+from unitscale.fx.autograd_functions import FunctionCall
+
+__all__ = ["refuse_lost_functions", "refuse_root_hooks", "root_hooks"]
+
+
+def _is_reentrant_checkpoint(function: type) -> bool:
+    return function.__module__ == "torch.utils.checkpoint" and function.__name__ == "CheckpointFunction"
+
+
+def _is_backward_hook(function: type) -> bool:
+    return function.__module__ == "torch.utils.hooks" and function.__name__ == "BackwardHookFunction"
+
+
+def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Module) -> None:
+    """Raise :class:`~unitscale.errors.LostBehaviourError` for the Functions ``route`` recorded as forward ops.
+
+    On the ``fx`` route a reentrant ``torch.utils.checkpoint`` is kept: its body is traced
+    as ops with their own derivatives, which recompute-and-differentiate gives too.
+    """
+    lost = [c for c in calls if not (route == "fx" and _is_reentrant_checkpoint(c.function))]
+    if not lost:
+        return
+    first = lost[0]
+    name = first.function.__qualname__
+    if "ApplyTemplate" in name:  # strict export meets the Function as TorchDynamo's autograd_function_apply
+        name = "the Function"
+    more = f" (and {len(lost) - 1} more call(s): {', '.join(sorted({c.function.__qualname__ for c in lost[1:]}))})"
+    more = more if len(lost) > 1 else ""
+    tool = "torch.fx" if route == "fx" else "torch.export"
+    if first.function is torch.no_grad:
+        lost_what = (
+            f"grad mode switched off (torch.no_grad() or set_grad_enabled(False)) in "
+            f"{first.describe().split(' in ', 1)[1]}: torch.fx records no grad mode, so the graph would "
+            "compute gradients through ops the model computes without them"
+        )
+        fix = "route='auto' moves on to a route that keeps it (torch.export, TorchDynamo or the eager record)"
+    elif _is_reentrant_checkpoint(first.function):
+        lost_what = (
+            f"torch.utils.checkpoint(use_reentrant=True) in {first.describe().split(' in ', 1)[1]}: {tool} runs "
+            "the checkpointed forward under no_grad, so the graph would compute no gradient through it"
+        )
+        fix = "use use_reentrant=False, or route='auto' (another route keeps it)"
+    elif _is_backward_hook(first.function):
+        lost_what = (
+            f"a full backward hook (register_full_backward_hook) in {first.describe().split(' in ', 1)[1]}: "
+            f"{tool} records the hook's identity Function as ops, so the hook would never run"
+        )
+        fix = "route='auto' moves on to a route that runs it"
+    else:
+        lost_what = (
+            f"the custom autograd.Function {first.describe()}: {tool} records the ops of {name}.forward, so the "
+            f"graph's backward would be their derivative instead of {name}.backward (the model's gradient is lost)"
+        )
+        fix = "route='auto' moves on to a route that keeps it (TorchDynamo, or the eager record)"
+    raise LostBehaviourError(
+        f"the {route} route cannot capture {type(module).__name__} faithfully: {lost_what}{more}; {fix}"
+    )
+
+
+_HOOK_DICTS = (
+    ("_forward_pre_hooks", "forward pre-hook"),
+    ("_forward_hooks", "forward hook"),
+    ("_backward_pre_hooks", "backward pre-hook"),
+    ("_backward_hooks", "backward hook"),
+)
+
+
+def root_hooks(module: nn.Module) -> list[str]:
+    """The kinds of hook registered on ``module`` itself (``"forward pre-hook"``, ...)."""
+    return [kind for attr, kind in _HOOK_DICTS if getattr(module, attr, None)]
+
+
+def refuse_root_hooks(module: nn.Module) -> None:
+    """``torch.fx`` traces the root's ``forward`` itself: its hooks would not run; refuse by name."""
+    kinds = root_hooks(module)
+    if kinds:
+        raise LostBehaviourError(
+            f"the fx route cannot capture {type(module).__name__} faithfully: it has {' and '.join(kinds)}(s) "
+            f"registered on it, and torch.fx traces {type(module).__name__}.forward without running them; "
+            "route='auto' moves on to a route that runs them (torch.export, TorchDynamo or the eager record)"
+        )

@@ -1,0 +1,179 @@
+"""Which custom ``torch.autograd.Function`` s a block of code applies: what a trace would lose.
+
+A symbolic trace (``torch.fx``) or an export runs the model's Python on stand-ins, and where
+that Python calls ``SomeFunction.apply`` it records the ops of ``SomeFunction.forward``: the
+graph's backward is then their derivative, not ``SomeFunction.backward``. A tool that traces
+watches for such calls with :func:`functions_applied` and refuses by name
+(:func:`unitscale.fx.inline` here; every capture route in :mod:`unitscale.capture`).
+
+``Function.apply`` is wrapped for the time of the block, as ``torch.fx`` patches ``math``
+functions while it traces; blocks nest, and the wrapper is removed when the last one ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["FunctionCall", "functions_applied"]
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    """One ``Function.apply`` seen while a route traced: the class, the module it ran in, the user's line."""
+
+    function: type
+    module_path: str
+    module_type: str
+    source: str
+
+    def describe(self) -> str:
+        where = f"module '{self.module_path}'" if self.module_path else "the root"
+        where += f" ({self.module_type})"
+        name = f"{self.function.__module__}.{self.function.__qualname__}"
+        if "ApplyTemplate" in name:  # what TorchDynamo (strict export) makes of a user's Function
+            name = "(a Function TorchDynamo rewrote as autograd_function_apply)"
+        return f"{name} in {where}" + (f" at {self.source}" if self.source else "")
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
+_EXAMPLES = _PACKAGE + "examples/"
+
+
+def _user_line(frame: Any) -> str:
+    """``file:line`` of the innermost frame outside torch and unitscale (its examples count as user code)."""
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" not in name and (not name.startswith(_PACKAGE) or name.startswith(_EXAMPLES)):
+            if "ipykernel_" in name or name.startswith("<"):
+                return f"line {frame.f_lineno} of a notebook cell"
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+_lock = threading.RLock()
+# (thread, root, module paths, calls): a block records only what its own thread applies, so a
+# model another thread runs meanwhile is neither recorded nor refused
+_recorders: list[tuple[int, nn.Module, dict[int, str], list[FunctionCall]]] = []
+_original_apply: Any = None
+
+
+def _module_of(frame: Any, paths: dict[int, str], root: nn.Module) -> tuple[str, str]:
+    """The innermost module of the root whose code is on the stack (its ``self``), and its type."""
+    depth = 0
+    while frame is not None and depth < 64:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and id(owner) in paths:
+            return paths[id(owner)], type(owner).__name__
+        frame, depth = frame.f_back, depth + 1
+    return "", type(root).__name__
+
+
+_applying = threading.local()  # Functions this thread is applying: their forward's grad switches are theirs
+_original_set_grad: Any = None
+_watch_grad = [0]
+
+
+def _recorder() -> tuple[nn.Module, dict[int, str], list[FunctionCall]] | None:
+    """The innermost block of this thread, if any."""
+    me = threading.get_ident()
+    for thread, root, paths, calls in reversed(_recorders):
+        if thread == me:
+            return root, paths, calls
+    return None
+
+
+def _record(function: Any, caller: Any) -> None:
+    found = _recorder()
+    if found is None:
+        return
+    root, paths, calls = found
+    path, kind = _module_of(caller, paths, root)
+    calls.append(FunctionCall(function, path, kind, _user_line(caller)))
+
+
+def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    if _recorders:
+        _record(cls, sys._getframe(1))
+    _applying.depth = getattr(_applying, "depth", 0) + 1
+    try:
+        return _original_apply.__func__(cls, *args, **kwargs)
+    finally:
+        _applying.depth -= 1
+
+
+_TOOLS = tuple(_PACKAGE + room + "/" for room in ("capture", "tracking", "transforms", "stages", "fx"))
+
+
+def _by_the_model(frame: Any) -> bool:
+    """Whether the first caller outside torch is the model's code (not a tracer's own bookkeeping)."""
+    while frame is not None:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" not in name:
+            return not name.startswith(_TOOLS)
+        frame = frame.f_back
+    return False
+
+
+def _recording_set_grad(enabled: bool) -> None:
+    if _recorders and not enabled and torch.is_grad_enabled() and not getattr(_applying, "depth", 0):
+        caller = sys._getframe(1)
+        if _by_the_model(caller):
+            _record(torch.no_grad, caller)
+    _original_set_grad(enabled)
+
+
+@contextmanager
+def functions_applied(root: nn.Module, grad_switches: bool = False) -> Iterator[list[FunctionCall]]:
+    """Every custom ``autograd.Function`` applied inside the block, with the module of ``root`` it ran in.
+
+    With ``grad_switches``, every switch of grad mode off outside a Function's ``forward``
+    (``torch.no_grad()``, ``torch.set_grad_enabled(False)``) is listed too, as a call whose
+    ``function`` is ``torch.no_grad``: a symbolic trace records no grad mode.
+
+    >>> import torch
+    >>> from unitscale.fx import functions_applied
+    >>> class Twice(torch.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x): return x * 2
+    ...     @staticmethod
+    ...     def backward(ctx, g): return g * 2
+    >>> with functions_applied(torch.nn.Identity()) as calls:
+    ...     _ = Twice.apply(torch.ones(1))
+    >>> [c.function.__name__ for c in calls]
+    ['Twice']
+    """
+    global _original_apply, _original_set_grad
+    calls: list[FunctionCall] = []
+    paths = {id(m): name for name, m in root.named_modules()}
+    with _lock:
+        if not _recorders:
+            _original_apply = torch.autograd.Function.__dict__["apply"]
+            torch.autograd.Function.apply = classmethod(_recording_apply)  # type: ignore[method-assign,assignment]
+        if grad_switches:
+            if not _watch_grad[0]:
+                _original_set_grad = torch._C._set_grad_enabled
+                torch._C._set_grad_enabled = _recording_set_grad
+            _watch_grad[0] += 1
+        entry = (threading.get_ident(), root, paths, calls)
+        _recorders.append(entry)
+    try:
+        yield calls
+    finally:
+        with _lock:
+            _recorders.remove(entry)
+            if grad_switches:
+                _watch_grad[0] -= 1
+                if not _watch_grad[0]:
+                    torch._C._set_grad_enabled = _original_set_grad
+            if not _recorders:
+                torch.autograd.Function.apply = _original_apply  # type: ignore[method-assign]
