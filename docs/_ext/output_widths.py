@@ -1,0 +1,43 @@
+"""Printed outputs that read on a phone: prose wraps, tables keep their columns and scroll.
+
+A notebook prints two kinds of text: sentences, messages and code (an error's explanation, a
+node's one-line description, generated code), and tables whose columns line up. The site keeps
+an output's lines as printed (``white-space: pre``), so on a phone both scrolled sideways, an
+error message 1,900 px wide among them. This marks every printed output that is not a table
+(:func:`is_table`) with the class :data:`WRAPS`, which ``unitscale.css`` lets wrap; a table
+still scrolls in its own box, and ``outputs.js`` marks a box that scrolls with a shadow at the
+edge where more is hidden.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from docutils import nodes
+
+#: the class of an output block that may wrap its lines
+WRAPS = "output-wraps"
+# two or more spaces between two pieces of text: the gap between two columns
+_GAP = re.compile(r"\S {2,}\S")
+
+
+def is_table(text: str) -> bool:
+    """Whether ``text`` is laid out in columns: at least two lines, most of them with a gap
+    of two or more spaces inside the line (indentation does not count)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) < 2:
+        return False
+    return sum(bool(_GAP.search(line.strip())) for line in lines) >= 0.5 * len(lines)
+
+
+def mark_wrapping_outputs(app: Any, doctree: nodes.document, docname: str) -> None:
+    for block in doctree.findall(nodes.literal_block):
+        classes = block.get("classes", [])
+        if "output" in classes and not is_table(block.astext()):
+            classes.append(WRAPS)
+
+
+def setup(app: Any) -> dict:
+    app.connect("doctree-resolved", mark_wrapping_outputs)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
