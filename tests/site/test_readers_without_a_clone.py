@@ -43,6 +43,23 @@ def test_the_quick_start_runs_as_pasted(tmp_path):
     assert "bubble with 8 microbatches" in run.stdout
 
 
+def shown_output() -> str:
+    """The ```text block after the quick start: what the page says it prints."""
+    rest = INDEX[INDEX.index(quick_start()) :]
+    match = re.search(r"^```text\n(.*?)^```", rest, re.S | re.M)
+    assert match, "the quick start shows no output"
+    return match.group(1)
+
+
+def test_the_quick_start_prints_what_the_page_shows(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-"], input=quick_start(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout == shown_output()
+
+
 @pytest.mark.parametrize("page", ["docs/index.md", "docs/install.md"])
 def test_pages_name_the_wheel_the_build_serves(page):
     text = (ROOT / page).read_text(encoding="utf-8")
