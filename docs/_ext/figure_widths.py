@@ -234,10 +234,12 @@ def phone_rendering(figure: Any) -> tuple[bytes, dict[str, float]]:
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _phone_rendering(figure)
+        _, data, measured = phone_copy(figure)
+    return data, measured
 
 
-def _phone_rendering(figure: Any) -> tuple[bytes, dict[str, float]]:
+def phone_copy(figure: Any) -> tuple[Any, bytes, dict[str, float]]:
+    """The copy of ``figure`` drawn for a phone, its PNG and its measurements."""
     copy = _copy(figure)
     width_in, height_in = copy.get_size_inches()
     rows = _stack_side_by_side_panels(copy)
@@ -259,7 +261,7 @@ def _phone_rendering(figure: Any) -> tuple[bytes, dict[str, float]]:
         if css_text_px(smallest, PHONE_DPI, width, shown) >= TARGET_TEXT_PX - 0.05:
             break
         floor *= TARGET_TEXT_PX / css_text_px(smallest, PHONE_DPI, width, shown)
-    return data, {"dpi": PHONE_DPI, "density": PHONE_DENSITY, "min_pt": smallest, "width_px": width}
+    return copy, data, {"dpi": PHONE_DPI, "density": PHONE_DENSITY, "min_pt": smallest, "width_px": width}
 
 
 def renderings(figure: Any, dpi: float) -> tuple[bytes, dict[str, Any]]:
