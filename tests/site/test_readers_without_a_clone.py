@@ -141,6 +141,25 @@ def test_hidden_glue_records_are_dropped_and_sphinx_metadata_removed():
     assert len(notebook.cells[1].outputs) == 2, "the executed notebook itself is left as it was"
 
 
+def test_a_figures_phone_rendering_stays_on_the_site():
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    cell = nbformat.v4.new_code_cell("plt.plot([1, 2])")
+    phone = {"png": "iVBORw0KGgo=", "dpi": 200, "min_pt": 11.0, "width_px": 840}
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "display_data",
+            data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"},
+            metadata={"image/png": {sn.FIGURE_KEY: {"phone": phone}, "width": 500}},
+        )
+    ]
+    notebook.cells = [cell]
+    out = sn.standalone(notebook, {}, format_plain_text, str)
+    assert out.cells[0].outputs[0].metadata == {"image/png": {"width": 500}}
+    assert sn.FIGURE_KEY in notebook.cells[0].outputs[0].metadata["image/png"], "the executed notebook is unchanged"
+
+
 @pytest.mark.slow
 def test_a_tutorial_built_from_scratch_downloads_with_outputs_and_glued_text(tmp_path):
     """The real build's settings (``force``: no jupyter-cache), on a tiny site: outputs and glue make it."""
