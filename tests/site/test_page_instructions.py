@@ -116,19 +116,31 @@ def test_reader_commands_name_no_placeholder_and_the_cpu_torch(text: str) -> Non
         assert line == f"pip install torch=={PINNED_TORCH} --index-url https://download.pytorch.org/whl/cpu", line
 
 
+def reader_blocks(page: str) -> list[str]:
+    """The ```bash blocks a reader without a clone runs: Install's "From this site", Run locally's first."""
+    if page == "Install":
+        section = INSTALL[INSTALL.index("## From this site") : INSTALL.index("## From a clone")]
+        blocks = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
+        assert len(blocks) == 2
+        return blocks
+    return re.findall(r"^```bash\n(.*?)^```", RUN_LOCALLY, re.S | re.M)[:1]
+
+
 @pytest.mark.built
-def test_install_from_this_site_runs_as_written(tmp_path: Path) -> None:
-    """Install's "From this site" commands, run as shown by bash in the folder the wheel was saved
-    to. pip is pointed at the local wheelhouse by its environment (``PIP_NO_INDEX``,
-    ``PIP_FIND_LINKS``: no network, torch's CPU wheel is there) and resolves without installing
-    (``PIP_DRY_RUN``): what is checked is that each line is valid and resolves, with the pins."""
+@pytest.mark.parametrize("page", ["Install", "Run locally"])
+def test_reader_install_commands_run_as_written(page: str, tmp_path: Path) -> None:
+    """The commands a reader without a clone runs, run as shown by bash in the folder the wheel was
+    saved to (Run locally's in the environment Install's made). pip is pointed at the local
+    wheelhouse by its environment (``PIP_NO_INDEX``, ``PIP_FIND_LINKS``: no network; torch's CPU
+    wheel is there) and resolves without installing (``PIP_DRY_RUN``): what is checked is that each
+    line is valid and resolves with the pins, torch's CPU build included, not the download."""
     site = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
     wheels = list(site.glob("unitscale-*-py3-none-any.whl"))
     assert len(wheels) == 1, f"the built site serves {wheels}"
     shutil.copy(wheels[0], tmp_path / wheels[0].name)
-    section = INSTALL[INSTALL.index("## From this site") : INSTALL.index("## From a clone")]
-    blocks = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
-    assert len(blocks) == 2
+    blocks = reader_blocks(page)
+    if page != "Install":
+        blocks = ["python3 -m venv .venv && source .venv/bin/activate\n", *blocks]
     env = {
         **os.environ,
         "PIP_NO_INDEX": "1",
@@ -140,5 +152,6 @@ def test_install_from_this_site_runs_as_written(tmp_path: Path) -> None:
     script = "set -euo pipefail\n" + "".join(blocks)
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "Would install" in done.stdout and f"torch-{PINNED_TORCH}" in done.stdout, done.stdout[-2000:]
-    assert wheels[0].name.split("-")[1] in done.stdout
+    would = " ".join(line for line in done.stdout.splitlines() if line.startswith("Would install"))
+    assert f" torch-{PINNED_TORCH}" in would, done.stdout[-2000:]
+    assert f" unitscale-{wheels[0].name.split('-')[1]}" in would, done.stdout[-2000:]
