@@ -24,7 +24,8 @@ checked for what a reader notices and a build does not:
   ``make format-tutorials``), figures wider than the column, and tables whose box is wider than
   their rows (a border framing empty space beside a narrow table).
 
-At phone width a figure shrinks to the column, so its text size is checked at desktop width only.
+At phone width a figure shrinks to the column, so its text size is checked here at desktop width
+only; ``test_browser_widths`` checks it at both widths, from each rendering's own font sizes.
 """
 
 from __future__ import annotations
