@@ -192,11 +192,12 @@ class StageReport:
 
         >>> from unitscale.stages import StageReport, StageRow
         >>> rows = [StageRow(0, 3, "x", "fc1", 9.0, 0.5, 64, [("fc1", (2, 4), 32)])]
-        >>> html = StageReport(rows, "params", num_microbatches=2, bubble=0.0)._repr_html_()
+        >>> report = StageReport(rows, "params", num_microbatches=2, bubble=0.0)
+        >>> html = report._repr_html_()
         >>> "<td>fc1[2, 4] (32 B)</td>" in html
         True
         """
-        from html import escape
+        from html import escape  # here, not at the top: only a notebook's display needs it
 
         header = ["stage", f"cost ({self.cost})", "share", "params", "nodes", "sends"]
         lines = [
@@ -365,7 +366,7 @@ class StagePlan:
 
     def _repr_html_(self) -> str:
         """The plan in a notebook: its :meth:`report` as a table (8 microbatches), under its ``repr``."""
-        from html import escape
+        from html import escape  # here, not at the top: only a notebook's display needs it
 
         return f"<p><code>{escape(repr(self))}</code></p>" + self.report()._repr_html_()
 

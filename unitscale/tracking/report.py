@@ -289,11 +289,12 @@ class ScaleReport:
 
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
-        >>> html = ScaleReport([ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5)], "Net")._repr_html_()
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5)
+        >>> html = ScaleReport([row], "Net")._repr_html_()
         >>> html.count("<th>"), "<td>0.5</td>" in html
         (8, True)
         """
-        from html import escape
+        from html import escape  # here, not at the top: only a notebook's display needs it
 
         note = self._nonfinite_note()
         header = ["node", "fwd std", "bwd std", *(["finite"] if note else []), "op", "shape", "module", "dtype"]
