@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import pickle
 import warnings
 from typing import Any
@@ -183,6 +184,21 @@ def _title_above(ax: Any, legend: Any, renderer: Any) -> None:
             ax.set_title(title.get_text(), loc=loc, pad=pad, fontsize=title.get_fontsize())
 
 
+def _wrap_wide_titles(figure: Any) -> None:
+    """A panel's title wider than its panel (panels side by side) breaks into balanced lines."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    for ax in figure.axes:
+        room = ax.get_window_extent(renderer).width
+        for title in (ax.title, ax._left_title, ax._right_title):
+            words = title.get_text().split()
+            if len(words) < 2 or "\n" in title.get_text() or title.get_window_extent(renderer).width <= room:
+                continue
+            lines = math.ceil(title.get_window_extent(renderer).width / room)
+            per_line = math.ceil(len(words) / lines)
+            title.set_text("\n".join(" ".join(words[i : i + per_line]) for i in range(0, len(words), per_line)))
+
+
 def _thin_crowded_ticks(figure: Any) -> None:
     """An axis whose fixed tick labels now overlap keeps every second (third, ...) one."""
     from matplotlib.ticker import FixedLocator
@@ -253,6 +269,7 @@ def phone_copy(figure: Any) -> tuple[Any, bytes, dict[str, float]]:
     for _ in range(3):  # the tight box can come out wider than the figure (a legend outside it)
         _raise_fonts(copy, floor)
         _refit_legends(copy, floor)
+        _wrap_wide_titles(copy)
         _thin_crowded_ticks(copy)
         _leave_out_colliding_labels(copy)
         data, width = _png(copy, PHONE_DPI)
