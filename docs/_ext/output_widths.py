@@ -18,17 +18,27 @@ from docutils import nodes
 
 #: the class of an output block that may wrap its lines
 WRAPS = "output-wraps"
-# two or more spaces between two pieces of text: the gap between two columns
-_GAP = re.compile(r"\S {2,}\S")
+# two or more spaces between two pieces of text: the gap before a column
+_GAP = re.compile(r"(?<=\S) {2,}(?=\S)")
 
 
 def is_table(text: str) -> bool:
-    """Whether ``text`` is laid out in columns: at least two lines, most of them with a gap
-    of two or more spaces inside the line (indentation does not count)."""
+    """Whether ``text`` is laid out in columns: at least two lines, and a column after a gap of
+    two or more spaces whose left or right edge is at the same place in at least a third of them.
+    Indentation does not count, nor a gap at a different place on each line
+    (``x = f(y);  y = None``)."""
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) < 2:
         return False
-    return sum(bool(_GAP.search(line.strip())) for line in lines) >= 0.5 * len(lines)
+    edges: dict[tuple[str, int], int] = {}  # a column's left edge, or its right one (numbers align right)
+    for line in lines:
+        found = set()
+        for gap in _GAP.finditer(line):
+            word = re.match(r"\S+", line[gap.end() :])
+            found |= {("left", gap.end()), ("right", gap.end() + (word.end() if word else 0))}
+        for edge in found:
+            edges[edge] = edges.get(edge, 0) + 1
+    return max(edges.values(), default=0) >= max(2, len(lines) / 3)
 
 
 def mark_wrapping_outputs(app: Any, doctree: nodes.document, docname: str) -> None:
