@@ -327,6 +327,18 @@ def install(shell: Any = None) -> None:
     shell.events.register("post_execute", register)
     register()
     shell.events.register("pre_execute", register)
+    # A cell that imports pyplot and shows a figure (plt.show()) before it ends: the inline backend
+    # registers its formatter when it is first loaded, mid-cell, through select_figure_formats
+    import matplotlib_inline.backend_inline as inline
+
+    select = inline.select_figure_formats
+
+    def select_then_register(*args: Any, **kwargs: Any) -> None:
+        select(*args, **kwargs)
+        register()
+
+    inline.select_figure_formats = select_then_register
+    register()
 
 
 # ---------------------------------------------------------------------------------------------

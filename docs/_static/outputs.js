@@ -13,8 +13,10 @@
     for (const table of document.querySelectorAll(".bd-article .cell_output table")) {
       if (table.closest(".unitscale-table")) continue;
       table.classList.remove("as-cards");
-      const box = table.closest(".pst-scrollable-table-container") || table;
-      if (!phone() || !table.getClientRects().length || box.scrollWidth <= box.clientWidth + 1) continue;
+      // the table scrolls in its own box, or in the theme's container around it
+      const wide = [table, table.closest(".pst-scrollable-table-container")]
+        .some((box) => box && box.scrollWidth > box.clientWidth + 1);
+      if (!phone() || !table.getClientRects().length || !wide) continue;
       const heads = [...table.querySelectorAll("thead th")].map((th) => th.innerText.trim());
       for (const row of table.querySelectorAll("tbody tr")) {
         [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i] || ""; });

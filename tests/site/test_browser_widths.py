@@ -38,7 +38,7 @@ FIGURES_JS = """() => {
   return [...root.querySelectorAll('.cell_output img')].filter(img => img.getClientRects().length).map(img => {
     const picture = img.closest('picture');
     const chosen = (picture ? [...picture.querySelectorAll('source')] : [])
-      .find(s => img.currentSrc.endsWith(s.getAttribute('srcset').split(' ')[0]));
+      .find(s => img.currentSrc === new URL(s.getAttribute('srcset').split(' ')[0], document.baseURI).href);
     const data = (chosen || img).dataset;
     return {src: img.currentSrc.split('/').pop(), shown: img.getBoundingClientRect().width,
             pt: parseFloat(data.minFontPt), dpi: parseFloat(data.dpi), px: parseFloat(data.widthPx),
@@ -50,7 +50,9 @@ OUTPUTS_JS = """() => {
   const root = document.querySelector('.bd-article');
   const outputs = [...root.querySelectorAll('.cell_output > .output, .cell_output > div')]
     .filter(o => o.getClientRects().length && !o.querySelector('img'));
+  // a folded table (a closed <details>) is not shown: it is counted when a reader opens it
   const scroller = o => [o, ...o.querySelectorAll('*')].find(e => e.getClientRects().length
+    && !e.closest('details:not([open]) > :not(summary)')
     && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX) && e.scrollWidth > e.clientWidth + 1);
   return outputs.map(o => {
     const box = scroller(o);
