@@ -266,6 +266,9 @@ def phone_copy(figure: Any) -> tuple[Any, bytes, dict[str, float]]:
     if copy.get_layout_engine() is None:
         copy.set_layout_engine("constrained")
     data, width = b"", 0
+    for ax in copy.axes:  # a label in a plot ends at its edge: larger, it would widen the figure
+        for text in ax.texts:
+            text.set_clip_on(True)
     for _ in range(3):  # the tight box can come out wider than the figure (a legend outside it)
         _raise_fonts(copy, floor)
         _refit_legends(copy, floor)
@@ -276,6 +279,8 @@ def phone_copy(figure: Any) -> tuple[Any, bytes, dict[str, float]]:
         smallest = smallest_font_pt(copy)
         shown = min(PHONE_COLUMN_PX, width / PHONE_DENSITY)
         if css_text_px(smallest, PHONE_DPI, width, shown) >= TARGET_TEXT_PX - 0.05:
+            break
+        if width > 1.5 * PHONE_WIDTH_IN * PHONE_DPI:  # larger text widens it further: no end to it
             break
         floor *= TARGET_TEXT_PX / css_text_px(smallest, PHONE_DPI, width, shown)
     return copy, data, {"dpi": PHONE_DPI, "density": PHONE_DENSITY, "min_pt": smallest, "width_px": width}
