@@ -209,7 +209,8 @@ class StageReport:
         caption = "<br>".join(escape(line) for line in self.table().splitlines()[len(self.rows) + 1 :])
         return (
             '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
-            f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            f'<p class="unitscale-table-note">{caption}</p>'  # under the box: never scrolled out of view
         )
 
 

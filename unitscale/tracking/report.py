@@ -309,7 +309,8 @@ class ScaleReport:
         caption = escape(f"{self.model}: {len(self.rows)} tensors, {self.route} capture" + (f". {note}" * bool(note)))
         return (
             '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
-            f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            f'<p class="unitscale-table-note">{caption}</p>'  # under the box: never scrolled out of view
         )
 
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
