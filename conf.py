@@ -37,6 +37,8 @@ extensions = [
     "benchmark_csv",  # each recorded benchmark as a CSV file beside the Benchmarks page
     "execute_alone",  # pages that time themselves execute with no other notebook beside them
     "execution_report",  # the execution report's Status column in words
+    "output_widths",  # printed outputs that are not tables wrap on a phone
+    "figure_widths",  # every figure drawn again for a phone, served by a <picture>
     "library_cache",
     "notebook_download",
     "page_dependencies",
@@ -84,14 +86,17 @@ nb_merge_streams = True
 nb_render_markdown_format = "myst"  # Markdown outputs (the Benchmarks page's tables) get tables
 # The cache holds outputs of one version of the library (library_cache extension): a folder per
 # digest of unitscale's sources, and every executed page is re-read when those sources change.
-nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROOT / "unitscale"))
+# The kernels also run figure_widths (every figure drawn again for a phone): its code is in the digest.
+KERNEL_CODE = [ROOT / "docs" / "_ext" / "figure_widths.py", ROOT / "docs" / "_ext" / "figure_widths_startup.py"]
+nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROOT / "unitscale", KERNEL_CODE))
 # The Benchmarks page also runs benchmarks/bench_*.py: re-read (and, by its front matter,
 # re-run) it when they change, so its numbers are never the cached numbers of older scripts.
+_KERNEL = ["unitscale/**/*.py", "docs/_ext/figure_widths*.py"]
 page_dependencies = {
-    "docs/benchmarks": ["benchmarks/bench_*.py", "docs/benchmark_runs/*.json", "unitscale/**/*.py"],
-    "docs/against-the-reference": ["unitscale/**/*.py"],
-    "docs/planner": ["docs/benchmark_runs/bench_planner.json", "unitscale/**/*.py"],
-    **{f"tutorials/{page.stem}": ["unitscale/**/*.py"] for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
+    "docs/benchmarks": ["benchmarks/bench_*.py", "docs/benchmark_runs/*.json", *_KERNEL],
+    "docs/against-the-reference": _KERNEL,
+    "docs/planner": ["docs/benchmark_runs/bench_planner.json", *_KERNEL],
+    **{f"tutorials/{page.stem}": _KERNEL for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
 }
 
 # The wheel served at the site root (wheel_download extension) is this project's.
@@ -143,7 +148,8 @@ html_theme = "sphinx_book_theme"
 html_title = "unitscale"
 html_static_path = [str(ROOT / "docs" / "_static")]
 html_css_files = ["unitscale.css"]  # docs/_static: readable figures, outputs and tables (see the file)
-html_js_files = ["names.js", "figures.js"]  # docs/_static: names break after a dot; figures open full size
+# docs/_static: names break after a dot; figures open full size; a scrolling output shows a shadow
+html_js_files = ["names.js", "figures.js", "outputs.js"]
 html_extra_path = [str(ROOT / "docs" / "_extra")]  # index.html at the site root: a redirect to docs/index.html
 html_context = {"default_mode": "light"}  # without it the theme logs "Got invalid theme mode"
 html_last_updated_fmt = "%Y-%m-%d"  # from git (sphinx_last_updated_by_git), in the footer

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from sphinx.application import Sphinx
@@ -19,18 +20,21 @@ from sphinx.application import Sphinx
 DIGEST_LENGTH = 16
 
 
-def source_digest(package: Path) -> str:
-    """A digest of every ``.py`` file under ``package``: their paths and their bytes."""
+def source_digest(package: Path, also: Sequence[Path] = ()) -> str:
+    """A digest of every ``.py`` file under ``package`` and of the files ``also``: their paths and their bytes."""
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         digest.update(path.relative_to(package).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
+    for path in also:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:DIGEST_LENGTH]
 
 
-def cache_path(cache_root: Path, package: Path) -> Path:
-    """The jupyter-cache folder for the current sources of ``package``."""
-    return cache_root / source_digest(package)
+def cache_path(cache_root: Path, package: Path, also: Sequence[Path] = ()) -> Path:
+    """The jupyter-cache folder for the current sources of ``package`` and the files ``also``
+    (code the kernels run besides the package: ``figure_widths``)."""
+    return cache_root / source_digest(package, also)
 
 
 def stale_caches(current: Path) -> list[Path]:

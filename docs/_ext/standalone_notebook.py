@@ -89,6 +89,10 @@ def render_markdown(
     return ROLE.sub(lambda m: render_role(m["name"], m["content"], glue, fmt_plain, doc_title), text)
 
 
+#: the output metadata that carries a figure's phone rendering (``figure_widths.METADATA_KEY``)
+FIGURE_KEY = "unitscale_site_figure"
+
+
 def _is_hidden_glue(output: Mapping[str, Any]) -> bool:
     """A ``glue(..., display=False)`` record: data that only the site reads (MyST-NB's scrapbook convention)."""
     return bool(output.get("metadata", {}).get("scrapbook", {}).get("mime_prefix"))
@@ -109,5 +113,7 @@ def standalone(
             cell.source = render_markdown(cell.source, glue, fmt_plain, doc_title)
         elif cell.cell_type == "code":
             cell.outputs = [output for output in cell.outputs if not _is_hidden_glue(output)]
+            for output in cell.outputs:  # a figure's phone rendering is the site's (figure_widths)
+                output.get("metadata", {}).get("image/png", {}).pop(FIGURE_KEY, None)
     nbformat.validate(notebook)
     return notebook

@@ -19,11 +19,13 @@ checked for what a reader notices and a build does not:
 - **Layout that fits** (:data:`LAYOUT_JS`), five counts that must be 0 on every page at both
   widths: table cells narrower than their longest word (a word broken over two lines: a wide table
   scrolls in its own box instead), output blocks that wrap their lines (printed tables keep their
-  columns and scroll), code blocks that scroll sideways at desktop width (tutorial cells are
-  formatted to 88 columns: ``make format-tutorials``), figures wider than the column, and tables
-  whose box is wider than their rows (a border framing empty space beside a narrow table).
+  columns and scroll; messages, errors and code, marked by ``output_widths``, wrap), code
+  blocks that scroll sideways at desktop width (tutorial cells are formatted to 88 columns:
+  ``make format-tutorials``), figures wider than the column, and tables whose box is wider than
+  their rows (a border framing empty space beside a narrow table).
 
-At phone width a figure shrinks to the column, so its text size is checked at desktop width only.
+At phone width a figure shrinks to the column, so its text size is checked here at desktop width
+only; ``test_browser_widths`` checks it at both widths, from each rendering's own font sizes.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ LAYOUT_JS = f"""(desktop) => {{
     .map(cell => brokenWord(cell)).filter(Boolean).map(word => `a table cell breaks the word "${{word.slice(0, 40)}}"`);
   const wrapped = [];
   for (const pre of root.querySelectorAll('.cell_output pre, .output pre')) {{
-    if (!shown(pre)) continue;
+    // messages, errors and generated code wrap on purpose (docs/_ext/output_widths.py); tables do not
+    if (!shown(pre) || pre.closest('.output-wraps, .stderr, .traceback')) continue;
     const before = pre.getBoundingClientRect().height;
     const [ws, ow] = [pre.style.whiteSpace, pre.style.overflowWrap];
     pre.style.whiteSpace = 'pre';

@@ -41,7 +41,9 @@ def test_only_caches_of_other_versions_are_stale(tmp_path):
 
 def test_every_executed_page_is_cached_per_library_version():
     conf = runpy.run_path(str(ROOT / "conf.py"))
-    digest = source_digest(ROOT / "unitscale")
+    kernel_code = [ROOT / "docs" / "_ext" / "figure_widths.py", ROOT / "docs" / "_ext" / "figure_widths_startup.py"]
+    assert conf["KERNEL_CODE"] == kernel_code
+    digest = source_digest(ROOT / "unitscale", kernel_code)
     assert Path(conf["nb_execution_cache_path"]) == ROOT / "_build" / ".jupyter_cache" / digest
     executed = sorted(
         str(page.relative_to(ROOT).with_suffix(""))
@@ -53,3 +55,16 @@ def test_every_executed_page_is_cached_per_library_version():
     for page in executed:
         patterns = conf["page_dependencies"].get(page, [])
         assert "unitscale/**/*.py" in patterns, f"{page} is not re-run when unitscale changes"
+        assert "docs/_ext/figure_widths*.py" in patterns, f"{page} is not re-run when its kernels' figure code changes"
+
+
+def test_code_the_kernels_run_besides_the_package_changes_the_digest(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    hook = tmp_path / "hook.py"
+    hook.write_text("y = 1\n")
+    first = source_digest(package, [hook])
+    assert first != source_digest(package)
+    hook.write_text("y = 2\n")
+    assert source_digest(package, [hook]) != first

@@ -100,3 +100,58 @@ def test_make_notebooks_leaves_one_notebook_per_tutorial(tmp_path: Path) -> None
     (tmp_path / "_build").symlink_to(ROOT / "_build")
     _make("-o", ".venv/.installed-stamp", "-o", "html", "notebooks", cwd=tmp_path)
     assert sorted(p.stem for p in (tmp_path / "notebooks").glob("*.ipynb")) == TUTORIALS
+
+
+RUN_LOCALLY = (ROOT / "docs" / "run-locally.md").read_text(encoding="utf-8")
+PINNED_TORCH = re.search(r"^torch==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M).group(1)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("text", [INSTALL, RUN_LOCALLY], ids=["Install", "Run locally"])
+def test_reader_commands_name_no_placeholder_and_the_cpu_torch(text: str) -> None:
+    """Run as written, a bare `pip install` of the wheel fetched torch's CUDA build (5.6 GB)."""
+    assert "<site URL>" not in text
+    torch_lines = re.findall(r"^pip install torch.*$", text, re.M)
+    assert torch_lines, "no line installs torch's CPU build before the wheel"
+    for line in torch_lines:
+        assert line == f"pip install torch=={PINNED_TORCH} --index-url https://download.pytorch.org/whl/cpu", line
+
+
+def reader_blocks(page: str) -> list[str]:
+    """The ```bash blocks a reader without a clone runs: Install's "From this site", Run locally's first."""
+    if page == "Install":
+        section = INSTALL[INSTALL.index("## From this site") : INSTALL.index("## From a clone")]
+        blocks = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
+        assert len(blocks) == 2
+        return blocks
+    return re.findall(r"^```bash\n(.*?)^```", RUN_LOCALLY, re.S | re.M)[:1]
+
+
+@pytest.mark.built
+@pytest.mark.parametrize("page", ["Install", "Run locally"])
+def test_reader_install_commands_run_as_written(page: str, tmp_path: Path) -> None:
+    """The commands a reader without a clone runs, run as shown by bash in the folder the wheel was
+    saved to (Run locally's in the environment Install's made). pip is pointed at the local
+    wheelhouse by its environment (``PIP_NO_INDEX``, ``PIP_FIND_LINKS``: no network; torch's CPU
+    wheel is there) and resolves without installing (``PIP_DRY_RUN``): what is checked is that each
+    line is valid and resolves with the pins, torch's CPU build included, not the download."""
+    site = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
+    wheels = list(site.glob("unitscale-*-py3-none-any.whl"))
+    assert len(wheels) == 1, f"the built site serves {wheels}"
+    shutil.copy(wheels[0], tmp_path / wheels[0].name)
+    blocks = reader_blocks(page)
+    if page != "Install":
+        blocks = ["python3 -m venv .venv && source .venv/bin/activate\n", *blocks]
+    env = {
+        **os.environ,
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(ROOT / ".venv" / "wheelhouse"),
+        "PIP_DRY_RUN": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    script = "set -euo pipefail\n" + "".join(blocks)
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    would = " ".join(line for line in done.stdout.splitlines() if line.startswith("Would install"))
+    assert f" torch-{PINNED_TORCH}" in would, done.stdout[-2000:]
+    assert f" unitscale-{wheels[0].name.split('-')[1]}" in would, done.stdout[-2000:]

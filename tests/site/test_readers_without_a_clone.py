@@ -43,6 +43,23 @@ def test_the_quick_start_runs_as_pasted(tmp_path):
     assert "bubble with 8 microbatches" in run.stdout
 
 
+def shown_output() -> str:
+    """The ```text block after the quick start: what the page says it prints."""
+    rest = INDEX[INDEX.index(quick_start()) :]
+    match = re.search(r"^```text\n(.*?)^```", rest, re.S | re.M)
+    assert match, "the quick start shows no output"
+    return match.group(1)
+
+
+def test_the_quick_start_prints_what_the_page_shows(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-"], input=quick_start(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout == shown_output()
+
+
 @pytest.mark.parametrize("page", ["docs/index.md", "docs/install.md"])
 def test_pages_name_the_wheel_the_build_serves(page):
     text = (ROOT / page).read_text(encoding="utf-8")
@@ -122,6 +139,25 @@ def test_hidden_glue_records_are_dropped_and_sphinx_metadata_removed():
     assert out.cells[0].source == "mean 0.1"
     assert [o.output_type for o in out.cells[1].outputs] == ["execute_result"]
     assert len(notebook.cells[1].outputs) == 2, "the executed notebook itself is left as it was"
+
+
+def test_a_figures_phone_rendering_stays_on_the_site():
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}})
+    cell = nbformat.v4.new_code_cell("plt.plot([1, 2])")
+    phone = {"png": "iVBORw0KGgo=", "dpi": 200, "min_pt": 11.0, "width_px": 840}
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "display_data",
+            data={"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"},
+            metadata={"image/png": {sn.FIGURE_KEY: {"phone": phone}, "width": 500}},
+        )
+    ]
+    notebook.cells = [cell]
+    out = sn.standalone(notebook, {}, format_plain_text, str)
+    assert out.cells[0].outputs[0].metadata == {"image/png": {"width": 500}}
+    assert sn.FIGURE_KEY in notebook.cells[0].outputs[0].metadata["image/png"], "the executed notebook is unchanged"
 
 
 @pytest.mark.slow

@@ -183,6 +183,36 @@ class StageReport:
     def __str__(self) -> str:
         return self.table()
 
+    def _repr_html_(self) -> str:
+        """The report as an HTML table, for a notebook: each stage's cost and share first.
+
+        A phone shows the stage, its cost and its share; the parameters, the node count and
+        every tensor sent follow in a box that scrolls sideways (the site marks it with a
+        shadow). The bubble and the plan's certificate are the caption.
+
+        >>> from unitscale.stages import StageReport, StageRow
+        >>> rows = [StageRow(0, 3, "x", "fc1", 9.0, 0.5, 64, [("fc1", (2, 4), 32)])]
+        >>> report = StageReport(rows, "params", num_microbatches=2, bubble=0.0)
+        >>> html = report._repr_html_()
+        >>> "<td>fc1[2, 4] (32 B)</td>" in html
+        True
+        """
+        from html import escape  # here, not at the top: only a notebook's display needs it
+
+        header = ["stage", f"cost ({self.cost})", "share", "params", "nodes", "sends"]
+        lines = [
+            [str(r.stage), f"{r.cost:.4g}", f"{r.share:.1%}", f"{r.params:,}", str(r.nodes), _sends_cell(r, None)]
+            for r in self.rows
+        ]
+        head = "".join(f"<th>{escape(h)}</th>" for h in header)
+        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in line) + "</tr>" for line in lines)
+        caption = "<br>".join(escape(line) for line in self.table().splitlines()[len(self.rows) + 1 :])
+        return (
+            '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+            f'<p class="unitscale-table-note">{caption}</p>'  # under the box: never scrolled out of view
+        )
+
 
 def _sends_cell(row: StageRow, room: int | None) -> str:
     """What ``row`` sends, in ``room`` characters when it can: the largest tensors first, the rest counted."""
@@ -334,6 +364,12 @@ class StagePlan:
             proof = "optimal" if self.optimal else f"gap <= {self.step_time / self.lower_bound - 1:.2%}"
             planned = f"; {self.schedule} step {self.step_time:.4g} s, {proof}"
         return f"StagePlan({self.model_name}, {self.num_stages} stages by {self.cost}: [{costs}]{planned})"
+
+    def _repr_html_(self) -> str:
+        """The plan in a notebook: its :meth:`report` as a table (8 microbatches), under its ``repr``."""
+        from html import escape  # here, not at the top: only a notebook's display needs it
+
+        return f"<p><code>{escape(repr(self))}</code></p>" + self.report()._repr_html_()
 
     @property
     def bottleneck(self) -> float:

@@ -1,0 +1,41 @@
+// Outputs on a phone.
+// - An output that scrolls sideways (a printed table, a report's HTML table wider than the column)
+//   shows a shadow at the edge where more is hidden (unitscale.css, .scrolls-x): a reader sees
+//   that the table goes on.
+// - A table a page's code printed as Markdown or HTML (the Benchmarks page's) that is wider than a
+//   phone's column becomes cards: one block per row, each value under its column's name
+//   (.as-cards). A report's own table (.unitscale-table) keeps its key columns and scrolls.
+// Both are checked again when the window's width changes or a folded table is opened.
+(() => {
+  const phone = () => window.matchMedia("(max-width: 540px)").matches;
+  const boxes = () => document.querySelectorAll(".bd-article .cell_output pre, .bd-article .unitscale-table");
+  const cards = () => {
+    for (const table of document.querySelectorAll(".bd-article .cell_output table")) {
+      if (table.closest(".unitscale-table")) continue;
+      table.classList.remove("as-cards");
+      // the table scrolls in its own box, or in the theme's container around it
+      const wide = [table, table.closest(".pst-scrollable-table-container")]
+        .some((box) => box && box.scrollWidth > box.clientWidth + 1);
+      if (!phone() || !table.getClientRects().length || !wide) continue;
+      const heads = [...table.querySelectorAll("thead th")].map((th) => th.innerText.trim());
+      for (const row of table.querySelectorAll("tbody tr")) {
+        [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i] || ""; });
+      }
+      table.classList.add("as-cards");
+    }
+  };
+  const mark = () => {
+    for (const box of boxes()) {
+      const hidden = box.scrollWidth > box.clientWidth + 1;
+      box.classList.toggle("scrolls-x", hidden);
+      box.classList.toggle("scrolled-to-end", hidden && box.scrollLeft + box.clientWidth >= box.scrollWidth - 1);
+    }
+  };
+  const all = () => { cards(); mark(); };
+  document.addEventListener("DOMContentLoaded", () => {
+    all();
+    for (const box of boxes()) box.addEventListener("scroll", mark, { passive: true });
+    for (const details of document.querySelectorAll(".bd-article details")) details.addEventListener("toggle", all);
+  });
+  window.addEventListener("resize", all);
+})();

@@ -1,0 +1,135 @@
+"""Figures and outputs read at a phone's width and a desktop's, measured in Chromium.
+
+- **Figure text.** Every figure is drawn for two widths (``docs/_ext/figure_widths.py``): the
+  ``<picture>``'s desktop ``<img>`` and its phone ``<source>`` each carry their smallest font
+  size (pt), their dpi and their width in pixels. The text's size on screen is
+  ``font_pt * dpi / 72 * shown_width / width_px``; at 390 and 1280 px it must be at least
+  :data:`MIN_TEXT_PX` on every figure of every page, in the rendering the browser chose.
+- **Outputs that scroll.** At 1280 px no output of any page scrolls sideways; at 390 px at most
+  :data:`MAX_SCROLLING_SHARE` of all outputs do, and each one that does shows its cue (the
+  shadow of ``outputs.js``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.site.browser_tab import Visit
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
+# the pages that show notebook outputs: the tutorials and the executed guides
+PAGES = sorted(
+    str(p.relative_to(SITE))
+    for p in [*SITE.glob("tutorials/*.html"), *SITE.glob("docs/*.html")]
+    if "cell_output" in p.read_text(encoding="utf-8")
+)
+WIDTHS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1280, "height": 900}}
+MIN_TEXT_PX = 11.0
+MAX_SCROLLING_SHARE = 0.10
+
+FIGURES_JS = """() => {
+  const root = document.querySelector('.bd-article');
+  return [...root.querySelectorAll('.cell_output img')].filter(img => img.getClientRects().length).map(img => {
+    const picture = img.closest('picture');
+    const chosen = (picture ? [...picture.querySelectorAll('source')] : [])
+      .find(s => img.currentSrc === new URL(s.getAttribute('srcset').split(' ')[0], document.baseURI).href);
+    const data = (chosen || img).dataset;
+    return {src: img.currentSrc.split('/').pop(), shown: img.getBoundingClientRect().width,
+            pt: parseFloat(data.minFontPt), dpi: parseFloat(data.dpi), px: parseFloat(data.widthPx),
+            picture: !!picture};
+  });
+}"""
+
+OUTPUTS_JS = """() => {
+  const root = document.querySelector('.bd-article');
+  const outputs = [...root.querySelectorAll('.cell_output > .output, .cell_output > div')]
+    .filter(o => o.getClientRects().length && !o.querySelector('img'));
+  // a folded table (a closed <details>) is not shown: it is counted when a reader opens it
+  const scroller = o => [o, ...o.querySelectorAll('*')].find(e => e.getClientRects().length
+    && !e.closest('details:not([open]) > :not(summary)')
+    && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX) && e.scrollWidth > e.clientWidth + 1);
+  return outputs.map(o => {
+    const box = scroller(o);
+    return {scrolls: !!box, cue: !!box && getComputedStyle(box).boxShadow !== 'none',
+            text: (o.innerText || '').trim().split('\\n')[0].slice(0, 60)};
+  });
+}"""
+
+
+def text_px(figure: dict) -> float:
+    """The CSS px of a figure's smallest text as shown."""
+    return figure["pt"] * figure["dpi"] / 72 * figure["shown"] / figure["px"]
+
+
+@pytest.fixture(scope="module")
+def measured(browser, base_url):
+    """``width -> page -> (figures, outputs)``, every page visited once at each width."""
+    found: dict[str, dict[str, tuple[list, list]]] = {}
+    for width, viewport in WIDTHS.items():
+        tab = Visit(browser, viewport)
+        try:
+            found[width] = {}
+            for page in PAGES:
+                tab.goto(f"{base_url}/{page}")
+                found[width][page] = (tab.page.evaluate(FIGURES_JS), tab.page.evaluate(OUTPUTS_JS))
+        finally:
+            tab.close()
+    return found
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_figures_text_reads_at_11_px(measured, width):
+    figures = [(page, f) for page, (figs, _) in measured[width].items() for f in figs]
+    assert figures, "no figures found"
+    small = [
+        f"{page}: {f['src']} smallest text {text_px(f) if f['px'] else float('nan'):.1f} px"
+        f" ({f['pt']:.1f} pt at {f['dpi']:.0f} dpi, {f['px']:.0f} px shown at {f['shown']:.0f})"
+        for page, f in figures
+        if not (f["picture"] and text_px(f) >= MIN_TEXT_PX)
+    ]
+    assert small == [], f"{len(small)} of {len(figures)} figures at {width} width:\n" + "\n".join(small)
+
+
+def test_no_output_scrolls_at_desktop_width(measured):
+    outputs = [(page, o) for page, (_, outs) in measured["desktop"].items() for o in outs]
+    scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
+    assert scrolling == [], "\n".join(scrolling)
+
+
+def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured):
+    outputs = [(page, o) for page, (_, outs) in measured["phone"].items() for o in outs]
+    scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
+    uncued = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"] and not o["cue"]]
+    assert uncued == [], "outputs that scroll with no cue:\n" + "\n".join(uncued)
+    assert len(scrolling) <= MAX_SCROLLING_SHARE * len(outputs), (
+        f"{len(scrolling)} of {len(outputs)} outputs scroll at 390 px:\n" + "\n".join(scrolling)
+    )
+
+
+def test_the_measures_see_small_text_and_a_scroll_without_cue(browser, base_url):
+    """Both checks on a page made to fail them: they are not vacuous."""
+    tab = Visit(browser, WIDTHS["phone"])
+    try:
+        page = tab.goto(f"{base_url}/{PAGES[0]}").page
+        page.set_content(
+            '<div class="bd-article"><div class="cell_output"><picture><source media="(max-width: 10px)" '
+            "srcset=\"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' width='10' height='10'/%3E\" "
+            'data-min-font-pt="20" data-dpi="100" data-width-px="10"><img style="width:300px" data-min-font-pt="9" '
+            'data-dpi="100" data-width-px="750" src="data:image/svg+xml,%3Csvg xmlns=\'http://www.w3.org/2000/svg\' '
+            "width='750' height='10'/%3E\"></picture></div>"
+            '<div class="cell_output"><div class="output"><pre style="overflow-x:auto;width:100px">'
+            + "x" * 200
+            + "</pre></div></div></div>"
+        )
+        page.wait_for_function("document.images[0].complete")
+        figure = page.evaluate(FIGURES_JS)[0]
+        assert figure["pt"] == 9 and abs(text_px(figure) - 9 * 100 / 72 * 300 / 750) < 0.01
+        assert page.evaluate(OUTPUTS_JS) == [{"scrolls": True, "cue": False, "text": "x" * 60}]
+    finally:
+        tab.close()
