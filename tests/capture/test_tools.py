@@ -112,9 +112,15 @@ def test_auto_capture_records_llama_eagerly_with_the_exports_scales_and_module_p
     # every module the export names, the eager record names too
     assert {r.module_path for r in exported} - {r.module_path for r in eager} <= {""}
     code = analyse_module(model, inputs, syntax_highlight=False)
-    assert code.startswith(
-        "# LlamaForCausalLM: ops recorded as they ran; torch.fx could not trace LlamaForCausalLM at "
+    header = []
+    for text in code.splitlines():
+        if not text.startswith("# "):
+            break
+        header.append(text[2:])
+    assert " ".join(header).startswith(
+        "LlamaForCausalLM: ops recorded as they ran; torch.fx could not trace LlamaForCausalLM at "
     )
+    assert max(len(text) for text in code.splitlines()[: len(header)]) <= 88  # the reason wraps
     scale = r"# \(-> [\d.e-]+, <- [\d.e-]+\)"
     line = re.search(rf"^linear\S* +{scale}  linear in model\.layers\.0\.self_attn\.q_proj$", code, re.M)
     assert line is not None

@@ -12,6 +12,7 @@ import functools
 import html
 import re
 import sys
+import textwrap
 from typing import Any
 
 from pygments import highlight
@@ -101,7 +102,9 @@ _CAPTURED_BY = {"export": "torch.export", "export-strict": "torch.export (strict
 def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
     width = max([len(r.node) for r in rows] + [4])
     why = f"; {failure.removeprefix('TraceError: ')}" if failure else ""
-    lines = [f"# {model}: ops recorded as they ran{why}"]
+    # the reason can be a long sentence: wrapped as comment lines, so the listing fits a page
+    header = textwrap.wrap(f"{model}: ops recorded as they ran{why}", 86, break_on_hyphens=False)
+    lines = [f"# {part}" for part in header]
     for r in rows:
         where = f" in {r.module_path}" if r.module_path else ""
         lines.append(f"{r.node.ljust(width)}  # {_marked(r)}  {r.op}{where}")
