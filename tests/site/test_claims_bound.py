@@ -1,7 +1,8 @@
 """Every measured number in a page's prose comes from an output on the same page.
 
 A tutorial's prose may only state a number that the page itself computes: glued into the text
-(``{glue:text}`` renders it inside a ``pasted-*`` span), printed or displayed by a cell, or set
+(``{glue:text}`` renders it inside a ``pasted-*`` span; the build's own measurements, such as a
+tutorial's run time, are in ``measured`` spans), printed or displayed by a cell, or set
 in a cell's code (a width, a seed, a learning rate). A number typed into the prose by hand goes
 stale the day the code changes, and the page then says one thing while its output shows another.
 
@@ -69,7 +70,7 @@ def prose_and_evidence(html: str) -> tuple[list[tuple[str, str]], str]:
     for cell in main.select("div.cell"):
         evidence.append(cell.get_text(" "))
         cell.decompose()
-    for glued in main.select('[class*="pasted-"]'):
+    for glued in main.select('[class*="pasted-"], .measured'):
         evidence.append(glued.get_text(" "))
         glued.decompose()
     for code in main.select("code, pre, .math, math, script, style"):
