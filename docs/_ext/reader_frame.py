@@ -9,9 +9,10 @@ Under each tutorial's title, a box says
   MyST-NB's execution data (the same numbers as the execution report), never written by hand;
 - **Terms**: the glossary entries (``docs/glossary.md``) for the jargon the page's prose uses.
 
-Previous/Next at the foot of a tutorial follow the tutorials' numbers (1 to 12), whatever
-order the sidebar groups them in by track: the sidebar's toctrees put tutorial 10 in the scaling
-track, after 7, but its reader comes from 9.
+Previous/Next at the foot of a page follow the sidebar (the home page's toctrees), track by
+track: tutorial 7's Next is 10, the next step of the scaling track, and Next from the track's
+last tutorial (12) reaches "Against the reference" and then the stages track, so every page of the
+sidebar is reachable by Next.
 """
 
 from __future__ import annotations
@@ -302,8 +303,10 @@ def run_time(app: Sphinx, docname: str) -> list[nodes.Node]:
     when = datetime.datetime.fromtimestamp(data["mtime"], datetime.UTC).strftime("%Y-%m-%d")
     seconds = data["runtime"]
     shown = f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    # class "measured": a number the build measured, not prose (tests/site/test_claims_bound.py)
     return [
-        nodes.Text(f"{shown}, executed {when} when this site was built, on {app.config.reader_frame_machine} ("),
+        nodes.inline(shown, shown, classes=["measured"]),
+        nodes.Text(f", executed {when} when this site was built, on {app.config.reader_frame_machine} ("),
         report,
         nodes.Text(")"),
     ]
@@ -319,24 +322,18 @@ def _insert(app: Sphinx, doctree: nodes.document, docname: str) -> None:
     title.parent.insert(title.parent.index(title) + 1, frame(app, docname, doctree))
 
 
-def _prev_next(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
-    """Previous/Next in the tutorials' numbers, at the ends the sidebar's neighbours; and the
-    link-preview description (OpenGraph) from what the page teaches, not from the box's labels."""
+def _description(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any) -> None:
+    """The link-preview description (OpenGraph) from what the page teaches, not from the box's
+    labels. Previous/Next are Sphinx's own: the sidebar's order, track by track."""
     n = number(pagename)
     if n not in TUTORIALS:
         return
     learn = "; ".join(item.replace("`", "") for item in TUTORIALS[n].learn)
     context["meta"] = {"og:description": f"You will learn {learn}.", **(context.get("meta") or {})}
-    numbers = sorted(TUTORIALS)
-    i = numbers.index(n)
-    for key, step in (("prev", -1), ("next", 1)):
-        if 0 <= i + step < len(numbers):
-            target = docname_of(app, numbers[i + step])
-            context[key] = {"link": app.builder.get_relative_uri(pagename, target), "title": _title(app, target)}
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("reader_frame_machine", machine(), "env")
     app.connect("doctree-resolved", _insert)
-    app.connect("html-page-context", _prev_next, priority=400)  # before sphinxext.opengraph reads "meta"
+    app.connect("html-page-context", _description, priority=400)  # before sphinxext.opengraph reads "meta"
     return {"parallel_read_safe": True, "parallel_write_safe": True}

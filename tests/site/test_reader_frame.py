@@ -1,10 +1,11 @@
-"""Every tutorial opens with a reader's frame, and Previous/Next follow the tutorials' numbers.
+"""Every tutorial opens with a reader's frame, and Previous/Next follow the reading tracks.
 
 Reads the built pages (``_build/html``, or ``$UNITSCALE_SITE``; no browser): under each
 tutorial's title, the box of ``docs/_ext/reader_frame.py`` says what the page teaches, what it
 builds on, where it sits in its track, how long it ran in this build (a number of seconds, from
 the execution data, the same as the execution report's) and which glossary terms it uses; the
-footer's Previous and Next lead to the tutorials numbered one below and one above.
+footer's Previous and Next follow the sidebar, track by track, so Next from the first guide page
+reaches every page of the sidebar (the scaling track's "Against the reference" among them).
 """
 
 from __future__ import annotations
@@ -51,21 +52,36 @@ def test_the_page_opens_with_the_frame(tutorial: str) -> None:
     text = re.sub(r"\s+", " ", text)
     for field in ("You will learn", "Before this", "Track", "Run time"):
         assert field in text, f"no {field!r} in the frame: {text[:300]}"
-    assert re.search(r"Run time\s*:?\s*[\d.]+ s, executed \d{4}-\d\d-\d\d", text), text
+    assert re.search(r"Run time\s*:?\s*[\d.]+ s\s*, executed \d{4}-\d\d-\d\d", text), text
     assert "cores, torch" in text, "the run time names no machine"
 
 
+def reading_order() -> list[str]:
+    """The guide and the three tracks in the order of the home page's toctrees (the sidebar's),
+    as built paths; the reference section, whose API page has toctrees of its own, is left out."""
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    order = []
+    for block in re.findall(r"```\{toctree\}\n(.*?)```", index, re.S):
+        if ":caption: Reference" in block:
+            continue
+        for line in block.splitlines():
+            line = line.strip()
+            if line and not line.startswith(":"):
+                order.append(line.lstrip("/") if line.startswith("/") else f"docs/{line}")
+    return order
+
+
 @pytest.mark.built
-@pytest.mark.parametrize("tutorial", TUTORIALS)
-def test_previous_and_next_follow_the_numbers(tutorial: str) -> None:
-    page = (SITE / "tutorials" / f"{tutorial}.html").read_text(encoding="utf-8")
-    links = dict(re.findall(r'<a class="(left-prev|right-next)"\s+href="([^"]+)"', page))
-    i = TUTORIALS.index(tutorial)
-    if i > 0:
-        assert links["left-prev"] == f"{TUTORIALS[i - 1]}.html"
-    else:
-        assert links["left-prev"] == "../docs/concepts.html"
-    if i + 1 < len(TUTORIALS):
-        assert links["right-next"] == f"{TUTORIALS[i + 1]}.html"
-    else:
-        assert links["right-next"] == "../docs/torchrun.html"
+def test_next_leads_through_every_page_in_the_sidebars_order() -> None:
+    """From the first guide page, Next visits every page of the sidebar once, track by track."""
+    order = reading_order()
+    assert "tutorials/07_unit_scaling" in order and "docs/against-the-reference" in order
+    for here, there in zip(order, order[1:], strict=False):
+        page = (SITE / f"{here}.html").read_text(encoding="utf-8")
+        links = dict(re.findall(r'<a class="(left-prev|right-next)"\s+href="([^"]+)"', page))
+        target = os.path.normpath(os.path.join(os.path.dirname(here), links.get("right-next", "")))
+        assert target == f"{there}.html", f"{here}: Next leads to {target}, the sidebar's next page is {there}"
+        back = (SITE / f"{there}.html").read_text(encoding="utf-8")
+        links = dict(re.findall(r'<a class="(left-prev|right-next)"\s+href="([^"]+)"', back))
+        target = os.path.normpath(os.path.join(os.path.dirname(there), links.get("left-prev", "")))
+        assert target == f"{here}.html", f"{there}: Previous leads to {target}, not {here}"
