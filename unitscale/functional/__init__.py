@@ -45,7 +45,7 @@ from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from unitscale.functional._residual import add, residual_add, residual_apply, residual_split
-from unitscale.functional._scale import normalise_grad, scale
+from unitscale.functional._scale import frozen_grad_scale, scale
 from unitscale.functional._torch_map import torch_map
 from unitscale.fx.autowrap import register_autowrap_module as _register_autowrap_module
 
@@ -83,7 +83,7 @@ __all__ = [
     "hardsigmoid",
     "hardswish",
     "mul",
-    "normalise_grad",
+    "frozen_grad_scale",
     "torch_map",
 ]
 

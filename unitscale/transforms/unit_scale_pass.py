@@ -36,10 +36,11 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    an average pool to one value per channel (for the mean its input has) and a ReLU after
    a residual add whose skip is a ReLU (post-activation ResNets) get the scales of their
    actual inputs rather than of ``N(0, 1)``; an add of two paths from one fork (a
-   projection shortcut) becomes a residual pair; batch norm takes its data-dependent
-   backward scale only where the two scales may differ (``constraint=None``), and before
-   each residual block that holds batch norm the gradient on the trunk is brought back to
-   unit root-mean-square (:func:`~unitscale.functional.normalise_grad`, a cut edge);
+   projection shortcut) becomes a residual pair; batch norm keeps scale 1 both ways; on
+   the trunk (a cut edge), before each residual block that holds batch norm and before
+   each batch norm, a gradient factor is measured once, by the first backward pass, then
+   frozen in a buffer saved with the model (:func:`~unitscale.functional.frozen_grad_scale`;
+   ``_frozen.py``): every scale is a constant during training, so backward stays linear;
    higher-order ops and inlined ``vmap``
    bodies are left whole and listed in ``graph_module.meta["unscaled_regions"]``;
 7. the ops left as they were, other than ones that move data without changing its scale
@@ -86,10 +87,10 @@ from unitscale.transforms._cnn_rules import (
     _balance_gates,
     _constrain_before_batch_norms,
     _forward_scale_global_pools,
-    _normalise_grads_before_batch_norm_blocks,
     _rescale_max_pools_of_relus,
     _rescale_relus_after_residuals,
 )
+from unitscale.transforms._frozen import GradScales, freeze_grads_before_batch_norm_blocks, freeze_trunk_batch_norms
 from unitscale.transforms._graph import (
     _SCALED,
     _activation_path,
@@ -436,6 +437,8 @@ class UnitScalePass:
         self.replace = dict(replace)
         self.torch_map = dict(torch_map)
         self.initialised = False
+        #: the frozen gradient factors of every graph this pass rewrites (one model's)
+        self.grad_scales = GradScales()
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
@@ -494,7 +497,9 @@ class UnitScalePass:
         done.update(_rescale_relus_after_residuals(graph, constrained))
         done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
-        done.update(_normalise_grads_before_batch_norm_blocks(graph, trunk))
+        blocks = freeze_grads_before_batch_norm_blocks(gm, trunk, self.grad_scales)
+        done.update(blocks)
+        done.update(freeze_trunk_batch_norms(gm, trunk, self.grad_scales, len(blocks)))
         done.update(_balance_gates(gm))
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         for n in kept:
