@@ -35,8 +35,13 @@ class GradScales(nn.Module):
     Keys name the place (``<module path>_<ordinal>``), so every graph captured from one model
     (other batch sizes, eval mode) shares one factor per place. Loading a ``state_dict``
     creates the buffers it holds, so a model saved after its first call loads its factors
-    into a fresh ``unit_scale`` before that one's first call.
+    into a fresh ``unit_scale`` before that one's first call; ``loaded`` then tells the pass
+    that the parameters are the loaded ones, not to be re-initialised.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = False
 
     def factor(self, key: str) -> torch.Tensor:
         """The buffer for ``key``, made (0: not measured) on first use."""
@@ -60,6 +65,7 @@ class GradScales(nn.Module):
             key = name[len(prefix) :]
             if name.startswith(prefix) and key and "." not in key:
                 self.factor(key)
+        self.loaded = True
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

@@ -112,6 +112,7 @@ from unitscale.transforms._graph import (
     _stream,
     _trunk,
 )
+from unitscale.transforms._losses import share_loss_scales
 from unitscale.transforms.patterns import fold_patterns
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "unit_init_"]
@@ -501,6 +502,7 @@ class UnitScalePass:
         done.update(blocks)
         done.update(freeze_trunk_batch_norms(gm, trunk, self.grad_scales, len(blocks)))
         done.update(_balance_gates(gm))
+        gm.meta["loss_scales"] = share_loss_scales(graph, describe)
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         for n in kept:
             n.meta[KEPT_KEY] = kept[n]
@@ -514,9 +516,9 @@ class UnitScalePass:
             for head, nodes in regions.items()
             if nodes & live
         ]
-        if not self.initialised:
+        if not self.initialised and not self.grad_scales.loaded:  # a loaded state_dict is the model's
             unit_init_(gm)
-            self.initialised = True
+        self.initialised = True
         graph.lint()
         gm.recompile()
         return gm
