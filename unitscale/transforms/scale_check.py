@@ -245,7 +245,9 @@ def _drift(
             before, after = _std(values[source]), _std(values[node])
         else:
             before, after = grads.get(node, math.nan), grads.get(source, math.nan)
-        if before > 0 and after > 0 and (after > 1.05 * before if up else after < before / 1.05):
+        # a std of inf (a mask of -inf or the dtype's lowest added to scores) has no factor to rank
+        finite = 0 < before < math.inf and 0 < after < math.inf
+        if finite and (after > 1.05 * before if up else after < before / 1.05):
             steps.append(OffScale(describe(node), node.name, direction, before, after))
     steps.sort(key=lambda s: -abs(math.log(s.factor)))
     return steps[:5]

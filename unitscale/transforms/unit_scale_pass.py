@@ -412,6 +412,32 @@ def _rotary_ops(
     return kept
 
 
+_TANH: set[Any] = {torch.tanh, torch.Tensor.tanh, F.tanh}
+
+
+def _soft_caps(graph: fx.Graph, done: set[fx.Node]) -> dict[fx.Node, str]:
+    """``c * tanh(x / c)`` (Gemma 2's logit and attention soft-capping): kept as it is.
+
+    Below ``c`` it is ``x``, so it keeps the std of a unit-scaled ``x`` (``c`` is 30 or 50);
+    dropping the outer ``* c`` as a constant factor would leave ``tanh(x / c)``, ``1 / c``
+    of the logits.
+    """
+    kept: dict[fx.Node, str] = {}
+    for node in graph.nodes:
+        if node in done:
+            continue
+        found = _constant_factor(node) if _is_mul(node) else None
+        if found is None or not _member(_function_of(found[0]), _TANH) or not found[0].args:
+            continue
+        tanh, cap = found
+        inner = tanh.args[0]
+        divided = _constant_factor(inner) if isinstance(inner, fx.Node) else None
+        if divided is not None and cap > 0 and abs(divided[1] * cap - 1) < 1e-6:
+            for n in (node, tanh, inner):
+                kept[n] = f"soft-capping ({cap:g} * tanh(x / {cap:g}) keeps the std of x below {cap:g})"
+    return kept
+
+
 def _functions_run_by(node: fx.Node) -> list[Any]:
     """The node's function, and those of a higher-order op's body (export's ``wrap_with_set_grad_enabled``)."""
     functions = [_function_of(node)]
@@ -460,6 +486,7 @@ class UnitScalePass:
         ancestors = _ancestors(graph)
         live = _activation_path(gm)
         kept = _rotary_ops(graph, live, ancestors, done)
+        kept.update(_soft_caps(graph, done))
         trunk = _trunk(graph, live)
         stream = _stream(graph, live)
         self._residual_adds(graph, ancestors, done | set(kept), stream - frozen, frozen)
