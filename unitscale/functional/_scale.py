@@ -142,7 +142,8 @@ def frozen_grad_scale(input: Tensor, factor: Tensor) -> Tensor:
     >>> frozen_grad_scale(x, factor).backward(torch.full((4,), 3.0))
     >>> round(factor.item(), 4), x.grad.tolist()
     (0.3333, [1.0, 1.0, 1.0, 1.0])
-    >>> frozen_grad_scale(x, factor).backward(torch.full((4,), 30.0))  # frozen: not 1 again
+    >>> # frozen: the next gradient is not brought to 1 again
+    >>> frozen_grad_scale(x, factor).backward(torch.full((4,), 30.0))
     >>> x.grad.tolist()
     [11.0, 11.0, 11.0, 11.0]
     """
