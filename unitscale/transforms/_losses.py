@@ -58,8 +58,9 @@ def share_loss_scales(graph: fx.Graph, describe: Any) -> list[str]:
     own = [_own_factor(n) for n in losses]
     chosen = any("grad_scale" in n.kwargs for n in losses)
     shared = None
-    if len(losses) > 1 and not chosen and all(f is not None and f > 0 for f in own):
-        shared = math.exp(sum(math.log(f) for f in own) / len(own))  # type: ignore[arg-type]
+    known = [f for f in own if f is not None and f > 0]
+    if len(losses) > 1 and not chosen and len(known) == len(own):
+        shared = math.exp(sum(math.log(f) for f in known) / len(known))
         for n in losses:
             n.kwargs = {**n.kwargs, "grad_scale": shared}
     lines = []

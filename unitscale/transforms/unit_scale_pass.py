@@ -431,7 +431,9 @@ def _soft_caps(graph: fx.Graph, done: set[fx.Node]) -> dict[fx.Node, str]:
             continue
         tanh, cap = found
         inner = tanh.args[0]
-        divided = _constant_factor(inner) if isinstance(inner, fx.Node) else None
+        if not isinstance(inner, fx.Node):
+            continue
+        divided = _constant_factor(inner)
         if divided is not None and cap > 0 and abs(divided[1] * cap - 1) < 1e-6:
             for n in (node, tanh, inner):
                 kept[n] = f"soft-capping ({cap:g} * tanh(x / {cap:g}) keeps the std of x below {cap:g})"
