@@ -168,3 +168,12 @@ def test_a_grad_scale_that_is_not_a_positive_number_is_refused() -> None:
         U.mse_loss(torch.ones(2), torch.ones(2), grad_scale=-1.0)
     with pytest.raises(InputError, match=r"cross_entropy: grad_scale=True"):
         U.cross_entropy(torch.ones(2, 3), torch.zeros(2, dtype=torch.long), grad_scale=True)
+
+
+def test_a_nested_wrapper_saves_the_frozen_factors_too() -> None:
+    from unitscale.transforms import simulate_fp8
+
+    scaled = unit_scale(_resnet())
+    scaled(torch.randn(8, 3, 32, 32, dtype=torch.float64))
+    keys = {k for k in scaled.state_dict() if k.startswith("grad_scales.")}
+    assert keys and keys <= set(simulate_fp8(scaled).state_dict())

@@ -225,6 +225,13 @@ class TransformedModule(nn.Module):
         # and ``self.training`` must say so (``train()`` then switches both, and the next call captures).
         self.training = module.training
         self.transforms = tuple(transforms)
+        # State a transform keeps across graphs (unit_scale's frozen gradient factors) is the
+        # wrapper's: saved in its state_dict, and out of reach of the capture's restore of the
+        # model's own buffers. A nested wrapper (simulate_fp8(unit_scale(m))) holds it too.
+        for transform in self.transforms:
+            state = getattr(transform, "grad_scales", None)
+            if isinstance(state, nn.Module):
+                self.grad_scales = state
         self._captured: dict[Any, _CompiledGraph] = {}
         self._latest: _CompiledGraph | _EagerGraph | None = None
         self._eager: _EagerGraph | None = None

@@ -286,9 +286,6 @@ def unit_scale(
     )
     scaled = copy.deepcopy(inner)
     wrapped = TransformedModule.wrap(scaled, transforms)
-    # The frozen gradient factors live on the wrapper: saved with its state_dict, and out of
-    # reach of the capture's buffer restore (which puts the model's own buffers back).
-    wrapped.grad_scales = next(t for t in transforms if isinstance(t, _UnitScale)).grad_scales
     outer = module if isinstance(module, TransformedModule) else None
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 
