@@ -132,9 +132,8 @@ def test_two_backward_calls_give_the_gradient_of_the_sum(name: str) -> None:
     l1, l2 = _losses(_forward(model, x))
     first, second, both = _grads(l1, params), _grads(l2, params), _grads(l1 + l2, params)
     assert both.keys() == first.keys() and both
-    atol = 1e-12 * max(g.abs().max().item() for g in both.values())  # a gradient that is 0 up to rounding
-    for n in both:
-        torch.testing.assert_close(first[n] + second[n], both[n], rtol=1e-9, atol=atol)
+    errors = _errors({n: first[n] + second[n] for n in both}, both)
+    assert errors and max(errors.values()) < 1e-5, max(errors.items(), key=lambda kv: kv[1])
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -145,17 +144,23 @@ def test_a_loss_times_c_gives_gradients_times_c(name: str, c: float) -> None:
     params = _params(model)
     loss, _ = _losses(_forward(model, x))
     plain, times_c = _grads(loss, params), _grads(c * loss, params)
-    atol = 1e-12 * c * max(g.abs().max().item() for g in plain.values())
-    for n in plain:
-        torch.testing.assert_close(times_c[n], c * plain[n], rtol=1e-9, atol=atol)
+    errors = _errors(times_c, {n: c * g for n, g in plain.items()})
+    assert errors and max(errors.values()) < 1e-5, max(errors.items(), key=lambda kv: kv[1])
+
+
+def _significant(grads: dict[str, torch.Tensor]) -> list[str]:
+    """Parameters whose gradient is not 0 up to rounding (a key bias under softmax has none)."""
+    largest = max(g.norm().item() for g in grads.values())
+    return [n for n, g in grads.items() if g.norm().item() > 1e-9 * largest]
+
+
+def _errors(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``|got - expected| / |expected|`` per parameter (float64; float32 islands, as Llama's norms, round at 1e-7)."""
+    return {n: ((got[n] - expected[n]).norm() / expected[n].norm()).item() for n in _significant(expected)}
 
 
 def _cosines(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
-    return {
-        n: F.cosine_similarity(a[n].flatten(), b[n].flatten(), dim=0).item()
-        for n in a
-        if a[n].abs().max() > 0 or b[n].abs().max() > 0
-    }
+    return {n: F.cosine_similarity(a[n].flatten(), b[n].flatten(), dim=0).item() for n in _significant(a)}
 
 
 def _micro_batch_cosines(name: str, k: int) -> dict[str, float]:
@@ -197,9 +202,8 @@ def test_umup_gpt_is_linear_in_its_loss() -> None:
     l1 = model.loss(ids, targets)
     l2 = (model(ids) ** 2).mean()
     first, second, both = _grads(l1, params), _grads(l2, params), _grads(3.0 * l1 + l2, params)
-    atol = 1e-12 * max(g.abs().max().item() for g in both.values())
-    for n in both:
-        torch.testing.assert_close(3.0 * first[n] + second[n], both[n], rtol=1e-9, atol=atol)
+    errors = _errors({n: 3.0 * first[n] + second[n] for n in both}, both)
+    assert max(errors.values()) < 1e-9
     whole = _grads(model.loss(ids, targets), params)
     halves = [_grads(model.loss(ids[i : i + 4], targets[i : i + 4]), params) for i in (0, 4)]
     cosines = _cosines(whole, {n: halves[0][n] + halves[1][n] for n in whole})
