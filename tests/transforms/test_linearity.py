@@ -134,9 +134,13 @@ def test_two_backward_calls_give_the_gradient_of_the_sum(name: str) -> None:
     assert both.keys() == first.keys() and both
     errors = _errors({n: first[n] + second[n] for n in both}, both)
     assert errors and max(errors.values()) < 1e-5, max(errors.items(), key=lambda kv: kv[1])
+    # one fixed c for every family here; hypothesis draws c on the small models below
+    times_c = _grads(3.7 * l1, params)
+    errors = _errors(times_c, {n: 3.7 * g for n, g in first.items()})
+    assert max(errors.values()) < 1e-5, max(errors.items(), key=lambda kv: kv[1])
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("name", ["mlp", "tinygpt", "resnet"])
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c=st.floats(1e-3, 1e3))
 def test_a_loss_times_c_gives_gradients_times_c(name: str, c: float) -> None:
