@@ -62,15 +62,29 @@ def test_eval_with_the_batchs_statistics_differentiates_through_them() -> None:
     assert torch.allclose(got, true, atol=1e-6)
 
 
-def test_normalise_grad_is_the_identity_forward_and_unit_rms_backward() -> None:
+def test_frozen_grad_scale_measures_its_factor_once_then_keeps_it() -> None:
+    """The first backward sets the factor to 1 / RMS; later ones reuse it: linear in the gradient from then on."""
     x = torch.randn(3, 5, requires_grad=True)
+    factor = torch.zeros(())
     g = 7 * torch.randn(3, 5)
-    y = U.normalise_grad(x)
+    y = U.frozen_grad_scale(x, factor)
     assert torch.equal(y, x)
     (got,) = torch.autograd.grad(y, x, g)
-    assert torch.allclose(got, g / g.pow(2).mean().sqrt())
-    (zero,) = torch.autograd.grad(U.normalise_grad(x), x, torch.zeros(3, 5))
-    assert torch.equal(zero, torch.zeros(3, 5))
+    rms = g.pow(2).mean().sqrt()
+    assert torch.allclose(got, g / rms) and torch.allclose(factor, 1 / rms)
+    # frozen: a second gradient, 3 times as large, comes back 3 times as large
+    (again,) = torch.autograd.grad(U.frozen_grad_scale(x, factor), x, 3 * g)
+    assert torch.allclose(again, 3 * g / rms)
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    grads = [torch.autograd.grad(U.frozen_grad_scale(x, factor), x, v)[0] for v in (a, b, a + b)]
+    assert torch.allclose(grads[0] + grads[1], grads[2])
+
+
+def test_frozen_grad_scale_refuses_a_factor_that_is_not_a_one_element_tensor() -> None:
+    from unitscale.errors import InputError
+
+    with pytest.raises(InputError, match="frozen_grad_scale: factor=2.0"):
+        U.frozen_grad_scale(torch.ones(2), 2.0)  # type: ignore[arg-type]
 
 
 def test_reset_running_statistics_are_replaced_by_the_first_training_batch_then_updated_with_momentum() -> None:

@@ -55,7 +55,7 @@ from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_p
 from unitscale.functional._recurrent import lstm
 from unitscale.functional._resample import interpolate
 from unitscale.functional._residual import add, residual_add, residual_apply, residual_split
-from unitscale.functional._scale import normalise_grad, scale
+from unitscale.functional._scale import frozen_grad_scale, scale
 from unitscale.functional._torch_map import torch_map
 from unitscale.fx.autowrap import register_autowrap_module as _register_autowrap_module
 
@@ -99,7 +99,7 @@ __all__ = [
     "layer_scale",
     "multi_head_attention_forward",
     "lstm",
-    "normalise_grad",
+    "frozen_grad_scale",
     "torch_map",
 ]
 

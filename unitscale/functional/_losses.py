@@ -1,7 +1,18 @@
-"""Losses whose value is torch's and whose gradient is unit-scaled."""
+"""Losses whose value is torch's and whose gradient is unit-scaled.
+
+Each loss multiplies its input's gradient by one number fixed by shapes, its *gradient
+factor*, stated in its docstring and kept on the returned tensor as ``loss.grad_scale``.
+Two losses with different factors, added, weigh each other's gradients by them: the sum's
+gradient is not the true gradient's direction. Give the losses one factor
+(``grad_scale=``): ``ce = U.cross_entropy(out, y); mse = U.mse_loss(out, t,
+grad_scale=ce.grad_scale)``, and ``(ce + mse)`` backpropagates ``ce.grad_scale`` times the
+true gradient. :func:`~unitscale.unit_scale` does so by itself for losses inside a model
+whose values meet (``result.loss_scales`` says which factor each got).
+"""
 
 from __future__ import annotations
 
+import math as _math
 from typing import TYPE_CHECKING
 
 import torch as _torch
@@ -29,6 +40,7 @@ def cross_entropy(
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     mult: float = 1.0,
+    grad_scale: float | None = None,
 ) -> Tensor:
     """Cross-entropy of ``mult * input`` whose loss value is torch's, with the logits' gradient scaled to unit std.
 
@@ -52,6 +64,8 @@ def cross_entropy(
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         label_smoothing: as in torch.
         {mult}
+        grad_scale: the gradient factor to use instead (a positive number): give several
+            losses that are added one factor, so their sum's gradient keeps its direction.
 
     Returns:
         The loss.
@@ -69,10 +83,11 @@ def cross_entropy(
     >>> torch.allclose(loss, torch.nn.functional.cross_entropy(logits, target))
     True
     >>> loss.backward()
-    >>> round(logits.grad.std().item(), 1)
-    1.0
+    >>> round(logits.grad.std().item(), 1), round(loss.grad_scale, 1)
+    (1.0, 5105.9)
     """
     mult = check_mult("cross_entropy", "mult", mult)
+    _check_grad_scale("cross_entropy", grad_scale)
     with _misfits(
         "cross_entropy",
         "input is float logits (batch, classes, ...) or (classes,); target is int64 class indices "
@@ -88,10 +103,11 @@ def cross_entropy(
         f = _stats.log_interp(classes, _stats.table(mult)[0])
         grad_var = (1 + (f * f - 1) / classes) / classes if classes > 1 else 1.0
         mean = reduction == "mean" and reduce is not False and size_average is not False
-        grad_scale = grad_var**-0.5 * (batch if mean else 1)
+        factor = grad_var**-0.5 * (batch if mean else 1) if grad_scale is None else grad_scale
         # The backward leaves out mult's own factor: one positive number on the loss's only path.
-        input = scale(input, mult, grad_scale)
-        return _F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        input = scale(input, mult, factor)
+        loss = _F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        return _stated(loss, factor)
 
 
 def mse_loss(
@@ -100,6 +116,7 @@ def mse_loss(
     size_average: bool | None = None,
     reduce: bool | None = None,
     reduction: str = "mean",
+    grad_scale: float | None = None,
 ) -> Tensor:
     """Mean squared error whose value is torch's, with the gradients scaled to unit std.
 
@@ -107,6 +124,8 @@ def mse_loss(
     ``8**0.5`` for independent unit-normal ``input`` and ``target``. Both gradients are
     scaled by ``8**-0.5`` (times the element count for ``reduction="mean"``, whose
     ``1 / count`` they undo), so they are unit-std, a fixed multiple of the true ones.
+    That gradient factor, ``count * 8**-0.5`` (``8**-0.5`` for ``"sum"``), a function of
+    shapes alone, is ``loss.grad_scale``.
 
     Args:
         input: predictions.
@@ -114,12 +133,15 @@ def mse_loss(
         size_average: deprecated, as in torch.
         reduce: deprecated, as in torch.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        grad_scale: the gradient factor to use instead (a positive number): give several
+            losses that are added one factor, so their sum's gradient keeps its direction.
 
     Returns:
         The loss.
 
     Raises:
-        InputError: ``input`` and ``target`` differ in shape.
+        InputError: ``input`` and ``target`` differ in shape, or ``grad_scale`` is not a
+            positive number.
 
     >>> import torch
     >>> from unitscale.functional import mse_loss
@@ -129,9 +151,10 @@ def mse_loss(
     >>> torch.allclose(loss, torch.nn.functional.mse_loss(x, y))
     True
     >>> loss.backward()
-    >>> round(x.grad.std().item(), 1)
-    1.0
+    >>> round(x.grad.std().item(), 1), round(loss.grad_scale, 1)
+    (1.0, 1448.2)
     """
+    _check_grad_scale("mse_loss", grad_scale)
     for name, value in (("input", input), ("target", target)):
         if not isinstance(value, _torch.Tensor):
             raise _errors.InputError(f"mse_loss: {name} is a {type(value).__name__}; pass a tensor")
@@ -141,6 +164,23 @@ def mse_loss(
             "pass tensors of one shape (broadcast target yourself if you mean it)"
         )
     mean = reduction == "mean" and reduce is not False and size_average is not False
-    grad_scale = 8**-0.5 * (max(input.numel(), 1) if mean else 1)
-    input, target = scale(input, 1.0, grad_scale), scale(target, 1.0, grad_scale)
-    return _F.mse_loss(input, target, size_average, reduce, reduction)
+    factor = 8**-0.5 * (max(input.numel(), 1) if mean else 1) if grad_scale is None else grad_scale
+    input, target = scale(input, 1.0, factor), scale(target, 1.0, factor)
+    return _stated(_F.mse_loss(input, target, size_average, reduce, reduction), factor)
+
+
+def _check_grad_scale(function: str, grad_scale: float | None) -> None:
+    if grad_scale is None:
+        return
+    if isinstance(grad_scale, bool) or not isinstance(grad_scale, (int, float)) or not 0 < grad_scale < _math.inf:
+        raise _errors.InputError(
+            f"{function}: grad_scale={grad_scale!r:.60} is not a positive, finite number; pass one "
+            "(another loss's loss.grad_scale, to add the two), or None for the unit-scaling factor"
+        )
+
+
+def _stated(loss: Tensor, factor: float) -> Tensor:
+    """``loss``, carrying its gradient factor as ``loss.grad_scale`` (not under compilation: no tensor attributes)."""
+    if not _torch.compiler.is_compiling():
+        loss.grad_scale = float(factor)  # type: ignore[attr-defined]
+    return loss

@@ -93,52 +93,67 @@ def _inv_sqrt(count: float) -> float:
     return count**-0.5 if count > 0 else 1.0
 
 
-# A custom op rather than an autograd.Function: its backward reads the gradient it scales, which
-# the detach trick ``scale`` uses under TorchDynamo cannot express, and one opaque node compiles.
-@_torch.library.custom_op("unitscale::normalise_grad", mutates_args=())
-def _normalise_grad_op(input: _torch.Tensor) -> _torch.Tensor:
-    return input.clone()
+class _FrozenGradScale(_torch.autograd.Function):
+    """Identity forward; backward, the gradient times ``factor``, which the first backward sets where it is 0."""
+
+    @staticmethod
+    def forward(ctx: _torch.autograd.function.FunctionCtx, input: Tensor, factor: Tensor) -> Tensor:
+        ctx.factor = factor  # type: ignore[attr-defined]
+        return input.clone()
+
+    @staticmethod
+    def backward(ctx: _torch.autograd.function.FunctionCtx, grad: Tensor) -> tuple[Tensor, None]:
+        factor: Tensor = ctx.factor  # type: ignore[attr-defined]
+        if not bool(factor > 0):
+            rms = grad.detach().double().square().mean().sqrt()
+            with _torch.no_grad():
+                factor.fill_(1 / rms if 0 < rms < _math.inf else 1.0)
+        return grad * factor.to(grad.dtype), None
 
 
-@_normalise_grad_op.register_fake
-def _normalise_grad_fake(input: _torch.Tensor) -> _torch.Tensor:
-    return _torch.empty_like(input)
+def frozen_grad_scale(input: Tensor, factor: Tensor) -> Tensor:
+    """Identity in the forward pass; the gradient times ``factor`` in the backward pass, measured once.
 
-
-def _no_context(ctx: object, inputs: tuple[object, ...], output: object) -> None:
-    return None
-
-
-def _unit_rms_grad(ctx: object, grad: Tensor) -> Tensor:
-    rms = grad.float().square().mean().sqrt()
-    return grad * _torch.where(rms > 0, 1 / rms, 1.0).to(grad.dtype)
-
-
-_normalise_grad_op.register_autograd(_unit_rms_grad, setup_context=_no_context)
-
-
-def normalise_grad(input: Tensor) -> Tensor:
-    """Identity in the forward pass; the gradient divided by its root-mean-square in the backward pass.
-
-    One positive number per call, read from the gradient itself: the gradient keeps its
-    direction, and is the true one times that number for everything upstream only where
-    every path from the inputs to the loss passes through ``input`` (a cut edge, such as the
-    residual stream between two blocks of a ResNet). :func:`~unitscale.unit_scale` puts it
-    there, before a residual block that holds batch norm: batch norm's gradient grows as
-    its input's per-channel variance shrinks, and inside a block no scale can undo that
-    without changing the gradient's direction. A zero gradient stays zero.
+    ``factor`` is a one-element tensor (a buffer, saved with the model). Where it holds a
+    positive number, that number scales the gradient: a constant, so the backward pass stays
+    linear (separate ``backward()`` calls add up to one of the sum, micro-batches add up to the
+    batch, a loss times ``c`` gives gradients times ``c``). Where it holds 0 ("not measured"),
+    the first backward pass through it measures ``1 / RMS`` of the gradient it gets, writes it
+    into ``factor``, and uses it; every later pass reuses that number. Under ``torch.compile``
+    an unmeasured factor scales by 1 (call the model once eagerly first).
+    :func:`~unitscale.unit_scale` puts one on the trunk before each residual block that holds
+    batch norm (see ``unit_scale``), where batch norm's gradient growth cannot be undone by a
+    scale fixed by shapes alone.
 
     Args:
         input: any floating-point tensor.
+        factor: a one-element floating-point tensor: the backward factor, or 0 to measure it.
 
     Returns:
-        ``input`` (a copy), whose gradient has root-mean-square 1.
+        ``input`` (a copy), whose gradient is scaled by ``factor``.
+
+    Raises:
+        InputError: ``factor`` is not a one-element floating-point tensor.
 
     >>> import torch
-    >>> from unitscale.functional import normalise_grad
+    >>> from unitscale.functional import frozen_grad_scale
+    >>> factor = torch.zeros(())
     >>> x = torch.ones(4, requires_grad=True)
-    >>> normalise_grad(x).backward(torch.tensor([3.0, -3.0, 3.0, -3.0]))
+    >>> frozen_grad_scale(x, factor).backward(torch.full((4,), 3.0))
+    >>> round(factor.item(), 4), x.grad.tolist()
+    (0.3333, [1.0, 1.0, 1.0, 1.0])
+    >>> # frozen: the next gradient is not brought to 1 again
+    >>> frozen_grad_scale(x, factor).backward(torch.full((4,), 30.0))
     >>> x.grad.tolist()
-    [1.0, -1.0, 1.0, -1.0]
+    [11.0, 11.0, 11.0, 11.0]
     """
-    return _torch.ops.unitscale.normalise_grad(input)
+    if not (isinstance(factor, _torch.Tensor) and factor.numel() == 1 and factor.is_floating_point()):
+        raise _errors.InputError(
+            f"frozen_grad_scale: factor={factor!r:.60} is not a one-element floating-point tensor; "
+            "pass a buffer such as torch.zeros(()) (0 measures it on the first backward)"
+        )
+    if _torch.compiler.is_compiling():
+        # No write in a compiled backward: an unmeasured factor (0) scales by 1.
+        used = _torch.where(factor > 0, factor, _torch.ones_like(factor)).to(input.dtype).reshape(())
+        return input * used + (input * (1 - used)).detach()
+    return _FrozenGradScale.apply(input, factor)

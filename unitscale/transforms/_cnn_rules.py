@@ -11,8 +11,8 @@ them:
   pool of a ReLU by ``2**-0.5`` both ways;
 - a ReLU after a residual add whose skip is such a ReLU (post-activation ResNets) gets the
   scales of the sum it actually reads;
-- the gradient on the trunk is brought back to unit root-mean-square before each residual
-  block that holds batch norm;
+- (in ``_frozen.py``) a gradient factor measured once and frozen on the trunk before each
+  residual block that holds batch norm;
 - a squeeze-excitation gate's product scales the gate's summed gradient where the gate's
   branch undoes it.
 """
@@ -224,49 +224,6 @@ def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -
         rescaled.meta[_MEAN_TO_STD_KEY] = _ratio(F.relu)
         rewritten.update({node, rescaled})
         added += [node, rescaled]
-    return added
-
-
-def _normalise_grads_before_batch_norm_blocks(graph: fx.Graph, trunk: set[fx.Node]) -> list[fx.Node]:
-    """Normalise the gradient on the trunk before each residual block that holds batch norm; returns the nodes added.
-
-    Batch norm's input gradient grows as its input's per-channel variance shrinks (1.2 per
-    batch norm after a ReLU, see :mod:`unitscale.functional`'s ``batch_norm``), and inside
-    a residual block no scale can undo that: a backward scale on the branch alone would
-    meet the skip's unscaled gradient at the fork and turn the sum away from the true
-    gradient (a ResNet-18's cosines went negative), and batch norm cancels any scale given
-    both ways. The residual stream between blocks is a cut edge (every path passes through
-    it), so a backward scale there multiplies every gradient upstream by one number:
-    :func:`~unitscale.functional.normalise_grad` sets it to bring the gradient back to
-    root-mean-square 1 before it enters the block.
-    """
-    added = []
-    nodes = list(graph.nodes)
-    position = {node: i for i, node in enumerate(nodes)}
-    for split in [n for n in nodes if n.target is U.residual_split and n.args]:
-        source = split.args[0]
-        stream = source
-        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in trunk and stream.args:
-            stream = stream.args[0]
-        if not (isinstance(source, fx.Node) and stream in trunk):
-            continue
-        block = []
-        for node in nodes[position[split] + 1 :]:
-            if node in trunk:
-                break
-            block.append(node)
-        if not any(n.target is U.batch_norm for n in block):
-            continue
-        normalised = _insert_after(
-            source,
-            U.normalise_grad,
-            (source,),
-            f"{source.name}_grad_normalised",
-            split,
-            source.meta.get("example_value"),
-        )
-        split.replace_input_with(source, normalised)
-        added.append(normalised)
     return added
 
 

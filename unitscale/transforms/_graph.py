@@ -189,17 +189,31 @@ def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     over it: every stream value made before it is read only up to it (a skip
     connection is such a jump, and puts the ops of its branch off the trunk). The
     stream is the graph inputs and the ops on the activation path that compute from them.
+
+    Only a jump whose value shares an input with the op counts: a gradient along it can
+    meet the op's own upstream only there. A target passed to ``forward`` and read by the
+    loss alone jumps over every op of the model, but shares no input with them (as a
+    target held in a buffer, which is no input at all), so the model keeps its trunk
+    whichever way the target comes.
     """
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     from_input = _stream(graph, live)
-    trunk, reach = set(), -1
+    roots: dict[fx.Node, frozenset[fx.Node]] = {}
+    reach: dict[fx.Node, int] = {}  # per graph input: how far the values computed from it are read
+    trunk = set()
     for i, node in enumerate(nodes):
-        if node in from_input and node.op != "placeholder" and reach <= i:
-            trunk.add(node)
-        if node in from_input:
-            readers = [position[u] for u in node.users if u in from_input or u.op == "output"]
-            reach = max([reach, *readers])
+        if node not in from_input:
+            continue
+        if node.op == "placeholder":
+            roots[node] = frozenset({node})
+        else:
+            roots[node] = frozenset().union(*(roots[p] for p in node.all_input_nodes if p in roots))
+            if all(reach.get(root, -1) <= i for root in roots[node]):
+                trunk.add(node)
+        readers = [position[u] for u in node.users if u in from_input or u.op == "output"]
+        for root in roots[node]:
+            reach[root] = max([reach.get(root, -1), *readers])
     return trunk
 
 

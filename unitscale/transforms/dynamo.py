@@ -203,6 +203,9 @@ class TransformedModule(nn.Module):
         unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
             inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
             ``"<first op>: <n> op(s) left whole"`` line each.
+        loss_scales: the gradient factor of each unit-scaled loss in the graph, one line
+            each; the losses of one graph share one factor, so a sum of them has the true
+            gradient's direction.
         scale_check: what :func:`unit_scale` measured along the latest graph, on the call
             that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
             ``None`` before the first capture and for other transforms).
@@ -224,6 +227,13 @@ class TransformedModule(nn.Module):
         # and ``self.training`` must say so (``train()`` then switches both, and the next call captures).
         self.training = module.training
         self.transforms = tuple(transforms)
+        # State a transform keeps across graphs (unit_scale's frozen gradient factors) is the
+        # wrapper's: saved in its state_dict, and out of reach of the capture's restore of the
+        # model's own buffers. A nested wrapper (simulate_fp8(unit_scale(m))) holds it too.
+        for transform in self.transforms:
+            state = getattr(transform, "grad_scales", None)
+            if isinstance(state, nn.Module):
+                self.grad_scales = state
         self._captured: dict[Any, _CompiledGraph] = {}
         self._latest: _CompiledGraph | _EagerGraph | None = None
         self._eager: _EagerGraph | None = None
@@ -234,6 +244,7 @@ class TransformedModule(nn.Module):
         self.unscaled_ops: list[str] = []
         self.kept_ops: list[str] = []
         self.unscaled_regions: list[str] = []
+        self.loss_scales: list[str] = []
         self.scale_check: ScaleCheck | None = None
 
     @property
@@ -303,6 +314,7 @@ class TransformedModule(nn.Module):
         self.unscaled_ops = list(graph.graph_module.meta.get("unscaled_ops", []))
         self.kept_ops = list(graph.graph_module.meta.get("kept_ops", []))
         self.unscaled_regions = list(graph.graph_module.meta.get("unscaled_regions", []))
+        self.loss_scales = list(graph.graph_module.meta.get("loss_scales", []))
 
     @_outside_dynamo
     def capture_now(

@@ -187,7 +187,18 @@ def unit_scale(
     (``module`` is not changed), re-initialised on the first call by the role the graph
     gives them (weights and embeddings ``N(0, 1)``, biases 0, norm gains 1, batch-norm
     running statistics 0 and 1), but only where every op that reads them was unit-scaled:
-    an op left unscaled keeps the parameters it was written for.
+    an op left unscaled keeps the parameters it was written for. A ``state_dict`` loaded
+    into the result before its first call is kept as it is (no re-initialisation).
+
+    Every scale is a constant during training. Where batch norm's gradient growth needs a
+    factor no shape gives (on the trunk, before each residual block that holds batch norm
+    and before a batch norm there), it is measured once, by the first backward pass (the
+    check below, on the capturing call), as the inverse root-mean-square of the gradient
+    there, and frozen in ``result.grad_scales`` (buffers, saved in ``state_dict``); later
+    graphs of the model (other batch sizes, eval mode) reuse it. So backward stays linear:
+    separate ``backward()`` calls add up, micro-batches add up to their batch, a loss times
+    ``c`` gives gradients times ``c``. The losses of one graph share one gradient factor
+    (``result.loss_scales``), so a sum of them has the true gradient's direction.
 
     Ops left as they were (not mapped, and not scale-neutral like reshapes) are logged
     on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``

@@ -1,7 +1,7 @@
 """Is a unit-scaled graph at unit scale? Measure the std along it, and name the ops that move it off.
 
 :func:`check_scale` runs a graph once on real inputs, forward and backward (an ``N(0, 1)``
-gradient on every float output), and records the std of every activation and of the
+gradient on every float output, 1 on a one-element output: a loss), and records the std of every activation and of the
 gradient at it. From these it finds the ops that *break* unit scale: an op whose output
 leaves the band while its main input was inside it (forward), or whose input's gradient
 leaves the band while the gradients arriving from its readers were inside it (backward).
@@ -207,7 +207,13 @@ def check_scale(
         targets = [(n, v) for n, v in values.items() if v.requires_grad]
         if backward and differentiable and targets:
             generator = torch.Generator(device=differentiable[0].device).manual_seed(0)
-            seeds = [torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device) for o in differentiable]
+            # A one-element output is a loss: its gradient is 1, as in ``loss.backward()``.
+            seeds = [
+                torch.ones_like(o)
+                if o.numel() == 1
+                else torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device)
+                for o in differentiable
+            ]
             found = torch.autograd.grad(differentiable, [v for _, v in targets], seeds, allow_unused=True)
             grads = {n: _std(g) for (n, _), g in zip(targets, found, strict=True) if g is not None}
     output_std = _std(torch.cat([o.detach().float().flatten() for o in float_outputs])) if float_outputs else math.nan
@@ -246,14 +252,18 @@ def _drift(
             before, after = _std(values[source]), _std(values[node])
         else:
             before, after = grads.get(node, math.nan), grads.get(source, math.nan)
-        if before > 0 and after > 0 and (after > 1.05 * before if up else after < before / 1.05):
+        # a std of inf (a mask of -inf or the dtype's lowest added to scores) has no factor to rank
+        finite = 0 < before < math.inf and 0 < after < math.inf
+        if finite and (after > 1.05 * before if up else after < before / 1.05):
             steps.append(OffScale(describe(node), node.name, direction, before, after))
     steps.sort(key=lambda s: -abs(math.log(s.factor)))
     return steps[:5]
 
 
 def _only_normalised(node: fx.Node) -> bool:
-    """Whether only batch norm reads ``node``: its output does not depend on ``node``'s scale."""
+    """Whether only batch norm reads ``node`` (through a frozen gradient factor or not): its scale does not matter."""
+    if node.users and all(getattr(u.target, "__name__", "") == "frozen_grad_scale" for u in node.users):
+        return all(_only_normalised(u) for u in node.users)
     return bool(node.users) and all(
         getattr(user.target, "__name__", "") == "batch_norm" and user.args[:1] == (node,) for user in node.users
     )

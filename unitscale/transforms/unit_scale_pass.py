@@ -36,10 +36,11 @@ graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes
    an average pool to one value per channel (for the mean its input has) and a ReLU after
    a residual add whose skip is a ReLU (post-activation ResNets) get the scales of their
    actual inputs rather than of ``N(0, 1)``; an add of two paths from one fork (a
-   projection shortcut) becomes a residual pair; batch norm takes its data-dependent
-   backward scale only where the two scales may differ (``constraint=None``), and before
-   each residual block that holds batch norm the gradient on the trunk is brought back to
-   unit root-mean-square (:func:`~unitscale.functional.normalise_grad`, a cut edge);
+   projection shortcut) becomes a residual pair; batch norm keeps scale 1 both ways; on
+   the trunk (a cut edge), before each residual block that holds batch norm and before
+   each batch norm, a gradient factor is measured once, by the first backward pass, then
+   frozen in a buffer saved with the model (:func:`~unitscale.functional.frozen_grad_scale`;
+   ``_frozen.py``): every scale is a constant during training, so backward stays linear;
    higher-order ops and inlined ``vmap``
    bodies are left whole and listed in ``graph_module.meta["unscaled_regions"]``;
 7. the ops left as they were, other than ones that move data without changing its scale
@@ -86,10 +87,10 @@ from unitscale.transforms._cnn_rules import (
     _balance_gates,
     _constrain_before_batch_norms,
     _forward_scale_global_pools,
-    _normalise_grads_before_batch_norm_blocks,
     _rescale_max_pools_of_relus,
     _rescale_relus_after_residuals,
 )
+from unitscale.transforms._frozen import GradScales, freeze_grads_before_batch_norm_blocks, freeze_trunk_batch_norms
 from unitscale.transforms._graph import (
     _SCALED,
     _activation_path,
@@ -112,6 +113,7 @@ from unitscale.transforms._graph import (
     _trunk,
     check_replacement,
 )
+from unitscale.transforms._losses import share_loss_scales
 from unitscale.transforms._op_rules import rewrite_by_rule
 from unitscale.transforms.patterns import fold_patterns
 
@@ -413,6 +415,34 @@ def _rotary_ops(
     return kept
 
 
+_TANH: set[Any] = {torch.tanh, torch.Tensor.tanh, F.tanh}
+
+
+def _soft_caps(graph: fx.Graph, done: set[fx.Node]) -> dict[fx.Node, str]:
+    """``c * tanh(x / c)`` (Gemma 2's logit and attention soft-capping): kept as it is.
+
+    Below ``c`` it is ``x``, so it keeps the std of a unit-scaled ``x`` (``c`` is 30 or 50);
+    dropping the outer ``* c`` as a constant factor would leave ``tanh(x / c)``, ``1 / c``
+    of the logits.
+    """
+    kept: dict[fx.Node, str] = {}
+    for node in graph.nodes:
+        if node in done:
+            continue
+        found = _constant_factor(node) if _is_mul(node) else None
+        if found is None or not _member(_function_of(found[0]), _TANH) or not found[0].args:
+            continue
+        tanh, cap = found
+        inner = tanh.args[0]
+        if not isinstance(inner, fx.Node):
+            continue
+        divided = _constant_factor(inner)
+        if divided is not None and cap > 0 and abs(divided[1] * cap - 1) < 1e-6:
+            for n in (node, tanh, inner):
+                kept[n] = f"soft-capping ({cap:g} * tanh(x / {cap:g}) keeps the std of x below {cap:g})"
+    return kept
+
+
 def _functions_run_by(node: fx.Node) -> list[Any]:
     """The node's function, and those of a higher-order op's body (export's ``wrap_with_set_grad_enabled``)."""
     functions = [_function_of(node)]
@@ -439,6 +469,8 @@ class UnitScalePass:
         self.replace = dict(replace)
         self.torch_map = dict(torch_map)
         self.initialised = False
+        #: the frozen gradient factors of every graph this pass rewrites (one model's)
+        self.grad_scales = GradScales()
 
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         graph = gm.graph
@@ -460,6 +492,7 @@ class UnitScalePass:
         ancestors = _ancestors(graph)
         live = _activation_path(gm)
         kept = _rotary_ops(graph, live, ancestors, done)
+        kept.update(_soft_caps(graph, done))
         trunk = _trunk(graph, live)
         stream = _stream(graph, live)
         self._residual_adds(graph, ancestors, done | set(kept), stream - frozen, frozen)
@@ -501,8 +534,11 @@ class UnitScalePass:
         done.update(_rescale_relus_after_residuals(graph, constrained))
         done.update(_forward_scale_global_pools(graph))
         done.update(_rescale_max_pools_of_relus(graph))
-        done.update(_normalise_grads_before_batch_norm_blocks(graph, trunk))
+        blocks = freeze_grads_before_batch_norm_blocks(gm, trunk, self.grad_scales)
+        done.update(blocks)
+        done.update(freeze_trunk_batch_norms(gm, trunk, self.grad_scales, len(blocks)))
         done.update(_balance_gates(gm))
+        gm.meta["loss_scales"] = share_loss_scales(graph, describe)
         gm.meta["kept_ops"] = [f"{describe(n)}: {reason}" for n, reason in kept.items()]
         for n in kept:
             n.meta[KEPT_KEY] = kept[n]
@@ -516,9 +552,9 @@ class UnitScalePass:
             for head, nodes in regions.items()
             if nodes & live
         ]
-        if not self.initialised:
+        if not self.initialised and not self.grad_scales.loaded:  # a loaded state_dict is the model's
             unit_init_(gm)
-            self.initialised = True
+        self.initialised = True
         graph.lint()
         gm.recompile()
         return gm

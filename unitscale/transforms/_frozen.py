@@ -1,0 +1,148 @@
+"""Gradient factors measured once and frozen: what batch norm's residual blocks need, kept static.
+
+Batch norm's input gradient grows as its input's per-channel variance shrinks (1.2 per batch
+norm after a ReLU, see :mod:`unitscale.functional`'s ``batch_norm``), and inside a residual
+block no scale can undo that: a backward scale on the branch alone would meet the skip's
+unscaled gradient at the fork and turn the sum away from the true gradient, and batch norm
+cancels any scale given both ways. On a cut edge (every path passes through it: the residual
+stream between two blocks, the stem's batch norm) a backward scale multiplies every gradient
+upstream by one number, and keeps gradients true. The number is measured once, by the first
+backward pass (``unit_scale``'s check on the call that captures the graph, else the user's
+first), as ``1 / RMS`` of the gradient there, and then frozen in a buffer of
+:class:`GradScales`, saved with the model (``state_dict``): every later backward pass uses the
+same constant, so backward stays linear (separate ``backward()`` calls add up, micro-batches
+add up to the batch, a loss times ``c`` gives gradients times ``c``).
+
+This file writes no ``node.meta`` key; it adds ``get_attr`` nodes for the buffers, named
+``unit_grad_scale_<key>`` on the graph module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+import unitscale.functional as U
+from unitscale.fx.nodes import MODULE_PATH_KEY
+from unitscale.transforms._graph import _insert_after
+
+
+class GradScales(nn.Module):
+    """The frozen gradient factors of one unit-scaled model: one scalar buffer per place, 0 until measured.
+
+    Keys name the place (``<module path>_<ordinal>``), so every graph captured from one model
+    (other batch sizes, eval mode) shares one factor per place. Loading a ``state_dict``
+    creates the buffers it holds, so a model saved after its first call loads its factors
+    into a fresh ``unit_scale`` before that one's first call; ``loaded`` then tells the pass
+    that the parameters are the loaded ones, not to be re-initialised.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = False
+
+    def factor(self, key: str) -> torch.Tensor:
+        """The buffer for ``key``, made (0: not measured) on first use."""
+        if key not in self._buffers:
+            self.register_buffer(key, torch.zeros((), dtype=torch.float64))
+        found = self._buffers[key]
+        assert found is not None
+        return found
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        for name in state_dict:
+            key = name[len(prefix) :]
+            if name.startswith(prefix) and key and "." not in key:
+                self.factor(key)
+        self.loaded = True
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+
+def _key(node: fx.Node, ordinal: int) -> str:
+    path = str(node.meta.get(MODULE_PATH_KEY) or "root")
+    return "".join(c if c.isalnum() else "_" for c in path) + f"_{ordinal}"
+
+
+def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, reader: fx.Node, ordinal: int) -> fx.Node:
+    """Put ``U.frozen_grad_scale(source, <buffer>)`` between ``source`` and ``reader``; returns the new node."""
+    key = _key(reader, ordinal)
+    attr = f"unit_grad_scale_{key}"
+    if not hasattr(gm, attr):
+        gm.register_buffer(attr, store.factor(key), persistent=False)
+    with gm.graph.inserting_after(source):
+        buffer = gm.graph.get_attr(attr)
+    buffer.meta["example_value"] = store.factor(key)
+    scaled = _insert_after(
+        buffer,
+        U.frozen_grad_scale,
+        (source, buffer),
+        f"{source.name}_grad_frozen",
+        reader,
+        source.meta.get("example_value"),
+    )
+    reader.replace_input_with(source, scaled)
+    return scaled
+
+
+def freeze_grads_before_batch_norm_blocks(
+    gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int = 0
+) -> list[fx.Node]:
+    """A frozen gradient factor on the trunk before each residual block that holds batch norm.
+
+    Returns the nodes added. ``first`` is the ordinal of the first place (keys count up from it).
+    """
+    graph = gm.graph
+    added: list[fx.Node] = []
+    nodes = list(graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    ordinal = first
+    for split in [n for n in nodes if n.target is U.residual_split and n.args]:
+        source = split.args[0]
+        stream = source
+        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in trunk and stream.args:
+            stream = stream.args[0]
+        if not (isinstance(source, fx.Node) and stream in trunk):
+            continue
+        block = []
+        for node in nodes[position[split] + 1 :]:
+            if node in trunk:
+                break
+            block.append(node)
+        if not any(n.target is U.batch_norm for n in block):
+            continue
+        added.append(freeze_grad_scale(gm, store, source, split, ordinal))
+        ordinal += 1
+    return added
+
+
+def freeze_trunk_batch_norms(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int) -> list[fx.Node]:
+    """A batch norm on the trunk keeps its constraint (scale 1 both ways) and gets a frozen factor on its input.
+
+    ``U.batch_norm(constraint=None)`` would scale its input gradient by a number read from the
+    batch's variances, different for every batch; on the trunk a frozen factor does that job
+    with one number. Returns the nodes added.
+    """
+    added: list[fx.Node] = []
+    ordinal = first
+    for node in list(gm.graph.nodes):
+        if node.target is not U.batch_norm or node not in trunk or not node.args:
+            continue
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "constraint"}
+        source = node.args[0]
+        if isinstance(source, fx.Node):
+            added.append(freeze_grad_scale(gm, store, source, node, ordinal))
+            ordinal += 1
+    return added

@@ -1,0 +1,75 @@
+"""The unit-scaling pass's rule for losses: each loss's gradient factor stated, one factor for losses that meet.
+
+A unit-scaled loss (:func:`~unitscale.functional.cross_entropy`,
+:func:`~unitscale.functional.mse_loss`) multiplies its input's gradient by a factor fixed by
+shapes. Two losses whose values are added (a model that returns ``ce + mse``) with their own
+factors would weigh each other's gradients by them, and the sum's gradient would point
+elsewhere than the true one (cosine 0.9990 for 10 classes, batch 64). The losses of one graph
+get one factor, the geometric mean of theirs, so a sum's gradient is that number times the
+true one.
+
+Writes ``gm.meta["loss_scales"]``: one ``"<op>: gradient factor <f>"`` line per loss (with
+its own factor where it was changed); ``TransformedModule.loss_scales`` shows it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+import unitscale.functional as U
+
+_LOSSES: set[Any] = {U.cross_entropy, U.mse_loss}
+
+
+def _on_meta(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        found = value.meta.get("example_value")
+        if isinstance(found, torch.Tensor):
+            return torch.empty(tuple(found.shape), dtype=found.dtype, device="meta")
+        return found
+    return value
+
+
+def _own_factor(node: fx.Node) -> float | None:
+    """The factor the loss gives itself, from its shapes (run on meta tensors: no memory, no data)."""
+    args, kwargs = pytree.tree_map(_on_meta, (node.args, node.kwargs))
+    try:
+        loss = node.target(*args, **kwargs)  # type: ignore[operator]
+    except Exception:  # a shape the loss refuses: the graph's own call will say so
+        return None
+    factor = getattr(loss, "grad_scale", None)
+    return float(factor) if isinstance(factor, (int, float)) else None
+
+
+def share_loss_scales(graph: fx.Graph, describe: Any) -> list[str]:
+    """Give the graph's losses one gradient factor; returns the report lines (one per loss).
+
+    All of them, not only those added inside the graph: a model that returns two losses is
+    as likely to have them added by its caller, and one factor keeps every positive sum's
+    gradient the true one's direction. A loss given its own ``grad_scale`` keeps it, and then
+    so do the others.
+    """
+    losses = [n for n in graph.nodes if n.op == "call_function" and n.target in _LOSSES]
+    own = [_own_factor(n) for n in losses]
+    chosen = any("grad_scale" in n.kwargs for n in losses)
+    shared = None
+    known = [f for f in own if f is not None and f > 0]
+    if len(losses) > 1 and not chosen and len(known) == len(own):
+        shared = math.exp(sum(math.log(f) for f in known) / len(known))
+        for n in losses:
+            n.kwargs = {**n.kwargs, "grad_scale": shared}
+    lines = []
+    for n, f in zip(losses, own, strict=True):
+        if shared is not None:
+            lines.append(
+                f"{describe(n)}: gradient factor {shared:.6g} (its own {f:.6g}), the geometric mean shared by "
+                f"the graph's {len(losses)} losses, so that a sum of them has the true gradient's direction"
+            )
+        elif f is not None:
+            lines.append(f"{describe(n)}: gradient factor {f:.6g}")
+    return lines
