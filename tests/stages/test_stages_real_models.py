@@ -252,6 +252,22 @@ def test_gpt2_two_stage_pipeline_output_matches_the_model() -> None:
     torch.testing.assert_close(out.logits, reference.logits, atol=1e-5, rtol=0)
 
 
+def test_gpt2_pipeline_gradients_are_the_models_tied_head_included() -> None:
+    # GPT-2 ties lm_head.weight to transformer.wte.weight. The exported stages read the tensor
+    # as lm_head.weight in both stages: the gradient came back under the model's second name.
+    model = tiny("gpt2")
+    (ids,) = inputs_for("gpt2", batch=4)
+    target = torch.roll(ids, -1, dims=1)
+    plan = partition(model, 2, ids)
+    uses = plan.stage_parameter_names()
+    assert "lm_head.weight" in uses[0] and "lm_head.weight" in uses[1]  # the tied tensor runs in both stages
+    result = run_pipeline(plan, ids, 2, loss_fn=lm_loss, target=target, timeout=120)
+    lm_loss(model(ids), target).backward()
+    assert list(result.grads) != [] and sorted(result.grads) == sorted(n for n, _ in model.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(result.grads[name], p.grad, atol=1e-5, rtol=0)
+
+
 def test_llama_two_stage_training_step_matches_unsplit_loss_and_gradients(capfd: pytest.CaptureFixture[str]) -> None:
     model = tiny("llama")
     (ids,) = inputs_for("llama", batch=4)

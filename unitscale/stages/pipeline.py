@@ -122,7 +122,9 @@ def run_pipeline(
 
     Returns:
         The output (forward only), or a :class:`PipelineResult` with ``output``,
-        ``loss``, ``grads`` and ``step_time`` when ``loss_fn`` is given.
+        ``loss``, ``grads`` and ``step_time`` when ``loss_fn`` is given: ``grads`` holds one
+        gradient per parameter, keyed as ``model.named_parameters()`` names it (a tied
+        weight once, under its first name) and summed over the stages that use it.
 
     Raises:
         InputError: inputs that are not tensors, have fewer rows than microbatches or
@@ -275,7 +277,8 @@ def _training_result(
     world = len(done)
     grads: dict[str, torch.Tensor] = {}
     for r in range(world):
-        for name, g in done[r]["grads"].items():
+        for stage_name, g in done[r]["grads"].items():
+            name = plan.gradient_key(stage_name)  # tied weights: one key, as in model.named_parameters()
             grads[name] = grads[name] + g if name in grads else g
     per_step = [max(col) for col in zip(*(done[r]["times"] for r in range(world)), strict=True)]
     step_time = statistics.median(per_step)
