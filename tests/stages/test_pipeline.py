@@ -80,6 +80,31 @@ def test_pipeline_gradients_of_tied_and_shared_weights_are_the_models() -> None:
         torch.testing.assert_close(result.grads[name], p.grad, atol=1e-6, rtol=0)
 
 
+class RowLoop(nn.Module):
+    """Weights each row by its index in a Python loop: export fixes the batch size it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(torch.stack([h[i] * (i + 1) for i in range(x.shape[0])]))
+
+
+def test_microbatches_of_a_batch_export_fixed_are_refused_before_starting_workers() -> None:
+    # The first stage ran on a microbatch of 2 rows and failed with an untyped IndexError (select(): index 2).
+    model, x = RowLoop(), torch.randn(4, 4)
+    plan = partition(model, 2, x)
+    assert plan.route == "export"
+    fixed = r"has shape \(2, 4\), but the graph was captured by torch.export for shape \(4, 4\)"
+    with pytest.raises(InputError, match=r"^verify\(\): input 'x' " + fixed):
+        plan.verify(x[:2])
+    with pytest.raises(InputError, match=r"^run_pipeline\(num_microbatches=2\)'s microbatch: input 'x' " + fixed):
+        run_pipeline(plan, x, 2)
+    torch.testing.assert_close(run_pipeline(plan, x, 1, timeout=60), model(x))  # its own batch runs
+
+
 def test_worker_failure_surfaces_as_pipeline_error_in_the_caller() -> None:
     torch.manual_seed(0)
     model = MLP(4, 8)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
-from tests.real_models import BUILDERS, albert, gemma, mixtral, opt, token_ids
+from tests.real_models import BUILDERS, albert, gemma, mixtral, opt, reformer, token_ids
 from unitscale import partition, run_pipeline
 from unitscale.errors import InputError, SplitSpecError
 from unitscale.examples.models import TinyGPT
@@ -237,6 +237,25 @@ def test_a_plan_refuses_inputs_whose_fixed_sizes_differ_from_the_exported_graphs
         plan.verify(token_ids(2, 8))
     with pytest.raises(InputError, match=r"^run_pipeline: input 'input_ids' has shape \(4, 8\)"):
         run_pipeline(plan, token_ids(4, 8), num_microbatches=2)  # refused before any worker starts
+
+
+FIXED_BATCH = (
+    r"captured by torch.export for shape \(4, 16\), whose fixed sizes are baked into the graph; the model fixed "
+    r"its batch size while it was exported"
+)
+
+
+def test_reformer_pipeline_on_microbatches_of_a_fixed_batch_is_refused_as_verify_refuses_them() -> None:
+    # Reformer loops over range(batch) while exported: the batch is fixed at 4 though asked free. The first
+    # stage then failed on a microbatch of 2 with an untyped IndexError before any worker started.
+    model, _ = reformer()
+    plan = partition(model, 2, token_ids(4))
+    assert plan.route == "export" and plan.verify(token_ids(4, seed=1))
+    with pytest.raises(InputError, match=r"^verify\(\): input 'input_ids' has shape \(2, 16\), but the graph was "):
+        plan.verify(token_ids(2))
+    message = r"^run_pipeline\(num_microbatches=2\)'s microbatch: input 'input_ids' has shape \(2, 16\), but the graph "
+    with pytest.raises(InputError, match=message + "was " + FIXED_BATCH):
+        run_pipeline(plan, token_ids(4), num_microbatches=2)
 
 
 # --- pipelines (processes: kept to two) -------------------------------------------------------------

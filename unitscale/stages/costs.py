@@ -234,7 +234,9 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
     dynamic batch, every size but the batch). Such a graph can run on other sizes and be
     wrong: OPT's exported graph reshapes its ids with ``view(ids, [-1, 16])``, so ids of shape
     ``(2, 8)`` run as ``(1, 16)``. Only exported placeholders (a ``FakeTensor`` ``val``) are
-    checked; a ``torch.fx`` graph holds no sizes.
+    checked; a ``torch.fx`` graph holds no sizes. A batch size export was asked to leave free
+    but specialised (the model loops in Python over ``range(x.shape[0])``, as Reformer does)
+    counts as fixed.
 
     Args:
         graph: the graph; ``inputs`` are its own (flattened) inputs, in placeholder order.
@@ -261,14 +263,23 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
         val = node.meta.get("val")
         if not isinstance(val, FakeTensor) or not isinstance(value, torch.Tensor):
             continue
-        fixed = [d if isinstance(d, int) else None for d in val.shape]
+        # a size export specialised (a Python loop over ``range(x.shape[0])``) is a SymInt that is a number
+        fixed = [d if isinstance(d, int) else d.node.maybe_as_int() for d in val.shape]
         if value.dim() == len(fixed) and all(f is None or f == g for f, g in zip(fixed, value.shape, strict=True)):
             continue
         shown = "(" + ", ".join("any" if f is None else str(f) for f in fixed) + ("," if len(fixed) == 1 else "") + ")"
+        batch_only = value.dim() == len(fixed) > 0 and fixed[0] is not None and list(value.shape[1:]) == fixed[1:]
+        advice = (
+            "the model fixed its batch size while it was exported (a Python loop over range(x.shape[0]), for one), "
+            "so the stages run only on that many rows; partition with example inputs of the batch size they will "
+            "run on (for run_pipeline, the batch divided by num_microbatches)"
+            if batch_only and fixed[0] != 1
+            else "partition again with example inputs of this shape (the batch size may differ when the captured "
+            "batch was above 1)"
+        )
         raise InputError(
             f"{who}: input {str(node.target)!r} has shape {tuple(value.shape)}, but the graph was captured by "
-            f"torch.export for shape {shown}, whose fixed sizes are baked into the graph; partition again with "
-            "example inputs of this shape (the batch size may differ when the captured batch was above 1)"
+            f"torch.export for shape {shown}, whose fixed sizes are baked into the graph; {advice}"
         )
 
 
