@@ -189,9 +189,7 @@ class NodeProfiler(fx.Interpreter):
                 times.append(time.perf_counter() - start)
             self.seconds[n] = statistics.median(times)
         if n.op in COMPUTE_OPS and self.count_flops:
-            with FlopCounterMode(display=False) as counter:
-                result = run_plainly(self, n)
-            self.flops[n] = float(counter.get_total_flops())
+            result = self._counted(n)
         else:
             result = run_plainly(self, n)
         if n.op == "placeholder" and is_constant(result):
@@ -201,6 +199,34 @@ class NodeProfiler(fx.Interpreter):
             n.meta["tensor_meta"] = meta
         n.meta["type"] = type(result)
         return result
+
+    def _counted(self, n: fx.Node) -> Any:
+        """Run ``n`` under :class:`FlopCounterMode`, with grad enabled: the forward that training runs.
+
+        Under ``no_grad`` modules take inference fast paths whose fused ops torch's counter has
+        no formula for (``nn.TransformerEncoderLayer`` in eval mode counts 0 FLOPs, attention on
+        CPU too) or fails on. The autograd graph is kept, as a training forward keeps it, so that
+        each op sees the inputs it sees in training (which need a gradient). Where the counter
+        fails both ways but the node runs without it, that is the counter's failure, not the
+        inputs': a :class:`~unitscale.errors.CostError` says so.
+        """
+        failures = []
+        for grad in (True, False):
+            try:
+                with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
+                    result = run_plainly(self, n)
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            self.flops[n] = float(counter.get_total_flops())
+            return result
+        result = run_plainly(self, n)  # fails here: the inputs do not fit (run_profiler says so)
+        raise CostError(
+            f"partition(cost='flops'): torch's FlopCounterMode (torch.utils.flop_counter) failed on node {n.name!r} "
+            f"({n.format_node()}) with grad enabled ({failures[0]}) and under no_grad ({failures[1]}), though the "
+            "node runs on these inputs without it; the example inputs are fine. Use cost='params', cost='time' "
+            "or a callable node -> float"
+        )
 
     def propagate(self, *args: Any) -> Any:
         """Run the module on ``args``, recording every node's output metadata (and the output in ``result``)."""
@@ -308,6 +334,8 @@ def run_profiler(
         # norm's running statistics, updated on every run, would otherwise differ in eval mode
         with torch.no_grad(), module_state_kept(module, values=True):
             profiler.propagate(*cloned)
+    except CostError:
+        raise
     except Exception as exc:
         node = profiler.current
         where = f"node {node.name!r} ({node.format_node()})" if node is not None else "the first node"

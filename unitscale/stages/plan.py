@@ -780,7 +780,8 @@ def partition(
         num_stages: number of stages, each non-empty.
         example_inputs: a tensor or a tuple of the model's inputs.
         cost: ``"params"`` (parameter elements each node uses, counted once),
-            ``"flops"`` (:class:`~torch.utils.flop_counter.FlopCounterMode` per node),
+            ``"flops"`` (:class:`~torch.utils.flop_counter.FlopCounterMode` per node, with grad
+            enabled: the forward training runs, not an inference fast path the counter misses),
             ``"time"`` (median of ``repeats`` timings per node), ``"memory"``
             (bytes of each node's output), or a callable ``node -> float``.
         boundary_depth: cut only where the module path truncated to this many
@@ -796,8 +797,9 @@ def partition(
 
     Raises:
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
-        CostError: unknown ``cost`` or ``method``, ``repeats`` not an int >= 1, or a callable
-            returned a negative, NaN or non-number.
+        CostError: unknown ``cost`` or ``method``, ``repeats`` not an int >= 1, a callable
+            returned a negative, NaN or non-number, or torch's FLOP counter failed on a node
+            that runs without it (``cost="flops"``).
         InputError: ``example_inputs`` do not fit the model.
         NoRouteError: neither ``torch.fx`` nor ``torch.export`` can capture the model (a
             :class:`~unitscale.errors.TraceError`); the message gives each route's reason.
