@@ -480,7 +480,7 @@ class UnitScalePass:
                 if len(node.args) >= 2 and _is_float_node(node.args[0]) and _is_float_node(node.args[1]):
                     # Unconstrained, a broadcast operand's gradient is scaled apart from the other's:
                     # only true where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet).
-                    meet = _is_broadcast_product(node) and _meet_upstream(*node.args[:2], ancestors, stream)
+                    meet = _is_broadcast_product(node) and _meet_upstream(node.args[0], node.args[1], ancestors, stream)
                     self._retarget(node, U.add, {} if meet else {"constraint": None})
                     done.add(node)
                 continue
