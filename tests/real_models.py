@@ -35,6 +35,7 @@ __all__ = [
     "mixtral",
     "opt",
     "qwen2",
+    "reformer",
     "t5",
     "token_ids",
     "vit",
@@ -241,6 +242,35 @@ def vit(**config: Any) -> Built:
 
 
 #: name -> builder, for parametrised tests.
+def reformer(**config: Any) -> Built:
+    """Reformer causal LM: 2 local-attention layers, width 32, 2 heads, 16 tokens; inputs ``(input_ids,)``.
+
+    Its layers run inside a custom ``torch.autograd.Function`` (``_ReversibleFunction``,
+    which recomputes activations in backward), and its chunked attention loops in Python
+    over sizes read from the input. Not in :data:`BUILDERS`.
+    """
+    model = _build(
+        "reformer",
+        transformers.AutoModelForCausalLM,
+        **{
+            "hidden_size": 32,
+            "num_attention_heads": 2,
+            "attention_head_size": 16,
+            "attn_layers": ["local", "local"],
+            "axial_pos_shape": [4, 4],  # their product is the sequence length
+            "axial_pos_embds_dim": [16, 16],  # their sum is the width
+            "feed_forward_size": 64,
+            "max_position_embeddings": 16,
+            "local_attn_chunk_length": 8,
+            "is_decoder": True,
+            "pad_token_id": 0,
+            "eos_token_id": 0,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
 BUILDERS = {
     "gpt2": gpt2,
     "bert": bert,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.real_models import gpt2, llama
+from tests.real_models import gpt2, llama, reformer
 from unitscale.capture import capture, capture_exec_order, trace_exec_order
 from unitscale.errors import TraceError
 from unitscale.examples.models import MLP
@@ -57,6 +57,70 @@ def test_trace_exec_order_falls_back_to_the_capture_when_fx_fails() -> None:
     order = trace_exec_order(model, example_inputs=inputs)
     assert order.module_names()[:3] == ["", "model", "model.embed_tokens"]
     assert order.param_names()[:2] == ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight"]
+
+
+def _modules_that_ran(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> list[str]:
+    """Every module whose forward ran, in the order forward pre-hooks first see them."""
+    seen: list[str] = []
+    handles = [
+        m.register_forward_pre_hook(lambda mod, args, name=name: None if name in seen else seen.append(name))
+        for name, m in model.named_modules()
+    ]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+class _Recomputed(torch.autograd.Function):
+    """Runs ``block`` without keeping its activations and runs it again in backward, as reversible layers do."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, block: nn.Module) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.block = block
+        with torch.no_grad():
+            return block(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            ctx.block(x).backward(grad)
+        return x.grad, None
+
+
+class RecomputedBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 4)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = float(x.shape[-1]) ** -0.5  # a Python number from a size: torch.fx cannot trace it
+        return self.out(_Recomputed.apply(self.inp(x) * scale, self.block))
+
+
+@pytest.mark.parametrize(
+    "build", [lambda: (RecomputedBlock(), (torch.randn(3, 4),)), reformer], ids=["hand", "reformer"]
+)
+def test_trace_exec_order_lists_the_modules_run_inside_a_custom_autograd_function(
+    build: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]],
+) -> None:
+    # torch.export puts a Function's ops under the module that applied it: Reformer's order listed
+    # 10 modules of the 41 that ran (those in its reversible layers missing, their parameters listed).
+    model, inputs = build()
+    order = trace_exec_order(model, example_inputs=inputs)
+    assert order.module_names() == _modules_that_ran(model, inputs)
+    out = model.train()(*inputs)  # Reformer's backward runs only in training mode
+    (out if isinstance(out, torch.Tensor) else out.logits).sum().backward()
+    used = {name for name, p in model.named_parameters() if p.grad is not None}  # Reformer's lm_head.bias is not
+    assert len(used) > 4 and set(order.param_names()) == used
 
 
 def test_trace_exec_order_on_fx_traceable_models_is_unchanged() -> None:

@@ -46,6 +46,65 @@ def test_three_stage_1f1b_training_step_matches_unsplit_gradients() -> None:
         torch.testing.assert_close(result.grads[name], p.grad, atol=1e-5, rtol=0)
 
 
+class TiedLM(nn.Module):
+    """An embedding tied to the output projection, and a layer (``shared``) run in both stages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.shared = nn.Linear(8, 8)
+        self.mid = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.shared(self.emb(ids)))
+        h = torch.tanh(self.mid(h))
+        return self.head(torch.tanh(self.shared(h)))
+
+
+def test_pipeline_gradients_of_tied_and_shared_weights_are_the_models() -> None:
+    # Stage 0 read the tied tensor as emb.weight, stage 1 as head.weight: each name came back
+    # with one stage's part of the gradient (their sum was the model's).
+    torch.manual_seed(0)
+    model = TiedLM()
+    ids, y = torch.randint(0, 10, (4, 3)), torch.randn(4, 3, 10)
+    plan = partition(model, 2, ids).with_bounds([0, 3, 8])  # emb, shared, tanh | mid, ..., shared, head
+    uses = plan.stage_parameter_names()
+    assert "emb.weight" in uses[0] and "head.weight" in uses[1]
+    assert "shared.weight" in uses[0] and "shared.weight" in uses[1]
+    result = run_pipeline(plan, ids, 2, loss_fn=nn.MSELoss(), target=y, timeout=60)
+    nn.MSELoss()(model(ids), y).backward()
+    assert list(result.grads) == [name for name, _ in model.named_parameters()]  # head.weight is emb.weight
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(result.grads[name], p.grad, atol=1e-6, rtol=0)
+
+
+class RowLoop(nn.Module):
+    """Weights each row by its index in a Python loop: export fixes the batch size it saw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(torch.stack([h[i] * (i + 1) for i in range(x.shape[0])]))
+
+
+def test_microbatches_of_a_batch_export_fixed_are_refused_before_starting_workers() -> None:
+    # The first stage ran on a microbatch of 2 rows and failed with an untyped IndexError (select(): index 2).
+    model, x = RowLoop(), torch.randn(4, 4)
+    plan = partition(model, 2, x)
+    assert plan.route == "export"
+    fixed = r"has shape \(2, 4\), but the graph was captured by torch.export for shape \(4, 4\)"
+    with pytest.raises(InputError, match=r"^verify\(\): input 'x' " + fixed):
+        plan.verify(x[:2])
+    with pytest.raises(InputError, match=r"^run_pipeline\(num_microbatches=2\)'s microbatch: input 'x' " + fixed):
+        run_pipeline(plan, x, 2)
+    torch.testing.assert_close(run_pipeline(plan, x, 1, timeout=60), model(x))  # its own batch runs
+
+
 def test_worker_failure_surfaces_as_pipeline_error_in_the_caller() -> None:
     torch.manual_seed(0)
     model = MLP(4, 8)

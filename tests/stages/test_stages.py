@@ -12,10 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale import StagePlan, partition
 from unitscale.errors import CostError, InputError, StageCountError, TraceError
 from unitscale.examples.models import MLP, TinyGPT, resnet18
+from unitscale.stages import costs
 from unitscale.stages.search import brute_force_bottleneck
 from unitscale.stages.split import live_values
 
@@ -448,3 +450,65 @@ def test_split_spec_names_only_modules_that_run_once() -> None:
     with pytest.raises(SplitSpecError, match=r"\('block' runs 2 times, as do the 1 inside it that start there\)"):
         early.split_spec()
     assert pipeline(model, (x,), split_spec={"block": SplitPoint.BEGINNING}).num_stages > 2
+
+
+class CrossAttention(nn.Module):
+    """Queries from ``x``, keys and values from ``context`` (of another length), as a decoder attends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        a, _ = self.attn(self.q(x), context, context, need_weights=False)
+        return self.out(a)
+
+
+@pytest.mark.parametrize(
+    "build,inputs",
+    [
+        (lambda: CrossAttention().eval(), lambda: (torch.randn(2, 5, 8), torch.randn(2, 7, 8))),
+        (
+            lambda: nn.TransformerDecoderLayer(8, 2, 16, batch_first=True).eval(),
+            lambda: (torch.randn(2, 5, 8), torch.randn(2, 7, 8)),
+        ),
+        # eval mode under no_grad takes the fused fast path, which torch's counter counts as 0 FLOPs
+        (lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval(), lambda: (torch.randn(2, 5, 8),)),
+    ],
+    ids=["cross_attention", "decoder_layer", "encoder_layer_fast_path"],
+)
+def test_flops_cost_is_the_flop_counters_count_of_the_training_forward(build, inputs) -> None:
+    torch.manual_seed(0)
+    model, args = build(), inputs()
+    plan = partition(model, 2, args, cost="flops")
+    with FlopCounterMode(display=False) as counter:
+        model(*args)
+    assert counter.get_total_flops() > 0 and sum(plan.stage_costs) == counter.get_total_flops()
+
+
+def test_a_flop_counter_that_fails_under_no_grad_is_not_blamed_on_the_inputs(monkeypatch) -> None:
+    """The counter failing under no_grad (as on cross-attention) was reported as inputs that do not fit."""
+
+    class FailsWithoutGrad(FlopCounterMode):
+        def __enter__(self):
+            if not torch.is_grad_enabled():
+                raise RuntimeError("no formula under no_grad")
+            return super().__enter__()
+
+    class AlwaysFails(FlopCounterMode):
+        def __enter__(self):
+            raise RuntimeError("counter broken")
+
+    model, args = CrossAttention(), (torch.randn(2, 5, 8), torch.randn(2, 7, 8))
+    monkeypatch.setattr(costs, "FlopCounterMode", FailsWithoutGrad)
+    with torch.no_grad():  # the caller's grad mode does not matter
+        plan = partition(model, 2, args, cost="flops")
+    with FlopCounterMode(display=False) as counter:
+        model(*args)
+    assert sum(plan.stage_costs) == counter.get_total_flops()
+    monkeypatch.setattr(costs, "FlopCounterMode", AlwaysFails)
+    message = r"^partition\(cost='flops'\): torch's FlopCounterMode .* failed on node 'q' .*the example inputs are fine"
+    with pytest.raises(CostError, match=message):
+        partition(model, 2, args, cost="flops")

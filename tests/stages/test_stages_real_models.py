@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
-from tests.real_models import BUILDERS, albert, gemma, mixtral, opt, token_ids
+from tests.real_models import BUILDERS, albert, gemma, mixtral, opt, reformer, token_ids
 from unitscale import partition, run_pipeline
 from unitscale.errors import InputError, SplitSpecError
 from unitscale.examples.models import TinyGPT
@@ -86,7 +86,7 @@ def test_flops_cost_matches_the_flop_counter_on_the_whole_model() -> None:
 
     model, args = tiny("gpt2"), inputs_for("gpt2")
     plan = partition(model, 2, args, cost="flops")
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with FlopCounterMode(display=False) as counter:  # grad enabled: the forward training runs
         model(*args)
     assert sum(plan.stage_costs) == counter.get_total_flops()
 
@@ -239,6 +239,25 @@ def test_a_plan_refuses_inputs_whose_fixed_sizes_differ_from_the_exported_graphs
         run_pipeline(plan, token_ids(4, 8), num_microbatches=2)  # refused before any worker starts
 
 
+FIXED_BATCH = (
+    r"captured by torch.export for shape \(4, 16\), whose fixed sizes are baked into the graph; the model fixed "
+    r"its batch size while it was exported"
+)
+
+
+def test_reformer_pipeline_on_microbatches_of_a_fixed_batch_is_refused_as_verify_refuses_them() -> None:
+    # Reformer loops over range(batch) while exported: the batch is fixed at 4 though asked free. The first
+    # stage then failed on a microbatch of 2 with an untyped IndexError before any worker started.
+    model, _ = reformer()
+    plan = partition(model, 2, token_ids(4))
+    assert plan.route == "export" and plan.verify(token_ids(4, seed=1))
+    with pytest.raises(InputError, match=r"^verify\(\): input 'input_ids' has shape \(2, 16\), but the graph was "):
+        plan.verify(token_ids(2))
+    message = r"^run_pipeline\(num_microbatches=2\)'s microbatch: input 'input_ids' has shape \(2, 16\), but the graph "
+    with pytest.raises(InputError, match=message + "was " + FIXED_BATCH):
+        run_pipeline(plan, token_ids(4), num_microbatches=2)
+
+
 # --- pipelines (processes: kept to two) -------------------------------------------------------------
 
 
@@ -250,6 +269,22 @@ def test_gpt2_two_stage_pipeline_output_matches_the_model() -> None:
     reference = model(ids)
     assert type(out) is type(reference)
     torch.testing.assert_close(out.logits, reference.logits, atol=1e-5, rtol=0)
+
+
+def test_gpt2_pipeline_gradients_are_the_models_tied_head_included() -> None:
+    # GPT-2 ties lm_head.weight to transformer.wte.weight. The exported stages read the tensor
+    # as lm_head.weight in both stages: the gradient came back under the model's second name.
+    model = tiny("gpt2")
+    (ids,) = inputs_for("gpt2", batch=4)
+    target = torch.roll(ids, -1, dims=1)
+    plan = partition(model, 2, ids)
+    uses = plan.stage_parameter_names()
+    assert "lm_head.weight" in uses[0] and "lm_head.weight" in uses[1]  # the tied tensor runs in both stages
+    result = run_pipeline(plan, ids, 2, loss_fn=lm_loss, target=target, timeout=120)
+    lm_loss(model(ids), target).backward()
+    assert list(result.grads) != [] and sorted(result.grads) == sorted(n for n, _ in model.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(result.grads[name], p.grad, atol=1e-5, rtol=0)
 
 
 def test_llama_two_stage_training_step_matches_unsplit_loss_and_gradients(capfd: pytest.CaptureFixture[str]) -> None:

@@ -170,9 +170,12 @@ def trace_exec_order(
 
     Traces symbolically (no data is run) with :class:`~unitscale.fx.ExecOrderTracer`;
     standard ``torch.nn`` modules are leaves. When ``torch.fx`` cannot trace the module (a
-    ``transformers`` model) and ``example_inputs`` are given, the module is captured by
-    :func:`~unitscale.capture.capture` instead and the order read from the capture
-    (:func:`capture_exec_order`).
+    ``transformers`` model) and ``example_inputs`` are given, the module is run once on them
+    and every module call and op recorded (:func:`~unitscale.capture.capture`'s ``"eager"``
+    route), and the order read from that record (:func:`capture_exec_order`): it lists
+    every module that ran. A graph would not: ``torch.export`` records the modules called
+    inside a custom ``torch.autograd.Function`` (Reformer's reversible layers) under the
+    module that applied it, and a module that only returns its input leaves no node.
 
     Args:
         module: the module to trace.
@@ -211,4 +214,4 @@ def trace_exec_order(
                     "torch.export instead (unitscale.capture)."
                 ) from e
             raise
-        return capture_exec_order(capture(module, example_inputs))
+        return capture_exec_order(capture(module, example_inputs, route="eager"))

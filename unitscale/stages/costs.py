@@ -189,9 +189,7 @@ class NodeProfiler(fx.Interpreter):
                 times.append(time.perf_counter() - start)
             self.seconds[n] = statistics.median(times)
         if n.op in COMPUTE_OPS and self.count_flops:
-            with FlopCounterMode(display=False) as counter:
-                result = run_plainly(self, n)
-            self.flops[n] = float(counter.get_total_flops())
+            result = self._counted(n)
         else:
             result = run_plainly(self, n)
         if n.op == "placeholder" and is_constant(result):
@@ -201,6 +199,34 @@ class NodeProfiler(fx.Interpreter):
             n.meta["tensor_meta"] = meta
         n.meta["type"] = type(result)
         return result
+
+    def _counted(self, n: fx.Node) -> Any:
+        """Run ``n`` under :class:`FlopCounterMode`, with grad enabled: the forward that training runs.
+
+        Under ``no_grad`` modules take inference fast paths whose fused ops torch's counter has
+        no formula for (``nn.TransformerEncoderLayer`` in eval mode counts 0 FLOPs, attention on
+        CPU too) or fails on. The autograd graph is kept, as a training forward keeps it, so that
+        each op sees the inputs it sees in training (which need a gradient). Where the counter
+        fails both ways but the node runs without it, that is the counter's failure, not the
+        inputs': a :class:`~unitscale.errors.CostError` says so.
+        """
+        failures = []
+        for grad in (True, False):
+            try:
+                with torch.set_grad_enabled(grad), FlopCounterMode(display=False) as counter:
+                    result = run_plainly(self, n)
+            except Exception as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                continue
+            self.flops[n] = float(counter.get_total_flops())
+            return result
+        result = run_plainly(self, n)  # fails here: the inputs do not fit (run_profiler says so)
+        raise CostError(
+            f"partition(cost='flops'): torch's FlopCounterMode (torch.utils.flop_counter) failed on node {n.name!r} "
+            f"({n.format_node()}) with grad enabled ({failures[0]}) and under no_grad ({failures[1]}), though the "
+            "node runs on these inputs without it; the example inputs are fine. Use cost='params', cost='time' "
+            "or a callable node -> float"
+        )
 
     def propagate(self, *args: Any) -> Any:
         """Run the module on ``args``, recording every node's output metadata (and the output in ``result``)."""
@@ -234,7 +260,9 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
     dynamic batch, every size but the batch). Such a graph can run on other sizes and be
     wrong: OPT's exported graph reshapes its ids with ``view(ids, [-1, 16])``, so ids of shape
     ``(2, 8)`` run as ``(1, 16)``. Only exported placeholders (a ``FakeTensor`` ``val``) are
-    checked; a ``torch.fx`` graph holds no sizes.
+    checked; a ``torch.fx`` graph holds no sizes. A batch size export was asked to leave free
+    but specialised (the model loops in Python over ``range(x.shape[0])``, as Reformer does)
+    counts as fixed.
 
     Args:
         graph: the graph; ``inputs`` are its own (flattened) inputs, in placeholder order.
@@ -261,14 +289,23 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
         val = node.meta.get("val")
         if not isinstance(val, FakeTensor) or not isinstance(value, torch.Tensor):
             continue
-        fixed = [d if isinstance(d, int) else None for d in val.shape]
+        # a size export specialised (a Python loop over ``range(x.shape[0])``) is a SymInt that is a number
+        fixed = [d if isinstance(d, int) else d.node.maybe_as_int() for d in val.shape]
         if value.dim() == len(fixed) and all(f is None or f == g for f, g in zip(fixed, value.shape, strict=True)):
             continue
         shown = "(" + ", ".join("any" if f is None else str(f) for f in fixed) + ("," if len(fixed) == 1 else "") + ")"
+        batch_only = value.dim() == len(fixed) > 0 and fixed[0] is not None and list(value.shape[1:]) == fixed[1:]
+        advice = (
+            "the model fixed its batch size while it was exported (a Python loop over range(x.shape[0]), for one), "
+            "so the stages run only on that many rows; partition with example inputs of the batch size they will "
+            "run on (for run_pipeline, the batch divided by num_microbatches)"
+            if batch_only and fixed[0] != 1
+            else "partition again with example inputs of this shape (the batch size may differ when the captured "
+            "batch was above 1)"
+        )
         raise InputError(
             f"{who}: input {str(node.target)!r} has shape {tuple(value.shape)}, but the graph was captured by "
-            f"torch.export for shape {shown}, whose fixed sizes are baked into the graph; partition again with "
-            "example inputs of this shape (the batch size may differ when the captured batch was above 1)"
+            f"torch.export for shape {shown}, whose fixed sizes are baked into the graph; {advice}"
         )
 
 
@@ -297,6 +334,8 @@ def run_profiler(
         # norm's running statistics, updated on every run, would otherwise differ in eval mode
         with torch.no_grad(), module_state_kept(module, values=True):
             profiler.propagate(*cloned)
+    except CostError:
+        raise
     except Exception as exc:
         node = profiler.current
         where = f"node {node.name!r} ({node.format_node()})" if node is not None else "the first node"

@@ -122,7 +122,9 @@ def run_pipeline(
 
     Returns:
         The output (forward only), or a :class:`PipelineResult` with ``output``,
-        ``loss``, ``grads`` and ``step_time`` when ``loss_fn`` is given.
+        ``loss``, ``grads`` and ``step_time`` when ``loss_fn`` is given: ``grads`` holds one
+        gradient per parameter, keyed as ``model.named_parameters()`` names it (a tied
+        weight once, under its first name) and summed over the stages that use it.
 
     Raises:
         InputError: inputs that are not tensors, have fewer rows than microbatches or
@@ -130,7 +132,9 @@ def run_pipeline(
             batch differs from the inputs'; a ``timeout`` that is not a finite
             number > 0; ``plan`` not a :class:`~unitscale.StagePlan`; a microbatch
             count the schedule cannot use (see :func:`~unitscale.stages.check_schedule`);
-            an input that was a constant (``None``) in the example inputs but is not now.
+            an input that was a constant (``None``) in the example inputs but is not now;
+            an input (or a microbatch of it) whose shape an exported graph fixed otherwise
+            (as :meth:`~unitscale.StagePlan.verify` says).
         StageCountError: a ``stages_per_rank`` that does not divide the stages or fit the schedule.
         UnknownScheduleError: a schedule not named above.
         PipelineError: something unpicklable, a worker that
@@ -195,6 +199,9 @@ def _checked(
     if schedule not in SCHEDULES:
         raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
     _check_args(_sent_inputs(plan, args), num_microbatches)
+    if num_microbatches > 1:  # the stages run on microbatches: the one check verify() makes, on their shape
+        micro = tuple(a[: len(a) // num_microbatches] if isinstance(a, torch.Tensor) and a.dim() else a for a in args)
+        check_input_shapes(plan.graph, micro, f"run_pipeline(num_microbatches={num_microbatches})'s microbatch")
     world = check_schedule(schedule, plan.num_stages, stages_per_rank, num_microbatches, training=loss_fn is not None)
     if (loss_fn is None) != (target is None):
         raise InputError("pass both loss_fn and target for a training step, or neither for a forward pass")
@@ -277,7 +284,8 @@ def _training_result(
     world = len(done)
     grads: dict[str, torch.Tensor] = {}
     for r in range(world):
-        for name, g in done[r]["grads"].items():
+        for stage_name, g in done[r]["grads"].items():
+            name = plan.gradient_key(stage_name)  # tied weights: one key, as in model.named_parameters()
             grads[name] = grads[name] + g if name in grads else g
     per_step = [max(col) for col in zip(*(done[r]["times"] for r in range(world)), strict=True)]
     step_time = statistics.median(per_step)

@@ -292,8 +292,11 @@ class StagePlan:
         route: str = "fx",
         output_spec: TreeSpec | None = None,
         model_name: str | None = None,
+        parameter_names: dict[str, str] | None = None,
     ) -> None:
         self._root = root
+        # every name a parameter of the user's model answers to -> its name in model.named_parameters()
+        self._parameter_names = parameter_names or {}
         self.model_name = model_name or type(root).__name__
         self.route = route
         self.output_spec = output_spec
@@ -344,6 +347,7 @@ class StagePlan:
             self.route,
             self.output_spec,
             self.model_name,
+            self._parameter_names,
         )
         other.chain_costs = self.chain_costs
         return other
@@ -560,6 +564,39 @@ class StagePlan:
                     found.append(str(arg.target))
             stage += [n for n in found if n not in stage]
         return names
+
+    @functools.cached_property
+    def _gradient_keys(self) -> dict[str, str]:
+        """Each name a stage may give a parameter -> the model's name for it (first in ``named_parameters()``).
+
+        Tied weights (an embedding and an output projection sharing one tensor) are one
+        parameter under several names; stages in different processes hold copies under
+        whichever name their nodes read, so their gradients are summed under one key.
+        """
+        aliases: dict[int, list[str]] = {}
+        for name, p in self._root.named_parameters(remove_duplicate=False):
+            aliases.setdefault(id(p), []).append(name)
+        keys: dict[str, str] = {}
+        for names in aliases.values():
+            key = next((self._parameter_names[n] for n in names if n in self._parameter_names), names[0])
+            keys.update(dict.fromkeys(names, key))
+        return keys
+
+    def gradient_key(self, name: str) -> str:
+        """The model's name (as ``model.named_parameters()`` gives it) for a stage's parameter ``name``.
+
+        Tied weights answer to several names; a stage reads the tensor under one of them.
+
+        >>> import torch
+        >>> from torch import nn
+        >>> from unitscale import partition
+        >>> model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+        >>> model[2].weight = model[0].weight
+        >>> plan = partition(model, 2, torch.randn(2, 4))
+        >>> plan.gradient_key("2.weight"), plan.gradient_key("2.bias")
+        ('0.weight', '2.bias')
+        """
+        return self._gradient_keys.get(name, name)
 
     def split_spec(self) -> dict[str, Any]:
         """The ``split_spec`` for :func:`torch.distributed.pipelining.pipeline` that makes the same stages.
@@ -799,7 +836,8 @@ def partition(
         num_stages: number of stages, each non-empty.
         example_inputs: a tensor or a tuple of the model's inputs.
         cost: ``"params"`` (parameter elements each node uses, counted once),
-            ``"flops"`` (:class:`~torch.utils.flop_counter.FlopCounterMode` per node),
+            ``"flops"`` (:class:`~torch.utils.flop_counter.FlopCounterMode` per node, with grad
+            enabled: the forward training runs, not an inference fast path the counter misses),
             ``"time"`` (median of ``repeats`` timings per node), ``"memory"``
             (bytes of each node's output), or a callable ``node -> float``.
         boundary_depth: cut only where the module path truncated to this many
@@ -815,8 +853,9 @@ def partition(
 
     Raises:
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
-        CostError: unknown ``cost`` or ``method``, ``repeats`` not an int >= 1, or a callable
-            returned a negative, NaN or non-number.
+        CostError: unknown ``cost`` or ``method``, ``repeats`` not an int >= 1, a callable
+            returned a negative, NaN or non-number, or torch's FLOP counter failed on a node
+            that runs without it (``cost="flops"``).
         InputError: ``example_inputs`` do not fit the model.
         NoRouteError: neither ``torch.fx`` nor ``torch.export`` can capture the model (a
             :class:`~unitscale.errors.TraceError`); the message gives each route's reason.
@@ -896,4 +935,11 @@ def partition(
         route=route,
         output_spec=_output_spec(graph, profiler.result),
         model_name=name,
+        parameter_names=_parameter_names(module),
     )
+
+
+def _parameter_names(module: nn.Module) -> dict[str, str]:
+    """Every name a parameter of ``module`` answers to -> the first (``module.named_parameters()``'s)."""
+    first: dict[int, str] = {}
+    return {name: first.setdefault(id(p), name) for name, p in module.named_parameters(remove_duplicate=False)}

@@ -30,8 +30,12 @@ class PipelineResult:
     Attributes:
         output: the model output for the whole batch (microbatches concatenated).
         loss: mean of the per-microbatch losses.
-        grads: parameter name (as in the original model) -> gradient, summed over
-            the stages that hold the parameter.
+        grads: one gradient per parameter of the model, keyed as ``model.named_parameters()``
+            names it, summed over the stages that use the parameter. A tied weight (an
+            embedding and an output projection sharing one tensor) is one parameter: it
+            appears once, under its first name, with its whole gradient, the tensor's
+            ``.grad`` after ``loss.backward()`` on the model
+            (:meth:`~unitscale.StagePlan.gradient_key` maps a stage's name for it).
         step_time: seconds per training step, the median over the timed steps of the
             slowest rank's time (each step starts on a barrier).
         stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with

@@ -298,6 +298,14 @@ def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
     return all(isinstance(x, fx.Node) and x in stream and _is_float_node(x) for x in (a, b))
 
 
+def _meet_upstream(a: Any, b: Any, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]) -> bool:
+    """Whether two activations' gradients meet again upstream (they share an op of the stream)."""
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
+        return False
+    shared = ({a} | ancestors.get(a, set())) & ({b} | ancestors.get(b, set())) & stream
+    return any(_is_float_node(n) for n in shared)  # token ids carry no gradient
+
+
 def _is_broadcast_product(node: fx.Node) -> bool:
     """A product of activations where one is broadcast over the other (a squeeze-excitation gate)."""
     out = node.meta.get("example_value")
@@ -507,7 +515,10 @@ class UnitScalePass:
                 continue
             if _is_add(node):
                 if len(node.args) >= 2 and _is_float_node(node.args[0]) and _is_float_node(node.args[1]):
-                    self._retarget(node, U.add, {"constraint": None})
+                    # Unconstrained, a broadcast operand's gradient is scaled apart from the other's:
+                    # only true where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet).
+                    meet = _is_broadcast_product(node) and _meet_upstream(node.args[0], node.args[1], ancestors, stream)
+                    self._retarget(node, U.add, {} if meet else {"constraint": None})
                     done.add(node)
                 continue
             if _is_product_of_activations(node, stream):
@@ -624,7 +635,9 @@ class UnitScalePass:
         if a not in stream or b not in stream:
             return []
         common = ancestors.get(a, set()) & ancestors.get(b, set()) & stream
-        forks = [n for n in node.graph.nodes if n in common]
+        # A node returning a tuple (multi-head attention with its weights, a GRU's output and
+        # state) is no fork: each side reads its own element. The getitem both sides read is.
+        forks = [n for n in node.graph.nodes if n in common and isinstance(n.meta.get("example_value"), torch.Tensor)]
         if not forks or not _is_float_node(forks[-1]):
             return []
         fork = forks[-1]
@@ -641,6 +654,11 @@ class UnitScalePass:
             return []
         body_a = {n for n in ancestors.get(a, set()) | {a} if fork in ancestors.get(n, set())}
         body_b = {n for n in ancestors.get(b, set()) | {b} if fork in ancestors.get(n, set())}
+        inside = body_a | body_b | {fork}
+        if any(p in common and p not in inside for n in inside - {fork} for p in n.all_input_nodes):
+            # a path from upstream reaches a side around the fork (attention weights times
+            # the block's input): a split there would weight only part of that gradient
+            return []
         attention_a = any(_member(_function_of(n), _ATTENTION) for n in body_a)
         attention_b = any(_member(_function_of(n), _ATTENTION) for n in body_b)
         # The branch is the side with attention, else the longer one; the other is the skip.
