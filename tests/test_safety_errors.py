@@ -138,3 +138,16 @@ def test_running_out_of_memory_is_not_blamed_on_the_inputs(call: Any) -> None:
     assert isinstance(info.value, MemoryError) and isinstance(info.value, UnitscaleError)
     assert "Check that" not in str(info.value) and "can't allocate memory" in str(info.value)
     assert "can't allocate memory" in str(info.value.__cause__)
+
+
+def test_running_out_of_memory_while_costing_is_not_blamed_on_the_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture fits, then the per-node profiler runs out: partition says so, as capture does."""
+    from unitscale.stages import costs
+
+    def out_of_memory(self: Any, node: Any) -> Any:
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2**52 bytes")
+
+    monkeypatch.setattr(costs.NodeProfiler, "run_node", out_of_memory)
+    with pytest.raises(OutOfMemoryError, match="costing Sequential ran out of memory.*smaller") as info:
+        us.partition(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)), 2, X)
+    assert "do not fit" not in str(info.value) and "can't allocate memory" in str(info.value.__cause__)

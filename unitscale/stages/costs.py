@@ -28,7 +28,7 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
 from unitscale.capture import capture, normalise_graph
-from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError
+from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError, OutOfMemoryError
 from unitscale.fx.module_state import module_state_kept, pytree_specs_quiet
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
@@ -339,11 +339,21 @@ def run_profiler(
     except Exception as exc:
         node = profiler.current
         where = f"node {node.name!r} ({node.format_node()})" if node is not None else "the first node"
+        _raise_if_out_of_memory(exc, module, where)
         raise InputError(
             f"the example inputs do not fit {type(module).__name__}: running it failed at {where} with "
             f"{type(exc).__name__}: {exc}. Pass inputs with the shapes and dtypes the model expects"
         ) from exc
     return profiler
+
+
+def _raise_if_out_of_memory(exc: Exception, module: nn.Module, where: str) -> None:
+    """Running out of memory is not an input that does not fit: say what it is."""
+    if OutOfMemoryError.caused(exc):
+        raise OutOfMemoryError(
+            f"costing {type(module).__name__} ran out of memory at {where} ({type(exc).__name__}); use smaller "
+            "example inputs (a smaller batch: costs scale with it), free memory, or cost on a device with more"
+        ) from exc
 
 
 class _BackwardTimer(fx.Interpreter):
@@ -420,6 +430,7 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
         with module_state_kept(module, values=True):  # as run_profiler: running stats stay as they were
             timer.run(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
     except Exception as exc:
+        _raise_if_out_of_memory(exc, module, "its backward")
         raise InputError(
             f"the example inputs do not fit {type(module).__name__}: timing its backward failed with "
             f"{type(exc).__name__}: {exc}. Pass the inputs the plan was made with"
