@@ -316,3 +316,37 @@ def test_a_no_grad_block_in_forward_is_kept_or_refused() -> None:
         track_scales(model, x, route="fx")
     with pytest.raises(TraceError, match="switches grad mode off"):
         inline(model)
+
+
+@torch.library.custom_op("unitscale_tests::twice", mutates_args=())
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_twice.register_fake
+def _twice_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_twice.register_autograd(lambda ctx, g: g * 3)  # a backward that is not the forward's derivative
+
+
+class CustomOp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.unitscale_tests.twice(self.fc(x))
+
+
+def test_a_custom_ops_registered_backward_is_kept_by_export_not_refused() -> None:
+    """torch.library custom ops run through a Function torch generates; export keeps the op whole."""
+    torch.manual_seed(0)
+    model, x = CustomOp(), torch.randn(3, 4, requires_grad=True)
+    model(x).backward(torch.ones(3, 4))
+    true = x.grad.std().item()
+    x.grad = None
+    report = track_scales(model, x, torch.ones(3, 4), route="export")
+    (row,) = [r for r in report if r.op == "input"]
+    assert row.backward == pytest.approx(true, rel=1e-5)

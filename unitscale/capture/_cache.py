@@ -117,10 +117,23 @@ def call_state() -> tuple[Any, ...]:
         (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) for device in _AUTOCAST_DEVICES
     )
     module = torch.nn.modules.module
-    hooks = tuple(tuple(getattr(module, name)) for name in _GLOBAL_HOOKS if hasattr(module, name))
+    # the library's own global hooks (the eager recorder's, which another thread may hold while it
+    # records) change no graph: only the user's count
+    hooks = tuple(
+        tuple(key for key, hook in getattr(module, name).items() if not _ours(hook))
+        for name in _GLOBAL_HOOKS
+        if hasattr(module, name)
+    )
     # under torch.compile the inference-mode query is left out: TorchDynamo cannot trace it (a graph break)
     inference = False if torch.compiler.is_compiling() else torch.is_inference_mode_enabled()
     return (torch.is_grad_enabled(), inference, autocast, hooks)
+
+
+def _ours(hook: Any) -> bool:
+    """Whether a global module hook is one unitscale installs for itself."""
+    owner = getattr(hook, "__self__", None)
+    where = getattr(hook, "__module__", None) or type(owner).__module__
+    return str(where).startswith("unitscale.")
 
 
 _AUTOCAST_DEVICES = ("cpu", "cuda")

@@ -101,8 +101,14 @@ def _record(function: Any, caller: Any) -> None:
     calls.append(FunctionCall(function, path, kind, _user_line(caller)))
 
 
+def _kept_by_every_route(cls: Any) -> bool:
+    """A Function torch generates for a ``torch.library`` custom op's registered backward: the op
+    stays one node on every route (fx leaves it whole, export keeps custom ops), backward included."""
+    return str(getattr(cls, "__module__", "")).startswith("torch._library")
+
+
 def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    if _recorders:
+    if _recorders and not _kept_by_every_route(cls):
         _record(cls, sys._getframe(1))
     _applying.depth = getattr(_applying, "depth", 0) + 1
     try:
