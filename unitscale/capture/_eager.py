@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from unitscale.capture._meta import type_name
 from unitscale.capture._where import is_machinery, show_frame
+from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import op_name
 
 __all__ = ["EagerRecord", "OpRecorder", "RecordedOp", "record_eager"]
@@ -137,15 +138,18 @@ class OpRecorder(TorchFunctionMode):
         thread's only (the mode itself is this thread's), so another thread running the same
         model meanwhile changes no path.
         """
-        self._thread = threading.get_ident()
-        pre = register_module_forward_pre_hook(self.enter_module)
-        post = register_module_forward_hook(self.leave_module)
-        try:
-            with self:
-                return self.root(*args, **kwargs)
-        finally:
-            pre.remove()
-            post.remove()
+        # one record at a time: the global hooks are process-wide state, and two records at once
+        # in two threads were measured to mix their rows (tests/test_safety_threads.py)
+        with GLOBAL_STATE_LOCK:
+            self._thread = threading.get_ident()
+            pre = register_module_forward_pre_hook(self.enter_module)
+            post = register_module_forward_hook(self.leave_module)
+            try:
+                with self:
+                    return self.root(*args, **kwargs)
+            finally:
+                pre.remove()
+                post.remove()
 
 
 _PACKAGE = Path(__file__).resolve().parents[1]
