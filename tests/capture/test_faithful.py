@@ -10,30 +10,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
+from tests.capture.test_faithful_zoo import GradTimes100, RoundSTE  # the zoo's Functions, shared
 from unitscale import inline, track_scales, unit_scale
 from unitscale.capture import capture, clear_capture_cache
 from unitscale.errors import NoRouteError, TraceError
 from unitscale.transforms import apply_transform
-
-
-class RoundSTE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[no-untyped-def]
-        return torch.round(x)
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[no-untyped-def]
-        return g
-
-
-class GradTimes100(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[no-untyped-def]
-        return x * 1.0
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[no-untyped-def]
-        return g * 100
 
 
 class Quantise(nn.Module):
