@@ -122,13 +122,18 @@ class OpRecorder(TorchFunctionMode):
     def enter_module(self, module: nn.Module, *_: Any) -> None:
         """A module's forward starts (a global forward pre-hook while :meth:`run` runs)."""
         path = self.paths.get(id(module))
-        if path is not None and threading.get_ident() == self._thread:  # global hooks see every thread
+        # global hooks see every thread; inside a compiled module (TorchDynamo traces this hook,
+        # and cannot trace threading) the call is this thread's
+        if path is not None and (torch.compiler.is_compiling() or threading.get_ident() == self._thread):
             self.stack.append(module)
             self.module_calls.append(path)
 
+    def _mine(self) -> bool:
+        return threading.get_ident() == self._thread
+
     def leave_module(self, module: nn.Module, *_: Any) -> None:
         """A module's forward returned (a global forward hook while :meth:`run` runs)."""
-        if self.stack and self.stack[-1] is module and threading.get_ident() == self._thread:
+        if self.stack and self.stack[-1] is module and (torch.compiler.is_compiling() or self._mine()):
             self.stack.pop()
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
