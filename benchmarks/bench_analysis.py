@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale be
 
 from unitscale.capture import DeepTracing, capture, clear_capture_cache  # noqa: E402
 from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
-from unitscale.tracking import analyse_module, annotated, compiled, stats, track_scales  # noqa: E402
+from unitscale.tracking import analyse_module, annotated, stats, track_scales  # noqa: E402
 
 BATCH, SEQ, WIDTH, LAYERS, HEADS, VOCAB = 8, 128, 256, 4, 4, 512
 
@@ -151,8 +151,7 @@ def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str,
 
 def _forget_captures() -> None:
     """Empty every cache a first call fills: captures (fx traces, exports), parsed code, compiled tracking code."""
-    clear_capture_cache()
-    compiled._compiled.clear()
+    clear_capture_cache()  # a compiled tracking program lives on its capture's graph: gone with it
     annotated._code_lines.cache_clear()
 
 
