@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import unitscale.functional as U
-from tests.scaling.test_functional import SwapToTwins, assert_unit, stds  # one definition of each
+from tests.functional.test_functional import SwapToTwins, assert_unit, stds  # one definition of each
 from unitscale.errors import UnknownConstraintError
 from unitscale.functional import _pooling
 
