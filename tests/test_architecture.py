@@ -9,6 +9,12 @@
    capture pays it``) or on a comment line heading its run of imports.
 4. One name, one thing: no function or class in a package's face hides a module of the same
    name, and the top level holds no example model.
+5. A room imports another room's face (a name in its ``__all__``) or a module that room lends
+   (listed under "What a room lends another" in ARCHITECTURE.md, the name in its ``__all__``).
+6. Only ``capture``'s ``write_origin`` and ``copy_origin`` write a node's origin (``module_path``,
+   ``module_type``, ``source``), and fx's ``ModulePathTracer`` its ``module_path``.
+7. ``tests/<dir>`` mirrors a package, or is one of the folders :data:`TEST_DIRS_APART`.
+8. The top level holds as many names as ARCHITECTURE.md says.
 
 ``python tests/test_architecture.py`` prints what imports what inside the package, one module a
 line: the arrows ARCHITECTURE.md draws, read from the code.
@@ -25,6 +31,7 @@ import ast
 import functools
 import importlib
 import pkgutil
+import re
 import sys
 import types
 from collections.abc import Iterator
@@ -47,6 +54,26 @@ CYCLES_ALLOWED: set[frozenset[str]] = set()
 LOCAL_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
 # package.module where the package's face binds the module's name to a function.
 HIDDEN_MODULES_ALLOWED: set[str] = set()
+# (importer, imported): a name another room imports past its face, from no module it lends.
+# Owner: stages (unitscale.stages, moving into sub-packages): import these from unitscale.capture.toolkit.
+FACE_IMPORTS_MOVING: set[tuple[str, str]] = {
+    ("unitscale.stages.costs", "unitscale.capture.normalise_graph"),
+    ("unitscale.stages.plan", "unitscale.capture.normalise_path"),
+    ("unitscale.stages.plan", "unitscale.capture.stack_entries"),
+}
+# A lent module without an ``__all__`` (its lent names unlisted). Owner: scaling.
+LENT_WITHOUT_ALL: set[str] = {"unitscale.scaling.constant", "unitscale.scaling.softmax_stats"}
+# The modules that write a node's origin keys, or a ``node.meta`` key held in a variable.
+ORIGIN_WRITERS = {
+    "unitscale.capture._meta": "write_origin and copy_origin: the one writer of every route's origin",
+    "unitscale.fx.tracers": "ModulePathTracer writes module_path; TaggingTracer the key its user names",
+}
+# Folders of tests/ that mirror no package, and why.
+TEST_DIRS_APART = {
+    "site": "the site's own tests (pages, build, browser), not the library's",
+    "gpu": "tests that need an accelerator, of every package, run apart",
+}
+ORIGIN_KEYS = {"MODULE_PATH_KEY", "MODULE_TYPE_KEY", "SOURCE_KEY", "module_path", "module_type", "source"}
 
 
 @dataclass(frozen=True)
@@ -322,6 +349,111 @@ def test_the_top_level_holds_no_example_and_reaches_every_part() -> None:
     assert all(isinstance(getattr(unitscale, part, None), types.ModuleType) for part in parts), parts
 
 
+def room_of(module: str) -> str | None:
+    """``capture`` for ``unitscale.capture._meta``; None for the top-level face."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def lent_modules() -> set[str]:
+    """The modules ARCHITECTURE.md lists under "What a room lends another" (``unitscale.fx.nodes``)."""
+    page = (ROOT / "ARCHITECTURE.md").read_text()
+    match = re.search(r"## What a room lends another.*?\n```\n(.*?)```", page, re.S)
+    assert match, "ARCHITECTURE.md has no 'What a room lends another' list"
+    paths = [line.split()[0] for line in match.group(1).splitlines() if line.strip()]
+    return {f"{PACKAGE}." + path.removesuffix(".py").replace("/", ".") for path in paths}
+
+
+def listed(module: str) -> list[str] | None:
+    """A module's ``__all__``, read from its source (None when it has none)."""
+    tree = ast.parse(modules()[module].read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+def imports_past_a_face() -> set[tuple[str, str]]:
+    """(importer, imported) for each import of another room's name that is neither in that room's
+    face (its ``__all__``) nor in the ``__all__`` of a module the room lends."""
+    lent, broken = lent_modules(), set()
+    for imp in all_imports():
+        source, target = room_of(imp.importer), room_of(imp.module)
+        if source is None or target is None or source == target or imp.target in lent:
+            continue
+        name = imp.target.rpartition(".")[2] if imp.target != imp.module else None
+        if imp.module == f"{PACKAGE}.{target}":  # the face
+            if name is not None and name not in (listed(imp.module) or []):
+                broken.add((imp.importer, imp.target))
+        elif imp.module not in lent:
+            broken.add((imp.importer, imp.target))
+        elif name is not None and imp.module not in LENT_WITHOUT_ALL and name not in (listed(imp.module) or []):
+            broken.add((imp.importer, imp.target))
+    return broken
+
+
+def meta_writes() -> set[tuple[str, str]]:
+    """(module, key) for each ``x.meta[key] = ...`` whose key is an origin key (by name or value) or
+    is held in a variable (so may be one): ``key`` as written."""
+    found = set()
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if not (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute)):
+                    continue
+                if target.value.attr != "meta":
+                    continue
+                key = target.slice
+                if isinstance(key, ast.Constant):
+                    written = str(key.value)
+                elif isinstance(key, ast.Name) and key.id.isupper():
+                    written = key.id  # a constant's name: MODULE_PATH_KEY
+                else:
+                    written = ast.unparse(key)  # a variable: any key
+                    found.add((name, written))
+                    continue
+                if written in ORIGIN_KEYS:
+                    found.add((name, written))
+    return found
+
+
+def test_a_room_imports_another_rooms_face_or_a_module_it_lends() -> None:
+    broken = imports_past_a_face()
+    new = sorted(broken - FACE_IMPORTS_MOVING)
+    assert not new, (
+        "import the name from the room's face (its __init__ __all__), or from a module the room lends "
+        "(ARCHITECTURE.md, 'What a room lends another'; the name in its __all__):\n"
+        + "\n".join(f"  {importer} imports {target}" for importer, target in new)
+    )
+    fixed = sorted(FACE_IMPORTS_MOVING - broken)
+    assert not fixed, f"fixed, so remove from FACE_IMPORTS_MOVING: {fixed}"
+    missing = sorted(lent for lent in lent_modules() if lent not in modules())
+    assert not missing, f"ARCHITECTURE.md lends modules that do not exist: {missing}"
+
+
+def test_only_capture_writes_a_nodes_origin() -> None:
+    writers = {module for module, _ in meta_writes()}
+    assert writers <= set(ORIGIN_WRITERS), (
+        "write a node's origin with capture's write_origin, or copy it from the node it stands for with "
+        f"unitscale.capture.toolkit.copy_origin: {sorted(meta_writes())}"
+    )
+
+
+def test_tests_mirror_the_packages() -> None:
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and any(p.glob("test_*.py"))}
+    packages = {name.split(".")[1] for name, path in modules().items() if path.name == "__init__.py" and "." in name}
+    apart = sorted(folders - packages - set(TEST_DIRS_APART))
+    assert not apart, f"tests/<folder> names a package of unitscale (or is listed in TEST_DIRS_APART): {apart}"
+
+
+def test_the_top_level_holds_as_many_names_as_the_page_says() -> None:
+    match = re.search(r"The top level holds (\d+) names", (ROOT / "ARCHITECTURE.md").read_text())
+    assert match, "ARCHITECTURE.md no longer says how many names the top level holds"
+    assert len(unitscale.__all__) == int(match.group(1)), unitscale.__all__
+
+
 # -- the checks check: each rule, on a package made to break it ---------------------------------
 
 
@@ -381,6 +513,23 @@ def test_a_library_imported_late_needs_a_reason_too(tiny_package: Path) -> None:
         "def h():\n    from math import pi  # lazy: the reason on the line\n"
     )
     assert local_imports_without_reason() == {("unitscale.b.user", "json")}
+
+
+def test_an_origin_written_outside_capture_is_found(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/b/user.py").write_text(
+        "def f(node, other, key):\n    node.meta['module_path'] = ''\n    node.meta[SOURCE_KEY] = ''\n"
+        "    node.meta[key] = other.meta[key]\n    node.meta['val'] = 1\n    node.meta[KEPT_KEY] = 1\n"
+    )
+    assert meta_writes() == {("unitscale.b.user", "module_path"), ("unitscale.b.user", "SOURCE_KEY")} | {
+        ("unitscale.b.user", "key")
+    }
+
+
+def test_an_import_past_a_face_is_found(tiny_package: Path) -> None:
+    (tiny_package / "unitscale/a/face.py").write_text("__all__ = ['lent']\nlent = 1\nnot_lent = 2\n")
+    (tiny_package / "unitscale/b/user.py").write_text("from unitscale.a.face import lent, not_lent\n")
+    (tiny_package / "ARCHITECTURE.md").write_text("## What a room lends another\n\n```\na/face.py  x\n```\n")
+    assert imports_past_a_face() == {("unitscale.b.user", "unitscale.a.face.not_lent")}
 
 
 if __name__ == "__main__":  # the arrows, read from the code

@@ -195,7 +195,7 @@ def test_a_function_another_thread_applies_is_not_blamed_on_this_threads_capture
     """The Function watcher records only the capturing thread's calls, as the model's own."""
     import threading
 
-    from unitscale.fx import functions_applied
+    from unitscale.fx.autograd_functions import functions_applied
 
     class Twice(torch.autograd.Function):
         @staticmethod

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from unitscale.capture import capture, dynamo_graph
+from unitscale.capture import capture
+from unitscale.capture.toolkit import dynamo_graph
 from unitscale.errors import CaptureError, InputError
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.fx.nodes import MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from tests.real_models import bart, gpt2, llama, mistral, qwen2
-from unitscale.capture import capture, dynamo_graph, no_kv_cache
+from unitscale.capture import capture, no_kv_cache
+from unitscale.capture.toolkit import dynamo_graph
 from unitscale.errors import KVCacheError
 
 

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from unitscale.capture import normalise_path
 from unitscale.capture._meta import type_name
 from unitscale.capture._where import innermost_frame
+from unitscale.capture.toolkit import normalise_path
 
 _name = st.from_regex(r"[a-z][a-z_]{0,6}", fullmatch=True) | st.integers(0, 30).map(str)
 

@@ -7,7 +7,8 @@ import torch
 from torch import fx, nn
 
 from tests.real_models import bart, gpt2, llama
-from unitscale.capture import capture, normalise_graph, stack_entries
+from unitscale.capture import capture
+from unitscale.capture.toolkit import normalise_graph, stack_entries
 from unitscale.examples.models import MLP
 
 

@@ -107,7 +107,7 @@ def call_state() -> tuple[Any, ...]:
     under autocast holds its casts. So each is part of a capture's key.
 
     >>> import torch
-    >>> from unitscale.capture._cache import call_state
+    >>> from unitscale.capture.toolkit import call_state
     >>> with torch.no_grad():
     ...     quiet = call_state()
     >>> quiet == call_state()

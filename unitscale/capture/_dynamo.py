@@ -68,7 +68,7 @@ def no_torch_function_modes() -> Iterator[None]:
 
     >>> import torch
     >>> from torch.overrides import TorchFunctionMode
-    >>> from unitscale.capture import no_torch_function_modes
+    >>> from unitscale.capture.toolkit import no_torch_function_modes
     >>> with TorchFunctionMode():
     ...     with no_torch_function_modes():
     ...         inside = torch._C._len_torch_function_stack()
@@ -122,7 +122,7 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             (:func:`~unitscale.capture.no_kv_cache`, applied here).
 
     >>> import torch
-    >>> from unitscale.capture import dynamo_graph
+    >>> from unitscale.capture.toolkit import dynamo_graph
     >>> x = torch.randn(2, 3)
     >>> captured = dynamo_graph(torch.nn.Sequential(torch.nn.Linear(3, 3)), (x,), {})
     >>> nodes = list(captured.graph_module.graph.nodes)

@@ -63,7 +63,7 @@ class OpRecorder(TorchFunctionMode):
         stack: the modules of the root whose ``forward`` is running, innermost last.
 
     >>> import torch
-    >>> from unitscale.capture import OpRecorder
+    >>> from unitscale.capture.toolkit import OpRecorder
     >>> class Shapes(OpRecorder):
     ...     def record(self, name, op, func, args, kwargs, out):
     ...         print(name, op, repr(self.module_path), tuple(out.shape))

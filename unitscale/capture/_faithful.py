@@ -9,7 +9,7 @@ backward) gets gradient 0. ``torch.export`` also runs the body of a reentrant
 ``torch.utils.checkpoint`` under ``no_grad``, so no gradient flows through it. And
 ``torch.fx`` traces the root's ``forward`` directly, so hooks on the root never run.
 
-:func:`unitscale.fx.functions_applied` sees every ``Function.apply`` while a route traces;
+``unitscale.fx.autograd_functions.functions_applied`` sees every ``Function.apply`` while a route traces;
 :func:`refuse_lost_functions` and :func:`refuse_root_hooks` raise
 :class:`~unitscale.errors.LostBehaviourError`, which is the route's reason:
 ``route="auto"`` moves on to a route that keeps the behaviour (TorchDynamo keeps

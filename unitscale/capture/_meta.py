@@ -30,7 +30,7 @@ from torch import fx, nn
 from unitscale.capture._where import innermost_frame
 from unitscale.fx.nodes import MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY
 
-__all__ = ["Origin", "normalise_path", "type_name", "node_origin", "write_origin", "stack_entries"]
+__all__ = ["Origin", "normalise_path", "type_name", "node_origin", "write_origin", "copy_origin", "stack_entries"]
 
 
 class Origin(NamedTuple):
@@ -54,7 +54,7 @@ _ITEM = re.compile(r"\[['\"]?(\w+)['\"]?\]")
 def normalise_path(path: str) -> str:
     """A module path as a qualified name, whichever route spelt it.
 
-    >>> from unitscale.capture import normalise_path
+    >>> from unitscale.capture.toolkit import normalise_path
     >>> normalise_path("L['self'].model.layers[0].self_attn")
     'model.layers.0.self_attn'
     >>> normalise_path("getattr(L['self'].model.layers, '1')._modules['mlp']")
@@ -89,7 +89,8 @@ def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
     without a module (``_empty_nn_module_stack_from_metadata_hook``) is left out too.
 
     >>> import torch
-    >>> from unitscale.capture import capture, stack_entries
+    >>> from unitscale.capture import capture
+    >>> from unitscale.capture.toolkit import stack_entries
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     >>> cap = capture(model, torch.randn(1, 2), route="export")
     >>> [stack_entries(n) for n in cap.nodes(compute_only=True)]
@@ -159,6 +160,32 @@ def write_origin(node: fx.Node, origin: Origin) -> None:
     node.meta[SOURCE_KEY] = origin.source
 
 
+#: What says where a node came from: the normalised origin and the route's own spelling of it.
+_ORIGIN_KEYS = (MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY, "nn_module_stack", "stack_trace")
+
+
+def copy_origin(node: fx.Node, like: fx.Node) -> None:
+    """Give ``node``, made by a rewrite, the origin of ``like``, the node it stands for.
+
+    The keys that say where a node came from (``module_path``, ``module_type``, ``source``,
+    and the route's ``nn_module_stack`` and ``stack_trace``), those ``like`` has.
+
+    >>> import torch
+    >>> from unitscale.capture import capture
+    >>> from unitscale.capture.toolkit import copy_origin
+    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2), flat=True)
+    >>> linear = next(iter(cap.nodes(compute_only=True)))
+    >>> with cap.graph_module.graph.inserting_after(linear):
+    ...     scaled = cap.graph_module.graph.call_function(torch.mul, (linear, 0.5))
+    >>> copy_origin(scaled, linear)
+    >>> scaled.meta["module_path"], scaled.meta["module_type"]
+    ('0', 'torch.nn.modules.linear.Linear')
+    """
+    for key in _ORIGIN_KEYS:
+        if key in like.meta:
+            node.meta[key] = like.meta[key]
+
+
 def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
     """Write the normalised origin onto every node of ``gm`` (the output node: the root).
 
@@ -167,7 +194,7 @@ def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
     ``""``), read from whatever the route left (see the module docstring).
 
     >>> import torch
-    >>> from unitscale.capture import normalise_graph
+    >>> from unitscale.capture.toolkit import normalise_graph
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     >>> gm = torch.export.export(model, (torch.randn(1, 2),)).module()
     >>> normalise_graph(gm, model)

@@ -14,7 +14,7 @@ Hook map (``*`` overridden here; the whole tree is in :mod:`unitscale.fx.tracers
 
     trace() *                      DeepCaptureTracer: string annotations resolved after
     +-- is_leaf_module() *         FlatCaptureTracer: never; DeepCaptureTracer: DeepTracer's rule
-    +-- create_node() *            module_path, module_type and source written on each node
+    +-- record_origin() *          module_path, module_type and source written on each node
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import typing
 from typing import Any
 
 from torch import fx, nn
-from torch.fx.node import Argument, Target
 
 from unitscale.capture._meta import Origin, type_name, write_origin
 from unitscale.capture._where import show_frame, user_code_frame
-from unitscale.fx.tracers import DeepTracer, ModulePathTracer
+from unitscale.fx import DeepTracer, ModulePathTracer
 
 __all__ = ["CaptureTracer", "DeepCaptureTracer", "FlatCaptureTracer"]
 
@@ -49,16 +48,9 @@ class CaptureTracer(ModulePathTracer):
         self._types: dict[str, str] = {}
         return super().trace(root, concrete_args)
 
-    def create_node(
-        self,
-        kind: str,
-        target: Target,
-        args: tuple[Argument, ...],
-        kwargs: dict[str, Argument],
-        name: str | None = None,
-        type_expr: Any | None = None,
-    ) -> fx.Node:
-        node = super().create_node(kind, target, args, kwargs, name, type_expr)
+    def record_origin(self, node: fx.Node) -> None:
+        super().record_origin(node)
+        kind = node.op
         source = ""
         frame = user_code_frame(sys._getframe(1)) if kind != "output" and self.record_sources else None
         if frame is not None:
@@ -70,7 +62,6 @@ class CaptureTracer(ModulePathTracer):
         if module_type is None:
             module_type = self._types[path] = type_name(type(self.root.get_submodule(path)))
         write_origin(node, Origin(path, module_type, source))
-        return node
 
 
 class FlatCaptureTracer(CaptureTracer):

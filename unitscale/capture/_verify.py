@@ -62,7 +62,8 @@ def flat_graph_inputs(
     ``(args, kwargs)``; an fx graph takes ``forward``'s parameters, defaults filled in.
 
     >>> import torch
-    >>> from unitscale.capture import capture, flat_graph_inputs
+    >>> from unitscale.capture import capture
+    >>> from unitscale.capture.toolkit import flat_graph_inputs
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     >>> x = torch.randn(1, 2)
     >>> gm = capture(model, x, route="export").graph_module

@@ -15,8 +15,8 @@ from torch import fx, nn
 from unitscale.capture._capture import Capture, capture
 from unitscale.capture._meta import stack_entries
 from unitscale.errors import NotAModuleError, TraceError
+from unitscale.fx import ExecOrder, ParamUsageInfo, fx_exec_order
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
-from unitscale.fx.tracers import ExecOrder, ParamUsageInfo, fx_exec_order
 
 __all__ = ["capture_exec_order", "module_paths", "trace_exec_order"]
 

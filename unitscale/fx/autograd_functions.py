@@ -147,7 +147,7 @@ def functions_applied(root: nn.Module, grad_switches: bool = False) -> Iterator[
     ``function`` is ``torch.no_grad``: a symbolic trace records no grad mode.
 
     >>> import torch
-    >>> from unitscale.fx import functions_applied
+    >>> from unitscale.fx.autograd_functions import functions_applied
     >>> class Twice(torch.autograd.Function):
     ...     @staticmethod
     ...     def forward(ctx, x): return x * 2

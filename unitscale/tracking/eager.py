@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from unitscale.capture import OpRecorder
+from unitscale.capture.toolkit import OpRecorder
 from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, in_place_name, op_name
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord
@@ -351,7 +351,7 @@ _SAME_OBJECT_OPS = frozenset(
 class ScaleRecorder(OpRecorder):
     """The eager route of scale tracking: records every floating-point tensor an op returns.
 
-    Overrides :meth:`~unitscale.capture.OpRecorder.record` of capture's one op recorder
+    Overrides ``OpRecorder.record`` (``unitscale.capture.toolkit``) of capture's one op recorder
     (which names each call and knows the module it ran in): a float output becomes a row
     with its statistics and a gradient hook, as a graph node's output does under
     :class:`~unitscale.tracking.ScaleTrackingInterpreter`. An op returning several

@@ -20,13 +20,11 @@ import torch
 from torch import fx
 
 import unitscale.functional as U
+from unitscale.capture.toolkit import copy_origin
 from unitscale.errors import ReplaceMapError
 from unitscale.fx.nodes import (
-    MODULE_PATH_KEY,
-    MODULE_TYPE_KEY,
     SCALE_NEUTRAL_FUNCTIONS,
     SCALE_NEUTRAL_METHODS,
-    SOURCE_KEY,
     VIEW_ATTRIBUTES,
 )
 from unitscale.transforms.aten import ATEN_NEUTRAL
@@ -236,9 +234,7 @@ def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, lik
     """Insert ``fn(*args)`` after ``where``, attributed to the module ``like`` came from."""
     with where.graph.inserting_after(where):
         node = where.graph.create_node("call_function", fn, args, {}, name=name)
-    for key in ("nn_module_stack", "stack_trace", MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY):
-        if key in like.meta:
-            node.meta[key] = like.meta[key]
+    copy_origin(node, like)
     node.meta["example_value"] = value
     return node
 

@@ -5,7 +5,7 @@ new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule`.
 graph comes from the capture layer (:mod:`unitscale.capture`), in one of two ways:
 
 - **lazily** (no example inputs): on the first call with a new input signature,
-  :func:`unitscale.capture.dynamo_graph` captures the call with TorchDynamo
+  ``unitscale.capture.toolkit.dynamo_graph`` captures the call with TorchDynamo
   (``fullgraph=True``, static shapes), and the transforms run over that graph;
 - **eagerly** (``example_inputs=``): :func:`unitscale.capture.capture` tries its graph
   routes (``fx`` flat, ``torch.export`` with a free batch dimension, strict export,
@@ -41,11 +41,11 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from unitscale.capture import (
+from unitscale.capture import capture
+from unitscale.capture.toolkit import (
     GRAPH_ROUTE_NAMES,
     DynamoGraph,
     call_state,
-    capture,
     dynamo_graph,
     flat_graph_inputs,
     hook_key,
@@ -439,7 +439,7 @@ def _modes(module: nn.Module) -> tuple[Any, ...]:
 
     One flag would not do: ``model.train(); model.bn.eval()`` (batch norm frozen) is a mode
     of its own, whose graph normalises with the running statistics. Grad mode, inference
-    mode and autocast change the graph too (:func:`unitscale.capture.call_state`): a
+    mode and autocast change the graph too (``unitscale.capture.toolkit.call_state``): a
     graph captured under ``no_grad`` inlines a custom ``autograd.Function``'s forward and
     takes ``nn.TransformerEncoder``'s fast path, which has no derivative.
     """
