@@ -27,9 +27,9 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.overrides import TorchFunctionMode
 
 from unitscale.capture._meta import type_name
-from unitscale.capture._where import is_machinery, show_frame
 from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import op_name
+from unitscale.fx.trace_errors import user_line
 
 __all__ = ["EagerRecord", "OpRecorder", "RecordedOp", "record_eager"]
 
@@ -247,12 +247,7 @@ class EagerRecord:
 
 
 def _source() -> str:
-    frame = sys._getframe(2)
-    while frame is not None:
-        if not is_machinery(frame.f_code.co_filename, skip_unitscale=True):
-            return show_frame(frame.f_code.co_filename, frame.f_lineno)
-        frame = frame.f_back  # type: ignore[assignment]
-    return ""
+    return user_line(sys._getframe(2))
 
 
 class _OpList(OpRecorder):

@@ -26,8 +26,8 @@ from typing import Any
 from torch import fx, nn
 
 from unitscale.capture._meta import Origin, type_name, write_origin
-from unitscale.capture._where import show_frame, user_code_frame
 from unitscale.fx import DeepTracer, ModulePathTracer
+from unitscale.fx.trace_errors import show_frame, user_code_frame
 
 __all__ = ["CaptureTracer", "DeepCaptureTracer", "FlatCaptureTracer"]
 
@@ -50,14 +50,13 @@ class CaptureTracer(ModulePathTracer):
 
     def record_origin(self, node: fx.Node) -> None:
         super().record_origin(node)
-        kind = node.op
-        source = ""
-        frame = user_code_frame(sys._getframe(1)) if kind != "output" and self.record_sources else None
+        source, output = "", node.op == "output"
+        frame = user_code_frame(sys._getframe(1)) if not output and self.record_sources else None
         if frame is not None:
             code = frame.f_code
             node.meta["stack_trace"] = f'File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}'
             source = show_frame(code.co_filename, frame.f_lineno)
-        path = self.current_module_path if kind != "output" else ""  # the output: the root's
+        path = "" if output else self.current_module_path  # the output: the root's
         module_type = self._types.get(path)
         if module_type is None:
             module_type = self._types[path] = type_name(type(self.root.get_submodule(path)))

@@ -1,57 +1,20 @@
-"""Where a failure or a node came from: the innermost frame outside torch, as ``file:line``.
+"""Where a failure or a node came from, as ``file:line``: a route's reason, a node's ``source``.
 
-One home for reading frames, so a route's failure reason and a node's ``source`` are
-written the same way. Frames inside torch (and inside unitscale's own machinery, for
-failures) say nothing to the user; the innermost other frame is the line they can change.
+Frames are read by :mod:`unitscale.fx.trace_errors`, the one home for that (fx's trace
+errors, the Function watcher and the capture routes share it): the innermost frame outside
+torch and unitscale's own machinery is the line the user can change.
 """
 
 from __future__ import annotations
 
 import re
-import traceback
-import types
 from collections.abc import Callable
-from pathlib import Path
 
-from unitscale.fx.trace_errors import exception_chain
+from unitscale.fx.trace_errors import exception_chain, is_machinery, show_frame, user_frame
 
-__all__ = ["exception_summary", "failure_frame", "innermost_frame", "is_machinery", "show_frame", "user_code_frame"]
+__all__ = ["exception_summary", "failure_frame", "innermost_frame"]
 
-_TORCH = ("/torch/",)
-_UNITSCALE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
-_EXAMPLES = _UNITSCALE + "examples/"
 _FRAME = re.compile(r'File "([^"]+)", line (-?\d+)')
-
-
-def is_machinery(filename: str, skip_unitscale: bool) -> bool:
-    name = filename.replace("\\", "/")
-    if any(part in name for part in _TORCH):
-        return True
-    # The reference models in unitscale.examples are user code as far as a reader is concerned.
-    return skip_unitscale and name.startswith(_UNITSCALE) and not name.startswith(_EXAMPLES)
-
-
-_machinery: dict[str, bool] = {}
-
-
-def user_code_frame(frame: types.FrameType | None) -> types.FrameType | None:
-    """The innermost frame at or above ``frame`` that is neither torch's nor unitscale's machinery."""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        inside = _machinery.get(name)
-        if inside is None:
-            inside = _machinery[name] = is_machinery(name, skip_unitscale=True)
-        if not inside:
-            return frame
-        frame = frame.f_back
-    return None
-
-
-def show_frame(filename: str, line: int) -> str:
-    # A notebook cell's "file" is a temporary name that tells the reader nothing.
-    if "ipykernel_" in filename or filename.startswith("<"):
-        return f"line {line} of a notebook cell"
-    return f"{filename}:{line}"
 
 
 def innermost_frame(stack_trace: str | None) -> str:
@@ -68,7 +31,7 @@ def innermost_frame(stack_trace: str | None) -> str:
     frames = [(f, int(n)) for f, n in _FRAME.findall(stack_trace or "") if int(n) > 0]
     if not frames:
         return ""
-    outside = [f for f in frames if not is_machinery(f[0], skip_unitscale=True)]
+    outside = [f for f in frames if not is_machinery(f[0])]
     return show_frame(*(outside or frames)[-1])
 
 
@@ -79,14 +42,11 @@ def failure_frame(exc: BaseException) -> str:
     then at ``File "...", line N`` lines in their messages: TorchDynamo runs the user's
     code as bytecode, so its errors name the user's line only in the message.
     """
-    chain = exception_chain(exc)
-    for e in reversed(chain):
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if not is_machinery(f.filename, True)]
-        if frames:
-            f = frames[-1]
-            return f"{show_frame(f.filename, f.lineno or 0)} (`{(f.line or '').strip()}`)"
-    for e in chain:
-        found = [(f, int(n)) for f, n in _FRAME.findall(str(e)) if not is_machinery(f, True) and int(n) > 0]
+    where = user_frame(exc)
+    if where != "an unknown line":
+        return where
+    for e in exception_chain(exc):
+        found = [(f, int(n)) for f, n in _FRAME.findall(str(e)) if not is_machinery(f) and int(n) > 0]
         if found:
             return show_frame(*found[-1])
     return "an unknown line"

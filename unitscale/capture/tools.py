@@ -15,7 +15,8 @@ from torch import fx, nn
 from unitscale.capture._capture import Capture, capture
 from unitscale.capture._meta import stack_entries
 from unitscale.errors import NotAModuleError, TraceError
-from unitscale.fx import ExecOrder, ParamUsageInfo, fx_exec_order
+from unitscale.fx import ExecOrder, fx_exec_order
+from unitscale.fx.exec_order import ExecOrderBuilder
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 
 __all__ = ["capture_exec_order", "module_paths", "trace_exec_order"]
@@ -43,37 +44,6 @@ def module_paths(cap: Capture) -> dict[str, str]:
     return {n.name: n.meta[MODULE_PATH_KEY] for n in cap.graph_module.graph.nodes if n.op != "output"}
 
 
-class _OrderBuilder:
-    """Builds an :class:`ExecOrder` from module entries and parameter uses seen in order."""
-
-    def __init__(self, root: nn.Module) -> None:
-        self.root = root
-        self.order = ExecOrder([root], [], {root: []}, root)
-        self.modules = dict(root.named_modules(remove_duplicate=False))
-        self.seen: set[int] = set()
-
-    def enter(self, path: str, parent_path: str) -> None:
-        module = self.modules.get(path)
-        if module is None:
-            return
-        parent = self.modules.get(parent_path, self.root)
-        self.order.module_forward_order.append(module)
-        named = list(module.named_parameters())
-        if named:
-            self.order.module_to_param_usage_infos.setdefault(parent, []).append(ParamUsageInfo(module, named))
-        self.order.module_to_param_usage_infos[module] = []
-
-    def use(self, path: str, named_params: list[tuple[str, nn.Parameter]]) -> None:
-        if not named_params:
-            return
-        module = self.modules.get(path, self.root)
-        self.order.module_to_param_usage_infos.setdefault(module, []).append(ParamUsageInfo(module, named_params))
-        for _, p in named_params:
-            if id(p) not in self.seen:
-                self.seen.add(id(p))
-                self.order.param_forward_order.append(p)
-
-
 def _graph_params(gm: fx.GraphModule, root: nn.Module) -> dict[str, tuple[str, nn.Parameter]]:
     """``get_attr target -> (name in root, parameter of root)`` for the graph's parameter reads."""
     by_id = {id(p): (name, p) for name, p in root.named_parameters(remove_duplicate=False)}
@@ -96,7 +66,7 @@ def _graph_params(gm: fx.GraphModule, root: nn.Module) -> dict[str, tuple[str, n
 
 
 def _graph_exec_order(cap: Capture, gm: fx.GraphModule) -> ExecOrder:
-    builder = _OrderBuilder(cap.module)
+    builder, modules = ExecOrderBuilder(cap.module), dict(cap.module.named_modules(remove_duplicate=False))
     params = _graph_params(gm, cap.module)
     open_calls: list[tuple[str, str]] = []  # (stack key, path) of the modules the last node ran in
     for node in gm.graph.nodes:
@@ -107,15 +77,16 @@ def _graph_exec_order(cap: Capture, gm: fx.GraphModule) -> ExecOrder:
         while common < min(len(entries), len(open_calls)) and entries[common] == open_calls[common]:
             common += 1
         for i in range(common, len(entries)):
-            builder.enter(entries[i][1], entries[i - 1][1] if i else "")
+            if entries[i][1] in modules:
+                builder.enter(modules[entries[i][1]], modules.get(entries[i - 1][1] if i else "", cap.module))
         open_calls = entries
         used = [params[str(a.target)] for a in node.all_input_nodes if a.op == "get_attr" and str(a.target) in params]
-        builder.use(str(node.meta.get(MODULE_PATH_KEY, "")), used)
+        builder.use(modules.get(str(node.meta.get(MODULE_PATH_KEY, "")), cap.module), used)
     return builder.order
 
 
 def _eager_exec_order(cap: Capture) -> ExecOrder:
-    builder = _OrderBuilder(cap.module)
+    builder, modules = ExecOrderBuilder(cap.module), dict(cap.module.named_modules(remove_duplicate=False))
     params = dict(cap.module.named_parameters(remove_duplicate=False))
     calls = iter(cap.module_calls[1:])  # the first call is the root's
     stack: list[str] = []
@@ -123,10 +94,12 @@ def _eager_exec_order(cap: Capture) -> ExecOrder:
         # A path's parent is the nearest open call that is its prefix.
         while stack and not path.startswith(stack[-1] + "."):
             stack.pop()
-        builder.enter(path, stack[-1] if stack else "")
+        if path in modules:
+            builder.enter(modules[path], modules.get(stack[-1] if stack else "", cap.module))
         stack.append(path)
     for op in cap.ops:
-        builder.use(op.module_path, [(name, params[name]) for name in op.params if name in params])
+        used = [(name, params[name]) for name in op.params if name in params]
+        builder.use(modules.get(op.module_path, cap.module), used)
     return builder.order
 
 

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from unitscale.fx.trace_errors import user_line
+
 __all__ = ["FunctionCall", "functions_applied"]
 
 
@@ -45,19 +47,6 @@ class FunctionCall:
 
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
-_EXAMPLES = _PACKAGE + "examples/"
-
-
-def _user_line(frame: Any) -> str:
-    """``file:line`` of the innermost frame outside torch and unitscale (its examples count as user code)."""
-    while frame is not None:
-        name = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/" not in name and (not name.startswith(_PACKAGE) or name.startswith(_EXAMPLES)):
-            if "ipykernel_" in name or name.startswith("<"):
-                return f"line {frame.f_lineno} of a notebook cell"
-            return f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return ""
 
 
 _lock = threading.RLock()
@@ -98,7 +87,7 @@ def _record(function: Any, caller: Any) -> None:
         return
     root, paths, calls = found
     path, kind = _module_of(caller, paths, root)
-    calls.append(FunctionCall(function, path, kind, _user_line(caller)))
+    calls.append(FunctionCall(function, path, kind, user_line(caller)))
 
 
 def _kept_by_every_route(cls: Any) -> bool:

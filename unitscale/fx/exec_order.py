@@ -1,9 +1,5 @@
-"""Execution order by symbolic tracing: which modules run, in what order, and which parameters they use.
-
-:class:`ExecOrderTracer` records it as it traces (a tracer among the others of
-:mod:`unitscale.fx.tracers`, so it composes with them); :func:`fx_exec_order` traces a module
-with it; :class:`ExecOrder` is the result. :func:`unitscale.capture.trace_exec_order` falls
-back to a capture of the model when ``torch.fx`` cannot trace it.
+"""Execution order by symbolic tracing: :class:`ExecOrderTracer` (a tracer of the family in
+:mod:`unitscale.fx.tracers`), its result :class:`ExecOrder`, and :func:`fx_exec_order`.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from torch.fx.node import Target
 from unitscale.errors import NotAModuleError
 from unitscale.fx.tracers import _Tracer
 
-__all__ = ["ExecOrderTracer", "ExecOrder", "ParamUsageInfo", "fx_exec_order"]
+__all__ = ["ExecOrderTracer", "ExecOrder", "ExecOrderBuilder", "ParamUsageInfo", "fx_exec_order"]
 
 
 class ParamUsageInfo(NamedTuple):
@@ -82,6 +78,45 @@ class ExecOrder:
         )
 
 
+class ExecOrderBuilder:
+    """Builds an :class:`ExecOrder` from module calls and parameter uses, seen in execution order.
+
+    :class:`ExecOrderTracer` feeds it as it traces; :func:`unitscale.capture.capture_exec_order`
+    from a capture's graph or eager record.
+
+    >>> from torch import nn
+    >>> from unitscale.fx.exec_order import ExecOrderBuilder
+    >>> model = nn.Sequential(nn.Linear(2, 2))
+    >>> builder = ExecOrderBuilder(model)
+    >>> builder.enter(model[0], model)
+    >>> builder.use(model[0], list(model[0].named_parameters()))
+    >>> builder.order
+    ExecOrder(2 module calls, 2 parameters: 0.weight, 0.bias)
+    """
+
+    def __init__(self, root: nn.Module | None) -> None:
+        self.order = ExecOrder([], [], {}) if root is None else ExecOrder([root], [], {root: []}, root)
+        self._seen: set[int] = set()
+
+    def enter(self, module: nn.Module, parent: nn.Module) -> None:
+        """``module``'s forward starts, called from ``parent``'s."""
+        self.order.module_forward_order.append(module)
+        named = list(module.named_parameters())
+        if named:
+            self.order.module_to_param_usage_infos.setdefault(parent, []).append(ParamUsageInfo(module, named))
+        self.order.module_to_param_usage_infos[module] = []
+
+    def use(self, module: nn.Module, named_params: list[tuple[str, nn.Parameter]]) -> None:
+        """``module`` ran an op on these parameters (nothing when there are none)."""
+        if not named_params:
+            return
+        self.order.module_to_param_usage_infos.setdefault(module, []).append(ParamUsageInfo(module, named_params))
+        for _, p in named_params:
+            if id(p) not in self._seen:
+                self._seen.add(id(p))
+                self.order.param_forward_order.append(p)
+
+
 class ExecOrderTracer(_Tracer):
     """Records module forward order, parameter first-use order and parameter-usage groups.
 
@@ -116,9 +151,9 @@ class ExecOrderTracer(_Tracer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.exec_order = ExecOrder([], [], {})
+        self._builder = ExecOrderBuilder(None)
+        self.exec_order = self._builder.order
         self._current_module: nn.Module | None = None
-        self._visited: set[int] = set()
         self._fqn_to_param: dict[str, nn.Parameter] = {}
 
     def trace(self, root: nn.Module | Callable[..., Any], concrete_args: dict[str, Any] | None = None) -> fx.Graph:
@@ -127,26 +162,16 @@ class ExecOrderTracer(_Tracer):
                 f"ExecOrderTracer.trace got {type(root).__name__} {root!r:.60}; execution order is defined "
                 "for an nn.Module (wrap a function in a module)"
             )
-        self.exec_order = ExecOrder([root], [], {root: []}, root)
+        self._builder = ExecOrderBuilder(root)
+        self.exec_order = self._builder.order
         self._current_module = root
-        self._visited = set()
         self._fqn_to_param = dict(root.named_parameters())
         return super().trace(root, concrete_args)
 
-    def _first_use(self, param: nn.Parameter) -> None:
-        if id(param) not in self._visited:
-            self._visited.add(id(param))
-            self.exec_order.param_forward_order.append(param)
-
     def call_module(self, m: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        order = self.exec_order
-        order.module_forward_order.append(m)
-        named_params = list(m.named_parameters())
         outer = self._current_module
-        if named_params and outer is not None:
-            order.module_to_param_usage_infos[outer].append(ParamUsageInfo(m, named_params))
+        self._builder.enter(m, outer if outer is not None else m)
         self._current_module = m
-        order.module_to_param_usage_infos[m] = []
         try:
             return super().call_module(m, *args, **kwargs)
         finally:
@@ -166,22 +191,13 @@ class ExecOrderTracer(_Tracer):
         current = self._current_module
         if current is None:
             return proxy
-        usages = self.exec_order.module_to_param_usage_infos[current]
         if kind in ("call_function", "call_method"):
-            named_params = []
-            for arg in (*(args or ()), *(kwargs or {}).values()):
-                if isinstance(arg, fx.Proxy) and arg.node.op == "get_attr" and arg.node.target in self._fqn_to_param:
-                    param = self._fqn_to_param[str(arg.node.target)]
-                    named_params.append((str(arg.node.target), param))
-                    self._first_use(param)
-            if named_params:
-                usages.append(ParamUsageInfo(current, named_params))
+            params = self._fqn_to_param
+            reads = [a.node for a in (*(args or ()), *(kwargs or {}).values()) if isinstance(a, fx.Proxy)]
+            names = [str(n.target) for n in reads if n.op == "get_attr" and n.target in params]
+            self._builder.use(current, [(name, params[name]) for name in names])
         elif kind == "call_module":
-            named_params = list(current.named_parameters())
-            if named_params:
-                usages.append(ParamUsageInfo(current, named_params))
-            for _, param in named_params:
-                self._first_use(param)
+            self._builder.use(current, list(current.named_parameters()))
         return proxy
 
 

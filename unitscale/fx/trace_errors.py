@@ -22,10 +22,24 @@ TraceError torch.fx could not trace Branchy at line
 from __future__ import annotations
 
 import traceback
+import types
+from pathlib import Path
 
 from unitscale.errors import TraceError
 
-__all__ = ["exception_chain", "user_frame", "describe_failure", "trace_error"]
+__all__ = [
+    "exception_chain",
+    "is_machinery",
+    "user_code_frame",
+    "show_frame",
+    "user_line",
+    "user_frame",
+    "describe_failure",
+    "trace_error",
+]
+
+_UNITSCALE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
+_EXAMPLES = _UNITSCALE + "examples/"
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -47,12 +61,52 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
+def is_machinery(filename: str) -> bool:
+    """Whether a frame of this file is torch's or unitscale's (its example models count as the user's)."""
+    name = filename.replace("\\", "/")
+    return "/torch/" in name or (name.startswith(_UNITSCALE) and not name.startswith(_EXAMPLES))
+
+
+_machinery: dict[str, bool] = {}
+
+
+def user_code_frame(frame: types.FrameType | None) -> types.FrameType | None:
+    """The innermost frame at or above ``frame`` that is not :func:`is_machinery`'s."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        inside = _machinery.get(name)
+        if inside is None:
+            inside = _machinery[name] = is_machinery(name)
+        if not inside:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def show_frame(filename: str, line: int) -> str:
+    """``file:line``; a notebook cell's "file" is a temporary name that tells the reader nothing."""
+    if "ipykernel_" in filename or filename.startswith("<"):
+        return f"line {line} of a notebook cell"
+    return f"{filename}:{line}"
+
+
+def user_line(frame: types.FrameType | None) -> str:
+    """``file:line`` of :func:`user_code_frame` (``""`` when every frame is machinery).
+
+    >>> import sys
+    >>> from unitscale.fx.trace_errors import user_line
+    >>> user_line(sys._getframe())
+    'line 1 of a notebook cell'
+    """
+    found = user_code_frame(frame)
+    return "" if found is None else show_frame(found.f_code.co_filename, found.f_lineno)
+
+
 def user_frame(exc: BaseException) -> str:
     """``file:line (`code`)`` of the innermost frame outside torch and unitscale.
 
     Looks through the exceptions ``exc`` was raised from, innermost first: a wrapped
-    trace failure keeps the user's line in its cause's traceback. A notebook cell is
-    named as such (its file is a temporary name that tells the reader nothing).
+    trace failure keeps the user's line in its cause's traceback.
 
     >>> from unitscale.fx.trace_errors import user_frame
     >>> try:
@@ -62,16 +116,10 @@ def user_frame(exc: BaseException) -> str:
     'line 2 of a notebook cell (`1 / 0`)'
     """
     for e in reversed(exception_chain(exc)):
-        frames = [
-            f
-            for f in traceback.extract_tb(e.__traceback__)
-            if "/torch/" not in f.filename and "/unitscale/" not in f.filename.replace("\\", "/")
-        ]
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not is_machinery(f.filename)]
         if frames:
             f = frames[-1]
-            cell = "ipykernel_" in f.filename or f.filename.startswith("<")
-            where = f"line {f.lineno} of a notebook cell" if cell else f"{f.filename}:{f.lineno}"
-            return f"{where} (`{(f.line or '').strip()}`)"
+            return f"{show_frame(f.filename, f.lineno or 0)} (`{(f.line or '').strip()}`)"
     return "an unknown line"
 
 
