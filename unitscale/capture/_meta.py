@@ -173,13 +173,13 @@ def copy_origin(node: fx.Node, like: fx.Node) -> None:
     >>> import torch
     >>> from unitscale.capture import capture
     >>> from unitscale.capture.toolkit import copy_origin
-    >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2), flat=True)
+    >>> cap = capture(torch.nn.Linear(2, 2), torch.randn(1, 2), flat=True)
     >>> linear = next(iter(cap.nodes(compute_only=True)))
     >>> with cap.graph_module.graph.inserting_after(linear):
     ...     scaled = cap.graph_module.graph.call_function(torch.mul, (linear, 0.5))
     >>> copy_origin(scaled, linear)
     >>> scaled.meta["module_path"], scaled.meta["module_type"]
-    ('0', 'torch.nn.modules.linear.Linear')
+    ('', 'torch.nn.modules.linear.Linear')
     """
     for key in _ORIGIN_KEYS:
         if key in like.meta:

@@ -7,7 +7,7 @@ of a node's origin), TorchDynamo's graph of one call with its cache-key parts, a
 eager op recorder, :class:`OpRecorder`, whose ``record`` a tool overrides.
 
 >>> from unitscale.capture.toolkit import GRAPH_ROUTE_NAMES
->>> GRAPH_ROUTE_NAMES  # the routes that give a graph; "eager" gives a record of ops
+>>> GRAPH_ROUTE_NAMES  # the routes that give a graph
 ('fx', 'export', 'export-strict', 'dynamo')
 """
 
