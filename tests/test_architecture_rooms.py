@@ -13,6 +13,9 @@ import re
 from tests.test_architecture import ROOT, all_imports, modules
 
 LIST = re.compile(r"Read as a list.*?\n```\n(.*?)```", re.S)
+LAYERS = re.compile(r"## What imports what.*?\n```\n(.*?)```", re.S)
+# (room, room it imports from a layer that is not below its own): each written on the page.
+UPWARD_ALLOWED = {("scaling", "optim")}  # transfer.py's default optimiser, a local import
 
 
 def room(module: str) -> str | None:
@@ -60,3 +63,26 @@ def test_architecture_lists_what_each_room_imports() -> None:
         if code[name] != page[name]
     }
     assert not wrong, wrong
+
+
+def layers_written() -> dict[str, int]:
+    """Room -> its layer in ARCHITECTURE.md's table under "What imports what"."""
+    match = LAYERS.search((ROOT / "ARCHITECTURE.md").read_text())
+    assert match, "ARCHITECTURE.md has no layer table under 'What imports what'"
+    header, *rows = match.group(1).splitlines()
+    end = header.index("imports from below")
+    layers = {}
+    for row in rows:
+        number, _, rooms = row[:end].strip().partition(" ")
+        for name in re.findall(r"(\w+)(?:/|\.py)", rooms):
+            if name != "__init__":
+                layers[name] = int(number)
+    return layers
+
+
+def test_a_room_imports_only_rooms_below_it() -> None:
+    layers, code = layers_written(), rooms_imported()
+    assert set(layers) == set(code), f"rooms missing from the layer table: {set(code) - set(layers)}"
+    up = {(room, target) for room, targets in code.items() for target in targets if layers[target] >= layers[room]}
+    assert up <= UPWARD_ALLOWED, f"imports of a room on the same layer or above: {sorted(up - UPWARD_ALLOWED)}"
+    assert UPWARD_ALLOWED <= up, f"fixed, so remove from UPWARD_ALLOWED: {sorted(UPWARD_ALLOWED - up)}"
