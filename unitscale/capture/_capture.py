@@ -363,7 +363,7 @@ def capture(
             model. ``False`` runs nothing, for a tool whose own run is the graph's first:
             graph routes are taken as traced (no ``val``/``tensor_meta`` filled in), and
             the eager route records no op (the tool runs an
-            :class:`~unitscale.capture.OpRecorder` of its own).
+            ``OpRecorder`` of its own, from ``unitscale.capture.toolkit``).
         cache: reuse the capture made before for this module and request while the
             module's fingerprint (and, for a graph specialised to them, the inputs'
             shapes) is unchanged; see ``unitscale/capture/README.md`` and

@@ -5,7 +5,7 @@ input signature inside a training loop wants it: the graph ``torch.compile`` han
 backend (``fullgraph=True``, static shapes), with the parameters read as attributes
 under the model's own names, fed only the tensor inputs, and a plan that rebuilds the
 model's output structure around the graph's outputs. Its nodes get the normalised meta
-from the one writer, :func:`unitscale.capture.normalise_graph`, like every
+from the one writer, ``unitscale.capture.toolkit.normalise_graph``, like every
 route's. The ``dynamo`` route of :func:`unitscale.capture.capture` is the same graph
 given the model's call signature by :func:`with_call_signature` (one placeholder per
 input leaf, outputs rebuilt by a pytree codegen, as ``torch._dynamo.export`` does).
