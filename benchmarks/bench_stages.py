@@ -59,7 +59,7 @@ from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.formula import Problem, formula_plan
 from unitscale.stages.model_costs import piece_costs
 from unitscale.stages.planner import plan_chain
-from unitscale.stages.schedule_costs import ChainCosts
+from unitscale.stages.schedules import ChainCosts
 from unitscale.stages.simulation import simulate_bounds
 
 Heuristic = Callable[[Sequence[float], int], list[int]]

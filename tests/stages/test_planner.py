@@ -19,7 +19,7 @@ from unitscale.stages.branch_bound import Search
 from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.model_costs import chain_costs_for, piece_costs
 from unitscale.stages.planner import plan_chain, plan_pipeline
-from unitscale.stages.schedule_costs import ChainCosts, stage_ranks, valid_microbatches
+from unitscale.stages.schedules import ChainCosts, stage_ranks, valid_microbatches
 from unitscale.stages.simulation import simulate, simulate_bounds
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_zero_bubble", 2), ("zbv", 2)]

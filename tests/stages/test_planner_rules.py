@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitscale.stages.planner import plan_chain, rule_splits
-from unitscale.stages.schedule_costs import ChainCosts, valid_microbatches
+from unitscale.stages.schedules import ChainCosts, valid_microbatches
 from unitscale.stages.simulation import simulate_bounds
 
 #: (schedule, stages per rank) pairs the property covers

@@ -11,7 +11,6 @@ a real pipeline on :mod:`torch.distributed.pipelining`.
 from unitscale.stages.costs import backward_times as backward_times
 from unitscale.stages.launch import RankPipeline as RankPipeline
 from unitscale.stages.launch import pipeline_stage as pipeline_stage
-from unitscale.stages.launch import placement as placement
 from unitscale.stages.pipeline import run_pipeline as run_pipeline
 from unitscale.stages.plan import StagePlan as StagePlan
 from unitscale.stages.plan import StageReport as StageReport
@@ -24,8 +23,9 @@ from unitscale.stages.planner import plan_pipeline as plan_pipeline
 from unitscale.stages.planner import rule_splits as rule_splits
 from unitscale.stages.result import PipelineResult as PipelineResult
 from unitscale.stages.saved import SavedPlan as SavedPlan
-from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
-from unitscale.stages.schedule_costs import check_schedule as check_schedule
+from unitscale.stages.schedules import ChainCosts as ChainCosts
+from unitscale.stages.schedules import check_schedule as check_schedule
+from unitscale.stages.schedules import placement as placement
 from unitscale.stages.simulation import Timeline as Timeline
 from unitscale.stages.simulation import TimelineBlock as TimelineBlock
 from unitscale.stages.simulation import simulate as simulate

@@ -48,7 +48,7 @@ import numpy as np
 
 from unitscale.stages.chain_arrays import ChainArrays
 from unitscale.stages.formula import NoFit
-from unitscale.stages.schedule_costs import schedule_order
+from unitscale.stages.schedules import schedule_order
 from unitscale.stages.simulation import step_times
 
 __all__ = ["SEARCH_BUDGET", "TIE", "Search", "descend", "least_rank_memory", "polish"]

@@ -12,7 +12,7 @@ prefixes with range minima), walking down through the bottlenecks those plans re
 
 >>> from unitscale.stages.chain_arrays import ChainArrays
 >>> from unitscale.stages.formula import Problem, formula_plan
->>> from unitscale.stages.schedule_costs import ChainCosts
+>>> from unitscale.stages.schedules import ChainCosts
 >>> costs = ChainCosts.uniform([1.0] * 4)  # forward 1, backward 2 each
 >>> problem = Problem(ChainArrays(costs, 2, "gpipe", 4, 1, None, None))
 >>> formula_plan(problem)[:2]  # (m+p-1) * 6

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unitscale.stages.schedule_costs import ChainCosts
+from unitscale.stages.schedules import ChainCosts
 from unitscale.stages.simulation import Timeline, TimelineBlock
 
 __all__ = ["ActionClock", "RankRecord", "measure_link", "measured_costs", "measured_timeline"]

@@ -15,7 +15,7 @@ from torch import fx
 
 from unitscale.errors import CostError, InputError
 from unitscale.stages.costs import call_cost, output_bytes, params_per_node
-from unitscale.stages.schedule_costs import ADAM_BYTES_PER_PARAM, ChainCosts, check_link
+from unitscale.stages.schedules import ADAM_BYTES_PER_PARAM, ChainCosts, check_link
 
 __all__ = ["calibrated", "chain_costs_for", "piece_costs"]
 
@@ -24,7 +24,7 @@ def piece_costs(costs: ChainCosts, pieces: Sequence[int]) -> ChainCosts:
     """``costs`` summed over each piece (the runs of nodes no cut may split; ``pieces`` are their bounds).
 
     >>> from unitscale.stages.model_costs import piece_costs
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> piece_costs(ChainCosts.uniform([1.0, 2.0, 3.0]), [0, 2, 3]).forward
     (3.0, 3.0)
     """

@@ -21,12 +21,12 @@ import torch
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
 from unitscale.stages.boundaries import stage_examples
 from unitscale.stages.costs import check_input_shapes, flat_inputs
-from unitscale.stages.launch import loss_on_model_output, placement
+from unitscale.stages.launch import loss_on_model_output
 from unitscale.stages.measured import measured_costs, measured_timeline
 from unitscale.stages.pickling import check_importable, main_script, pickled
 from unitscale.stages.plan import StagePlan
 from unitscale.stages.result import PipelineResult
-from unitscale.stages.schedule_costs import SCHEDULES, check_schedule, stage_ranks
+from unitscale.stages.schedules import SCHEDULES, check_schedule, placement, stage_ranks
 from unitscale.stages.split import bake_constant_inputs, constant_inputs
 from unitscale.stages.workers import WORKER_ENV, run_workers
 

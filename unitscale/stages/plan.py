@@ -60,7 +60,7 @@ from unitscale.stages.split import (
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from unitscale.stages.schedule_costs import ChainCosts
+    from unitscale.stages.schedules import ChainCosts
 
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
 

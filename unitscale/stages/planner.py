@@ -8,7 +8,7 @@ The step time that :func:`~unitscale.stages.simulate` predicts for the chosen sc
 ``t = latency + bytes / bandwidth`` each way, and each rank runs its work in the
 schedule's order. A plan fits when every rank's stages together (parameters with
 gradients and optimiser state, plus the activations of the microbatches the schedule
-keeps in flight, :func:`~unitscale.stages.schedule_costs.in_flight`) need at most
+keeps in flight, :func:`~unitscale.stages.schedules.in_flight`) need at most
 ``memory_limit`` bytes. Among plans whose step times agree within ``1e-9`` (relative),
 the one with the least sum of squared stage times ``Σ_s c_s²`` wins, with communication
 and device speeds too (``c_s = (F_s + B_s) / speed``).
@@ -34,7 +34,7 @@ came from. A model becomes a chain of pieces (the runs of nodes no cut may split
 :mod:`unitscale.stages.model_costs`.
 
 >>> from unitscale.stages import plan_chain
->>> from unitscale.stages.schedule_costs import ChainCosts
+>>> from unitscale.stages.schedules import ChainCosts
 >>> costs = ChainCosts.uniform([4, 1, 1, 1, 1, 1, 1, 1, 1], backward_ratio=2.0)
 >>> found = plan_chain(costs, ranks=2, schedule="1f1b", num_microbatches=4)
 >>> found.bounds, found.step_time == found.lower_bound, found.optimal
@@ -59,7 +59,7 @@ from unitscale.stages.costs import backward_times
 from unitscale.stages.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
 from unitscale.stages.model_costs import calibrated, chain_costs_for, piece_costs
 from unitscale.stages.plan import StagePlan, partition
-from unitscale.stages.schedule_costs import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
+from unitscale.stages.schedules import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
 from unitscale.stages.search import balanced_bounds, equal_count_bounds, optimal_bounds
 from unitscale.stages.simulation import simulate_bounds
 
@@ -134,7 +134,7 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
     longer than any of theirs.
 
     >>> from unitscale.stages import rule_splits
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> rules = rule_splits(ChainCosts.uniform([3, 1, 1, 1, 1, 1]), 2)
     >>> rules["equal count"], rules["min-max"]
     ([0, 3, 6], [0, 2, 6])
@@ -218,7 +218,7 @@ def plan_chain(
         UnknownScheduleError: an unknown schedule.
 
     >>> from unitscale.stages import plan_chain
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> costs = ChainCosts.uniform([1.0] * 6, activation_bytes=10.0)
     >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 * 10 B * 3
     [0, 3, 6]

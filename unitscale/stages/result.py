@@ -11,7 +11,7 @@ import torch
 
 from unitscale.errors import InputError
 from unitscale.stages.measured import RankRecord
-from unitscale.stages.schedule_costs import ChainCosts
+from unitscale.stages.schedules import ChainCosts
 from unitscale.stages.simulation import Timeline, simulate_bounds
 
 __all__ = ["PipelineResult"]
