@@ -38,8 +38,8 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_struct
 from unitscale.capture import normalise_path, stack_entries
 from unitscale.errors import CostError, InputError, PlanMismatchError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
-from unitscale.stages import search
-from unitscale.stages.costs import (
+from unitscale.stages.partitioner import search
+from unitscale.stages.partitioner.costs import (
     COST_MODELS,
     _graph_for_stages,
     as_tuple,
@@ -49,9 +49,9 @@ from unitscale.stages.costs import (
     output_bytes,
     run_profiler,
 )
-from unitscale.stages.cuts import allowed_cuts, check_no_idle_stage
-from unitscale.stages.saved import SavedPlan, load_plan, save_plan
-from unitscale.stages.split import (
+from unitscale.stages.partitioner.cuts import allowed_cuts, check_no_idle_stage
+from unitscale.stages.partitioner.saved import SavedPlan, load_plan, save_plan
+from unitscale.stages.partitioner.split import (
     chain_stages,
     live_values,
     split_graph,

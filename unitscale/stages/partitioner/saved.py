@@ -1,7 +1,7 @@
 """A stage plan on disk: the stage modules (their graphs and weights) and the model's output structure.
 
 What :meth:`~unitscale.StagePlan.save` writes and :meth:`~unitscale.StagePlan.load` reads: data
-only (:mod:`unitscale.stages.plan_file`): each stage's graph and layers as JSON, its tensors as
+only (:mod:`unitscale.stages.partitioner.plan_file`): each stage's graph and layers as JSON, its tensors as
 plain tensors, read back with ``torch.load(weights_only=True)``; loading needs neither the model's
 class nor the code that traced it, and runs no code from the file. Saves are atomic
 (:func:`write_atomically`).
@@ -26,8 +26,8 @@ from torch import fx
 from torch.utils._pytree import TreeSpec, tree_unflatten, treespec_dumps, treespec_loads
 
 from unitscale.errors import InputError, PlanFileError, PlanSaveError
-from unitscale.stages.costs import flat_inputs
-from unitscale.stages.plan_file import FORMAT, decode_plan, encode_plan, function_names
+from unitscale.stages.partitioner.costs import flat_inputs
+from unitscale.stages.partitioner.plan_file import FORMAT, decode_plan, encode_plan, function_names
 
 
 class _Plan(Protocol):
@@ -125,7 +125,7 @@ class SavedPlan:
 
 
 def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan``'s stage modules and output structure to ``path`` as data (see :mod:`~unitscale.stages.plan_file`).
+    """Write ``plan``'s stage modules and output structure to ``path`` as data (see :mod:`.plan_file`).
 
     The file is written beside ``path`` under a temporary name, flushed to disk and renamed over
     ``path``: a save that fails (or is killed) leaves what was at ``path`` as it was.
@@ -179,7 +179,7 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
 
     >>> import tempfile
     >>> from pathlib import Path
-    >>> from unitscale.stages.saved import write_atomically
+    >>> from unitscale.stages.partitioner.saved import write_atomically
     >>> path = Path(tempfile.mkdtemp()) / "f.bin"
     >>> write_atomically(str(path), lambda f: f.write(b"new"))
     >>> path.read_bytes()
@@ -212,7 +212,7 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
 def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
     """Read a plan :func:`save_plan` wrote; the file is read as data (no code in it runs), every field checked.
 
-    ``functions`` are those the plan's graphs may call beyond the allow-list (see :mod:`~unitscale.stages.plan_file`).
+    ``functions`` are those the plan's graphs may call beyond the allow-list (see :mod:`.plan_file`).
 
     Raises:
         PlanFileError: ``path`` is not a path, there is no file, it is not a plan file, it holds objects

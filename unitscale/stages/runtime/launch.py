@@ -37,13 +37,13 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, PipelineError
-from unitscale.stages.boundaries import StageExample, stage_examples
-from unitscale.stages.costs import as_tuple
-from unitscale.stages.saved import SavedPlan, load_plan
+from unitscale.stages.partitioner.costs import as_tuple
+from unitscale.stages.partitioner.saved import SavedPlan, load_plan
+from unitscale.stages.runtime.boundaries import StageExample, stage_examples
 from unitscale.stages.schedules import check_schedule, placement
 
 if TYPE_CHECKING:
-    from unitscale.stages.plan import StagePlan
+    from unitscale.stages.partitioner.plan import StagePlan
 
 __all__ = ["RankPipeline", "pipeline_stage"]
 
@@ -151,7 +151,7 @@ def build_rank(
     """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group.
 
     With ``examples`` (stage index -> its inputs and outputs for one microbatch,
-    :func:`~unitscale.stages.boundaries.stage_examples`) the stages are built with their real shapes
+    :func:`~unitscale.stages.runtime.boundaries.stage_examples`) the stages are built with their real shapes
     and dtypes; without, torch infers them at the first step on uninitialised tensors.
     """
     from torch.distributed.pipelining import PipelineStage  # lazy, as in _schedule_class

@@ -3,7 +3,7 @@
 A partial plan fixes stages ``0..j``; a lower bound on every completion is the maximum of
 
 * the simulated step with the stages not yet placed taking no time (the simulator
-  itself, :func:`~unitscale.stages.simulation.step_times`, many plans at once);
+  itself, :func:`~unitscale.stages.planner.simulation.step_times`, many plans at once);
 * a water level: the work left, ``X``, runs on the ranks of the later stages;
 * with one stage per rank, for each placed stage ``s``: the fill ``H_s`` (microbatch 0's
   forward reaching it), the drain ``D_s`` (the backward of every stage before it), and what
@@ -46,10 +46,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unitscale.stages.chain_arrays import ChainArrays
-from unitscale.stages.formula import NoFit
+from unitscale.stages.planner.chain_arrays import ChainArrays
+from unitscale.stages.planner.formula import NoFit
+from unitscale.stages.planner.simulation import step_times
 from unitscale.stages.schedules import schedule_order
-from unitscale.stages.simulation import step_times
 
 __all__ = ["SEARCH_BUDGET", "TIE", "Search", "descend", "least_rank_memory", "polish"]
 
@@ -69,8 +69,8 @@ class Search:
     the later stages. A child with every stage fixed is a plan and its bound is its
     simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
     window and within reach of its start. Children are evaluated a batch at a time
-    (:func:`~unitscale.stages.simulation.step_times`). It reads the problem's
-    :class:`~unitscale.stages.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
+    (:func:`~unitscale.stages.planner.simulation.step_times`). It reads the problem's
+    :class:`~unitscale.stages.planner.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
     """
 
     def __init__(self, arrays: ChainArrays) -> None:

@@ -15,11 +15,11 @@ and device speeds too (``c_s = (F_s + B_s) / speed``).
 
 How
 ---
-The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.formula`),
+The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.planner.formula`),
 polished one cut at a time with the simulator, and the splits people use without a planner
 (:func:`~unitscale.stages.rule_splits`: equal items per stage, equal work per stage, min-max, balanced); a branch
 and bound whose bounds are the simulator's own step with the stages not yet placed taking no
-time, raised by the work they must still do (:mod:`unitscale.stages.branch_bound`), then proves
+time, raised by the work they must still do (:mod:`unitscale.stages.planner.branch_bound`), then proves
 the best of them optimal or improves it. For GPipe with a backward that is a fixed multiple of
 the forward, the formula's optimum is certified on its own. So the plan's simulated step is
 never longer than a rule's, whether or not the search finishes.
@@ -27,11 +27,11 @@ never longer than a rule's, whether or not the search finishes.
 Where the search does not finish (several stages per rank: its bounds there are a water level,
 often 10 to 20 % below the best step on 8 ranks, so its best-first order spends the budget on
 partial plans and reaches few complete ones), a local search
-(``descend`` in ``unitscale.stages.branch_bound``: single cuts, and runs of cuts shifted
+(``descend`` in ``unitscale.stages.planner.branch_bound``: single cuts, and runs of cuts shifted
 together) improves the best plan held; ``optimal`` then stays ``False`` and ``lower_bound``
 says how far from optimal the plan can be. ``ChainPlan.origin`` names the incumbent the plan
 came from. A model becomes a chain of pieces (the runs of nodes no cut may split) with
-:mod:`unitscale.stages.model_costs`.
+:mod:`unitscale.stages.planner.model_costs`.
 
 >>> from unitscale.stages import plan_chain
 >>> from unitscale.stages.schedules import ChainCosts
@@ -53,15 +53,15 @@ from typing import Any
 from torch import fx, nn
 
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError
-from unitscale.stages.branch_bound import SEARCH_BUDGET, TIE, Search, descend, least_rank_memory, polish
-from unitscale.stages.chain_arrays import ChainArrays
-from unitscale.stages.costs import backward_times
-from unitscale.stages.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
-from unitscale.stages.model_costs import calibrated, chain_costs_for, piece_costs
-from unitscale.stages.plan import StagePlan, partition
+from unitscale.stages.partitioner.costs import backward_times
+from unitscale.stages.partitioner.plan import StagePlan, partition
+from unitscale.stages.partitioner.search import balanced_bounds, equal_count_bounds, optimal_bounds
+from unitscale.stages.planner.branch_bound import SEARCH_BUDGET, TIE, Search, descend, least_rank_memory, polish
+from unitscale.stages.planner.chain_arrays import ChainArrays
+from unitscale.stages.planner.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
+from unitscale.stages.planner.model_costs import calibrated, chain_costs_for, piece_costs
+from unitscale.stages.planner.simulation import simulate_bounds
 from unitscale.stages.schedules import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
-from unitscale.stages.search import balanced_bounds, equal_count_bounds, optimal_bounds
-from unitscale.stages.simulation import simulate_bounds
 
 __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "rule_splits"]
 
@@ -88,7 +88,7 @@ class ChainPlan:
             (the step-time formula's optimum; ``"polished formula"`` after moving single cuts;
             ``"least memory"`` when the formula's caps fit nothing), a rule of :func:`~unitscale.stages.rule_splits`
             (``"equal count"``, ``"equal cost"``, ``"min-max"``, ``"balanced"``), or ``"local search
-            from ..."`` (``descend`` in ``unitscale.stages.branch_bound``, after a search that did not
+            from ..."`` (``descend`` in ``unitscale.stages.planner.branch_bound``, after a search that did not
             finish). Names joined by ``" / "`` gave the same split.
     """
 
@@ -126,9 +126,9 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
     * ``"equal cost"``: stage ``s`` ends at the item boundary nearest to ``(s + 1) / k`` of the
       total work (a split by hand from per-layer costs);
     * ``"min-max"``: the contiguous split with the least largest stage
-      (``unitscale.stages.search.optimal_bounds``);
+      (``unitscale.stages.partitioner.search.optimal_bounds``);
     * ``"balanced"``: among min-max splits, the one with the least sum of squared stage times
-      (``unitscale.stages.search.balanced_bounds``; left out when its programme is too large).
+      (``unitscale.stages.partitioner.search.balanced_bounds``; left out when its programme is too large).
 
     :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
     longer than any of theirs.
@@ -193,7 +193,7 @@ def plan_chain(
     best plans it holds moves single cuts and runs of cuts while the simulated step falls, and
     the result has ``optimal=False`` (unless that reached the bound) and a ``lower_bound``
     below it (the gap is certified). The bounds are
-    listed in the module's docstring (``unitscale.stages.planner``).
+    listed in the module's docstring (``unitscale.stages.planner.planner``).
 
     Args:
         costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).

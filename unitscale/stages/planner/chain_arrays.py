@@ -4,11 +4,11 @@
 schedule's placement: which rank runs each stage and at what speed, prefix sums of the items'
 forward and backward work, parameter and activation bytes, each stage's memory prefix (its
 microbatches in flight times the activations, plus the parameters) and the message time of
-every cut. The formula's :class:`~unitscale.stages.formula.Problem` and the branch and bound's
-:class:`~unitscale.stages.branch_bound.Search` both read these, so the planner builds them once
+every cut. The formula's :class:`~unitscale.stages.planner.formula.Problem` and the branch and bound's
+:class:`~unitscale.stages.planner.branch_bound.Search` both read these, so the planner builds them once
 per plan; each keeps only what is its own (the formula's per-stage cap, the search's bounds).
 
->>> from unitscale.stages.chain_arrays import ChainArrays
+>>> from unitscale.stages.planner.chain_arrays import ChainArrays
 >>> from unitscale.stages.schedules import ChainCosts
 >>> a = ChainArrays(ChainCosts.uniform([1.0] * 4), 2, "1f1b", 4, 1, None, None)
 >>> a.pw.tolist()  # forward 1, backward 2 per item
@@ -30,7 +30,7 @@ __all__ = ["ChainArrays", "prefix_sums"]
 def prefix_sums(values: Sequence[float] | np.ndarray) -> np.ndarray:
     """``[0, v0, v0 + v1, ...]`` in float64: ``out[b] - out[a]`` is the sum of ``values[a:b]``.
 
-    >>> from unitscale.stages.chain_arrays import prefix_sums
+    >>> from unitscale.stages.planner.chain_arrays import prefix_sums
     >>> prefix_sums([1.0, 2.0, 3.0]).tolist()
     [0.0, 1.0, 3.0, 6.0]
     """
@@ -52,7 +52,7 @@ class ChainArrays:
         q: ``q[s][b] - q[s][a]``, the bytes of stage ``s`` over items ``a:b``.
         comm: the message time of a cut before each item (``costs.comm_time``).
 
-    >>> from unitscale.stages.chain_arrays import ChainArrays
+    >>> from unitscale.stages.planner.chain_arrays import ChainArrays
     >>> from unitscale.stages.schedules import ChainCosts
     >>> costs = ChainCosts.uniform([1.0] * 4, param_bytes=10.0, activation_bytes=1.0)
     >>> a = ChainArrays(costs, 2, "1f1b", 4, 1, None, [1.0, 2.0])

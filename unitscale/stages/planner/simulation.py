@@ -9,7 +9,7 @@ block compute, links do not contend). Times are exact for this model: it is a lo
 through a fixed graph.
 
 >>> from unitscale.stages.schedules import ChainCosts
->>> from unitscale.stages.simulation import simulate_bounds
+>>> from unitscale.stages.planner.simulation import simulate_bounds
 >>> costs = ChainCosts.uniform([1.0] * 4, backward_ratio=2.0)
 >>> t = simulate_bounds(costs, [0, 1, 2, 3, 4], "gpipe", num_microbatches=4)
 >>> t.step_time, round(t.bubble, 3)  # (m + p - 1) * (f + b) = 7 * 3
@@ -32,7 +32,7 @@ from unitscale.stages.schedules import ChainCosts, check_schedule, in_flight, sc
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from unitscale.stages.plan import StagePlan
+    from unitscale.stages.partitioner.plan import StagePlan
 
 __all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
@@ -218,7 +218,7 @@ def simulate_bounds(
         The :class:`Timeline`.
 
     >>> from unitscale.stages.schedules import ChainCosts
-    >>> from unitscale.stages.simulation import simulate_bounds
+    >>> from unitscale.stages.planner.simulation import simulate_bounds
     >>> c = ChainCosts.uniform([1.0, 1.0], boundary_bytes=1.0, bandwidth=2.0)
     >>> simulate_bounds(c, [0, 1, 2], "gpipe", 1).step_time  # f, send, f, b, send, b
     7.0
@@ -370,7 +370,7 @@ def step_times(
         longest path), so durations that are lower bounds give a lower bound.
 
     >>> import numpy as np
-    >>> from unitscale.stages.simulation import step_times
+    >>> from unitscale.stages.planner.simulation import step_times
     >>> ones = np.ones((1, 4))
     >>> step_times("1f1b", 4, 1, 4, ones, 2 * ones, 0 * ones)  # (m + p - 1) * 3
     array([21.])
