@@ -359,6 +359,11 @@ def test_plan_pipeline_carries_the_certificate() -> None:
     for other in (partition(model, 2, x), plan.with_bounds(plan.bounds)):
         assert (other.schedule, other.step_time, other.lower_bound, other.optimal) == (None, None, None, None)
         assert "step" not in repr(other) and "planned" not in str(other.report(4))
+    # built whole: what the planner found is given when the plan is made, as plan_pipeline does
+    again = plan.with_bounds(
+        plan.bounds, schedule="1f1b", step_time=plan.step_time, lower_bound=plan.lower_bound, optimal=False
+    )
+    assert repr(again) == repr(plan) and again.chain_costs is plan.chain_costs
 
 
 def test_chain_costs_take_a_backward_callable() -> None:

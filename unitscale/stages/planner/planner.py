@@ -460,12 +460,11 @@ def plan_pipeline(
     found = plan_chain(
         piece_costs(costs, pieces), ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds
     )
-    plan = base.with_bounds([pieces[b] for b in found.bounds])
-    plan.chain_costs = costs
-    plan.schedule, plan.step_time, plan.lower_bound, plan.optimal = (
-        schedule,
-        found.step_time,
-        found.lower_bound,
-        found.optimal,
+    return base.with_bounds(
+        [pieces[b] for b in found.bounds],
+        chain_costs=costs,
+        schedule=schedule,
+        step_time=found.step_time,
+        lower_bound=found.lower_bound,
+        optimal=found.optimal,
     )
-    return plan
