@@ -133,7 +133,7 @@ _external_names = [
 nitpick_ignore = [
     ("py:class", "Params"),
     ("py:class", "unitscale.scaling.parameter._P"),
-    ("py:class", "unitscale.stages.partitioner.saved._Plan"),
+    ("py:class", "unitscale.stages.partitioner.plan_files._Plan"),
     ("py:class", "unitscale.scaling.docs._T"),
     ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.measured
     ("py:class", "unitscale.stages.runtime.measured.RankRecord"),

@@ -18,6 +18,6 @@ from unitscale.stages.partitioner.plan import StageReport as StageReport
 from unitscale.stages.partitioner.plan import StageRow as StageRow
 from unitscale.stages.partitioner.plan import bubble_fraction as bubble_fraction
 from unitscale.stages.partitioner.plan import partition as partition
-from unitscale.stages.partitioner.saved import SavedPlan as SavedPlan
+from unitscale.stages.partitioner.plan_files import SavedPlan as SavedPlan
 
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "SavedPlan", "bubble_fraction", "backward_times"]

@@ -141,14 +141,11 @@ class SavedPlan:
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the stages one after the other in this process (a reference for the pipeline)."""
-        out: Any = self.stage_modules[0](*inputs)
-        for stage in self.stage_modules[1:]:
-            out = stage(*out) if isinstance(out, tuple) else stage(out)
-        return self.output_from_leaves(out)
+        return self.output_from_leaves(_chained(self.stage_modules, inputs))
 
 
 def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan``'s stage modules and output structure to ``path`` as data (see :mod:`.plan_file`).
+    """Write ``plan``'s stage modules and output structure to ``path`` as data (see this module's docstring).
 
     The file is written beside ``path`` under a temporary name, flushed to disk and renamed over
     ``path``: a save that fails (or is killed) leaves what was at ``path`` as it was.
@@ -202,7 +199,7 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
 
     >>> import tempfile
     >>> from pathlib import Path
-    >>> from unitscale.stages.partitioner.saved import write_atomically
+    >>> from unitscale.stages.partitioner.plan_files import write_atomically
     >>> path = Path(tempfile.mkdtemp()) / "f.bin"
     >>> write_atomically(str(path), lambda f: f.write(b"new"))
     >>> path.read_bytes()
@@ -235,7 +232,7 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
 def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
     """Read a plan :func:`save_plan` wrote; the file is read as data (no code in it runs), every field checked.
 
-    ``functions`` are those the plan's graphs may call beyond the allow-list (see :mod:`.plan_file`).
+    ``functions`` are those the plan's graphs may call beyond the allow-list (see this module's docstring).
 
     Raises:
         PlanFileError: ``path`` is not a path, there is no file, it is not a plan file, it holds objects
@@ -308,9 +305,7 @@ def dry_run(where: str, plan: SavedPlan) -> None:
     try:
         with fake.FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
             args = [torch.empty(x[0], dtype=x[1]) if isinstance(x, tuple) else x for x in plan.example_inputs]
-            out: Any = plan.stage_modules[0](*args)
-            for stage in plan.stage_modules[1:]:
-                out = stage(*out) if isinstance(out, tuple) else stage(out)
+            _chained(plan.stage_modules, args)
     except cannot_tell:
         return
     except Exception as exc:
@@ -321,6 +316,14 @@ def dry_run(where: str, plan: SavedPlan) -> None:
         ) from exc
     finally:
         log.disabled = disabled
+
+
+def _chained(stages: list[fx.GraphModule], inputs: Sequence[Any]) -> Any:
+    """The last stage's output, each stage fed the one before's (unpacked when a tuple)."""
+    out: Any = stages[0](*inputs)
+    for stage in stages[1:]:
+        out = stage(*out) if isinstance(out, tuple) else stage(out)
+    return out
 
 
 def _bad(where: str, what: str) -> PlanFileError:
@@ -702,10 +705,7 @@ class _Decoder:
         self._made: dict[str, torch.Tensor] = {}
 
     def bad(self, where: str, what: str) -> PlanFileError:
-        return PlanFileError(
-            f"StagePlan.load({self.path!r}): {where} {what}; the file is damaged or was not written by "
-            "StagePlan.save: save the plan again with plan.save(path)"
-        )
+        return _bad(self.path, f"{where} {what}")
 
     def field(self, data: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
         if not isinstance(data, dict) or key not in data:

@@ -38,7 +38,7 @@ from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, PipelineError
 from unitscale.stages.partitioner.costs import as_tuple
-from unitscale.stages.partitioner.saved import SavedPlan, load_plan
+from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan
 from unitscale.stages.runtime.boundaries import StageExample, stage_examples
 from unitscale.stages.schedules import check_schedule, placement
 
