@@ -135,7 +135,7 @@ nitpick_ignore = [
     ("py:class", "unitscale.scaling.parameter._P"),
     ("py:class", "unitscale.stages.partitioner.plan_files._Plan"),
     ("py:class", "unitscale.scaling.docs._T"),
-    ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.measured
+    ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.runtime.measured
     ("py:class", "unitscale.stages.runtime.measured.RankRecord"),
 ]
 nitpick_ignore_regex = [

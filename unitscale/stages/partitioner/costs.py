@@ -45,7 +45,6 @@ __all__ = [
     "node_costs",
     "output_bytes",
     "params_per_node",
-    "pytree_specs_quiet",
     "run_profiler",
 ]
 

@@ -22,7 +22,7 @@ from unitscale.errors import BlockedCutError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages.partitioner.split import INPUT_CONSTANT_KEY, is_symbolic, symbol_of, tensor_carries
 
-__all__ = ["allowed_cuts", "check_no_idle_stage", "non_tensor_spans"]
+__all__ = ["allowed_cuts", "check_no_idle_stage"]
 
 
 def non_tensor_spans(nodes: list[fx.Node]) -> list[tuple[fx.Node, int, int]]:

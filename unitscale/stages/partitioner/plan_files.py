@@ -52,7 +52,7 @@ from torch.utils._pytree import TreeSpec, tree_unflatten, treespec_dumps, treesp
 from unitscale.errors import InputError, PlanFileError, PlanSaveError
 from unitscale.stages.partitioner.costs import flat_inputs
 
-__all__ = ["SavedPlan", "save_plan", "load_plan", "write_atomically", "FORMAT"]
+__all__ = ["SavedPlan", "save_plan", "load_plan", "FORMAT"]
 
 FORMAT = "unitscale.stages.saved/2"
 #: the format before plans were data: pickled GraphModules, refused on load

@@ -29,15 +29,7 @@ import numpy as np
 from unitscale.stages.partitioner import search
 from unitscale.stages.planner.chain_arrays import ChainArrays, prefix_sums
 
-__all__ = [
-    "FORMULA_PROBES",
-    "NoFit",
-    "Problem",
-    "formula_plan",
-    "most_even",
-    "range_min",
-    "smallest_memory",
-]
+__all__ = ["FORMULA_PROBES", "NoFit", "Problem", "formula_plan", "most_even", "smallest_memory"]
 
 #: dynamic programmes for the formula's plan where it is only the first incumbent (not GPipe's certificate)
 FORMULA_PROBES = 40

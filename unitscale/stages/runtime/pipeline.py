@@ -30,7 +30,7 @@ from unitscale.stages.runtime.result import PipelineResult
 from unitscale.stages.runtime.workers import WORKER_ENV, run_workers
 from unitscale.stages.schedules import SCHEDULES, check_schedule, placement, stage_ranks
 
-__all__ = ["PipelineResult", "run_pipeline"]
+__all__ = ["run_pipeline"]
 
 
 @overload

@@ -37,7 +37,7 @@ from unitscale.stages.runtime.launch import build_rank
 from unitscale.stages.runtime.measured import ActionClock, RankRecord, measure_link
 from unitscale.stages.runtime.workers import MAIN_ENV, PARENT_ENV, STARTUP_S, TIMEOUT_ENV
 
-__all__ = ["run_rank", "worker_main"]
+__all__ = ["worker_main"]
 
 
 def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:

@@ -53,18 +53,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 
 from unitscale.errors import PipelineError
 
-__all__ = [
-    "MAIN_ENV",
-    "PARENT_ENV",
-    "STARTUP_S",
-    "TIMEOUT_ENV",
-    "WORKER_ENV",
-    "Failure",
-    "Results",
-    "diagnose",
-    "run_workers",
-    "timeout_error",
-]
+__all__ = ["MAIN_ENV", "PARENT_ENV", "STARTUP_S", "TIMEOUT_ENV", "WORKER_ENV", "run_workers"]
 
 WORKER_ENV = "UNITSCALE_PIPELINE_WORKER"
 PARENT_ENV = "UNITSCALE_PIPELINE_PARENT"  # the caller's pid: a worker dies with it (see worker.py)
