@@ -223,63 +223,13 @@ def plan_chain(
     >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 * 10 B * 3
     [0, 3, 6]
     """
-    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
-    k = ranks * stages_per_rank
-    if k > len(costs):
-        raise StageCountError(
-            f"ranks * stages_per_rank = {ranks} * {stages_per_rank} = {k} stages, but the chain has only "
-            f"{len(costs)} pieces to place; use at most {len(costs)} stages (fewer ranks or stages_per_rank)"
-        )
-    if device_speeds is not None and (
-        len(device_speeds) != ranks or not all(math.isfinite(s) and s > 0 for s in device_speeds)
-    ):
-        raise InputError(f"device_speeds={list(device_speeds)!r} must hold one finite number > 0 per rank ({ranks})")
-    if memory_limit is not None and (
-        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
-    ):
-        raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
-    if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
-        raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
+    k = _check_chain(
+        costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds, search_budget
+    )
     # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
     arrays = ChainArrays(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
     problem, search = Problem(arrays), Search(arrays)
-    seeds: list[list[int]] = []
-    names: list[str] = []  # where each seed came from (ChainPlan.origin)
-    probes, certified = 0, None
-    try:
-        exact = schedule == "gpipe" and proportional(costs) and costs.action_overhead == 0
-        # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
-        # (devices of different speeds can otherwise take hundreds)
-        bounds, formula, formula_lower, probes = formula_plan(problem, None if exact else FORMULA_PROBES)
-        seeds.append(bounds)
-        names.append("formula")
-        if exact:
-            certified = formula_lower
-            if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
-                even = most_even(problem, problem.bottleneck(bounds))
-                if even is not None:
-                    seeds.append(even)
-                    names.append("formula, most even")
-    except NoFit:
-        if stages_per_rank == 1:
-            need, plan = smallest_memory(problem), None
-            least = f"the least limit that works is {need:.4g} bytes"
-        else:
-            need, plan = least_rank_memory(search)
-            least = f"the least limit that works is {need:.4g} bytes"
-            if plan is None:
-                # the search for the least gave up: a plan within limit / v per stage fits v times that
-                low, need = need, smallest_memory(problem) * stages_per_rank
-                least = f"{need:.4g} bytes works (the least limit that works lies between {low:.4g} and that)"
-        if plan is None or memory_limit is None or need > memory_limit:
-            raise MemoryLimitError(
-                f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
-                f"device under {schedule} with {num_microbatches} microbatches; {least} (raise the limit, or "
-                "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
-                needed=need,
-            ) from None
-        seeds.append(plan)
-        names.append("least memory")
+    seeds, names, probes, certified = _first_seeds(costs, problem, search, k, memory_limit)
     if certified is None:
         seeds.append(polish(search, seeds[0]))
         names.append(f"polished {names[0]}")
@@ -321,6 +271,84 @@ def plan_chain(
         rank_memory=search.rank_memory(chosen),
         origin=origin,
     )
+
+
+def _check_chain(
+    costs: ChainCosts,
+    ranks: int,
+    schedule: str,
+    num_microbatches: int,
+    stages_per_rank: int,
+    memory_limit: float | None,
+    device_speeds: Sequence[float] | None,
+    search_budget: int,
+) -> int:
+    """The stage count ``ranks * stages_per_rank``, after :func:`plan_chain`'s arguments are checked."""
+    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
+    k = ranks * stages_per_rank
+    if k > len(costs):
+        raise StageCountError(
+            f"ranks * stages_per_rank = {ranks} * {stages_per_rank} = {k} stages, but the chain has only "
+            f"{len(costs)} pieces to place; use at most {len(costs)} stages (fewer ranks or stages_per_rank)"
+        )
+    if device_speeds is not None and (
+        len(device_speeds) != ranks or not all(math.isfinite(s) and s > 0 for s in device_speeds)
+    ):
+        raise InputError(f"device_speeds={list(device_speeds)!r} must hold one finite number > 0 per rank ({ranks})")
+    if memory_limit is not None and (
+        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
+    ):
+        raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
+    if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
+        raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
+    return k
+
+
+def _first_seeds(
+    costs: ChainCosts, problem: Problem, search: Search, k: int, memory_limit: float | None
+) -> tuple[list[list[int]], list[str], int, float | None]:
+    """The formula's plan (and, where it is exact, the most even of its optima) or, when no plan
+    fits at ``memory_limit / v`` per stage, the least-memory plan; with their names, the formula's
+    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs).
+
+    Raises:
+        MemoryLimitError: no split fits ``memory_limit``.
+    """
+    schedule, num_microbatches, stages_per_rank = search.schedule, search.m, search.v
+    seeds: list[list[int]] = []
+    names: list[str] = []  # where each seed came from (ChainPlan.origin)
+    probes, certified = 0, None
+    try:
+        exact = schedule == "gpipe" and proportional(costs) and costs.action_overhead == 0
+        # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
+        # (devices of different speeds can otherwise take hundreds)
+        bounds, formula, formula_lower, probes = formula_plan(problem, None if exact else FORMULA_PROBES)
+        seeds.append(bounds)
+        names.append("formula")
+        if exact:
+            certified = formula_lower
+            if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
+                even = most_even(problem, problem.bottleneck(bounds))
+                if even is not None:
+                    seeds.append(even)
+                    names.append("formula, most even")
+    except NoFit:
+        need, plan = (smallest_memory(problem), None) if stages_per_rank == 1 else least_rank_memory(search)
+        least = f"the least limit that works is {need:.4g} bytes"
+        if stages_per_rank > 1 and plan is None:
+            # the search for the least gave up: a plan within limit / v per stage fits v times that
+            low, need = need, smallest_memory(problem) * stages_per_rank
+            least = f"{need:.4g} bytes works (the least limit that works lies between {low:.4g} and that)"
+        if plan is None or memory_limit is None or need > memory_limit:
+            raise MemoryLimitError(
+                f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
+                f"device under {schedule} with {num_microbatches} microbatches; {least} (raise the limit, or "
+                "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
+                needed=need,
+            ) from None
+        seeds.append(plan)
+        names.append("least memory")
+    return seeds, names, probes, certified
 
 
 def plan_pipeline(
