@@ -133,10 +133,10 @@ _external_names = [
 nitpick_ignore = [
     ("py:class", "Params"),
     ("py:class", "unitscale.scaling.parameter._P"),
-    ("py:class", "unitscale.stages.saved._Plan"),
+    ("py:class", "unitscale.stages.partitioner.plan_files._Plan"),
     ("py:class", "unitscale.scaling.docs._T"),
-    ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.measured
-    ("py:class", "unitscale.stages.measured.RankRecord"),
+    ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.runtime.measured
+    ("py:class", "unitscale.stages.runtime.measured.RankRecord"),
 ]
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_external_packages)})(\..+)?"),

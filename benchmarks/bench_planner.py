@@ -53,10 +53,10 @@ from torch import nn
 
 from unitscale import StagePlan, partition, run_pipeline
 from unitscale.stages import plan_pipeline
-from unitscale.stages.model_costs import chain_costs_for, piece_costs
-from unitscale.stages.planner import plan_chain
-from unitscale.stages.search import optimal_bounds, stage_sums
-from unitscale.stages.simulation import simulate_bounds
+from unitscale.stages.partitioner.search import optimal_bounds, stage_sums
+from unitscale.stages.planner.model_costs import chain_costs_for, piece_costs
+from unitscale.stages.planner.planner import plan_chain
+from unitscale.stages.planner.simulation import simulate_bounds
 
 BATCH, SEQ, MICRO = 8, 64, 4
 LAYER = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)(?:\.|$)")

@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from unitscale.stages.search import equal_count_bounds
+from unitscale.stages.partitioner.search import equal_count_bounds
 
 __all__ = ["block_partition_bounds", "max_min_bounds"]
 

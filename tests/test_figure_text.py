@@ -54,8 +54,8 @@ def _stage_plan() -> object:
 
 
 def _timeline() -> object:
-    from unitscale.stages.schedule_costs import ChainCosts
-    from unitscale.stages.simulation import simulate_bounds
+    from unitscale.stages.planner.simulation import simulate_bounds
+    from unitscale.stages.schedules import ChainCosts
 
     return simulate_bounds(ChainCosts.uniform([1.0] * 4, backward_ratio=2.0), [0, 2, 4], "1f1b", 4).plot()
 

@@ -142,7 +142,7 @@ def test_running_out_of_memory_is_not_blamed_on_the_inputs(call: Any) -> None:
 
 def test_running_out_of_memory_while_costing_is_not_blamed_on_the_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The capture fits, then the per-node profiler runs out: partition says so, as capture does."""
-    from unitscale.stages import costs
+    from unitscale.stages.partitioner import costs
 
     def out_of_memory(self: Any, node: Any) -> Any:
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2**52 bytes")

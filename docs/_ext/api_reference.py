@@ -20,7 +20,7 @@ generated into ``docs/generated`` (stale stubs of names no longer public are rem
 they cannot leave orphan pages).
 
 Each object is documented once, so references are resolved by identity: a type hint that
-autodoc writes with the defining module (``unitscale.stages.pipeline.PipelineResult``)
+autodoc writes with the defining module (``unitscale.stages.runtime.pipeline.PipelineResult``)
 resolves to where that object is documented (``unitscale.stages.PipelineResult``), and a
 bare name in a docstring (``Raises: InputError``) (or ``ScaleReport.plot``) to the one
 documented ``unitscale`` object of that name. A class's private helper bases are replaced by

@@ -151,7 +151,7 @@ def test_tutorial_converts_to_a_valid_notebook(path):
     [
         ("unitscale.tracking.analysis.track_scales", "unitscale.track_scales"),
         ("unitscale.tracking.report.ScaleRow", "unitscale.tracking.ScaleRow"),
-        ("unitscale.stages.pipeline.PipelineResult", "unitscale.stages.PipelineResult"),
+        ("unitscale.stages.runtime.pipeline.PipelineResult", "unitscale.stages.PipelineResult"),
         ("unitscale.tracking.report.ScaleReport.plot", "unitscale.ScaleReport.plot"),
         ("unitscale.capture._cache.clear_capture_cache", "unitscale.capture.clear_capture_cache"),
     ],

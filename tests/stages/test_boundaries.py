@@ -1,6 +1,6 @@
 """What crosses a stage boundary: integer ids, boolean masks, several tensors at once, and a ``None``
 input that a later stage uses. The stages are built with their real example inputs and outputs
-(``unitscale.stages.boundaries``), so no worker runs a stage on made-up indices."""
+(``unitscale.stages.runtime.boundaries``), so no worker runs a stage on made-up indices."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from unitscale import partition, run_pipeline
-from unitscale.stages.boundaries import stage_examples
+from unitscale.stages.runtime.boundaries import stage_examples
 
 
 class Mixed(nn.Module):

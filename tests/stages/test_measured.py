@@ -1,4 +1,4 @@
-"""Timing a pipeline where it runs (``unitscale.stages.measured``) and predicting from those times.
+"""Timing a pipeline where it runs (``unitscale.stages.runtime.measured``) and predicting from those times.
 
 The arithmetic is pinned on hand-made records; two real gloo runs (1F1B and interleaved
 zero bubble, two ranks each) check that every action is timed, that the simulator,
@@ -19,10 +19,10 @@ from torch import nn
 from unitscale import partition, run_pipeline
 from unitscale.errors import CostError, InputError
 from unitscale.stages import ChainCosts, PipelineResult
-from unitscale.stages.measured import RankRecord, measured_costs, measured_timeline
-from unitscale.stages.model_costs import calibrated, chain_costs_for
-from unitscale.stages.planner import plan_pipeline
-from unitscale.stages.simulation import simulate_bounds
+from unitscale.stages.planner.model_costs import calibrated, chain_costs_for
+from unitscale.stages.planner.planner import plan_pipeline
+from unitscale.stages.planner.simulation import simulate_bounds
+from unitscale.stages.runtime.measured import RankRecord, measured_costs, measured_timeline
 
 
 def _two_ranks() -> list[RankRecord]:

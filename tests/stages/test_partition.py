@@ -1,4 +1,4 @@
-"""The pure min-max partition algorithms in ``unitscale.stages.search``."""
+"""The pure min-max partition algorithms in ``unitscale.stages.partitioner.search``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.stage_heuristics import block_partition_bounds, max_min_bounds
-from unitscale.stages.search import (
+from unitscale.stages.partitioner.search import (
     balanced_bounds,
     bottleneck,
     brute_force_bottleneck,

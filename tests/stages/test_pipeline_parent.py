@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _workers(parent: psutil.Process) -> list[psutil.Process]:
-    return [p for p in parent.children(recursive=True) if "unitscale.stages.worker" in " ".join(p.cmdline())]
+    return [p for p in parent.children(recursive=True) if "unitscale.stages.runtime.worker" in " ".join(p.cmdline())]
 
 
 def _joined(workers: list[psutil.Process]) -> bool:

@@ -27,7 +27,7 @@ from unitscale import partition, run_pipeline
 from unitscale.errors import InputError, PipelineError, StageCountError, UnknownScheduleError
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.stages import check_schedule, placement, plan_pipeline
-from unitscale.stages.schedule_costs import schedule_order
+from unitscale.stages.schedules import schedule_order
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from unitscale import StagePlan, partition
 from unitscale.errors import InputError, PlanFileError, PlanSaveError
 from unitscale.examples.models import TinyGPT
 from unitscale.stages import pipeline_stage
-from unitscale.stages.plan_file import FORMAT
+from unitscale.stages.partitioner.plan_files import FORMAT
 
 REPO = Path(__file__).resolve().parents[2]
 

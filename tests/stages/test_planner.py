@@ -1,4 +1,4 @@
-"""The exact schedule-aware planner (``unitscale.stages.planner``)."""
+"""The exact schedule-aware planner (``unitscale.stages.planner.planner``)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from torch import nn
 
 from unitscale import StagePlan
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError, UnitscaleError
-from unitscale.stages import formula as step_formula
-from unitscale.stages.branch_bound import Search
-from unitscale.stages.chain_arrays import ChainArrays
-from unitscale.stages.model_costs import chain_costs_for, piece_costs
-from unitscale.stages.planner import plan_chain, plan_pipeline
-from unitscale.stages.schedule_costs import ChainCosts, stage_ranks, valid_microbatches
-from unitscale.stages.simulation import simulate, simulate_bounds
+from unitscale.stages.planner import formula as step_formula
+from unitscale.stages.planner.branch_bound import Search
+from unitscale.stages.planner.chain_arrays import ChainArrays
+from unitscale.stages.planner.model_costs import chain_costs_for, piece_costs
+from unitscale.stages.planner.planner import plan_chain, plan_pipeline
+from unitscale.stages.planner.simulation import simulate, simulate_bounds
+from unitscale.stages.schedules import ChainCosts, stage_ranks, valid_microbatches
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("interleaved_zero_bubble", 2), ("zbv", 2)]
 Problem = tuple[ChainCosts, int, str, int, int, "float | None", list[float]]
@@ -359,6 +359,11 @@ def test_plan_pipeline_carries_the_certificate() -> None:
     for other in (partition(model, 2, x), plan.with_bounds(plan.bounds)):
         assert (other.schedule, other.step_time, other.lower_bound, other.optimal) == (None, None, None, None)
         assert "step" not in repr(other) and "planned" not in str(other.report(4))
+    # built whole: what the planner found is given when the plan is made, as plan_pipeline does
+    again = plan.with_bounds(
+        plan.bounds, schedule="1f1b", step_time=plan.step_time, lower_bound=plan.lower_bound, optimal=False
+    )
+    assert repr(again) == repr(plan) and again.chain_costs is plan.chain_costs
 
 
 def test_chain_costs_take_a_backward_callable() -> None:
@@ -466,7 +471,7 @@ def test_backward_time_times_each_nodes_backward_alone() -> None:
     """``backward="time"``: a node computed from the model's input alone needs no gradient (0 s);
     in-place ops work on their copy; the plan's per-microbatch backward is the timing over m."""
     from unitscale import partition
-    from unitscale.stages.costs import backward_times
+    from unitscale.stages.partitioner.costs import backward_times
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.ReLU(), nn.Linear(64, 64), nn.ReLU(inplace=True), nn.Linear(64, 4))

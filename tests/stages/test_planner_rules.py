@@ -4,7 +4,7 @@ Whatever the schedule, and whether or not its search finishes, ``plan_chain``'s 
 is never longer than that of equal layers per stage, equal work per stage, the min-max split or
 the least-squares ("block partition") split; on chains small enough to enumerate it is the least
 over every contiguous split. The rules and the enumeration are written here, apart from the
-library's own (``unitscale.stages.search``, ``planner.rule_splits``); the judge is the public
+library's own (``unitscale.stages.partitioner.search``, ``planner.rule_splits``); the judge is the public
 simulator, ``simulate_bounds``.
 """
 
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unitscale.stages.planner import plan_chain, rule_splits
-from unitscale.stages.schedule_costs import ChainCosts, valid_microbatches
-from unitscale.stages.simulation import simulate_bounds
+from unitscale.stages.planner.planner import plan_chain, rule_splits
+from unitscale.stages.planner.simulation import simulate_bounds
+from unitscale.stages.schedules import ChainCosts, valid_microbatches
 
 #: (schedule, stages per rank) pairs the property covers
 SCHEDULES = [

@@ -1,4 +1,4 @@
-"""The schedule simulator and the schedule cost model (``unitscale.stages.simulation``, ``schedule_costs``)."""
+"""The schedule simulator and the schedule cost model (``unitscale.stages.planner.simulation``, ``schedules``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from unitscale.errors import CostError, InputError, StageCountError, UnknownScheduleError
 from unitscale.stages import bubble_fraction
-from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
-from unitscale.stages.simulation import simulate, simulate_bounds
+from unitscale.stages.planner.simulation import simulate, simulate_bounds
+from unitscale.stages.schedules import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
 
 matplotlib.use("Agg")
 
@@ -149,8 +149,8 @@ def test_bad_schedule_arguments_say_what_works() -> None:
 def test_step_times_of_many_plans_match_the_simulator(schedule: tuple[str, int], p: int, data: st.DataObject) -> None:
     import numpy as np
 
-    from unitscale.stages.schedule_costs import valid_microbatches
-    from unitscale.stages.simulation import step_times
+    from unitscale.stages.planner.simulation import step_times
+    from unitscale.stages.schedules import valid_microbatches
 
     name, v = schedule
     k = p * v

@@ -17,9 +17,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from unitscale import StagePlan, partition
 from unitscale.errors import CostError, InputError, StageCountError, TraceError
 from unitscale.examples.models import MLP, TinyGPT, resnet18
-from unitscale.stages import costs
-from unitscale.stages.search import brute_force_bottleneck
-from unitscale.stages.split import live_values
+from unitscale.stages.partitioner import costs
+from unitscale.stages.partitioner.search import brute_force_bottleneck
+from unitscale.stages.partitioner.split import live_values
 
 matplotlib.use("Agg")
 
@@ -184,7 +184,7 @@ def test_partition_leaves_the_users_module_untouched() -> None:
 def test_costing_a_training_model_leaves_its_plan_with_the_models_running_statistics() -> None:
     """Timing every node (and its backward) runs batch norms in training mode many times: the
     plan's copy keeps the model's running statistics, so its stages match it in eval mode."""
-    from unitscale.stages.costs import backward_times
+    from unitscale.stages.partitioner.costs import backward_times
 
     torch.manual_seed(0)
     model = resnet18(num_classes=4, width=4).train()
@@ -363,7 +363,7 @@ class DictOut(nn.Module):
 
 
 def test_dict_output_is_sent_as_leaves_and_rebuilt() -> None:
-    from unitscale.stages.launch import _OnModelOutput
+    from unitscale.stages.runtime.launch import _OnModelOutput
 
     torch.manual_seed(0)
     model, x = DictOut(), torch.randn(3, 4)
@@ -402,7 +402,7 @@ class _Strided(nn.Module):
 def test_stages_send_contiguous_tensors_and_the_next_stage_sees_the_models_strides() -> None:
     from torch.fx.passes.shape_prop import ShapeProp
 
-    from unitscale.stages.split import chain_stages
+    from unitscale.stages.partitioner.split import chain_stages
 
     torch.manual_seed(0)
     model, x = _Strided(), torch.randn(2, 3, 6, 6)

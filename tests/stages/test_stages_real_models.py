@@ -21,7 +21,7 @@ from unitscale.errors import InputError, NoRouteError, SplitSpecError
 from unitscale.examples.models import TinyGPT
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.fx.tracers import DeepTracer
-from unitscale.stages.split import op_libraries
+from unitscale.stages.partitioner.split import op_libraries
 
 matplotlib.use("Agg")
 

@@ -8,27 +8,27 @@ a real pipeline on :mod:`torch.distributed.pipelining`.
 [144.0, 144.0]
 """
 
-from unitscale.stages.costs import backward_times as backward_times
-from unitscale.stages.launch import RankPipeline as RankPipeline
-from unitscale.stages.launch import pipeline_stage as pipeline_stage
-from unitscale.stages.launch import placement as placement
-from unitscale.stages.pipeline import run_pipeline as run_pipeline
-from unitscale.stages.plan import StagePlan as StagePlan
-from unitscale.stages.plan import StageReport as StageReport
-from unitscale.stages.plan import StageRow as StageRow
-from unitscale.stages.plan import bubble_fraction as bubble_fraction
-from unitscale.stages.plan import partition as partition
+from unitscale.stages.partitioner import SavedPlan as SavedPlan
+from unitscale.stages.partitioner import StagePlan as StagePlan
+from unitscale.stages.partitioner import StageReport as StageReport
+from unitscale.stages.partitioner import StageRow as StageRow
+from unitscale.stages.partitioner import backward_times as backward_times
+from unitscale.stages.partitioner import bubble_fraction as bubble_fraction
+from unitscale.stages.partitioner import partition as partition
 from unitscale.stages.planner import ChainPlan as ChainPlan
+from unitscale.stages.planner import Timeline as Timeline
+from unitscale.stages.planner import TimelineBlock as TimelineBlock
 from unitscale.stages.planner import plan_chain as plan_chain
 from unitscale.stages.planner import plan_pipeline as plan_pipeline
 from unitscale.stages.planner import rule_splits as rule_splits
-from unitscale.stages.result import PipelineResult as PipelineResult
-from unitscale.stages.saved import SavedPlan as SavedPlan
-from unitscale.stages.schedule_costs import ChainCosts as ChainCosts
-from unitscale.stages.schedule_costs import check_schedule as check_schedule
-from unitscale.stages.simulation import Timeline as Timeline
-from unitscale.stages.simulation import TimelineBlock as TimelineBlock
-from unitscale.stages.simulation import simulate as simulate
+from unitscale.stages.planner import simulate as simulate
+from unitscale.stages.runtime import PipelineResult as PipelineResult
+from unitscale.stages.runtime import RankPipeline as RankPipeline
+from unitscale.stages.runtime import pipeline_stage as pipeline_stage
+from unitscale.stages.runtime import run_pipeline as run_pipeline
+from unitscale.stages.schedules import ChainCosts as ChainCosts
+from unitscale.stages.schedules import check_schedule as check_schedule
+from unitscale.stages.schedules import placement as placement
 
 __all__ = [
     "partition",

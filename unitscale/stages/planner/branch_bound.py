@@ -3,7 +3,7 @@
 A partial plan fixes stages ``0..j``; a lower bound on every completion is the maximum of
 
 * the simulated step with the stages not yet placed taking no time (the simulator
-  itself, :func:`~unitscale.stages.simulation.step_times`, many plans at once);
+  itself, :func:`~unitscale.stages.planner.simulation.step_times`, many plans at once);
 * a water level: the work left, ``X``, runs on the ranks of the later stages;
 * with one stage per rank, for each placed stage ``s``: the fill ``H_s`` (microbatch 0's
   forward reaching it), the drain ``D_s`` (the backward of every stage before it), and what
@@ -46,10 +46,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unitscale.stages.chain_arrays import ChainArrays
-from unitscale.stages.formula import NoFit
-from unitscale.stages.schedule_costs import schedule_order
-from unitscale.stages.simulation import step_times
+from unitscale.stages.planner.chain_arrays import ChainArrays
+from unitscale.stages.planner.formula import NoFit
+from unitscale.stages.planner.simulation import step_times
+from unitscale.stages.schedules import schedule_order
 
 __all__ = ["SEARCH_BUDGET", "TIE", "Search", "descend", "least_rank_memory", "polish"]
 
@@ -69,8 +69,8 @@ class Search:
     the later stages. A child with every stage fixed is a plan and its bound is its
     simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
     window and within reach of its start. Children are evaluated a batch at a time
-    (:func:`~unitscale.stages.simulation.step_times`). It reads the problem's
-    :class:`~unitscale.stages.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
+    (:func:`~unitscale.stages.planner.simulation.step_times`). It reads the problem's
+    :class:`~unitscale.stages.planner.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
     """
 
     def __init__(self, arrays: ChainArrays) -> None:
@@ -146,13 +146,10 @@ class Search:
         """
         if not self.chain or self.schedule not in ("gpipe", "1f1b"):
             return True
-        n, k, m, inf = self.n, self.k, self.m, math.inf
+        n, k, m = self.n, self.k, self.m
         # a margin above the tie tolerance: prefix sums and the simulator round differently
         top = target * (1 + 2 * TIE) + 1e-12 * abs(target)
-        work = self.pw
         least_t = float(np.min(self.comm[1:n])) if n > 1 else 0.0
-        speed = [float(u) for u in self.speed]
-        idx = np.arange(n + 1)
         # (a, factor of X - x_{s+1}, constant): the bound x_s + a c_s + factor (X - x_{s+1}) + constant
         terms: list[list[tuple[int, float, float]]] = []
         for s in range(k):
@@ -167,49 +164,78 @@ class Search:
         hi[0], lo[k] = 0, n
         for _ in range(4):
             outer = (list(lo), list(hi))
-            # least time before cut s (stages 0..s-1) and after cut s (stages s..k-1), cuts in windows
-            before = [np.where(idx == 0, 0.0, inf)]
-            for s in range(1, k + 1):
-                g = np.where((idx >= lo[s - 1]) & (idx <= hi[s - 1]), before[-1] - work / speed[s - 1], inf)
-                least = np.concatenate(([inf], np.minimum.accumulate(g)[:-1]))  # over cuts b' < b
-                before.append(work / speed[s - 1] + least)
-            after = [np.empty(0)] * k + [np.where(idx == n, 0.0, inf)]
-            for s in range(k - 1, -1, -1):
-                h = np.where((idx >= lo[s + 1]) & (idx <= hi[s + 1]), work / speed[s] + after[s + 1], inf)
-                least = np.concatenate((np.minimum.accumulate(h[::-1])[::-1][1:], [inf]))  # over cuts b' > b
-                after[s] = least - work / speed[s]
-            reach: list[np.ndarray] = []
-            for s in range(k):
-                furthest = np.full(n + 1, n, dtype=np.int64)
-                for a, factor, constant in terms[s]:
-                    r = a / speed[s]
-                    # x_s + r (P_{s+1} - P_s) + factor (X - x_{s+1}) + constant <= top, as
-                    # G(b_{s+1}) <= top - constant - x_s + r P_s with G made never to fall
-                    rising = r * work + factor * after[s + 1] if factor else r * work
-                    rising = np.minimum.accumulate(rising[::-1])[::-1]
-                    with np.errstate(invalid="ignore"):
-                        room = top - constant - before[s] + r * work
-                    room = np.where(np.isnan(room), -inf, room)
-                    furthest = np.minimum(furthest, np.searchsorted(rising, room, side="right") - 1)
-                if self.limit < inf:
-                    cap = self.q[s] + self.limit * (1 + 1e-12)
-                    furthest = np.minimum(furthest, np.searchsorted(self.q[s], cap, side="right") - 1)
-                reach.append(np.maximum.accumulate(furthest))  # the furthest of any earlier start
-            for _ in range(2 * k + 2):
-                inner = (list(lo), list(hi))
-                for s in range(k):
-                    hi[s + 1] = min(hi[s + 1], int(reach[s][hi[s]]))
-                    lo[s + 1] = max(lo[s + 1], lo[s] + 1)
-                for s in range(k - 1, -1, -1):
-                    lo[s] = max(lo[s], int(np.searchsorted(reach[s], lo[s + 1], side="left")))
-                    hi[s] = min(hi[s], hi[s + 1] - 1)
-                if any(a > b for a, b in zip(lo, hi, strict=True)):
-                    self.window = None  # cannot happen with a plan at ``target``; search unconfined
-                    return False
-                if (lo, hi) == inner:
-                    break
+            reach = self._reach(top, terms, *self._least_outside(lo, hi))
+            if not self._sweep(lo, hi, reach):
+                self.window = None  # cannot happen with a plan at ``target``; search unconfined
+                return False
             self.window = (lo, hi, reach)
             if (lo, hi) == outer:
+                break
+        return True
+
+    def _least_outside(self, lo: list[int], hi: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The least time before cut ``s`` (stages ``0..s-1``) and after it (stages ``s..k-1``), for
+        each position of the cut, with every cut inside its window ``lo..hi``."""
+        n, k, inf, work = self.n, self.k, math.inf, self.pw
+        speed = [float(u) for u in self.speed]
+        idx = np.arange(n + 1)
+        before = [np.where(idx == 0, 0.0, inf)]
+        for s in range(1, k + 1):
+            g = np.where((idx >= lo[s - 1]) & (idx <= hi[s - 1]), before[-1] - work / speed[s - 1], inf)
+            least = np.concatenate(([inf], np.minimum.accumulate(g)[:-1]))  # over cuts b' < b
+            before.append(work / speed[s - 1] + least)
+        after = [np.empty(0)] * k + [np.where(idx == n, 0.0, inf)]
+        for s in range(k - 1, -1, -1):
+            h = np.where((idx >= lo[s + 1]) & (idx <= hi[s + 1]), work / speed[s] + after[s + 1], inf)
+            least = np.concatenate((np.minimum.accumulate(h[::-1])[::-1][1:], [inf]))  # over cuts b' > b
+            after[s] = least - work / speed[s]
+        return before, after
+
+    def _reach(
+        self,
+        top: float,
+        terms: list[list[tuple[int, float, float]]],
+        before: list[np.ndarray],
+        after: list[np.ndarray],
+    ) -> list[np.ndarray]:
+        """Per stage ``s``, the furthest cut ``s + 1`` may reach from each cut ``s`` under the
+        bounds ``terms`` and the memory cap (made never to fall: the furthest of any earlier start)."""
+        n, inf, work = self.n, math.inf, self.pw
+        reach: list[np.ndarray] = []
+        for s in range(self.k):
+            speed = float(self.speed[s])
+            furthest = np.full(n + 1, n, dtype=np.int64)
+            for a, factor, constant in terms[s]:
+                r = a / speed
+                # x_s + r (P_{s+1} - P_s) + factor (X - x_{s+1}) + constant <= top, as
+                # G(b_{s+1}) <= top - constant - x_s + r P_s with G made never to fall
+                rising = r * work + factor * after[s + 1] if factor else r * work
+                rising = np.minimum.accumulate(rising[::-1])[::-1]
+                with np.errstate(invalid="ignore"):
+                    room = top - constant - before[s] + r * work
+                room = np.where(np.isnan(room), -inf, room)
+                furthest = np.minimum(furthest, np.searchsorted(rising, room, side="right") - 1)
+            if self.limit < inf:
+                cap = self.q[s] + self.limit * (1 + 1e-12)
+                furthest = np.minimum(furthest, np.searchsorted(self.q[s], cap, side="right") - 1)
+            reach.append(np.maximum.accumulate(furthest))
+        return reach
+
+    def _sweep(self, lo: list[int], hi: list[int], reach: list[np.ndarray]) -> bool:
+        """Tighten the windows ``lo..hi`` in place, forward by ``reach`` and backward by least
+        start, until nothing moves; ``False`` when a window empties."""
+        k = self.k
+        for _ in range(2 * k + 2):
+            inner = (list(lo), list(hi))
+            for s in range(k):
+                hi[s + 1] = min(hi[s + 1], int(reach[s][hi[s]]))
+                lo[s + 1] = max(lo[s + 1], lo[s] + 1)
+            for s in range(k - 1, -1, -1):
+                lo[s] = max(lo[s], int(np.searchsorted(reach[s], lo[s + 1], side="left")))
+                hi[s] = min(hi[s], hi[s + 1] - 1)
+            if any(a > b for a, b in zip(lo, hi, strict=True)):
+                return False
+            if (lo, hi) == inner:
                 break
         return True
 

@@ -1,4 +1,5 @@
-"""A pipeline worker: ``python -m unitscale.stages.worker SCRATCH_DIR``, started by :func:`~unitscale.run_pipeline`.
+"""A pipeline worker: ``python -m unitscale.stages.runtime.worker SCRATCH_DIR``, started by
+:func:`~unitscale.run_pipeline`.
 
 Torch's launcher starts it with ``torchrun``'s environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``). It registers a stack-dump handler
@@ -32,11 +33,11 @@ import torch
 import torch.distributed as dist
 
 from unitscale.fx.module_state import pytree_specs_quiet
-from unitscale.stages.launch import build_rank
-from unitscale.stages.measured import ActionClock, RankRecord, measure_link
-from unitscale.stages.workers import MAIN_ENV, PARENT_ENV, STARTUP_S, TIMEOUT_ENV
+from unitscale.stages.runtime.launch import build_rank
+from unitscale.stages.runtime.measured import ActionClock, RankRecord, measure_link
+from unitscale.stages.runtime.workers import MAIN_ENV, PARENT_ENV, STARTUP_S, TIMEOUT_ENV
 
-__all__ = ["run_rank", "worker_main"]
+__all__ = ["worker_main"]
 
 
 def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:

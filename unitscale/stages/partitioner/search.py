@@ -10,7 +10,7 @@ compared against in the benchmarks, live in ``benchmarks/stage_heuristics.py``).
 Stage sums are always differences of one prefix-sum array, so the exact search
 and every check compare the very same floating-point numbers.
 
->>> from unitscale.stages.search import bottleneck, optimal_bounds
+>>> from unitscale.stages.partitioner.search import bottleneck, optimal_bounds
 >>> optimal_bounds([1, 2, 3, 4, 5], 2)
 [0, 3, 5]
 >>> bottleneck([1, 2, 3, 4, 5], [0, 3, 5])
@@ -177,7 +177,7 @@ def least_squares_bounds(
     for ``w`` items that fit in one stage. Stage sums are differences of ``prefix``: the very
     numbers a caller's cap was decided on.
 
-    >>> from unitscale.stages.search import least_squares_bounds
+    >>> from unitscale.stages.partitioner.search import least_squares_bounds
     >>> least_squares_bounds([0, 5, 5, 6, 7, 8, 9, 10, 11], 4, [[0] * 9] * 4, limit=5)
     [0, 1, 4, 6, 8]
     """

@@ -32,7 +32,7 @@ from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleErro
 from unitscale.fx.module_state import module_state_kept, pytree_specs_quiet
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata
 from unitscale.fx.plain_run import run_plainly
-from unitscale.stages.split import INPUT_CONSTANT_KEY, is_constant
+from unitscale.stages.partitioner.split import INPUT_CONSTANT_KEY, is_constant
 
 __all__ = [
     "COST_MODELS",
@@ -45,7 +45,6 @@ __all__ = [
     "node_costs",
     "output_bytes",
     "params_per_node",
-    "pytree_specs_quiet",
     "run_profiler",
 ]
 
@@ -237,7 +236,7 @@ class NodeProfiler(fx.Interpreter):
 def as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     """Example inputs as a tuple: a tuple as it is, a list as a tuple, anything else as a 1-tuple.
 
-    >>> from unitscale.stages.costs import as_tuple
+    >>> from unitscale.stages.partitioner.costs import as_tuple
     >>> as_tuple([1, 2]), as_tuple(3)
     ((1, 2), (3,))
     """
@@ -274,7 +273,7 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
 
     >>> import torch
     >>> from unitscale.errors import InputError
-    >>> from unitscale.stages.costs import check_input_shapes
+    >>> from unitscale.stages.partitioner.costs import check_input_shapes
     >>> exported = torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
     >>> graph = exported.module().graph
     >>> check_input_shapes(graph, (torch.randn(3, 4),), "verify()")
@@ -414,7 +413,7 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
     >>> import torch
     >>> from torch import nn
     >>> from unitscale import partition
-    >>> from unitscale.stages.costs import backward_times
+    >>> from unitscale.stages.partitioner.costs import backward_times
     >>> model = nn.Sequential(nn.Linear(64, 64), nn.ReLU())
     >>> plan = partition(model, 1, torch.randn(32, 64))
     >>> [t > 0 for t in backward_times(plan, torch.randn(32, 64))]
@@ -444,7 +443,7 @@ def params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node
 
     >>> import torch
     >>> from torch import fx, nn
-    >>> from unitscale.stages.costs import params_per_node
+    >>> from unitscale.stages.partitioner.costs import params_per_node
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 3), nn.ReLU()))
     >>> list(params_per_node(gm, list(gm.graph.nodes)[1:3]).values())
     [9.0, 0.0]
@@ -481,7 +480,7 @@ def call_cost(cost: Callable[[fx.Node], float], n: fx.Node, argument: str = "cos
 
     >>> import math, torch
     >>> from torch import fx
-    >>> from unitscale.stages.costs import call_cost
+    >>> from unitscale.stages.partitioner.costs import call_cost
     >>> graph = fx.symbolic_trace(torch.nn.ReLU()).graph
     >>> node = next(n for n in graph.nodes if n.op == "call_function")
     >>> call_cost(lambda n: 3, node)

@@ -21,7 +21,7 @@ target to the rank holding the last stage.
 Placement: ``num_stages = ranks * stages_per_rank``. The looped schedules put stages
 ``r, r + ranks, r + 2 * ranks, ...`` on rank ``r``; ``"zbv"`` (two stages per rank) puts
 stages ``r`` and ``2 * ranks - 1 - r`` on rank ``r`` (a V: rank 0 holds the first and
-the last stage). :func:`placement` gives the table.
+the last stage). :func:`~unitscale.stages.placement` gives the table.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from torch import nn
 from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from unitscale.errors import InputError, PipelineError
-from unitscale.stages.boundaries import StageExample, stage_examples
-from unitscale.stages.costs import as_tuple
-from unitscale.stages.saved import SavedPlan, load_plan
-from unitscale.stages.schedule_costs import SCHEDULES, check_schedule, stage_ranks
+from unitscale.stages.partitioner.costs import as_tuple
+from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan
+from unitscale.stages.runtime.boundaries import StageExample, stage_examples
+from unitscale.stages.schedules import check_schedule, placement
 
 if TYPE_CHECKING:
-    from unitscale.stages.plan import StagePlan
+    from unitscale.stages.partitioner.plan import StagePlan
 
-__all__ = ["SCHEDULES", "RankPipeline", "check_schedule", "pipeline_stage", "placement"]
+__all__ = ["RankPipeline", "pipeline_stage"]
 
 _SINGLE = ("gpipe", "1f1b")
 
@@ -70,17 +70,6 @@ def loss_on_model_output(
     if spec is None or spec.is_leaf():
         return loss_fn
     return _OnModelOutput(loss_fn, spec)
-
-
-def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[list[int]]:
-    """The stage indices each rank holds, rank by rank.
-
-    >>> from unitscale.stages import placement
-    >>> placement("interleaved_1f1b", 2, 2), placement("zbv", 2, 2)
-    ([[0, 2], [1, 3]], [[0, 3], [1, 2]])
-    """
-    ranks = stage_ranks(schedule, num_ranks, 2 if schedule == "zbv" else stages_per_rank)
-    return [[s for s, rank in enumerate(ranks) if rank == r] for r in range(num_ranks)]
 
 
 def _schedule_class(schedule: str) -> Any:
@@ -162,7 +151,7 @@ def build_rank(
     """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group.
 
     With ``examples`` (stage index -> its inputs and outputs for one microbatch,
-    :func:`~unitscale.stages.boundaries.stage_examples`) the stages are built with their real shapes
+    :func:`~unitscale.stages.runtime.boundaries.stage_examples`) the stages are built with their real shapes
     and dtypes; without, torch infers them at the first step on uninitialised tensors.
     """
     from torch.distributed.pipelining import PipelineStage  # lazy, as in _schedule_class

@@ -5,14 +5,14 @@ For a split into ``k = p v`` stages (``p`` ranks, ``v`` stages each) with stage 
 ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``, ``κ = (v + p - 1) / (p v)``. For GPipe with a
 backward that is a fixed multiple of the forward it *is* the simulated step (the forward phase
 is a flow shop of ``m`` identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``; the backward
-mirrors it); elsewhere it seeds the branch and bound (:mod:`unitscale.stages.branch_bound`).
+mirrors it); elsewhere it seeds the branch and bound (:mod:`unitscale.stages.planner.branch_bound`).
 :func:`formula_plan` minimises it exactly: for each bottleneck cap it finds the least
 ``Σ c_s + 2 Σ t`` with every stage within the cap (:meth:`Problem.cheapest`, a programme over
 prefixes with range minima), walking down through the bottlenecks those plans realise.
 
->>> from unitscale.stages.chain_arrays import ChainArrays
->>> from unitscale.stages.formula import Problem, formula_plan
->>> from unitscale.stages.schedule_costs import ChainCosts
+>>> from unitscale.stages.planner.chain_arrays import ChainArrays
+>>> from unitscale.stages.planner.formula import Problem, formula_plan
+>>> from unitscale.stages.schedules import ChainCosts
 >>> costs = ChainCosts.uniform([1.0] * 4)  # forward 1, backward 2 each
 >>> problem = Problem(ChainArrays(costs, 2, "gpipe", 4, 1, None, None))
 >>> formula_plan(problem)[:2]  # (m+p-1) * 6
@@ -26,18 +26,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unitscale.stages import search
-from unitscale.stages.chain_arrays import ChainArrays, prefix_sums
+from unitscale.stages.partitioner import search
+from unitscale.stages.planner.chain_arrays import ChainArrays, prefix_sums
 
-__all__ = [
-    "FORMULA_PROBES",
-    "NoFit",
-    "Problem",
-    "formula_plan",
-    "most_even",
-    "range_min",
-    "smallest_memory",
-]
+__all__ = ["FORMULA_PROBES", "NoFit", "Problem", "formula_plan", "most_even", "smallest_memory"]
 
 #: dynamic programmes for the formula's plan where it is only the first incumbent (not GPipe's certificate)
 FORMULA_PROBES = 40

@@ -38,8 +38,8 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_struct
 from unitscale.capture import normalise_path, stack_entries
 from unitscale.errors import CostError, InputError, PlanMismatchError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
-from unitscale.stages import search
-from unitscale.stages.costs import (
+from unitscale.stages.partitioner import search
+from unitscale.stages.partitioner.costs import (
     COST_MODELS,
     _graph_for_stages,
     as_tuple,
@@ -49,9 +49,9 @@ from unitscale.stages.costs import (
     output_bytes,
     run_profiler,
 )
-from unitscale.stages.cuts import allowed_cuts, check_no_idle_stage
-from unitscale.stages.saved import SavedPlan, load_plan, save_plan
-from unitscale.stages.split import (
+from unitscale.stages.partitioner.cuts import allowed_cuts, check_no_idle_stage
+from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan, save_plan
+from unitscale.stages.partitioner.split import (
     chain_stages,
     live_values,
     split_graph,
@@ -60,7 +60,7 @@ from unitscale.stages.split import (
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-    from unitscale.stages.schedule_costs import ChainCosts
+    from unitscale.stages.schedules import ChainCosts
 
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
 
@@ -293,6 +293,12 @@ class StagePlan:
         output_spec: TreeSpec | None = None,
         model_name: str | None = None,
         parameter_names: dict[str, str] | None = None,
+        *,
+        chain_costs: ChainCosts | None = None,
+        schedule: str | None = None,
+        step_time: float | None = None,
+        lower_bound: float | None = None,
+        optimal: bool | None = None,
     ) -> None:
         self._root = root
         # every name a parameter of the user's model answers to -> its name in model.named_parameters()
@@ -311,15 +317,28 @@ class StagePlan:
         }
         self.stage_costs = search.stage_sums([c for _, c in node_costs], bounds)
         self._example_inputs = example_inputs
-        #: per-node schedule costs (forward, backward, memory, traffic), set by ``plan_pipeline``
-        self.chain_costs: ChainCosts | None = None
-        self.schedule: str | None = None
-        self.step_time: float | None = None
-        self.lower_bound: float | None = None
-        self.optimal: bool | None = None
+        #: per-node schedule costs (forward, backward, memory, traffic), given by ``plan_pipeline``
+        self.chain_costs = chain_costs
+        self.schedule = schedule
+        self.step_time = step_time
+        self.lower_bound = lower_bound
+        self.optimal = optimal
 
-    def with_bounds(self, bounds: list[int]) -> StagePlan:
+    def with_bounds(
+        self,
+        bounds: list[int],
+        *,
+        chain_costs: ChainCosts | None = None,
+        schedule: str | None = None,
+        step_time: float | None = None,
+        lower_bound: float | None = None,
+        optimal: bool | None = None,
+    ) -> StagePlan:
         """The same model and node costs split at other node-index ``bounds`` (a subsequence of ``pieces``).
+
+        The new plan keeps this one's ``chain_costs`` unless others are given; ``schedule``,
+        ``step_time``, ``lower_bound`` and ``optimal`` are what a planner found for the new split
+        (``None`` when not given: this plan's belong to its own split).
 
         >>> import torch
         >>> from torch import nn
@@ -336,7 +355,7 @@ class StagePlan:
             )
         if any(b <= a for a, b in itertools.pairwise(bounds)):
             raise StageCountError(f"bounds {bounds} hold an empty stage; every stage needs at least one node")
-        other = StagePlan(
+        return StagePlan(
             self._root,
             self.graph,
             self.node_costs,
@@ -348,9 +367,12 @@ class StagePlan:
             self.output_spec,
             self.model_name,
             self._parameter_names,
+            chain_costs=chain_costs if chain_costs is not None else self.chain_costs,
+            schedule=schedule,
+            step_time=step_time,
+            lower_bound=lower_bound,
+            optimal=optimal,
         )
-        other.chain_costs = self.chain_costs
-        return other
 
     @functools.cached_property
     def module(self) -> fx.GraphModule:

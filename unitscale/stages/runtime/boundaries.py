@@ -12,7 +12,7 @@ on the first microbatch of the real inputs, where the plan is (the caller's proc
 
 from unitscale.errors import InputError
 >>> from unitscale import partition
->>> from unitscale.stages.boundaries import stage_examples
+>>> from unitscale.stages.runtime.boundaries import stage_examples
 >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 >>> x = torch.randn(6, 4)
 >>> stages = partition(model, 2, x).stage_modules()

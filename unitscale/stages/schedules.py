@@ -1,7 +1,10 @@
-"""What a pipeline schedule costs: per-item forward/backward time, boundary traffic, memory.
+"""The schedule vocabulary the three rooms share: names, checks, placement, orders, costs.
 
-One home for the cost model that :mod:`~unitscale.stages.simulation` and
-``unitscale.stages.planner`` share. A model is a chain of *items* (the pieces a
+The partitioner, the planner and the runtime all speak of schedules; this module is the one
+place that says what a schedule name means: :func:`check_schedule` (the one check),
+:func:`stage_ranks` and :func:`placement` (which rank holds which stage), :func:`schedule_order`
+and :func:`in_flight` (what each rank runs, and how many microbatches it keeps), and the cost
+model the simulator and the planner share. A model is a chain of *items* (the pieces a
 cut may fall between). :class:`ChainCosts` holds, per item, its forward and backward
 time (at speed 1), the bytes its parameters take with their gradients and optimiser
 state, and the bytes of activations it keeps per microbatch until its backward; per
@@ -18,7 +21,7 @@ backward; 1F1B runs ``ranks - rank`` forwards, then alternates; the interleaved 
 zero-bubble orders are read from torch's own schedule classes (torch 2.13), so the
 simulator and the runtime agree on what runs when.
 
->>> from unitscale.stages.schedule_costs import in_flight, stage_ranks
+>>> from unitscale.stages.schedules import in_flight, stage_ranks
 >>> in_flight("1f1b", ranks=4, stages_per_rank=1, num_microbatches=8)
 [4, 3, 2, 1]
 >>> stage_ranks("zbv", ranks=2, stages_per_rank=2)
@@ -43,6 +46,7 @@ __all__ = [
     "stage_ranks",
     "in_flight",
     "check_schedule",
+    "placement",
     "valid_microbatches",
 ]
 
@@ -81,7 +85,7 @@ class ChainCosts:
             between ``"I"`` and ``"W"`` like the backward); not scaled by device speed. Measured
             by :func:`~unitscale.run_pipeline` (``PipelineResult.stage_costs``); 0 by default.
 
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> c = ChainCosts.uniform(
     ...     [1.0, 2.0, 3.0], backward_ratio=2.0, boundary_bytes=100.0, bandwidth=1e3
     ... )
@@ -136,7 +140,7 @@ class ChainCosts:
         """Costs from forward times alone: backward ``backward_ratio`` times the forward (2 for
         matmul-heavy layers), scalars broadcast to every item (and every inner cut).
 
-        >>> from unitscale.stages.schedule_costs import ChainCosts
+        >>> from unitscale.stages.schedules import ChainCosts
         >>> ChainCosts.uniform([1.0, 1.0], boundary_bytes=8.0).boundary_bytes
         (0.0, 8.0, 0.0)
         """
@@ -181,7 +185,7 @@ def valid_microbatches(schedule: str, ranks: int, near: int) -> list[int]:
     """Microbatch counts up to about ``2 * near`` that ``schedule`` accepts on ``ranks`` ranks (one stage each
     for GPipe and 1F1B).
 
-    >>> from unitscale.stages.schedule_costs import valid_microbatches
+    >>> from unitscale.stages.schedules import valid_microbatches
     >>> valid_microbatches("interleaved_1f1b", 4, 6)
     [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16]
     """
@@ -291,6 +295,17 @@ def stage_ranks(schedule: str, ranks: int, stages_per_rank: int) -> list[int]:
     return [s % ranks for s in range(total)]
 
 
+def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[list[int]]:
+    """The stage indices each rank holds, rank by rank.
+
+    >>> from unitscale.stages import placement
+    >>> placement("interleaved_1f1b", 2, 2), placement("zbv", 2, 2)
+    ([[0, 2], [1, 3]], [[0, 3], [1, 2]])
+    """
+    ranks = stage_ranks(schedule, num_ranks, 2 if schedule == "zbv" else stages_per_rank)
+    return [[s for s, rank in enumerate(ranks) if rank == r] for r in range(num_ranks)]
+
+
 def _gpipe(ranks: int, m: int) -> list[list[Op]]:
     return [[Op("F", r, i) for i in range(m)] + [Op("B", r, i) for i in range(m)] for r in range(ranks)]
 
@@ -358,7 +373,7 @@ def _order(schedule: str, ranks: int, v: int, m: int) -> tuple[tuple[Op, ...], .
 def schedule_order(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> list[list[Op]]:
     """Each rank's work in the order ``schedule`` runs it.
 
-    >>> from unitscale.stages.schedule_costs import schedule_order
+    >>> from unitscale.stages.schedules import schedule_order
     >>> [f"{op.kind}{op.microbatch}" for op in schedule_order("1f1b", 2, 1, 3)[0]]
     ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
     """

@@ -18,11 +18,11 @@ What the rank does apart from computing and waiting is the schedule's bookkeepin
 (posting messages, splitting microbatches, the loss, merging outputs): it is measured
 as what is left, per action. :func:`measured_costs` turns the records of all ranks
 into per-stage :class:`~unitscale.stages.ChainCosts` (one item per stage), which
-:func:`~unitscale.stages.simulation.simulate_bounds` replays; :func:`measured_timeline`
+:func:`~unitscale.stages.planner.simulation.simulate_bounds` replays; :func:`measured_timeline`
 turns one step's records into a :class:`~unitscale.stages.Timeline` to draw beside the
 simulated one.
 
->>> from unitscale.stages.measured import ActionClock
+>>> from unitscale.stages.runtime.measured import ActionClock
 >>> clock = ActionClock()
 >>> clock.actions, clock.waits
 ([], [])
@@ -40,8 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from unitscale.stages.schedule_costs import ChainCosts
-from unitscale.stages.simulation import Timeline, TimelineBlock
+from unitscale.stages.planner.simulation import Timeline, TimelineBlock
+from unitscale.stages.schedules import ChainCosts
 
 __all__ = ["ActionClock", "RankRecord", "measure_link", "measured_costs", "measured_timeline"]
 
@@ -207,7 +207,7 @@ def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts
     ``weight_grad_share``); each cut carries the bytes the stage before it sends; the
     link is the ping-pong's; ``action_overhead`` is the ranks' mean bookkeeping per forward or backward.
 
-    >>> from unitscale.stages.measured import RankRecord, measured_costs
+    >>> from unitscale.stages.runtime.measured import RankRecord, measured_costs
     >>> actions0 = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 3.0, 5.0)]
     >>> actions1 = [("F", 1, 0, 1.0, 2.0), ("B", 1, 0, 2.0, 3.0)]
     >>> r0 = RankRecord(actions0, [(1.0, 3.0)], [(0.0, 5.0)], {0: 8})

@@ -1,9 +1,9 @@
 """Running a :class:`~unitscale.StagePlan` as a real pipeline on one machine: one process per rank.
 
 :func:`run_pipeline` checks its arguments (nothing starts on a bad one), pickles each rank's
-stages, example boundaries (:mod:`unitscale.stages.boundaries`) and inputs
-(:mod:`unitscale.stages.pickling`), starts the workers with torch's launcher
-(:mod:`unitscale.stages.workers`; each runs :mod:`unitscale.stages.worker`) and puts their
+stages, example boundaries (:mod:`unitscale.stages.runtime.boundaries`) and inputs
+(:mod:`unitscale.stages.runtime.pickling`), starts the workers with torch's launcher
+(:mod:`unitscale.stages.runtime.workers`; each runs :mod:`unitscale.stages.runtime.worker`) and puts their
 results together: the output, and for a training step the loss, the gradients and what the
 workers measured (:class:`~unitscale.stages.PipelineResult`).
 """
@@ -19,18 +19,18 @@ from typing import Any, overload
 import torch
 
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
-from unitscale.stages.boundaries import stage_examples
-from unitscale.stages.costs import check_input_shapes, flat_inputs
-from unitscale.stages.launch import loss_on_model_output, placement
-from unitscale.stages.measured import measured_costs, measured_timeline
-from unitscale.stages.pickling import check_importable, main_script, pickled
-from unitscale.stages.plan import StagePlan
-from unitscale.stages.result import PipelineResult
-from unitscale.stages.schedule_costs import SCHEDULES, check_schedule, stage_ranks
-from unitscale.stages.split import bake_constant_inputs, constant_inputs
-from unitscale.stages.workers import WORKER_ENV, run_workers
+from unitscale.stages.partitioner.costs import check_input_shapes, flat_inputs
+from unitscale.stages.partitioner.plan import StagePlan
+from unitscale.stages.partitioner.split import bake_constant_inputs, constant_inputs
+from unitscale.stages.runtime.boundaries import stage_examples
+from unitscale.stages.runtime.launch import loss_on_model_output
+from unitscale.stages.runtime.measured import measured_costs, measured_timeline
+from unitscale.stages.runtime.pickling import check_importable, main_script, pickled
+from unitscale.stages.runtime.result import PipelineResult
+from unitscale.stages.runtime.workers import WORKER_ENV, run_workers
+from unitscale.stages.schedules import SCHEDULES, check_schedule, placement, stage_ranks
 
-__all__ = ["PipelineResult", "run_pipeline"]
+__all__ = ["run_pipeline"]
 
 
 @overload
@@ -96,7 +96,7 @@ def run_pipeline(
     (rank ``r`` holds stages ``r`` and ``2 * ranks - 1 - r``). See
     :func:`~unitscale.stages.placement`.
 
-    Workers are fresh interpreters (``python -m unitscale.stages.worker``) started by
+    Workers are fresh interpreters (``python -m unitscale.stages.runtime.worker``) started by
     torch's own launcher (:func:`torch.distributed.elastic.multiprocessing.start_processes`,
     what ``torchrun`` uses) with the environment ``torchrun`` gives (``RANK``, ``WORLD_SIZE``,
     ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); stages and job travel as pickled files. So it

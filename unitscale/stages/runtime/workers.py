@@ -1,7 +1,7 @@
 """Starting the pipeline's worker processes with torch's launcher, and saying what went wrong.
 
 :func:`run_workers` starts one fresh interpreter per rank (``python -m
-unitscale.stages.worker``) with torch's own launcher, the one ``torchrun`` uses
+unitscale.stages.runtime.worker``) with torch's own launcher, the one ``torchrun`` uses
 (:func:`torch.distributed.elastic.multiprocessing.start_processes`): it sets each worker's
 environment, starts it in a session of its own, reports how each ended (exit code, signal)
 and stops them all (``SIGTERM``, then ``SIGKILL``) when one fails or the run ends. The
@@ -53,18 +53,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 
 from unitscale.errors import PipelineError
 
-__all__ = [
-    "MAIN_ENV",
-    "PARENT_ENV",
-    "STARTUP_S",
-    "TIMEOUT_ENV",
-    "WORKER_ENV",
-    "Failure",
-    "Results",
-    "diagnose",
-    "run_workers",
-    "timeout_error",
-]
+__all__ = ["MAIN_ENV", "PARENT_ENV", "STARTUP_S", "TIMEOUT_ENV", "WORKER_ENV", "run_workers"]
 
 WORKER_ENV = "UNITSCALE_PIPELINE_WORKER"
 PARENT_ENV = "UNITSCALE_PIPELINE_PARENT"  # the caller's pid: a worker dies with it (see worker.py)
@@ -315,7 +304,7 @@ def run_workers(
             context = start_processes(
                 name="unitscale-pipeline",
                 entrypoint=sys.executable,
-                args={r: ("-m", "unitscale.stages.worker", scratch) for r in range(world)},
+                args={r: ("-m", "unitscale.stages.runtime.worker", scratch) for r in range(world)},
                 envs={r: _worker_env(r, world, store.port, timeout, main_path) for r in range(world)},
                 logs_specs=DefaultLogsSpecs(log_dir=os.path.join(scratch, "logs")),
             )

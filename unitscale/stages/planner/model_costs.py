@@ -14,8 +14,8 @@ from typing import Any
 from torch import fx
 
 from unitscale.errors import CostError, InputError
-from unitscale.stages.costs import call_cost, output_bytes, params_per_node
-from unitscale.stages.schedule_costs import ADAM_BYTES_PER_PARAM, ChainCosts, check_link
+from unitscale.stages.partitioner.costs import call_cost, output_bytes, params_per_node
+from unitscale.stages.schedules import ADAM_BYTES_PER_PARAM, ChainCosts, check_link
 
 __all__ = ["calibrated", "chain_costs_for", "piece_costs"]
 
@@ -23,8 +23,8 @@ __all__ = ["calibrated", "chain_costs_for", "piece_costs"]
 def piece_costs(costs: ChainCosts, pieces: Sequence[int]) -> ChainCosts:
     """``costs`` summed over each piece (the runs of nodes no cut may split; ``pieces`` are their bounds).
 
-    >>> from unitscale.stages.model_costs import piece_costs
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.planner.model_costs import piece_costs
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> piece_costs(ChainCosts.uniform([1.0, 2.0, 3.0]), [0, 2, 3]).forward
     (3.0, 3.0)
     """
@@ -71,7 +71,7 @@ def chain_costs_for(
     >>> import torch
     >>> from torch import nn
     >>> from unitscale import partition
-    >>> from unitscale.stages.model_costs import chain_costs_for
+    >>> from unitscale.stages.planner.model_costs import chain_costs_for
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     >>> plan = partition(model, 1, torch.randn(4, 4))
     >>> c = chain_costs_for(plan, num_microbatches=2)
@@ -136,7 +136,7 @@ def calibrated(costs: ChainCosts, result: Any, costs_at: Callable[[int], ChainCo
     >>> from torch import nn
     >>> from unitscale import partition
     >>> from unitscale.stages import ChainCosts, PipelineResult
-    >>> from unitscale.stages.model_costs import calibrated, chain_costs_for
+    >>> from unitscale.stages.planner.model_costs import calibrated, chain_costs_for
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     >>> plan = partition(model, 2, torch.randn(8, 4), cost="params")
     >>> at = lambda m: chain_costs_for(plan, m, backward=1.0)

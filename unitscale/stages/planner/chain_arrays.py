@@ -1,15 +1,15 @@
 """The arrays of one planning problem, computed once for the formula's programmes and the search.
 
-:class:`ChainArrays` lays a :class:`~unitscale.stages.schedule_costs.ChainCosts` out on a
+:class:`ChainArrays` lays a :class:`~unitscale.stages.schedules.ChainCosts` out on a
 schedule's placement: which rank runs each stage and at what speed, prefix sums of the items'
 forward and backward work, parameter and activation bytes, each stage's memory prefix (its
 microbatches in flight times the activations, plus the parameters) and the message time of
-every cut. The formula's :class:`~unitscale.stages.formula.Problem` and the branch and bound's
-:class:`~unitscale.stages.branch_bound.Search` both read these, so the planner builds them once
+every cut. The formula's :class:`~unitscale.stages.planner.formula.Problem` and the branch and bound's
+:class:`~unitscale.stages.planner.branch_bound.Search` both read these, so the planner builds them once
 per plan; each keeps only what is its own (the formula's per-stage cap, the search's bounds).
 
->>> from unitscale.stages.chain_arrays import ChainArrays
->>> from unitscale.stages.schedule_costs import ChainCosts
+>>> from unitscale.stages.planner.chain_arrays import ChainArrays
+>>> from unitscale.stages.schedules import ChainCosts
 >>> a = ChainArrays(ChainCosts.uniform([1.0] * 4), 2, "1f1b", 4, 1, None, None)
 >>> a.pw.tolist()  # forward 1, backward 2 per item
 [0.0, 3.0, 6.0, 9.0, 12.0]
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unitscale.stages.schedule_costs import ChainCosts, in_flight, stage_ranks
+from unitscale.stages.schedules import ChainCosts, in_flight, stage_ranks
 
 __all__ = ["ChainArrays", "prefix_sums"]
 
@@ -30,7 +30,7 @@ __all__ = ["ChainArrays", "prefix_sums"]
 def prefix_sums(values: Sequence[float] | np.ndarray) -> np.ndarray:
     """``[0, v0, v0 + v1, ...]`` in float64: ``out[b] - out[a]`` is the sum of ``values[a:b]``.
 
-    >>> from unitscale.stages.chain_arrays import prefix_sums
+    >>> from unitscale.stages.planner.chain_arrays import prefix_sums
     >>> prefix_sums([1.0, 2.0, 3.0]).tolist()
     [0.0, 1.0, 3.0, 6.0]
     """
@@ -52,8 +52,8 @@ class ChainArrays:
         q: ``q[s][b] - q[s][a]``, the bytes of stage ``s`` over items ``a:b``.
         comm: the message time of a cut before each item (``costs.comm_time``).
 
-    >>> from unitscale.stages.chain_arrays import ChainArrays
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.planner.chain_arrays import ChainArrays
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> costs = ChainCosts.uniform([1.0] * 4, param_bytes=10.0, activation_bytes=1.0)
     >>> a = ChainArrays(costs, 2, "1f1b", 4, 1, None, [1.0, 2.0])
     >>> a.held.tolist(), a.speed.tolist()  # stage 0 keeps 2 microbatches, stage 1 one

@@ -40,7 +40,7 @@ class _MainSpotter(pickle.Pickler):
 def pickled(what: str, value: Any, from_main: list[str]) -> bytes:
     """``value`` pickled; names it takes from ``__main__`` are appended to ``from_main``.
 
-    >>> from unitscale.stages.pickling import pickled
+    >>> from unitscale.stages.runtime.pickling import pickled
     >>> names: list[str] = []
     >>> len(pickled("the inputs", (1, 2), names)) > 0, names
     (True, [])

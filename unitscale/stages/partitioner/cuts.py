@@ -6,7 +6,7 @@ only cuts leave a stage with nothing to do is refused, naming the values in the 
 >>> import torch
 >>> from torch import nn
 >>> from unitscale import partition
->>> from unitscale.stages.cuts import allowed_cuts
+>>> from unitscale.stages.partitioner.cuts import allowed_cuts
 >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
 >>> plan = partition(model, 1, torch.randn(1, 2))  # nodes with their types
 >>> allowed_cuts(plan.compute_nodes(), None)
@@ -20,9 +20,9 @@ from torch import fx
 
 from unitscale.errors import BlockedCutError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
-from unitscale.stages.split import INPUT_CONSTANT_KEY, is_symbolic, symbol_of, tensor_carries
+from unitscale.stages.partitioner.split import INPUT_CONSTANT_KEY, is_symbolic, symbol_of, tensor_carries
 
-__all__ = ["allowed_cuts", "check_no_idle_stage", "non_tensor_spans"]
+__all__ = ["allowed_cuts", "check_no_idle_stage"]
 
 
 def non_tensor_spans(nodes: list[fx.Node]) -> list[tuple[fx.Node, int, int]]:

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from unitscale.errors import InputError
-from unitscale.stages.measured import RankRecord
-from unitscale.stages.schedule_costs import ChainCosts
-from unitscale.stages.simulation import Timeline, simulate_bounds
+from unitscale.stages.planner.simulation import Timeline, simulate_bounds
+from unitscale.stages.runtime.measured import RankRecord
+from unitscale.stages.schedules import ChainCosts
 
 __all__ = ["PipelineResult"]
 
@@ -41,13 +41,13 @@ class PipelineResult:
         stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with
             one item per stage: mean forward and backward seconds per microbatch, the bytes
             each stage sends, the gloo link (ping-pong latency and bandwidth) and the
-            schedule's bookkeeping per action (see ``unitscale.stages.measured``).
+            schedule's bookkeeping per action (see ``unitscale.stages.runtime.measured``).
         timeline: the measured :class:`~unitscale.stages.Timeline` of the timed step whose time
             is ``step_time`` (every action's start and end on its rank).
         schedule: the schedule that ran.
         num_microbatches: microbatches per step.
         stages_per_rank: stages each rank held.
-        records: each rank's raw measurements (``unitscale.stages.measured.RankRecord``):
+        records: each rank's raw measurements (``unitscale.stages.runtime.measured.RankRecord``):
             every timed action and message wait, the steps' starts and ends.
         bounds: the node-index bounds of the plan's stages (``StagePlan.bounds``), so that the
             measured durations can calibrate another plan of the graph

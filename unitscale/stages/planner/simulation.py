@@ -1,6 +1,6 @@
 """Event-driven simulation of a pipeline schedule: step time, bubble, memory, timeline.
 
-Each rank runs its work in the schedule's order (:func:`~unitscale.stages.schedule_costs.schedule_order`,
+Each rank runs its work in the schedule's order (:func:`~unitscale.stages.schedules.schedule_order`,
 torch's own for the interleaved and zero-bubble schedules). A piece of work starts when its
 rank is free and its inputs have arrived: a forward needs the previous stage's forward of
 the same microbatch, a backward the next stage's backward and its own forward; a value
@@ -8,8 +8,8 @@ that changes rank arrives ``latency + bytes / bandwidth`` after it was made (sen
 block compute, links do not contend). Times are exact for this model: it is a longest path
 through a fixed graph.
 
->>> from unitscale.stages.schedule_costs import ChainCosts
->>> from unitscale.stages.simulation import simulate_bounds
+>>> from unitscale.stages.schedules import ChainCosts
+>>> from unitscale.stages.planner.simulation import simulate_bounds
 >>> costs = ChainCosts.uniform([1.0] * 4, backward_ratio=2.0)
 >>> t = simulate_bounds(costs, [0, 1, 2, 3, 4], "gpipe", num_microbatches=4)
 >>> t.step_time, round(t.bubble, 3)  # (m + p - 1) * (f + b) = 7 * 3
@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from unitscale.errors import InputError, StageCountError
-from unitscale.stages.schedule_costs import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
+from unitscale.stages.schedules import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from unitscale.stages.plan import StagePlan
+    from unitscale.stages.partitioner.plan import StagePlan
 
 __all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
@@ -217,8 +217,8 @@ def simulate_bounds(
     Returns:
         The :class:`Timeline`.
 
-    >>> from unitscale.stages.schedule_costs import ChainCosts
-    >>> from unitscale.stages.simulation import simulate_bounds
+    >>> from unitscale.stages.schedules import ChainCosts
+    >>> from unitscale.stages.planner.simulation import simulate_bounds
     >>> c = ChainCosts.uniform([1.0, 1.0], boundary_bytes=1.0, bandwidth=2.0)
     >>> simulate_bounds(c, [0, 1, 2], "gpipe", 1).step_time  # f, send, f, b, send, b
     7.0
@@ -370,7 +370,7 @@ def step_times(
         longest path), so durations that are lower bounds give a lower bound.
 
     >>> import numpy as np
-    >>> from unitscale.stages.simulation import step_times
+    >>> from unitscale.stages.planner.simulation import step_times
     >>> ones = np.ones((1, 4))
     >>> step_times("1f1b", 4, 1, 4, ones, 2 * ones, 0 * ones)  # (m + p - 1) * 3
     array([21.])

@@ -8,18 +8,18 @@ The step time that :func:`~unitscale.stages.simulate` predicts for the chosen sc
 ``t = latency + bytes / bandwidth`` each way, and each rank runs its work in the
 schedule's order. A plan fits when every rank's stages together (parameters with
 gradients and optimiser state, plus the activations of the microbatches the schedule
-keeps in flight, :func:`~unitscale.stages.schedule_costs.in_flight`) need at most
+keeps in flight, :func:`~unitscale.stages.schedules.in_flight`) need at most
 ``memory_limit`` bytes. Among plans whose step times agree within ``1e-9`` (relative),
 the one with the least sum of squared stage times ``Σ_s c_s²`` wins, with communication
 and device speeds too (``c_s = (F_s + B_s) / speed``).
 
 How
 ---
-The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.formula`),
+The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.planner.formula`),
 polished one cut at a time with the simulator, and the splits people use without a planner
 (:func:`~unitscale.stages.rule_splits`: equal items per stage, equal work per stage, min-max, balanced); a branch
 and bound whose bounds are the simulator's own step with the stages not yet placed taking no
-time, raised by the work they must still do (:mod:`unitscale.stages.branch_bound`), then proves
+time, raised by the work they must still do (:mod:`unitscale.stages.planner.branch_bound`), then proves
 the best of them optimal or improves it. For GPipe with a backward that is a fixed multiple of
 the forward, the formula's optimum is certified on its own. So the plan's simulated step is
 never longer than a rule's, whether or not the search finishes.
@@ -27,14 +27,14 @@ never longer than a rule's, whether or not the search finishes.
 Where the search does not finish (several stages per rank: its bounds there are a water level,
 often 10 to 20 % below the best step on 8 ranks, so its best-first order spends the budget on
 partial plans and reaches few complete ones), a local search
-(``descend`` in ``unitscale.stages.branch_bound``: single cuts, and runs of cuts shifted
+(``descend`` in ``unitscale.stages.planner.branch_bound``: single cuts, and runs of cuts shifted
 together) improves the best plan held; ``optimal`` then stays ``False`` and ``lower_bound``
 says how far from optimal the plan can be. ``ChainPlan.origin`` names the incumbent the plan
 came from. A model becomes a chain of pieces (the runs of nodes no cut may split) with
-:mod:`unitscale.stages.model_costs`.
+:mod:`unitscale.stages.planner.model_costs`.
 
 >>> from unitscale.stages import plan_chain
->>> from unitscale.stages.schedule_costs import ChainCosts
+>>> from unitscale.stages.schedules import ChainCosts
 >>> costs = ChainCosts.uniform([4, 1, 1, 1, 1, 1, 1, 1, 1], backward_ratio=2.0)
 >>> found = plan_chain(costs, ranks=2, schedule="1f1b", num_microbatches=4)
 >>> found.bounds, found.step_time == found.lower_bound, found.optimal
@@ -53,15 +53,15 @@ from typing import Any
 from torch import fx, nn
 
 from unitscale.errors import CostError, InputError, MemoryLimitError, StageCountError
-from unitscale.stages.branch_bound import SEARCH_BUDGET, TIE, Search, descend, least_rank_memory, polish
-from unitscale.stages.chain_arrays import ChainArrays
-from unitscale.stages.costs import backward_times
-from unitscale.stages.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
-from unitscale.stages.model_costs import calibrated, chain_costs_for, piece_costs
-from unitscale.stages.plan import StagePlan, partition
-from unitscale.stages.schedule_costs import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
-from unitscale.stages.search import balanced_bounds, equal_count_bounds, optimal_bounds
-from unitscale.stages.simulation import simulate_bounds
+from unitscale.stages.partitioner.costs import backward_times
+from unitscale.stages.partitioner.plan import StagePlan, partition
+from unitscale.stages.partitioner.search import balanced_bounds, equal_count_bounds, optimal_bounds
+from unitscale.stages.planner.branch_bound import SEARCH_BUDGET, TIE, Search, descend, least_rank_memory, polish
+from unitscale.stages.planner.chain_arrays import ChainArrays
+from unitscale.stages.planner.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
+from unitscale.stages.planner.model_costs import calibrated, chain_costs_for, piece_costs
+from unitscale.stages.planner.simulation import simulate_bounds
+from unitscale.stages.schedules import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
 
 __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "rule_splits"]
 
@@ -88,7 +88,7 @@ class ChainPlan:
             (the step-time formula's optimum; ``"polished formula"`` after moving single cuts;
             ``"least memory"`` when the formula's caps fit nothing), a rule of :func:`~unitscale.stages.rule_splits`
             (``"equal count"``, ``"equal cost"``, ``"min-max"``, ``"balanced"``), or ``"local search
-            from ..."`` (``descend`` in ``unitscale.stages.branch_bound``, after a search that did not
+            from ..."`` (``descend`` in ``unitscale.stages.planner.branch_bound``, after a search that did not
             finish). Names joined by ``" / "`` gave the same split.
     """
 
@@ -126,15 +126,15 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
     * ``"equal cost"``: stage ``s`` ends at the item boundary nearest to ``(s + 1) / k`` of the
       total work (a split by hand from per-layer costs);
     * ``"min-max"``: the contiguous split with the least largest stage
-      (``unitscale.stages.search.optimal_bounds``);
+      (``unitscale.stages.partitioner.search.optimal_bounds``);
     * ``"balanced"``: among min-max splits, the one with the least sum of squared stage times
-      (``unitscale.stages.search.balanced_bounds``; left out when its programme is too large).
+      (``unitscale.stages.partitioner.search.balanced_bounds``; left out when its programme is too large).
 
     :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
     longer than any of theirs.
 
     >>> from unitscale.stages import rule_splits
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> rules = rule_splits(ChainCosts.uniform([3, 1, 1, 1, 1, 1]), 2)
     >>> rules["equal count"], rules["min-max"]
     ([0, 3, 6], [0, 2, 6])
@@ -193,7 +193,7 @@ def plan_chain(
     best plans it holds moves single cuts and runs of cuts while the simulated step falls, and
     the result has ``optimal=False`` (unless that reached the bound) and a ``lower_bound``
     below it (the gap is certified). The bounds are
-    listed in the module's docstring (``unitscale.stages.planner``).
+    listed in the module's docstring (``unitscale.stages.planner.planner``).
 
     Args:
         costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
@@ -218,68 +218,18 @@ def plan_chain(
         UnknownScheduleError: an unknown schedule.
 
     >>> from unitscale.stages import plan_chain
-    >>> from unitscale.stages.schedule_costs import ChainCosts
+    >>> from unitscale.stages.schedules import ChainCosts
     >>> costs = ChainCosts.uniform([1.0] * 6, activation_bytes=10.0)
     >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 * 10 B * 3
     [0, 3, 6]
     """
-    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
-    k = ranks * stages_per_rank
-    if k > len(costs):
-        raise StageCountError(
-            f"ranks * stages_per_rank = {ranks} * {stages_per_rank} = {k} stages, but the chain has only "
-            f"{len(costs)} pieces to place; use at most {len(costs)} stages (fewer ranks or stages_per_rank)"
-        )
-    if device_speeds is not None and (
-        len(device_speeds) != ranks or not all(math.isfinite(s) and s > 0 for s in device_speeds)
-    ):
-        raise InputError(f"device_speeds={list(device_speeds)!r} must hold one finite number > 0 per rank ({ranks})")
-    if memory_limit is not None and (
-        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
-    ):
-        raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
-    if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
-        raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
+    k = _check_chain(
+        costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds, search_budget
+    )
     # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
     arrays = ChainArrays(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
     problem, search = Problem(arrays), Search(arrays)
-    seeds: list[list[int]] = []
-    names: list[str] = []  # where each seed came from (ChainPlan.origin)
-    probes, certified = 0, None
-    try:
-        exact = schedule == "gpipe" and proportional(costs) and costs.action_overhead == 0
-        # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
-        # (devices of different speeds can otherwise take hundreds)
-        bounds, formula, formula_lower, probes = formula_plan(problem, None if exact else FORMULA_PROBES)
-        seeds.append(bounds)
-        names.append("formula")
-        if exact:
-            certified = formula_lower
-            if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
-                even = most_even(problem, problem.bottleneck(bounds))
-                if even is not None:
-                    seeds.append(even)
-                    names.append("formula, most even")
-    except NoFit:
-        if stages_per_rank == 1:
-            need, plan = smallest_memory(problem), None
-            least = f"the least limit that works is {need:.4g} bytes"
-        else:
-            need, plan = least_rank_memory(search)
-            least = f"the least limit that works is {need:.4g} bytes"
-            if plan is None:
-                # the search for the least gave up: a plan within limit / v per stage fits v times that
-                low, need = need, smallest_memory(problem) * stages_per_rank
-                least = f"{need:.4g} bytes works (the least limit that works lies between {low:.4g} and that)"
-        if plan is None or memory_limit is None or need > memory_limit:
-            raise MemoryLimitError(
-                f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
-                f"device under {schedule} with {num_microbatches} microbatches; {least} (raise the limit, or "
-                "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
-                needed=need,
-            ) from None
-        seeds.append(plan)
-        names.append("least memory")
+    seeds, names, probes, certified = _first_seeds(costs, problem, search, k, memory_limit)
     if certified is None:
         seeds.append(polish(search, seeds[0]))
         names.append(f"polished {names[0]}")
@@ -321,6 +271,84 @@ def plan_chain(
         rank_memory=search.rank_memory(chosen),
         origin=origin,
     )
+
+
+def _check_chain(
+    costs: ChainCosts,
+    ranks: int,
+    schedule: str,
+    num_microbatches: int,
+    stages_per_rank: int,
+    memory_limit: float | None,
+    device_speeds: Sequence[float] | None,
+    search_budget: int,
+) -> int:
+    """The stage count ``ranks * stages_per_rank``, after :func:`plan_chain`'s arguments are checked."""
+    check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
+    k = ranks * stages_per_rank
+    if k > len(costs):
+        raise StageCountError(
+            f"ranks * stages_per_rank = {ranks} * {stages_per_rank} = {k} stages, but the chain has only "
+            f"{len(costs)} pieces to place; use at most {len(costs)} stages (fewer ranks or stages_per_rank)"
+        )
+    if device_speeds is not None and (
+        len(device_speeds) != ranks or not all(math.isfinite(s) and s > 0 for s in device_speeds)
+    ):
+        raise InputError(f"device_speeds={list(device_speeds)!r} must hold one finite number > 0 per rank ({ranks})")
+    if memory_limit is not None and (
+        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
+    ):
+        raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
+    if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
+        raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
+    return k
+
+
+def _first_seeds(
+    costs: ChainCosts, problem: Problem, search: Search, k: int, memory_limit: float | None
+) -> tuple[list[list[int]], list[str], int, float | None]:
+    """The formula's plan (and, where it is exact, the most even of its optima) or, when no plan
+    fits at ``memory_limit / v`` per stage, the least-memory plan; with their names, the formula's
+    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs).
+
+    Raises:
+        MemoryLimitError: no split fits ``memory_limit``.
+    """
+    schedule, num_microbatches, stages_per_rank = search.schedule, search.m, search.v
+    seeds: list[list[int]] = []
+    names: list[str] = []  # where each seed came from (ChainPlan.origin)
+    probes, certified = 0, None
+    try:
+        exact = schedule == "gpipe" and proportional(costs) and costs.action_overhead == 0
+        # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
+        # (devices of different speeds can otherwise take hundreds)
+        bounds, formula, formula_lower, probes = formula_plan(problem, None if exact else FORMULA_PROBES)
+        seeds.append(bounds)
+        names.append("formula")
+        if exact:
+            certified = formula_lower
+            if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
+                even = most_even(problem, problem.bottleneck(bounds))
+                if even is not None:
+                    seeds.append(even)
+                    names.append("formula, most even")
+    except NoFit:
+        need, plan = (smallest_memory(problem), None) if stages_per_rank == 1 else least_rank_memory(search)
+        least = f"the least limit that works is {need:.4g} bytes"
+        if stages_per_rank > 1 and plan is None:
+            # the search for the least gave up: a plan within limit / v per stage fits v times that
+            low, need = need, smallest_memory(problem) * stages_per_rank
+            least = f"{need:.4g} bytes works (the least limit that works lies between {low:.4g} and that)"
+        if plan is None or memory_limit is None or need > memory_limit:
+            raise MemoryLimitError(
+                f"no split of {len(costs)} pieces into {k} stages fits memory_limit={memory_limit:.4g} bytes per "
+                f"device under {schedule} with {num_microbatches} microbatches; {least} (raise the limit, or "
+                "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
+                needed=need,
+            ) from None
+        seeds.append(plan)
+        names.append("least memory")
+    return seeds, names, probes, certified
 
 
 def plan_pipeline(
@@ -460,12 +488,11 @@ def plan_pipeline(
     found = plan_chain(
         piece_costs(costs, pieces), ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds
     )
-    plan = base.with_bounds([pieces[b] for b in found.bounds])
-    plan.chain_costs = costs
-    plan.schedule, plan.step_time, plan.lower_bound, plan.optimal = (
-        schedule,
-        found.step_time,
-        found.lower_bound,
-        found.optimal,
+    return base.with_bounds(
+        [pieces[b] for b in found.bounds],
+        chain_costs=costs,
+        schedule=schedule,
+        step_time=found.step_time,
+        lower_bound=found.lower_bound,
+        optimal=found.optimal,
     )
-    return plan

@@ -304,7 +304,7 @@ def bake_constant_inputs(stage: fx.GraphModule) -> fx.GraphModule:
 
     >>> import torch
     >>> from unitscale import partition
-    >>> from unitscale.stages.split import bake_constant_inputs
+    >>> from unitscale.stages.partitioner.split import bake_constant_inputs
     >>> class Scaled(torch.nn.Module):
     ...     def forward(self, x, scale=None):
     ...         return x * 2 if scale is None else x * scale
@@ -380,7 +380,7 @@ def op_libraries(module: nn.Module) -> list[str]:
 
     >>> import torch
     >>> from torch import fx
-    >>> from unitscale.stages.split import op_libraries
+    >>> from unitscale.stages.partitioner.split import op_libraries
     >>> @torch.library.custom_op("unitscale_doc::twice", mutates_args=())
     ... def twice(x: torch.Tensor) -> torch.Tensor:
     ...     return 2 * x

@@ -1,0 +1,24 @@
+"""The planner: the split and microbatch count with the least simulated step time.
+
+:func:`plan_pipeline` plans a captured model, :func:`plan_chain` a chain of numbers (a
+:class:`ChainPlan`); :func:`simulate` gives the step time and :class:`Timeline` of a split under a
+schedule, and :func:`rule_splits` the splits people use, which seed the search. Uses the
+partitioner and :mod:`unitscale.stages.schedules`; the runtime uses it (for the timeline), never
+the reverse.
+
+>>> from unitscale.stages import ChainCosts
+>>> from unitscale.stages.planner import plan_chain
+>>> costs = ChainCosts.uniform([1.0, 1.0, 1.0, 1.0])
+>>> plan_chain(costs, ranks=2, schedule="gpipe").bounds
+[0, 2, 4]
+"""
+
+from unitscale.stages.planner.planner import ChainPlan as ChainPlan
+from unitscale.stages.planner.planner import plan_chain as plan_chain
+from unitscale.stages.planner.planner import plan_pipeline as plan_pipeline
+from unitscale.stages.planner.planner import rule_splits as rule_splits
+from unitscale.stages.planner.simulation import Timeline as Timeline
+from unitscale.stages.planner.simulation import TimelineBlock as TimelineBlock
+from unitscale.stages.planner.simulation import simulate as simulate
+
+__all__ = ["plan_pipeline", "plan_chain", "ChainPlan", "rule_splits", "simulate", "Timeline", "TimelineBlock"]
