@@ -56,11 +56,7 @@ LOCAL_IMPORTS_ALLOWED: set[tuple[str, str]] = set()
 HIDDEN_MODULES_ALLOWED: set[str] = set()
 # (importer, imported): a name another room imports past its face, from no module it lends.
 # Owner: stages (unitscale.stages, moving into sub-packages): import these from unitscale.capture.toolkit.
-FACE_IMPORTS_MOVING: set[tuple[str, str]] = {
-    ("unitscale.stages.costs", "unitscale.capture.normalise_graph"),
-    ("unitscale.stages.plan", "unitscale.capture.normalise_path"),
-    ("unitscale.stages.plan", "unitscale.capture.stack_entries"),
-}
+FACE_IMPORTS_MOVING: set[tuple[str, str]] = set()
 # A lent module without an ``__all__`` (its lent names unlisted). Owner: scaling.
 LENT_WITHOUT_ALL: set[str] = {"unitscale.scaling.constant", "unitscale.scaling.softmax_stats"}
 # The modules that write a node's origin keys, or a ``node.meta`` key held in a variable.

@@ -22,10 +22,6 @@ from unitscale.capture._eager import RecordedOp as RecordedOp
 from unitscale.capture._kv_cache import no_kv_cache as no_kv_cache
 from unitscale.capture._routes import DeepTracing as DeepTracing
 
-# Not the face: unitscale.stages imports these three until it takes them from capture.toolkit.
-from unitscale.capture.toolkit import normalise_graph as normalise_graph
-from unitscale.capture.toolkit import normalise_path as normalise_path
-from unitscale.capture.toolkit import stack_entries as stack_entries
 from unitscale.capture.tools import capture_exec_order as capture_exec_order
 from unitscale.capture.tools import module_paths as module_paths
 from unitscale.capture.tools import trace_exec_order as trace_exec_order

@@ -27,7 +27,8 @@ from torch.fx.node import map_aggregate
 from torch.fx.passes.shape_prop import TensorMetadata
 from torch.utils.flop_counter import FlopCounterMode
 
-from unitscale.capture import capture, normalise_graph
+from unitscale.capture import capture
+from unitscale.capture.toolkit import normalise_graph
 from unitscale.errors import CostError, InputError, NoRouteError, NotAModuleError, OutOfMemoryError
 from unitscale.fx.module_state import module_state_kept, pytree_specs_quiet
 from unitscale.fx.nodes import COMPUTE_OPS, tensor_metadata

@@ -35,7 +35,7 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
 
-from unitscale.capture import normalise_path, stack_entries
+from unitscale.capture.toolkit import normalise_path, stack_entries
 from unitscale.errors import CostError, InputError, PlanMismatchError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages.partitioner import search
