@@ -96,7 +96,7 @@ page_dependencies = {
     "docs/benchmarks": ["benchmarks/bench_*.py", "docs/benchmark_runs/*.json", *_KERNEL],
     "docs/against-the-reference": _KERNEL,
     "docs/planner": ["docs/benchmark_runs/bench_planner.json", *_KERNEL],
-    **{f"tutorials/{page.stem}": _KERNEL for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))},
+    **{f"tutorials/{page.stem}": _KERNEL for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))},
 }
 
 # The wheel served at the site root (wheel_download extension) is this project's.

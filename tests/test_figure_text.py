@@ -109,7 +109,7 @@ def test_every_text_the_library_draws_is_at_least_9_pt(draw: Callable[[], object
         plt.close(figure)
 
 
-@pytest.mark.parametrize("tutorial", sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("tutorial", sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md")), ids=lambda p: p.stem)
 def test_tutorials_ask_for_no_text_under_9_pt(tutorial: Path) -> None:
     found = [m.group(0) for m in SMALL.finditer(tutorial.read_text(encoding="utf-8"))]
     assert found == [], f"{tutorial.name} asks for text under {MIN_PT} pt: {found}"

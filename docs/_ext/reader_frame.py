@@ -9,10 +9,11 @@ Under each tutorial's title, a box says
   MyST-NB's execution data (the same numbers as the execution report), never written by hand;
 - **Terms**: the glossary entries (``docs/glossary.md``) for the jargon the page's prose uses.
 
-Previous/Next at the foot of a page follow the sidebar (the home page's toctrees), track by
-track: tutorial 7's Next is 10, the next step of the scaling track, and Next from the track's
-last tutorial (12) reaches "Against the reference" and then the stages track, so every page of the
-sidebar is reachable by Next.
+A tutorial is named by its file's prefix: ``06a_unit_scaled_ops`` is tutorial "6a" (a topic
+told in two pages is numbered once, lettered a and b). Previous/Next at the foot of a page follow
+the sidebar (the home page's toctrees), track by track: tutorial 7b's Next is 10, the next step of
+the scaling track, and Next from the track's last tutorial (12) reaches "Against the reference"
+and then the stages track, so every page of the sidebar is reachable by Next.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from docutils import nodes
 from sphinx.application import Sphinx
 
 TRACKS = {
-    "fx": ("The torch.fx track", [1, 2, 3, 4]),
-    "scaling": ("The scaling track", [5, 6, 7, 10, 12]),
-    "stages": ("Stages and real models", [8, 9, 11]),
+    "fx": ("The torch.fx track", ["1", "2", "3", "4"]),
+    "scaling": ("The scaling track", ["5", "6a", "6b", "7a", "7b", "10", "12"]),
+    "stages": ("Stages and real models", ["8", "9", "11"]),
 }
 
 
@@ -39,12 +40,12 @@ TRACKS = {
 class Frame:
     track: str
     learn: tuple[str, ...]
-    before: tuple[int, ...]  # tutorials this one builds on
+    before: tuple[str, ...]  # tutorials this one builds on
     knowledge: str  # what a reader should know besides
 
 
-TUTORIALS: dict[int, Frame] = {
-    1: Frame(
+TUTORIALS: dict[str, Frame] = {
+    "1": Frame(
         "fx",
         (
             "what a `torch.fx` tracer does, and which hook sees what",
@@ -54,35 +55,35 @@ TUTORIALS: dict[int, Frame] = {
         (),
         "PyTorch modules; no `torch.fx` needed",
     ),
-    2: Frame(
+    "2": Frame(
         "fx",
         (
             "how to choose which modules stay whole in a trace (leaves)",
             "how to tag every node, and record the order modules run and parameters are used",
             "how tracers combine into one trace by inheritance",
         ),
-        (1,),
+        ("1",),
         "",
     ),
-    3: Frame(
+    "3": Frame(
         "fx",
         (
             "how to splice a module's body into the graph that calls it, with a `Proxy`",
             "how `unitscale.inline` inlines every call, or the ones a predicate picks",
         ),
-        (1, 2),
+        ("1", "2"),
         "",
     ),
-    4: Frame(
+    "4": Frame(
         "fx",
         (
             "how to invert a function by walking its graph backwards",
             "where an inverse holds only on part of the domain, and what cannot be inverted",
         ),
-        (3,),
+        ("3",),
         "",
     ),
-    5: Frame(
+    "5": Frame(
         "scaling",
         (
             "how to measure the scale of every tensor, forward and backward",
@@ -92,26 +93,46 @@ TUTORIALS: dict[int, Frame] = {
         (),
         "a PyTorch training step; tutorial 1 helps with the graphs",
     ),
-    6: Frame(
+    "6a": Frame(
         "scaling",
         (
             "what a unit-scaled op multiplies by, forward and backward, and why",
-            "when forward and backward scales must be equal (constraints), and how residuals are weighted",
-            "what FP8 formats hold, simulated on any machine",
+            "when forward and backward scales must be equal (constraints)",
+            "how residual adds are weighted so that the sum stays at unit scale",
         ),
-        (5,),
+        ("5",),
         "",
     ),
-    7: Frame(
+    "6b": Frame(
+        "scaling",
+        (
+            "what the unit-scaled layers of `unitscale.nn` give at initialisation",
+            "which torch functions `unit_scale` swaps, and how to swap them yourself",
+            "what FP8 formats hold, simulated on any machine",
+        ),
+        ("6a",),
+        "",
+    ),
+    "7a": Frame(
         "scaling",
         (
             "how `unit_scale` rewrites a whole model as a graph transform",
             "what happens to gradients in simulated FP8, with and without unit scaling",
         ),
-        (5, 6),
+        ("5", "6b"),
         "",
     ),
-    8: Frame(
+    "7b": Frame(
+        "scaling",
+        (
+            "how `unit_scale` holds models with batch norm, gates and a `transformers` decoder",
+            "why every scale stays a constant during training",
+            "how `scale_check` names the ops that move a model off unit scale",
+        ),
+        ("7a",),
+        "",
+    ),
+    "8": Frame(
         "stages",
         (
             "how to cut a model into pipeline stages whose slowest stage is as fast as it can be",
@@ -121,41 +142,41 @@ TUTORIALS: dict[int, Frame] = {
         (),
         "PyTorch modules; tutorial 2 shows the execution order the split follows",
     ),
-    9: Frame(
+    "9": Frame(
         "stages",
         (
             "how every tool of this library applies to a `transformers` model",
             "how a model `torch.fx` cannot trace is captured with `torch.export`",
         ),
-        (5, 8),
+        ("5", "8"),
         "",
     ),
-    10: Frame(
+    "10": Frame(
         "scaling",
         (
             "what u-μP adds to unit scaling: parameter roles and learning-rate rules",
             "how to check that the best learning rate transfers from a narrow model to a wide one",
         ),
-        (7,),
+        ("7a",),
         "",
     ),
-    11: Frame(
+    "11": Frame(
         "stages",
         (
             "how to plan a pipeline for a schedule (GPipe, 1F1B, interleaved) under a memory limit",
             "how well the planner's predicted step time matches a measured one",
             "how to launch the plan with `torchrun`",
         ),
-        (8,),
+        ("8",),
         "",
     ),
-    12: Frame(
+    "12": Frame(
         "scaling",
         (
             "how to compare plain and unit-scaled training, in FP32 and simulated FP8, each at its best learning rate",
             "why a unit-scaled model needs its own learning-rate rule to match the plain one",
         ),
-        (7, 10),
+        ("7a", "10"),
         "",
     ),
 }
@@ -174,20 +195,30 @@ TERMS: dict[str, tuple[str, str | None]] = {
     "loss scaling": (r"\bloss scal(e|ing)\b", None),
     "microbatch": (r"\bmicrobatch(es)?\b", None),
     "octave": (r"\boctaves?\b", None),
+    "quadrature": (r"\bquadrature\b", None),
     "roles": (r"\broles?\b", r"u-μP"),
     "stage": (r"\bstages?\b", r"\bpipeline"),
     "subnormal": (r"\bsubnormals?\b", None),
+    "TorchDynamo": (r"\b(Torch)?Dynamo\b", None),
     "unit scaling": (r"\bunit[- ]scal(ing|ed)\b", None),
     "u-μP": (r"u-μP", None),
 }
 
 
-def number(docname: str) -> int | None:
-    match = re.fullmatch(r"tutorials/(\d\d)_\w+", docname)
-    return int(match[1]) if match else None
+def number(docname: str) -> str | None:
+    """The tutorial's label, from its file's prefix: ``tutorials/06a_x`` is "6a"."""
+    match = re.fullmatch(r"tutorials/(\d\d)([a-z]?)_\w+", docname)
+    return f"{int(match[1])}{match[2]}" if match else None
 
 
-def docname_of(app: Sphinx, n: int) -> str:
+def order(label: str) -> tuple[int, str]:
+    """A label's place in reading order: "6a" before "6b" before "7a" before "10"."""
+    match = re.fullmatch(r"(\d+)([a-z]?)", label)
+    assert match, label
+    return int(match[1]), match[2]
+
+
+def docname_of(app: Sphinx, n: str) -> str:
     return next(d for d in sorted(app.env.found_docs) if number(d) == n)
 
 
@@ -265,7 +296,7 @@ def frame(app: Sphinx, docname: str, doctree: nodes.document) -> nodes.Element:
     track = nodes.paragraph("", f"{name}, {members.index(n) + 1} of {len(members)}: ")
     for i, m in enumerate(members):
         track += nodes.Text(" → " if i else "")
-        track += nodes.strong("", str(m)) if m == n else _link(app, docname, docname_of(app, m), str(m))
+        track += nodes.strong("", m) if m == n else _link(app, docname, docname_of(app, m), m)
     fields += _field("Track", track)
 
     fields += _field("Run time", nodes.paragraph("", "", *run_time(app, docname)))

@@ -23,7 +23,7 @@ SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
 
 # every page a reader can reach (not the theme's template macros copied into _static)
 PAGES = sorted(str(path) for path in (p.relative_to(SITE) for p in SITE.rglob("*.html")) if path.parts[0] != "_static")
-TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 
 
 @pytest.fixture(scope="module")

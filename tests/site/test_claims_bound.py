@@ -42,7 +42,7 @@ ALLOWED: dict[str, dict[str, str]] = {}
 ROOT = Path(__file__).resolve().parents[2]
 #: the executed pages, by source: every tutorial, and the guide pages whose cells compute
 GUIDE_PAGES = ("benchmarks", "against-the-reference", "planner")
-PAGES = [f"tutorials/{p.stem}" for p in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))]
+PAGES = [f"tutorials/{p.stem}" for p in sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))]
 PAGES += [f"docs/{name}" for name in GUIDE_PAGES if (ROOT / "docs" / f"{name}.md").is_file()]
 
 

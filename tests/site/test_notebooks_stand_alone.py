@@ -21,7 +21,7 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
 EXECUTED = SITE.parent / "jupyter_execute"  # MyST-NB's executed notebooks and glue data
-TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 ROLE = re.compile(r"\{[\w:.+-]+\}`")
 
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))

@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 
 
 def block_after(text: str, heading: str) -> list[str]:

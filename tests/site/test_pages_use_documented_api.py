@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import api_reference  # noqa: E402
 
 PAGES = sorted(
-    [*ROOT.glob("tutorials/[0-9][0-9]_*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("docs/api/*.md"), ROOT / "README.md"]
+    [*ROOT.glob("tutorials/[0-9][0-9]*_*.md"), *ROOT.glob("docs/*.md"), *ROOT.glob("docs/api/*.md"), ROOT / "README.md"]
 )
 _FENCE = re.compile(r"^(`{3,}|~{3,})[ \t]*(\{code-cell\}[^\n]*|python|py)\n(.*?)^\1", re.M | re.S)
 

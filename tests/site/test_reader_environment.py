@@ -34,7 +34,7 @@ from filelock import FileLock
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
-TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted(p.stem for p in (ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 ROLE = re.compile(r"\{[\w:.+-]+\}`")
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 

@@ -134,7 +134,7 @@ def test_site_build_is_strict():
     assert "NB_EXECUTION_MODE=force $(SPHINX) -E" in makefile
 
 
-TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)

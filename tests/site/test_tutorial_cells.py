@@ -16,7 +16,7 @@ import jupytext
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 HIDDEN_TAGS = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
 
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 import format_tutorials  # noqa: E402
 
-TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.md"))
+TUTORIALS = sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))
 
 PAGE = """---
 jupytext:
