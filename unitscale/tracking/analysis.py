@@ -39,16 +39,17 @@ from unitscale.errors import (
     UnitscaleError,
 )
 from unitscale.fx.module_state import module_state_kept
-from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, op_name
+from unitscale.fx.nodes import op_name
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import check_autowrap
 from unitscale.tracking.annotated import AnnotatedCode, annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.compiled import changed_in_place, compiled_tracking, holds_its_input_values, view_taking_over
-from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf, record_ops
+from unitscale.tracking.compiled import compiled_tracking, graph_steps
+from unitscale.tracking.eager import record_ops
+from unitscale.tracking.recording import ScaleRecording, has_trainable_parameters
 from unitscale.tracking.report import ScaleReport, ScaleRow
-from unitscale.tracking.stats import ScaleRecord, read_records, scratch_space
+from unitscale.tracking.stats import read_records, scratch_space
 
 __all__ = ["ScaleTrackingInterpreter", "analyse_module", "track_scales"]
 
@@ -117,54 +118,19 @@ class ScaleTrackingInterpreter(fx.Interpreter):
             )
         super().__init__(module, graph=graph)
         self.abs_max = abs_max
-        self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
+        self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
         self.current_node: fx.Node | None = None
-        self._shared: dict[fx.Node, ScaleRecord] = {}
-        self._changed = changed_in_place(self.graph.nodes)
+        nodes = [n for n in self.graph.nodes if n.op != "output"]
+        self._steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
 
     def run_node(self, n: fx.Node) -> Any:
         self.current_node = n
         # without fx's per-node context manager: on a small model it costs as much as the tracking itself
         out = run_plainly(self, n)
-        load = self.env.__getitem__
-        if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        step = self._steps.get(n)
+        if step is None:  # the output
             return out
-        if n.op == "placeholder":
-            leaf, out = input_leaf(out, self.captured.differentiate_inputs)
-            if leaf is not None:
-                self.captured.leaves.append(leaf)
-        elif n.op == "get_attr" and out.requires_grad and out.is_leaf:
-            self.captured.leaves.append(out)
-        # A reshape or transpose holds the same numbers as its input, and when it is the
-        # input's only user, so does its gradient: one record serves the whole chain.
-        taker = view_taking_over(n)
-        hook = taker is None or taker in self._changed
-        if out._base is not None and changes_in_place(n):
-            self.captured.forget_view_gradients(out)  # hooks on views of its base now see part of a gradient
-        shared = self._shared.pop(n, None)
-        path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
-        source = n.args[0] if shared is None and holds_its_input_values(n) else None
-        if isinstance(source, fx.Node):
-            # the input has other users too: same forward numbers, its own gradient
-            record = self.captured.track_same_values(out, load(source), n.name, path, op, self.abs_max, hook)
-        else:
-            record = self.captured.track(out, n.name, path, op, self.abs_max, record=shared, hook=hook)
-        if taker is not None:
-            self._shared[taker] = record
-        return out
-
-    def _op(self, n: fx.Node, value: torch.Tensor) -> str:
-        if n.op == "placeholder":
-            return "input"
-        if n.op == "get_attr":
-            return "parameter" if isinstance(value, nn.Parameter) else "buffer"
-        if n.op == "call_method":
-            return f"Tensor.{n.target}"
-        if n.op == "call_module":
-            return type(self.fetch_attr(str(n.target))).__name__
-        if isinstance(n.target, torch._ops.OpOverload):  # an exported graph's aten.linear.default
-            return n.target._opname
-        return op_name(n.target)
+        return self.captured.record(out, step, self.env[n.args[0]] if step.from_source else None)  # type: ignore[index]
 
 
 @contextmanager
