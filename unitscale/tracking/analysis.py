@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,7 +49,7 @@ from unitscale.tracking.compiled import compiled_tracking, graph_steps
 from unitscale.tracking.eager import record_ops
 from unitscale.tracking.recording import ScaleRecording, has_trainable_parameters
 from unitscale.tracking.report import ScaleReport, ScaleRow
-from unitscale.tracking.stats import read_records, scratch_space
+from unitscale.tracking.stats import scratch_space
 
 __all__ = ["ScaleTrackingInterpreter", "analyse_module", "track_scales"]
 
@@ -84,6 +84,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         module: the module the graph belongs to (a ``GraphModule``, or the traced module).
         graph: the graph to run (default: ``module.graph``).
         abs_max: also record each tensor's largest magnitude.
+        only: the nodes to record (``None``: every node); the others just run.
 
     After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
     ``captured.remove_hooks()`` after the backward pass.
@@ -101,7 +102,13 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     >>> interp.captured.remove_hooks()
     """
 
-    def __init__(self, module: nn.Module, graph: fx.Graph | None = None, abs_max: bool = False) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        graph: fx.Graph | None = None,
+        abs_max: bool = False,
+        only: Collection[fx.Node] | None = None,
+    ) -> None:
         if not isinstance(module, nn.Module):
             raise NotAModuleError(
                 f"ScaleTrackingInterpreter() got {type(module).__name__} {module!r:.60}; pass the GraphModule "
@@ -121,7 +128,12 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
         self.current_node: fx.Node | None = None
         nodes = [n for n in self.graph.nodes if n.op != "output"]
-        self._steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
+        steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
+        if only is not None:  # a record handed on to a node left out would never get its gradient
+            names = {n.name for n in only}
+            keep = [(n, s) for n, s in steps.items() if n in only]
+            steps = {n: s if s.hand_on in names else s._replace(hand_on="", keep_hook=False) for n, s in keep}
+        self._steps = steps
 
     def run_node(self, n: fx.Node) -> Any:
         self.current_node = n
@@ -288,9 +300,7 @@ def _finish(captured: ScaleRecording, backward: Any, model: str) -> tuple[list[S
             "while tracking"
         ) from e
     captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
-    values = read_records([record for _, record in captured.entries])
-    entries = zip(captured.entries, values, strict=True)
-    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries], no_backward
+    return captured.rows(), no_backward
 
 
 #: ``route=`` of :func:`track_scales` -> the routes :func:`unitscale.capture.capture` tries.

@@ -140,9 +140,11 @@ def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
     >>> import torch
     >>> from torch import fx
     >>> from unitscale.tracking.compiled import graph_steps
-    >>> gm = fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Flatten()))
-    >>> [(s.name, s.op, s.hand_on) for s in graph_steps(gm, list(gm.graph.nodes)[:-1])]
-    [('input_1', 'input', ''), ('_0', 'Linear', ''), ('_1', 'Flatten', '')]
+    >>> from torch import nn
+    >>> gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    >>> nodes = list(gm.graph.nodes)[:-1]  # all but the output
+    >>> [(s.name, s.op, s.hand_on) for s in graph_steps(gm, nodes)]
+    [('input_1', 'input', ''), ('_0', 'Linear', ''), ('_1', 'ReLU', '')]
     """
     changed = changed_in_place(nodes)
     steps = []

@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from unitscale.tracking.report import ScaleRow
-from unitscale.tracking.stats import ScaleRecord
+from unitscale.tracking.stats import ScaleRecord, read_records
 
 __all__ = ["ScaleRecording", "Step", "has_trainable_parameters", "input_leaf"]
 
@@ -112,8 +112,10 @@ class ScaleRecording:
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording, Step
         >>> captured = ScaleRecording()
-        >>> x = captured.record(torch.tensor([1.0, 3.0]), Step("x", "placeholder", "", "input"))
-        >>> t = captured.record(x.view(2, 1), Step("view", "call_method", "", "Tensor.view", from_source=True), x)
+        >>> x = torch.tensor([1.0, 3.0])
+        >>> x = captured.record(x, Step("x", "placeholder", "", "input"))
+        >>> view = Step("view", "call_method", "", "Tensor.view", from_source=True)
+        >>> t = captured.record(x.view(2, 1), view, x)
         >>> [(row.node, record.forward) for row, record in captured.entries]
         [('x', 1.4142135623730951), ('view', 1.4142135623730951)]
         """
@@ -219,6 +221,20 @@ class ScaleRecording:
         if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
             self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
         return record
+
+    def rows(self) -> list[ScaleRow]:
+        """Every row with its numbers, read in one transfer (after the backward pass and :meth:`remove_hooks`).
+
+        >>> import torch
+        >>> captured = ScaleRecording()
+        >>> x = torch.tensor([1.0, 3.0])
+        >>> _ = captured.record(x, Step("x", "placeholder", "", "input"))
+        >>> captured.rows()[0].scale
+        (-> 1.41, <- n/a)
+        """
+        values = read_records([record for _, record in self.entries])
+        entries = zip(self.entries, values, strict=True)
+        return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
 
     def share_view_gradients(self) -> None:
         """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
