@@ -198,52 +198,6 @@ def _shapes(inputs: tuple[Any, ...]) -> str:
     return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
 
 
-def _run_interpreted(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
-    try:
-        interp.captured.output = interp.run(*inputs)
-    except BaseException as e:
-        interp.captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
-        if not isinstance(e, Exception):
-            raise
-        _out_of_memory(module, inputs, e)
-        n = interp.current_node
-        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
-        raise InputError(
-            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
-        ) from e
-    return interp.captured
-
-
-def _run_compiled(cap: Capture, root: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    """As :func:`_run_interpreted`, running the cached capture's compiled code instead of an interpreter."""
-    program = compiled_tracking(root, cap)
-    graph = cap.require_graph("scale tracking").graph
-    if program is None:
-        return _run_interpreted(root, graph, inputs + cap.extra_inputs, abs_max)
-    try:
-        return program.run(root, inputs + cap.extra_inputs, abs_max)
-    except Exception as e:
-        _out_of_memory(root, inputs, e)
-        n = program.failed_node
-        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        raise InputError(
-            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. {_advice(str(e))}"
-        ) from e
-
-
-def _run_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    try:
-        return record_ops(module, inputs, abs_max)
-    except Exception as e:
-        _out_of_memory(module, inputs, e)
-        raise InputError(
-            f"{type(module).__name__} failed at {user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
-            f"{_advice(str(e))}"
-        ) from e
-
-
 def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
     """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
     if OutOfMemoryError.caused(e):
@@ -261,15 +215,34 @@ def _advice(reason: str) -> str:
 
 
 def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    """One forward pass of ``module`` observed on ``cap``, gradient hooks in place."""
-    if cap.graph_module is None:
-        return _run_eager(module, inputs, abs_max)
-    if cap.graph_module is module:  # a GraphModule the user may edit between calls: no compiled code
-        captured = _run_interpreted(module, module.graph, inputs + cap.extra_inputs, abs_max)
-    else:
-        # an fx trace's code reads the module itself (its current parameters); an exported
-        # graph holds its own references
-        captured = _run_compiled(cap, module if cap.route == "fx" else cap.graph_module, inputs, abs_max)
+    """One forward pass of ``module`` observed on ``cap``, gradient hooks in place: by the eager recorder,
+    the capture's compiled code or, for a ``GraphModule`` the user may edit between calls, an interpreter."""
+    # an fx trace's code reads the module itself (its current parameters); an exported graph holds its own
+    root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
+    program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
+    interp = None
+    try:
+        if cap.graph_module is None:
+            captured = record_ops(module, inputs, abs_max)
+        elif program is not None:
+            captured = program.run(root, inputs + cap.extra_inputs, abs_max)
+        else:
+            interp = ScaleTrackingInterpreter(root, graph=cap.graph_module.graph, abs_max=abs_max)
+            captured = interp.captured
+            try:
+                captured.output = interp.run(*inputs, *cap.extra_inputs)
+            except BaseException:
+                captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
+                raise
+    except Exception as e:
+        _out_of_memory(root, inputs, e)
+        n = interp.current_node if interp is not None else program.failed_node if program is not None else None
+        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
+        where = f" at {user_frame(e)}" if cap.graph_module is None else where
+        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
+        raise InputError(
+            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
+        ) from e
     try:
         seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
         captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)

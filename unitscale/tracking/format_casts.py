@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -214,6 +214,8 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
         return int(wide.item()) if host else wide
 
     std: Stat | None = None
+    signal: Any
+    noise: Any
     if host:
         total, signal = x.sum().item(), sum_of_squares(x)
         std = std_from_sums(n, total, signal, x.dtype)
@@ -232,15 +234,14 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
     else:
         clamped = a if in_range else torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
         error = _round_magic(clamped, magic, scratch).sub_(a)
-    noise: Stat = sum_of_squares(error) if host else math.nan
+    noise = sum_of_squares(error) if host else math.nan
     low, high = _SAFE_SUMS
     if not (host and low <= signal <= high and (noise == 0 or low <= noise <= high)):
         # squares past float32's range (values below about 1e-19 or above 1e19, or all zero), or an
         # accelerator's sums, left there: in float64 (not on MPS)
         wide = None if device.type == "mps" else torch.float64
-        signal, noise = (torch.linalg.vector_norm(v, dtype=wide).square() for v in (x, error))
-        if host:
-            signal, noise = signal.item(), noise.item()
+        sums = [torch.linalg.vector_norm(v, dtype=wide).square() for v in (x, error)]
+        signal, noise = (sums[0].item(), sums[1].item()) if host else (sums[0], sums[1])
     assert std is not None  # x is not empty
     return (std, absmax, n - zeros, small - zeros, over, signal, noise)
 
@@ -510,11 +511,12 @@ def _segment_stats(
         std = std_from_sums(s.n, t, signal, torch.float32)
         if std is None:  # one element, or the sums cancel: std_stat of the tensor's copy, read with the others
             careful.append(i)
+        std = math.nan if std is None else std
         rows.append((std, absmax_, s.n - int(zero), int(smalls - pad - zero), int(over_), signal, noise))
     if careful:
         stds = [std_stat(data.narrow(0, segments[i].start * BLOCK, segments[i].n)) for i in careful]
-        for i, std in zip(careful, read_stats(stds), strict=True):
-            rows[i] = (std, *rows[i][1:])
+        for i, value in zip(careful, read_stats(stds), strict=True):
+            rows[i] = (math.nan if value is None else value, *rows[i][1:])
     return rows
 
 

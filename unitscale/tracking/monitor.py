@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -310,7 +310,7 @@ class ScaleMonitor:
             self._measure_all("bwd", [(n, g) for n, g in grads if g.is_floating_point()])
         batched = {id(batch): batch.finish() for batch in self._batches.values()}
         alone = [i for i, (*_, raw) in enumerate(self._pending) if not isinstance(raw, _Batched)]
-        flat = read_stats([v for i in alone for v in self._pending[i][3]])  # type: ignore[union-attr]
+        flat: list[Any] = read_stats([v for i in alone for v in cast("tuple[Stat, ...]", self._pending[i][3])])
         width = len(RAW_FIELDS)
         read = {i: tuple(flat[k * width : (k + 1) * width]) for k, i in enumerate(alone)}
         append = self.history.records.append
