@@ -180,27 +180,35 @@ def std_stat(t: torch.Tensor) -> Stat | None:
 
 
 def _two_pass(flat: torch.Tensor) -> float:
-    """The std of ``flat`` (1-D, at least two elements) about its mean, in float64: no digit cancels.
+    """The std of ``flat`` (1-D, at least two elements) about its mean, summed in float64: no digit cancels.
 
-    Float64 values whose squares would leave float64's range are first brought to a largest
-    magnitude in [0.5, 1) by a power of two, which changes no digit. An infinity or a NaN
-    gives NaN, as ``torch.std``.
+    Float64 values whose squares would leave
+    float64's range are first brought to a largest magnitude in [0.5, 1) by a power of two,
+    which changes no digit. An infinity or a NaN gives NaN, as ``torch.std``.
     """
-    x = flat.to(torch.float64, copy=True)
-    low, high = torch.aminmax(x)
-    peak = max(-low.item(), high.item())
-    if not math.isfinite(peak):
+    n = flat.numel()
+    if flat.dtype == torch.float64:
+        low, high = torch.aminmax(flat)
+        peak = max(-low.item(), high.item())
+        if peak == 0.0 or not math.isfinite(peak):
+            return 0.0 if peak == 0.0 else math.nan
+        if not 2.0**-400 < peak < 2.0**400:
+            exponent = math.frexp(peak)[1]  # peak / 2**exponent lies in [0.5, 1)
+            half = exponent // 2  # in two steps: 2**exponent alone can overflow a float
+            scaled = flat.mul(2.0**-half).mul_(2.0 ** (half - exponent))
+            return _two_pass(scaled) * 2.0**half * 2.0 ** (exponent - half)
+    # In float64 a block at a time: a float64 copy of a large tensor costs its page faults every time.
+    blocks = flat.split(_DOT_BLOCK // 4)
+    mean = math.fsum(block.sum(dtype=torch.float64).item() for block in blocks) / n
+    if not math.isfinite(mean):
         return math.nan
-    if peak == 0.0:
-        return 0.0
-    exponent = math.frexp(peak)[1] if flat.dtype == torch.float64 else 0
-    half = exponent // 2  # in two steps: 2**exponent alone can overflow a float
-    if exponent:
-        x.mul_(2.0**-half).mul_(2.0 ** (half - exponent))
-    x.sub_(x.mean())
-    n, shift = x.numel(), x.sum().item()
-    var = (sum_of_squares(x) - shift * shift / n) / (n - 1)
-    return math.sqrt(max(var, 0.0)) * 2.0**half * 2.0 ** (exponent - half)
+    shift = squares = 0.0
+    for block in blocks:
+        deviations = block.to(torch.float64, copy=True).sub_(mean)
+        shift += deviations.sum().item()
+        squares += torch.dot(deviations, deviations).item()
+    var = (squares - shift * shift / n) / (n - 1)
+    return math.sqrt(max(var, 0.0)) if math.isfinite(var) else math.nan
 
 
 # BLAS's dot keeps a few running float32 sums: over 2**22 equal squares they drift by 2e-3 (the
