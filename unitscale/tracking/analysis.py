@@ -349,7 +349,8 @@ def track_scales(
     """Run one forward and backward pass and report the scale of every float tensor.
 
     The one scale-tracking run: :func:`analyse_module` shows the same result as annotated
-    code, and :class:`~unitscale.tracking.ScaleMonitor` calls it every few steps.
+    code. (:class:`~unitscale.tracking.ScaleMonitor`, over training, hooks the modules of
+    the user's own loop instead, and measures with the same std.)
 
     Args:
         module: the model (a ``GraphModule`` is run as it is, without re-tracing).
