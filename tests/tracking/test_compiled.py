@@ -19,7 +19,7 @@ from unitscale.capture import DeepTracing, capture, clear_capture_cache
 from unitscale.errors import InputError
 from unitscale.examples.models import MLP, TinyGPT
 from unitscale.tracking import stats, track_scales
-from unitscale.tracking.compiled import _instrumented, _steps, compiled_tracking
+from unitscale.tracking.compiled import _instrumented, compiled_tracking, graph_steps
 
 
 class Views(nn.Module):
@@ -177,7 +177,7 @@ def test_code_not_as_fx_writes_it_is_left_to_the_interpreter() -> None:
     cap = capture(model, torch.randn(2, 4), deep=DeepTracing())
     code, _ = cap.python_code()
     nodes = [n for n in cap.graph_module.graph.nodes if n.op != "output"]
-    steps = _steps(model, nodes)
+    steps = graph_steps(model, nodes)
     instrumented = _instrumented(code, nodes, steps)
     assert instrumented is not None and instrumented.count("_unitscale_track(") == len(nodes)
     assert _instrumented(code.replace("def forward(self", "def run(self"), nodes, steps) is None

@@ -10,7 +10,7 @@ from torch import nn
 
 from unitscale import track_scales
 from unitscale.tracking import stats
-from unitscale.tracking.eager import ScaleRecording
+from unitscale.tracking.recording import ScaleRecording
 
 
 class ViewsAndCopies(nn.Module):

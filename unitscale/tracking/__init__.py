@@ -24,6 +24,7 @@ from unitscale.tracking.report import ScaleRow as ScaleRow
 from unitscale.tracking.stats import ScalePair as ScalePair
 from unitscale.tracking.stats import ScaleRecord as ScaleRecord
 from unitscale.tracking.stats import ScaleTracker as ScaleTracker
+from unitscale.tracking.stats import std_stat as std_stat
 
 __all__ = [
     "ScalePair",
@@ -43,4 +44,5 @@ __all__ = [
     "Drift",
     "CastStats",
     "cast_stats",
+    "std_stat",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,16 +39,17 @@ from unitscale.errors import (
     UnitscaleError,
 )
 from unitscale.fx.module_state import module_state_kept
-from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, op_name
+from unitscale.fx.nodes import op_name
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import check_autowrap
 from unitscale.tracking.annotated import AnnotatedCode, annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.compiled import changed_in_place, compiled_tracking, holds_its_input_values, view_taking_over
-from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf, record_ops
+from unitscale.tracking.compiled import compiled_tracking, graph_steps
+from unitscale.tracking.eager import record_ops
+from unitscale.tracking.recording import ScaleRecording, has_trainable_parameters
 from unitscale.tracking.report import ScaleReport, ScaleRow
-from unitscale.tracking.stats import ScaleRecord, read_records, scratch_space
+from unitscale.tracking.stats import scratch_space
 
 __all__ = ["ScaleTrackingInterpreter", "analyse_module", "track_scales"]
 
@@ -83,6 +84,7 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         module: the module the graph belongs to (a ``GraphModule``, or the traced module).
         graph: the graph to run (default: ``module.graph``).
         abs_max: also record each tensor's largest magnitude.
+        only: the nodes to record (``None``: every node); the others just run.
 
     After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
     ``captured.remove_hooks()`` after the backward pass.
@@ -100,7 +102,13 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     >>> interp.captured.remove_hooks()
     """
 
-    def __init__(self, module: nn.Module, graph: fx.Graph | None = None, abs_max: bool = False) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        graph: fx.Graph | None = None,
+        abs_max: bool = False,
+        only: Collection[fx.Node] | None = None,
+    ) -> None:
         if not isinstance(module, nn.Module):
             raise NotAModuleError(
                 f"ScaleTrackingInterpreter() got {type(module).__name__} {module!r:.60}; pass the GraphModule "
@@ -117,54 +125,24 @@ class ScaleTrackingInterpreter(fx.Interpreter):
             )
         super().__init__(module, graph=graph)
         self.abs_max = abs_max
-        self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
+        self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
         self.current_node: fx.Node | None = None
-        self._shared: dict[fx.Node, ScaleRecord] = {}
-        self._changed = changed_in_place(self.graph.nodes)
+        nodes = [n for n in self.graph.nodes if n.op != "output"]
+        steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
+        if only is not None:  # a record handed on to a node left out would never get its gradient
+            names = {n.name for n in only}
+            keep = [(n, s) for n, s in steps.items() if n in only]
+            steps = {n: s if s.hand_on in names else s._replace(hand_on="", keep_hook=False) for n, s in keep}
+        self._steps = steps
 
     def run_node(self, n: fx.Node) -> Any:
         self.current_node = n
         # without fx's per-node context manager: on a small model it costs as much as the tracking itself
         out = run_plainly(self, n)
-        load = self.env.__getitem__
-        if n.op == "output" or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        step = self._steps.get(n)
+        if step is None:  # the output
             return out
-        if n.op == "placeholder":
-            leaf, out = input_leaf(out, self.captured.differentiate_inputs)
-            if leaf is not None:
-                self.captured.leaves.append(leaf)
-        elif n.op == "get_attr" and out.requires_grad and out.is_leaf:
-            self.captured.leaves.append(out)
-        # A reshape or transpose holds the same numbers as its input, and when it is the
-        # input's only user, so does its gradient: one record serves the whole chain.
-        taker = view_taking_over(n)
-        hook = taker is None or taker in self._changed
-        if out._base is not None and changes_in_place(n):
-            self.captured.forget_view_gradients(out)  # hooks on views of its base now see part of a gradient
-        shared = self._shared.pop(n, None)
-        path, op = n.meta.get(MODULE_PATH_KEY, ""), self._op(n, out)
-        source = n.args[0] if shared is None and holds_its_input_values(n) else None
-        if isinstance(source, fx.Node):
-            # the input has other users too: same forward numbers, its own gradient
-            record = self.captured.track_same_values(out, load(source), n.name, path, op, self.abs_max, hook)
-        else:
-            record = self.captured.track(out, n.name, path, op, self.abs_max, record=shared, hook=hook)
-        if taker is not None:
-            self._shared[taker] = record
-        return out
-
-    def _op(self, n: fx.Node, value: torch.Tensor) -> str:
-        if n.op == "placeholder":
-            return "input"
-        if n.op == "get_attr":
-            return "parameter" if isinstance(value, nn.Parameter) else "buffer"
-        if n.op == "call_method":
-            return f"Tensor.{n.target}"
-        if n.op == "call_module":
-            return type(self.fetch_attr(str(n.target))).__name__
-        if isinstance(n.target, torch._ops.OpOverload):  # an exported graph's aten.linear.default
-            return n.target._opname
-        return op_name(n.target)
+        return self.captured.record(out, step, self.env[n.args[0]] if step.from_source else None)  # type: ignore[index]
 
 
 @contextmanager
@@ -220,52 +198,6 @@ def _shapes(inputs: tuple[Any, ...]) -> str:
     return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
 
 
-def _run_interpreted(module: nn.Module, graph: fx.Graph, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    interp = ScaleTrackingInterpreter(module, graph=graph, abs_max=abs_max)
-    try:
-        interp.captured.output = interp.run(*inputs)
-    except BaseException as e:
-        interp.captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
-        if not isinstance(e, Exception):
-            raise
-        _out_of_memory(module, inputs, e)
-        n = interp.current_node
-        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
-        raise InputError(
-            f"{type(module).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
-        ) from e
-    return interp.captured
-
-
-def _run_compiled(cap: Capture, root: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    """As :func:`_run_interpreted`, running the cached capture's compiled code instead of an interpreter."""
-    program = compiled_tracking(root, cap)
-    graph = cap.require_graph("scale tracking").graph
-    if program is None:
-        return _run_interpreted(root, graph, inputs + cap.extra_inputs, abs_max)
-    try:
-        return program.run(root, inputs + cap.extra_inputs, abs_max)
-    except Exception as e:
-        _out_of_memory(root, inputs, e)
-        n = program.failed_node
-        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        raise InputError(
-            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {e}. {_advice(str(e))}"
-        ) from e
-
-
-def _run_eager(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    try:
-        return record_ops(module, inputs, abs_max)
-    except Exception as e:
-        _out_of_memory(module, inputs, e)
-        raise InputError(
-            f"{type(module).__name__} failed at {user_frame(e)} on inputs of shape {_shapes(inputs)}: {e}. "
-            f"{_advice(str(e))}"
-        ) from e
-
-
 def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
     """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
     if OutOfMemoryError.caused(e):
@@ -283,15 +215,34 @@ def _advice(reason: str) -> str:
 
 
 def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    """One forward pass of ``module`` observed on ``cap``, gradient hooks in place."""
-    if cap.graph_module is None:
-        return _run_eager(module, inputs, abs_max)
-    if cap.graph_module is module:  # a GraphModule the user may edit between calls: no compiled code
-        captured = _run_interpreted(module, module.graph, inputs + cap.extra_inputs, abs_max)
-    else:
-        # an fx trace's code reads the module itself (its current parameters); an exported
-        # graph holds its own references
-        captured = _run_compiled(cap, module if cap.route == "fx" else cap.graph_module, inputs, abs_max)
+    """One forward pass of ``module`` observed on ``cap``, gradient hooks in place: by the eager recorder,
+    the capture's compiled code or, for a ``GraphModule`` the user may edit between calls, an interpreter."""
+    # an fx trace's code reads the module itself (its current parameters); an exported graph holds its own
+    root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
+    program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
+    interp = None
+    try:
+        if cap.graph_module is None:
+            captured = record_ops(module, inputs, abs_max)
+        elif program is not None:
+            captured = program.run(root, inputs + cap.extra_inputs, abs_max)
+        else:
+            interp = ScaleTrackingInterpreter(root, graph=cap.graph_module.graph, abs_max=abs_max)
+            captured = interp.captured
+            try:
+                captured.output = interp.run(*inputs, *cap.extra_inputs)
+            except BaseException:
+                captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
+                raise
+    except Exception as e:
+        _out_of_memory(root, inputs, e)
+        n = interp.current_node if interp is not None else program.failed_node if program is not None else None
+        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
+        where = f" at {user_frame(e)}" if cap.graph_module is None else where
+        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
+        raise InputError(
+            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
+        ) from e
     try:
         seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
         captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
@@ -322,9 +273,7 @@ def _finish(captured: ScaleRecording, backward: Any, model: str) -> tuple[list[S
             "while tracking"
         ) from e
     captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
-    values = read_records([record for _, record in captured.entries])
-    entries = zip(captured.entries, values, strict=True)
-    return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries], no_backward
+    return captured.rows(), no_backward
 
 
 #: ``route=`` of :func:`track_scales` -> the routes :func:`unitscale.capture.capture` tries.
@@ -400,7 +349,8 @@ def track_scales(
     """Run one forward and backward pass and report the scale of every float tensor.
 
     The one scale-tracking run: :func:`analyse_module` shows the same result as annotated
-    code, and :class:`~unitscale.tracking.ScaleMonitor` calls it every few steps.
+    code. (:class:`~unitscale.tracking.ScaleMonitor`, over training, hooks the modules of
+    the user's own loop instead, and measures with the same std.)
 
     Args:
         module: the model (a ``GraphModule`` is run as it is, without re-tracing).

@@ -17,7 +17,7 @@ import operator
 import re
 import threading
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,37 +25,16 @@ from torch import fx, nn
 
 from unitscale.capture import Capture
 from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument_alias, is_view_node, op_name
-from unitscale.tracking.eager import ScaleRecording, has_trainable_parameters, input_leaf
-from unitscale.tracking.stats import ScaleRecord
+from unitscale.tracking.recording import ScaleRecording, Step, has_trainable_parameters
 
-__all__ = ["CompiledTracking", "changed_in_place", "compiled_tracking", "holds_its_input_values", "view_taking_over"]
-
-
-class _Step(NamedTuple):
-    """What the recording call needs to know about one node, fixed when the code is made."""
-
-    node: fx.Node
-    kind: str  # the node's op: placeholder, get_attr, call_function, ...
-    path: str
-    op: str  # "" for get_attr: "parameter" or "buffer" depends on the value
-    hand_on: int  # index of the only user, a view taking this record over; -1 if none
-    from_source: bool  # a view whose source's value is passed along (same forward numbers)
-    keep_hook: bool  # hands on to a view that is changed in place later: torch drops the view's hook
-    in_place: bool  # changes its first argument in place
-
-
-def _static_op(module: nn.Module, n: fx.Node) -> str:
-    if n.op == "placeholder":
-        return "input"
-    if n.op == "get_attr":
-        return ""
-    if n.op == "call_method":
-        return f"Tensor.{n.target}"
-    if n.op == "call_module":
-        return type(module.get_submodule(str(n.target))).__name__
-    if isinstance(n.target, torch._ops.OpOverload):
-        return n.target._opname
-    return op_name(n.target)
+__all__ = [
+    "CompiledTracking",
+    "changed_in_place",
+    "compiled_tracking",
+    "graph_steps",
+    "holds_its_input_values",
+    "view_taking_over",
+]
 
 
 class _Run(threading.local):
@@ -63,9 +42,7 @@ class _Run(threading.local):
 
     program: CompiledTracking | None = None
     captured: ScaleRecording
-    abs_max: bool = False
     last: int = -1
-    shared: dict[int, ScaleRecord]
 
 
 _run = _Run()
@@ -75,33 +52,7 @@ def _track(value: Any, i: int, *source: Any) -> Any:
     """Record node ``i``'s output (``source``: the value a view was taken of); return what the code goes on with."""
     run = _run
     run.last = i
-    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-        return value
-    step = run.program.steps[i]  # type: ignore[union-attr]
-    captured = run.captured
-    op = step.op
-    if step.kind == "placeholder":
-        leaf, value = input_leaf(value, captured.differentiate_inputs)
-        if leaf is not None:
-            captured.leaves.append(leaf)
-    elif step.kind == "get_attr":
-        op = "parameter" if isinstance(value, nn.Parameter) else "buffer"
-        if value.requires_grad and value.is_leaf:
-            captured.leaves.append(value)
-    hand_on = step.hand_on >= 0
-    shared = run.shared.pop(i, None) if run.shared else None
-    name = step.node.name
-    if step.in_place and value._base is not None:
-        captured.forget_view_gradients(value)  # hooks on views of its base now see part of a gradient
-    hook = step.keep_hook or not hand_on
-    if shared is None and step.from_source:
-        # the input has other users too: same forward numbers, its own gradient
-        record = captured.track_same_values(value, source[0], name, step.path, op, run.abs_max, hook)
-    else:
-        record = captured.track(value, name, step.path, op, run.abs_max, record=shared, hook=hook)
-    if hand_on:
-        run.shared[step.hand_on] = record
-    return value
+    return run.captured.record(value, run.program.steps[i], *source)  # type: ignore[union-attr]
 
 
 class CompiledTracking:
@@ -132,7 +83,7 @@ class CompiledTracking:
 
     def __init__(self, module: nn.Module, graph: fx.Graph, code: str, namespace: dict[str, Any]) -> None:
         nodes = [n for n in graph.nodes if n.op != "output"]
-        steps = _steps(module, nodes)
+        steps = graph_steps(module, nodes)
         src = _instrumented(code, nodes, steps)
         if src is None:
             raise _NotCompiled(f"the code of {type(module).__name__}'s graph has a line this rewrite does not know")
@@ -149,9 +100,9 @@ class CompiledTracking:
         Gradient hooks stay in place for the backward pass (``captured.remove_hooks()``
         after it); on an error they are removed and :attr:`failed_node` names the node.
         """
-        captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
-        saved = (_run.program, getattr(_run, "captured", None), _run.abs_max, _run.last, getattr(_run, "shared", None))
-        _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = self, captured, abs_max, -1, {}
+        captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
+        saved = (_run.program, getattr(_run, "captured", None), _run.last)
+        _run.program, _run.captured, _run.last = self, captured, -1
         try:
             captured.output = self._forward(module, *inputs)
         except BaseException:
@@ -159,7 +110,7 @@ class CompiledTracking:
             self._failed.index = _run.last + 1  # per thread: a cached program is shared
             raise
         finally:
-            _run.program, _run.captured, _run.abs_max, _run.last, _run.shared = saved  # type: ignore[assignment]
+            _run.program, _run.captured, _run.last = saved  # type: ignore[assignment]
         return captured
 
     @property
@@ -169,18 +120,40 @@ class CompiledTracking:
         return self.nodes[failed] if 0 <= failed < len(self.nodes) else None
 
 
-def _steps(module: nn.Module, nodes: list[fx.Node]) -> list[_Step]:
-    """What the recording call needs per node (the graph's nodes but its output, in order)."""
-    index = {n: i for i, n in enumerate(nodes)}
+def _static_op(module: nn.Module, n: fx.Node) -> str:
+    if n.op == "placeholder":
+        return "input"
+    if n.op == "get_attr":
+        return ""
+    if n.op == "call_method":
+        return f"Tensor.{n.target}"
+    if n.op == "call_module":
+        return type(module.get_submodule(str(n.target))).__name__
+    if isinstance(n.target, torch._ops.OpOverload):  # an exported graph's aten.linear.default
+        return n.target._opname
+    return op_name(n.target)
+
+
+def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
+    """The :class:`~unitscale.tracking.recording.Step` of each node (the graph's nodes but its output, in order).
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.tracking.compiled import graph_steps
+    >>> from torch import nn
+    >>> gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    >>> nodes = list(gm.graph.nodes)[:-1]  # all but the output
+    >>> [(s.name, s.op, s.hand_on) for s in graph_steps(gm, nodes)]
+    [('input_1', 'input', ''), ('_0', 'Linear', ''), ('_1', 'ReLU', '')]
+    """
     changed = changed_in_place(nodes)
     steps = []
     for n in nodes:
         taker = view_taking_over(n)
-        hand_on = -1 if taker is None else index[taker]
-        keep_hook = taker in changed
-        source = holds_its_input_values(n)
         path, op = n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n)
-        steps.append(_Step(n, n.op, path, op, hand_on, source, keep_hook, changes_in_place(n)))
+        hand_on = "" if taker is None else taker.name
+        source = holds_its_input_values(n)
+        steps.append(Step(n.name, n.op, path, op, hand_on, source, taker in changed, changes_in_place(n)))
     return steps
 
 
@@ -305,7 +278,7 @@ _CLEANUP = re.compile(r";  (?:\w+ = )+None$")
 _FLATTEN = re.compile(r"^    [\w, ]+ = fx_pytree\.tree_flatten_spec\(")
 
 
-def _instrumented(code: str, nodes: list[fx.Node], steps: list[_Step]) -> str | None:
+def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | None:
     """``code`` (fx's, one line per node) with each node's value passed through the recording call.
 
     ``None`` where a node's line is not found as fx writes it (``name = expression``,

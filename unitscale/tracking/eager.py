@@ -9,29 +9,16 @@ recorded like a node of a traced graph, with the module it ran in.
 from __future__ import annotations
 
 import inspect
-import weakref
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from unitscale.capture.toolkit import OpRecorder
 from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, in_place_name, op_name
-from unitscale.tracking.report import ScaleRow
-from unitscale.tracking.stats import ScaleRecord
+from unitscale.tracking.recording import ScaleRecording, Step, has_trainable_parameters
 
-__all__ = [
-    "ScaleRecording",
-    "ScaleRecorder",
-    "SAME_VALUE_OPS",
-    "has_trainable_parameters",
-    "input_leaf",
-    "record_ops",
-]
+__all__ = ["ScaleRecorder", "SAME_VALUE_OPS", "record_ops"]
 
 #: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values
 #: as their first argument, rearranged or copied, when it keeps that argument's dtype and size:
@@ -43,302 +30,6 @@ SAME_VALUE_OPS: frozenset[str] = frozenset(
     | {"Tensor.to", "Tensor.float", "Tensor.double", "Tensor.half", "Tensor.bfloat16", "Tensor.type"}
     | {"Tensor.type_as", "Tensor.clone", "clone", "Tensor.detach", "detach", "Tensor.cpu", "Tensor.cuda"}
 )
-
-
-@dataclass
-class ScaleRecording:
-    """What one forward pass under scale tracking produced.
-
-    Attributes:
-        output: the model's output.
-        entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
-        leaves: tensors gradients are taken with respect to (detached inputs, parameters).
-        handles: gradient hooks to remove once the backward pass is done.
-        differentiate_inputs: whether inputs that do not require grad get a gradient too
-            (set for a model with no trainable parameter; see :func:`input_leaf`).
-
-    >>> import torch
-    >>> from unitscale.tracking.eager import ScaleRecording
-    >>> captured = ScaleRecording()
-    >>> x = torch.ones(3, requires_grad=True)
-    >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
-    >>> captured.entries[0][0][:5]
-    ('y', '', 'mul', (3,), 'float32')
-    >>> captured.remove_hooks(); captured.handles
-    []
-    """
-
-    output: Any = None
-    entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
-    leaves: list[torch.Tensor] = field(default_factory=list)
-    handles: list[RemovableHandle] = field(default_factory=list)
-    differentiate_inputs: bool = False
-    # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record;
-    # the gradient hook that fills it, if any)
-    _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord, RemovableHandle | None]] = field(
-        default_factory=dict, repr=False
-    )
-    # (source's grad_fn, its output_nr, source's record, its hook, view's grad_fn, view's record)
-    # per view that took its source's forward numbers: candidates for sharing the gradient's too
-    _views: list[tuple[Any, int, ScaleRecord, RemovableHandle, Any, ScaleRecord]] = field(
-        default_factory=list, repr=False
-    )
-    # id(gradient) -> (the gradient, weakly; its version when measured; its std): autograd hands
-    # one gradient tensor to several hooks (both operands of an add, an alias of a tensor), so
-    # each is measured once: about a third of GPT-2's backward elements
-    _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = field(default_factory=dict, repr=False)
-    # (record, record whose gradient std it takes) once the backward pass is done
-    _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
-
-    def track(
-        self,
-        t: torch.Tensor,
-        node: str,
-        module_path: str,
-        op: str,
-        abs_max: bool,
-        record: ScaleRecord | None = None,
-        hook: bool = True,
-    ) -> ScaleRecord:
-        """Record ``t`` (and, through a hook, its gradient) as one row.
-
-        ``record``: an existing record to share (a view of a tensor already recorded has
-        the same std). ``hook=False``: leave the gradient to a later row sharing the record.
-        """
-        if record is None:
-            record = ScaleRecord()
-            record.record_forward(t, abs_max)
-        handle = None
-        if hook and t.requires_grad:
-            handle = t.register_hook(self._gradient_hook(record))
-            self.handles.append(handle)
-        row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-        self.entries.append((row, record))
-        version = _version(t)
-        if version is not None:
-            self._latest[id(t)] = (weakref.ref(t), version, record, handle)
-        return record
-
-    def track_same_values(
-        self, t: torch.Tensor, source: Any, node: str, module_path: str, op: str, abs_max: bool, hook: bool = True
-    ) -> ScaleRecord:
-        """Record ``t``, which holds the values of ``source`` (a view or copy of it), as one row.
-
-        Where ``source`` is a tensor recorded here whose values have not changed since (its
-        version counter, which its views share, is the same), the forward statistics are
-        taken from its record instead of computed again: same values, same std and
-        abs-max. ``t`` being ``source`` itself (``x.to(x.dtype)``, dropout in eval mode)
-        shares the whole record, gradient included. Otherwise as :meth:`track` (``hook``
-        as there).
-
-        >>> import torch
-        >>> from unitscale.tracking.eager import ScaleRecording
-        >>> captured = ScaleRecording()
-        >>> x = torch.tensor([1.0, 2.0, 3.0, 6.0])
-        >>> first = captured.track(x, "x", "", "input", abs_max=False)
-        >>> def view(name):
-        ...     return captured.track_same_values(
-        ...         x.view(2, 2), x, name, "", "Tensor.view", abs_max=False
-        ...     )
-        >>> view("view").forward
-        2.160246899469287
-        >>> _ = x.mul_(2)  # changed in place: computed afresh
-        >>> view("view_1").forward
-        4.320493798938574
-        """
-        known = self._latest.get(id(source)) if isinstance(source, torch.Tensor) else None
-        if (
-            known is None
-            or not isinstance(source, torch.Tensor)
-            or known[0]() is not source
-            or known[1] != _version(source)
-            or t.dtype != source.dtype
-            or t.device != source.device
-            or t.numel() != source.numel()
-            or (abs_max and known[2].abs_max is None and t.numel() > 0)
-        ):
-            return self.track(t, node, module_path, op, abs_max, hook=hook)
-        if t is source:
-            return self.track(t, node, module_path, op, abs_max, record=known[2], hook=False)
-        record = ScaleRecord()
-        record.forward = known[2].forward
-        if abs_max:
-            record.abs_max = known[2].abs_max
-        self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
-        if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
-            self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
-        return record
-
-    def share_view_gradients(self) -> None:
-        """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
-
-        The gradient of ``x`` is the sum of what flows back along each edge into it. Where
-        the autograd graph from the outputs has a single edge into ``x`` and it comes from
-        a view (or same-valued copy) of ``x``, the gradient of ``x`` holds the values of the
-        view's gradient, so its std is not computed twice: ``x``'s hook is removed and
-        :meth:`remove_hooks` copies the view's number. Counting edges in the autograd
-        graph sees every consumer, whatever recorded it or not.
-
-        >>> import torch
-        >>> from unitscale.tracking.eager import ScaleRecording
-        >>> captured = ScaleRecording()
-        >>> x = torch.ones(4, requires_grad=True) * 2
-        >>> _ = captured.track(x, "x", "", "mul", abs_max=False)
-        >>> view = x.view(2, 2)
-        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", False)
-        >>> captured.output = view * torch.tensor([1.0, 3.0])
-        >>> captured.share_view_gradients()
-        >>> _ = captured.output.backward(torch.ones(2, 2)); captured.remove_hooks()
-        >>> [record.backward for _, record in captured.entries]
-        [1.1547005383792515, 1.1547005383792515]
-        """
-        if not self._views:
-            return
-        edges: Counter[tuple[Any, int]] = Counter()
-        via: dict[tuple[Any, int], Any] = {}
-        stack = []
-        for t in _tensors(self.output):
-            if t.grad_fn is not None:
-                edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
-                stack.append(t.grad_fn)
-        seen = set(stack)
-        while stack:
-            fn = stack.pop()
-            for nxt, nr in fn.next_functions:
-                if nxt is None:
-                    continue
-                edges[(nxt, nr)] += 1
-                via[(nxt, nr)] = fn
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
-        # last view first: along x -> view -> view_1, view takes view_1's number before x takes view's
-        for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
-            if edges[(fn, nr)] == 1 and via.get((fn, nr)) is view_fn:
-                handle.remove()
-                self._copies.append((record, view_record))
-        self._views.clear()
-
-    def forget_view_gradients(self, changed: torch.Tensor) -> None:
-        """Remove the gradient hooks of the views of ``changed``'s base, which was just changed in place.
-
-        torch takes a changed view's gradient through its base: a hook on a view of it,
-        registered before the change, would see part of the gradient (its earlier readers'),
-        or none. Their rows read n/a; the base's own hook, and hooks registered after the
-        change, are kept.
-
-        >>> import torch
-        >>> from unitscale.tracking.eager import ScaleRecording
-        >>> captured = ScaleRecording()
-        >>> h = torch.ones(4, requires_grad=True) * 2
-        >>> view = h.view(2, 2)
-        >>> _ = captured.track(view, "view", "", "Tensor.view", abs_max=False)
-        >>> _ = view.add_(1)
-        >>> captured.forget_view_gradients(view)
-        >>> h.sum().backward()
-        >>> print(captured.entries[0][1].backward)
-        None
-        """
-        base = changed._base
-        forgotten = set()
-        for key, (ref, version, record, handle) in list(self._latest.items()):
-            t = ref()
-            if t is None or t._base is not base or handle is None:
-                continue
-            handle.remove()
-            self._latest[key] = (ref, version, record, None)
-            forgotten |= {id(handle), id(record)}
-        self._views = [v for v in self._views if id(v[3]) not in forgotten and id(v[5]) not in forgotten]
-
-    def _gradient_hook(self, record: ScaleRecord) -> Callable[[torch.Tensor], None]:
-        """A hook recording a gradient's std into ``record``, measured once per gradient tensor."""
-        measured = self._grad_stds
-
-        def hook(grad: torch.Tensor) -> None:
-            key, version = id(grad), _version(grad)
-            known = measured.get(key)
-            if known is not None and known[0]() is grad and known[1] == version:
-                record.backward = known[2]
-                return
-            record.record_backward(grad)
-            if version is not None:
-                measured[key] = (weakref.ref(grad), version, record.backward)
-
-        return hook
-
-    def remove_hooks(self) -> None:
-        """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
-
-        Records that take a view's gradient std (:meth:`share_view_gradients`) take it here.
-        """
-        for record, source in self._copies:
-            record.backward = source.backward
-        self._copies.clear()
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        self._grad_stds.clear()
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor inside nested tuples, lists and dicts (a model's output)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor counts no versions
-        return None
-
-
-def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """For a model input: the leaf its gradient is taken with respect to, and the copy to run the model on.
-
-    As in a training step, and in Graphcore's ``analyse_module``, an input's gradient is
-    computed only when the input requires grad (``x.requires_grad_()``), or when
-    ``always`` is set: scale tracking sets it for a model with no parameter that requires
-    grad, where the inputs are all a backward pass could reach. Otherwise the leaf is
-    ``None`` and the input's row has no backward std: computing it anyway would cost the
-    first layer a product (about a tenth of a ResNet's step) that the user's step never does.
-
-    A leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
-    stay untouched). The model gets a copy either way, so it may modify its input in
-    place; tensors made under ``torch.inference_mode`` become ordinary ones.
-
-    >>> import torch
-    >>> from unitscale.tracking.eager import input_leaf
-    >>> leaf, value = input_leaf(torch.ones(2, requires_grad=True))
-    >>> leaf.requires_grad, leaf.is_leaf, value.is_leaf
-    (True, True, False)
-    >>> leaf, value = input_leaf(torch.ones(2))
-    >>> leaf is None, value.requires_grad
-    (True, False)
-    >>> input_leaf(torch.ones(2), always=True)[0].requires_grad
-    True
-    """
-    if not (t.requires_grad or always):
-        return None, t.clone()
-    leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
-    return leaf, leaf.clone()
-
-
-def has_trainable_parameters(module: nn.Module) -> bool:
-    """Whether any parameter of ``module`` requires grad (else scale tracking differentiates the inputs).
-
-    >>> from torch import nn
-    >>> from unitscale.tracking.eager import has_trainable_parameters
-    >>> has_trainable_parameters(nn.Linear(2, 2)), has_trainable_parameters(nn.ReLU())
-    (True, False)
-    """
-    return any(p.requires_grad for p in module.parameters())
 
 
 # Ops that return their input itself when they change nothing (dropout in eval mode) and
@@ -359,44 +50,36 @@ class ScaleRecorder(OpRecorder):
 
     Args:
         root: the model.
-        captured: where rows, records and hooks go.
-        abs_max: also record each tensor's largest magnitude.
+        captured: where rows, records and hooks go (and whether abs-maxes are recorded).
 
     >>> import torch
-    >>> from unitscale.tracking.eager import ScaleRecorder, ScaleRecording
+    >>> from unitscale.tracking.eager import ScaleRecorder
+    >>> from unitscale.tracking.recording import ScaleRecording
     >>> captured = ScaleRecording()
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
     ...         return x.mul(3.0).sum()
-    >>> _ = ScaleRecorder(Net(), captured, abs_max=False).run(torch.ones(4))
+    >>> _ = ScaleRecorder(Net(), captured).run(torch.ones(4))
     >>> [row.node for row, _ in captured.entries]
     ['mul', 'sum']
     """
 
-    def __init__(self, root: nn.Module, captured: ScaleRecording, abs_max: bool) -> None:
+    def __init__(self, root: nn.Module, captured: ScaleRecording) -> None:
         super().__init__(root)
         self.captured = captured
-        self.abs_max = abs_max
 
     def record(self, name: str, op: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        source = args[0] if args else None
         if isinstance(out, torch.Tensor):
-            if not out.is_floating_point():
-                return
-            path = self.module_path
-            in_place = kwargs.get("inplace") is True or in_place_name(op.removeprefix("Tensor."))
-            if out._base is not None and args and out is args[0] and in_place:
-                self.captured.forget_view_gradients(out)
-            if op in SAME_VALUE_OPS and args:
-                self.captured.track_same_values(out, args[0], name, path, op, self.abs_max)
-            elif op in _SAME_OBJECT_OPS and args and out is args[0]:
-                self.captured.track_same_values(out, out, name, path, op, self.abs_max)
-            else:
-                self.captured.track(out, name, path, op, self.abs_max)
+            # dropout in eval mode returns its input itself: then it holds its values
+            same = source is not None and (op in SAME_VALUE_OPS or (op in _SAME_OBJECT_OPS and out is source))
+            in_place = out is source and (kwargs.get("inplace") is True or in_place_name(op.removeprefix("Tensor.")))
+            step = Step(name, "call_function", self.module_path, op, from_source=same, in_place=in_place)
+            self.captured.record(out, step, source)
         elif isinstance(out, (tuple, list)):
             tensors = [t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            path = self.module_path if tensors else ""
             for i, t in enumerate(tensors):
-                self.captured.track(t, f"{name}[{i}]", path, op, self.abs_max)
+                self.captured.record(t, Step(f"{name}[{i}]", "call_function", self.module_path, op))
 
 
 def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False) -> ScaleRecording:
@@ -424,22 +107,18 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     [('x', 'input'), ('sum', 'Tensor.sum'), ('mul', 'Tensor.mul')]
     >>> captured.remove_hooks()
     """
-    captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module))
+    captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
     try:
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         names = []
     args = []
     for i, value in enumerate(inputs):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            leaf, value = input_leaf(value, captured.differentiate_inputs)
-            if leaf is not None:
-                captured.leaves.append(leaf)
-            captured.track(value, names[i] if i < len(names) else f"input_{i}", "", "input", abs_max)
-        args.append(value)
+        name = names[i] if i < len(names) else f"input_{i}"
+        args.append(captured.record(value, Step(name, "placeholder", "", "input")))
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
     try:
-        captured.output = ScaleRecorder(module, captured, abs_max).run(*args)
+        captured.output = ScaleRecorder(module, captured).run(*args)
         captured.share_view_gradients()
     except BaseException:
         captured.remove_hooks()

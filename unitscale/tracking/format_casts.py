@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from unitscale.formats import FPFormat
-from unitscale.tracking.stats import Stat, reads_at_once, std_from_sums, std_stat, sum_of_squares
+from unitscale.tracking.stats import Stat, read_stats, reads_at_once, std_from_sums, std_stat, sum_of_squares
 
 __all__ = [
     "BATCH_MAX",
@@ -189,9 +189,7 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
     x = x.reshape(-1)
     if x.numel() == 0:
         raise ValueError("raw_cast_stats needs a nonempty tensor")
-    if reads_at_once(x.device):
-        return _host_stats(x, fmt, scratch)
-    return _device_stats(x, fmt, scratch)
+    return _stats(x, fmt, scratch)
 
 
 # How the statistics are computed, in passes over the data (the old form took about 16, two of
@@ -202,76 +200,50 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
 # of |x| (rounding to nearest is symmetric, so its square equals that of x's). On the CPU each
 # value is read as it comes, which lets a tensor skip what it does not need: the zero count
 # when nothing is below the smallest subnormal, the overflow count and the clamp when the
-# abs-max is in range.
+# abs-max is in range. On an accelerator nothing is read: every value stays a 0-dim tensor.
 
 
-def _count(flags: torch.Tensor) -> int:
-    """The number of ones in a 0/1 float tensor; exact (every partial sum is an integer below 2**24)."""
-    if flags.numel() < 2**24 or flags.dtype == torch.float64:
-        return int(flags.sum().item())
-    return int(flags.sum(dtype=torch.float64).item())
-
-
-def _host_std(x: torch.Tensor, total: float, squares: float) -> float:
-    """:func:`~unitscale.tracking.stats.std_stat` of ``x`` from its sum and dot product, already read."""
-    n = x.numel()
-    if n == 1:
-        return 0.0
-    std = std_from_sums(n, total, squares, x.dtype)
-    if std is not None:
-        return std
-    careful = std_stat(x)  # cancellation, or squares out of the dtype's range: std_stat's careful path
-    assert isinstance(careful, float)
-    return careful
-
-
-def _host_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
+def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
     n, device = x.numel(), x.device
-    total = x.sum().item()
-    signal = sum_of_squares(x)
+    host = reads_at_once(device)
     a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
-    absmax = a.max().item()
     flags = scratch.get(n, x.dtype, device, _WORK)
-    small = _count(torch.lt(a, fmt.min_subnormal, out=flags))
-    zeros = _count(torch.eq(a, 0, out=flags)) if small else 0
-    in_range = absmax <= fmt.max_value  # False for NaN too
-    over = 0 if in_range else _count(torch.gt(a, fmt.max_value, out=flags))
+
+    def count(flagged: torch.Tensor) -> Stat:  # 0/1 floats: every partial sum below 2**24 is exact
+        wide = flagged.sum(dtype=torch.float64 if n >= 2**24 else None)
+        return int(wide.item()) if host else wide
+
+    std: Stat | None = None
+    signal: Any
+    noise: Any
+    if host:
+        total, signal = x.sum().item(), sum_of_squares(x)
+        std = std_from_sums(n, total, signal, x.dtype)
+        absmax: Stat = a.max().item()
+    else:
+        absmax, signal = a.max(), math.nan
+    if std is None:  # an accelerator's, or where the sums cancel: std_stat's
+        std = std_stat(x)
+    small = count(torch.lt(a, fmt.min_subnormal, out=flags))
+    zeros = count(torch.eq(a, 0, out=flags)) if small or not host else 0
+    in_range = host and absmax <= fmt.max_value  # False for NaN too
+    over = 0 if in_range else count(torch.gt(a, fmt.max_value, out=flags))
     magic = _magic(fmt) if x.dtype == torch.float32 else None
     if magic is None:
         error = rounding_error(x, fmt, scratch)
     else:
         clamped = a if in_range else torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
         error = _round_magic(clamped, magic, scratch).sub_(a)
-    noise = sum_of_squares(error)
-    std = _host_std(x, total, signal)  # from the same float32 sums as std_stat's, to the last bit
+    noise = sum_of_squares(error) if host else math.nan
     low, high = _SAFE_SUMS
-    if not (low <= signal <= high and (noise == 0 or low <= noise <= high)):
-        # squares past float32's range (values below about 1e-19 or above 1e19, or all zero): the
-        # SQNR is the ratio of the two sums, so both are taken again in float64
-        signal = torch.linalg.vector_norm(x, dtype=torch.float64).item() ** 2
-        noise = torch.linalg.vector_norm(error, dtype=torch.float64).item() ** 2
+    if not (host and low <= signal <= high and (noise == 0 or low <= noise <= high)):
+        # squares past float32's range (values below about 1e-19 or above 1e19, or all zero), or an
+        # accelerator's sums, left there: in float64 (not on MPS)
+        wide = None if device.type == "mps" else torch.float64
+        sums = [torch.linalg.vector_norm(v, dtype=wide).square() for v in (x, error)]
+        signal, noise = (sums[0].item(), sums[1].item()) if host else (sums[0], sums[1])
+    assert std is not None  # x is not empty
     return (std, absmax, n - zeros, small - zeros, over, signal, noise)
-
-
-def _device_stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
-    """:func:`_host_stats` with no value read: everything is computed, the results stay 0-dim tensors."""
-    n, device = x.numel(), x.device
-    std = std_stat(x)
-    assert std is not None
-    a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
-    zeros = torch.count_nonzero(torch.eq(a, 0))
-    small = torch.count_nonzero(torch.lt(a, fmt.min_subnormal))
-    over = torch.count_nonzero(torch.gt(a, fmt.max_value))
-    magic = _magic(fmt) if x.dtype == torch.float32 else None
-    if magic is None:
-        error = rounding_error(x, fmt, scratch)
-    else:
-        clamped = torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
-        error = _round_magic(clamped, magic, scratch).sub_(a)
-    # float32's squares leave its range below about 1e-19 and above 1e19: summed in float64 (not on MPS)
-    wide = None if device.type == "mps" else torch.float64
-    signal, noise = (torch.linalg.vector_norm(v, dtype=wide).square() for v in (x, error))
-    return (std, a.max(), n - zeros, small - zeros, over, signal, noise)
 
 
 BATCH_MAX = 8192
@@ -536,20 +508,15 @@ def _segment_stats(
             raw = raw_cast_stats(data[s.start * BLOCK : s.start * BLOCK + s.n], fmt)
             rows.append(tuple(float(v) for v in raw))
             continue
-        std = 0.0
-        if s.n > 1:
-            mean = t / s.n
-            var = (signal - t * mean) / (s.n - 1)
-            if mean * mean <= var:
-                std = math.sqrt(var)
-            else:
-                careful.append(i)
+        std = std_from_sums(s.n, t, signal, torch.float32)
+        if std is None:  # one element, or the sums cancel: std_stat of the tensor's copy, read with the others
+            careful.append(i)
+        std = math.nan if std is None else std
         rows.append((std, absmax_, s.n - int(zero), int(smalls - pad - zero), int(over_), signal, noise))
     if careful:
-        chosen = [segments[i] for i in careful]
-        means = [sums[i][0] / segments[i].n for i in careful]
-        for i, std in zip(careful, _careful_std(x, chosen, means), strict=True):
-            rows[i] = (std, *rows[i][1:])
+        stds = [std_stat(data.narrow(0, segments[i].start * BLOCK, segments[i].n)) for i in careful]
+        for i, value in zip(careful, read_stats(stds), strict=True):
+            rows[i] = (math.nan if value is None else value, *rows[i][1:])
     return rows
 
 
@@ -573,28 +540,6 @@ class _Pow2(dict[int, float]):
 
 
 _POW2 = _Pow2()
-
-
-def _careful_std(x: torch.Tensor, segments: list[_Segment], means: list[float]) -> list[float]:
-    """The std of each segment of ``x`` (rows of blocks) about its float32 mean, corrected by the deviations' sum.
-
-    Where the mean squared exceeds the variance, the sum of squares cancels; the deviations do
-    not. For a constant tensor they are one small multiple of the value's ulp, every sum is
-    exact and the std exactly 0. Padding is masked out.
-    """
-    device = x.device
-    rows = torch.tensor([b for s in segments for b in range(s.start, s.start + s.blocks)], device=device)
-    lengths = torch.tensor([s.blocks for s in segments], device=device)
-    ns = torch.tensor([float(s.n) for s in segments], dtype=torch.float64, device=device)
-    valid = torch.tensor(
-        [v for s in segments for v in [BLOCK] * (s.blocks - 1) + [s.n - (s.blocks - 1) * BLOCK]], device=device
-    )
-    keep = torch.arange(BLOCK, device=device) < valid[:, None]
-    mean = torch.tensor(means, dtype=torch.float32, device=device).repeat_interleave(lengths)
-    deviations = (x[rows] - mean[:, None]).mul_(keep)
-    shift = torch.segment_reduce(deviations.sum(1).double(), "sum", lengths=lengths)
-    squares = torch.segment_reduce(deviations.mul_(deviations).sum(1).double(), "sum", lengths=lengths)
-    return ((squares - shift * shift / ns) / (ns - 1)).clamp_(min=0).sqrt_().tolist()
 
 
 def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:

@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -45,9 +45,9 @@ from torch.utils.hooks import RemovableHandle
 
 from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.tracking.format_casts import CastBatch, Scratch, finish_cast_stats, raw_cast_stats
+from unitscale.tracking.format_casts import RAW_FIELDS, CastBatch, Scratch, finish_cast_stats, raw_cast_stats
 from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
-from unitscale.tracking.stats import Stat
+from unitscale.tracking.stats import Stat, read_stats
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -310,7 +310,9 @@ class ScaleMonitor:
             self._measure_all("bwd", [(n, g) for n, g in grads if g.is_floating_point()])
         batched = {id(batch): batch.finish() for batch in self._batches.values()}
         alone = [i for i, (*_, raw) in enumerate(self._pending) if not isinstance(raw, _Batched)]
-        read = dict(zip(alone, _read([self._pending[i][3] for i in alone]), strict=True))  # type: ignore[misc]
+        flat: list[Any] = read_stats([v for i in alone for v in cast("tuple[Stat, ...]", self._pending[i][3])])
+        width = len(RAW_FIELDS)
+        read = {i: tuple(flat[k * width : (k + 1) * width]) for k, i in enumerate(alone)}
         append = self.history.records.append
         for i, (name, kind, direction, raw) in enumerate(self._pending):
             values = batched[id(raw.batch)][raw.row] if isinstance(raw, _Batched) else read[i]
@@ -334,18 +336,3 @@ class ScaleMonitor:
     ) -> DriftTable:
         """:meth:`ScaleHistory.drifted` of ``history``: the tensors whose ``stat`` moved most, in octaves."""
         return self.history.drifted(top, stat, kind, direction)
-
-
-def _read(rows: list[tuple[Stat, ...]]) -> list[tuple[float, ...]]:
-    """Every row's values as floats: tensors left on a device are stacked and read once per device."""
-    out = [list(row) for row in rows]
-    groups: dict[torch.device, list[tuple[int, int, torch.Tensor]]] = {}
-    for i, row in enumerate(rows):
-        for j, v in enumerate(row):
-            if isinstance(v, torch.Tensor):
-                groups.setdefault(v.device, []).append((i, j, v))
-    for group in groups.values():
-        values = torch.stack([v.double() for _, _, v in group]).tolist()
-        for (i, j, _), value in zip(group, values, strict=True):
-            out[i][j] = value
-    return [tuple(float(v) if not isinstance(v, float) else v for v in row) for row in out]

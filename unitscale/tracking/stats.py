@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -29,6 +29,7 @@ __all__ = [
     "Stat",
     "abs_max_stat",
     "read_records",
+    "read_stats",
     "reads_at_once",
     "scratch_space",
     "std_from_sums",
@@ -132,23 +133,22 @@ def reads_at_once(device: torch.device) -> bool:
 
 
 def std_stat(t: torch.Tensor) -> Stat | None:
-    """``torch.std`` of ``t`` as a statistic to record (see :data:`Stat`).
+    """The std of ``t``: the one definition every statistic of unitscale uses (see :data:`Stat`).
 
-    Empty tensors give ``None``; a one-element tensor gives 0 (``torch.std`` would give
-    NaN and a warning). Low-precision tensors are reduced in float32.
+    The convention is ``torch.std``'s (``correction=1``) over all elements, with these answers
+    where ``torch.std`` has none or raises:
 
-    On an accelerator the std is two reductions left on the device (the mean, then the
-    norm of the deviations, its squares summed in float64 where the device has it, MPS
-    aside: float32's squares underflow below about 1e-19 and overflow above 1e19). On the
-    CPU it is a sum and a BLAS dot product read at once: a single read of the data each,
-    about 3x faster than the two-pass form. Where the mean is larger than the std, which
-    would cancel digits, the sums are taken again around the mean (in float64 only where
-    the std is below about 1e-6 of the mean). Where the squares would underflow or overflow
-    the tensor's dtype (a gradient of std 1e-23 in float32), the tensor is first scaled by
-    a power of two, exactly. Float32 tensors are summed in float32, the dot product in
-    blocks of 2**18 elements: the std is good to about 1e-6 relative for a million random
-    elements, and to about 1e-4 at any size for data of few distinct values (a table shows
-    3 digits); float64 ones are summed in float64.
+    - empty: ``None`` (no statistic to record);
+    - one element: 0 where it is finite (``torch.std`` gives NaN and a warning);
+    - an infinity or a NaN anywhere: NaN, as ``torch.std``;
+    - integers, booleans, float16 and bfloat16: their values in float32.
+
+    On the CPU it is a sum and a BLAS dot product read at once (a single read of the data
+    each, about 3x faster than the two-pass form), in blocks of 2**18 elements; where they
+    do not give the std (:func:`std_from_sums`: the mean above the std, or squares out of
+    the dtype's range) it is taken again in float64 about the mean (:func:`_two_pass`). On
+    an accelerator it is two reductions left on the device (the mean, then the norm of the
+    deviations, its squares summed in float64 where the device has it, MPS aside).
 
     >>> import torch
     >>> from unitscale.tracking.stats import std_stat
@@ -156,6 +156,8 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     1.0
     >>> std_stat(torch.tensor([5.0])), std_stat(torch.empty(0))
     (0.0, None)
+    >>> std_stat(torch.tensor([1, 3]))  # integers: in float32
+    1.4142135623730951
     >>> std_stat(torch.tensor([1e-23, 3e-23]))  # squares below float32's range
     1.4142136736802574e-23
     """
@@ -167,49 +169,47 @@ def std_stat(t: torch.Tensor) -> Stat | None:
         t = t.float()
     if not reads_at_once(t.device):
         if n == 1:
-            return torch.zeros((), dtype=t.dtype, device=t.device)
+            return (t.reshape(()) - t.reshape(())).abs()  # 0, or NaN for an infinity or a NaN
         wide = None if t.device.type == "mps" else torch.float64  # the std itself fits t's dtype
         return (torch.linalg.vector_norm(t - t.mean(), dtype=wide) / math.sqrt(n - 1)).to(t.dtype)
+    flat = _flat(t)
     if n == 1:
-        return 0.0
-    flat, owned = _flat(t)
-    total, squares = flat.sum().item(), sum_of_squares(flat)
-    std = std_from_sums(n, total, squares, flat.dtype)
-    if std is not None:
-        return std
-    if not _squares_in_range(n, squares, flat.dtype):
-        return _scaled_std(flat)  # squares under- or overflowing, all zeros, or inf or nan in t
-    mean = total / n
-    # Around the mean: the deviations' own mean is near 0, so nothing cancels. This path is
-    # common (a norm's weight of ones, all-positive activations), so it stays one subtraction
-    # and two reads in the tensor's dtype; only where the mean is still far from the deviations'
-    # scale (a std below about 1e-6 of the mean) does it sum again in float64. A copy of a
-    # strided tensor is ours to overwrite; anything else is left as it is.
-    deviations = torch.sub(flat, mean, out=flat if owned else _buffer(n, flat.dtype))
-    shift, squares = deviations.sum().item(), sum_of_squares(deviations)
-    squared = mean * mean > _COARSE * _COARSE * squares / n
-    if squared:
-        # Deviations from a mean over 1000x their size are multiples of the mean's ulp, and the
-        # dot's running float32 sums round such squares with a bias (3e-5 of a 200,000-element
-        # sum): square them in place (the buffer is ours) and sum with torch's cascade (6e-8).
-        squares = deviations.square_().sum().item()
+        return 0.0 if math.isfinite(flat[0].item()) else math.nan
+    std = std_from_sums(n, flat.sum().item(), sum_of_squares(flat), flat.dtype)
+    return _two_pass(flat) if std is None else std
+
+
+def _two_pass(flat: torch.Tensor) -> float:
+    """The std of ``flat`` (1-D, at least two elements) about its mean, summed in float64: no digit cancels.
+
+    Float64 values whose squares would leave
+    float64's range are first brought to a largest magnitude in [0.5, 1) by a power of two,
+    which changes no digit. An infinity or a NaN gives NaN, as ``torch.std``.
+    """
+    n = flat.numel()
+    if flat.dtype == torch.float64:
+        low, high = torch.aminmax(flat)
+        peak = max(-low.item(), high.item())
+        if peak == 0.0 or not math.isfinite(peak):
+            return 0.0 if peak == 0.0 else math.nan
+        if not 2.0**-400 < peak < 2.0**400:
+            exponent = math.frexp(peak)[1]  # peak / 2**exponent lies in [0.5, 1)
+            half = exponent // 2  # in two steps: 2**exponent alone can overflow a float
+            scaled = flat.mul(2.0**-half).mul_(2.0 ** (half - exponent))
+            return _two_pass(scaled) * 2.0**half * 2.0 ** (exponent - half)
+    # In float64 a block at a time: a float64 copy of a large tensor costs its page faults every time.
+    blocks = flat.split(_DOT_BLOCK // 4)
+    mean = math.fsum(block.sum(dtype=torch.float64).item() for block in blocks) / n
+    if not math.isfinite(mean):
+        return math.nan
+    shift = squares = 0.0
+    for block in blocks:
+        deviations = block.to(torch.float64, copy=True).sub_(mean)
+        shift += deviations.sum().item()
+        squares += torch.dot(deviations, deviations).item()
     var = (squares - shift * shift / n) / (n - 1)
-    if (shift / n) ** 2 <= var < math.inf:
-        return math.sqrt(max(var, 0.0))
-    if squared:  # the deviations were squared in place (and with them a copy of t): take them again
-        flat = _flat(t)[0] if owned else flat
-        deviations = torch.sub(flat, mean, out=flat if owned else deviations)
-    total = deviations.sum(dtype=torch.float64).item()
-    squares = torch.linalg.vector_norm(deviations, dtype=torch.float64).item() ** 2
-    var = (squares - total * total / n) / (n - 1)
-    if math.isfinite(var):
-        return math.sqrt(max(var, 0.0))
-    return _scaled_std(_flat(t)[0])  # deviations whose squares overflow (float64 values near 1e154)
+    return math.sqrt(max(var, 0.0)) if math.isfinite(var) else math.nan
 
-
-# Above this ratio of mean to deviation, the careful path sums the squares without BLAS's dot;
-# below it the dot's error stays the 1.5e-6 of any float32 dot of a million elements.
-_COARSE = 1024.0
 
 # BLAS's dot keeps a few running float32 sums: over 2**22 equal squares they drift by 2e-3 (the
 # third digit a table shows); per block of 2**18 elements, the blocks added as floats, by 1.2e-4.
@@ -242,52 +242,24 @@ def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> f
     >>> std_from_sums(3, 3000.0, 3000002.0, torch.float32) is None  # 999, 1000, 1001
     True
     """
-    if n < 2 or not _squares_in_range(n, squares, dtype):
+    # Below this mean square, some squares fall under the dtype's smallest normal number (2**-126 in
+    # float32) and lose digits; above it, such squares add less than 2**-26 of the sum.
+    least = 2.0**-990 if dtype == torch.float64 else 2.0**-100
+    if n < 2 or not n * least <= squares < math.inf:
         return None
     mean = total / n
     var = (squares - total * mean) / (n - 1)
     return math.sqrt(var) if mean * mean <= var else None
 
 
-# Below this mean square, some squares fall under the dtype's smallest normal number (2**-126 in
-# float32) and lose digits, up to all of them; above it, such squares add less than 2**-26 of the sum.
-_LEAST_MEAN_SQUARE = {torch.float32: 2.0**-100, torch.float64: 2.0**-990}
-
-
-def _squares_in_range(n: int, squares: float, dtype: torch.dtype) -> bool:
-    return n * _LEAST_MEAN_SQUARE.get(dtype, 2.0**-100) <= squares < math.inf
-
-
-def _scaled_std(flat: torch.Tensor) -> float:
-    """The std of ``flat`` (1-D), computed in float64 on its values times a power of two.
-
-    For tensors whose squares underflow or overflow: the largest magnitude is brought to
-    [0.5, 1), which changes no digit, and the std is scaled back. All zeros give 0; an
-    inf or nan gives nan, as ``torch.std``.
-    """
-    low, high = torch.aminmax(flat)
-    peak = max(-low.item(), high.item())
-    if not math.isfinite(peak):
-        return math.nan
-    if peak == 0.0:
-        return 0.0
-    exponent = math.frexp(peak)[1]  # peak / 2**exponent lies in [0.5, 1)
-    half = exponent // 2  # in two steps: 2**exponent alone can overflow a float
-    scaled = flat.to(torch.float64, copy=True).mul_(2.0**-half).mul_(2.0 ** (half - exponent))
-    return cast(float, std_stat(scaled)) * 2.0**half * 2.0 ** (exponent - half)
-
-
-def _flat(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``t``'s elements as a contiguous 1-D tensor, and whether it is a copy (ours to overwrite).
-
-    A view where its memory is dense (``False``), else a copy in :func:`_buffer` (``True``).
-    """
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy in :func:`_buffer`."""
     if not t.is_contiguous():
         dense = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
         if not dense.is_contiguous():
-            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1), True
+            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1)
         t = dense
-    return t.view(-1), False
+    return t.view(-1)
 
 
 def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -375,36 +347,35 @@ def tensor_abs_max(t: torch.Tensor) -> torch.Tensor | None:
     return torch.maximum(high, -low)
 
 
+def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
+    """Statistics as Python floats, read in one transfer per device and dtype.
+
+    Values left on a device are stacked there and read with a single ``tolist()``, instead
+    of one ``.item()`` (one host sync) per tensor. Floats and ``None`` stay as they are.
+
+    >>> read_stats([torch.tensor(2.0), 1.5, None])
+    [2.0, 1.5, None]
+    """
+    out: list[Any] = list(values)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            groups.setdefault((value.device, value.dtype), []).append(i)
+    for group in groups.values():
+        for i, value in zip(group, torch.stack([out[i] for i in group]).tolist(), strict=True):
+            out[i] = value
+    return out
+
+
 def read_records(records: Sequence[ScaleRecord]) -> list[tuple[float | None, float | None, float | None]]:
-    """Every record's ``(forward, backward, abs_max)`` as Python floats, read in one transfer.
-
-    Values left on a device are stacked there and read with a single ``tolist()`` per
-    device and dtype, instead of one ``.item()`` (one host sync) per tensor. CPU values
-    are floats already.
-
-    Args:
-        records: the records to read.
-
-    Returns:
-        One ``(forward, backward, abs_max)`` tuple per record; ``None`` where not recorded.
+    """Every record's ``(forward, backward, abs_max)`` as Python floats, read in one transfer (:func:`read_stats`).
 
     >>> r = ScaleRecord(); r.record_forward(torch.ones(4))
     >>> read_records([r, ScaleRecord()])
     [(0.0, None, None), (None, None, None)]
     """
-    rows: list[list[float | None]] = []
-    groups: dict[tuple[torch.device, torch.dtype], list[tuple[list[float | None], int, torch.Tensor]]] = {}
-    for record in records:
-        row: list[float | None] = [record.forward, record.backward, record.abs_max]  # type: ignore[list-item]
-        for j, value in enumerate((record.forward, record.backward, record.abs_max)):
-            if isinstance(value, torch.Tensor):
-                groups.setdefault((value.device, value.dtype), []).append((row, j, value))
-        rows.append(row)
-    for group in groups.values():
-        values = torch.stack([v for _, _, v in group]).tolist()
-        for (row, j, _), value in zip(group, values, strict=True):
-            row[j] = value
-    return [(r[0], r[1], r[2]) for r in rows]
+    values = read_stats([v for r in records for v in (r.forward, r.backward, r.abs_max)])
+    return [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3)]
 
 
 class ScaleTracker(torch.autograd.Function):

@@ -9,6 +9,10 @@ leaves the band while the gradients arriving from its readers were inside it (ba
 on ``result.scale_check``; when the output or the input gradient is off unit scale it logs
 the ops that broke it.
 
+The measuring is scale tracking's (:class:`~unitscale.tracking.ScaleTrackingInterpreter`,
+recording only the activation stream, and :func:`~unitscale.tracking.std_stat`); a tensor of
+one element (a loss) has no spread to judge: its std counts as NaN here.
+
 Only the activation stream counts: the graph inputs and the ops that compute from them.
 Parameters (a norm's gain of ones has std 0), position tables and masks have no scale to keep.
 Nor do an op only batch norm reads (batch norm undoes its scale) and the parts of an op that
@@ -27,6 +31,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from unitscale.tracking import ScaleTrackingInterpreter, std_stat
 from unitscale.transforms.unit_scale_pass import KEPT_KEY, _whole_regions, describe
 
 __all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
@@ -126,34 +131,35 @@ def _inside(value: float, band: tuple[float, float]) -> bool:
     return band[0] <= value <= band[1]
 
 
-def _std(value: Any) -> float:
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() > 1:
-        return float(value.detach().float().std())
-    return math.nan
+def _spread(std: Any, numel: int) -> float:
+    """A tensor's std as the check judges it: NaN where there is none, or one element (a loss has no spread to keep)."""
+    return float(std) if std is not None and numel > 1 else math.nan
 
 
-class _Recorder(fx.Interpreter):
-    """Runs the graph and keeps each float tensor of the activation stream (the inputs and what follows from them)."""
+class _Recorder(ScaleTrackingInterpreter):
+    """Scale tracking over the activation stream; keeps each recorded tensor, to take the gradient there."""
 
-    def __init__(self, gm: fx.GraphModule, skip: set[fx.Node]) -> None:
-        super().__init__(gm, garbage_collect_values=False)
-        self.skip = skip
-        self.stream: set[fx.Node] = set()
+    def __init__(self, gm: fx.GraphModule, stream: set[fx.Node]) -> None:
+        super().__init__(gm, only=stream)
+        self.captured.differentiate_inputs = True  # every float input starts the stream's gradients
         self.values: dict[fx.Node, torch.Tensor] = {}
 
     def run_node(self, n: fx.Node) -> Any:
         result = super().run_node(n)
-        is_float = isinstance(result, torch.Tensor) and result.is_floating_point()
-        if n.op == "placeholder":
-            # token ids start the stream too: the embeddings computed from them are activations
-            self.stream.add(n)
-            if is_float:
-                result = result.detach().requires_grad_()
-        elif n.op != "output" and n not in self.skip and any(a in self.stream for a in n.all_input_nodes):
-            self.stream.add(n)
-        if n in self.stream and is_float:
+        if n in self._steps and isinstance(result, torch.Tensor) and result.is_floating_point():
             self.values[n] = result
         return result
+
+
+def _stream(graph: fx.Graph, skip: set[fx.Node]) -> set[fx.Node]:
+    """The inputs (token ids too: the embeddings computed from them are activations) and what follows from them."""
+    stream: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op == "placeholder" or (
+            n.op != "output" and n not in skip and any(a in stream for a in n.all_input_nodes)
+        ):
+            stream.add(n)
+    return stream
 
 
 def check_scale(
@@ -196,60 +202,69 @@ def check_scale(
     graph = gm.graph
     # Tensors inside an inlined vmap are batched views that must not escape it.
     inside = {n for nodes in _whole_regions(graph).values() for n in nodes}
-    recorder = _Recorder(gm, inside)
-    with torch.enable_grad():
-        leaves = pytree.tree_leaves(recorder.run(*inputs, enable_io_processing=False))
-        values = recorder.values
-        chosen = leaves if outputs is None else [leaves[i] for i in outputs]
-        float_outputs = [o for o in chosen if isinstance(o, torch.Tensor) and o.is_floating_point()]
-        differentiable = [o for o in float_outputs if o.requires_grad]
-        grads: dict[fx.Node, float] = {}
-        targets = [(n, v) for n, v in values.items() if v.requires_grad]
-        if backward and differentiable and targets:
-            generator = torch.Generator(device=differentiable[0].device).manual_seed(0)
-            # A one-element output is a loss: its gradient is 1, as in ``loss.backward()``.
-            seeds = [
-                torch.ones_like(o)
-                if o.numel() == 1
-                else torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device)
-                for o in differentiable
-            ]
-            found = torch.autograd.grad(differentiable, [v for _, v in targets], seeds, allow_unused=True)
-            grads = {n: _std(g) for (n, _), g in zip(targets, found, strict=True) if g is not None}
-    output_std = _std(torch.cat([o.detach().float().flatten() for o in float_outputs])) if float_outputs else math.nan
-    placeholders = [n for n in values if n.op == "placeholder" and n in grads]
-    first = placeholders or [n for n in values if n.op != "placeholder" and n in grads][:1]
-    grad_std = math.nan
-    if first:
-        (grad_std,) = [grads[n] for n in first[:1]]
-    breaks = _forward_breaks(graph, values, band) + _backward_breaks(graph, values, grads, band)
-    stds = [(n.name, _std(v), grads.get(n, math.nan)) for n, v in values.items()]
+    recorder = _Recorder(gm, _stream(graph, inside))
+    captured = recorder.captured
+    try:
+        with torch.enable_grad():
+            leaves = pytree.tree_leaves(recorder.run(*inputs, enable_io_processing=False))
+            chosen = leaves if outputs is None else [leaves[i] for i in outputs]
+            float_outputs = [o for o in chosen if isinstance(o, torch.Tensor) and o.is_floating_point()]
+            differentiable = [o for o in float_outputs if o.requires_grad]
+            targets = [v for v in recorder.values.values() if v.requires_grad]
+            if backward and differentiable and targets:
+                generator = torch.Generator(device=differentiable[0].device).manual_seed(0)
+                # A one-element output is a loss: its gradient is 1, as in ``loss.backward()``.
+                seeds = [
+                    torch.ones_like(o)
+                    if o.numel() == 1
+                    else torch.randn(o.shape, generator=generator, dtype=o.dtype, device=o.device)
+                    for o in differentiable
+                ]
+                torch.autograd.grad(differentiable, targets, seeds, allow_unused=True)  # the hooks measure them
+    finally:
+        captured.remove_hooks()
+    rows = {row.node: row for row in captured.rows()}
+    sizes = {n: v.numel() for n, v in recorder.values.items()}
+    stds = {n: _spread(rows[n.name].forward, size) for n, size in sizes.items()}
+    grads = {n: _spread(rows[n.name].backward, size) for n, size in sizes.items() if rows[n.name].backward is not None}
+    whole = torch.cat([o.detach().flatten() for o in float_outputs]) if float_outputs else torch.empty(0)
+    output_std = _spread(std_stat(whole), whole.numel())
+    placeholders = [n for n in sizes if n.op == "placeholder" and n in grads]
+    first = placeholders or [n for n in sizes if n.op != "placeholder" and n in grads][:1]
+    grad_std = grads[first[0]] if first else math.nan
+    breaks = _forward_breaks(graph, sizes, stds, band) + _backward_breaks(graph, grads, band)
     drift = []
     for direction, std in (("forward", output_std), ("backward", grad_std)):
         if not math.isnan(std) and not _inside(std, band):
-            drift += _drift(graph, values, grads, direction, up=std > band[1])
+            drift += _drift(graph, sizes, stds, grads, direction, up=std > band[1])
     named = {(b.node, b.direction) for b in breaks}
     drift = [d for d in drift if (d.node, d.direction) not in named]
-    return ScaleCheck(output_std, grad_std, breaks, stds, band, drift)
+    table = [(n.name, stds[n], grads.get(n, math.nan)) for n in sizes]
+    return ScaleCheck(output_std, grad_std, breaks, table, band, drift)
 
 
-def _main_input(node: fx.Node, values: dict[fx.Node, torch.Tensor]) -> fx.Node | None:
+def _main_input(node: fx.Node, sizes: dict[fx.Node, int]) -> fx.Node | None:
     """The activation input with the most elements (the tensor an op transforms, not its gain)."""
-    inputs = [a for a in node.all_input_nodes if a in values]
-    return max(inputs, key=lambda a: values[a].numel(), default=None)
+    inputs = [a for a in node.all_input_nodes if a in sizes]
+    return max(inputs, key=lambda a: sizes[a], default=None)
 
 
 def _drift(
-    graph: fx.Graph, values: dict[fx.Node, torch.Tensor], grads: dict[fx.Node, float], direction: str, up: bool
+    graph: fx.Graph,
+    sizes: dict[fx.Node, int],
+    stds: dict[fx.Node, float],
+    grads: dict[fx.Node, float],
+    direction: str,
+    up: bool,
 ) -> list[OffScale]:
     """The (up to) 5 ops whose factor moved the scale furthest up (or down), in ``direction``."""
     steps = []
     for node in graph.nodes:
-        source = _main_input(node, values) if node in values and node.op != "placeholder" else None
+        source = _main_input(node, sizes) if node in sizes and node.op != "placeholder" else None
         if source is None or (direction == "forward" and (_only_normalised(node) or KEPT_KEY in node.meta)):
             continue
         if direction == "forward":
-            before, after = _std(values[source]), _std(values[node])
+            before, after = stds[source], stds[node]
         else:
             before, after = grads.get(node, math.nan), grads.get(source, math.nan)
         # a std of inf (a mask of -inf or the dtype's lowest added to scores) has no factor to rank
@@ -269,23 +284,23 @@ def _only_normalised(node: fx.Node) -> bool:
     )
 
 
-def _forward_breaks(graph: fx.Graph, values: dict[fx.Node, torch.Tensor], band: tuple[float, float]) -> list[OffScale]:
+def _forward_breaks(
+    graph: fx.Graph, sizes: dict[fx.Node, int], stds: dict[fx.Node, float], band: tuple[float, float]
+) -> list[OffScale]:
     found = []
     for node in graph.nodes:
-        if node not in values or node.op == "placeholder":
+        if node not in sizes or node.op == "placeholder":
             continue
-        source = _main_input(node, values)
+        source = _main_input(node, sizes)
         if source is None or _only_normalised(node) or KEPT_KEY in node.meta:
             continue
-        before, after = _std(values[source]), _std(values[node])
+        before, after = stds[source], stds[node]
         if _inside(before, band) and not math.isnan(after) and not _inside(after, band):
             found.append(OffScale(describe(node), node.name, "forward", before, after))
     return found
 
 
-def _backward_breaks(
-    graph: fx.Graph, values: dict[fx.Node, torch.Tensor], grads: dict[fx.Node, float], band: tuple[float, float]
-) -> list[OffScale]:
+def _backward_breaks(graph: fx.Graph, grads: dict[fx.Node, float], band: tuple[float, float]) -> list[OffScale]:
     found = []
     for node in reversed(graph.nodes):
         if node not in grads:

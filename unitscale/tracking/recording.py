@@ -1,0 +1,408 @@
+"""The one way to record a scale: every route of scale tracking hands each tensor to :meth:`ScaleRecording.record`.
+
+A graph's nodes (run as compiled code, :mod:`unitscale.tracking.compiled`, or by
+:class:`~unitscale.tracking.ScaleTrackingInterpreter`) and the ops the eager recorder sees
+(:mod:`unitscale.tracking.eager`) each come with a :class:`Step`: what the tensor is (an
+input, a parameter, an op's output), where it ran, and whether it holds another tensor's
+values. :meth:`ScaleRecording.record` turns it into a row, a :class:`~unitscale.tracking.ScaleRecord`
+filled in forward (:func:`~unitscale.tracking.stats.std_stat`) and a gradient hook that fills
+it in backward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from unitscale.tracking.report import ScaleRow
+from unitscale.tracking.stats import ScaleRecord, read_records
+
+__all__ = ["ScaleRecording", "Step", "has_trainable_parameters", "input_leaf"]
+
+
+class Step(NamedTuple):
+    """What recording one tensor needs beside its value: fixed per graph node, or per op as it runs.
+
+    Attributes:
+        name: the row's name (the node's, or the op call's).
+        kind: ``"placeholder"`` (a model input: it becomes a leaf), ``"get_attr"`` (a
+            parameter or buffer), or the op's kind (``"call_function"``, ...).
+        path: the module path it ran in.
+        op: the op's name (``""`` for ``get_attr``: ``"parameter"`` or ``"buffer"``, from the value).
+        hand_on: the name of a view that takes this record over (its only user); ``""`` if none.
+        from_source: the tensor holds its source's values (a view, a copy, a cast that casts nothing).
+        keep_hook: keep this tensor's gradient hook though it hands on (the view is changed in
+            place later, and torch drops a changed view's hook).
+        in_place: the op changed its first argument in place.
+    """
+
+    name: str
+    kind: str
+    path: str
+    op: str
+    hand_on: str = ""
+    from_source: bool = False
+    keep_hook: bool = False
+    in_place: bool = False
+
+
+@dataclass
+class ScaleRecording:
+    """What one forward pass under scale tracking produced.
+
+    Attributes:
+        output: the model's output.
+        entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
+        leaves: tensors gradients are taken with respect to (detached inputs, parameters).
+        handles: gradient hooks to remove once the backward pass is done.
+        differentiate_inputs: whether inputs that do not require grad get a gradient too
+            (set for a model with no trainable parameter; see :func:`input_leaf`).
+
+    >>> import torch
+    >>> from unitscale.tracking.recording import ScaleRecording
+    >>> captured = ScaleRecording()
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
+    >>> captured.entries[0][0][:5]
+    ('y', '', 'mul', (3,), 'float32')
+    >>> captured.remove_hooks(); captured.handles
+    []
+    """
+
+    output: Any = None
+    entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
+    leaves: list[torch.Tensor] = field(default_factory=list)
+    handles: list[RemovableHandle] = field(default_factory=list)
+    differentiate_inputs: bool = False
+    abs_max: bool = False
+    # the name of a view that takes a record over -> the record (Step.hand_on)
+    _shared: dict[str, ScaleRecord] = field(default_factory=dict, repr=False)
+    # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record;
+    # the gradient hook that fills it, if any)
+    _latest: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord, RemovableHandle | None]] = field(
+        default_factory=dict, repr=False
+    )
+    # (source's grad_fn, its output_nr, source's record, its hook, view's grad_fn, view's record)
+    # per view that took its source's forward numbers: candidates for sharing the gradient's too
+    _views: list[tuple[Any, int, ScaleRecord, RemovableHandle, Any, ScaleRecord]] = field(
+        default_factory=list, repr=False
+    )
+    # id(gradient) -> (the gradient, weakly; its version when measured; its std): autograd hands
+    # one gradient tensor to several hooks (both operands of an add, an alias of a tensor), so
+    # each is measured once: about a third of GPT-2's backward elements
+    _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = field(default_factory=dict, repr=False)
+    # (record, record whose gradient std it takes) once the backward pass is done
+    _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
+
+    def record(self, value: Any, step: Step, source: Any = None) -> Any:
+        """The one recording function: record ``value`` as ``step`` describes it; return what the model goes on with.
+
+        Anything but a floating-point tensor is returned as it is. A model input becomes a
+        leaf (:func:`input_leaf`; the model goes on with its copy), a parameter a leaf of the
+        backward pass. ``source`` is the tensor ``value`` was made from where
+        ``step.from_source``: its forward numbers are reused (:meth:`track_same_values`).
+
+        >>> import torch
+        >>> from unitscale.tracking.recording import ScaleRecording, Step
+        >>> captured = ScaleRecording()
+        >>> x = torch.tensor([1.0, 3.0])
+        >>> x = captured.record(x, Step("x", "placeholder", "", "input"))
+        >>> view = Step("view", "call_method", "", "Tensor.view", from_source=True)
+        >>> t = captured.record(x.view(2, 1), view, x)
+        >>> [(row.node, record.forward) for row, record in captured.entries]
+        [('x', 1.4142135623730951), ('view', 1.4142135623730951)]
+        """
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return value
+        op = step.op
+        if step.kind == "placeholder":
+            leaf, value = input_leaf(value, self.differentiate_inputs)
+            if leaf is not None:
+                self.leaves.append(leaf)
+        elif step.kind == "get_attr":
+            op = "parameter" if isinstance(value, nn.Parameter) else "buffer"
+            if value.requires_grad and value.is_leaf:
+                self.leaves.append(value)
+        if step.in_place and value._base is not None:
+            self.forget_view_gradients(value)  # hooks on views of its base now see part of a gradient
+        shared = self._shared.pop(step.name, None) if self._shared else None
+        hook = step.keep_hook or not step.hand_on
+        if shared is None and step.from_source:
+            # the source has other users too: same forward numbers, its own gradient
+            record = self.track_same_values(value, source, step.name, step.path, op, self.abs_max, hook)
+        else:
+            record = self.track(value, step.name, step.path, op, self.abs_max, record=shared, hook=hook)
+        if step.hand_on:
+            self._shared[step.hand_on] = record
+        return value
+
+    def track(
+        self,
+        t: torch.Tensor,
+        node: str,
+        module_path: str,
+        op: str,
+        abs_max: bool,
+        record: ScaleRecord | None = None,
+        hook: bool = True,
+    ) -> ScaleRecord:
+        """Record ``t`` (and, through a hook, its gradient) as one row.
+
+        ``record``: an existing record to share (a view of a tensor already recorded has
+        the same std). ``hook=False``: leave the gradient to a later row sharing the record.
+        """
+        if record is None:
+            record = ScaleRecord()
+            record.record_forward(t, abs_max)
+        handle = None
+        if hook and t.requires_grad:
+            handle = t.register_hook(self._gradient_hook(record))
+            self.handles.append(handle)
+        row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        self.entries.append((row, record))
+        version = _version(t)
+        if version is not None:
+            self._latest[id(t)] = (weakref.ref(t), version, record, handle)
+        return record
+
+    def track_same_values(
+        self, t: torch.Tensor, source: Any, node: str, module_path: str, op: str, abs_max: bool, hook: bool = True
+    ) -> ScaleRecord:
+        """Record ``t``, which holds the values of ``source`` (a view or copy of it), as one row.
+
+        Where ``source`` is a tensor recorded here whose values have not changed since (its
+        version counter, which its views share, is the same), the forward statistics are
+        taken from its record instead of computed again: same values, same std and
+        abs-max. ``t`` being ``source`` itself (``x.to(x.dtype)``, dropout in eval mode)
+        shares the whole record, gradient included. Otherwise as :meth:`track` (``hook``
+        as there).
+
+        >>> import torch
+        >>> from unitscale.tracking.recording import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> x = torch.tensor([1.0, 2.0, 3.0, 6.0])
+        >>> first = captured.track(x, "x", "", "input", abs_max=False)
+        >>> def view(name):
+        ...     return captured.track_same_values(
+        ...         x.view(2, 2), x, name, "", "Tensor.view", abs_max=False
+        ...     )
+        >>> view("view").forward
+        2.160246899469287
+        >>> _ = x.mul_(2)  # changed in place: computed afresh
+        >>> view("view_1").forward
+        4.320493798938574
+        """
+        known = self._latest.get(id(source)) if isinstance(source, torch.Tensor) else None
+        if (
+            known is None
+            or not isinstance(source, torch.Tensor)
+            or known[0]() is not source
+            or known[1] != _version(source)
+            or t.dtype != source.dtype
+            or t.device != source.device
+            or t.numel() != source.numel()
+            or (abs_max and known[2].abs_max is None and t.numel() > 0)
+        ):
+            return self.track(t, node, module_path, op, abs_max, hook=hook)
+        if t is source:
+            return self.track(t, node, module_path, op, abs_max, record=known[2], hook=False)
+        record = ScaleRecord()
+        record.forward = known[2].forward
+        if abs_max:
+            record.abs_max = known[2].abs_max
+        self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
+        if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
+            self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
+        return record
+
+    def rows(self) -> list[ScaleRow]:
+        """Every row with its numbers, read in one transfer (after the backward pass and :meth:`remove_hooks`).
+
+        >>> import torch
+        >>> captured = ScaleRecording()
+        >>> x = torch.tensor([1.0, 3.0])
+        >>> _ = captured.record(x, Step("x", "placeholder", "", "input"))
+        >>> captured.rows()[0].scale
+        (-> 1.41, <- n/a)
+        """
+        values = read_records([record for _, record in self.entries])
+        entries = zip(self.entries, values, strict=True)
+        return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
+
+    def share_view_gradients(self) -> None:
+        """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
+
+        The gradient of ``x`` is the sum of what flows back along each edge into it. Where
+        the autograd graph from the outputs has a single edge into ``x`` and it comes from
+        a view (or same-valued copy) of ``x``, the gradient of ``x`` holds the values of the
+        view's gradient, so its std is not computed twice: ``x``'s hook is removed and
+        :meth:`remove_hooks` copies the view's number. Counting edges in the autograd
+        graph sees every consumer, whatever recorded it or not.
+
+        >>> import torch
+        >>> from unitscale.tracking.recording import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> x = torch.ones(4, requires_grad=True) * 2
+        >>> _ = captured.track(x, "x", "", "mul", abs_max=False)
+        >>> view = x.view(2, 2)
+        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", False)
+        >>> captured.output = view * torch.tensor([1.0, 3.0])
+        >>> captured.share_view_gradients()
+        >>> _ = captured.output.backward(torch.ones(2, 2)); captured.remove_hooks()
+        >>> [record.backward for _, record in captured.entries]
+        [1.1547005383792515, 1.1547005383792515]
+        """
+        if not self._views:
+            return
+        edges: Counter[tuple[Any, int]] = Counter()
+        via: dict[tuple[Any, int], Any] = {}
+        stack = []
+        for t in _tensors(self.output):
+            if t.grad_fn is not None:
+                edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
+                stack.append(t.grad_fn)
+        seen = set(stack)
+        while stack:
+            fn = stack.pop()
+            for nxt, nr in fn.next_functions:
+                if nxt is None:
+                    continue
+                edges[(nxt, nr)] += 1
+                via[(nxt, nr)] = fn
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        # last view first: along x -> view -> view_1, view takes view_1's number before x takes view's
+        for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
+            if edges[(fn, nr)] == 1 and via.get((fn, nr)) is view_fn:
+                handle.remove()
+                self._copies.append((record, view_record))
+        self._views.clear()
+
+    def forget_view_gradients(self, changed: torch.Tensor) -> None:
+        """Remove the gradient hooks of the views of ``changed``'s base, which was just changed in place.
+
+        torch takes a changed view's gradient through its base: a hook on a view of it,
+        registered before the change, would see part of the gradient (its earlier readers'),
+        or none. Their rows read n/a; the base's own hook, and hooks registered after the
+        change, are kept.
+
+        >>> import torch
+        >>> from unitscale.tracking.recording import ScaleRecording
+        >>> captured = ScaleRecording()
+        >>> h = torch.ones(4, requires_grad=True) * 2
+        >>> view = h.view(2, 2)
+        >>> _ = captured.track(view, "view", "", "Tensor.view", abs_max=False)
+        >>> _ = view.add_(1)
+        >>> captured.forget_view_gradients(view)
+        >>> h.sum().backward()
+        >>> print(captured.entries[0][1].backward)
+        None
+        """
+        base = changed._base
+        forgotten = set()
+        for key, (ref, version, record, handle) in list(self._latest.items()):
+            t = ref()
+            if t is None or t._base is not base or handle is None:
+                continue
+            handle.remove()
+            self._latest[key] = (ref, version, record, None)
+            forgotten |= {id(handle), id(record)}
+        self._views = [v for v in self._views if id(v[3]) not in forgotten and id(v[5]) not in forgotten]
+
+    def _gradient_hook(self, record: ScaleRecord) -> Callable[[torch.Tensor], None]:
+        """A hook recording a gradient's std into ``record``, measured once per gradient tensor."""
+        measured = self._grad_stds
+
+        def hook(grad: torch.Tensor) -> None:
+            key, version = id(grad), _version(grad)
+            known = measured.get(key)
+            if known is not None and known[0]() is grad and known[1] == version:
+                record.backward = known[2]
+                return
+            record.record_backward(grad)
+            if version is not None:
+                measured[key] = (weakref.ref(grad), version, record.backward)
+
+        return hook
+
+    def remove_hooks(self) -> None:
+        """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
+
+        Records that take a view's gradient std (:meth:`share_view_gradients`) take it here.
+        """
+        for record, source in self._copies:
+            record.backward = source.backward
+        self._copies.clear()
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self._grad_stds.clear()
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside nested tuples, lists and dicts (a model's output)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor counts no versions
+        return None
+
+
+def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """For a model input: the leaf its gradient is taken with respect to, and the copy to run the model on.
+
+    As in a training step, and in Graphcore's ``analyse_module``, an input's gradient is
+    computed only when the input requires grad (``x.requires_grad_()``), or when
+    ``always`` is set: scale tracking sets it for a model with no parameter that requires
+    grad, where the inputs are all a backward pass could reach. Otherwise the leaf is
+    ``None`` and the input's row has no backward std: computing it anyway would cost the
+    first layer a product (about a tenth of a ResNet's step) that the user's step never does.
+
+    A leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
+    stay untouched). The model gets a copy either way, so it may modify its input in
+    place; tensors made under ``torch.inference_mode`` become ordinary ones.
+
+    >>> import torch
+    >>> from unitscale.tracking.recording import input_leaf
+    >>> leaf, value = input_leaf(torch.ones(2, requires_grad=True))
+    >>> leaf.requires_grad, leaf.is_leaf, value.is_leaf
+    (True, True, False)
+    >>> leaf, value = input_leaf(torch.ones(2))
+    >>> leaf is None, value.requires_grad
+    (True, False)
+    >>> input_leaf(torch.ones(2), always=True)[0].requires_grad
+    True
+    """
+    if not (t.requires_grad or always):
+        return None, t.clone()
+    leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
+    return leaf, leaf.clone()
+
+
+def has_trainable_parameters(module: nn.Module) -> bool:
+    """Whether any parameter of ``module`` requires grad (else scale tracking differentiates the inputs).
+
+    >>> from torch import nn
+    >>> from unitscale.tracking.recording import has_trainable_parameters
+    >>> has_trainable_parameters(nn.Linear(2, 2)), has_trainable_parameters(nn.ReLU())
+    (True, False)
+    """
+    return any(p.requires_grad for p in module.parameters())
