@@ -32,7 +32,7 @@ from unitscale.errors import (
     UnscaledOpsError,
 )
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.transforms.dynamo import GraphTransform, TransformedModule, _check_route_inputs
+from unitscale.transforms.transformed_module import GraphTransform, TransformedModule, _check_route_inputs
 from unitscale.transforms.unit_scale_pass import UnitScalePass
 
 __all__ = ["TransformedModule", "apply_transform", "simulate_format", "simulate_fp8", "unit_scale"]
