@@ -13,8 +13,8 @@ Captured lazily with TorchDynamo on the first call, or at once by
 >>> round(model(torch.randn(512, 64)).std().item(), 1)
 1.0
 
-``unit_scale`` is an ordered list of named rules over one :class:`PassState`
-(:mod:`unitscale.transforms.rules`); :func:`register_rule` adds one of yours:
+``unit_scale`` is an ordered list of named rules over one :class:`PassState`, run in
+order; :func:`register_rule` adds one of yours, :func:`unregister_rule` takes it out:
 
 >>> from unitscale.transforms import rule_names
 >>> rule_names()[-3:]

@@ -2,50 +2,17 @@
 
 On a graph of torch functions (TorchDynamo's, a flat ``torch.fx`` trace, or an exported
 graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes carry
-``example_value`` and the capture layer's ``module_path``/``source``:
-
-1. user replacements first: a node whose function is a key of ``replace`` calls the value;
-   then written-out composites (RMS norm, tanh GELU) are folded into their twins
-   (:mod:`unitscale.transforms.patterns`);
-2. residual adds, found by dependency analysis (an add where one operand is an ancestor
-   of the other: the ancestor is the skip connection, the other the branch), become
-   ``residual_split`` at the skip and ``residual_add`` at the join, with ``tau = 0.01``
-   when the branch holds attention (softmax or scaled dot-product attention) and 0.5
-   otherwise; every other add of two float tensors becomes an unconstrained ``U.add``;
-3. every other op found in :data:`unitscale.functional.torch_map` becomes its twin, with
-   ``constraint=None`` on the trunk alone: where every path from the inputs to the output
-   passes through the op (the stem of a ResNet, an op between two residual blocks, the
-   head after the last residual add), its input's gradient reaches everything upstream
-   through it alone, so a mismatch of its two scales multiplies every upstream gradient
-   by one number, and the two directions may be scaled independently (Blake et al.'s
-   cut edges). Off the trunk (a residual branch, a squeeze-excitation gate's branch, one
-   of two heads read by one loss) the gradient meets another path's upstream, and the
-   op keeps its constraint;
-4. a product with a constant (``x * c``, ``x / c``) that only linear layers and norms
-   read becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
-5. ops that keep the scale of unit-scaled operands without a twin are left as they are
-   and listed, with the reason, in ``graph_module.meta["kept_ops"]``: rotary embeddings
-   (``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` off the activation path)
-   and elementwise products of two activations of one shape (gated MLPs); a product
-   whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
-   :func:`~unitscale.functional.mul`, which scales the broadcast factor's summed gradient
-   where that keeps gradients true: the factors share no input, or the gate's branch
-   starts at a global average pool, which then gets the inverse backward scale;
-6. convolutional networks: a matmul or convolution only batch norm reads takes its
-   backward scale both ways (batch norm undoes its forward scale); a max pool of a ReLU,
-   an average pool to one value per channel (for the mean its input has) and a ReLU after
-   a residual add whose skip is a ReLU (post-activation ResNets) get the scales of their
-   actual inputs rather than of ``N(0, 1)``; an add of two paths from one fork (a
-   projection shortcut) becomes a residual pair; batch norm keeps scale 1 both ways; on
-   the trunk (a cut edge), before each residual block that holds batch norm and before
-   each batch norm, a gradient factor is measured once, by the first backward pass, then
-   frozen in a buffer saved with the model (:func:`~unitscale.functional.frozen_grad_scale`;
-   ``_frozen.py``): every scale is a constant during training, so backward stays linear;
-   higher-order ops and inlined ``vmap``
-   bodies are left whole and listed in ``graph_module.meta["unscaled_regions"]``;
-7. the ops left as they were, other than ones that move data without changing its scale
-   (reshapes, indexing, concatenation, ...) or produce no float tensor, are
-   listed in ``graph_module.meta["unscaled_ops"]``.
+``example_value`` and the capture layer's ``module_path``/``source``, each rule of
+:mod:`unitscale.transforms.rules`' ordered list runs in turn (``rule_names()`` lists them,
+``register_rule`` adds one, and the rules' docstrings say what each does):
+replacements and folds, residual pairs, twins with ``constraint=None`` on the trunk alone,
+constant factors, the scales of convolutional networks' inputs, frozen gradient factors and
+shared loss factors. :class:`UnitScalePass` is the loop over them. Then the ops kept as they
+are, because they keep the scale of unit-scaled operands, are listed with the reason in
+``graph_module.meta["kept_ops"]``; higher-order ops and inlined ``vmap`` bodies left whole in
+``graph_module.meta["unscaled_regions"]``; and the ops left as they were, other than ones
+that move data without changing its scale (reshapes, indexing, concatenation, ...) or
+produce no float tensor, in ``graph_module.meta["unscaled_ops"]``.
 
 Only ops on the activation path are scaled or listed: those that read, directly or
 not, a float input or a parameter. Position tables, masks and bucket indices computed
@@ -55,10 +22,8 @@ Parameters are re-initialised (:func:`unit_init_`) only where every use is a uni
 op; a parameter that feeds an op left unscaled keeps its values, so the ops around it
 compute what they did.
 
-Each step is a named rule of :mod:`unitscale.transforms.rules` (``rule_names()`` lists them,
-``register_rule`` adds one), and :class:`UnitScalePass` is a loop over them. The rules live by
-topic: skip connections in ``_residuals.py``; replacements, twins, pools and constants in
-``_op_rules.py``; what is kept or left whole in ``_kept.py``; batch norm, pools,
+The rules live by topic: skip connections in ``_residuals.py``; replacements, twins, pools and
+constants in ``_op_rules.py``; what is kept or left whole in ``_kept.py``; batch norm, pools,
 post-activation ReLUs and squeeze-excitation gates in ``_cnn_rules.py`` (and ``_frozen.py``);
 losses in ``_losses.py``; the questions every rule asks of the graph (what a node runs, who
 reads it, the activation path and the trunk) in ``_graph.py``.
