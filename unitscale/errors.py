@@ -81,6 +81,7 @@ __all__ = [
     "MetaTensorError",
     "OutOfMemoryError",
     "LostBehaviourError",
+    "RuleError",
 ]
 
 
@@ -382,4 +383,12 @@ class LostBehaviourError(CaptureError):
     of its forward, a hook on the root module that the route does not run, a module's own
     grad-mode switch. The message names the module, the Function or hook, and what would be
     lost; ``route="auto"`` moves on to a route that keeps it, a forced route refuses.
+    """
+
+
+class RuleError(UnitscaleError, ValueError):
+    """A rule :func:`~unitscale.transforms.register_rule` cannot place in the unit-scaling pass.
+
+    A name taken (or, for :func:`~unitscale.transforms.unregister_rule`, unknown), an anchor
+    (``before``/``after``) that names no rule, or both anchors at once.
     """

@@ -12,17 +12,28 @@ Captured lazily with TorchDynamo on the first call, or at once by
 >>> model = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()))
 >>> round(model(torch.randn(512, 64)).std().item(), 1)
 1.0
+
+``unit_scale`` is an ordered list of named rules over one :class:`PassState`, run in
+order; :func:`register_rule` adds one of yours, :func:`unregister_rule` takes it out:
+
+>>> from unitscale.transforms import rule_names
+>>> rule_names()[-3:]
+['freeze_trunk_batch_norms', 'balance_gates', 'share_loss_scales']
 """
 
-from unitscale.transforms.dynamo import GraphTransform as GraphTransform
-from unitscale.transforms.dynamo import TransformedModule as TransformedModule
 from unitscale.transforms.passes import apply_transform as apply_transform
 from unitscale.transforms.passes import simulate_format as simulate_format
 from unitscale.transforms.passes import simulate_fp8 as simulate_fp8
 from unitscale.transforms.passes import unit_scale as unit_scale
+from unitscale.transforms.rules import PassState as PassState
+from unitscale.transforms.rules import register_rule as register_rule
+from unitscale.transforms.rules import rule_names as rule_names
+from unitscale.transforms.rules import unregister_rule as unregister_rule
 from unitscale.transforms.scale_check import OffScale as OffScale
 from unitscale.transforms.scale_check import ScaleCheck as ScaleCheck
 from unitscale.transforms.scale_check import check_scale as check_scale
+from unitscale.transforms.transformed_module import GraphTransform as GraphTransform
+from unitscale.transforms.transformed_module import TransformedModule as TransformedModule
 
 __all__ = [
     "GraphTransform",
@@ -34,4 +45,8 @@ __all__ = [
     "ScaleCheck",
     "OffScale",
     "check_scale",
+    "register_rule",
+    "unregister_rule",
+    "rule_names",
+    "PassState",
 ]

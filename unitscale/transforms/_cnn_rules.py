@@ -23,27 +23,32 @@ import functools
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import fx
 
 import unitscale.functional as U
+from unitscale.transforms._frozen import freeze_grads_before_batch_norm_blocks
+from unitscale.transforms._frozen import freeze_trunk_batch_norms as _freeze_trunk_batch_norms
 from unitscale.transforms._graph import (
     _activation_path,
     _ancestors,
     _consumers,
-    _insert_after,
     _member,
     _producer,
+    _scale_after,
     _stream,
 )
+
+if TYPE_CHECKING:
+    from unitscale.transforms.rules import PassState
 
 _MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
 
 
-def _constrain_before_batch_norms(graph: fx.Graph) -> None:
+def constrain_before_batch_norms(state: PassState) -> None:
     """A matmul or convolution that only batch norm reads takes its input-gradient scale both ways.
 
     Batch norm's output does not depend on its input's scale, so the forward scale of the op
@@ -52,7 +57,7 @@ def _constrain_before_batch_norms(graph: fx.Graph) -> None:
     stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
     at every downsampling of a ResNet.
     """
-    for node in graph.nodes:
+    for node in state.graph.nodes:
         if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
             continue
         readers = _consumers(node)
@@ -76,8 +81,8 @@ def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> 
     return None
 
 
-def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
-    """Scale an average pool to one value per channel for its input's mean; returns the scale nodes added.
+def scale_global_pools(state: PassState) -> None:
+    """Scale an average pool to one value per channel for its input's mean.
 
     Over ``k`` independent zero-mean values the pool's forward scale is ``k**0.5`` and its
     backward scale ``k`` (each input gets ``1/k`` of the pooled gradient). Two corrections:
@@ -92,8 +97,7 @@ def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
       the pooled value of unit-std input has mean square ``r**2 + 1/k``, so its forward
       scale is ``(r**2 + 1/k)**-0.5``; ``r`` comes from the activation's Gaussian moments.
     """
-    added = []
-    for node in list(graph.nodes):
+    for node in list(state.graph.nodes):
         if not (node.op == "call_function" and _member(node.target, _POOLS)):
             continue
         value = node.meta.get("example_value")
@@ -112,14 +116,7 @@ def _forward_scale_global_pools(graph: fx.Graph) -> list[fx.Node]:
         if ratio == 0.0 or window <= 1:
             continue
         factor = (ratio**2 + 1 / window) ** -0.5 / window**0.5
-        users = list(node.users)
-        rescaled = _insert_after(
-            node, U.scale, (node, factor, 1.0 if trunk else factor), f"{node.name}_of_mean", node, value
-        )
-        for user in users:
-            user.replace_input_with(node, rescaled)
-        added.append(rescaled)
-    return added
+        state.done.add(_scale_after(node, factor, 1.0 if trunk else factor, "of_mean"))
 
 
 # The torch function of each activation twin whose output has a mean (its ratio to the std is measured).
@@ -179,16 +176,15 @@ def _post_residual_relu(tau: float) -> tuple[float, float]:
     return forward, share**-0.5
 
 
-def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -> list[fx.Node]:
-    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input; returns the nodes added.
+def rescale_relus_after_residuals(state: PassState) -> None:
+    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input.
 
     See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
     :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
     trunk), else their geometric mean both ways.
     """
-    added = []
     rewritten: set[fx.Node] = set()
-    for node in list(graph.nodes):
+    for node in list(state.graph.nodes):
         if node.target is not U.relu or not node.args:
             continue
         join = _producer(node.args[0])
@@ -204,31 +200,20 @@ def _rescale_relus_after_residuals(graph: fx.Graph, constrained: set[fx.Node]) -
         if not isinstance(tau, (int, float)):
             continue
         forward, backward = _post_residual_relu(float(tau))
-        if node in constrained:
+        if node in state.constrained:
             forward = backward = (forward * backward) ** 0.5
-        users = list(node.users)
         node.target, node.kwargs = F.relu, {}
-        rescaled = _insert_after(
-            node,
-            U.scale,
-            (node, forward, backward),
-            f"{node.name}_after_residual",
-            node,
-            node.meta.get("example_value"),
-        )
-        for user in users:
-            user.replace_input_with(node, rescaled)
+        rescaled = _scale_after(node, forward, backward, "after_residual")
         # An average pool after it takes a plain ReLU's mean-to-std ratio (0.68), not the fixed
         # point's (0.98): that one assumes every skip is such a ReLU, and measured on ResNet,
         # RegNet and BotNet it undershoots the pooled scale by a factor of 2.
         rescaled.meta[_MEAN_TO_STD_KEY] = _ratio(F.relu)
         rewritten.update({node, rescaled})
-        added += [node, rescaled]
-    return added
+        state.done.update({node, rescaled})
 
 
-def _balance_gates(gm: fx.GraphModule) -> list[fx.Node]:
-    """Scale a gate's gradient by its copies where the gate's branch undoes it; returns the nodes added.
+def balance_gates(state: PassState) -> None:
+    """Scale a gate's gradient by its copies where the gate's branch undoes it.
 
     :func:`~unitscale.functional.mul` of an activation and a gate broadcast over ``k``
     positions would scale the gate's summed gradient by ``k**-0.5`` (``constraint=None``),
@@ -245,13 +230,12 @@ def _balance_gates(gm: fx.GraphModule) -> list[fx.Node]:
 
     Elsewhere the product keeps its constraint (torch's gradient).
     """
-    graph = gm.graph
+    graph = state.graph
     muls = [n for n in graph.nodes if n.target is U.mul and len(n.args) == 2]
     if not muls:
-        return []
+        return
     ancestors = _ancestors(graph)
-    stream = _stream(graph, _activation_path(gm))
-    added = []
+    stream = _stream(graph, _activation_path(state.gm))
     for node in muls:
         out = node.meta.get("example_value")
         a, b = node.args
@@ -269,16 +253,8 @@ def _balance_gates(gm: fx.GraphModule) -> list[fx.Node]:
         if meet and pool is None:
             continue
         node.kwargs = {**node.kwargs, "constraint": None}
-        if pool is None:
-            continue
-        users = list(pool.users)
-        balanced = _insert_after(
-            pool, U.scale, (pool, 1.0, copies**0.5), f"{pool.name}_gate_balanced", pool, pool.meta.get("example_value")
-        )
-        for user in users:
-            user.replace_input_with(pool, balanced)
-        added.append(balanced)
-    return added
+        if pool is not None:
+            state.done.add(_scale_after(pool, 1.0, copies**0.5, "gate_balanced"))
 
 
 def _gate_pool(
@@ -306,26 +282,34 @@ def _gate_pool(
     return None
 
 
-def _rescale_max_pools_of_relus(graph: fx.Graph) -> list[fx.Node]:
-    """Scale a max pool of a ReLU by ``2**-0.5`` both ways; returns the scale nodes added.
+def rescale_max_pools_of_relus(state: PassState) -> None:
+    """Scale a max pool of a ReLU by ``2**-0.5`` both ways.
 
     The ReLU's ``2**0.5`` assumes half its outputs are zero (forward) and half its gradients
     are dropped (backward). A max over a window of ReLU outputs is almost never zero, and its
     gradient goes only to a window's maximum, where the ReLU passed its input: both halves
     are kept, and a ResNet's stem would grow the forward and the gradient by ``2**0.5``.
     """
-    added = []
-    for node in list(graph.nodes):
+    for node in list(state.graph.nodes):
         if node.target is not U.max_pool2d or node.kwargs.get("return_indices") or len(node.args) > 6:
             continue
         source = _producer(node.args[0])
         if not (isinstance(source, fx.Node) and source.target is U.relu):
             continue
-        users = list(node.users)
-        rescaled = _insert_after(
-            node, U.scale, (node, 2**-0.5, 2**-0.5), f"{node.name}_of_relu", node, node.meta.get("example_value")
-        )
-        for user in users:
-            user.replace_input_with(node, rescaled)
-        added.append(rescaled)
-    return added
+        state.done.add(_scale_after(node, 2**-0.5, 2**-0.5, "of_relu"))
+
+
+def freeze_before_batch_norm_blocks(state: PassState) -> None:
+    """Freeze a measured gradient factor on the trunk before each residual block that holds batch norm.
+
+    See ``_frozen.py``: :func:`~unitscale.functional.frozen_grad_scale` with a buffer of
+    ``state.grad_scales``, measured by the first backward pass.
+    """
+    blocks = freeze_grads_before_batch_norm_blocks(state.gm, state.trunk, state.grad_scales)
+    state.done.update(blocks)
+    state.blocks = len(blocks)
+
+
+def freeze_trunk_batch_norms(state: PassState) -> None:
+    """Freeze a measured gradient factor before each batch norm on the trunk (see ``_frozen.py``)."""
+    state.done.update(_freeze_trunk_batch_norms(state.gm, state.trunk, state.grad_scales, state.blocks))

@@ -4,14 +4,17 @@ What a node runs (a method call becomes ``torch.Tensor.<name>``) and what kind o
 (an add, a product, a unit-scaled twin, an op that only moves data); who reads a node and what
 made it, looking through reshapes and casts; which ops lie on the activation path, on the
 stream computed from the graph's inputs, and on the trunk every path from the inputs to the
-output passes through. One edit belongs here too: ``_insert_after`` adds a node attributed to
-another's module, the way every rule of the pass adds one.
+output passes through; what an op is called in a report (:func:`describe`). Two edits belong
+here too: ``_insert_after`` adds a node attributed to another's module, the way every rule of
+the pass adds one, and ``_scale_after`` puts a fixed scale after a node.
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
+import os
+import re
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -26,6 +29,7 @@ from unitscale.fx.nodes import (
     SCALE_NEUTRAL_FUNCTIONS,
     SCALE_NEUTRAL_METHODS,
     VIEW_ATTRIBUTES,
+    op_name,
 )
 from unitscale.transforms.aten import ATEN_NEUTRAL
 
@@ -45,6 +49,36 @@ def _function_of(node: fx.Node) -> Any:
     if node.op == "call_method":
         return getattr(torch.Tensor, str(node.target), str(node.target))
     return None
+
+
+def _location(node: fx.Node) -> str:
+    source = str(node.meta.get(SOURCE_KEY) or "")
+    if source:
+        return f" at {os.path.basename(source)}"
+    trace = node.meta.get("stack_trace") or ""
+    found = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    if not found:
+        return ""
+    path, line = found[-1]
+    return f" at {os.path.basename(path)}:{line}"
+
+
+def describe(node: fx.Node) -> str:
+    """``"<op> (node <name>, module <path>) at <file>:<line>"`` for reports and errors.
+
+    The module path and source are the capture layer's normalised meta; the module part
+    is left out for an op of the root module.
+    """
+    path = node.meta.get(MODULE_PATH_KEY) or ""
+    module = f", module {path}" if path else ""
+    return f"{op_name(_function_of(node), qualified=True)} (node {node.name}{module}){_location(node)}"
+
+
+def _takes_constraint(fn: Any) -> bool:
+    try:
+        return "constraint" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _lookup(table: Mapping[Any, Any], fn: Any) -> Any:
@@ -223,6 +257,25 @@ def _is_mul(node: Any) -> bool:
     return node.op == "call_function" and _member(node.target, _MULS)
 
 
+_DIVS: set[Any] = {operator.truediv, torch.div, torch.true_divide, torch.Tensor.div}
+_DIV_METHODS = {"div", "__truediv__", "true_divide"}
+
+
+def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
+    """``(x, c)`` if ``node`` is ``x * c``, ``c * x`` or ``x / c`` for a float tensor ``x`` and a number ``c``."""
+    args = node.args[:2]
+    numbers = [a for a in args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+    tensors = [a for a in args if _is_float_node(a)]
+    if len(args) != 2 or len(numbers) != 1 or len(tensors) != 1 or numbers[0] == 0:
+        return None
+    if _is_mul(node):
+        return tensors[0], float(numbers[0])  # type: ignore[return-value]
+    divides = node.target in _DIV_METHODS if node.op == "call_method" else _member(node.target, _DIVS)
+    if divides and args[0] is tensors[0] and not node.kwargs:
+        return tensors[0], 1 / float(numbers[0])  # type: ignore[return-value]
+    return None
+
+
 def _producer(node: Any) -> Any:
     """The op that made ``node``, looking back through reshapes and casts."""
     while isinstance(node, fx.Node) and _is_neutral(node) and node.args and isinstance(node.args[0], fx.Node):
@@ -237,6 +290,17 @@ def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, lik
     copy_origin(node, like)
     node.meta["example_value"] = value
     return node
+
+
+def _scale_after(node: fx.Node, forward: float, backward: float, suffix: str) -> fx.Node:
+    """Put ``U.scale(node, forward, backward)`` after ``node``, read by all that read ``node``."""
+    users = list(node.users)
+    scaled = _insert_after(
+        node, U.scale, (node, forward, backward), f"{node.name}_{suffix}", node, node.meta.get("example_value")
+    )
+    for user in users:
+        user.replace_input_with(node, scaled)
+    return scaled
 
 
 def check_replacement(node: fx.Node, replacement: Any) -> None:

@@ -15,13 +15,17 @@ its own factor where it was changed); ``TransformedModule.loss_scales`` shows it
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
 import unitscale.functional as U
+from unitscale.transforms._graph import describe
+
+if TYPE_CHECKING:
+    from unitscale.transforms.rules import PassState
 
 _LOSSES: set[Any] = {U.cross_entropy, U.mse_loss}
 
@@ -46,15 +50,15 @@ def _own_factor(node: fx.Node) -> float | None:
     return float(factor) if isinstance(factor, (int, float)) else None
 
 
-def share_loss_scales(graph: fx.Graph, describe: Any) -> list[str]:
-    """Give the graph's losses one gradient factor; returns the report lines (one per loss).
+def share_loss_scales(state: PassState) -> None:
+    """Give the graph's losses one gradient factor; report each in ``gm.meta["loss_scales"]``.
 
     All of them, not only those added inside the graph: a model that returns two losses is
     as likely to have them added by its caller, and one factor keeps every positive sum's
     gradient the true one's direction. A loss given its own ``grad_scale`` keeps it, and then
     so do the others.
     """
-    losses = [n for n in graph.nodes if n.op == "call_function" and n.target in _LOSSES]
+    losses = [n for n in state.graph.nodes if n.op == "call_function" and n.target in _LOSSES]
     own = [_own_factor(n) for n in losses]
     chosen = any("grad_scale" in n.kwargs for n in losses)
     shared = None
@@ -72,4 +76,4 @@ def share_loss_scales(graph: fx.Graph, describe: Any) -> list[str]:
             )
         elif f is not None:
             lines.append(f"{describe(n)}: gradient factor {f:.6g}")
-    return lines
+    state.gm.meta["loss_scales"] = lines

@@ -1,6 +1,15 @@
-"""The unit-scaling pass's rules for ops a torch function alone does not name: mean pools and layer scales.
+"""The unit-scaling pass's rules that swap ops for their twins: replacements, folds, twins, constants.
 
-:data:`unitscale.functional.torch_map` swaps an op by the function it calls. Two ops need
+``unit_scale(replace=...)`` goes first; written-out composites (RMS norm, tanh GELU) are
+folded (:mod:`unitscale.transforms.patterns`); then every op on the activation path that has a
+twin becomes it, with ``constraint=None`` on the trunk alone: where every path from the inputs
+to the output passes through the op (the stem of a ResNet, an op between two residual blocks,
+the head after the last residual add), its input's gradient reaches everything upstream
+through it alone, so a mismatch of its two scales multiplies every upstream gradient by one
+number, and the two directions may be scaled independently (Blake et al.'s cut edges). Off
+the trunk the op keeps its constraint.
+
+:data:`unitscale.functional.torch_map` swaps an op by the function it calls. Some ops need
 more than that to be told apart from ops that look the same:
 
 - ``x.mean(dims)`` is a pool (timm's global pool ``x.mean((2, 3))``, a ViT's mean over
@@ -10,19 +19,70 @@ more than that to be told apart from ops that look the same:
   or takes a root of;
 - ``gamma * x`` with ``gamma`` a parameter broadcast over an activation is a layer scale
   (ConvNeXt's, CaiT's): it becomes :func:`~unitscale.functional.layer_scale`, whose gain
-  :func:`~unitscale.transforms.unit_scale_pass.unit_init_` sets to 1 like a norm's.
+  :func:`~unitscale.transforms.unit_scale_pass.unit_init_` sets to 1 like a norm's;
+- an add of two float tensors is an unconstrained :func:`~unitscale.functional.add`; a
+  product of two activations of one shape (a gated MLP) keeps unit scale and is kept; a
+  product whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
+  :func:`~unitscale.functional.mul`;
+- a product with a constant (``x * c``, ``x / c``) that only linear layers and norms read
+  becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
 
 import unitscale.functional as U
-from unitscale.transforms._graph import _attr, _function_of, _is_float_node, _is_mul, _member, _producer
+from unitscale.transforms._graph import (
+    _attr,
+    _constant_factor,
+    _consumers,
+    _function_of,
+    _is_add,
+    _is_float_node,
+    _is_mul,
+    _lookup,
+    _member,
+    _producer,
+    _takes_constraint,
+    check_replacement,
+)
+from unitscale.transforms.patterns import fold_patterns
+
+if TYPE_CHECKING:
+    from unitscale.transforms.rules import PassState
+
+
+def apply_replacements(state: PassState) -> None:
+    """Make each node whose function is a key of ``unit_scale(replace=...)`` call its value (checked first)."""
+    for node in list(state.graph.nodes):
+        fn = _function_of(node)
+        user_fn = _lookup(state.replace, fn) if fn is not None and node not in state.frozen else None
+        if user_fn is not None:
+            check_replacement(node, user_fn)
+            state.retarget(node, user_fn)
+
+
+def fold_written_out_ops(state: PassState) -> None:
+    """Fold written-out composites (RMS norm, tanh GELU) into their twins (:func:`fold_patterns`).
+
+    Before residual adds are looked for: ``x + 0.044715 * x**3`` inside GELU would otherwise
+    look like one.
+    """
+    state.folded = fold_patterns(state.graph)
+    state.done.update(state.folded)
+
+
+def unconstrain_folded_on_trunk(state: PassState) -> None:
+    """Give a folded twin on the trunk ``constraint=None``, as ``swap_ops`` does every twin there."""
+    for node in state.folded:
+        if node not in state.constrained and _takes_constraint(node.target):
+            node.kwargs = {**node.kwargs, "constraint": None}
+
 
 _MEANS: set[Any] = {torch.mean, torch.Tensor.mean}
 # What reads a mean that is a statistic, not a pool: centring, a variance's root, an epsilon.
@@ -90,19 +150,145 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
     return None
 
 
-def rewrite_by_rule(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node], constrained: set[fx.Node]) -> bool:
-    """Rewrite ``node`` if it is a mean pool or a layer scale (see the module docstring); ``True`` if it was.
+def _scale_add(state: PassState, node: fx.Node) -> bool:
+    """An add of two float tensors becomes :func:`~unitscale.functional.add` (every add is claimed).
 
-    A mean pool on the trunk is unconstrained (each direction scaled on its own), as the
-    pass does for every twin there; off it, it keeps ``gmean``.
+    Unconstrained, a broadcast operand's gradient is scaled apart from the other's: only true
+    where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet), else it keeps ``gmean``.
     """
-    if _is_pool(node):
-        dim, keepdim = _reduced_dims(node)  # type: ignore[misc]
-        extra: dict[str, Any] = {} if node in constrained else {"constraint": None}
-        node.op, node.target, node.args, node.kwargs = "call_function", U.mean, (node.args[0], dim, keepdim), extra
-        return True
-    operands = _layer_scale_operands(gm, node, stream)
-    if operands is not None:
-        node.op, node.target, node.args, node.kwargs = "call_function", U.layer_scale, operands, {}
-        return True
-    return False
+    if not _is_add(node):
+        return False
+    if len(node.args) >= 2 and _is_float_node(node.args[0]) and _is_float_node(node.args[1]):
+        meet = _is_broadcast_product(node) and _meet_upstream(node.args[0], node.args[1], state)
+        state.retarget(node, U.add, **({} if meet else {"constraint": None}))
+    return True
+
+
+def _scale_product(state: PassState, node: fx.Node) -> bool:
+    """A broadcast product of activations becomes :func:`~unitscale.functional.mul`; one of one shape is kept."""
+    if not _is_product_of_activations(node, state.stream):
+        return False
+    if _is_broadcast_product(node):
+        state.retarget(node, U.mul, constraint="to_output_scale")
+        node.args = tuple(node.args[:2])
+    else:
+        state.kept[node] = "product of two activations (unit std times unit std stays unit std)"
+    return True
+
+
+def _scale_pool(state: PassState, node: fx.Node) -> bool:
+    """A mean pool becomes :func:`~unitscale.functional.mean`: unconstrained on the trunk, ``gmean`` off it."""
+    if not _is_pool(node):
+        return False
+    dim, keepdim = _reduced_dims(node)  # type: ignore[misc]
+    extra: dict[str, Any] = {} if node in state.constrained else {"constraint": None}
+    node.op, node.target, node.args, node.kwargs = "call_function", U.mean, (node.args[0], dim, keepdim), extra
+    state.done.add(node)
+    return True
+
+
+def _scale_layer_scale(state: PassState, node: fx.Node) -> bool:
+    """``x * gamma``, ``gamma`` a parameter broadcast over ``x``, becomes :func:`~unitscale.functional.layer_scale`."""
+    operands = _layer_scale_operands(state.gm, node, state.stream)
+    if operands is None:
+        return False
+    node.op, node.target, node.args, node.kwargs = "call_function", U.layer_scale, operands, {}
+    state.done.add(node)
+    return True
+
+
+def _swap_twin(state: PassState, node: fx.Node) -> bool:
+    """An op of ``torch_map`` becomes its twin, with ``constraint=None`` on the trunk."""
+    twin = _lookup(state.torch_map, _function_of(node))
+    if twin is None:
+        return False
+    unconstrained = node not in state.constrained and _takes_constraint(twin)
+    state.retarget(node, twin, **({"constraint": None} if unconstrained else {}))
+    return True
+
+
+def swap_ops(state: PassState) -> None:
+    """Swap each open op for its twin: the first of these that claims it, in graph order.
+
+    Adds (:func:`~unitscale.functional.add`), products of activations (kept, or
+    :func:`~unitscale.functional.mul` for a broadcast gate), mean pools, layer scales, then
+    :data:`unitscale.functional.torch_map`. One walk, so an op sees the ops before it swapped.
+    """
+    claims = (_scale_add, _scale_product, _scale_pool, _scale_layer_scale, _swap_twin)
+    for node in list(state.graph.nodes):
+        if state.is_open(node):
+            any(claim(state, node) for claim in claims)
+
+
+# Unit-scaled ops whose output only changes by a factor, or not at all, when an input does.
+_HOMOGENEOUS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d, U.layer_norm, U.rms_norm}
+
+
+def drop_constant_factors(state: PassState) -> None:
+    """Turn ``x * c`` into ``sign(c) * x`` where unit scaling already sets the scale the constant sets.
+
+    Three places:
+
+    - only linear layers and norms read the product: the unit-scaled op after it sets the
+      scale of its own output, so the constant (T5's ``d_model ** -0.5`` before its tied
+      head, a hand-written ``/ sqrt(d)``) would only move that output off unit scale;
+    - the graph's output is the product (Cohere's ``logits * 0.0625``, Granite's
+      ``logits / 8``): unit scaling promises a unit-scaled output, and a constant tuned for
+      the original initialisation's logits moves it off by that constant;
+    - ``x`` is a unit-scaled matmul over ``d`` elements and ``c = d**-0.5`` (attention's
+      ``q @ k.T * head_dim**-0.5`` written out, BotNet, LeViT): the twin already divides
+      by ``d**0.5``, and dividing again would leave the softmax logits ``d**-0.5`` small.
+
+    Elsewhere (inside an activation function written out, a softmax temperature other than
+    ``d**-0.5``) the constant changes what is computed and stays, listed as unscaled.
+    """
+    for node in list(state.graph.nodes):
+        found = _constant_factor(node) if node in state.live else None
+        if found is None or node in state.done or node in state.kept:
+            continue
+        x, factor = found
+        readers = [user for user, _ in _consumers(node)]
+        homogeneous = all(user.op == "call_function" and _member(user.target, _HOMOGENEOUS) for user in readers)
+        output = all(user.op == "output" for user in readers)
+        if readers and (homogeneous or output or _repeats_matmul_scale(x, factor)):
+            sign = 1.0 if factor > 0 else -1.0
+            node.op, node.target, node.args, node.kwargs = "call_function", U.scale, (x, sign, sign), {}
+            state.done.add(node)
+
+
+def _repeats_matmul_scale(x: fx.Node, factor: float) -> bool:
+    """Whether ``x`` is a unit-scaled matmul over ``d`` elements and ``factor`` is ``d**-0.5``."""
+    if not (x.op == "call_function" and x.target is U.matmul and len(x.args) >= 2):
+        return False
+    left = x.args[0].meta.get("example_value") if isinstance(x.args[0], fx.Node) else None
+    if not isinstance(left, torch.Tensor) or left.dim() == 0:
+        return False
+    return abs(factor * left.shape[-1] ** 0.5 - 1) < 1e-3
+
+
+def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
+    """``a * b`` for two activations computed from the inputs (not a gain computed from a parameter)."""
+    if not _is_mul(node) or len(node.args) < 2:
+        return False
+    a, b = node.args[0], node.args[1]
+    if a is b:  # a square is not a product of independent factors
+        return False
+    return all(isinstance(x, fx.Node) and x in stream and _is_float_node(x) for x in (a, b))
+
+
+def _meet_upstream(a: Any, b: Any, state: PassState) -> bool:
+    """Whether two activations' gradients meet again upstream (they share an op of the stream)."""
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
+        return False
+    ancestors = state.ancestors
+    shared = ({a} | ancestors.get(a, set())) & ({b} | ancestors.get(b, set())) & state.stream
+    return any(_is_float_node(n) for n in shared)  # token ids carry no gradient
+
+
+def _is_broadcast_product(node: fx.Node) -> bool:
+    """A product of activations where one is broadcast over the other (a squeeze-excitation gate)."""
+    out = node.meta.get("example_value")
+    values = [a.meta.get("example_value") for a in node.args[:2] if isinstance(a, fx.Node)]
+    if not isinstance(out, torch.Tensor) or len(values) != 2 or node.kwargs:
+        return False
+    return any(isinstance(v, torch.Tensor) and v.numel() < out.numel() for v in values)

@@ -32,7 +32,7 @@ from unitscale.errors import (
     UnscaledOpsError,
 )
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
-from unitscale.transforms.dynamo import GraphTransform, TransformedModule, _check_route_inputs
+from unitscale.transforms.transformed_module import GraphTransform, TransformedModule, _check_route_inputs
 from unitscale.transforms.unit_scale_pass import UnitScalePass
 
 __all__ = ["TransformedModule", "apply_transform", "simulate_format", "simulate_fp8", "unit_scale"]
@@ -173,6 +173,8 @@ def unit_scale(
     and the graph serves calls of other batch sizes. Whether the model is written with
     modules (``nn.Sequential(nn.Linear, nn.GELU, ...)``) or functional calls, and
     whatever the route (an exported graph's aten ops are read as torch functions).
+    The pass is an ordered list of named rules (:func:`~unitscale.transforms.rule_names`;
+    :func:`~unitscale.transforms.register_rule` adds one of yours).
     In the graph: ``replace`` first, then :data:`unitscale.functional.torch_map`;
     residual adds (one operand an ancestor of the other) become
     :func:`~unitscale.functional.residual_split` / :func:`~unitscale.functional.residual_add`
@@ -215,8 +217,8 @@ def unit_scale(
     measured in ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`): the
     output and input-gradient std, and the ops that moved a tensor off unit scale, with
     the std before and after each. When the output or the input gradient is off unit
-    scale (outside [0.5, 2]) that summary is logged on the same logger: a report to read,
-    not an error, since the model runs as it was written.
+    scale (outside [0.5, 2]) that summary is logged on the ``unitscale.transforms.transformed_module``
+    logger: a report to read, not an error, since the model runs as it was written.
 
     Applied to a :class:`TransformedModule`, unit scaling runs after its transforms but
     before any :func:`simulate_format` / :func:`simulate_fp8` among them: tensors are

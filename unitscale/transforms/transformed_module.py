@@ -59,7 +59,7 @@ from unitscale.transforms.scale_check import ScaleCheck, check_scale
 
 __all__ = ["GraphTransform", "TransformedModule"]
 
-logger = logging.getLogger("unitscale.transforms.passes")
+logger = logging.getLogger(__name__)
 
 GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
 
@@ -172,7 +172,7 @@ class TransformedModule(nn.Module):
     a call with a new signature breaks the graph once, so for ``fullgraph=True`` call
     the module once eagerly first. With example inputs the graph is captured at once,
     by whichever route of :func:`unitscale.capture.capture` takes the model, and
-    serves calls of any batch size (see ``unitscale.transforms.dynamo``).
+    serves calls of any batch size (see ``unitscale.transforms.transformed_module``).
 
     Hook map: a new behaviour is a transform (a ``GraphModule -> GraphModule`` callable,
     ``GraphTransform``) given to :func:`apply_transform`, not a subclass; the

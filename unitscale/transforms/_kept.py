@@ -1,0 +1,159 @@
+"""The unit-scaling pass's rules for what it keeps as it is: regions left whole, ops that keep unit scale.
+
+Higher-order ops and inlined ``vmap`` bodies are left whole (listed in
+``graph_module.meta["unscaled_regions"]``); rotary embeddings and soft-capping keep the std of
+a unit-scaled input as a whole, and are listed with the reason in ``graph_module.meta["kept_ops"]``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from unitscale.transforms._graph import (
+    _constant_factor,
+    _function_of,
+    _is_add,
+    _is_float_node,
+    _is_mul,
+    _member,
+    describe,
+)
+
+if TYPE_CHECKING:
+    from unitscale.transforms.rules import PassState
+
+_VMAP_ENTER, _VMAP_EXIT = "_vmap_increment_nesting", "_vmap_decrement_nesting"
+# Higher-order ops whose bodies the pass reads (export's grad-mode wrapper around position tables).
+_KNOWN: set[Any] = {torch.ops.higher_order.wrap_with_set_grad_enabled}
+
+
+def leave_regions_whole(state: PassState) -> None:
+    """Leave higher-order ops and inlined ``vmap`` bodies whole: no later rule touches their nodes."""
+    state.regions = _whole_regions(state.graph)
+    state.frozen = {n for nodes in state.regions.values() for n in nodes}
+    state.done |= state.frozen
+
+
+def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
+    """Parts of the graph the pass leaves whole: higher-order ops and inlined ``vmap`` bodies.
+
+    A higher-order op (``cond``, ``while_loop``, ``map``, ``scan``, ``associative_scan``,
+    ``flex_attention``: a node whose target is a ``HigherOrderOperator``) runs bodies held
+    as sub-graphs; TorchDynamo inlines a CPU ``associative_scan`` (Mamba's selective scan)
+    into the graph as a ``vmap`` over its combine function instead, between
+    ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting``. Either way the body
+    defines what the op computes (scaling the ``+`` of a scan's combine function changes
+    the recurrence), and its ops run under transforms that unit-scaled ops, autograd
+    Functions, cannot run under. Returns each region's first node with the nodes it holds.
+    """
+    regions: dict[fx.Node, set[fx.Node]] = {}
+    depth, head = 0, None
+    for node in graph.nodes:
+        name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+        if name == _VMAP_ENTER:
+            if depth == 0:
+                head = node
+                regions[head] = set()
+            depth += 1
+        if head is not None:
+            regions[head].add(node)
+        if name == _VMAP_EXIT:
+            depth -= 1
+            if depth == 0:
+                head = None
+        if head is None and isinstance(node.target, torch._ops.HigherOrderOperator) and node.target not in _KNOWN:
+            regions[node] = {node}
+    return regions
+
+
+def region_lines(state: PassState) -> list[str]:
+    """``"<first op>: <n> op(s) left whole"`` for each region on the activation path.
+
+    An inlined vmap is named ``vmap`` rather than by its bookkeeping call; a region holds the
+    ops of an inlined vmap, or those of a higher-order op's bodies.
+    """
+    lines = []
+    for head, nodes in state.regions.items():
+        if not nodes & state.live:
+            continue
+        text = describe(head)
+        if getattr(head.target, "__name__", "") == _VMAP_ENTER:
+            text = "vmap" + text[text.index(" (node") :]
+        attrs = [a for a in head.args if isinstance(a, fx.Node) and a.op == "get_attr"]
+        bodies = [getattr(state.gm, str(a.target), None) for a in attrs]
+        inner = [n for b in bodies if isinstance(b, fx.GraphModule) for n in b.graph.nodes if n.op.startswith("call")]
+        size = len(inner) if inner else len([n for n in nodes if n.op.startswith("call")])
+        lines.append(f"{text}: {size} op(s) left whole")
+    return lines
+
+
+_TRIG: dict[Any, str] = {torch.cos: "cos", torch.Tensor.cos: "cos", torch.sin: "sin", torch.Tensor.sin: "sin"}
+
+
+def keep_rotary_embeddings(state: PassState) -> None:
+    """Keep ``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` tables off the activation path.
+
+    Rotating pairs of features by an angle keeps their norm, so the sum has the std
+    of ``x``: the two products and the add are kept as they are (an add would be
+    scaled by ``2**-0.5`` as :func:`~unitscale.functional.add`).
+    """
+    for node in state.graph.nodes:
+        if node in state.done or not _is_add(node) or len(node.args) < 2:
+            continue
+        products = node.args[0], node.args[1]
+        tables = []
+        for product in products:
+            if not (_is_mul(product) and len(product.args) >= 2):
+                break
+            args = [a for a in product.args[:2] if isinstance(a, fx.Node)]
+            factors = [a for a in args if a not in state.live and _is_float_node(a)]
+            if len(args) != 2 or len(factors) != 1:
+                break
+            table = factors[0]
+            functions = [fn for n in state.ancestors[table] | {table} for fn in _functions_run_by(n)]
+            tables.append({_TRIG[fn] for fn in functions if _member(fn, set(_TRIG))})
+        if len(tables) == 2 and tables[0] and tables[1] and tables[0] | tables[1] == {"cos", "sin"}:
+            for n in (node, *products):
+                state.kept[n] = "rotary embedding (x * cos + rotate_half(x) * sin keeps the std of x)"
+
+
+_TANH: set[Any] = {torch.tanh, torch.Tensor.tanh, F.tanh}
+
+
+def keep_soft_caps(state: PassState) -> None:
+    """Keep ``c * tanh(x / c)`` (Gemma 2's logit and attention soft-capping) as it is.
+
+    Below ``c`` it is ``x``, so it keeps the std of a unit-scaled ``x`` (``c`` is 30 or 50);
+    dropping the outer ``* c`` as a constant factor would leave ``tanh(x / c)``, ``1 / c``
+    of the logits.
+    """
+    for node in state.graph.nodes:
+        if node in state.done:
+            continue
+        found = _constant_factor(node) if _is_mul(node) else None
+        if found is None or not _member(_function_of(found[0]), _TANH) or not found[0].args:
+            continue
+        tanh, cap = found
+        inner = tanh.args[0]
+        if not isinstance(inner, fx.Node):
+            continue
+        divided = _constant_factor(inner)
+        if divided is not None and cap > 0 and abs(divided[1] * cap - 1) < 1e-6:
+            for n in (node, tanh, inner):
+                state.kept[n] = f"soft-capping ({cap:g} * tanh(x / {cap:g}) keeps the std of x below {cap:g})"
+
+
+def _functions_run_by(node: fx.Node) -> list[Any]:
+    """The node's function, and those of a higher-order op's body (export's ``wrap_with_set_grad_enabled``)."""
+    functions = [_function_of(node)]
+    owner = node.graph.owning_module
+    for arg in node.args:
+        if owner is not None and isinstance(arg, fx.Node) and arg.op == "get_attr":
+            body = getattr(owner, str(arg.target), None)
+            if isinstance(body, fx.GraphModule):
+                functions += [_function_of(n) for n in body.graph.nodes]
+    return functions

@@ -1,0 +1,144 @@
+"""The unit-scaling pass's rules for skip connections: in-place changes followed, residual adds paired.
+
+A residual add is found by dependency analysis: an add where one operand is an ancestor of
+the other (the ancestor is the skip connection, the other the branch), or an add of two paths
+from one fork (a projection shortcut). It becomes ``residual_split`` at the skip and
+``residual_add`` at the join, with ``tau = 0.01`` when the branch holds attention (softmax or
+scaled dot-product attention) and 0.5 otherwise.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+import unitscale.functional as U
+from unitscale.fx.nodes import changes_in_place
+from unitscale.transforms._graph import _function_of, _insert_after, _is_add, _is_float_node, _member
+
+if TYPE_CHECKING:
+    from unitscale.transforms.rules import PassState
+
+_ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
+_ATTENTION |= {U.scaled_dot_product_attention}
+
+
+def follow_in_place_changes(state: PassState) -> None:
+    """Make every read of a tensor after an op changed it in place read that op.
+
+    ``skip = x; x += 1`` changes the tensor ``skip`` also names, but the graph's later
+    reads of ``skip`` point at the node before the change; the pass would place a
+    residual split there and give the skip the value from before it. The op returns the
+    tensor it changed, so reading the op instead computes the same and puts the change
+    in the graph's edges.
+    """
+    for node in list(state.graph.nodes):
+        changed = node.args[0] if node.args else None
+        if not (isinstance(changed, fx.Node) and _is_float_node(changed) and changes_in_place(node)):
+            continue
+        for user in list(changed.users):
+            if user is not node and node < user:
+                user.replace_input_with(changed, node)
+
+
+def _split_at(fork: fx.Node, join: fx.Node, tau: float) -> tuple[fx.Node, fx.Node, fx.Node]:
+    """Insert ``residual_split(fork, tau)`` and its two outputs (branch, skip) after ``fork``."""
+    value = fork.meta.get("example_value")
+    split = _insert_after(fork, U.residual_split, (fork, tau), f"{fork.name}_split", join, (value, value))
+    to_branch = _insert_after(split, operator.getitem, (split, 0), f"{fork.name}_residual", join, value)
+    to_skip = _insert_after(to_branch, operator.getitem, (split, 1), f"{fork.name}_skip", join, value)
+    return split, to_branch, to_skip
+
+
+def _holds_attention(body: set[fx.Node]) -> bool:
+    return any(_member(_function_of(n), _ATTENTION) for n in body)
+
+
+def residual_adds(state: PassState) -> None:
+    """Turn each residual add into a ``residual_split`` at the skip and a ``residual_add`` at the join.
+
+    Adds already done or kept, with ``alpha``, of a non-float operand or an operand inside a
+    region left whole are left to the later rules.
+    """
+    ancestors, stream = state.ancestors, state.stream - state.frozen
+    for node in list(state.graph.nodes):
+        if node in state.done or node in state.kept or not _is_add(node) or len(node.args) < 2:
+            continue
+        a, b = node.args[0], node.args[1]
+        if node.kwargs.get("alpha", 1) != 1 or not (_is_float_node(a) and _is_float_node(b)):
+            continue
+        assert isinstance(a, fx.Node) and isinstance(b, fx.Node)  # float nodes
+        if a in state.frozen or b in state.frozen:
+            continue  # an operand inside a region left whole
+        if a in ancestors[b]:
+            skip, branch = a, b
+        elif b in ancestors[a]:
+            skip, branch = b, a
+        else:
+            state.done.update(_fork_join(node, a, b, ancestors, stream))
+            continue
+        body = {n for n in ancestors[branch] | {branch} if skip in ancestors[n]}
+        tau = 0.01 if _holds_attention(body) else 0.5
+        split, to_branch, to_skip = _split_at(skip, node, tau)
+        for user in list(skip.users):
+            if user in body:
+                user.replace_input_with(skip, to_branch)
+        node.op, node.target, node.args, node.kwargs = "call_function", U.residual_add, (branch, to_skip, tau), {}
+        state.done.update({node, split, to_branch, to_skip})
+
+
+def _fork_join(
+    node: fx.Node, a: fx.Node, b: fx.Node, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
+) -> list[fx.Node]:
+    """``a + b`` where both paths start at one fork (a projection shortcut): a residual pair there.
+
+    ResNet's downsampling block adds ``bn2(conv2(...(x)))`` and ``downsample(x)``: neither
+    operand is an ancestor of the other, but both come from ``x``, whose gradient would be
+    the sum of two unit-std gradients (std ``2**0.5``) at every such block. With a
+    :func:`~unitscale.functional.residual_split` at the fork (the latest common ancestor on
+    the activation stream, whose every reader leads to exactly one of the two operands) and
+    a :func:`~unitscale.functional.residual_add` at the join, the forward weights stay
+    those of :func:`~unitscale.functional.add` (``tau = 0.5``) and the gradients meet
+    weighted. Returns the nodes it changed and added (none: the add is not such a join).
+    """
+    if a not in stream or b not in stream:
+        return []
+    common = ancestors.get(a, set()) & ancestors.get(b, set()) & stream
+    # A node returning a tuple (multi-head attention with its weights, a GRU's output and
+    # state) is no fork: each side reads its own element. The getitem both sides read is.
+    forks = [n for n in node.graph.nodes if n in common and isinstance(n.meta.get("example_value"), torch.Tensor)]
+    if not forks or not _is_float_node(forks[-1]):
+        return []
+    fork = forks[-1]
+    sides = {}
+    for user in fork.users:
+        on_a = user is a or user in ancestors.get(a, set())
+        on_b = user is b or user in ancestors.get(b, set())
+        if on_a == on_b:
+            if on_a:
+                return []
+            continue
+        sides[user] = 0 if on_a else 1
+    if set(sides.values()) != {0, 1}:
+        return []
+    body_a = {n for n in ancestors.get(a, set()) | {a} if fork in ancestors.get(n, set())}
+    body_b = {n for n in ancestors.get(b, set()) | {b} if fork in ancestors.get(n, set())}
+    inside = body_a | body_b | {fork}
+    if any(p in common and p not in inside for n in inside - {fork} for p in n.all_input_nodes):
+        # a path from upstream reaches a side around the fork (attention weights times
+        # the block's input): a split there would weight only part of that gradient
+        return []
+    attention_a, attention_b = _holds_attention(body_a), _holds_attention(body_b)
+    # The branch is the side with attention, else the longer one; the other is the skip.
+    branch_side = 0 if (attention_a, len(body_a)) >= (attention_b, len(body_b)) else 1
+    tau = 0.01 if attention_a or attention_b else 0.5
+    added = _split_at(fork, node, tau)
+    for user, side in sides.items():
+        user.replace_input_with(fork, added[1] if side == branch_side else added[2])
+    branch, skip = (a, b) if branch_side == 0 else (b, a)
+    node.op, node.target, node.args, node.kwargs = "call_function", U.residual_add, (branch, skip, tau), {}
+    return [node, *added]

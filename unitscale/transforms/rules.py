@@ -1,0 +1,241 @@
+"""The unit-scaling pass as an ordered list of named rules, and how a user adds one.
+
+:func:`~unitscale.transforms.unit_scale` rewrites a captured graph by running each rule
+of the list, in order, over one :class:`PassState`: the graph module, and what the rules
+before have found (the nodes they rewrote, the ones kept as they are, the activation path,
+the trunk). A rule is a function ``rule(state) -> None``; it changes ``state.gm.graph`` and
+records what it did in ``state.done`` (rewritten or added nodes: later rules leave them, and
+they are not reported as unscaled) or ``state.kept`` (nodes kept on purpose, with why). The
+list, in order:
+
+1. ``follow_in_place_changes``: a read after ``x += 1`` reads the changed tensor;
+2. ``leave_regions_whole``: higher-order ops and inlined ``vmap`` bodies are left whole;
+3. ``apply_replacements``: ``unit_scale(replace=...)`` first;
+4. ``fold_written_out_ops``: a hand-written RMS norm or tanh GELU becomes its twin;
+5. ``analyse``: the graph's ancestors, activation path, stream and trunk;
+6. ``keep_rotary_embeddings`` and 7. ``keep_soft_caps``: ops that keep unit scale as a whole;
+8. ``residual_adds``: an add whose operand is an ancestor of the other (or two paths from
+   one fork) becomes a ``residual_split`` / ``residual_add`` pair;
+9. ``unconstrain_folded_on_trunk``: a folded twin on the trunk scales each direction alone;
+10. ``swap_ops``: adds, products of activations, mean pools, layer scales, then every op of
+    :data:`unitscale.functional.torch_map` become their twins;
+11. ``drop_constant_factors``: ``x * c`` where the op after it sets the scale;
+12. ``constrain_before_batch_norms`` to 15. ``rescale_max_pools_of_relus``: the scales of
+    convolutional networks' inputs (batch norm, ReLUs after residuals, global pools);
+16. ``freeze_before_batch_norm_blocks`` and 17. ``freeze_trunk_batch_norms``: gradient
+    factors measured once and frozen;
+18. ``balance_gates``: squeeze-excitation gates;
+19. ``share_loss_scales``: one gradient factor for a graph's losses.
+
+After the last rule the pass lists the ops it left unscaled and re-initialises the parameters
+(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`). :func:`register_rule` adds a rule
+of your own, before or after any of these; :func:`rule_names` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from torch import fx
+
+from unitscale.errors import NotCallableError, RuleError
+from unitscale.transforms import _cnn_rules, _kept, _losses, _op_rules, _residuals
+from unitscale.transforms._frozen import GradScales
+from unitscale.transforms._graph import _activation_path, _ancestors, _stream, _trunk
+
+__all__ = ["PassState", "Rule", "register_rule", "rule_names", "unregister_rule"]
+
+
+@dataclass
+class PassState:
+    """What the rules of the unit-scaling pass share: the graph, and what the rules before found.
+
+    Attributes:
+        gm: the graph module being rewritten (``state.graph`` is its graph).
+        replace: the user's replacements (``unit_scale(replace=...)``).
+        torch_map: torch function -> unit-scaled twin (:data:`unitscale.functional.torch_map`).
+        grad_scales: the model's frozen gradient factors (buffers, saved with the model).
+        regions: each region left whole (a higher-order op, an inlined ``vmap``): its first
+            node -> its nodes.
+        frozen: the nodes of those regions; no rule touches them.
+        done: the nodes rules rewrote or added: later rules leave them, and they are not
+            reported as unscaled.
+        kept: nodes kept as they are because they keep unit scale, with the reason.
+        folded: the twins ``fold_written_out_ops`` made.
+        ancestors: each node's ancestors (the ``analyse`` rule: the graph as it was then).
+        live: the activation path (nodes that read a float input or a parameter).
+        stream: the graph inputs and the live nodes that compute from them.
+        trunk: the ops every path from the inputs to the output passes through.
+        blocks: how many residual blocks got a frozen gradient factor.
+    """
+
+    gm: fx.GraphModule
+    replace: dict[Any, Callable[..., Any]] = field(default_factory=dict)
+    torch_map: dict[Any, Callable[..., Any]] = field(default_factory=dict)
+    grad_scales: GradScales = field(default_factory=GradScales)
+    regions: dict[fx.Node, set[fx.Node]] = field(default_factory=dict)
+    frozen: set[fx.Node] = field(default_factory=set)
+    done: set[fx.Node] = field(default_factory=set)
+    kept: dict[fx.Node, str] = field(default_factory=dict)
+    folded: list[fx.Node] = field(default_factory=list)
+    ancestors: dict[fx.Node, set[fx.Node]] = field(default_factory=dict)
+    live: set[fx.Node] = field(default_factory=set)
+    stream: set[fx.Node] = field(default_factory=set)
+    trunk: set[fx.Node] = field(default_factory=set)
+    blocks: int = 0
+
+    @property
+    def graph(self) -> fx.Graph:
+        """``gm.graph``."""
+        return self.gm.graph
+
+    @property
+    def constrained(self) -> set[fx.Node]:
+        """Live ops off the trunk: their input gradient meets another path's, so their two scales must be one."""
+        return self.live - self.trunk
+
+    def retarget(self, node: fx.Node, fn: Callable[..., Any], **kwargs: Any) -> None:
+        """Make ``node`` call ``fn`` (its arguments kept, ``kwargs`` added) and count it as done."""
+        node.op, node.target, node.kwargs = "call_function", fn, {**node.kwargs, **kwargs}
+        self.done.add(node)
+
+    def is_open(self, node: fx.Node) -> bool:
+        """Whether a rule may still rewrite ``node``: a call on the activation path, not done or kept."""
+        return (
+            node not in self.done
+            and node not in self.kept
+            and node in self.live
+            and node.op in ("call_function", "call_method")
+        )
+
+
+def analyse(state: PassState) -> None:
+    """Fill in ``ancestors``, ``live``, ``stream`` and ``trunk`` for the graph as it is now."""
+    state.ancestors = _ancestors(state.graph)
+    state.live = _activation_path(state.gm)
+    state.trunk = _trunk(state.graph, state.live)
+    state.stream = _stream(state.graph, state.live)
+
+
+class Rule(NamedTuple):
+    """One named rule of the unit-scaling pass: ``fn(state)`` rewrites ``state.gm``'s graph."""
+
+    name: str
+    fn: Callable[[PassState], None]
+
+
+_RULES: list[Rule] = [
+    Rule(fn.__name__, fn)
+    for fn in (
+        _residuals.follow_in_place_changes,
+        _kept.leave_regions_whole,
+        _op_rules.apply_replacements,
+        _op_rules.fold_written_out_ops,
+        analyse,
+        _kept.keep_rotary_embeddings,
+        _kept.keep_soft_caps,
+        _residuals.residual_adds,
+        _op_rules.unconstrain_folded_on_trunk,
+        _op_rules.swap_ops,
+        _op_rules.drop_constant_factors,
+        _cnn_rules.constrain_before_batch_norms,
+        _cnn_rules.rescale_relus_after_residuals,
+        _cnn_rules.scale_global_pools,
+        _cnn_rules.rescale_max_pools_of_relus,
+        _cnn_rules.freeze_before_batch_norm_blocks,
+        _cnn_rules.freeze_trunk_batch_norms,
+        _cnn_rules.balance_gates,
+        _losses.share_loss_scales,
+    )
+]
+
+
+def rule_names() -> list[str]:
+    """The names of the unit-scaling pass's rules, in the order they run.
+
+    >>> from unitscale.transforms import rule_names
+    >>> rule_names()[:3]
+    ['follow_in_place_changes', 'leave_regions_whole', 'apply_replacements']
+    """
+    return [rule.name for rule in _RULES]
+
+
+def rules() -> tuple[Rule, ...]:
+    """The rules as they are now: a ``unit_scale`` keeps the list it was made with."""
+    return tuple(_RULES)
+
+
+def register_rule(
+    name: str, fn: Callable[[PassState], None], *, before: str | None = None, after: str | None = None
+) -> None:
+    """Add a rule of your own to the unit-scaling pass, before or after a named rule (else last).
+
+    ``fn(state)`` gets the :class:`PassState` and changes ``state.gm.graph`` in place; a node
+    it rewrites or adds belongs in ``state.done`` (:meth:`PassState.retarget` puts it there),
+    so later rules leave it and the pass does not report it unscaled. Every
+    :func:`~unitscale.transforms.unit_scale` made after this runs it; one made before keeps
+    its list. :func:`unregister_rule` takes it out again.
+
+    Args:
+        name: the rule's name, not one of :func:`rule_names`.
+        fn: the rule, ``PassState -> None``.
+        before: run just before this rule.
+        after: run just after this rule (give one of ``before`` and ``after``, or neither).
+
+    Raises:
+        NotCallableError: ``fn`` is not callable.
+        RuleError: ``name`` is taken or not a string, ``before``/``after`` names no rule, or both
+            are given.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from unitscale.transforms import register_rule, unit_scale, unregister_rule
+    >>> def keep_tanh(state):  # tanh of a unit-scaled input keeps its std below 1
+    ...     for node in state.graph.nodes:
+    ...         if node.target is torch.tanh:
+    ...             state.kept[node] = "tanh stays below 1"
+    >>> register_rule("keep_tanh", keep_tanh, after="swap_ops")
+    >>> model = unit_scale(nn.Sequential(nn.Linear(8, 8), nn.Tanh()))
+    >>> unregister_rule("keep_tanh")
+    >>> _ = model(torch.randn(4, 8))
+    >>> model.unscaled_ops, model.kept_ops[0].split(": ")[1]
+    ([], 'tanh stays below 1')
+    """
+    call = f"register_rule({name!r}, ...)"
+    if not isinstance(name, str) or not name:
+        raise RuleError(f"register_rule(name={name!r}): a rule's name is a non-empty string")
+    if not callable(fn):
+        raise NotCallableError(f"{call}: fn={fn!r:.60} is not callable; pass a function of the PassState")
+    if name in rule_names():
+        raise RuleError(f"{call}: a rule named {name!r} exists already; pick another name or unregister_rule it")
+    if before is not None and after is not None:
+        raise RuleError(f"{call}: before={before!r} and after={after!r} both given; give one of them")
+    anchor = before if before is not None else after
+    if anchor is None:
+        _RULES.append(Rule(name, fn))
+        return
+    if anchor not in rule_names():
+        where = "before" if before is not None else "after"
+        raise RuleError(f"{call}: {where}={anchor!r} is no rule; the rules are {', '.join(rule_names())}")
+    at = rule_names().index(anchor) + (0 if before is not None else 1)
+    _RULES.insert(at, Rule(name, fn))
+
+
+def unregister_rule(name: str) -> None:
+    """Take a rule out of the unit-scaling pass (for one :func:`register_rule` added).
+
+    Raises:
+        RuleError: no rule is named ``name``.
+
+    >>> from unitscale.transforms import register_rule, rule_names, unregister_rule
+    >>> register_rule("nothing", lambda state: None)
+    >>> unregister_rule("nothing")
+    >>> "nothing" in rule_names()
+    False
+    """
+    if name not in rule_names():
+        known = ", ".join(rule_names())
+        raise RuleError(f"unregister_rule({name!r}): no rule is named {name!r}; the rules are {known}")
+    del _RULES[rule_names().index(name)]
