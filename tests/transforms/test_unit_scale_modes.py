@@ -182,7 +182,7 @@ def test_scale_check_names_the_op_that_moves_the_scale_and_by_how_much() -> None
 
 def test_an_off_scale_model_is_logged_with_its_breaking_op(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
-    with caplog.at_level(logging.WARNING, logger="unitscale.transforms.passes"):
+    with caplog.at_level(logging.WARNING, logger="unitscale.transforms.transformed_module"):
         unit_scale(nn.Sequential(nn.Linear(64, 64), nn.Softplus(beta=0.1)))(torch.randn(256, 64))
     (record,) = [r for r in caplog.records if "off unit scale" in r.message]
     assert "torch.nn.functional.softplus" in record.message and "forward std" in record.message
