@@ -21,7 +21,6 @@ from unitscale.capture._capture import capture as capture
 from unitscale.capture._eager import RecordedOp as RecordedOp
 from unitscale.capture._kv_cache import no_kv_cache as no_kv_cache
 from unitscale.capture._routes import DeepTracing as DeepTracing
-
 from unitscale.capture.tools import capture_exec_order as capture_exec_order
 from unitscale.capture.tools import module_paths as module_paths
 from unitscale.capture.tools import trace_exec_order as trace_exec_order

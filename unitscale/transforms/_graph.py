@@ -26,8 +26,10 @@ import unitscale.functional as U
 from unitscale.capture.toolkit import copy_origin
 from unitscale.errors import ReplaceMapError
 from unitscale.fx.nodes import (
+    MODULE_PATH_KEY,
     SCALE_NEUTRAL_FUNCTIONS,
     SCALE_NEUTRAL_METHODS,
+    SOURCE_KEY,
     VIEW_ATTRIBUTES,
     op_name,
 )
