@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools as _functools
-import math as _math
 from typing import TYPE_CHECKING
 
 import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale.functional._linear import _pair
+from unitscale.functional._normal import cdf, normal_mean
 from unitscale.functional._scale import _constrain, _inv_sqrt, scale
 from unitscale.scaling.docs import fill_docstring
 
@@ -22,16 +22,8 @@ if TYPE_CHECKING:
 @_functools.lru_cache(maxsize=64)
 def _max_rms(k: int) -> float:
     """Root-mean-square of the largest of ``k`` independent ``N(0, 1)`` values (trapezoid rule on [-10, 10])."""
-    steps, lo, hi = 4000, -10.0, 10.0
-    h = (hi - lo) / steps
-    total = 0.0
-    for i in range(steps + 1):
-        x = lo + i * h
-        density = (
-            k * _math.exp(-x * x / 2) / _math.sqrt(2 * _math.pi) * (0.5 * (1 + _math.erf(x / _math.sqrt(2)))) ** (k - 1)
-        )
-        total += (0.5 if i in (0, steps) else 1.0) * x * x * density
-    return (total * h) ** 0.5
+    # The largest has density k * pdf(x) * cdf(x)**(k - 1).
+    return normal_mean(lambda x: x * x * k * cdf(x) ** (k - 1), 10.0, 4000) ** 0.5
 
 
 @fill_docstring
