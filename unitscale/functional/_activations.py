@@ -10,7 +10,7 @@ import torch.nn.functional as _F
 
 from unitscale import errors as _errors
 from unitscale.functional._normal import cdf, partial_moment, pdf
-from unitscale.functional._scale import _constrain, scale
+from unitscale.functional._scale import _constrain, _constrained_scale, scale
 from unitscale.scaling import softmax_stats as _stats
 from unitscale.scaling.checks import check_approximate, check_mult
 from unitscale.scaling.constant import constant_result as _constant_result
@@ -260,8 +260,7 @@ def hardtanh(
     output, inside = _clamp_moments(float(min_val), float(max_val))
     output_scale = output**-0.5 if output > 1e-12 else 1.0
     grad_scale = inside**-0.5 if inside > 1e-12 else 1.0
-    output_scale, grad_scale = _constrain(constraint, output_scale, grad_scale)
-    return scale(_F.hardtanh(input, min_val, max_val), output_scale, grad_scale)
+    return _constrained_scale(_F.hardtanh(input, min_val, max_val), constraint, output_scale, grad_scale)
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:

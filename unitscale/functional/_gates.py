@@ -24,7 +24,7 @@ import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale.functional._normal import cdf, normal_mean, partial_moment
-from unitscale.functional._scale import _constrain, scale
+from unitscale.functional._scale import _constrain, _constrained_scale, scale
 from unitscale.scaling.constraints import resolve_constraint
 from unitscale.scaling.docs import fill_docstring
 
@@ -89,8 +89,7 @@ def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Ten
     1.0
     """
     value, grad = _sigmoid_moments()
-    output_scale, grad_scale = _constrain(constraint, value**-0.5, grad**-0.5)
-    return scale(_torch.sigmoid(input), output_scale, grad_scale)
+    return _constrained_scale(_torch.sigmoid(input), constraint, value**-0.5, grad**-0.5)
 
 
 @fill_docstring
@@ -119,8 +118,7 @@ def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg 
     1.0
     """
     value, grad = _hardsigmoid_moments()
-    output_scale, grad_scale = _constrain(constraint, value**-0.5, grad**-0.5)
-    return scale(_F.hardsigmoid(input), output_scale, grad_scale)
+    return _constrained_scale(_F.hardsigmoid(input), constraint, value**-0.5, grad**-0.5)
 
 
 @fill_docstring
@@ -150,8 +148,7 @@ def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = 
     1.0
     """
     mean, square, grad_square = _hardswish_moments()
-    output_scale, grad_scale = _constrain(constraint, (square - mean * mean) ** -0.5, grad_square**-0.5)
-    return scale(_F.hardswish(input), output_scale, grad_scale)
+    return _constrained_scale(_F.hardswish(input), constraint, (square - mean * mean) ** -0.5, grad_square**-0.5)
 
 
 @fill_docstring

@@ -10,7 +10,7 @@ import torch.nn.functional as _F
 
 from unitscale.functional._linear import _pair
 from unitscale.functional._normal import cdf, normal_mean
-from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+from unitscale.functional._scale import _constrained_scale, _inv_sqrt
 from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
@@ -74,18 +74,16 @@ def max_pool2d(
     kh, kw = _pair(kernel_size)
     result = _F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
     out, indices = result[0], result[1]
-    output_scale, grad_scale = _constrain(
-        constraint, 1 / _max_rms(int(kh) * int(kw)), _inv_sqrt(out.numel() / max(input.numel(), 1))
-    )
-    out = scale(out, output_scale, grad_scale)
+    grad_scale = _inv_sqrt(out.numel() / max(input.numel(), 1))
+    out = _constrained_scale(out, constraint, 1 / _max_rms(int(kh) * int(kw)), grad_scale)
     return (out, indices) if return_indices else out  # type: ignore[return-value]
 
 
-def _pool_scales(input: Tensor, output: Tensor, window: int, constraint: ConstraintArg) -> tuple[float, ...]:
+def _pool(input: Tensor, output: Tensor, window: int, constraint: ConstraintArg) -> Tensor:
     # Each output averages ``window`` values: std window**-0.5 for independent ones. Each input's
     # gradient sums ``cover`` output gradients divided by ``window``: std cover**0.5 / window.
     cover = output.numel() * window / max(input.numel(), 1)
-    return _constrain(constraint, window**0.5, window * _inv_sqrt(cover))
+    return _constrained_scale(output, constraint, window**0.5, window * _inv_sqrt(cover))
 
 
 @fill_docstring
@@ -131,8 +129,7 @@ def avg_pool2d(
     """
     kh, kw = _pair(kernel_size)
     out = _F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    output_scale, grad_scale = _pool_scales(input, out, int(kh) * int(kw), constraint)
-    return scale(out, output_scale, grad_scale)
+    return _pool(input, out, int(kh) * int(kw), constraint)
 
 
 @fill_docstring
@@ -166,8 +163,7 @@ def adaptive_avg_pool2d(
     """
     out = _F.adaptive_avg_pool2d(input, output_size)
     window = max(round(input.shape[-2] * input.shape[-1] / max(out.shape[-2] * out.shape[-1], 1)), 1)
-    output_scale, grad_scale = _pool_scales(input, out, window, constraint)
-    return scale(out, output_scale, grad_scale)
+    return _pool(input, out, window, constraint)
 
 
 @fill_docstring
@@ -215,5 +211,4 @@ def mean(
     """
     out = input.mean(dtype=dtype) if dim is None else input.mean(dim, keepdim, dtype=dtype)
     window = max(input.numel() // max(out.numel(), 1), 1)
-    output_scale, grad_scale = _constrain(constraint, window**0.5, float(window))
-    return scale(out, output_scale, grad_scale)
+    return _constrained_scale(out, constraint, window**0.5, float(window))
