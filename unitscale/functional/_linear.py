@@ -260,11 +260,6 @@ def _tuple(value: int | tuple[int, ...] | list[int] | str, dims: int) -> tuple[i
     return (value,) * dims
 
 
-def _pair(value: int | tuple[int, ...] | list[int] | str) -> tuple[int | str, int | str]:
-    first, second = _tuple(value, 2)
-    return first, second
-
-
 def _conv(
     conv: Callable[..., Tensor],
     dims: int,

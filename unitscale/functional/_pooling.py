@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools as _functools
+import math as _math
 from typing import TYPE_CHECKING
 
 import torch as _torch
 import torch.nn.functional as _F
 
-from unitscale.functional._linear import _pair
+from unitscale.functional._linear import _tuple
 from unitscale.functional._normal import cdf, normal_mean
 from unitscale.functional._scale import _constrained_scale, _inv_sqrt
 from unitscale.scaling.docs import fill_docstring
@@ -71,11 +72,11 @@ def max_pool2d(
     >>> rms(y), rms(x.grad)
     (1.0, 1.0)
     """
-    kh, kw = _pair(kernel_size)
+    window = _math.prod(int(k) for k in _tuple(kernel_size, 2))
     result = _F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
     out, indices = result[0], result[1]
     grad_scale = _inv_sqrt(out.numel() / max(input.numel(), 1))
-    out = _constrained_scale(out, constraint, 1 / _max_rms(int(kh) * int(kw)), grad_scale)
+    out = _constrained_scale(out, constraint, 1 / _max_rms(window), grad_scale)
     return (out, indices) if return_indices else out  # type: ignore[return-value]
 
 
@@ -127,9 +128,8 @@ def avg_pool2d(
     >>> round(y.std().item(), 1)
     1.0
     """
-    kh, kw = _pair(kernel_size)
     out = _F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    return _pool(input, out, int(kh) * int(kw), constraint)
+    return _pool(input, out, _math.prod(int(k) for k in _tuple(kernel_size, 2)), constraint)
 
 
 @fill_docstring
