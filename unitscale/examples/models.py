@@ -52,37 +52,20 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        h = self.n_heads
-        q = q.reshape(b, t, h, d // h).transpose(1, 2)
-        k = k.reshape(b, t, h, d // h).transpose(1, 2)
-        v = v.reshape(b, t, h, d // h).transpose(1, 2)
+        q, k, v = (part.reshape(b, t, self.n_heads, -1).transpose(1, 2) for part in self.qkv(x).split(d, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
-class FeedForward(nn.Module):
-    """``Linear(d, 4d) -> GELU -> Linear(4d, d)``."""
-
-    def __init__(self, d_model: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d_model, 4 * d_model)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * d_model, d_model)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
-
-
 class Block(nn.Module):
-    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``."""
+    """A pre-norm transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``, the MLP's activation GELU."""
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = Attention(d_model, n_heads)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = FeedForward(d_model)
+        self.mlp = MLP(d_model, activation=nn.GELU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

@@ -29,7 +29,6 @@ from unitscale import nn as unn
 from unitscale.errors import ConfigError
 from unitscale.examples._checks import check_int
 from unitscale.examples.data import MarkovSource
-from unitscale.scaling import residual_taus
 
 __all__ = ["UmupGPT", "SPGPT", "markov_batches"]
 
@@ -51,7 +50,7 @@ class UmupGPT(nn.Module):
     Each block is a :class:`unitscale.nn.TransformerLayer` in its u-μP form (RMS norms,
     SwiGLU, causal attention with scores ``attn_mult / d_head``, ``to_output_scale``
     constraints, the reference library's u-μP default), held by a
-    :class:`unitscale.nn.DepthModuleList` that records the depth on every parameter.
+    :class:`unitscale.nn.TransformerStack`, which records the depth on every parameter.
 
     Args:
         vocab_size: number of tokens.
@@ -91,23 +90,19 @@ class UmupGPT(nn.Module):
     ) -> None:
         super().__init__()
         heads = _check_family("UmupGPT", vocab_size, width, depth, head_dim, max_len)
-        taus = residual_taus(depth, residual_mult)
         self.tokens = unn.Embedding(vocab_size, width)
         self.positions = unn.Embedding(max_len, width)
-        self.blocks = unn.DepthModuleList(
-            unn.TransformerLayer(
-                width,
-                heads,
-                is_causal=True,
-                attn_tau=taus[2 * i],
-                mlp_tau=taus[2 * i + 1],
-                constraint="to_output_scale",
-                attn_mult=attn_mult,
-                mlp_mult=ffn_mult,
-                norm="rms_norm",
-                mlp="swiglu",
-            )
-            for i in range(depth)
+        self.blocks = unn.TransformerStack(
+            depth,
+            width,
+            heads,
+            residual_mult,
+            is_causal=True,
+            constraint="to_output_scale",
+            attn_mult=attn_mult,
+            mlp_mult=ffn_mult,
+            norm="rms_norm",
+            mlp="swiglu",
         )
         self.norm = unn.RMSNorm(width)
         self.readout = unn.LinearReadout(width, vocab_size, mult=loss_mult)
@@ -116,9 +111,7 @@ class UmupGPT(nn.Module):
         positions = torch.arange(idx.shape[-1], device=idx.device)
         # Two independent unit-std embeddings sum to std sqrt(2).
         x = (self.tokens(idx) + self.positions(positions)) * 0.5**0.5
-        for block in self.blocks:
-            x = block(x)
-        return self.readout(self.norm(x))
+        return self.readout(self.norm(self.blocks(x)))
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         """Unit-scaled cross-entropy of the next-token predictions (its value is torch's)."""

@@ -9,7 +9,8 @@ import torch as _torch
 import torch.nn.functional as _F
 
 from unitscale import errors as _errors
-from unitscale.functional._scale import _constrain, scale
+from unitscale.functional._normal import cdf, partial_moment, pdf
+from unitscale.functional._scale import _constrain, _constrained_scale, scale
 from unitscale.scaling import softmax_stats as _stats
 from unitscale.scaling.checks import check_approximate, check_mult
 from unitscale.scaling.constant import constant_result as _constant_result
@@ -40,7 +41,7 @@ _MOMENTS: dict[tuple[str, float], tuple[float, float, float]] = {}
 def _gate(kind: str, z: float) -> tuple[float, float]:
     """The gate of GELU (the normal cdf) or SiLU (the sigmoid) at ``z``, and its derivative."""
     if kind == "gelu":
-        return 0.5 * (1.0 + _math.erf(z / 2**0.5)), _math.exp(-z * z / 2) / (2 * _math.pi) ** 0.5
+        return cdf(z), pdf(z)
     s = 1.0 / (1.0 + _math.exp(-z)) if z > -700 else 0.0
     return s, s * (1.0 - s)
 
@@ -113,9 +114,8 @@ def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "
     check_approximate("gelu", approximate)
     mult = check_mult("gelu", "mult", mult)
     output_scale, grad_scale = _constrain(constraint, *_gated_scales("gelu", mult))
-    if mult == 1.0:
-        return scale(_F.gelu(input, approximate=approximate), output_scale, grad_scale)
-    return scale(_F.gelu(input * mult, approximate=approximate), output_scale / mult, grad_scale / mult)
+    output = _F.gelu(input if mult == 1.0 else input * mult, approximate=approximate)
+    return scale(output, output_scale / mult, grad_scale / mult)
 
 
 @fill_docstring
@@ -149,9 +149,7 @@ def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmea
     """
     mult = check_mult("silu", "mult", mult)
     output_scale, grad_scale = _constrain(constraint, *_gated_scales("silu", mult))
-    if mult == 1.0:
-        return scale(_F.silu(input), output_scale, grad_scale)
-    return scale(_F.silu(input * mult), output_scale / mult, grad_scale / mult)
+    return scale(_F.silu(input if mult == 1.0 else input * mult), output_scale / mult, grad_scale / mult)
 
 
 @fill_docstring
@@ -218,12 +216,8 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
 
 def _clamp_moments(low: float, high: float) -> tuple[float, float]:
     """Mean squares of ``clamp(x, low, high)`` and of its derivative for ``x ~ N(0, 1)``."""
-    cdf = lambda v: 0.5 * (1.0 + _math.erf(v / 2**0.5))  # noqa: E731
-    pdf = lambda v: _math.exp(-v * v / 2) / (2 * _math.pi) ** 0.5  # noqa: E731
-    inside = cdf(high) - cdf(low)
-    # E[x^2; low < x < high] = P(low < x < high) - (high pdf(high) - low pdf(low))
-    output = inside - (high * pdf(high) - low * pdf(low)) + low * low * cdf(low) + high * high * (1 - cdf(high))
-    return output, inside
+    tails = low * low * cdf(low) + high * high * (1 - cdf(high))
+    return partial_moment(2, low, high) + tails, partial_moment(0, low, high)
 
 
 @fill_docstring
@@ -266,8 +260,7 @@ def hardtanh(
     output, inside = _clamp_moments(float(min_val), float(max_val))
     output_scale = output**-0.5 if output > 1e-12 else 1.0
     grad_scale = inside**-0.5 if inside > 1e-12 else 1.0
-    output_scale, grad_scale = _constrain(constraint, output_scale, grad_scale)
-    return scale(_F.hardtanh(input, min_val, max_val), output_scale, grad_scale)
+    return _constrained_scale(_F.hardtanh(input, min_val, max_val), constraint, output_scale, grad_scale)
 
 
 def relu6(input: Tensor, inplace: bool = False) -> Tensor:

@@ -139,21 +139,12 @@ def _project(
         if query is key and key is value:
             q, k, v = _linear(query, w, b, constraint).split(e, dim=-1)
             return q, k, v
-        bq, bkv = (None, None) if b is None else (b[:e], b[e:])
-        q = _linear(query, w[:e], bq, constraint)
         if key is value:
-            k, v = _linear(key, w[e:], bkv, constraint).split(e, dim=-1)
-            return q, k, v
-        weights = (w[e : 2 * e], w[2 * e :])
-        biases = (None, None) if bkv is None else (bkv[:e], bkv[e:])
-        return q, _linear(key, weights[0], biases[0], constraint), _linear(value, weights[1], biases[1], constraint)
-    q_w, k_w, v_w = weights
-    q_b, k_b, v_b = biases
-    return (
-        _linear(query, q_w, q_b, constraint),
-        _linear(key, k_w, k_b, constraint),
-        _linear(value, v_w, v_b, constraint),
-    )
+            k, v = _linear(key, w[e:], None if b is None else b[e:], constraint).split(e, dim=-1)
+            return _linear(query, w[:e], None if b is None else b[:e], constraint), k, v
+        weights, biases = w.split(e), (None,) * 3 if b is None else b.split(e)
+    q, k, v = (_linear(x, w, b, constraint) for x, w, b in zip((query, key, value), weights, biases, strict=True))
+    return q, k, v
 
 
 @fill_docstring
@@ -261,10 +252,7 @@ def multi_head_attention_forward(
         )
     if use_separate_proj_weight:
         weights: tuple[Tensor, ...] = (q_proj_weight, k_proj_weight, v_proj_weight)  # type: ignore[assignment]
-        b = in_proj_bias
-        biases: tuple[Tensor | None, ...] = (
-            (None,) * 3 if b is None else (b[:embed], b[embed : 2 * embed], b[2 * embed :])
-        )
+        biases: tuple[Tensor | None, ...] = (None,) * 3 if in_proj_bias is None else in_proj_bias.split(embed)
     else:
         weights, biases = (in_proj_weight,), (in_proj_bias,)  # type: ignore[assignment]
     q, k, v = _project(query, key, value, weights, biases, constraint)
@@ -276,22 +264,15 @@ def multi_head_attention_forward(
 
     q, k, v = heads(q, length), heads(k, source), heads(v, source)
     mask = None
-    if is_causal and key_padding_mask is None and not need_weights and attn_mask is None:
-        mask = None
-    elif attn_mask is not None or key_padding_mask is not None:
+    if attn_mask is not None or key_padding_mask is not None:
         is_causal = False
-        float_mask = torch.zeros(batch, num_heads, length, source, dtype=q.dtype, device=q.device)
-        for given, shape in ((attn_mask, None), (key_padding_mask, (batch, 1, 1, source))):
-            if given is None:
-                continue
-            if given.dtype == torch.bool:
-                given = torch.zeros_like(given, dtype=q.dtype).masked_fill(given, float("-inf"))
-            if shape is not None:
-                given = given.reshape(shape)
-            elif given.dim() == 3:
-                given = given.reshape(batch, num_heads, length, source)
-            float_mask = float_mask + given.to(q.dtype)
-        mask = float_mask
+        mask = torch.zeros(batch, num_heads, length, source, dtype=q.dtype, device=q.device)
+        padding = None if key_padding_mask is None else key_padding_mask.reshape(batch, 1, 1, source)
+        for given in (attn_mask, padding):
+            if given is not None:
+                if given.dtype == torch.bool:
+                    given = torch.zeros_like(given, dtype=q.dtype).masked_fill(given, float("-inf"))
+                mask = mask + (given.reshape(mask.shape) if given.dim() == 3 else given).to(q.dtype)
     p = dropout_p if training else 0.0
     out = scaled_dot_product_attention(q, k, v, mask, p, is_causal, constraint=constraint)
     out = out.permute(2, 0, 1, 3).reshape(length, batch, embed)

@@ -26,14 +26,9 @@ def _tracing(error: Exception, *args: object) -> bool:
     return any(isinstance(a, _torch.fx.Proxy) for a in args)
 
 
-def _misfit(op: str, error: Exception, fits: str, **args: object) -> _errors.InputError:
-    got = ", ".join(f"{name}={_describe(v)}" for name, v in args.items() if v is not None)
-    return _errors.InputError(f"{op}: {got} do not fit; {fits}. torch said {type(error).__name__}: {error}")
-
-
 @contextmanager
 def _misfits(op: str, fits: str, **args: object) -> Iterator[None]:
-    """Raise torch's error on ``args`` in the block as :func:`_misfit`'s ``InputError`` naming ``op``.
+    """Raise torch's error on ``args`` in the block as an ``InputError`` naming ``op``, ``args`` and what ``fits``.
 
     unitscale's own errors, and a tracer's (:func:`_tracing` over ``args``), pass through as they are.
     """
@@ -44,4 +39,5 @@ def _misfits(op: str, fits: str, **args: object) -> Iterator[None]:
     except _TORCH_ERRORS as e:
         if _tracing(e, *args.values()):
             raise
-        raise _misfit(op, e, fits, **args) from e
+        got = ", ".join(f"{name}={_describe(v)}" for name, v in args.items() if v is not None)
+        raise _errors.InputError(f"{op}: {got} do not fit; {fits}. torch said {type(e).__name__}: {e}") from e

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING
 import torch as _torch
 import torch.nn.functional as _F
 
-from unitscale.functional._scale import _constrain, scale
+from unitscale.functional._normal import cdf, normal_mean, partial_moment
+from unitscale.functional._scale import _constrain, _constrained_scale, scale
 from unitscale.scaling.constraints import resolve_constraint
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -32,32 +34,10 @@ if TYPE_CHECKING:
     from unitscale.scaling.constraints import ConstraintArg
 
 
-def _pdf(v: float) -> float:
-    return _math.exp(-v * v / 2) / (2 * _math.pi) ** 0.5 if _math.isfinite(v) else 0.0
-
-
-def _cdf(v: float) -> float:
-    return 0.5 * (1.0 + _math.erf(v / 2**0.5))
-
-
-def _partial_moment(k: int, low: float, high: float) -> float:
-    """``E[x**k; low < x < high]`` for ``x ~ N(0, 1)``.
-
-    By parts: ``M_k = low**(k-1) pdf(low) - high**(k-1) pdf(high) + (k - 1) M_(k-2)``,
-    from ``M_0 = cdf(high) - cdf(low)`` and ``M_1 = pdf(low) - pdf(high)``.
-    """
-    if k == 0:
-        return _cdf(high) - _cdf(low)
-    if k == 1:
-        return _pdf(low) - _pdf(high)
-    edge = sum(sign * v ** (k - 1) * _pdf(v) for sign, v in ((1, low), (-1, high)) if _math.isfinite(v))
-    return edge + (k - 1) * _partial_moment(k - 2, low, high)
-
-
 def _hardsigmoid_moments() -> tuple[float, float]:
     """Mean squares of ``hardsigmoid(x) = clamp(x / 6 + 1/2, 0, 1)`` and of its derivative (1/6 on ``|x| < 3``)."""
-    m = [_partial_moment(k, -3.0, 3.0) for k in range(3)]
-    above = 1 - _cdf(3.0)
+    m = [partial_moment(k, -3.0, 3.0) for k in range(3)]
+    above = 1 - cdf(3.0)
     return m[2] / 36 + m[1] / 6 + m[0] / 4 + above, m[0] / 36
 
 
@@ -67,8 +47,8 @@ def _hardswish_moments() -> tuple[float, float, float]:
     On ``|x| < 3`` hardswish is ``(x**2 + 3x) / 6`` with derivative ``(2x + 3) / 6``; above 3 it is
     ``x`` (derivative 1); below -3 it is 0.
     """
-    m = [_partial_moment(k, -3.0, 3.0) for k in range(5)]
-    above = [_partial_moment(k, 3.0, _math.inf) for k in range(3)]
+    m = [partial_moment(k, -3.0, 3.0) for k in range(5)]
+    above = [partial_moment(k, 3.0, _math.inf) for k in range(3)]
     mean = (m[2] + 3 * m[1]) / 6 + above[1]
     square = (m[4] + 6 * m[3] + 9 * m[2]) / 36 + above[2]
     grad_square = (4 * m[2] + 12 * m[1] + 9 * m[0]) / 36 + above[0]
@@ -78,18 +58,12 @@ def _hardswish_moments() -> tuple[float, float, float]:
 @_functools.lru_cache(maxsize=1)
 def _sigmoid_moments() -> tuple[float, float]:
     """Mean squares of ``sigmoid(x)`` and of ``sigmoid'(x)`` for ``x ~ N(0, 1)`` (trapezoid rule on [-12, 12])."""
-    steps, lo, hi = 6000, -12.0, 12.0
-    h = (hi - lo) / steps
-    value = grad = 0.0
-    for i in range(steps + 1):
-        x = lo + i * h
-        s = 1 / (1 + _math.exp(-x))
-        weight = (0.5 if i in (0, steps) else 1.0) * _pdf(x) * h
-        value += weight * s * s
-        grad += weight * (s * (1 - s)) ** 2
-    return value, grad
+    sigmoid = lambda x: 1 / (1 + _math.exp(-x))  # noqa: E731
+    value = normal_mean(lambda x: sigmoid(x) ** 2, 12.0, 6000)
+    return value, normal_mean(lambda x: (sigmoid(x) * (1 - sigmoid(x))) ** 2, 12.0, 6000)
 
 
+@fill_docstring
 def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled :func:`torch.sigmoid` (``nn.Sigmoid``, the gate of squeeze-excitation blocks).
 
@@ -100,15 +74,13 @@ def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Ten
 
     Args:
         input: any tensor.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``
-            (each direction to unit scale on its own).
+        {constraint}
 
     Returns:
         ``sigmoid(input)``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import sigmoid
@@ -117,10 +89,10 @@ def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Ten
     1.0
     """
     value, grad = _sigmoid_moments()
-    output_scale, grad_scale = _constrain(constraint, value**-0.5, grad**-0.5)
-    return scale(_torch.sigmoid(input), output_scale, grad_scale)
+    return _constrained_scale(_torch.sigmoid(input), constraint, value**-0.5, grad**-0.5)
 
 
+@fill_docstring
 def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.hardsigmoid` (the gate of MobileNetV3's squeeze-excitation).
 
@@ -131,14 +103,13 @@ def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg 
     Args:
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         ``hardsigmoid(input)``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import hardsigmoid
@@ -147,10 +118,10 @@ def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg 
     1.0
     """
     value, grad = _hardsigmoid_moments()
-    output_scale, grad_scale = _constrain(constraint, value**-0.5, grad**-0.5)
-    return scale(_F.hardsigmoid(input), output_scale, grad_scale)
+    return _constrained_scale(_F.hardsigmoid(input), constraint, value**-0.5, grad**-0.5)
 
 
+@fill_docstring
 def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.hardswish` (MobileNetV3, LeViT): ``x * hardsigmoid(x)``.
 
@@ -162,14 +133,13 @@ def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = 
     Args:
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``.
+        {constraint}
 
     Returns:
         ``hardswish(input)``, scaled.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import hardswish
@@ -178,10 +148,10 @@ def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = 
     1.0
     """
     mean, square, grad_square = _hardswish_moments()
-    output_scale, grad_scale = _constrain(constraint, (square - mean * mean) ** -0.5, grad_square**-0.5)
-    return scale(_F.hardswish(input), output_scale, grad_scale)
+    return _constrained_scale(_F.hardswish(input), constraint, (square - mean * mean) ** -0.5, grad_square**-0.5)
 
 
+@fill_docstring
 def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled product of two activations, one broadcast over the other (``x * gate``).
 
@@ -202,15 +172,13 @@ def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_sca
     Args:
         input: a tensor.
         other: a tensor broadcastable with ``input``.
-        constraint: a name from ``unitscale.scaling.constraints``, a callable, or ``None``
-            (the broadcast operand's gradient scaled on its own).
+        {constraint}
 
     Returns:
         ``input * other``.
 
     Raises:
-        UnknownConstraintError: ``constraint`` names no constraint.
-        PredicateError: a callable ``constraint`` returned no positive, finite number.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import mul

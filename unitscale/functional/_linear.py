@@ -238,13 +238,6 @@ def addmm(
     return product + (bias if beta == 1 else beta * bias)
 
 
-def _conv_out_size(size: int, kernel: int, stride: int, padding: int | str, dilation: int) -> int:
-    if padding == "same":
-        return size
-    pad = 0 if padding == "valid" else int(padding)
-    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
-
-
 def _valid_taps(size: int, kernel: int, stride: int, padding: int | str, dilation: int) -> tuple[int, int]:
     """``(taps on the input, output positions)`` along one axis: how many (output, kernel tap) pairs read the
     input rather than its zero padding, and how many outputs there are.
@@ -252,13 +245,11 @@ def _valid_taps(size: int, kernel: int, stride: int, padding: int | str, dilatio
     Without padding every output reads all ``kernel`` taps; on a feature map not much wider
     than the kernel (the 2x2 maps at the end of a ResNet on small images) most taps read padding.
     """
-    if padding == "valid":
-        pad = 0
-    elif padding == "same":
-        pad = dilation * (kernel - 1) // 2
+    if padding == "same":
+        pad, outputs = dilation * (kernel - 1) // 2, size
     else:
-        pad = int(padding)
-    outputs = _conv_out_size(size, kernel, stride, padding, dilation)
+        pad = 0 if padding == "valid" else int(padding)
+        outputs = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
     taps = sum(1 for o in range(outputs) for k in range(kernel) if 0 <= o * stride - pad + k * dilation < size)
     return taps, outputs
 
@@ -267,11 +258,6 @@ def _tuple(value: int | tuple[int, ...] | list[int] | str, dims: int) -> tuple[i
     if isinstance(value, (tuple, list)):
         return tuple(value) if len(value) == dims else (value[0],) * dims
     return (value,) * dims
-
-
-def _pair(value: int | tuple[int, ...] | list[int] | str) -> tuple[int | str, int | str]:
-    first, second = _tuple(value, 2)
-    return first, second
 
 
 def _conv(
@@ -451,9 +437,13 @@ def conv_transpose2d(
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
     (1.0, 1.0)
     """
-    strides, paddings, dilations = _tuple(stride, 2), _tuple(padding, 2), _tuple(dilation, 2)
-    out = _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation)
-    kernel, in_size, out_size = weight.shape[-2:], input.shape[-2:], out.shape[-2:]
+    strides, paddings, dilations, extra = (_tuple(v, 2) for v in (stride, padding, dilation, output_padding))
+    kernel, in_size = weight.shape[-2:], input.shape[-2:]
+    # torch's output size: the input's positions spread by the stride, the kernel added, the padding cropped.
+    out_size = [
+        (n - 1) * int(s) - 2 * int(p) + int(d) * (k - 1) + int(e) + 1
+        for n, k, s, p, d, e in zip(in_size, kernel, strides, paddings, dilations, extra, strict=True)
+    ]
     # The conv2d this transposes maps the output's positions to the input's: its valid taps are T.
     pairs = _math.prod(
         _valid_taps(out_size[i], kernel[i], int(strides[i]), paddings[i], int(dilations[i]))[0] for i in range(2)
@@ -465,11 +455,8 @@ def conv_transpose2d(
     output_scale, grad_scale = _constrain(constraint, _inv_sqrt(fan_in), _inv_sqrt(fan_out))
     # Scales act on the result, as in linear; the weight's own gradient gets its count alone.
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
-    out = scale(
-        _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation),
-        output_scale,
-        grad_scale,
-    )
+    out = _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation)
+    out = scale(out, output_scale, grad_scale)
     if bias is None:
         return out
     return out + scale(bias, 1.0, _inv_sqrt(batch * _math.prod(out_size))).reshape(-1, 1, 1)

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 import torch as _torch
 import torch.nn.functional as _F
 
-from unitscale.functional._linear import _pair
-from unitscale.functional._scale import _constrain, _inv_sqrt, scale
+from unitscale.functional._linear import _tuple
+from unitscale.functional._normal import cdf, normal_mean
+from unitscale.functional._scale import _constrained_scale, _inv_sqrt
 from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
@@ -22,16 +23,8 @@ if TYPE_CHECKING:
 @_functools.lru_cache(maxsize=64)
 def _max_rms(k: int) -> float:
     """Root-mean-square of the largest of ``k`` independent ``N(0, 1)`` values (trapezoid rule on [-10, 10])."""
-    steps, lo, hi = 4000, -10.0, 10.0
-    h = (hi - lo) / steps
-    total = 0.0
-    for i in range(steps + 1):
-        x = lo + i * h
-        density = (
-            k * _math.exp(-x * x / 2) / _math.sqrt(2 * _math.pi) * (0.5 * (1 + _math.erf(x / _math.sqrt(2)))) ** (k - 1)
-        )
-        total += (0.5 if i in (0, steps) else 1.0) * x * x * density
-    return (total * h) ** 0.5
+    # The largest has density k * pdf(x) * cdf(x)**(k - 1).
+    return normal_mean(lambda x: x * x * k * cdf(x) ** (k - 1), 10.0, 4000) ** 0.5
 
 
 @fill_docstring
@@ -79,21 +72,19 @@ def max_pool2d(
     >>> rms(y), rms(x.grad)
     (1.0, 1.0)
     """
-    kh, kw = _pair(kernel_size)
+    window = _math.prod(int(k) for k in _tuple(kernel_size, 2))
     result = _F.max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
     out, indices = result[0], result[1]
-    output_scale, grad_scale = _constrain(
-        constraint, 1 / _max_rms(int(kh) * int(kw)), _inv_sqrt(out.numel() / max(input.numel(), 1))
-    )
-    out = scale(out, output_scale, grad_scale)
+    grad_scale = _inv_sqrt(out.numel() / max(input.numel(), 1))
+    out = _constrained_scale(out, constraint, 1 / _max_rms(window), grad_scale)
     return (out, indices) if return_indices else out  # type: ignore[return-value]
 
 
-def _pool_scales(input: Tensor, output: Tensor, window: int, constraint: ConstraintArg) -> tuple[float, ...]:
+def _pool(input: Tensor, output: Tensor, window: int, constraint: ConstraintArg) -> Tensor:
     # Each output averages ``window`` values: std window**-0.5 for independent ones. Each input's
     # gradient sums ``cover`` output gradients divided by ``window``: std cover**0.5 / window.
     cover = output.numel() * window / max(input.numel(), 1)
-    return _constrain(constraint, window**0.5, window * _inv_sqrt(cover))
+    return _constrained_scale(output, constraint, window**0.5, window * _inv_sqrt(cover))
 
 
 @fill_docstring
@@ -137,10 +128,8 @@ def avg_pool2d(
     >>> round(y.std().item(), 1)
     1.0
     """
-    kh, kw = _pair(kernel_size)
     out = _F.avg_pool2d(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
-    output_scale, grad_scale = _pool_scales(input, out, int(kh) * int(kw), constraint)
-    return scale(out, output_scale, grad_scale)
+    return _pool(input, out, _math.prod(int(k) for k in _tuple(kernel_size, 2)), constraint)
 
 
 @fill_docstring
@@ -174,8 +163,7 @@ def adaptive_avg_pool2d(
     """
     out = _F.adaptive_avg_pool2d(input, output_size)
     window = max(round(input.shape[-2] * input.shape[-1] / max(out.shape[-2] * out.shape[-1], 1)), 1)
-    output_scale, grad_scale = _pool_scales(input, out, window, constraint)
-    return scale(out, output_scale, grad_scale)
+    return _pool(input, out, window, constraint)
 
 
 @fill_docstring
@@ -223,5 +211,4 @@ def mean(
     """
     out = input.mean(dtype=dtype) if dim is None else input.mean(dim, keepdim, dtype=dtype)
     window = max(input.numel() // max(out.numel(), 1), 1)
-    output_scale, grad_scale = _constrain(constraint, window**0.5, float(window))
-    return scale(out, output_scale, grad_scale)
+    return _constrained_scale(out, constraint, window**0.5, float(window))

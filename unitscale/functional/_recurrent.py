@@ -9,21 +9,13 @@ from typing import TYPE_CHECKING
 import torch as _torch
 
 from unitscale import errors as _errors
+from unitscale.functional._normal import normal_mean
 from unitscale.functional._scale import _inv_sqrt, scale
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import Tensor
-
-
-def _gaussian_mean(fn: _functools.partial[float] | object, variance: float) -> float:
-    """``E[fn(z)]`` for ``z ~ N(0, variance)``, by the trapezoid rule on ``[-10 sd, 10 sd]``."""
-    sd, steps = variance**0.5, 2000
-    total = 0.0
-    for i in range(steps + 1):
-        z = -10 + 20 * i / steps
-        weight = (0.5 if i in (0, steps) else 1.0) * _math.exp(-z * z / 2)
-        total += weight * fn(z * sd)  # type: ignore[operator]
-    return total * (20 / steps) / (2 * _math.pi) ** 0.5
 
 
 @_functools.lru_cache(maxsize=1)
@@ -36,12 +28,16 @@ def _lstm_output_rms() -> float:
     """
     sigmoid_sq = lambda z: (1 / (1 + _math.exp(-z))) ** 2  # noqa: E731
     tanh_sq = lambda z: _math.tanh(z) ** 2  # noqa: E731
+
+    def mean(fn: Callable[[float], float], variance: float) -> float:  # E[fn(z)], z ~ N(0, variance)
+        return normal_mean(lambda z: fn(z * variance**0.5), 10.0, 2000)
+
     h_sq = 0.1
     for _ in range(30):
         gate_var = 1 + h_sq
-        s2, g2 = _gaussian_mean(sigmoid_sq, gate_var), _gaussian_mean(tanh_sq, gate_var)
+        s2, g2 = mean(sigmoid_sq, gate_var), mean(tanh_sq, gate_var)
         c_sq = s2 * g2 / (1 - s2)
-        h_sq = s2 * _gaussian_mean(tanh_sq, c_sq)
+        h_sq = s2 * mean(tanh_sq, c_sq)
     return h_sq**0.5
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch as _torch
 import torch.nn.functional as _F
 
-from unitscale.functional._scale import _constrain, scale
+from unitscale.functional._scale import _constrained_scale
 from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
@@ -109,7 +109,5 @@ def interpolate(
         for axis in range(spatial)
     )
     positions_in, positions_out = _math.prod(input.shape[2:]), _math.prod(out.shape[2:])
-    output_scale, grad_scale = _constrain(
-        constraint, (positions_out / norm) ** 0.5 if norm else 1.0, (positions_in / norm) ** 0.5 if norm else 1.0
-    )
-    return scale(out, output_scale, grad_scale)
+    output_scale, grad_scale = ((positions_out / norm) ** 0.5, (positions_in / norm) ** 0.5) if norm else (1.0, 1.0)
+    return _constrained_scale(out, constraint, output_scale, grad_scale)

@@ -88,6 +88,11 @@ def _constrain(constraint: ConstraintArg, output_scale: float, *grad_input_scale
     return (float(chosen),) * (1 + len(grad_input_scales))
 
 
+def _constrained_scale(input: Tensor, constraint: ConstraintArg, output_scale: float, grad_scale: float) -> Tensor:
+    """:func:`scale` by ``output_scale`` forward and ``grad_scale`` backward, as ``constraint`` reconciles them."""
+    return scale(input, *_constrain(constraint, output_scale, grad_scale))
+
+
 def _inv_sqrt(count: float) -> float:
     # An empty tensor sums no terms; any finite scale will do.
     return count**-0.5 if count > 0 else 1.0

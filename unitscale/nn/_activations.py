@@ -11,8 +11,23 @@ from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
 from unitscale.scaling.docs import fill_docstring
 
 
+class _Multiplied(nn.Module):
+    """What the modules with a ``constraint`` and u-μP's ``mult`` share: both checked, kept and in the repr."""
+
+    constraint: ConstraintArg
+    mult: float
+
+    def _keep(self, constraint: ConstraintArg, mult: float) -> None:
+        resolve_constraint(constraint)
+        self.constraint = constraint
+        self.mult = check_mult(type(self).__name__, "mult", mult)
+
+    def extra_repr(self) -> str:
+        return ", ".join(filter(None, (super().extra_repr(), f"constraint={self.constraint!r}, mult={self.mult}")))
+
+
 @fill_docstring
-class GELU(nn.GELU):
+class GELU(_Multiplied, nn.GELU):
     """Unit-scaled :class:`torch.nn.GELU` of ``mult * x`` (divided by ``mult``): :func:`unitscale.functional.gelu`.
 
     Args:
@@ -32,21 +47,16 @@ class GELU(nn.GELU):
     """
 
     def __init__(self, approximate: str = "none", constraint: ConstraintArg = "gmean", mult: float = 1.0) -> None:
-        resolve_constraint(constraint)
         check_approximate("GELU", approximate)
         super().__init__(approximate=approximate)
-        self.constraint = constraint
-        self.mult = check_mult("GELU", "mult", mult)
+        self._keep(constraint, mult)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.gelu(input, approximate=self.approximate, constraint=self.constraint, mult=self.mult)
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}, mult={self.mult}"
-
 
 @fill_docstring
-class Softmax(nn.Softmax):
+class Softmax(_Multiplied, nn.Softmax):
     """Unit-scaled :class:`torch.nn.Softmax` of ``mult * x``: :func:`unitscale.functional.softmax`.
 
     Args:
@@ -69,22 +79,17 @@ class Softmax(nn.Softmax):
     dim: int
 
     def __init__(self, dim: int, constraint: ConstraintArg = "gmean", mult: float = 1.0) -> None:
-        resolve_constraint(constraint)
         if isinstance(dim, bool) or not isinstance(dim, int):
             raise InputError(f"Softmax: dim={dim!r:.60} is a {type(dim).__name__}; pass an int, e.g. dim=-1")
         super().__init__(dim=dim)
-        self.constraint = constraint
-        self.mult = check_mult("Softmax", "mult", mult)
+        self._keep(constraint, mult)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.softmax(input, self.dim, constraint=self.constraint, mult=self.mult)
 
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, constraint={self.constraint!r}, mult={self.mult}"
-
 
 @fill_docstring
-class SiLU(nn.SiLU):
+class SiLU(_Multiplied, nn.SiLU):
     """Unit-scaled :class:`torch.nn.SiLU` of ``x * sigmoid(mult * x)``: :func:`unitscale.functional.silu`.
 
     Args:
@@ -103,16 +108,11 @@ class SiLU(nn.SiLU):
     """
 
     def __init__(self, constraint: ConstraintArg = "gmean", mult: float = 1.0) -> None:
-        resolve_constraint(constraint)
         super().__init__()
-        self.constraint = constraint
-        self.mult = check_mult("SiLU", "mult", mult)
+        self._keep(constraint, mult)
 
     def forward(self, input: Tensor) -> Tensor:
         return U.silu(input, constraint=self.constraint, mult=self.mult)
-
-    def extra_repr(self) -> str:
-        return f"constraint={self.constraint!r}, mult={self.mult}"
 
 
 class Dropout(nn.Dropout):

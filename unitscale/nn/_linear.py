@@ -32,6 +32,7 @@ class _UnitWeighted(RoleModule):
     def _keep(self, constraint: ConstraintArg) -> None:
         # Called after torch's __init__. A conv weight's width is its fan-in, C_in / groups
         # times the kernel (ParamRole's default).
+        resolve_constraint(constraint)
         self.constraint = constraint
         tag(self.weight, "weight")
         bias = self._bias()
@@ -86,7 +87,6 @@ class Linear(_UnitWeighted, nn.Linear):
         bias: bool = False,
         constraint: ConstraintArg = "gmean",
     ) -> None:
-        resolve_constraint(constraint)
         _check_sizes(type(self).__name__, in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias)
         self._keep(constraint)
@@ -180,7 +180,6 @@ class Conv1d(_UnitWeighted, nn.Conv1d):
         bias: bool = False,
         constraint: ConstraintArg = "gmean",
     ) -> None:
-        resolve_constraint(constraint)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
         self._keep(constraint)
 
@@ -230,7 +229,6 @@ class Conv2d(_UnitWeighted, nn.Conv2d):
         bias: bool = False,
         constraint: ConstraintArg = "gmean",
     ) -> None:
-        resolve_constraint(constraint)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
         self._keep(constraint)
 

@@ -26,20 +26,9 @@ class RoleModule(nn.Module):
     'weight'
     """
 
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         roles = {name: role_of(param) for name, param in self._parameters.items()}
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        super()._load_from_state_dict(*args, **kwargs)
         for name, role in roles.items():
             param = self._parameters.get(name)
             if role is not None and param is not None and role_of(param) is None:

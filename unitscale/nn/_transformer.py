@@ -8,11 +8,11 @@ from torch import Tensor, nn
 
 import unitscale.functional as U
 from unitscale.errors import InputError
-from unitscale.nn._activations import GELU
+from unitscale.nn._activations import GELU, _Multiplied
 from unitscale.nn._linear import Linear, _check_sizes
 from unitscale.nn._norms import LayerNorm, RMSNorm
 from unitscale.scaling.checks import check_mult, check_p, check_tau
-from unitscale.scaling.constraints import ConstraintArg, resolve_constraint
+from unitscale.scaling.constraints import ConstraintArg
 from unitscale.scaling.docs import fill_docstring
 
 
@@ -107,7 +107,7 @@ class SwiGLU(nn.Module):
 
 
 @fill_docstring
-class MHSA(nn.Module):
+class MHSA(_Multiplied):
     """Unit-scaled multi-head self-attention with u-μP's attention multiplier: fused QKV, attention, output.
 
     The scores are ``mult * q·k / d_head`` (μP's ``1 / d_head`` rather than
@@ -160,12 +160,10 @@ class MHSA(nn.Module):
             )
         if check_p("MHSA", dropout_p, "dropout_p") == 1:
             raise InputError("MHSA: dropout_p=1 drops every attention weight; pass a value below 1")
-        resolve_constraint(constraint)
+        self._keep(constraint, mult)
         self.heads = heads
         self.is_causal = is_causal
         self.dropout_p = dropout_p
-        self.constraint = constraint
-        self.mult = check_mult("MHSA", "mult", mult)
         self.linear_qkv = Linear(hidden_size, 3 * hidden_size, constraint=constraint)
         self.linear_o = Linear(hidden_size, hidden_size, constraint=constraint)
 
@@ -184,7 +182,7 @@ class MHSA(nn.Module):
         return self.linear_o(out.transpose(-3, -2).flatten(-2))
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, is_causal={self.is_causal}, constraint={self.constraint!r}, mult={self.mult}"
+        return f"heads={self.heads}, is_causal={self.is_causal}, {super().extra_repr()}"
 
 
 @fill_docstring

@@ -54,10 +54,10 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
     if rule == "sgd_to_output_scale":
         # Gradients below a readout tied to_output_scale shrink as 1/width (the reference's lr_scale_func_sgd).
         width = {"weight": role.width**0.5, "embedding": role.width**0.5, "readout": 1.0}.get(role.role, role.width)
-    elif role.role == "weight":
-        width = role.width**-0.5  # u-μP §4, the parametrization table: hidden weights, Adam lr 1/sqrt(fan_in)
-    elif role.role == "embedding":
-        width = role.width**-0.5  # u-μP §4, "A new embedding LR rule": 1/sqrt(fan_out)
+    elif role.role in ("weight", "embedding"):
+        # u-μP §4: hidden weights' Adam lr is 1/sqrt(fan_in) (the parametrization table), an embedding's
+        # 1/sqrt(fan_out) ("A new embedding LR rule"); the role's width is that fan.
+        width = role.width**-0.5
     else:
         width = 1.0  # u-μP §4, the parametrization table: output weights, biases and gains keep the global lr
     return float(width * depth)
