@@ -23,7 +23,7 @@ import functools
 import math
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +41,7 @@ from unitscale.transforms._graph import (
     _scale_after,
     _stream,
 )
-
-if TYPE_CHECKING:
-    from unitscale.transforms.rules import PassState
+from unitscale.transforms.pass_state import PassState
 
 _MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
 

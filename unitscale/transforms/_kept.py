@@ -7,7 +7,7 @@ a unit-scaled input as a whole, and are listed with the reason in ``graph_module
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +22,7 @@ from unitscale.transforms._graph import (
     _member,
     describe,
 )
-
-if TYPE_CHECKING:
-    from unitscale.transforms.rules import PassState
+from unitscale.transforms.pass_state import PassState
 
 _VMAP_ENTER, _VMAP_EXIT = "_vmap_increment_nesting", "_vmap_decrement_nesting"
 # Higher-order ops whose bodies the pass reads (export's grad-mode wrapper around position tables).

@@ -15,7 +15,7 @@ its own factor where it was changed); ``TransformedModule.loss_scales`` shows it
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
@@ -23,9 +23,7 @@ from torch.utils import _pytree as pytree
 
 import unitscale.functional as U
 from unitscale.transforms._graph import describe
-
-if TYPE_CHECKING:
-    from unitscale.transforms.rules import PassState
+from unitscale.transforms.pass_state import PassState
 
 _LOSSES: set[Any] = {U.cross_entropy, U.mse_loss}
 

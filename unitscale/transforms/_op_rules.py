@@ -31,7 +31,7 @@ more than that to be told apart from ops that look the same:
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
@@ -51,10 +51,8 @@ from unitscale.transforms._graph import (
     _takes_constraint,
     check_replacement,
 )
+from unitscale.transforms.pass_state import PassState
 from unitscale.transforms.patterns import fold_patterns
-
-if TYPE_CHECKING:
-    from unitscale.transforms.rules import PassState
 
 
 def apply_replacements(state: PassState) -> None:

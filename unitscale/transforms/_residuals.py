@@ -10,7 +10,7 @@ scaled dot-product attention) and 0.5 otherwise.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,7 @@ from torch import fx
 import unitscale.functional as U
 from unitscale.fx.nodes import changes_in_place
 from unitscale.transforms._graph import _function_of, _insert_after, _is_add, _is_float_node, _member
-
-if TYPE_CHECKING:
-    from unitscale.transforms.rules import PassState
+from unitscale.transforms.pass_state import PassState
 
 _ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
 _ATTENTION |= {U.scaled_dot_product_attention}
