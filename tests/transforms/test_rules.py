@@ -1,8 +1,9 @@
 """The unit-scaling pass as a list of named rules: each default rule on a small graph, and a user's rule.
 
 Each rule runs on a :class:`PassState` of a traced function, after the rules it needs, and its
-result is held against the function's own numbers (a residual pair's ``2**-0.5``, a dropped
-constant's ``1/c``); the registry's errors name what the user passed.
+result is held against the function's own numbers (torch's op, a residual pair's ``2**-0.5``, a
+dropped constant's ``1/c``, a pooled ReLU's mean) and against the pass run without it; the
+registry's errors name what the user passed.
 """
 
 from __future__ import annotations
@@ -424,6 +425,7 @@ def test_freeze_before_batch_norm_blocks_scales_every_upstream_gradient_by_one_m
     (got,) = torch.autograd.grad(out, x, grad)
     plain, h = _with_grad_at(_passed(block, x.detach(), without="freeze_before_batch_norm_blocks"), "linear", x)
     plain.backward(grad)
+    assert h.grad is not None and x.grad is not None
     factor = state.grad_scales.factor("root_0").item()
     assert factor == pytest.approx(1 / h.grad.pow(2).mean().sqrt().item(), rel=1e-5)  # 1 / RMS, measured
     torch.testing.assert_close(out, plain)  # identity forward
@@ -497,7 +499,7 @@ def test_share_loss_scales_gives_two_losses_the_geometric_mean_of_their_factors(
 
     a, t = torch.randn(8, 5, requires_grad=True), torch.randint(0, 5, (8,))
     b, u = torch.randn(4, 10, requires_grad=True), torch.randint(0, 10, (4,))
-    own = U.cross_entropy(a, t).grad_scale, U.cross_entropy(b, u).grad_scale  # each loss's own, by its shapes
+    own = [loss.grad_scale for loss in (U.cross_entropy(a, t), U.cross_entropy(b, u))]  # type: ignore[attr-defined]
     shared = (own[0] * own[1]) ** 0.5
     state = _passed(f, a.detach(), t, b.detach(), u)
     factors = [n.kwargs.get("grad_scale") for n in state.graph.nodes if n.target is U.cross_entropy]
@@ -552,7 +554,7 @@ def test_a_user_rule_changes_the_graph_by_its_numbers(registered: list[str]) -> 
     got = ruled(x)
     torch.testing.assert_close(got, expected)
     assert plain.unscaled_ops and not ruled.unscaled_ops  # done by the user's rule: not reported
-    assert "_double_tanh" in ruled.graph_module.code
+    assert ruled.graph_module is not None and "_double_tanh" in ruled.graph_module.code
 
 
 def test_a_unit_scale_made_before_a_registration_keeps_its_rules(registered: list[str]) -> None:
