@@ -53,7 +53,8 @@ def constrain_before_batch_norms(state: PassState) -> None:
     before it changes nothing the model computes, and the constraint can give both directions
     the scale the backward needs (``to_grad_input_scale``) instead of a mean of the two: a
     stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
-    at every downsampling of a ResNet.
+    at every downsampling of a ResNet. Only an op given no constraint yet: one off the trunk
+    (on the trunk ``swap_ops`` gave it ``constraint=None``, each direction its own scale).
     """
     for node in state.graph.nodes:
         if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:

@@ -20,8 +20,9 @@ list, in order:
 10. ``swap_ops``: adds, products of activations, mean pools, layer scales, then every op of
     :data:`unitscale.functional.torch_map` become their twins;
 11. ``drop_constant_factors``: ``x * c`` where the op after it sets the scale;
-12. ``constrain_before_batch_norms`` to 15. ``rescale_max_pools_of_relus``: the scales of
-    convolutional networks' inputs (batch norm, ReLUs after residuals, global pools);
+12. ``constrain_before_batch_norms``, 13. ``rescale_relus_after_residuals``,
+    14. ``scale_global_pools`` and 15. ``rescale_max_pools_of_relus``: the scales of
+    convolutional networks' inputs (batch norm, ReLUs after residuals, global and max pools);
 16. ``freeze_before_batch_norm_blocks`` and 17. ``freeze_trunk_batch_norms``: gradient
     factors measured once and frozen;
 18. ``balance_gates``: squeeze-excitation gates;
