@@ -52,7 +52,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = (part.reshape(b, t, self.n_heads, -1).transpose(1, 2) for part in self.qkv(x).split(d, dim=2))
+        q, k, v = self.qkv(x).split(d, dim=2)
+        h = self.n_heads
+        q = q.reshape(b, t, h, d // h).transpose(1, 2)
+        k = k.reshape(b, t, h, d // h).transpose(1, 2)
+        v = v.reshape(b, t, h, d // h).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
