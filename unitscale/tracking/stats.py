@@ -148,7 +148,7 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     do not give the std (:func:`std_from_sums`: the mean above the std, or squares out of
     the dtype's range) it is taken again in float64 about the mean (:func:`_two_pass`). On
     an accelerator it is two reductions left on the device (the mean, then the norm of the
-    deviations, its squares summed in float64 where the device has it, MPS aside).
+    deviations, both in float64 where the device has it, MPS aside).
 
     >>> import torch
     >>> from unitscale.tracking.stats import std_stat
@@ -170,8 +170,11 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     if not reads_at_once(t.device):
         if n == 1:
             return (t.reshape(()) - t.reshape(())).abs()  # 0, or NaN for an infinity or a NaN
-        wide = None if t.device.type == "mps" else torch.float64  # the std itself fits t's dtype
-        return (torch.linalg.vector_norm(t - t.mean(), dtype=wide) / math.sqrt(n - 1)).to(t.dtype)
+        if t.device.type == "mps":  # no float64 there
+            deviations = t - t.mean()
+        else:  # about the mean in float64, as the host's careful path: no digit cancels
+            deviations = t.to(torch.float64) - t.mean(dtype=torch.float64)
+        return (torch.linalg.vector_norm(deviations) / math.sqrt(n - 1)).to(t.dtype)
     flat = _flat(t)
     if n == 1:
         return 0.0 if math.isfinite(flat[0].item()) else math.nan
