@@ -114,9 +114,9 @@ class ScaleRecord:
         if abs_max:
             self.abs_max = abs_max_stat(t)
 
-    def record_backward(self, grad: torch.Tensor) -> None:
-        """Record the std of a gradient; no host sync."""
-        self.backward = std_stat(grad)
+    def record_backward(self, grad: torch.Tensor, like: ScaleRecord | None = None) -> None:
+        """Record the std of a gradient (``like``'s, where that record measured the same gradient); no host sync."""
+        self.backward = std_stat(grad) if like is None else like.backward
 
 
 Stat = float | torch.Tensor
