@@ -77,17 +77,17 @@ _Pending = tuple["str | _CastRecord", str, str, "tuple[Stat, ...] | _Batched"]
 class _CastRecord(ScaleRecord):
     """A module output's record: measured against the monitor's formats, read when the step ends."""
 
-    __slots__ = ("monitor", "raw")
+    __slots__ = ("monitor",)
 
     def __init__(self, monitor: ScaleMonitor) -> None:
         super().__init__()
-        self.monitor, self.raw = monitor, None
+        self.monitor = monitor
 
     def record_forward(self, t: torch.Tensor, abs_max: bool = False) -> None:
         self.monitor._measure(self, "activation", "fwd", t)
 
-    def record_backward(self, grad: torch.Tensor, like: ScaleRecord | None = None) -> None:
-        self.raw = self.monitor._measure(self, "activation", "bwd", grad, cast(_CastRecord, like).raw if like else None)
+    def record_backward(self, grad: torch.Tensor, known: Any = None) -> None:  # known: another record's measure
+        self.backward = self.monitor._measure(self, "activation", "bwd", grad, known)
 
 
 def _check_int(name: str, value: object, low: int) -> int:

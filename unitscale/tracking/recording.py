@@ -99,10 +99,10 @@ class ScaleRecording:
     _views: list[tuple[Any, int, ScaleRecord, RemovableHandle, Any, ScaleRecord]] = field(
         default_factory=list, repr=False
     )
-    # id(gradient) -> (the gradient, weakly; its version when measured; its record): autograd hands
+    # id(gradient) -> (the gradient, weakly; its version when measured; its std): autograd hands
     # one gradient tensor to several hooks (both operands of an add, an alias of a tensor), so
     # each is measured once: about a third of GPT-2's backward elements
-    _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, ScaleRecord]] = field(default_factory=dict, repr=False)
+    _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = field(default_factory=dict, repr=False)
     # (record, record whose gradient std it takes) once the backward pass is done
     _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
 
@@ -332,11 +332,11 @@ class ScaleRecording:
             key, version = id(grad), _version(grad)
             known = measured.get(key)
             if known is not None and known[0]() is grad and known[1] == version:
-                record.record_backward(grad, like=known[2])
+                record.record_backward(grad, known[2])
                 return
             record.record_backward(grad)
             if version is not None:
-                measured[key] = (weakref.ref(grad), version, record)
+                measured[key] = (weakref.ref(grad), version, record.backward)
 
         return hook
 
