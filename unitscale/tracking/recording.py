@@ -226,8 +226,9 @@ class ScaleRecording:
 
     def latest(self, t: Any) -> tuple[Any, int, ScaleRecord, RemovableHandle | None] | None:
         """``t``'s entry (ref, version, record, hook) where ``t`` was recorded here and has not changed since."""
-        known = self._latest.get(id(t)) if isinstance(t, torch.Tensor) else None
-        return known if known is not None and known[0]() is t and known[1] == _version(t) else None
+        known = self._latest.get(id(t))
+        fresh = isinstance(t, torch.Tensor) and known is not None and known[0]() is t and known[1] == _version(t)
+        return known if fresh else None
 
     def rows(self) -> list[ScaleRow]:
         """Every row with its numbers, read in one transfer (after the backward pass and :meth:`remove_hooks`).
