@@ -560,3 +560,27 @@ def test_monitor_numbers_equal_eager_tracking_and_torchs(rows: int) -> None:
     ):
         assert eager == pytest.approx(torchs, rel=1e-5)
         assert mine == pytest.approx(eager, rel=1e-5)
+
+
+def test_a_gradient_reaching_two_module_outputs_is_measured_once_with_torchs_std() -> None:
+    """Both operands of an add get the one gradient tensor: one measure (scale tracking's recording), two rows."""
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) + self.b(x)
+
+    model, gen = Two(), torch.Generator().manual_seed(0)
+    x, g = torch.randn(8, 4, generator=gen), torch.randn(8, 4, generator=gen)
+    added: list[int] = []
+    with pytest.MonkeyPatch.context() as patch, ScaleMonitor(model, every=1, parameters=False) as monitor:
+        add = CastBatch.add
+        patch.setattr(CastBatch, "add", lambda self, t: added.append(t.numel()) or add(self, t))
+        with monitor.step():
+            model(x).backward(g)
+    rec = {(r.tensor, r.direction): r.std for r in monitor.history}
+    assert rec["a", "bwd"] == rec["b", "bwd"] == pytest.approx(g.std().item(), rel=1e-5)
+    assert len(added) == 3 + 1  # a, b, (root) forward; the one gradient all three get
