@@ -15,8 +15,8 @@ a block ending in its last linear layer) is recorded once, under the submodule.
 Hooks exist only during a record step: ``step()`` registers a forward hook per module on
 entry, which hands each output to scale tracking's one recording function
 (:meth:`~unitscale.tracking.recording.ScaleRecording.record`, which puts a tensor hook on it),
-and removes every one on exit, so other steps run the bare model. On an accelerator the statistics stay on the device
-until the step ends, then are read in one transfer.
+and removes every one on exit, so other steps run the bare model. On an accelerator the
+statistics stay on the device until the step ends, then are read in one transfer.
 
 What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
 tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements, and every
