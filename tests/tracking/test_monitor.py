@@ -21,7 +21,7 @@ from unitscale.errors import (
 )
 from unitscale.examples import TinyGPT
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
-from unitscale.tracking import MonitorRecord, ScaleHistory, ScaleMonitor, cast_stats
+from unitscale.tracking import MonitorRecord, ScaleHistory, ScaleMonitor, cast_stats, track_scales
 from unitscale.tracking.format_casts import (
     BATCH_MAX,
     CastBatch,
@@ -531,3 +531,57 @@ def test_monitor_records_small_and_large_tensors_as_cast_stats_measures_them() -
         got = rec[key]
         assert (got.absmax, got.underflow, got.overflow) == (want.absmax, want.underflow, want.overflow)
         assert (got.std, got.sqnr_db) == pytest.approx((want.std, want.sqnr_db), rel=1e-5)
+
+
+@pytest.mark.parametrize("rows", [16, 2**17 // 16 + 1])  # measured in the step's batch / where the hook meets it
+def test_monitor_numbers_equal_eager_tracking_and_torchs(rows: int) -> None:
+    """A module's output and its gradient: the monitor, ``track_scales(route="eager")`` and torch agree."""
+    gen = torch.Generator().manual_seed(rows)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    x = torch.randn(rows, 8, generator=gen)
+    g = torch.randn(rows, 4, generator=gen)
+    seen: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, args: object, out: torch.Tensor) -> None:
+        out.retain_grad()
+        seen.append(out)
+
+    handle = model[0].register_forward_hook(keep)
+    with ScaleMonitor(model, every=1) as monitor, monitor.step():
+        model(x).backward(g)  # the model's own backward pass
+    handle.remove()
+    out = seen[0]
+    assert out.grad is not None
+    torch_fwd, torch_bwd = out.std().item(), out.grad.std().item()
+    rec = {(r.tensor, r.direction): r for r in monitor.history}
+    (row,) = [r for r in track_scales(model, x, backward=g, route="eager") if r.module_path == "0"]
+    for mine, eager, torchs in (
+        (rec["0", "fwd"].std, row.forward, torch_fwd),
+        (rec["0", "bwd"].std, row.backward, torch_bwd),
+    ):
+        assert eager == pytest.approx(torchs, rel=1e-5)
+        assert mine == pytest.approx(eager, rel=1e-5)
+
+
+def test_a_gradient_reaching_two_module_outputs_is_measured_once_with_torchs_std() -> None:
+    """Both operands of an add get the one gradient tensor: one measure (scale tracking's recording), two rows."""
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x) + self.b(x)
+
+    model, gen = Two(), torch.Generator().manual_seed(0)
+    x, g = torch.randn(8, 4, generator=gen), torch.randn(8, 4, generator=gen)
+    added: list[int] = []
+    with pytest.MonkeyPatch.context() as patch, ScaleMonitor(model, every=1, parameters=False) as monitor:
+        add = CastBatch.add
+        patch.setattr(CastBatch, "add", lambda self, t: added.append(t.numel()) or add(self, t))
+        with monitor.step():
+            model(x).backward(g)
+    rec = {(r.tensor, r.direction): r.std for r in monitor.history}
+    assert rec["a", "bwd"] == rec["b", "bwd"] == pytest.approx(g.std().item(), rel=1e-5)
+    assert len(added) == 3 + 1  # a, b, (root) forward; the one gradient all three get

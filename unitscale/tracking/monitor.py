@@ -13,9 +13,10 @@ A module whose output is the very tensor one of its submodules returned (a ``Seq
 a block ending in its last linear layer) is recorded once, under the submodule.
 
 Hooks exist only during a record step: ``step()`` registers a forward hook per module on
-entry, a tensor hook per output as the forward pass meets it, and removes every one on exit,
-so other steps run the bare model. On an accelerator the statistics stay on the device
-until the step ends, then are read in one transfer.
+entry, which hands each output to scale tracking's one recording function
+(:meth:`~unitscale.tracking.recording.ScaleRecording.record`, which puts a tensor hook on it),
+and removes every one on exit, so other steps run the bare model. On an accelerator the
+statistics stay on the device until the step ends, then are read in one transfer.
 
 What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
 tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements, and every
@@ -33,7 +34,6 @@ accelerator nothing is read per tensor: one read per full buffer, one at the ste
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
@@ -47,7 +47,8 @@ from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleE
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unitscale.tracking.format_casts import RAW_FIELDS, CastBatch, Scratch, finish_cast_stats, raw_cast_stats
 from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
-from unitscale.tracking.stats import Stat, read_stats
+from unitscale.tracking.recording import ScaleRecording, Step
+from unitscale.tracking.stats import ScaleRecord, Stat, read_stats
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -70,7 +71,23 @@ class _Batched(NamedTuple):
     row: int
 
 
-_Pending = tuple[str, str, str, "tuple[Stat, ...] | _Batched"]
+_Pending = tuple["str | _CastRecord", str, str, "tuple[Stat, ...] | _Batched"]
+
+
+class _CastRecord(ScaleRecord):
+    """A module output's record: measured against the monitor's formats, read when the step ends."""
+
+    __slots__ = ("monitor",)
+
+    def __init__(self, monitor: ScaleMonitor) -> None:
+        super().__init__()
+        self.monitor = monitor
+
+    def record_forward(self, t: torch.Tensor, abs_max: bool = False) -> None:
+        self.monitor._measure(self, "activation", "fwd", t)
+
+    def record_backward(self, grad: torch.Tensor, known: Any = None) -> None:  # known: another record's measure
+        self.backward = self.monitor._measure(self, "activation", "bwd", grad, known)
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -93,10 +110,6 @@ def _float_tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
         return []
     found = [(s, v) for s, v in items if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 0]
     return [("", found[0][1])] if len(found) == 1 else found
-
-
-def _version(t: torch.Tensor) -> int:
-    return 0 if t.is_inference() else t._version
 
 
 class ScaleMonitor:
@@ -174,8 +187,8 @@ class ScaleMonitor:
         self._in_step = False
         self._closed = False
         self._handles: list[RemovableHandle] = []
+        self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
         self._pending: list[_Pending] = []
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._calls: dict[str, int] = {}
         self._scratch = Scratch()
         self._batches = {"fwd": CastBatch(fwd_format), "bwd": CastBatch(bwd_format)}
@@ -216,24 +229,20 @@ class ScaleMonitor:
             raise MonitorStateError("ScaleMonitor.step(): a step is already open; close it before opening another")
         n = self._next_step if step is None else step
         self._next_step = n + 1
-        if n % self.every:
-            self._in_step = True
-            try:
-                yield False
-            finally:
-                self._in_step = False
-            return
+        record = self.is_record_step(n)
         self._in_step = True
-        self._arm()
         try:
-            yield True
+            if record:
+                self._arm()
+            yield record
         except BaseException:
             self._disarm()
             self._drop_pending()
             raise
         else:
             self._disarm()
-            self._collect(n)
+            if record:
+                self._collect(n)
         finally:
             self._in_step = False
 
@@ -248,7 +257,8 @@ class ScaleMonitor:
     # Recording ----------------------------------------------------------------------------------
 
     def _arm(self) -> None:
-        self._seen, self._calls = {}, {}
+        self._calls = {}
+        self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
         self._drop_pending()
         if self.parameters:
             self._measure_all("fwd", [(n, p) for n, p in self.model.named_parameters() if p.is_floating_point()])
@@ -265,35 +275,25 @@ class ScaleMonitor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._seen.clear()
+        self._recording.remove_hooks()
 
     def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         for suffix, t in _float_tensors(output):
-            # A parent that returns its child's output unchanged (same tensor, no in-place op
-            # since) would record the same numbers twice: keep the child's name only.
-            seen = self._seen.get(id(t))
-            version = _version(t)
-            if seen is not None and seen[0]() is t and seen[1] == version:
-                continue
-            self._seen[id(t)] = (weakref.ref(t), version)
+            if self._recording.latest(t) is not None:
+                continue  # a parent returning its child's output unchanged: the child's row only
             full = name + suffix
             calls = self._calls[full] = self._calls.get(full, 0) + 1
-            if calls > 1:
-                full = f"{full}#{calls}"
-            self._measure(full, "activation", "fwd", t)
-            if t.requires_grad:
-                self._handles.append(t.register_hook(partial(self._on_grad, full)))
+            self._recording.record(t, Step(full if calls == 1 else f"{full}#{calls}", "call_module", name, ""))
 
-    def _on_grad(self, name: str, grad: torch.Tensor) -> None:
-        if grad.numel():
-            self._measure(name, "activation", "bwd", grad)
-
-    def _measure(self, name: str, kind: str, direction: str, t: torch.Tensor) -> None:
+    def _measure(self, name: str | _CastRecord, kind: str, direction: str, t: torch.Tensor, raw: Any = None) -> Any:
+        """Measure ``t`` (or take ``raw``, another record's measure of the same tensor) when the step ends."""
         batch = self._batches[direction]
-        if t.numel() <= BATCH_LIMIT and t.dtype != torch.float64:
-            self._pending.append((name, kind, direction, _Batched(batch, batch.add(t))))
-        else:
-            self._pending.append((name, kind, direction, raw_cast_stats(t, batch.fmt, self._scratch)))
+        if raw is None and t.numel() <= BATCH_LIMIT and t.dtype != torch.float64:
+            raw = _Batched(batch, batch.add(t))
+        elif raw is None:
+            raw = raw_cast_stats(t, batch.fmt, self._scratch)
+        self._pending.append((name, kind, direction, raw))
+        return raw
 
     def _measure_all(self, direction: str, named: list[tuple[str, torch.Tensor]]) -> None:
         """Parameters or their gradients (nonempty, floating point): copied into the batch with one cat."""
@@ -313,9 +313,11 @@ class ScaleMonitor:
         flat: list[Any] = read_stats([v for i in alone for v in cast("tuple[Stat, ...]", self._pending[i][3])])
         width = len(RAW_FIELDS)
         read = {i: tuple(flat[k * width : (k + 1) * width]) for k, i in enumerate(alone)}
+        names = {id(record): row.node for row, record in self._recording.entries}
         append = self.history.records.append
         for i, (name, kind, direction, raw) in enumerate(self._pending):
             values = batched[id(raw.batch)][raw.row] if isinstance(raw, _Batched) else read[i]
+            name = name if isinstance(name, str) else names[id(name)]
             append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(values)))
         self._drop_pending()
 

@@ -4,7 +4,9 @@ A graph's nodes (run as compiled code, :mod:`unitscale.tracking.compiled`, or by
 :class:`~unitscale.tracking.ScaleTrackingInterpreter`) and the ops the eager recorder sees
 (:mod:`unitscale.tracking.eager`) each come with a :class:`Step`: what the tensor is (an
 input, a parameter, an op's output), where it ran, and whether it holds another tensor's
-values. :meth:`ScaleRecording.record` turns it into a row, a :class:`~unitscale.tracking.ScaleRecord`
+values; so do the module outputs :class:`~unitscale.tracking.ScaleMonitor` meets on a record
+step (its records measure against a format: ``new_record``).
+:meth:`ScaleRecording.record` turns it into a row, a :class:`~unitscale.tracking.ScaleRecord`
 filled in forward (:func:`~unitscale.tracking.stats.std_stat`) and a gradient hook that fills
 it in backward.
 """
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from unitscale.tracking.backward import flatten_tensors
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord, read_records
 
@@ -64,6 +67,7 @@ class ScaleRecording:
         handles: gradient hooks to remove once the backward pass is done.
         differentiate_inputs: whether inputs that do not require grad get a gradient too
             (set for a model with no trainable parameter; see :func:`input_leaf`).
+        new_record: makes each record (its ``record_forward`` and ``record_backward`` measure).
 
     >>> import torch
     >>> from unitscale.tracking.recording import ScaleRecording
@@ -82,6 +86,7 @@ class ScaleRecording:
     handles: list[RemovableHandle] = field(default_factory=list)
     differentiate_inputs: bool = False
     abs_max: bool = False
+    new_record: Callable[[], ScaleRecord] = ScaleRecord
     # the name of a view that takes a record over -> the record (Step.hand_on)
     _shared: dict[str, ScaleRecord] = field(default_factory=dict, repr=False)
     # id(tensor) -> (the tensor, weakly; its version counter when recorded; its latest record;
@@ -159,7 +164,7 @@ class ScaleRecording:
         the same std). ``hook=False``: leave the gradient to a later row sharing the record.
         """
         if record is None:
-            record = ScaleRecord()
+            record = self.new_record()
             record.record_forward(t, abs_max)
         handle = None
         if hook and t.requires_grad:
@@ -199,12 +204,9 @@ class ScaleRecording:
         >>> view("view_1").forward
         4.320493798938574
         """
-        known = self._latest.get(id(source)) if isinstance(source, torch.Tensor) else None
+        known = self.latest(source)
         if (
             known is None
-            or not isinstance(source, torch.Tensor)
-            or known[0]() is not source
-            or known[1] != _version(source)
             or t.dtype != source.dtype
             or t.device != source.device
             or t.numel() != source.numel()
@@ -221,6 +223,12 @@ class ScaleRecording:
         if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
             self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
         return record
+
+    def latest(self, t: Any) -> tuple[Any, int, ScaleRecord, RemovableHandle | None] | None:
+        """``t``'s entry (ref, version, record, hook) where ``t`` was recorded here and has not changed since."""
+        known = self._latest.get(id(t))
+        fresh = isinstance(t, torch.Tensor) and known is not None and known[0]() is t and known[1] == _version(t)
+        return known if fresh else None
 
     def rows(self) -> list[ScaleRow]:
         """Every row with its numbers, read in one transfer (after the backward pass and :meth:`remove_hooks`).
@@ -264,7 +272,7 @@ class ScaleRecording:
         edges: Counter[tuple[Any, int]] = Counter()
         via: dict[tuple[Any, int], Any] = {}
         stack = []
-        for t in _tensors(self.output):
+        for _, t in flatten_tensors(self.output):
             if t.grad_fn is not None:
                 edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
                 stack.append(t.grad_fn)
@@ -325,7 +333,7 @@ class ScaleRecording:
             key, version = id(grad), _version(grad)
             known = measured.get(key)
             if known is not None and known[0]() is grad and known[1] == version:
-                record.backward = known[2]
+                record.record_backward(grad, known[2])
                 return
             record.record_backward(grad)
             if version is not None:
@@ -345,17 +353,6 @@ class ScaleRecording:
             handle.remove()
         self.handles.clear()
         self._grad_stds.clear()
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """Every tensor inside nested tuples, lists and dicts (a model's output)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def _version(t: torch.Tensor) -> int | None:

@@ -114,9 +114,9 @@ class ScaleRecord:
         if abs_max:
             self.abs_max = abs_max_stat(t)
 
-    def record_backward(self, grad: torch.Tensor) -> None:
-        """Record the std of a gradient; no host sync."""
-        self.backward = std_stat(grad)
+    def record_backward(self, grad: torch.Tensor, known: Stat | None = None) -> None:
+        """Record the std of a gradient (``known``: its std, measured already); no host sync."""
+        self.backward = std_stat(grad) if known is None else known
 
 
 Stat = float | torch.Tensor
