@@ -33,6 +33,7 @@ __all__ = [
     "llama",
     "mistral",
     "mixtral",
+    "mobilevit",
     "opt",
     "qwen2",
     "reformer",
@@ -241,7 +242,30 @@ def vit(**config: Any) -> Built:
     return model, (pixels,)
 
 
-#: name -> builder, for parametrised tests.
+def mobilevit(**config: Any) -> Built:
+    """MobileViT image classifier: widths 8 to 32, two heads, 64x64 images, 4 classes; inputs ``(pixel_values,)``.
+
+    Convolutions with batch norm and SiLU, then transformer blocks over 2x2 patches, an
+    in-place dropout before its head, and (at sizes the patches do not divide, such as
+    ``image_size=48``) bilinear interpolation. Not in :data:`BUILDERS`.
+    """
+    cfg = transformers.MobileViTConfig(
+        **{
+            "image_size": 64,
+            "hidden_sizes": [16, 16, 16],
+            "neck_hidden_sizes": [8, 8, 8, 16, 16, 16, 32],
+            "num_attention_heads": 2,
+            "expand_ratio": 2.0,
+            "num_labels": 4,
+            **config,
+        }
+    )
+    torch.manual_seed(0)
+    model = transformers.MobileViTForImageClassification(cfg).eval()
+    size = cfg.image_size
+    return model, (torch.randn(BATCH, 3, size, size, generator=torch.Generator().manual_seed(0)),)
+
+
 def reformer(**config: Any) -> Built:
     """Reformer causal LM: 2 local-attention layers, width 32, 2 heads, 16 tokens; inputs ``(input_ids,)``.
 
@@ -271,6 +295,7 @@ def reformer(**config: Any) -> Built:
     return model, (token_ids(),)
 
 
+#: name -> builder, for parametrised tests.
 BUILDERS = {
     "gpt2": gpt2,
     "bert": bert,

@@ -73,10 +73,11 @@ def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> 
     A 2-D pool to a 1x1 map, or a mean pool (:func:`~unitscale.functional.mean` over the
     spatial dims or the tokens), whose window is what each output averages.
     """
+    # int(): under a free batch (an exported graph) the sizes are symbolic, the window is not
     if node.target is U.mean:
-        return before.numel() // max(value.numel(), 1)
+        return int(before.numel() // max(value.numel(), 1))
     if value.dim() >= 2 and value.shape[-2:].numel() == 1:
-        return before.shape[-2:].numel()
+        return int(before.shape[-2:].numel())
     return None
 
 

@@ -208,10 +208,20 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
 
 
 def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """The graph inputs and the ops on the activation path that compute from them (not from parameters alone)."""
+    """The graph inputs and the ops on the activation path that compute from them (not from parameters alone).
+
+    A value that holds no float tensor carries no gradient and is left out: an input's size
+    (``aten.sym_size`` in a graph exported with a free batch, ``x.shape`` on the fx route),
+    read again by every later reshape, would otherwise jump over every op in between and
+    take them all off the trunk, which a graph with static shapes (TorchDynamo's) keeps.
+    """
     stream: set[fx.Node] = set()
     for node in graph.nodes:
-        if node.op == "placeholder" or (node in live and any(p in stream for p in node.all_input_nodes)):
+        if node.op == "placeholder" or (
+            node in live
+            and any(p in stream for p in node.all_input_nodes)
+            and ("example_value" not in node.meta or _is_float_tensor(node.meta["example_value"]))
+        ):
             stream.add(node)
     return stream
 

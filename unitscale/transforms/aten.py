@@ -19,7 +19,9 @@ must have one reader (an RMS norm's ``x * rsqrt(...)``), and the graph was check
 against the model when it was captured.
 
 In-place ops (``relu_``, ``add_``) become their out-of-place twins only when nothing
-else reads the tensor they overwrite, so the rewrite never changes what a later op sees.
+else reads the tensor they overwrite, so the rewrite never changes what a later op sees,
+and when that tensor is not a buffer (batch norm's ``num_batches_tracked.add_(1)`` must
+still count).
 The bodies of higher-order ops (``wrap_with_set_grad_enabled``: Llama's rotary tables
 under ``no_grad``) are rewritten too.
 """
@@ -124,6 +126,19 @@ def _gelu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return "call_function", F.gelu, (args[0],), {"approximate": kwargs.get("approximate", "none")}
 
 
+def _upsample(mode: str, antialias: bool = False) -> Rewrite:
+    # aten.upsample_<mode>.vec(input, output_size, [align_corners,] scale_factors): F.interpolate's decomposition
+    aligned = not mode.startswith("nearest")
+
+    def rewrite(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        scales = _at(args, 3 if aligned else 2, kwargs.get("scale_factors"))
+        options = {"mode": mode, "align_corners": _at(args, 2, kwargs.get("align_corners")) if aligned else None}
+        size = _at(args, 1, kwargs.get("output_size"))
+        return "call_function", F.interpolate, (args[0], size, scales), {**options, "antialias": antialias}
+
+    return rewrite
+
+
 #: aten overload -> how to write it as the torch function the passes know.
 TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.linear.default: _same(F.linear),
@@ -151,12 +166,21 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten._softmax.default: _internal_softmax,
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
     aten.dropout.default: _same(F.dropout),
+    aten.dropout_.default: _same(F.dropout),
     aten.cross_entropy_loss.default: _cross_entropy,
     aten.conv2d.default: _same(F.conv2d),
     aten.conv2d.padding: _same(F.conv2d),  # padding="same" or "valid"
     aten.max_pool2d.default: _pool(F.max_pool2d),
     aten.avg_pool2d.default: _pool(F.avg_pool2d),
     aten.adaptive_avg_pool2d.default: _same(F.adaptive_avg_pool2d),
+    aten.upsample_nearest1d.vec: _upsample("nearest"), aten.upsample_nearest2d.vec: _upsample("nearest"),
+    aten.upsample_nearest3d.vec: _upsample("nearest"), aten._upsample_nearest_exact1d.vec: _upsample("nearest-exact"),
+    aten._upsample_nearest_exact2d.vec: _upsample("nearest-exact"),
+    aten._upsample_nearest_exact3d.vec: _upsample("nearest-exact"),
+    aten.upsample_linear1d.vec: _upsample("linear"), aten.upsample_bilinear2d.vec: _upsample("bilinear"),
+    aten.upsample_trilinear3d.vec: _upsample("trilinear"), aten.upsample_bicubic2d.vec: _upsample("bicubic"),
+    aten._upsample_bilinear2d_aa.vec: _upsample("bilinear", antialias=True),
+    aten._upsample_bicubic2d_aa.vec: _upsample("bicubic", antialias=True),
     aten.add.Tensor: _same(torch.add),
     aten.add_.Tensor: _same(torch.add),
     aten.mul.Tensor: _same(torch.mul),
@@ -187,7 +211,7 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
 }  # fmt: skip
 
 _IN_PLACE = {aten.relu_.default, aten.hardtanh_.default, aten.add_.Tensor, aten.hardsigmoid_.default}
-_IN_PLACE |= {aten.hardswish_.default}
+_IN_PLACE |= {aten.hardswish_.default, aten.dropout_.default}
 
 #: aten ops left as they are that only move, select or cast data: scale-neutral.
 ATEN_NEUTRAL: frozenset[Any] = frozenset(
@@ -205,7 +229,7 @@ _CHECKS = {aten._assert_tensor_metadata.default}
 
 def _overwrites_a_shared_tensor(node: fx.Node) -> bool:
     target = node.args[0]
-    return isinstance(target, fx.Node) and len(target.users) > 1
+    return isinstance(target, fx.Node) and (len(target.users) > 1 or target.op == "get_attr")
 
 
 def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
