@@ -25,7 +25,7 @@ def test_two_chunks_of_five_take_the_three_notebooks_in_turn():
 
 
 def test_the_sites_own_pages_no_longer_put_the_tutorials_in_one_chunk():
-    """The case measured in a cold build: 253 pages, 14 of them notebooks, two processes."""
+    """The case measured in a cold build: 253 pages, the tutorials and three pages executed, two processes."""
     notebooks = [p.relative_to(ROOT).with_suffix("").as_posix() for p in sorted(ROOT.glob("tutorials/[0-9]*.md"))]
     names = sorted([*(f"docs/generated/page{i:03d}" for i in range(239 - len(notebooks))), *notebooks])
     names = sorted([*names, "docs/against-the-reference", "docs/benchmarks", "docs/planner"])
@@ -35,7 +35,8 @@ def test_the_sites_own_pages_no_longer_put_the_tutorials_in_one_chunk():
         return [sum(d in executes for d in chunk) for chunk in make_chunks(order, 2)]
 
     assert max(per_chunk(names)) >= 8  # sorted by name, as Sphinx reads them
-    assert max(per_chunk(spread(names, executes.__contains__, nproc=2))) == 2
+    fewest = math.ceil(len(executes) / len(make_chunks(names, 2)))  # the notebooks dealt out evenly
+    assert max(per_chunk(spread(names, executes.__contains__, nproc=2))) == fewest
 
 
 @given(
