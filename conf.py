@@ -137,6 +137,7 @@ nitpick_ignore = [
     ("py:class", "unitscale.scaling.docs._T"),
     ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.runtime.measured
     ("py:class", "unitscale.stages.runtime.measured.RankRecord"),
+    ("py:class", "unitscale.transforms._frozen.GradScales"),  # PassState.grad_scales: the frozen factors' buffers
 ]
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_external_packages)})(\..+)?"),

@@ -4,7 +4,7 @@
 took and why the others failed; :func:`trace_exec_order`, :func:`capture_exec_order` and
 :func:`module_paths` read a capture. What the tools built on it use beside it (the normalised
 node meta, TorchDynamo's graph of one call, the eager op recorder) is in
-:mod:`unitscale.capture.toolkit`, for other rooms. Why the package is shaped as it is:
+``unitscale.capture.toolkit``, for other rooms. Why the package is shaped as it is:
 ``unitscale/capture/README.md``.
 
 >>> import torch

@@ -133,7 +133,7 @@ def reads_at_once(device: torch.device) -> bool:
 
 
 def std_stat(t: torch.Tensor) -> Stat | None:
-    """The std of ``t``: the one definition every statistic of unitscale uses (see :data:`Stat`).
+    """The std of ``t``: the one definition every statistic of unitscale uses (see ``Stat``).
 
     The convention is ``torch.std``'s (``correction=1``) over all elements, with these answers
     where ``torch.std`` has none or raises:
@@ -145,8 +145,8 @@ def std_stat(t: torch.Tensor) -> Stat | None:
 
     On the CPU it is a sum and a BLAS dot product read at once (a single read of the data
     each, about 3x faster than the two-pass form), in blocks of 2**18 elements; where they
-    do not give the std (:func:`std_from_sums`: the mean above the std, or squares out of
-    the dtype's range) it is taken again in float64 about the mean (:func:`_two_pass`). On
+    do not give the std (``std_from_sums``: the mean above the std, or squares out of
+    the dtype's range) it is taken again in float64 about the mean (``_two_pass``). On
     an accelerator it is two reductions left on the device (the mean, then the norm of the
     deviations, both in float64 where the device has it, MPS aside).
 

@@ -62,7 +62,7 @@ class PassState:
 
     @property
     def constrained(self) -> set[fx.Node]:
-        """Live ops off the trunk: their input gradient meets another path's, so their two scales must be one."""
+        """The live ops off the trunk (their input gradient meets another path's, so their two scales must be one)."""
         return self.live - self.trunk
 
     def retarget(self, node: fx.Node, fn: Callable[..., Any], **kwargs: Any) -> None:
