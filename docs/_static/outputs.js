@@ -5,11 +5,22 @@
 // - A table a page's code printed as Markdown or HTML (the Benchmarks page's) that is wider than a
 //   phone's column becomes cards: one block per row, each value under its column's name
 //   (.as-cards). A report's own table (.unitscale-table) keeps its key columns and scrolls.
+// - A prose table of long sentences (class cards-on-phone, from a page's {table} directive) is
+//   cards on a phone whatever its width (unitscale.css): one block per row, the row's first cell
+//   its title and each other value after its column's name, which this script gives each cell.
 // Both are checked again when the window's width changes or a folded table is opened.
 (() => {
   const phone = () => window.matchMedia("(max-width: 540px)").matches;
   const boxes = () => document.querySelectorAll(".bd-article .cell_output pre, .bd-article .unitscale-table");
+  const label = (table) => {
+    const heads = [...table.querySelectorAll("thead th")].map((th) => th.innerText.trim());
+    for (const row of table.querySelectorAll("tbody tr")) {
+      [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i] || ""; });
+    }
+  };
   const cards = () => {
+    // the stylesheet stacks these on a phone; the labels name each value there
+    for (const table of document.querySelectorAll(".bd-article table.cards-on-phone")) label(table);
     for (const table of document.querySelectorAll(".bd-article .cell_output table")) {
       if (table.closest(".unitscale-table")) continue;
       table.classList.remove("as-cards");
@@ -17,10 +28,7 @@
       const wide = [table, table.closest(".pst-scrollable-table-container")]
         .some((box) => box && box.scrollWidth > box.clientWidth + 1);
       if (!phone() || !table.getClientRects().length || !wide) continue;
-      const heads = [...table.querySelectorAll("thead th")].map((th) => th.innerText.trim());
-      for (const row of table.querySelectorAll("tbody tr")) {
-        [...row.cells].forEach((cell, i) => { cell.dataset.label = heads[i] || ""; });
-      }
+      label(table);
       table.classList.add("as-cards");
     }
   };

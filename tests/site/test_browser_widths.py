@@ -137,3 +137,34 @@ def test_the_measures_see_small_text_and_a_scroll_without_cue(browser, base_url)
         assert page.evaluate(OUTPUTS_JS) == [{"scrolls": True, "cue": False, "text": "x" * 60}]
     finally:
         tab.close()
+
+
+PROSE_CARDS_JS = """() => {
+  const table = document.querySelector('.bd-article table.cards-on-phone');
+  if (!table) return null;
+  const box = table.closest('.pst-scrollable-table-container') || table;
+  const cells = [...table.querySelectorAll('tbody td')];
+  return {display: getComputedStyle(table.querySelector('tbody tr')).display,
+          scrolls: box.scrollWidth > box.clientWidth + 1,
+          pageScrolls: document.documentElement.scrollWidth > window.innerWidth + 1,
+          labelled: cells.filter(td => td.cellIndex > 0 && td.dataset.label).length,
+          valueCells: cells.filter(td => td.cellIndex > 0).length};
+}"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_differences_table_is_cards_on_a_phone_and_a_table_on_a_desktop(browser, base_url, width):
+    """Against the reference's four columns of sentences: a card per row at 390 px, each value
+    after its column's name, nothing scrolling sideways; a plain table at 1280 px."""
+    tab = Visit(browser, WIDTHS[width])
+    try:
+        found = tab.goto(f"{base_url}/docs/against-the-reference.html").page.evaluate(PROSE_CARDS_JS)
+    finally:
+        tab.close()
+    assert found is not None, "no table.cards-on-phone on docs/against-the-reference.html"
+    assert not found["scrolls"] and not found["pageScrolls"], found
+    if width == "phone":
+        assert found["display"] == "block", found
+        assert found["labelled"] == found["valueCells"] > 0, found
+    else:
+        assert found["display"] == "table-row", found
