@@ -297,11 +297,10 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | N
         i += 1  # an exported graph's inputs, unpacked from the call's arguments before any node
     out = lines[:i]
     for k, (n, step) in enumerate(zip(nodes, steps, strict=True)):
-        if n.op == "placeholder":
-            if not re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
-                return None
+        if n.op == "placeholder" and re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
             out.append(f"    {n.name} = _unitscale_track({n.name}, {k})")
             continue
+        # a node's line; or a placeholder's that fx renamed off a builtin (input_1 = input: nn.Sequential's)
         prefix = f"    {n.name} = "
         while i < len(lines) and not lines[i].startswith(prefix):
             if lines[i].startswith("    ") and " = " in lines[i].split("(")[0]:
