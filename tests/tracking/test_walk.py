@@ -21,8 +21,8 @@ from unitscale.tracking import track_scales
 
 ROOT = Path(unitscale.__file__).parent
 
-# A ratchet: lower it when a change removes a return; never raise it (it was 25 before the
-# monitor's parameters and track_scales' own checks moved).
+# A ratchet: lower it when a change removes a return; never raise it (it was 25 while
+# ScalePair lived in stats.py and a Sequential ran under the interpreter).
 REVISITS = 13
 
 
