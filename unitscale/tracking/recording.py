@@ -4,8 +4,8 @@ A graph's nodes (run as compiled code, :mod:`unitscale.tracking.compiled`, or by
 :class:`~unitscale.tracking.ScaleTrackingInterpreter`) and the ops the eager recorder sees
 (:mod:`unitscale.tracking.eager`) each come with a :class:`Step`: what the tensor is (an
 input, a parameter, an op's output), where it ran, and whether it holds another tensor's
-values; so do the module outputs :class:`~unitscale.tracking.ScaleMonitor` meets on a record
-step (its records measure against a format: ``new_record``).
+values; so do the parameters and module outputs :class:`~unitscale.tracking.ScaleMonitor`
+meets on a record step (its records measure against a format: ``new_record``).
 :meth:`ScaleRecording.record` turns it into a row, a :class:`~unitscale.tracking.ScaleRecord`
 filled in forward (:func:`~unitscale.tracking.stats.std_stat`) and a gradient hook that fills
 it in backward.
