@@ -98,8 +98,10 @@ def _leaf(x: torch.Tensor) -> torch.Tensor:
         (lambda: MLP(8), lambda: torch.randn(4, 8)),
         (Views, lambda: torch.randn(4, 8)),
         (lambda: TinyGPT(32, 16, 1, 2, 8), lambda: torch.randint(0, 32, (2, 8))),
+        # forward(self, input): fx renames the input (input_1 = input), a line of its own
+        (lambda: nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), lambda: torch.randn(4, 8)),
     ],
-    ids=["MLP", "Views", "TinyGPT"],
+    ids=["MLP", "Views", "TinyGPT", "Sequential"],
 )
 def test_every_row_of_the_compiled_run_is_torchs_std_of_the_tensor_and_its_gradient(build, make_input) -> None:
     torch.manual_seed(0)

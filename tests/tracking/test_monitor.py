@@ -30,6 +30,7 @@ from unitscale.tracking.format_casts import (
     raw_cast_stats,
     rounding_error,
 )
+from unitscale.tracking.recording import ScaleRecording, Step
 from unitscale.tracking.stats import std_stat
 
 matplotlib.use("Agg")
@@ -585,3 +586,30 @@ def test_a_gradient_reaching_two_module_outputs_is_measured_once_with_torchs_std
     rec = {(r.tensor, r.direction): r.std for r in monitor.history}
     assert rec["a", "bwd"] == rec["b", "bwd"] == pytest.approx(g.std().item(), rel=1e-5)
     assert len(added) == 3 + 1  # a, b, (root) forward; the one gradient all three get
+
+
+@pytest.mark.parametrize("width", [8, 512])  # 512 x 512 weights: past BATCH_LIMIT, measured alone
+def test_parameters_are_recorded_by_scale_trackings_one_recording_function(width: int) -> None:
+    """Every parameter goes through ``ScaleRecording.record``, and its numbers are torch's (value, ``.grad``)."""
+    torch.manual_seed(width)
+    model = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 2))
+    recorded: list[str] = []
+    record = ScaleRecording.record
+
+    def spy(self: ScaleRecording, value: object, step: Step, source: object = None) -> object:
+        recorded.append(step.name)
+        return record(self, value, step, source)
+
+    with pytest.MonkeyPatch.context() as patch, ScaleMonitor(model, every=1) as monitor:
+        patch.setattr(ScaleRecording, "record", spy)
+        with monitor.step():
+            model(torch.randn(16, width)).pow(2).mean().backward()
+    names = [n for n, _ in model.named_parameters()]
+    assert [n for n in recorded if n in names] == names
+    rec = {(r.tensor, r.direction): r for r in monitor.history if r.kind == "parameter"}
+    assert len(rec) == 2 * len(names)
+    for name, p in model.named_parameters():
+        assert p.grad is not None
+        assert rec[name, "fwd"].std == pytest.approx(p.detach().std().item(), rel=1e-5)
+        assert rec[name, "bwd"].std == pytest.approx(p.grad.std().item(), rel=1e-5)
+        assert rec[name, "fwd"].absmax == p.detach().abs().max().item()

@@ -19,9 +19,9 @@ from unitscale.tracking.history import MonitorRecord as MonitorRecord
 from unitscale.tracking.history import ScaleHistory as ScaleHistory
 from unitscale.tracking.monitor import ScaleMonitor as ScaleMonitor
 from unitscale.tracking.report import FORMAT_RANGES as FORMAT_RANGES
+from unitscale.tracking.report import ScalePair as ScalePair
 from unitscale.tracking.report import ScaleReport as ScaleReport
 from unitscale.tracking.report import ScaleRow as ScaleRow
-from unitscale.tracking.stats import ScalePair as ScalePair
 from unitscale.tracking.stats import ScaleRecord as ScaleRecord
 from unitscale.tracking.stats import ScaleTracker as ScaleTracker
 from unitscale.tracking.stats import std_stat as std_stat

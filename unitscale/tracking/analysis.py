@@ -47,7 +47,7 @@ from unitscale.tracking.annotated import AnnotatedCode, annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.compiled import compiled_tracking, graph_steps
 from unitscale.tracking.eager import record_ops
-from unitscale.tracking.recording import ScaleRecording, has_trainable_parameters
+from unitscale.tracking.recording import ScaleRecording
 from unitscale.tracking.report import ScaleReport, ScaleRow
 from unitscale.tracking.stats import scratch_space
 
@@ -125,7 +125,9 @@ class ScaleTrackingInterpreter(fx.Interpreter):
             )
         super().__init__(module, graph=graph)
         self.abs_max = abs_max
-        self.captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
+        self.captured = ScaleRecording(
+            differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
+        )
         self.current_node: fx.Node | None = None
         nodes = [n for n in self.graph.nodes if n.op != "output"]
         steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
@@ -304,9 +306,9 @@ def _track(
         for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
             if not isinstance(flag, bool):
                 raise InputError(f"{fn}({name}=...) got {type(flag).__name__} {flag!r:.60}; pass True or False")
+        inputs = _check_inputs(module, inputs, fn)
         # checked here: a tracer refusing them would otherwise send "auto" to the eager route
         check_autowrap(autowrap_modules, autowrap_functions, caller=fn)
-        inputs = _check_inputs(module, inputs, fn)
         deep = DeepTracing(recurse_modules, autowrap_modules, tuple(autowrap_functions))
         try:
             cap = capture(

@@ -25,7 +25,7 @@ from torch import fx, nn
 
 from unitscale.capture import Capture
 from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument_alias, is_view_node, op_name
-from unitscale.tracking.recording import ScaleRecording, Step, has_trainable_parameters
+from unitscale.tracking.recording import ScaleRecording, Step
 
 __all__ = [
     "CompiledTracking",
@@ -100,7 +100,9 @@ class CompiledTracking:
         Gradient hooks stay in place for the backward pass (``captured.remove_hooks()``
         after it); on an error they are removed and :attr:`failed_node` names the node.
         """
-        captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
+        captured = ScaleRecording(
+            differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
+        )
         saved = (_run.program, getattr(_run, "captured", None), _run.last)
         _run.program, _run.captured, _run.last = self, captured, -1
         try:
@@ -295,11 +297,10 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | N
         i += 1  # an exported graph's inputs, unpacked from the call's arguments before any node
     out = lines[:i]
     for k, (n, step) in enumerate(zip(nodes, steps, strict=True)):
-        if n.op == "placeholder":
-            if not re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
-                return None
+        if n.op == "placeholder" and re.search(rf"[(, ]{re.escape(n.name)}\b", signature):
             out.append(f"    {n.name} = _unitscale_track({n.name}, {k})")
             continue
+        # a node's line; or a placeholder's that fx renamed off a builtin (input_1 = input: nn.Sequential's)
         prefix = f"    {n.name} = "
         while i < len(lines) and not lines[i].startswith(prefix):
             if lines[i].startswith("    ") and " = " in lines[i].split("(")[0]:

@@ -16,7 +16,7 @@ from torch import nn
 
 from unitscale.capture.toolkit import OpRecorder
 from unitscale.fx.nodes import VIEW_FUNCTIONS, VIEW_METHODS, in_place_name, op_name
-from unitscale.tracking.recording import ScaleRecording, Step, has_trainable_parameters
+from unitscale.tracking.recording import ScaleRecording, Step
 
 __all__ = ["ScaleRecorder", "SAME_VALUE_OPS", "record_ops"]
 
@@ -107,7 +107,9 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
     [('x', 'input'), ('sum', 'Tensor.sum'), ('mul', 'Tensor.mul')]
     >>> captured.remove_hooks()
     """
-    captured = ScaleRecording(differentiate_inputs=not has_trainable_parameters(module), abs_max=abs_max)
+    captured = ScaleRecording(
+        differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
+    )
     try:
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):

@@ -12,19 +12,19 @@ a low-precision format (FP8 E4M3 forward, E5M2 backward by default):
 A module whose output is the very tensor one of its submodules returned (a ``Sequential``,
 a block ending in its last linear layer) is recorded once, under the submodule.
 
-Hooks exist only during a record step: ``step()`` registers a forward hook per module on
-entry, which hands each output to scale tracking's one recording function
-(:meth:`~unitscale.tracking.recording.ScaleRecording.record`, which puts a tensor hook on it),
-and removes every one on exit, so other steps run the bare model. On an accelerator the
-statistics stay on the device until the step ends, then are read in one transfer.
+Hooks exist only during a record step: ``step()`` hands every parameter to scale tracking's
+one recording function (:meth:`~unitscale.tracking.recording.ScaleRecording.record`; its
+gradient is read from ``.grad`` when the step ends) and registers a forward hook per module,
+which hands each output to the same function (which puts a tensor hook on it); it removes
+every one on exit, so other steps run the bare model. On an accelerator the statistics stay
+on the device until the step ends, then are read in one transfer.
 
 What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
-tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements, and every
-parameter and parameter gradient, is copied into one
-:class:`~unitscale.tracking.format_casts.CastBatch` per format (parameters with one ``torch.cat``
-each time) and measured with the others, a buffer at a time, in ~25 op calls rather than ~20 per
-tensor. A larger activation or gradient is measured where the hook meets it, while its data is
-still in cache (:func:`~unitscale.tracking.format_casts.raw_cast_stats`). Memory: the batch's
+tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements is copied
+into one :class:`~unitscale.tracking.format_casts.CastBatch` per format and measured with the
+others, a buffer at a time, in ~25 op calls rather than ~20 per tensor. A larger one is
+measured where the recording meets it, while its data is still in cache
+(:func:`~unitscale.tracking.format_casts.raw_cast_stats`). Memory: the batch's
 buffer (:data:`~unitscale.tracking.format_casts.CAPACITY` float32 elements on the CPU,
 :data:`~unitscale.tracking.format_casts.DEVICE_CAPACITY` on an accelerator) and work buffers of
 about four times its size or the largest tensor, kept from one record step to the next (a fresh
@@ -71,11 +71,11 @@ class _Batched(NamedTuple):
     row: int
 
 
-_Pending = tuple["str | _CastRecord", str, str, "tuple[Stat, ...] | _Batched"]
+_Pending = tuple["_CastRecord", str, "tuple[Stat, ...] | _Batched"]
 
 
 class _CastRecord(ScaleRecord):
-    """A module output's record: measured against the monitor's formats, read when the step ends."""
+    """A module output's or parameter's record: measured against the monitor's formats, read when the step ends."""
 
     __slots__ = ("monitor",)
 
@@ -84,10 +84,10 @@ class _CastRecord(ScaleRecord):
         self.monitor = monitor
 
     def record_forward(self, t: torch.Tensor, abs_max: bool = False) -> None:
-        self.monitor._measure(self, "activation", "fwd", t)
+        self.monitor._measure(self, "fwd", t)
 
     def record_backward(self, grad: torch.Tensor, known: Any = None) -> None:  # known: another record's measure
-        self.backward = self.monitor._measure(self, "activation", "bwd", grad, known)
+        self.backward = self.monitor._measure(self, "bwd", grad, known)
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -188,6 +188,7 @@ class ScaleMonitor:
         self._closed = False
         self._handles: list[RemovableHandle] = []
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
+        self._params: list[tuple[ScaleRecord, nn.Parameter]] = []
         self._pending: list[_Pending] = []
         self._calls: dict[str, int] = {}
         self._scratch = Scratch()
@@ -260,8 +261,12 @@ class ScaleMonitor:
         self._calls = {}
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
         self._drop_pending()
-        if self.parameters:
-            self._measure_all("fwd", [(n, p) for n, p in self.model.named_parameters() if p.is_floating_point()])
+        self._params = []
+        for name, p in self.model.named_parameters() if self.parameters else ():
+            if p.is_floating_point() and p.numel():
+                # detached, so no gradient hook: the gradient is read from p.grad when the step ends
+                self._recording.record(p.detach(), Step(name, "parameter", name.rpartition(".")[0], "parameter"))
+                self._params.append((self._recording.entries[-1][1], p))
         if self.activations:
             for name, module in self._modules:
                 self._handles.append(module.register_forward_hook(partial(self._on_forward, name)))
@@ -285,40 +290,32 @@ class ScaleMonitor:
             calls = self._calls[full] = self._calls.get(full, 0) + 1
             self._recording.record(t, Step(full if calls == 1 else f"{full}#{calls}", "call_module", name, ""))
 
-    def _measure(self, name: str | _CastRecord, kind: str, direction: str, t: torch.Tensor, raw: Any = None) -> Any:
+    def _measure(self, record: _CastRecord, direction: str, t: torch.Tensor, raw: Any = None) -> Any:
         """Measure ``t`` (or take ``raw``, another record's measure of the same tensor) when the step ends."""
         batch = self._batches[direction]
         if raw is None and t.numel() <= BATCH_LIMIT and t.dtype != torch.float64:
             raw = _Batched(batch, batch.add(t))
         elif raw is None:
             raw = raw_cast_stats(t, batch.fmt, self._scratch)
-        self._pending.append((name, kind, direction, raw))
+        self._pending.append((record, direction, raw))
         return raw
 
-    def _measure_all(self, direction: str, named: list[tuple[str, torch.Tensor]]) -> None:
-        """Parameters or their gradients (nonempty, floating point): copied into the batch with one cat."""
-        named = [(name, t) for name, t in named if t.numel()]
-        batch = self._batches[direction]
-        rows = batch.add_many([t for _, t in named])
-        self._pending.extend(
-            (name, "parameter", direction, _Batched(batch, row)) for (name, _), row in zip(named, rows, strict=True)
-        )
-
     def _collect(self, step: int) -> None:
-        if self.parameters:
-            grads = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
-            self._measure_all("bwd", [(n, g) for n, g in grads if g.is_floating_point()])
+        for record, p in self._params:
+            if p.grad is not None and p.grad.is_floating_point() and p.grad.numel():
+                record.record_backward(p.grad)
         batched = {id(batch): batch.finish() for batch in self._batches.values()}
         alone = [i for i, (*_, raw) in enumerate(self._pending) if not isinstance(raw, _Batched)]
-        flat: list[Any] = read_stats([v for i in alone for v in cast("tuple[Stat, ...]", self._pending[i][3])])
+        flat: list[Any] = read_stats([v for i in alone for v in cast("tuple[Stat, ...]", self._pending[i][2])])
         width = len(RAW_FIELDS)
         read = {i: tuple(flat[k * width : (k + 1) * width]) for k, i in enumerate(alone)}
-        names = {id(record): row.node for row, record in self._recording.entries}
+        rows = {id(record): row for row, record in self._recording.entries}
         append = self.history.records.append
-        for i, (name, kind, direction, raw) in enumerate(self._pending):
+        for i, (record, direction, raw) in enumerate(self._pending):
             values = batched[id(raw.batch)][raw.row] if isinstance(raw, _Batched) else read[i]
-            name = name if isinstance(name, str) else names[id(name)]
-            append(MonitorRecord(step, name, kind, direction, *finish_cast_stats(values)))
+            row = rows[id(record)]
+            kind = "parameter" if row.op == "parameter" else "activation"
+            append(MonitorRecord(step, row.node, kind, direction, *finish_cast_stats(values)))
         self._drop_pending()
 
     # Views --------------------------------------------------------------------------------------

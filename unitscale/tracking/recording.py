@@ -4,8 +4,8 @@ A graph's nodes (run as compiled code, :mod:`unitscale.tracking.compiled`, or by
 :class:`~unitscale.tracking.ScaleTrackingInterpreter`) and the ops the eager recorder sees
 (:mod:`unitscale.tracking.eager`) each come with a :class:`Step`: what the tensor is (an
 input, a parameter, an op's output), where it ran, and whether it holds another tensor's
-values; so do the module outputs :class:`~unitscale.tracking.ScaleMonitor` meets on a record
-step (its records measure against a format: ``new_record``).
+values; so do the parameters and module outputs :class:`~unitscale.tracking.ScaleMonitor`
+meets on a record step (its records measure against a format: ``new_record``).
 :meth:`ScaleRecording.record` turns it into a row, a :class:`~unitscale.tracking.ScaleRecord`
 filled in forward (:func:`~unitscale.tracking.stats.std_stat`) and a gradient hook that fills
 it in backward.
@@ -27,7 +27,7 @@ from unitscale.tracking.backward import flatten_tensors
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord, read_records
 
-__all__ = ["ScaleRecording", "Step", "has_trainable_parameters", "input_leaf"]
+__all__ = ["ScaleRecording", "Step", "input_leaf"]
 
 
 class Step(NamedTuple):
@@ -392,14 +392,3 @@ def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | No
         return None, t.clone()
     leaf = (t.clone() if t.is_inference() else t).detach().requires_grad_()
     return leaf, leaf.clone()
-
-
-def has_trainable_parameters(module: nn.Module) -> bool:
-    """Whether any parameter of ``module`` requires grad (else scale tracking differentiates the inputs).
-
-    >>> from torch import nn
-    >>> from unitscale.tracking.recording import has_trainable_parameters
-    >>> has_trainable_parameters(nn.Linear(2, 2)), has_trainable_parameters(nn.ReLU())
-    (True, False)
-    """
-    return any(p.requires_grad for p in module.parameters())

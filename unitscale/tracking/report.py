@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
-from unitscale.tracking.stats import ScalePair
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["ScaleRow", "ScaleReport", "FORMAT_RANGES"]
+__all__ = ["ScalePair", "ScaleRow", "ScaleReport", "FORMAT_RANGES"]
 
 
 #: ``name -> (smallest subnormal, largest normal)`` of the formats drawn by
@@ -28,6 +28,50 @@ FORMAT_RANGES: dict[str, tuple[float, float]] = {
     name: (fmt.min_subnormal, fmt.max_value)
     for name, fmt in (("BF16", BF16), ("FP16", FP16), ("FP8 E5M2", FP8_E5M2), ("FP8 E4M3", FP8_E4M3))
 }
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if not math.isfinite(value):
+        return str(value)
+    # Round to 3 significant digits, then let float's repr drop trailing zeros (1.0, 0.236).
+    return repr(float(f"{value:.3g}"))
+
+
+@dataclass(frozen=True)
+class ScalePair:
+    """A tensor's forward scale and its gradient's scale (standard deviations).
+
+    Prints as ``(-> forward, <- backward)`` with 3 significant digits; a direction
+    that was not recorded prints as ``n/a``.
+
+    Args:
+        forward: std of the tensor, or ``None`` if unknown.
+        backward: std of its gradient, or ``None`` if unknown (no backward pass, or
+            the tensor does not require grad).
+
+    >>> from unitscale.tracking import ScalePair
+    >>> ScalePair(1.0, 0.23649)
+    (-> 1.0, <- 0.236)
+    >>> print(ScalePair(0.000123456, None))
+    (-> 0.000123, <- n/a)
+    """
+
+    forward: float | None = None
+    backward: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, value in (("forward", self.forward), ("backward", self.backward)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InputError(
+                    f"ScalePair({name}=...) got {type(value).__name__} {value!r:.60}; pass a float or None"
+                )
+
+    def __repr__(self) -> str:
+        return f"(-> {_fmt(self.forward)}, <- {_fmt(self.backward)})"
+
+    __str__ = __repr__
 
 
 class ScaleRow(NamedTuple):

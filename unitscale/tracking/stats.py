@@ -4,8 +4,9 @@ A :class:`ScaleRecord` holds the statistics of one tensor: on an accelerator as 
 tensors on the tensor's own device, so recording never waits for the device, and
 :func:`read_records` copies all of them to the host in one transfer at the end; on the
 CPU, where reading a value waits for nothing, as floats. :class:`ScaleTracker` is
-an identity ``autograd.Function`` that fills a record in forward and backward.
-:class:`ScalePair` is what a reader sees: ``(-> forward std, <- backward std)``.
+an identity ``autograd.Function`` that fills a record in forward and backward. (What a
+reader sees, ``(-> forward std, <- backward std)``, is the report's
+:class:`~unitscale.tracking.ScalePair`.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,7 +23,6 @@ from unitscale.errors import InputError
 
 __all__ = [
     "KEEP_SCRATCH_BYTES",
-    "ScalePair",
     "ScaleRecord",
     "ScaleTracker",
     "Stat",
@@ -38,50 +37,6 @@ __all__ = [
     "tensor_abs_max",
     "tensor_std",
 ]
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if not math.isfinite(value):
-        return str(value)
-    # Round to 3 significant digits, then let float's repr drop trailing zeros (1.0, 0.236).
-    return repr(float(f"{value:.3g}"))
-
-
-@dataclass(frozen=True)
-class ScalePair:
-    """A tensor's forward scale and its gradient's scale (standard deviations).
-
-    Prints as ``(-> forward, <- backward)`` with 3 significant digits; a direction
-    that was not recorded prints as ``n/a``.
-
-    Args:
-        forward: std of the tensor, or ``None`` if unknown.
-        backward: std of its gradient, or ``None`` if unknown (no backward pass, or
-            the tensor does not require grad).
-
-    >>> from unitscale.tracking import ScalePair
-    >>> ScalePair(1.0, 0.23649)
-    (-> 1.0, <- 0.236)
-    >>> print(ScalePair(0.000123456, None))
-    (-> 0.000123, <- n/a)
-    """
-
-    forward: float | None = None
-    backward: float | None = None
-
-    def __post_init__(self) -> None:
-        for name, value in (("forward", self.forward), ("backward", self.backward)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise InputError(
-                    f"ScalePair({name}=...) got {type(value).__name__} {value!r:.60}; pass a float or None"
-                )
-
-    def __repr__(self) -> str:
-        return f"(-> {_fmt(self.forward)}, <- {_fmt(self.backward)})"
-
-    __str__ = __repr__
 
 
 class ScaleRecord:

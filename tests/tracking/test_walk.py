@@ -1,0 +1,71 @@
+"""The walk of ``track_scales``: which library files a call enters, and how often it comes back to one.
+
+A newcomer following ``track_scales(model, x)`` reads the files it enters in order. Each
+return to a file already left is one more jump back. The walk here is the sequence of
+library files in which each library function is first called (so a loop over nodes counts
+once), with consecutive calls in the same file collapsed into one stay.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch import nn
+
+import unitscale
+from unitscale.tracking import track_scales
+
+ROOT = Path(unitscale.__file__).parent
+
+# A ratchet: lower it when a change removes a return; never raise it (it was 25 while
+# ScalePair lived in stats.py and a Sequential ran under the interpreter).
+REVISITS = 13
+
+
+def walk(fn: Any, *args: Any) -> list[str]:
+    """The library files ``fn(*args)`` enters, one entry per stay (see the module's docstring)."""
+    first_calls: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(str(ROOT)):
+            key = (frame.f_code.co_filename, frame.f_code.co_name)
+            if key not in seen:
+                seen.add(key)
+                first_calls.append(key)
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        fn(*args)
+    finally:
+        sys.settrace(previous)
+    stays: list[str] = []
+    for filename, _ in first_calls:
+        name = Path(filename).relative_to(ROOT).as_posix()
+        if not stays or stays[-1] != name:
+            stays.append(name)
+    return stays
+
+
+def _revisits(stays: list[str]) -> int:
+    return len(stays) - len(set(stays))
+
+
+def test_walk_counts_a_return_to_a_file_already_left() -> None:
+    assert _revisits(["a.py", "b.py", "a.py", "c.py", "b.py"]) == 2  # the hand-counted case
+
+
+def test_the_walk_of_track_scales_comes_back_to_files_as_often_as_the_ratchet_says() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    track_scales(model, x)  # the capture is cached: the walk is that of every later call
+    stays = walk(track_scales, model, x)
+    assert stays[0] == "tracking/analysis.py" and "tracking/recording.py" in stays
+    # fewer: lower REVISITS to the new count, so that the walk never grows back
+    assert _revisits(stays) == REVISITS, " -> ".join(stays)
