@@ -28,7 +28,6 @@ from unitscale.formats import FPFormat
 from unitscale.tracking.stats import Stat, read_stats, reads_at_once, std_from_sums, std_stat, sum_of_squares
 
 __all__ = [
-    "BATCH_MAX",
     "BLOCK",
     "CAPACITY",
     "DEVICE_CAPACITY",
@@ -246,9 +245,6 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
     return (std, absmax, n - zeros, small - zeros, over, signal, noise)
 
 
-BATCH_MAX = 8192
-"""The size up to which :meth:`CastBatch.takes` calls a tensor small (any size may be added)."""
-
 BLOCK = 256
 """:class:`CastBatch` lays each tensor out in rows of this many elements, its last row padded with zeros."""
 
@@ -272,12 +268,6 @@ class _Segment(NamedTuple):
     start: int  # its first block
     blocks: int
     n: int  # its elements (the rest of its last block is zeros)
-
-
-@functools.lru_cache(maxsize=8)
-def _zeros(device: torch.device) -> torch.Tensor:
-    """:data:`BLOCK` float32 zeros on ``device``, to pad with."""
-    return torch.zeros(BLOCK, dtype=torch.float32, device=device)
 
 
 class _Flat:
@@ -336,11 +326,6 @@ class CastBatch:
     def __len__(self) -> int:
         return self._size
 
-    @staticmethod
-    def takes(t: torch.Tensor) -> bool:
-        """Whether ``t`` is small (nonempty, at most :data:`BATCH_MAX` elements, not float64): batching it pays most."""
-        return 0 < t.numel() <= BATCH_MAX and t.dtype != torch.float64
-
     def clear(self) -> None:
         """Forget every tensor added and not yet read (the buffers stay, for reuse)."""
         self._size = 0
@@ -376,55 +361,6 @@ class CastBatch:
         flat.segments.append(_Segment(row, used // BLOCK, blocks, n))
         flat.used = used + need
         return row
-
-    def add_many(self, tensors: list[torch.Tensor]) -> list[int]:
-        """:meth:`add` for many tensors, copied with one ``torch.cat`` per buffer rather than one op each.
-
-        >>> import torch
-        >>> from unitscale.formats import FP8_E4M3
-        >>> batch = CastBatch(FP8_E4M3)
-        >>> batch.add_many([torch.ones(3), torch.tensor([0.5, -2.0])])
-        [0, 1]
-        >>> [(round(std, 6), top, nonzero) for std, top, nonzero, *_ in batch.finish()]
-        [(0.0, 1.0, 3), (1.767767, 2.0, 2)]
-        """
-        rows: list[int] = []
-        group: list[torch.Tensor] = []  # pieces for one cat into the current buffer
-        flat: _Flat | None = None
-        start = 0
-        for t in tensors:
-            n = t.numel()
-            if n == 0 or t.dtype == torch.float64 or (flat is not None and t.device != flat.buffer.device):
-                if group:
-                    assert flat is not None
-                    torch.cat(group, out=flat.buffer[start : flat.used])
-                    group, flat = [], None
-                rows.append(self.add(t))
-                continue
-            need = -(-n // BLOCK) * BLOCK
-            current = self._flats.get(t.device)
-            if current is None or current.used + need > current.size:
-                if group:
-                    assert flat is not None
-                    torch.cat(group, out=flat.buffer[start : flat.used])
-                    group, flat = [], None
-                rows.append(self.add(t))  # measures the full buffer or makes a new one
-                continue
-            if flat is None:
-                flat, start = current, current.used
-            piece = t.detach().reshape(-1)
-            group.append(piece if piece.dtype == torch.float32 else piece.float())
-            if need > n:
-                group.append(_zeros(t.device)[: need - n])
-            row = self._size
-            self._size += 1
-            flat.segments.append(_Segment(row, flat.used // BLOCK, need // BLOCK, n))
-            flat.used += need
-            rows.append(row)
-        if group:
-            assert flat is not None
-            torch.cat(group, out=flat.buffer[start : flat.used])
-        return rows
 
     def finish(self) -> list[tuple[float, ...]]:
         """Every added tensor's :func:`raw_cast_stats`, read to Python numbers, in the order added; then empty."""
