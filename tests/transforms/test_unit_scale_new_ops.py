@@ -103,6 +103,17 @@ class TwoWay(nn.Module):
         return self.head(self.rnn(x)[0])
 
 
+class ResidualRecurrent(nn.Module):
+    """An LSTM on a residual branch (``x + lstm(x)``): off the trunk, its twin keeps its constraint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.head = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(x + self.rnn(x)[0])
+
+
 CASES = {
     "mean_pool": (lambda: MeanPoolHead(), (16, 8, 8, 8), U.mean),
     "mean_pool_keepdim": (lambda: MeanPoolHead(keepdim=True), (16, 8, 8, 8), U.mean),
@@ -117,6 +128,7 @@ CASES = {
     "rnn_tanh": (lambda: Recurrent(nn.RNN), (8, 6, 8), U.rnn_tanh),
     "rnn_relu": (lambda: Recurrent(nn.RNN, nonlinearity="relu"), (8, 6, 8), U.rnn_relu),
     "lstm_two_layers_bidirectional": (lambda: TwoWay(), (8, 6, 8), U.lstm),
+    "lstm_residual": (lambda: ResidualRecurrent(), (8, 6, 8), U.lstm),
 }
 
 
