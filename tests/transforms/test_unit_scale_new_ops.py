@@ -92,17 +92,6 @@ class Recurrent(nn.Module):
         return self.head(out[:, -1] if self.last_step else out)
 
 
-class TwoWay(nn.Module):
-    """Two bidirectional LSTM layers, a head on every step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rnn, self.head = nn.LSTM(8, 16, num_layers=2, bidirectional=True), nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.head(self.rnn(x)[0])
-
-
 class ResidualRecurrent(nn.Module):
     """An LSTM on a residual branch (``x + lstm(x)``): off the trunk, its twin keeps its constraint."""
 
@@ -127,7 +116,6 @@ CASES = {
     "gru": (lambda: Recurrent(nn.GRU), (8, 6, 8), U.gru),
     "rnn_tanh": (lambda: Recurrent(nn.RNN), (8, 6, 8), U.rnn_tanh),
     "rnn_relu": (lambda: Recurrent(nn.RNN, nonlinearity="relu"), (8, 6, 8), U.rnn_relu),
-    "lstm_two_layers_bidirectional": (lambda: TwoWay(), (8, 6, 8), U.lstm),
     "lstm_residual": (lambda: ResidualRecurrent(), (8, 6, 8), U.lstm),
 }
 
