@@ -280,7 +280,8 @@ def rnn_relu(
     >>> params = [torch.randn(128, 16), torch.randn(128, 128)]
     >>> out, _ = rnn_relu(x, h0, params, False, 1, 0.0, True, False, False, None)
     >>> out.backward(torch.randn_like(out))
-    >>> round(out.pow(2).mean().sqrt().item(), 1), round(x.grad.std().item(), 1)  # RMS: ReLU's is not centred
+    >>> rms = out.pow(2).mean().sqrt()  # not std: a ReLU's output is not centred
+    >>> round(rms.item(), 1), round(x.grad.std().item(), 1)
     (0.9, 1.0)
     """
     flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
