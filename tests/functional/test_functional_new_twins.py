@@ -256,53 +256,152 @@ def test_multi_head_attention_refuses_what_it_does_not_scale_by_name():
         U.multi_head_attention_forward(x, x, x, 8, 2, w_in, None, torch.zeros(1, 1, 8), None, False, 0.0, w_out, None)
 
 
-# -- LSTM --------------------------------------------------------------------------------------------
+# -- recurrent layers: LSTM, GRU, RNN ---------------------------------------------------------------
+
+RNNS = {  # twin, torch's op, gates per weight, h's stationary RMS as documented
+    "lstm": (U.lstm, torch.lstm, 4, 0.19),
+    "gru": (U.gru, torch.gru, 3, 0.41),
+    "rnn_tanh": (U.rnn_tanh, torch.rnn_tanh, 1, 0.68),
+    "rnn_relu": (U.rnn_relu, torch.rnn_relu, 1, 1.0),
+}
 
 
-def lstm_params(layers, directions, inputs, hidden, biases=True):
+def rnn_params(gates, layers, directions, inputs, hidden, biases=True):
     params = []
     for layer in range(layers):
         fan_in = inputs if layer == 0 else hidden * directions
         for _ in range(directions):
-            params += [torch.randn(4 * hidden, fan_in), torch.randn(4 * hidden, hidden)]
+            params += [torch.randn(gates * hidden, fan_in), torch.randn(gates * hidden, hidden)]
             if biases:
-                params += [torch.randn(4 * hidden), torch.randn(4 * hidden)]
+                params += [torch.randn(gates * hidden), torch.randn(gates * hidden)]
     return params
 
 
-def test_lstm_has_unit_output():
-    x, h0 = torch.randn(32, 64, 16), torch.zeros(1, 64, 128)
-    out, _, _ = U.lstm(x, (h0, h0), lstm_params(1, 1, 16, 128, biases=False), False, 1, 0.0, False, False, False)
-    assert out.std().item() == pytest.approx(1, abs=0.1)
-    # torch's own LSTM on the same unit-scaled weights: h's root-mean-square, 0.2.
-    plain = torch.lstm(x, (h0, h0), [p / p.shape[-1] ** 0.5 for p in lstm_params(1, 1, 16, 128, False)],
-                       False, 1, 0.0, False, False, False)[0]  # fmt: skip
-    assert plain.std().item() < 0.3
+def state(cell, h, c):
+    return (h, c) if cell == "lstm" else h
 
 
+def rms(t: torch.Tensor) -> float:
+    return t.pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize("cell", list(RNNS))
+def test_recurrent_twins_have_unit_output_and_gradients(cell):
+    """Before: the LSTM's input gradient had std 3.6 here (16 inputs, 128 units); GRU and RNN had no twin."""
+    twin, _, gates, _ = RNNS[cell]
+    h0 = torch.zeros(1, 32, 128)
+    x, params = torch.randn(32, 32, 16, requires_grad=True), rnn_params(gates, 1, 1, 16, 128)
+    params = [p.requires_grad_() if p.dim() == 2 else p.zero_().requires_grad_() for p in params]
+    out = twin(x, state(cell, h0, h0), params, True, 1, 0.0, True, False, False, constraint=None)[0]
+    out.backward(torch.randn_like(out))
+    # ReLU's h climbs to its stationary RMS over the first steps from h_0 = 0 (halving the gap per step)
+    assert rms(out) == pytest.approx(1, abs=0.1 if cell == "rnn_relu" else 0.05)
+    assert x.grad.std().item() == pytest.approx(1, abs=0.05)
+    w_ih, w_hh, b_ih, b_hh = (p.grad.std().item() for p in params)
+    assert w_ih == pytest.approx(1, abs=0.1) and w_hh == pytest.approx(1, abs=0.2)
+    # a bias: 128 numbers, each a sum over steps the recurrence correlates (1.6 for an LSTM, as documented)
+    assert 0.7 < b_ih < 1.8 and 0.7 < b_hh < 1.8
+
+
+@pytest.mark.parametrize("cell", list(RNNS))
+def test_documented_rms_is_torchs_own_cell_at_unit_scale(cell):
+    """The RMS the twins divide by, against torch's own kernel on weights over the root of their fan-in."""
+    _, torch_fn, gates, documented = RNNS[cell]
+    x, h0 = torch.randn(48, 32, 16), torch.zeros(1, 32, 192)
+    params = [w / w.shape[-1] ** 0.5 for w in rnn_params(gates, 1, 1, 16, 192, biases=False)]
+    out = torch_fn(x, state(cell, h0, h0), params, False, 1, 0.0, False, False, False)[0]
+    assert rms(out[16:]) == pytest.approx(documented, rel=0.06)  # past the first steps, at its stationary point
+
+
+def torch_scaled(cell, x, hx, params, flags):
+    """By hand, torch's op: weights over the root of their fan-in, a deeper layer's W_ih also over h's RMS,
+    h_0 in output units; the output and h_n times 1 / RMS."""
+    _, torch_fn, _, _ = RNNS[cell]
+    from unitscale.functional._recurrent import _stationary
+
+    h_rms = _stationary(cell)[0] ** 0.5
+    has_biases, layers, _, _, bidirectional, _ = flags
+    per, first = (4 if has_biases else 2), (4 if has_biases else 2) * (2 if bidirectional else 1)
+    weights = []
+    for i, p in enumerate(params):
+        if i % per == 0:
+            p = p / p.shape[-1] ** 0.5 / (h_rms if i >= first else 1.0)
+        elif i % per == 1:
+            p = p / p.shape[-1] ** 0.5
+        weights.append(p)
+    hx = (hx[0] * h_rms, hx[1]) if cell == "lstm" else hx * h_rms
+    out, h_n, *c_n = torch_fn(x, hx, weights, *flags)
+    return (out / h_rms, h_n / h_rms, *c_n)
+
+
+@pytest.mark.parametrize("cell", list(RNNS))
 @pytest.mark.parametrize(("layers", "bidirectional", "batch_first"), [(1, False, False), (2, True, True)])
-def test_lstm_gradients_point_where_torchs_do(layers, bidirectional, batch_first):
+def test_recurrent_twins_are_torchs_op_times_the_documented_scale(cell, layers, bidirectional, batch_first):
+    """Unconstrained, the forward is torch's op on the scaled weights (by hand), every output; each tensor's
+    gradient points where torch's autograd of that function points (a positive multiple: cut edges, and the
+    input's own scale)."""
+    twin, _, gates, _ = RNNS[cell]
     directions = 2 if bidirectional else 1
     x = torch.randn(2, 5, 4) if batch_first else torch.randn(5, 2, 4)
-    h0 = torch.randn(layers * directions, 2, 6)
-    params = lstm_params(layers, directions, 4, 6)
-    flags = (True, layers, 0.0, False, bidirectional, batch_first)
+    h0, c0 = torch.randn(layers * directions, 2, 6), torch.randn(layers * directions, 2, 6)
+    params = rnn_params(gates, layers, directions, 4, 6)
+    flags = (True, layers, 0.0, True, bidirectional, batch_first)
+    weights = [torch.randn(3, dtype=torch.float64) for _ in range(3)]  # one loss reading every output
+
+    def loss(outs):
+        return sum((t * w.mean()).sum() + t.pow(2).sum() * w[0] for t, w in zip(outs, weights, strict=False))
 
     def ours(x, h, c, *p):
-        return U.lstm(x, (h, c), list(p), *flags)[0]
+        return loss(twin(x, state(cell, h, c), list(p), *flags, constraint=None))
 
     def torchs(x, h, c, *p):
-        # Hand-computed: each weight over the root of its fan-in (its last dim), biases as they are.
-        return torch.lstm(x, (h, c), [w / w.shape[-1] ** 0.5 if w.dim() == 2 else w for w in p], *flags)[0]
+        return loss(torch_scaled(cell, x, state(cell, h, c), list(p), flags))
 
-    out, mine = grads(ours, x, h0, h0.clone(), *params)
-    ref, theirs = grads(torchs, x, h0, h0.clone(), *params)
-    assert_proportional(out, ref)
-    for i, (a, r) in enumerate(zip(mine, theirs, strict=True)):
-        assert cosine(a, r) >= TRUE, i
+    as64 = [t.double() for t in (x, h0, c0, *params)]
+    mine = twin(as64[0], state(cell, *as64[1:3]), as64[3:], *flags, constraint=None)
+    for a, b in zip(mine, torch_scaled(cell, as64[0], state(cell, *as64[1:3]), as64[3:], flags), strict=True):
+        torch.testing.assert_close(a, b)
+    one = torch.tensor(1.0, dtype=torch.float64)
+    _, got = grads(ours, x, h0, c0, *params, grad=one)
+    _, expected = grads(torchs, x, h0, c0, *params, grad=one)
+    for i, (a, r) in enumerate(zip(got, expected, strict=True)):
+        if r is None:  # c_0 of a GRU or an RNN
+            continue
+        assert cosine(a, r) >= TRUE and (a * r).sum() > 0, i
 
 
-def test_lstm_refuses_packed_sequences_by_name():
-    with pytest.raises(ValueError, match="lstm: packed sequences"):
-        # torch.lstm's packed form: (data, batch_sizes, hx, params, has_biases, layers, dropout, train, bidirectional)
-        U.lstm(torch.randn(6, 4), torch.tensor([2, 2, 2]), [], [], True, 1, 0.0, False, False)  # type: ignore[arg-type]
+@pytest.mark.parametrize("cell", list(RNNS))
+def test_recurrent_gradients_against_finite_differences(cell):
+    """float64, finite differences of the twin's own forward: with ``gmean`` the input's and ``h_0``'s
+    gradients are exactly the true ones (gradcheck); unconstrained, the input's is a positive multiple of it."""
+    twin, _, gates, _ = RNNS[cell]
+    x, h0, c0 = (torch.randn(*shape, dtype=torch.float64) for shape in ((3, 2, 3), (1, 2, 2), (1, 2, 2)))
+    params = [p.double() for p in rnn_params(gates, 1, 1, 3, 2)]
+    weights = torch.randn(3, 2, 2, dtype=torch.float64)
+
+    def run(x, h, c, constraint):
+        out, h_n, *_ = twin(x, state(cell, h, c), params, True, 1, 0.0, True, False, False, constraint=constraint)
+        return out * weights, h_n
+
+    inputs = tuple(t.clone().requires_grad_() for t in (x, h0, c0))
+    assert torch.autograd.gradcheck(lambda x, h, c: run(x, h, c, "gmean"), inputs[:3] if cell == "lstm" else
+                                    (inputs[0], inputs[1], c0))  # fmt: skip
+
+    leaf = x.clone().requires_grad_()
+    run(leaf, h0, c0, None)[0].sum().backward()
+    eps, fd = 1e-6, torch.zeros_like(x)
+    for i in range(x.numel()):
+        step = torch.zeros(x.numel(), dtype=x.dtype)
+        step[i] = eps
+        step = step.view_as(x)
+        fd.view(-1)[i] = (run(x + step, h0, c0, None)[0].sum() - run(x - step, h0, c0, None)[0].sum()) / (2 * eps)
+    assert cosine(leaf.grad, fd) > 1 - 1e-9 and (leaf.grad * fd).sum() > 0
+
+
+@pytest.mark.parametrize("cell", list(RNNS))
+def test_recurrent_twins_refuse_packed_sequences_by_name(cell):
+    twin = RNNS[cell][0]
+    with pytest.raises(ValueError, match=f"{cell}: packed sequences"):
+        # torch's packed form: (data, batch_sizes, hx, params, has_biases, layers, dropout, train, bidirectional)
+        packed = [torch.zeros(1, 2, 4)] if cell == "lstm" else torch.zeros(1, 2, 4)
+        twin(torch.randn(6, 4), torch.tensor([2, 2, 2]), packed, [], True, 1, 0.0, False, False)  # type: ignore[arg-type]

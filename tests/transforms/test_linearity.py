@@ -15,7 +15,7 @@ Three consequences, each checked against the model's own autograd on the same fo
   the two-losses and scaled-loss checks run in training mode, batch norm included.
 
 Models: the example models (``unitscale.examples``: ``MLP``, ``TinyGPT``, a ResNet, and
-``UmupGPT``, already unit-scaled, without the transform), CNN families from
+``UmupGPT``, already unit-scaled, without the transform), an LSTM classifier and a GRU tagger, CNN families from
 ``tests/vision_models.py`` (batch norm, squeeze-excitation) and ``transformers`` families
 from ``tests/real_models.py``, all small.
 """
@@ -75,8 +75,20 @@ def _transformers(name: str) -> Callable[[], Built]:
     return build
 
 
+def _recurrent(cls: type[torch.nn.Module], last_step: bool) -> Callable[[], Built]:
+    def build() -> Built:
+        from tests.transforms.test_unit_scale_new_ops import Recurrent
+
+        torch.manual_seed(0)
+        return Recurrent(cls, last_step=last_step), torch.randn(8, 6, 8)
+
+    return build
+
+
 MODELS: dict[str, Callable[[], Built]] = {
     **_examples(),
+    "lstm_classifier": _recurrent(torch.nn.LSTM, last_step=True),
+    "gru_tagger": _recurrent(torch.nn.GRU, last_step=False),
     **{name: _vision(name) for name in ("efficientnet_b0", "regnet_y_400mf")},
     **{name: _transformers(name) for name in ("gpt2", "llama", "bert")},
 }
@@ -140,7 +152,7 @@ def test_two_backward_calls_give_the_gradient_of_the_sum(name: str) -> None:
     assert max(errors.values()) < 1e-5, max(errors.items(), key=lambda kv: kv[1])
 
 
-@pytest.mark.parametrize("name", ["mlp", "tinygpt", "resnet"])
+@pytest.mark.parametrize("name", ["mlp", "tinygpt", "resnet", "lstm_classifier"])
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(c=st.floats(1e-3, 1e3))
 def test_a_loss_times_c_gives_gradients_times_c(name: str, c: float) -> None:

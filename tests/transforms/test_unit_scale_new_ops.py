@@ -1,4 +1,4 @@
-"""unit_scale scales mean pools, layer scales, transposed convolutions, interpolation and MultiheadAttention.
+"""unit_scale scales mean pools, layer scales, transposed convolutions, interpolation, MultiheadAttention, RNNs.
 
 Each model uses one op that ``unit_scale`` used to leave unscaled (listed in ``unscaled_ops``).
 Oracles: the twin named in the graph, the std of the output and of the input gradient for
@@ -81,14 +81,26 @@ class Attention(nn.Module):
 
 
 class Recurrent(nn.Module):
-    """An LSTM classifier: ``nn.LSTM`` then a head on the last step (TorchDynamo refuses RNNs by default)."""
+    """``nn.LSTM`` (or ``nn.GRU``, ``nn.RNN``) then a head on every step (a tagger), or on the last step alone."""
+
+    def __init__(self, cls: type[nn.Module] = nn.LSTM, last_step: bool = False, **kwargs) -> None:
+        super().__init__()
+        self.rnn, self.head, self.last_step = cls(8, 16, batch_first=True, **kwargs), nn.Linear(16, 4), last_step
+
+    def forward(self, x):
+        out = self.rnn(x)[0]
+        return self.head(out[:, -1] if self.last_step else out)
+
+
+class ResidualRecurrent(nn.Module):
+    """An LSTM on a residual branch (``x + lstm(x)``): off the trunk, its twin keeps its constraint."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lstm, self.head = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 4)
+        self.rnn, self.head = nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 4)
 
     def forward(self, x):
-        return self.head(self.lstm(x)[0][:, -1])
+        return self.head(x + self.rnn(x)[0])
 
 
 CASES = {
@@ -100,7 +112,11 @@ CASES = {
     "interpolate": (lambda: Decoder(), (8, 16, 8, 8), U.interpolate),
     "multi_head_attention": (lambda: Attention(), (8, 16, 32), U.multi_head_attention_forward),
     "multi_head_attention_weights": (lambda: Attention(True), (8, 16, 32), U.multi_head_attention_forward),
-    "lstm": (lambda: Recurrent(), (8, 6, 8), U.lstm),
+    "lstm": (lambda: Recurrent(nn.LSTM), (8, 6, 8), U.lstm),
+    "gru": (lambda: Recurrent(nn.GRU), (8, 6, 8), U.gru),
+    "rnn_tanh": (lambda: Recurrent(nn.RNN), (8, 6, 8), U.rnn_tanh),
+    "rnn_relu": (lambda: Recurrent(nn.RNN, nonlinearity="relu"), (8, 6, 8), U.rnn_relu),
+    "lstm_residual": (lambda: ResidualRecurrent(), (8, 6, 8), U.lstm),
 }
 
 
@@ -169,8 +185,21 @@ def test_statistic_means_are_left_as_they_are():
     assert not any(node.target is U.mean for node in scaled.graph_module.graph.nodes)
 
 
-def test_lstm_is_captured_by_the_default_route():
-    """Before: ``CaptureError`` blaming "data-dependent Python control flow" (TorchDynamo refuses RNNs unless told)."""
-    scaled = unit_scale(Recurrent())
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU, nn.RNN])
+def test_recurrent_layers_are_captured_by_the_default_route(cls):
+    """Before: ``CaptureError`` blaming "data-dependent Python control flow" (TorchDynamo refuses RNNs unless told);
+    then GRU and RNN captured but left unscaled (``torch.gru``, ``torch.rnn_tanh`` in ``unscaled_ops``)."""
+    scaled = unit_scale(Recurrent(cls, last_step=True))
     scaled(torch.randn(4, 6, 8))
     assert scaled.route == "dynamo" and scaled.unscaled_ops == []
+
+
+@pytest.mark.parametrize(("cls", "twin"), [(nn.LSTM, U.lstm), (nn.GRU, U.gru), (nn.RNN, U.rnn_tanh)])
+def test_recurrent_layers_are_scaled_on_the_export_route(cls, twin):
+    """Before: with ``example_inputs`` (torch.export), ``aten.lstm.input`` (``aten.gru.input``, ...) and the zeros
+    torch makes for ``h_0`` were listed unscaled."""
+    x = torch.randn(4, 6, 8)
+    scaled = unit_scale(Recurrent(cls), example_inputs=(x,))
+    scaled(x)
+    assert scaled.route == "export" and scaled.unscaled_ops == [], scaled.unscaled_ops
+    assert any(node.target is twin for node in scaled.graph_module.graph.nodes)

@@ -52,7 +52,7 @@ from unitscale.functional._linear import (
 from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d, mean
-from unitscale.functional._recurrent import lstm
+from unitscale.functional._recurrent import gru, lstm, rnn_relu, rnn_tanh
 from unitscale.functional._resample import interpolate
 from unitscale.functional._residual import add, residual_add, residual_apply, residual_split
 from unitscale.functional._scale import frozen_grad_scale, scale
@@ -99,6 +99,9 @@ __all__ = [
     "layer_scale",
     "multi_head_attention_forward",
     "lstm",
+    "gru",
+    "rnn_tanh",
+    "rnn_relu",
     "frozen_grad_scale",
     "torch_map",
 ]

@@ -1,4 +1,4 @@
-"""Recurrent layers: torch's LSTM kernel on weights scaled by their fan-in, the output by its stationary RMS."""
+"""Recurrent layers: torch's LSTM, GRU and RNN kernels, scales from their cells' moments at the fixed point."""
 
 from __future__ import annotations
 
@@ -10,37 +10,131 @@ import torch as _torch
 
 from unitscale import errors as _errors
 from unitscale.functional._normal import normal_mean
-from unitscale.functional._scale import _inv_sqrt, scale
+from unitscale.functional._scale import _constrain, scale
+from unitscale.scaling.docs import fill_docstring
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from torch import Tensor
 
+    from unitscale.scaling.constraints import ConstraintArg
 
-@_functools.lru_cache(maxsize=1)
-def _lstm_output_rms() -> float:
-    """Root-mean-square of an LSTM's ``h`` at its stationary point, for unit-scaled inputs and weights.
+_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
 
-    Each gate's pre-activation is ``W_ih x / in**0.5 + W_hh h / H**0.5``, of variance ``1 + E[h**2]``;
-    the cell keeps ``E[c**2] = E[i**2] E[g**2] / (1 - E[f**2])`` and ``E[h**2] = E[o**2] E[tanh(c)**2]``
-    (gates independent, ``c`` Gaussian), iterated to the fixed point.
+
+def _mean(fn: Callable[[float], float], variance: float) -> float:
+    """``E[fn(z)]``, ``z ~ N(0, variance)``."""
+    return normal_mean(lambda z: fn(z * variance**0.5), 8.0, 160)  # smooth: trapezoid is spectrally exact
+
+
+def _sigmoid(z: float) -> float:
+    return 1 / (1 + _math.exp(-z))
+
+
+def _d_sigmoid_sq(z: float) -> float:
+    return (_sigmoid(z) * (1 - _sigmoid(z))) ** 2
+
+
+def _tanh_sq(z: float) -> float:
+    return _math.tanh(z) ** 2
+
+
+def _d_tanh_sq(z: float) -> float:
+    return (1 - _math.tanh(z) ** 2) ** 2
+
+
+@_functools.cache
+def _stationary(cell: str) -> tuple[float, float, float]:
+    """``(E[h**2], x_dz, h_dz)`` of a cell at its stationary point, for unit inputs and weights.
+
+    Forward: each gate's pre-activation is ``W_ih x / in**0.5 + W_hh h / H**0.5``, of variance
+    ``1 + E[h**2]``, iterated to the fixed point of ``E[h**2]`` (gates independent, the LSTM's
+    ``c`` Gaussian). Backward, per unit second moment ``G`` of the gradient on the output
+    ``h``: ``x_dz`` is the mean second moment of the gradients on the gates' input-side
+    pre-activations, ``h_dz`` on their recurrent side (they differ in a GRU alone, whose
+    candidate reads ``r * W_hn h``), each including the gradient the recurrence brings back
+    from later steps.
     """
-    sigmoid_sq = lambda z: (1 / (1 + _math.exp(-z))) ** 2  # noqa: E731
-    tanh_sq = lambda z: _math.tanh(z) ** 2  # noqa: E731
+    sigmoid_sq = lambda z: _sigmoid(z) ** 2  # noqa: E731
+    h_sq, previous = 0.5, 0.0
+    while abs(h_sq - previous) > 1e-9:
+        previous, var = h_sq, 1 + h_sq
+        if cell == "lstm":  # c = f c + i g: E[c**2] = E[i**2] E[g**2] / (1 - E[f**2]); h = o tanh(c)
+            s2 = _mean(sigmoid_sq, var)
+            c_sq = s2 * _mean(_tanh_sq, var) / (1 - s2)
+            h_sq = s2 * _mean(_tanh_sq, c_sq)
+        elif cell == "gru":  # h = (1 - u) n + u h, n = tanh(W_in x + r W_hn h): E[(1 - u)**2] = E[u**2]
+            s2 = _mean(sigmoid_sq, var)
+            h_sq = s2 * _mean(_tanh_sq, 1 + s2 * h_sq) / (1 - s2)
+        else:
+            h_sq = _mean(_tanh_sq if cell == "rnn_tanh" else (lambda z: max(z, 0.0) ** 2), var)
+    var = 1 + h_sq
+    if cell == "lstm":
+        s2, ds2, g2, dg2 = (_mean(f, var) for f in (sigmoid_sq, _d_sigmoid_sq, _tanh_sq, _d_tanh_sq))
+        dc = s2 * _mean(_d_tanh_sq, c_sq) / (1 - s2)  # E[dc**2] per E[dh**2], the forget gate's sum
+        per_dh = (_mean(_tanh_sq, c_sq) * ds2 + dc * (g2 * ds2 + s2 * dg2 + c_sq * ds2)) / 4  # o, i, g, f
+        return h_sq, per_dh / (1 - 4 * per_dh), per_dh / (1 - 4 * per_dh)
+    if cell == "gru":
+        s2, ds2 = _mean(sigmoid_sq, var), _mean(_d_sigmoid_sq, var)
+        n_var = 1 + s2 * h_sq
+        dn = s2 * _mean(_d_tanh_sq, n_var)  # the candidate's pre-activation, per E[dh**2]
+        dr, du = dn * h_sq * ds2, (h_sq + _mean(_tanh_sq, n_var)) * ds2
+        x_side, h_side = (dr + du + dn) / 3, (dr + du + s2 * dn) / 3
+        back = 1 - s2 - 3 * h_side  # dh_(t-1) = u dh_t + W_h^T (dz_r, dz_u, r dn)
+        return h_sq, x_side / back, h_side / back
+    d2 = _mean(_d_tanh_sq, var) if cell == "rnn_tanh" else 0.5
+    return h_sq, d2 / (1 - d2), d2 / (1 - d2)
 
-    def mean(fn: Callable[[float], float], variance: float) -> float:  # E[fn(z)], z ~ N(0, variance)
-        return normal_mean(lambda z: fn(z * variance**0.5), 10.0, 2000)
 
-    h_sq = 0.1
-    for _ in range(30):
-        gate_var = 1 + h_sq
-        s2, g2 = mean(sigmoid_sq, gate_var), mean(tanh_sq, gate_var)
-        c_sq = s2 * g2 / (1 - s2)
-        h_sq = s2 * mean(tanh_sq, c_sq)
-    return h_sq**0.5
+def _recurrent(
+    cell: str,
+    torch_fn: Callable[..., tuple[Tensor, ...]],
+    input: Tensor,
+    hx: Tensor | Sequence[Tensor],
+    params: Sequence[Tensor],
+    flags: tuple[bool, int, float, bool, bool, bool],
+    constraint: ConstraintArg,
+) -> tuple[Tensor, ...]:
+    """The twin of ``torch_fn``: scaled weights in, scaled output and ``h`` out (see :func:`lstm`)."""
+    packed = isinstance(hx, _torch.Tensor) if cell == "lstm" else isinstance(params, _torch.Tensor)
+    if packed:
+        raise _errors.InputError(f"{cell}: packed sequences are not supported by the unit-scaled twin; pad them")
+    has_biases, num_layers, _, _, bidirectional, _ = flags
+    per, directions, gates = 4 if has_biases else 2, 2 if bidirectional else 1, _GATES[cell]
+    if len(params) != per * num_layers * directions:
+        raise _errors.InputError(
+            f"{cell}: {len(params)} parameter tensors for {num_layers} layer(s) of {directions} direction(s); "
+            f"projections (proj_size > 0) are not supported by the unit-scaled twin"
+        )
+    h_sq, x_dz, h_dz = _stationary(cell)
+    hidden, tokens = params[1].shape[-1], input.numel() // max(input.shape[-1], 1)
+    # The output's gradient moment G grows by ``down`` per layer, from the top down to the input.
+    down = gates * x_dz / h_sq
+    x_grad = (directions * gates * hidden * x_dz / max(input.shape[-1], 1) * down ** (num_layers - 1)) ** 0.5
+    out_scale, grad_scale = _constrain(constraint, h_sq**-0.5, 1 / x_grad)
+    # Only the input's gradient takes the rest: the weights' are cut edges, and h_0's must meet
+    # the output's unchanged inside the kernel.
+    input = scale(input, 1.0, grad_scale / out_scale)
+    scaled = []
+    for i, p in enumerate(params):
+        layer, kind = divmod(i, per * directions)[0], i % per
+        moment = out_scale**2 * down ** (num_layers - 1 - layer) * tokens * (x_dz if kind % 2 == 0 else h_dz)
+        feeds = 1.0 if layer == 0 and kind == 0 else h_sq  # what a weight multiplies: the input, or an h
+        if kind < 2:  # a weight: forward over its fan-in (and an h's RMS), its gradient to unit std
+            scaled.append(scale(p, (p.shape[-1] * feeds) ** -0.5 if kind == 0 else p.shape[-1] ** -0.5,
+                                (moment * feeds) ** -0.5))  # fmt: skip
+        else:
+            scaled.append(scale(p, 1.0, moment**-0.5))
+    if cell == "lstm":
+        hx = (scale(hx[0], 1 / out_scale, 1 / out_scale), hx[1])
+    else:
+        hx = scale(hx, 1 / out_scale, 1 / out_scale)  # type: ignore[arg-type]
+    output, h_n, *c_n = torch_fn(input, hx, scaled, *flags)
+    return scale(output, out_scale, out_scale), scale(h_n, out_scale, out_scale), *c_n
 
 
+@fill_docstring
 def lstm(
     input: Tensor,
     hx: tuple[Tensor, Tensor] | list[Tensor],
@@ -51,70 +145,144 @@ def lstm(
     train: bool,
     bidirectional: bool,
     batch_first: bool,
+    constraint: ConstraintArg = "gmean",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Unit-scaled :func:`torch.lstm` (what :class:`torch.nn.LSTM` calls).
 
-    Torch's kernel runs on weights scaled by their fan-in, both ways: ``W_ih / in**0.5`` and
-    ``W_hh / H**0.5``, so each gate's pre-activation has unit variance from the input, plus
-    the recurrent part. The recurrence reads its own output, so every gradient inside meets
-    again at earlier steps: the scales are forward scales of the weights (the gradient stays
-    the true one of the scaled function); a weight's own gradient, summed over the ``N * T``
-    tokens, is scaled by ``(N * T)**-0.5`` as a linear layer's is (a cut edge: each weight
-    is read by this op alone), and a bias's likewise, added unscaled. The output sequence is
-    scaled by the inverse of ``h``'s stationary root-mean-square (0.19, computed from the gates'
-    Gaussian moments), both ways; the final ``h`` and ``c`` are returned as torch computes them.
-    The input's gradient is left as that scale makes it, not brought to 1 (std 3.6 for 16
-    inputs and 128 hidden units, a gradient on every step): a backward scale of its own would
-    need the gate derivatives' moments along the recurrence, and would break the gradient
-    where the input has other readers.
+    Torch's kernel runs on weights scaled by their fan-in, ``W_ih / in**0.5`` and
+    ``W_hh / H**0.5`` (a deeper layer's ``W_ih`` also over ``h``'s RMS), so each gate's
+    pre-activation has unit variance from its input, plus the recurrent part. The output
+    sequence and ``h_n`` are scaled by the inverse of ``h``'s stationary root-mean-square
+    (0.19 here, 0.41 in :func:`gru`, 0.68 in :func:`rnn_tanh`, 1 in :func:`rnn_relu`: the
+    gates' Gaussian moments at the fixed point), both ways; ``h_0`` is read in those units
+    (divided by it), so ``h_n`` can be passed back as ``h_0``; ``c`` is torch's. The input's
+    gradient is brought to 1 by a scale from the gradient moments along the recurrence,
+    reconciled with the output scale by ``constraint``: with one, every gradient is the
+    true gradient of the scaled function; with ``None``, the input's is a positive multiple
+    of it. Each weight's and bias's gradient is scaled to unit std on its own (a cut edge:
+    each is read by this op alone); a bias's sums steps the recurrence correlates, so it
+    comes out above 1 (1.6 in one LSTM layer, 2 to 2.5 in the layers under it). A deeper
+    layer's output drifts above 1 too (1.2 at two layers, 1.3 at three): its input is
+    correlated along time, which the moments leave out.
 
     Args:
         input: ``(T, N, in)``, or ``(N, T, in)`` with ``batch_first``.
         hx: ``(h_0, c_0)``.
         params: per layer and direction ``w_ih, w_hh`` (and ``b_ih, b_hh`` with ``has_biases``).
-        has_biases: as in torch.
-        num_layers: as in torch.
-        dropout: as in torch.
-        train: as in torch.
-        bidirectional: as in torch.
-        batch_first: as in torch.
+        has_biases, num_layers, dropout, train, bidirectional, batch_first: as in torch.
+        {constraint}
 
     Returns:
-        ``(output, h_n, c_n)``, the output scaled.
+        ``(output, h_n, c_n)``, the output and ``h_n`` scaled.
 
     Raises:
         InputError: a packed sequence (``hx`` is a tensor of batch sizes), or projections
             (``proj_size > 0``): not supported.
+        {constraint_errors}
 
     >>> import torch
     >>> from unitscale.functional import lstm
     >>> _ = torch.manual_seed(0)
-    >>> x, h0 = torch.randn(32, 64, 16), torch.zeros(1, 64, 128)
+    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
     >>> params = [torch.randn(512, 16), torch.randn(512, 128)]
-    >>> out, _, _ = lstm(x, (h0, h0), params, False, 1, 0.0, False, False, False)
-    >>> round(out.std().item(), 1)
-    1.0
+    >>> out, _, _ = lstm(x, (h0, h0), params, False, 1, 0.0, True, False, False, None)
+    >>> out.backward(torch.randn_like(out))
+    >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
     """
-    if isinstance(hx, _torch.Tensor):
-        raise _errors.InputError("lstm: packed sequences are not supported by the unit-scaled twin; pad them")
-    per = 4 if has_biases else 2
-    directions = 2 if bidirectional else 1
-    if len(params) != per * num_layers * directions:
-        raise _errors.InputError(
-            f"lstm: {len(params)} parameter tensors for {num_layers} layer(s) of {directions} direction(s); "
-            f"projections (proj_size > 0) are not supported by the unit-scaled twin"
-        )
-    tokens = input.numel() // max(input.shape[-1], 1)
-    token_scale = _inv_sqrt(tokens)
-    scaled = []
-    for i, p in enumerate(params):
-        if i % per < 2:  # a weight: forward by its fan-in, its own gradient by the tokens it sums over
-            fan_in = p.shape[-1]
-            scaled.append(scale(p, fan_in**-0.5, token_scale))
-        else:
-            scaled.append(scale(p, 1.0, token_scale))
-    output, h_n, c_n = _torch.lstm(
-        input, tuple(hx), scaled, has_biases, num_layers, dropout, train, bidirectional, batch_first
-    )
-    factor = 1 / _lstm_output_rms()
-    return scale(output, factor, factor), h_n, c_n
+    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    return _recurrent("lstm", _torch.lstm, input, hx, params, flags, constraint)  # type: ignore[return-value]
+
+
+def gru(
+    input: Tensor,
+    hx: Tensor,
+    params: tuple[Tensor, ...] | list[Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+    constraint: ConstraintArg = "gmean",
+) -> tuple[Tensor, Tensor]:
+    """Unit-scaled :func:`torch.gru` (what :class:`torch.nn.GRU` calls), scaled as :func:`lstm` is.
+
+    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0``, three gates to a weight; returns
+    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
+
+    >>> import torch
+    >>> from unitscale.functional import gru
+    >>> _ = torch.manual_seed(0)
+    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
+    >>> params = [torch.randn(384, 16), torch.randn(384, 128)]
+    >>> out, _ = gru(x, h0, params, False, 1, 0.0, True, False, False, None)
+    >>> out.backward(torch.randn_like(out))
+    >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    return _recurrent("gru", _torch.gru, input, hx, params, flags, constraint)  # type: ignore[return-value]
+
+
+def rnn_tanh(
+    input: Tensor,
+    hx: Tensor,
+    params: tuple[Tensor, ...] | list[Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+    constraint: ConstraintArg = "gmean",
+) -> tuple[Tensor, Tensor]:
+    """Unit-scaled :func:`torch.rnn_tanh` (what :class:`torch.nn.RNN` calls), scaled as :func:`lstm` is.
+
+    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0`` and one gate to a weight; returns
+    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
+
+    >>> import torch
+    >>> from unitscale.functional import rnn_tanh
+    >>> _ = torch.manual_seed(0)
+    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
+    >>> params = [torch.randn(128, 16), torch.randn(128, 128)]
+    >>> out, _ = rnn_tanh(x, h0, params, False, 1, 0.0, True, False, False, None)
+    >>> out.backward(torch.randn_like(out))
+    >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
+    (1.0, 1.0)
+    """
+    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    return _recurrent("rnn_tanh", _torch.rnn_tanh, input, hx, params, flags, constraint)  # type: ignore[return-value]
+
+
+def rnn_relu(
+    input: Tensor,
+    hx: Tensor,
+    params: tuple[Tensor, ...] | list[Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+    constraint: ConstraintArg = "gmean",
+) -> tuple[Tensor, Tensor]:
+    """Unit-scaled :func:`torch.rnn_relu` (``nn.RNN(nonlinearity="relu")``), scaled as :func:`lstm` is.
+
+    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0`` and one gate to a weight; returns
+    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
+
+    >>> import torch
+    >>> from unitscale.functional import rnn_relu
+    >>> _ = torch.manual_seed(0)
+    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
+    >>> params = [torch.randn(128, 16), torch.randn(128, 128)]
+    >>> out, _ = rnn_relu(x, h0, params, False, 1, 0.0, True, False, False, None)
+    >>> out.backward(torch.randn_like(out))
+    >>> rms = out.pow(2).mean().sqrt()  # not std: a ReLU's output is not centred
+    >>> round(rms.item(), 1), round(x.grad.std().item(), 1)
+    (0.9, 1.0)
+    """
+    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+    return _recurrent("rnn_relu", _torch.rnn_relu, input, hx, params, flags, constraint)  # type: ignore[return-value]

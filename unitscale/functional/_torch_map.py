@@ -18,7 +18,7 @@ from unitscale.functional._linear import addmm, conv1d, conv2d, conv_transpose2d
 from unitscale.functional._losses import cross_entropy, mse_loss
 from unitscale.functional._norms import layer_norm, rms_norm
 from unitscale.functional._pooling import adaptive_avg_pool2d, avg_pool2d, max_pool2d
-from unitscale.functional._recurrent import lstm
+from unitscale.functional._recurrent import gru, lstm, rnn_relu, rnn_tanh
 from unitscale.functional._resample import interpolate
 from unitscale.functional._residual import add
 
@@ -58,6 +58,9 @@ _TWINS: dict[Callable[..., object], tuple[Callable[..., object], ...]] = {
     interpolate: (_F.interpolate,),
     multi_head_attention_forward: (_F.multi_head_attention_forward,),
     lstm: (_torch.lstm,),
+    gru: (_torch.gru,),
+    rnn_tanh: (_torch.rnn_tanh,),
+    rnn_relu: (_torch.rnn_relu,),
 }
 
 torch_map: dict[Callable[..., object], Callable[..., object]] = {fn: twin for twin, fns in _TWINS.items() for fn in fns}

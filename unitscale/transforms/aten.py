@@ -208,6 +208,8 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.expand.default: _same("expand", "call_method"),
     aten.contiguous.default: _same("contiguous", "call_method"),
     aten.to.dtype: _same("to", "call_method"),
+    aten.lstm.input: _same(torch.lstm), aten.gru.input: _same(torch.gru),
+    aten.rnn_tanh.input: _same(torch.rnn_tanh), aten.rnn_relu.input: _same(torch.rnn_relu),
 }  # fmt: skip
 
 _IN_PLACE = {aten.relu_.default, aten.hardtanh_.default, aten.add_.Tensor, aten.hardsigmoid_.default}
@@ -218,7 +220,7 @@ ATEN_NEUTRAL: frozenset[Any] = frozenset(
     {aten.slice.Tensor, aten.to.dtype_layout, aten._to_copy.default, aten.alias.default, aten.detach.default}
     | {aten.index.Tensor, aten.gather.default, aten.where.self, aten.squeeze.default, aten.unbind.int}
     | {aten.chunk.default, aten.split_with_sizes.default, aten.narrow.default, aten.lift_fresh_copy.default}
-    | {aten.constant_pad_nd.default}
+    | {aten.constant_pad_nd.default, aten.zeros.default}  # zeros: an RNN's h_0 where none is passed
     | {aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar, aten.masked_fill.Scalar}
     # the aten spellings of SCALE_NEUTRAL_FUNCTIONS' torch.stack, roll, flip, repeat, masked_fill
     | {aten.stack.default, aten.roll.default, aten.flip.default, aten.repeat.default, aten.masked_fill.Tensor}
