@@ -5,6 +5,11 @@ A worker is a fresh interpreter: it does not run the caller's script, so a scrip
 ``if __name__ == "__main__":`` guard, a notebook and ``python -`` all work, unless what the
 workers get refers to something defined in the script; then the workers run the script first
 (as ``multiprocessing``'s spawn does), and it needs that guard.
+
+A stage travels as its graph's nodes, not as ``torch.fx``'s own pickle of a ``GraphModule``
+(its generated code, traced again on loading): that trace runs a higher-order op such as
+``wrap_with_set_grad_enabled`` (what ``torch.export`` makes of a ``torch.no_grad()`` block)
+instead of recording it, so the loaded stage computed gradients where the model computes none.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ import os
 import pickle
 import sys
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
+from torch._ops import OpOverload
+from torch.fx.node import map_aggregate
 
 from unitscale.errors import PipelineError
 
@@ -34,7 +43,64 @@ class _MainSpotter(pickle.Pickler):
         owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
         if getattr(owner, "__module__", None) == "__main__":
             self.from_main.append(getattr(owner, "__qualname__", repr(owner)))
+        if isinstance(obj, fx.GraphModule):
+            return _graph_module_reduction(obj)
         return NotImplemented
+
+
+@dataclass(frozen=True)
+class _NodeRef:
+    """A node named in another node's arguments, as it travels (not a tuple: ``map_aggregate`` would enter it)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class _OpRef:
+    """An ATen or custom op overload (``aten::tanh``, ``default``), which does not pickle, as it travels."""
+
+    name: str
+    overload: str
+
+    def resolve(self) -> Any:
+        namespace, name = self.name.split("::")
+        return getattr(getattr(getattr(torch.ops, namespace), name), self.overload)
+
+
+def _graph_module_reduction(gm: fx.GraphModule) -> Any:
+    """``gm`` as its state and its graph's nodes, rebuilt by :func:`_graph_module_from_nodes`; ``NotImplemented``
+    (torch's own pickle) where a node's target or constant cannot be pickled by itself."""
+    nodes = [
+        (
+            n.op,
+            n.name,
+            _OpRef(n.target._schema.name, n.target._overloadname) if isinstance(n.target, OpOverload) else n.target,
+            map_aggregate((n.args, n.kwargs), lambda a: _NodeRef(a.name) if isinstance(a, fx.Node) else a),
+        )
+        for n in gm.graph.nodes
+    ]
+    codegen = gm.graph._codegen
+    try:
+        pickle.dumps((nodes, codegen))
+    except Exception:
+        return NotImplemented
+    state = {k: v for k, v in gm.__dict__.items() if k != "_graph"}
+    return _graph_module_from_nodes, (state, nodes, codegen)
+
+
+def _graph_module_from_nodes(state: dict[str, Any], nodes: list[Any], codegen: Any) -> fx.GraphModule:
+    """The ``GraphModule`` :func:`_graph_module_reduction` took apart: its state, then its graph, compiled."""
+    graph = fx.Graph()
+    made: dict[str, fx.Node] = {}
+    for op, name, target, (args, kwargs) in nodes:
+        target = target.resolve() if isinstance(target, _OpRef) else target
+        args, kwargs = map_aggregate((args, kwargs), lambda a: made[a.name] if isinstance(a, _NodeRef) else a)
+        made[name] = graph.create_node(op, target, args, kwargs, name=name)
+    graph._codegen = codegen
+    gm = fx.GraphModule.__new__(fx.GraphModule)
+    gm.__dict__.update(state)
+    gm.graph = graph  # compiles its forward
+    return gm
 
 
 def pickled(what: str, value: Any, from_main: list[str]) -> bytes:
