@@ -121,15 +121,24 @@ class Recurrent(nn.Module):
         return out
 
 
+# Hooks are module-level functions, so that a pipeline's stages (pickled for its workers) can take them.
+def times_ten(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return (inputs[0] * 10,)
+
+
+def plus_one(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+    return output + 1
+
+
 def _root_prehook() -> nn.Module:
     model = nn.Sequential(nn.Linear(W, W), nn.Tanh())
-    model.register_forward_pre_hook(lambda m, inputs: (inputs[0] * 10,))
+    model.register_forward_pre_hook(times_ten)
     return model
 
 
 def _child_hook() -> nn.Module:
     model = nn.Sequential(nn.Linear(W, W), nn.Tanh())
-    model[0].register_forward_hook(lambda m, i, o: o + 1)
+    model[0].register_forward_hook(plus_one)
     return model
 
 
@@ -170,6 +179,9 @@ REFUSED: dict[tuple[str, str], str] = {
         ("no_grad_block", tool): r"grad mode switched off|switches grad mode off"
         for tool in ("track-fx", "apply-fx", "inline")
     },
+    # fx keeps a reentrant checkpoint, but not on the inputs alone: their requires_grad decides the model's gradient
+    ("checkpoint_reentrant", "track-fx"): r"use_reentrant=True.*inputs alone",
+    ("checkpoint_reentrant", "apply-fx"): r"use_reentrant=True.*inputs alone",
     ("checkpoint_reentrant", "track-export"): r"use_reentrant=True.*no gradient",
     ("checkpoint_reentrant", "apply-export"): r"use_reentrant=True.*no gradient",
 }
@@ -330,3 +342,25 @@ def test_transformers_families_backward_is_the_models_own(family: str) -> None:
     out.backward(g)
     torch.testing.assert_close(out.detach(), want_out, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(leaf.grad, want_x, rtol=1e-4, atol=1e-5)
+
+
+def test_fx_keeps_a_reentrant_checkpoint_only_where_a_parameter_feeds_it() -> None:
+    # On the inputs alone, torch gives the checkpointed parameters no gradient when the inputs need none,
+    # and the fx graph gave them one (a pipeline's a.weight gradient where the model has None).
+    torch.manual_seed(0)
+    model, x = Checkpointed(True), torch.randn(4, W)
+    model(x).sum().backward()
+    assert model.a.weight.grad is None and model.b.weight.grad is not None
+    with pytest.raises(NoRouteError, match=r"use_reentrant=True\) in the root \(Checkpointed\).*inputs alone"):
+        apply_transform(model, lambda gm: gm, example_inputs=(x,), route="fx")
+    fed = nn.Sequential(nn.Linear(W, W), Checkpointed(True))  # its input needs a gradient, whatever x's
+    g = torch.randn(4, W)
+    fed(x).backward(g)
+    want = {n: p.grad.clone() for n, p in fed.named_parameters()}
+    fed.zero_grad(set_to_none=True)
+    wrapped = apply_transform(fed, lambda gm: gm, example_inputs=(x,), route="fx")
+    wrapped(x).backward(g)
+    got = {n.removeprefix("module."): p.grad for n, p in wrapped.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    for n, grad in want.items():
+        torch.testing.assert_close(got[n], grad, rtol=1e-5, atol=1e-6, msg=n)

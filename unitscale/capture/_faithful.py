@@ -39,9 +39,11 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
     """Raise :class:`~unitscale.errors.LostBehaviourError` for the Functions ``route`` recorded as forward ops.
 
     On the ``fx`` route a reentrant ``torch.utils.checkpoint`` is kept: its body is traced
-    as ops with their own derivatives, which recompute-and-differentiate gives too.
+    as ops with their own derivatives, which recompute-and-differentiate gives too. Unless it
+    is applied to the model's inputs alone: then the model gives the parameters inside it a
+    gradient only if an input requires grad, which the graph cannot tell (a pipeline's never do).
     """
-    lost = [c for c in calls if not (route == "fx" and _is_reentrant_checkpoint(c.function))]
+    lost = [c for c in calls if not (route == "fx" and _is_reentrant_checkpoint(c.function) and not c.inputs_only)]
     if not lost:
         return
     first = lost[0]
@@ -58,6 +60,13 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
             "compute gradients through ops the model computes without them"
         )
         fix = "route='auto' moves on to a route that keeps it (torch.export, TorchDynamo or the eager record)"
+    elif _is_reentrant_checkpoint(first.function) and route == "fx":
+        lost_what = (
+            f"torch.utils.checkpoint(use_reentrant=True) in {first.describe().split(' in ', 1)[1]}, applied to "
+            "the model's inputs alone: when none of them requires grad, torch runs it under no_grad and its "
+            "parameters get no gradient, but the graph would give them one"
+        )
+        fix = "use use_reentrant=False, or route='auto' (another route keeps it)"
     elif _is_reentrant_checkpoint(first.function):
         lost_what = (
             f"torch.utils.checkpoint(use_reentrant=True) in {first.describe().split(' in ', 1)[1]}: {tool} runs "
