@@ -49,53 +49,46 @@ class _MainSpotter(pickle.Pickler):
 
 
 @dataclass(frozen=True)
-class _NodeRef:
-    """A node named in another node's arguments, as it travels (not a tuple: ``map_aggregate`` would enter it)."""
+class _Ref:
+    """A node (``overload=None``; not a tuple, which ``map_aggregate`` would enter) or an op overload
+    (``aten::tanh``, ``default``: it does not pickle) in a graph, as it travels."""
 
     name: str
+    overload: str | None = None
 
 
-@dataclass(frozen=True)
-class _OpRef:
-    """An ATen or custom op overload (``aten::tanh``, ``default``), which does not pickle, as it travels."""
-
-    name: str
-    overload: str
-
-    def resolve(self) -> Any:
-        namespace, name = self.name.split("::")
-        return getattr(getattr(getattr(torch.ops, namespace), name), self.overload)
+def _as_ref(a: Any) -> Any:
+    if isinstance(a, fx.Node):
+        return _Ref(a.name)
+    return _Ref(a._schema.name, a._overloadname) if isinstance(a, OpOverload) else a
 
 
 def _graph_module_reduction(gm: fx.GraphModule) -> Any:
     """``gm`` as its state and its graph's nodes, rebuilt by :func:`_graph_module_from_nodes`; ``NotImplemented``
     (torch's own pickle) where a node's target or constant cannot be pickled by itself."""
-    nodes = [
-        (
-            n.op,
-            n.name,
-            _OpRef(n.target._schema.name, n.target._overloadname) if isinstance(n.target, OpOverload) else n.target,
-            map_aggregate((n.args, n.kwargs), lambda a: _NodeRef(a.name) if isinstance(a, fx.Node) else a),
-        )
-        for n in gm.graph.nodes
-    ]
-    codegen = gm.graph._codegen
+    nodes = [(n.op, n.name, _as_ref(n.target), map_aggregate((n.args, n.kwargs), _as_ref)) for n in gm.graph.nodes]
     try:
-        pickle.dumps((nodes, codegen))
+        pickle.dumps((nodes, gm.graph._codegen))
     except Exception:
         return NotImplemented
-    state = {k: v for k, v in gm.__dict__.items() if k != "_graph"}
-    return _graph_module_from_nodes, (state, nodes, codegen)
+    return _graph_module_from_nodes, ({k: v for k, v in gm.__dict__.items() if k != "_graph"}, nodes, gm.graph._codegen)
 
 
 def _graph_module_from_nodes(state: dict[str, Any], nodes: list[Any], codegen: Any) -> fx.GraphModule:
     """The ``GraphModule`` :func:`_graph_module_reduction` took apart: its state, then its graph, compiled."""
     graph = fx.Graph()
     made: dict[str, fx.Node] = {}
+
+    def back(a: Any) -> Any:
+        if not isinstance(a, _Ref):
+            return a
+        if a.overload is None:
+            return made[a.name]
+        namespace, name = a.name.split("::")
+        return getattr(getattr(getattr(torch.ops, namespace), name), a.overload)
+
     for op, name, target, (args, kwargs) in nodes:
-        target = target.resolve() if isinstance(target, _OpRef) else target
-        args, kwargs = map_aggregate((args, kwargs), lambda a: made[a.name] if isinstance(a, _NodeRef) else a)
-        made[name] = graph.create_node(op, target, args, kwargs, name=name)
+        made[name] = graph.create_node(op, back(target), *map_aggregate((args, kwargs), back), name=name)
     graph._codegen = codegen
     gm = fx.GraphModule.__new__(fx.GraphModule)
     gm.__dict__.update(state)
