@@ -28,13 +28,19 @@ __all__ = [
     "albert",
     "bart",
     "bert",
+    "bloom",
+    "convnextv2",
+    "deberta_v2",
+    "fnet",
     "gemma",
+    "gpt_neox",
     "gpt2",
     "llama",
     "mistral",
     "mixtral",
     "mobilevit",
     "opt",
+    "phi3",
     "qwen2",
     "reformer",
     "t5",
@@ -127,7 +133,10 @@ def qwen2(**config: Any) -> Built:
 
 
 def gemma(**config: Any) -> Built:
-    """Gemma causal LM, sized as :func:`llama` (head dim 16); inputs ``(input_ids,)``. Not in :data:`BUILDERS`."""
+    """Gemma causal LM, sized as :func:`llama` (head dim 16).
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
     return _llama_like("gemma", **{"head_dim": 16, **config}), (token_ids(),)
 
 
@@ -293,6 +302,122 @@ def reformer(**config: Any) -> Built:
         },
     )
     return model, (token_ids(),)
+
+
+def deberta_v2(**config: Any) -> Built:
+    """DeBERTa-v2 base model: 2 layers, width 64, 4 heads, relative attention.
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
+    model = _build(
+        "deberta-v2",
+        transformers.AutoModel,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            "max_relative_positions": 32,
+            "position_buckets": 16,
+            "pad_token_id": 0,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
+def phi3(**config: Any) -> Built:
+    """Phi-3 causal LM (fused QKV and gate-up projections), sized as :func:`llama`.
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
+    return _llama_like("phi3", **{"pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0, **config}), (token_ids(),)
+
+
+def gpt_neox(**config: Any) -> Built:
+    """GPT-NeoX causal LM (parallel attention and MLP, partial rotary): 2 layers, width 64.
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
+    model = _build(
+        "gpt_neox",
+        transformers.AutoModelForCausalLM,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 64,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
+def bloom(**config: Any) -> Built:
+    """BLOOM causal LM (ALiBi positions, tied head): 2 layers, width 64, 4 heads.
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
+    model = _build(
+        "bloom",
+        transformers.AutoModelForCausalLM,
+        **{
+            "hidden_size": 64,
+            "n_layer": 2,
+            "n_head": 4,
+            "bos_token_id": 0,
+            "eos_token_id": 0,
+            "pad_token_id": 0,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
+def fnet(**config: Any) -> Built:
+    """FNet base model (Fourier token mixing, no attention): 2 layers, width 64.
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
+    model = _build(
+        "fnet",
+        transformers.AutoModel,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "max_position_embeddings": 64,
+            "pad_token_id": 0,
+            "use_tpu_fourier_optimizations": False,
+            **config,
+        },
+    )
+    return model, (token_ids(),)
+
+
+def convnextv2(**config: Any) -> Built:
+    """ConvNeXt V2 image classifier: 2 stages (widths 8, 16), 32x32 images, 4 classes.
+
+    Inputs ``(pixel_values,)``. Not in :data:`BUILDERS`.
+    """
+    cfg = transformers.ConvNextV2Config(
+        **{
+            "num_channels": 3,
+            "num_stages": 2,
+            "hidden_sizes": [8, 16],
+            "depths": [1, 1],
+            "image_size": 32,
+            "num_labels": 4,
+            **config,
+        }
+    )
+    torch.manual_seed(0)
+    model = transformers.ConvNextV2ForImageClassification(cfg).eval()
+    return model, (torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
 
 
 #: name -> builder, for parametrised tests.

@@ -39,9 +39,11 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
     """Raise :class:`~unitscale.errors.LostBehaviourError` for the Functions ``route`` recorded as forward ops.
 
     On the ``fx`` route a reentrant ``torch.utils.checkpoint`` is kept: its body is traced
-    as ops with their own derivatives, which recompute-and-differentiate gives too.
+    as ops with their own derivatives, which recompute-and-differentiate gives too. Unless it
+    is applied to the model's inputs alone: then the model gives the parameters inside it a
+    gradient only if an input requires grad, which the graph cannot tell (a pipeline's never do).
     """
-    lost = [c for c in calls if not (route == "fx" and _is_reentrant_checkpoint(c.function))]
+    lost = [c for c in calls if not (route == "fx" and _is_reentrant_checkpoint(c.function) and not c.inputs_only)]
     if not lost:
         return
     first = lost[0]
@@ -51,22 +53,25 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
     more = f" (and {len(lost) - 1} more call(s): {', '.join(sorted({c.function.__qualname__ for c in lost[1:]}))})"
     more = more if len(lost) > 1 else ""
     tool = "torch.fx" if route == "fx" else "torch.export"
+    where = first.describe().split(" in ", 1)[1]
     if first.function is torch.no_grad:
         lost_what = (
-            f"grad mode switched off (torch.no_grad() or set_grad_enabled(False)) in "
-            f"{first.describe().split(' in ', 1)[1]}: torch.fx records no grad mode, so the graph would "
-            "compute gradients through ops the model computes without them"
+            f"grad mode switched off (torch.no_grad() or set_grad_enabled(False)) in {where}: torch.fx records "
+            "no grad mode, so the graph would compute gradients through ops the model computes without them"
         )
         fix = "route='auto' moves on to a route that keeps it (torch.export, TorchDynamo or the eager record)"
     elif _is_reentrant_checkpoint(first.function):
-        lost_what = (
-            f"torch.utils.checkpoint(use_reentrant=True) in {first.describe().split(' in ', 1)[1]}: {tool} runs "
-            "the checkpointed forward under no_grad, so the graph would compute no gradient through it"
+        lost_what = f"torch.utils.checkpoint(use_reentrant=True) in {where}" + (
+            ", applied to the model's inputs alone: when none of them requires grad, torch runs it under no_grad "
+            "and its parameters get no gradient, but the graph would give them one"
+            if route == "fx"
+            else f": {tool} runs the checkpointed forward under no_grad, so the graph would compute no gradient "
+            "through it"
         )
         fix = "use use_reentrant=False, or route='auto' (another route keeps it)"
     elif _is_backward_hook(first.function):
         lost_what = (
-            f"a full backward hook (register_full_backward_hook) in {first.describe().split(' in ', 1)[1]}: "
+            f"a full backward hook (register_full_backward_hook) in {where}: "
             f"{tool} records the hook's identity Function as ops, so the hook would never run"
         )
         fix = "route='auto' moves on to a route that runs it"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from unitscale.fx.trace_errors import user_line
 
@@ -30,12 +30,17 @@ __all__ = ["FunctionCall", "functions_applied"]
 
 @dataclass(frozen=True)
 class FunctionCall:
-    """One ``Function.apply`` seen while a route traced: the class, the module it ran in, the user's line."""
+    """One ``Function.apply`` seen while a route traced: the class, the module it ran in, the user's line.
+
+    ``inputs_only``: the traced tensors it was applied to depend on no parameter or
+    submodule, only on the graph's inputs (whether they need a gradient is not in the graph).
+    """
 
     function: type
     module_path: str
     module_type: str
     source: str
+    inputs_only: bool = False
 
     def describe(self) -> str:
         where = f"module '{self.module_path}'" if self.module_path else "the root"
@@ -81,13 +86,27 @@ def _recorder() -> tuple[nn.Module, dict[int, str], list[FunctionCall]] | None:
     return None
 
 
-def _record(function: Any, caller: Any) -> None:
+def _inputs_only(args: tuple[Any, ...]) -> bool:
+    """Whether some of ``args`` are fx proxies, and none depends on a parameter, buffer or submodule."""
+    todo = [a.node for a in args if isinstance(a, fx.Proxy)]
+    seen: set[fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        if node.op in ("get_attr", "call_module"):
+            return False
+        if node not in seen:
+            seen.add(node)
+            todo.extend(node.all_input_nodes)
+    return bool(seen)
+
+
+def _record(function: Any, caller: Any, args: tuple[Any, ...] = ()) -> None:
     found = _recorder()
     if found is None:
         return
     root, paths, calls = found
     path, kind = _module_of(caller, paths, root)
-    calls.append(FunctionCall(function, path, kind, user_line(caller)))
+    calls.append(FunctionCall(function, path, kind, user_line(caller), _inputs_only(args)))
 
 
 def _kept_by_every_route(cls: Any) -> bool:
@@ -98,7 +117,7 @@ def _kept_by_every_route(cls: Any) -> bool:
 
 def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
     if _recorders and not _kept_by_every_route(cls):
-        _record(cls, sys._getframe(1))
+        _record(cls, sys._getframe(1), args)
     _applying.depth = getattr(_applying, "depth", 0) + 1
     try:
         return _original_apply.__func__(cls, *args, **kwargs)

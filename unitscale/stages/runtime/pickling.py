@@ -5,6 +5,11 @@ A worker is a fresh interpreter: it does not run the caller's script, so a scrip
 ``if __name__ == "__main__":`` guard, a notebook and ``python -`` all work, unless what the
 workers get refers to something defined in the script; then the workers run the script first
 (as ``multiprocessing``'s spawn does), and it needs that guard.
+
+A stage travels as its graph's nodes, not as ``torch.fx``'s own pickle of a ``GraphModule``
+(its generated code, traced again on loading): that trace runs a higher-order op such as
+``wrap_with_set_grad_enabled`` (what ``torch.export`` makes of a ``torch.no_grad()`` block)
+instead of recording it, so the loaded stage computed gradients where the model computes none.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ import os
 import pickle
 import sys
 import types
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import fx
+from torch._ops import OpOverload
+from torch.fx.node import map_aggregate
 
 from unitscale.errors import PipelineError
 
@@ -34,7 +43,57 @@ class _MainSpotter(pickle.Pickler):
         owner = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
         if getattr(owner, "__module__", None) == "__main__":
             self.from_main.append(getattr(owner, "__qualname__", repr(owner)))
+        if isinstance(obj, fx.GraphModule):
+            return _graph_module_reduction(obj)
         return NotImplemented
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A node (``overload=None``; not a tuple, which ``map_aggregate`` would enter) or an op overload
+    (``aten::tanh``, ``default``: it does not pickle) in a graph, as it travels."""
+
+    name: str
+    overload: str | None = None
+
+
+def _as_ref(a: Any) -> Any:
+    if isinstance(a, fx.Node):
+        return _Ref(a.name)
+    return _Ref(a._schema.name, a._overloadname) if isinstance(a, OpOverload) else a
+
+
+def _graph_module_reduction(gm: fx.GraphModule) -> Any:
+    """``gm`` as its state and its graph's nodes, rebuilt by :func:`_graph_module_from_nodes`; ``NotImplemented``
+    (torch's own pickle) where a node's target or constant cannot be pickled by itself."""
+    nodes = [(n.op, n.name, _as_ref(n.target), map_aggregate((n.args, n.kwargs), _as_ref)) for n in gm.graph.nodes]
+    try:
+        pickle.dumps((nodes, gm.graph._codegen))
+    except Exception:
+        return NotImplemented
+    return _graph_module_from_nodes, ({k: v for k, v in gm.__dict__.items() if k != "_graph"}, nodes, gm.graph._codegen)
+
+
+def _graph_module_from_nodes(state: dict[str, Any], nodes: list[Any], codegen: Any) -> fx.GraphModule:
+    """The ``GraphModule`` :func:`_graph_module_reduction` took apart: its state, then its graph, compiled."""
+    graph = fx.Graph()
+    made: dict[str, fx.Node] = {}
+
+    def back(a: Any) -> Any:
+        if not isinstance(a, _Ref):
+            return a
+        if a.overload is None:
+            return made[a.name]
+        namespace, name = a.name.split("::")
+        return getattr(getattr(getattr(torch.ops, namespace), name), a.overload)
+
+    for op, name, target, (args, kwargs) in nodes:
+        made[name] = graph.create_node(op, back(target), *map_aggregate((args, kwargs), back), name=name)
+    graph._codegen = codegen
+    gm = fx.GraphModule.__new__(fx.GraphModule)
+    gm.__dict__.update(state)
+    gm.graph = graph  # compiles its forward
+    return gm
 
 
 def pickled(what: str, value: Any, from_main: list[str]) -> bytes:
