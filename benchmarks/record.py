@@ -31,7 +31,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "docs" / "benchmark_runs" / "recording.json"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+# the library beside this file, not an installed one: here, in the benchmarks' pipeline workers
+# (they inherit the environment) and for the helpers beside the benchmarks
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from spread import STATISTIC  # noqa: E402
 
