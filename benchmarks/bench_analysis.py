@@ -24,7 +24,8 @@ code reaches the target on this machine while it keeps an exact std of every ten
 The "two reads" floor is the same with a sum and a sum of squares in place of the one ``sum``:
 the least an exact std costs when it is built from torch's CPU kernels, none of which reads a
 tensor once for both. Above 1.15, no code on torch's kernels reaches the target here.
-``--threads N`` (default 2; one in ``--quick`` mode). If Graphcore's ``unit-scaling`` is importable, its ratio (it
+``--threads N`` (default 1: on cores shared with other work, threads that wait on each other time
+the load more than the code). If Graphcore's ``unit-scaling`` is importable, its ratio (it
 traces on every call) is printed for the GPTs.
 """
 
@@ -172,9 +173,8 @@ def _output(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits if hasattr(out, "logits") else out[0]
 
 
-def main(quick: bool = False, threads: int = 2) -> list[dict]:
+def main(quick: bool = False, threads: int = 1) -> list[dict]:
     """Time plain forward+backward and ``analyse_module`` (first call, cached) per model; print and return rows."""
-    threads = 1 if quick else threads  # quick: one thread, as a shared machine gives
     torch.set_num_threads(threads)
     repeats = 1 if quick else REPEATS  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     batch = BATCH // 4 if quick else BATCH
@@ -311,5 +311,5 @@ def _route_alone(model: nn.Module, x: torch.Tensor, route: str) -> Callable[[], 
 
 
 if __name__ == "__main__":
-    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
     main(quick="--quick" in sys.argv, threads=threads)

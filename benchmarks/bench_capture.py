@@ -50,7 +50,7 @@ def _zoo() -> dict[str, Callable[[], Model]]:
 
 def main(quick: bool = False) -> list[dict]:
     """Time ``capture(model, inputs, route=r)`` per model and route; print and return the rows."""
-    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
+    torch.set_num_threads(1)  # one thread, quick or full: see bench_analysis.py
     routes = ("fx", "export") if quick else ROUTES
     repeats = 1 if quick else 3
     rows = []

@@ -620,7 +620,7 @@ def _table(rows: list[dict], title: str) -> None:
 
 def main(quick: bool = False) -> list[dict]:
     """Run the three parts, print a table for each, and return all rows."""
-    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
+    torch.set_num_threads(1)  # one thread, quick or full: see bench_analysis.py
     zoo = model_zoo(quick)
     _table(zoo, "Bottleneck / optimal bottleneck on a model zoo (FLOPs per node, module-boundary cuts)")
     rand = random_instances(quick)

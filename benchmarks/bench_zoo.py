@@ -183,7 +183,7 @@ def _row(name: str, pipelines: bool) -> dict[str, Any]:
 
 def main(quick: bool = False) -> list[dict[str, Any]]:
     """Run every tool on every model of the zoo; print and return one row per model."""
-    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
+    torch.set_num_threads(1)  # one thread, quick or full: see bench_analysis.py
     warnings.filterwarnings("ignore")  # transformers' notes on tiny configs; failures are shown in the cells
     try:
         import transformers  # noqa: F401
