@@ -85,8 +85,9 @@ browser: $(STAMP) chromium
 format-tutorials: $(STAMP)
 	$(PY) docs/_ext/format_tutorials.py tutorials/*.md
 
-## bench: every benchmark at full settings; the rows go to docs/benchmark_runs/, which the
-## Benchmarks page shows (the site build does not re-time them)
+## bench: every benchmark at full settings, one after the other, into one recording at this commit:
+## docs/benchmark_runs/recording.json, which the Benchmarks and planner pages show (the site build
+## does not re-time them; tests/test_benchmarks.py fails when the library changed after it)
 bench: $(STAMP)
 	$(PY) benchmarks/record.py
 

@@ -89,13 +89,13 @@ nb_render_markdown_format = "myst"  # Markdown outputs (the Benchmarks page's ta
 # The kernels also run figure_widths (every figure drawn again for a phone): its code is in the digest.
 KERNEL_CODE = [ROOT / "docs" / "_ext" / "figure_widths.py", ROOT / "docs" / "_ext" / "figure_widths_startup.py"]
 nb_execution_cache_path = str(cache_path(ROOT / "_build" / ".jupyter_cache", ROOT / "unitscale", KERNEL_CODE))
-# The Benchmarks page also runs benchmarks/bench_*.py: re-read (and, by its front matter,
-# re-run) it when they change, so its numbers are never the cached numbers of older scripts.
+# The Benchmarks and planner pages show the one recording of benchmarks/bench_*.py: re-read (and,
+# by their front matter, re-run) them when it or the scripts change.
 _KERNEL = ["unitscale/**/*.py", "docs/_ext/figure_widths*.py"]
 page_dependencies = {
-    "docs/benchmarks": ["benchmarks/bench_*.py", "docs/benchmark_runs/*.json", *_KERNEL],
+    "docs/benchmarks": ["benchmarks/*.py", "docs/benchmark_runs/recording.json", *_KERNEL],
     "docs/against-the-reference": _KERNEL,
-    "docs/planner": ["docs/benchmark_runs/bench_planner.json", *_KERNEL],
+    "docs/planner": ["benchmarks/record.py", "docs/benchmark_runs/recording.json", *_KERNEL],
     **{f"tutorials/{page.stem}": _KERNEL for page in sorted((ROOT / "tutorials").glob("[0-9][0-9]*_*.md"))},
 }
 

@@ -4,13 +4,14 @@ The ratio is the cost of scale tracking: capturing the model, running it so that
 is seen, and one std per tensor in forward and backward. The "first call" column starts from
 empty caches (the capture and the code listing are made again); "cached" is every later call
 on the same model and input shapes (an fx trace's code, compiled with a recording call per
-node on the first call, is run directly). Target: <= 1.15x in both. Models: TinyGPT, FusedGPT (a GPT
+node on the first call, is run directly). Target: <= 1.15x for a later call. Models: TinyGPT, FusedGPT (a GPT
 written differently: one fused qkv projection, explicit ``torch.softmax`` attention),
 ``unitscale.examples.resnet18``, and GPT-2 and Llama from ``transformers`` configs (built here, random
 weights, no download). The capture route is the one ``analyse_module`` took: ``fx`` where
 ``torch.fx`` traces the model, else ``eager`` (ops recorded as they run); a model fx cannot
 trace gets a second row with ``route="export"`` (the exported graph's listing; quick mode:
-Llama only). Ratios by wall time and by process CPU time (steadier on a shared machine).
+Llama only). Each ratio is taken within a round (every function timed once per round, in turn) and
+recorded as the median over rounds with its min and max; by wall time and by process CPU time.
 The "cached, no stds" column is the cached call with the std itself replaced by a constant:
 capture, hooks and bookkeeping without the two reads of every tensor (a sum and a dot
 product) that the std costs; the gap to "cached" is the std's share.
@@ -23,7 +24,8 @@ code reaches the target on this machine while it keeps an exact std of every ten
 The "two reads" floor is the same with a sum and a sum of squares in place of the one ``sum``:
 the least an exact std costs when it is built from torch's CPU kernels, none of which reads a
 tensor once for both. Above 1.15, no code on torch's kernels reaches the target here.
-``--threads N`` (default 2; one in ``--quick`` mode). If Graphcore's ``unit-scaling`` is importable, its ratio (it
+``--threads N`` (default 1: on cores shared with other work, threads that wait on each other time
+the load more than the code). If Graphcore's ``unit-scaling`` is importable, its ratio (it
 traces on every call) is printed for the GPTs.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -42,12 +45,28 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from spread import spread  # noqa: E402  (beside this script)
 
 from unitscale.capture import DeepTracing, capture, clear_capture_cache  # noqa: E402
 from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
 from unitscale.tracking import analyse_module, annotated, stats, track_scales  # noqa: E402
 
 BATCH, SEQ, WIDTH, LAYERS, HEADS, VOCAB = 8, 128, 256, 4, 4, 512
+#: rounds of the full run: each round times every function once, the plain pass among them, and
+#: a ratio is taken within a round. Five keep `make bench` to minutes; each ratio's min and max
+#: (recorded beside its median) say how far the rounds moved
+REPEATS = 5
+#: what the page checks each row against (``benchmarks/record.py`` records it)
+TARGETS = [
+    {
+        "what": "a later call of analyse_module, over a plain forward and backward",
+        "column": "cached",
+        "where": {"default route": True},
+        "at most": 1.15,
+    }
+]
 
 
 class FusedBlock(nn.Module):
@@ -135,18 +154,13 @@ def _time(fn: Callable[[], object]) -> tuple[float, float]:
         gc.enable()
 
 
-def _best_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
-    """Best wall and best CPU time of each function over ``repeats`` rounds, taking turns in each round.
+def _round_times(fns: dict[str, Callable[[], object]], repeats: int) -> list[dict[str, tuple[float, float]]]:
+    """Wall and process CPU time of each function in each of ``repeats`` rounds, taking turns in each round.
 
-    Taking turns makes a busy machine slow them alike; the best time is the least disturbed.
-    CPU time is the steadier of the two on a machine shared with other jobs.
+    Taking turns makes a busy machine slow them alike, so a ratio within one round is the steadier
+    measure; CPU time is the steadier of the two clocks on a machine shared with other jobs.
     """
-    best = {name: (math.inf, math.inf) for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            wall, cpu = _time(fn)
-            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-    return best
+    return [{name: _time(fn) for name, fn in fns.items()} for _ in range(repeats)]
 
 
 def _forget_captures() -> None:
@@ -159,11 +173,10 @@ def _output(out: Any) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits if hasattr(out, "logits") else out[0]
 
 
-def main(quick: bool = False, threads: int = 2) -> list[dict]:
+def main(quick: bool = False, threads: int = 1) -> list[dict]:
     """Time plain forward+backward and ``analyse_module`` (first call, cached) per model; print and return rows."""
-    threads = 1 if quick else threads  # quick: one thread, as a shared machine gives
     torch.set_num_threads(threads)
-    repeats = 1 if quick else 11  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
+    repeats = 1 if quick else REPEATS  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     batch = BATCH // 4 if quick else BATCH
     try:
         from unit_scaling.utils import analyse_module as theirs  # type: ignore[import-not-found]
@@ -172,7 +185,7 @@ def main(quick: bool = False, threads: int = 2) -> list[dict]:
     rows = []
     print(
         f"batch {batch}; GPTs: width {WIDTH}, {LAYERS} layers, {HEADS} heads, seq {SEQ}, vocab {VOCAB}; "
-        f"resnet18: width 64, 64x64 images; {threads} threads, best of {repeats}, GC off while timed"
+        f"resnet18: width 64, 64x64 images; {threads} threads, median of {repeats} rounds, GC off while timed"
     )
     print("ratios to plain forward+backward, by wall time (by CPU time); floor: first call / cached")
     header = (
@@ -192,6 +205,7 @@ def main(quick: bool = False, threads: int = 2) -> list[dict]:
         for taken in routes:
             row = _measure(name, model, x, grad, taken, repeats, theirs if name.endswith("GPT") else None)
             row["capture"] = taken
+            row["default route"] = taken == route  # the target is for the route analyse_module takes
             rows.append(row)
             theirs_cell = f"{row['unit_scaling']:.2f}x" if "unit_scaling" in row else "-"
             print(
@@ -249,24 +263,27 @@ def _measure(
         fns["theirs"] = lambda: theirs(model, x, grad, syntax_highlight=False)
     plain()  # warm-up: allocator, lazy imports, one-time kernel choices
     cached()
-    best = _best_times(fns, repeats)
-    (wall, cpu) = best["plain"]
-    row = {
-        "model": name,
-        "capture": route,
-        "first call": best["first"][0] / wall,
-        "cached": best["cached"][0] / wall,
-        "first call cpu": best["first"][1] / cpu,
-        "cached cpu": best["cached"][1] / cpu,
-        "cached, no stds": best["no stds"][0] / wall,
-    }
-    read = max(0.0, best["one read"][0] - best["no stds"][0]) / wall
-    row["floor, first call"] = 1 + best["route alone"][0] / wall + read
+    rounds = _round_times(fns, repeats)
+
+    def ratio(name: str, clock: int = 0) -> list[float]:
+        """``name``'s time over the plain pass's in each round (``clock`` 0: wall, 1: CPU)."""
+        return [r[name][clock] / r["plain"][clock] for r in rounds]
+
+    def median(name: str) -> float:
+        return statistics.median(ratio(name))
+
+    row: dict[str, Any] = {"model": name, "capture": route, "n": repeats}
+    row |= spread("first call", ratio("first")) | spread("cached", ratio("cached"))
+    row["first call cpu"] = statistics.median(ratio("first", 1))
+    row["cached cpu"] = statistics.median(ratio("cached", 1))
+    row["cached, no stds"] = median("no stds")
+    read = max(0.0, median("one read") - median("no stds"))
+    row["floor, first call"] = 1 + median("route alone") + read
     row["floor, cached"] = 1 + read
-    row["floor, two reads"] = 1 + max(0.0, best["two reads"][0] - best["no stds"][0]) / wall
-    row["plain ms"] = wall * 1e3
-    if "theirs" in best:
-        row["unit_scaling"] = best["theirs"][0] / wall
+    row["floor, two reads"] = 1 + max(0.0, median("two reads") - median("no stds"))
+    row["plain ms"] = statistics.median(r["plain"][0] for r in rounds) * 1e3
+    if "theirs" in fns:
+        row["unit_scaling"] = median("theirs")
     return row
 
 
@@ -294,5 +311,5 @@ def _route_alone(model: nn.Module, x: torch.Tensor, route: str) -> Callable[[], 
 
 
 if __name__ == "__main__":
-    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 2
+    threads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 1
     main(quick="--quick" in sys.argv, threads=threads)

@@ -2,9 +2,10 @@
 
 Each time is one whole :func:`unitscale.capture.capture` call forced to one route: the
 model's reference forward, the route itself, the meta normalisation and the run that
-checks the graph's outputs. A route that cannot capture a model prints ``fails`` and its
-exception type. Models: TinyGPT, resnet18 and tiny GPT-2 and Llama built from
-``transformers`` configs (``tests/real_models.py``). ``--quick``: fx and export only, once.
+checks the graph's outputs, recorded as the median of 3 with its min and max. A route
+that cannot capture a model prints ``fails`` and its exception type. Models: TinyGPT,
+resnet18 and tiny GPT-2 and Llama built from ``transformers`` configs
+(``tests/real_models.py``). ``--quick``: fx and export only, once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.real_models
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from spread import spread  # noqa: E402  (beside this script)
 
 from unitscale.capture import ROUTES, capture  # noqa: E402
 from unitscale.errors import NoRouteError  # noqa: E402
@@ -46,17 +50,17 @@ def _zoo() -> dict[str, Callable[[], Model]]:
 
 def main(quick: bool = False) -> list[dict]:
     """Time ``capture(model, inputs, route=r)`` per model and route; print and return the rows."""
-    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
+    torch.set_num_threads(1)  # one thread, quick or full: see bench_analysis.py
     routes = ("fx", "export") if quick else ROUTES
     repeats = 1 if quick else 3
     rows = []
-    print(f"capture time per route (seconds, best of {repeats}); 'fails' where the route cannot capture the model")
+    print(f"capture time per route (seconds, median of {repeats}); 'fails' where the route cannot capture the model")
     print(f"{'model':<10}" + "".join(f"{r:>20}" for r in routes))
     for name, build in _zoo().items():
         model, inputs = build()
         cells = []
         for route in routes:
-            best = float("inf")
+            times: list[float] = []
             failure = ""
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -65,10 +69,12 @@ def main(quick: bool = False) -> list[dict]:
                 except NoRouteError as e:
                     failure = e.reasons[route].split(":")[0]
                     break
-                best = min(best, time.perf_counter() - start)
+                times.append(time.perf_counter() - start)
                 torch._dynamo.reset()  # so a repeat does not reuse TorchDynamo's cache
-            rows.append({"model": name, "route": route, "seconds": "fails" if failure else best, "why": failure})
-            cells.append(f"fails ({failure})" if failure else f"{best:.2f}")
+            row: dict = {"model": name, "route": route, "n": len(times)}
+            row |= {"seconds": "fails", "why": failure} if failure else spread("seconds", times) | {"why": ""}
+            rows.append(row)
+            cells.append(f"fails ({failure})" if failure else f"{row['seconds']:.2f}")
         print(f"{name:<10}" + "".join(f"{c:>20}" for c in cells))
     return rows
 

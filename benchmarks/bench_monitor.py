@@ -6,9 +6,10 @@ module output, gradient, parameter and parameter gradient against FP8 E4M3 / E5M
 ratio is the time of ten monitored steps over ten plain ones, measured in the same run, the
 two interleaved step by step so that load from other processes hits both alike; a ``record
 step`` column gives one recording step over the round's mean plain step. Each is the median
-over rounds. Target: <= 1.10x for every 10th step. On one thread the clock is the thread's
-own CPU time (``time.thread_time``), which time slices taken by other processes on a shared
-machine do not inflate (wall time there swung by 30% between rounds); with more threads it is
+over rounds, recorded with its min and max. Target: <= 1.10x for every 10th step. On one
+thread the clock is the thread's own CPU time (``time.thread_time``), which time slices
+taken by other processes on a shared machine do not inflate (wall time there swung by 30%
+between rounds); with more threads it is
 wall time. Models: TinyGPT, a tiny Llama from ``transformers`` (random weights, no download), and
 ``unitscale.examples.resnet18``.
 """
@@ -28,11 +29,24 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the unitscale beside this file, not an installed one
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from unitscale.examples import TinyGPT, resnet18
+from spread import spread  # noqa: E402  (beside this script)
+
+from unitscale.examples import TinyGPT, resnet18  # noqa: E402
 from unitscale.tracking import ScaleMonitor  # noqa: E402
 
 EVERY = 10
+#: rounds of the full run (each ten plain and ten monitored steps, interleaved)
+ROUNDS = 5
+#: what the page checks each row against (``benchmarks/record.py`` records it)
+TARGETS = [
+    {
+        "what": "training with a monitor recording every 10th step, over plain training",
+        "column": "every 10th",
+        "at most": 1.10,
+    }
+]
 VOCAB, SEQ = 256, 64
 
 
@@ -101,7 +115,7 @@ def _timed(fn: Callable[[int], None], step: int, clock: Callable[[], float]) -> 
 def main(quick: bool = False, threads: int = 1) -> list[dict]:
     """Time plain and monitored training steps per model; print and return rows."""
     torch.set_num_threads(threads)
-    rounds = 1 if quick else 11  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
+    rounds = 1 if quick else ROUNDS  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     rows = []
     clock, clock_name = (time.thread_time, "thread CPU time") if threads == 1 else (time.perf_counter, "wall time")
     print(f"{threads} threads ({clock_name}); median of {rounds} rounds of {EVERY} steps; monitor every {EVERY} steps")
@@ -136,8 +150,9 @@ def main(quick: bool = False, threads: int = 1) -> list[dict]:
         always.close()
         row = {
             "model": name,
-            "every 10th": statistics.median(every),
-            "record step": statistics.median(record),
+            "n": rounds,
+            **spread("every 10th", every),
+            **spread("record step", record),
             "plain ms/step": statistics.median(plain_ms),
             "tensors": tensors,
         }

@@ -49,7 +49,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from stage_heuristics import block_partition_bounds, max_min_bounds  # beside this script (benchmarks/)
+from spread import spread  # beside this script (benchmarks/)
+from stage_heuristics import block_partition_bounds, max_min_bounds
 from torch import fx, nn
 
 from unitscale import partition
@@ -123,7 +124,7 @@ def model_zoo(quick: bool) -> list[dict]:
 def random_instances(quick: bool) -> list[dict]:
     """Mean and worst ratio to the optimum of each heuristic on random log-normal chains."""
     rng = random.Random(0)
-    count = 40 if quick else 2000  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
+    count = 40 if quick else 1000  # quick: does it run (tests/test_benchmarks.py); the page shows full runs
     samples = []
     for _ in range(count):
         n, k = rng.randint(16, 48), rng.choice((2, 4, 8))
@@ -161,16 +162,24 @@ def large_graph(quick: bool) -> list[dict]:
     costs = [rng.lognormvariate(0.0, 1.0) for _ in range(n)]
     rows = []
     for k in (2, 8, 64):
-        start = time.perf_counter()
-        P.optimal_bounds(costs, k)
+        times = _seconds(lambda k=k: P.optimal_bounds(costs, k), 3)
         rows.append(
-            {"benchmark": "20,000-node graph", "case": "search only", "N": k, "seconds": time.perf_counter() - start}
+            {"benchmark": "20,000-node graph", "case": "search only", "N": k, "n": 3} | spread("seconds", times)
         )
-    start = time.perf_counter()
-    partition(_Chain(n), 8, torch.randn(2), cost=_name_cost)
-    seconds = time.perf_counter() - start
-    rows.append({"benchmark": "20,000-node graph", "case": "partition() end to end", "N": 8, "seconds": seconds})
+    times = _seconds(lambda: partition(_Chain(n), 8, torch.randn(2), cost=_name_cost), 1 if quick else 3)
+    row = {"benchmark": "20,000-node graph", "case": "partition() end to end", "N": 8, "n": len(times)}
+    rows.append(row | spread("seconds", times))
     return rows
+
+
+def _seconds(fn: Callable[[], object], repeats: int) -> list[float]:
+    """The seconds of each of ``repeats`` calls of ``fn``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _random_chain(n: int, seed: int = 0) -> ChainCosts:
@@ -201,12 +210,12 @@ def planning_large(quick: bool) -> list[dict]:
     n = 20_000
     costs = _random_chain(n)
     rows = []
-    start = time.perf_counter()
-    P.optimal_bounds([(f + b) for f, b in zip(costs.forward, costs.backward, strict=True)], 8)
-    base = time.perf_counter() - start
+    both = [(f + b) for f, b in zip(costs.forward, costs.backward, strict=True)]
+    base = _seconds(lambda: P.optimal_bounds(both, 8), 3)
     rows.append(
-        {"benchmark": "20,000-node chain, 8 ranks", "case": "min-max search (baseline)", "seconds": base, "gap": 0.0}
-        | {"formula plan / ours": math.nan}
+        {"benchmark": "20,000-node chain, 8 ranks", "case": "min-max search (baseline)", "n": 3}
+        | spread("seconds", base)
+        | {"gap": 0.0, "formula plan / ours": math.nan}
     )
     cases = [
         ("1F1B, communication", costs, 8, "1f1b", None),
@@ -219,13 +228,14 @@ def planning_large(quick: bool) -> list[dict]:
     for label, chain, ranks, schedule, limit in cases:
         start = time.perf_counter()
         found = plan_chain(chain, ranks, schedule, 16, memory_limit=limit)
-        seconds = time.perf_counter() - start
+        seconds = [time.perf_counter() - start]  # once: the search is deterministic, and takes seconds
         formula = formula_plan(Problem(ChainArrays(chain, ranks, schedule, 16, 1, limit, None)))[0]
         rows.append(
             {
                 "benchmark": "20,000-node chain, 8 ranks",
                 "case": f"{label} ({found.simulated} simulated, {'optimal' if found.optimal else 'budget spent'})",
-                "seconds": seconds,
+                "n": 1,
+                **spread("seconds", seconds),
                 "gap": found.step_time / found.lower_bound - 1,
                 "formula plan / ours": simulate_bounds(chain, formula, schedule, 16).step_time / found.step_time,
             }
@@ -234,9 +244,10 @@ def planning_large(quick: bool) -> list[dict]:
 
 
 def planning_graph(quick: bool) -> list[dict]:
-    """Seconds (best of three) for ``plan_pipeline()`` on a 20,000-node graph end to end (capture, checking
-    the graph, shapes, costs, plan), and for planning alone from the captured plan: 1F1B on 8 ranks, 16
-    microbatches, a memory limit the unconstrained optimum breaks, 1 GB/s links with 0.1 ms latency."""
+    """Seconds (median of three, min and max) for ``plan_pipeline()`` on a 20,000-node graph end to
+    end (capture, checking the graph, shapes, costs, plan), and for planning alone from the captured
+    plan: 1F1B on 8 ranks, 16 microbatches, a memory limit the unconstrained optimum breaks,
+    1 GB/s links with 0.1 ms latency."""
     from unitscale.stages import plan_pipeline, simulate
 
     n = 2_000 if quick else 20_000
@@ -247,25 +258,28 @@ def planning_graph(quick: bool) -> list[dict]:
     free = plan_pipeline(captured, x, 8, **setting)  # type: ignore[arg-type]
     limit = 0.9 * max(simulate(free, "1f1b", 16).rank_memory)
     del free
-    whole = alone = math.inf
-    for _ in range(1 if quick else 3):  # the best of three: the least disturbed by other jobs
+    whole: list[float] = []
+    alone: list[float] = []
+    for _ in range(1 if quick else 3):
         # what the parts before left behind would otherwise be collected on this clock (GC stays on)
         gc.collect()
         start = time.perf_counter()
         plan = plan_pipeline(model, x, 8, cost=_name_cost, memory_limit=limit, **setting)  # type: ignore[arg-type]
-        whole = min(whole, time.perf_counter() - start)
+        whole.append(time.perf_counter() - start)
         gc.collect()
         start = time.perf_counter()
         plan_pipeline(captured, x, 8, memory_limit=limit, **setting)  # type: ignore[arg-type]
-        alone = min(alone, time.perf_counter() - start)
+        alone.append(time.perf_counter() - start)
     gap = plan.step_time / plan.lower_bound - 1
     state = "optimal" if plan.optimal else "budget spent"
     label = f"{n:,}-node graph, 1F1B, communication, memory limit ({state})"
     return [
-        {"benchmark": "plan_pipeline() on a graph", "case": f"{label}: end to end", "seconds": whole, "gap": gap}
-        | {"formula plan / ours": math.nan},
-        {"benchmark": "plan_pipeline() on a graph", "case": f"{label}: planning alone", "seconds": alone, "gap": gap}
-        | {"formula plan / ours": math.nan},
+        {"benchmark": "plan_pipeline() on a graph", "case": f"{label}: end to end", "n": len(whole)}
+        | spread("seconds", whole)
+        | {"gap": gap, "formula plan / ours": math.nan},
+        {"benchmark": "plan_pipeline() on a graph", "case": f"{label}: planning alone", "n": len(alone)}
+        | spread("seconds", alone)
+        | {"gap": gap, "formula plan / ours": math.nan},
     ]
 
 
@@ -493,11 +507,15 @@ def real_models(quick: bool) -> list[dict]:
     rows = []
     for name, model in models:
         for cost in ("params",) if quick else ("params", "flops"):
-            start = time.perf_counter()
-            plan = partition(model, 2, ids, cost=cost, boundary_depth=3)
-            seconds = time.perf_counter() - start
-            case = f"{name} (4 layers), {len(plan.node_costs)} nodes, {cost}"
-            rows.append({"benchmark": "partition() on transformers", "case": case, "N": 2, "seconds": seconds})
+            plans: list[Any] = []
+
+            def once(model: nn.Module = model, cost: str = cost, plans: list[Any] = plans) -> None:
+                plans.append(partition(model, 2, ids, cost=cost, boundary_depth=3))
+
+            times = _seconds(once, 1 if quick else 3)
+            case = f"{name} (4 layers), {len(plans[0].node_costs)} nodes, {cost}"
+            row = {"benchmark": "partition() on transformers", "case": case, "N": 2, "n": len(times)}
+            rows.append(row | spread("seconds", times))
     return rows
 
 
@@ -529,7 +547,7 @@ def prediction(quick: bool) -> list[dict]:
     """Predicted against measured step time of real gloo pipelines (2 ranks, one thread each).
 
     As tutorial 11 does it: every node timed once on one thread, scaled to the model's measured
-    forward on a microbatch, backward as the measured ratio; the planner's plan is run (24 timed
+    forward on a microbatch, backward as the measured ratio; the planner's plan is run (12 timed
     steps; 4 in quick mode), then re-planned with ``calibration=`` that run and run again. Columns: the
     first plan's estimate, the replay of the workers' durations and the calibrated plan's
     estimate, each over the step measured for its plan (1.0 is exact).
@@ -540,7 +558,7 @@ def prediction(quick: bool) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each worker computes
     rows, ranks, m = [], 2, 4
-    steps = 4 if quick else 24  # quick: does it run; the page shows full runs
+    steps = 4 if quick else 12  # quick: does it run; the page shows full runs
     try:
         for name, model, x, y, schedule, v in _prediction_cases(quick):
             base = partition(model, 1, x, cost="time")
@@ -571,7 +589,8 @@ def prediction(quick: bool) -> list[dict]:
                     "benchmark": "predicted / measured",
                     "case": f"{name}, {schedule}" + (f" (v={v})" if v > 1 else ""),
                     "N": ranks,
-                    "measured ms": measured.step_time * 1e3,
+                    "n": steps,
+                    **spread("measured ms", [t * 1e3 for t in _step_times(measured)]),
                     "planned / measured": first.step_time / measured.step_time,
                     "replay / measured": measured.predicted().step_time / measured.step_time,
                     "calibrated / measured": again.step_time / rerun.step_time,
@@ -580,6 +599,11 @@ def prediction(quick: bool) -> list[dict]:
     finally:
         torch.set_num_threads(threads)
     return rows
+
+
+def _step_times(run: Any) -> list[float]:
+    """Each timed step of a pipeline run: the slowest rank's, as ``run.step_time`` takes their median."""
+    return [max(r.steps[i][1] - r.steps[i][0] for r in run.records) for i in range(len(run.records[0].steps))]
 
 
 def _table(rows: list[dict], title: str) -> None:
@@ -596,7 +620,7 @@ def _table(rows: list[dict], title: str) -> None:
 
 def main(quick: bool = False) -> list[dict]:
     """Run the three parts, print a table for each, and return all rows."""
-    torch.set_num_threads(1 if quick else 2)  # quick: one thread, as a shared machine gives
+    torch.set_num_threads(1)  # one thread, quick or full: see bench_analysis.py
     zoo = model_zoo(quick)
     _table(zoo, "Bottleneck / optimal bottleneck on a model zoo (FLOPs per node, module-boundary cuts)")
     rand = random_instances(quick)

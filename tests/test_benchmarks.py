@@ -1,14 +1,19 @@
-"""Every benchmark runs: the site shows recorded runs (benchmarks/record.py), so a script broken
-by a change in the library would otherwise go unnoticed until the next ``make bench``."""
+"""The site shows one recording of every benchmark (``make bench``: benchmarks/record.py): it must
+be of the library as it is, hold every benchmark, and every benchmark must still run, since a
+script broken by a change in the library would otherwise go unnoticed until the next recording."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks.record import RECORDING, library_hash
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
@@ -21,9 +26,51 @@ BENCHMARKS = sorted((ROOT / "benchmarks").glob("bench_*.py"))
 HANG_GUARD_S = 1800
 
 
-def test_every_benchmark_has_a_recorded_run_for_the_site_and_every_run_a_benchmark() -> None:
-    recorded = {p.stem for p in (ROOT / "docs" / "benchmark_runs").glob("bench_*.json")}
-    assert recorded == {p.stem for p in BENCHMARKS}, "run `make bench` and commit docs/benchmark_runs/"
+def _recording() -> dict:
+    return json.loads(RECORDING.read_text())
+
+
+def test_the_recording_is_of_the_library_as_it_is() -> None:
+    """The recording's hash of ``unitscale/**/*.py`` is the source's today: a change to the library
+    after the recording fails here until the benchmarks are recorded again."""
+    recorded = _recording()
+    assert recorded["library hash"] == library_hash(), (
+        f"docs/benchmark_runs/recording.json was recorded at commit {recorded['commit'][:12]} on "
+        f"{recorded['date']}, and the library's source has changed since: run `make bench` and commit "
+        "docs/benchmark_runs/recording.json"
+    )
+
+
+def test_the_library_hash_follows_the_source_and_nothing_else(tmp_path: Path) -> None:
+    """The hash changes with a library file's content or path, not with files beside the library
+    (tests, docs, caches) nor with where the checkout is."""
+    copy = tmp_path / "a"
+    shutil.copytree(ROOT / "unitscale", copy / "unitscale", ignore=shutil.ignore_patterns("__pycache__"))
+    assert library_hash(copy) == library_hash(ROOT)
+    (copy / "notes.md").write_text("not the library")
+    (copy / "unitscale" / "data.json").write_text("{}")
+    assert library_hash(copy) == library_hash(ROOT)
+    errors = copy / "unitscale" / "errors.py"
+    errors.write_text(errors.read_text() + "\n# a comment is a change\n")
+    assert library_hash(copy) != library_hash(ROOT)
+    errors.rename(copy / "unitscale" / "errors_moved.py")
+    moved = library_hash(copy)
+    assert moved != library_hash(ROOT)
+
+
+def test_the_recording_holds_every_benchmark_once_and_says_where_and_how() -> None:
+    recorded = _recording()
+    assert set(recorded["benchmarks"]) == {p.stem for p in BENCHMARKS}, "run `make bench` and commit the recording"
+    assert not recorded["quick"], "the recording is of quick modes: run `make bench`"
+    for key in ("commit", "dirty", "cpu", "torch", "python", "date", "statistic", "seconds"):
+        assert recorded[key] not in ("", None), key
+    for name, bench in recorded["benchmarks"].items():
+        assert bench["rows"] and bench["threads"] >= 1, name
+        for row in bench["rows"]:  # every median is recorded with its spread and its n
+            for column in [c for c in row if f"{c} min" in row]:
+                assert "n" in row, (name, row)
+                if isinstance(row[column], float):
+                    assert row[f"{column} min"] <= row[column] <= row[f"{column} max"], (name, column, row)
 
 
 @pytest.mark.parametrize("path", BENCHMARKS, ids=[p.stem for p in BENCHMARKS])

@@ -1,7 +1,7 @@
 """Every recorded benchmark as a CSV file in the site: ``docs/benchmark_runs/<bench>.csv``.
 
-``benchmarks/record.py`` keeps each benchmark's rows as JSON in ``docs/benchmark_runs/``; the
-Benchmarks page shows charts and the key numbers, and links each section's full rows as a CSV
+``benchmarks/record.py`` keeps one recording of every benchmark, ``docs/benchmark_runs/recording.json``;
+the Benchmarks page shows charts and the key numbers, and links each section's full rows as a CSV
 file that a spreadsheet opens. This writes those files into the build, beside the page, from the
 same JSON, so the sources hold one copy of the numbers.
 """
@@ -16,14 +16,14 @@ from typing import Any
 from sphinx.application import Sphinx
 
 
-def write_csvs(runs: Path, out: Path) -> list[Path]:
-    """One ``<bench>.csv`` in ``out`` for every ``<bench>.json`` in ``runs``: a header, then the rows."""
+def write_csvs(recording: Path, out: Path) -> list[Path]:
+    """One ``<bench>.csv`` in ``out`` for every benchmark of ``recording``: a header, then the rows."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in sorted(runs.glob("bench_*.json")):
-        rows = json.loads(path.read_text())["rows"]
+    for name, bench in sorted(json.loads(recording.read_text())["benchmarks"].items()):
+        rows = bench["rows"]
         columns = list(dict.fromkeys(key for row in rows for key in row))
-        target = out / f"{path.stem}.csv"
+        target = out / f"{name}.csv"
         with target.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, columns)
             writer.writeheader()
@@ -34,7 +34,8 @@ def write_csvs(runs: Path, out: Path) -> list[Path]:
 
 def _write(app: Sphinx, exception: Exception | None) -> None:
     if exception is None and app.builder.format == "html":
-        write_csvs(Path(app.srcdir) / "docs" / "benchmark_runs", Path(app.outdir) / "docs" / "benchmark_runs")
+        runs = Path(app.srcdir) / "docs" / "benchmark_runs"
+        write_csvs(runs / "recording.json", Path(app.outdir) / "docs" / "benchmark_runs")
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

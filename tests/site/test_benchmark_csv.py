@@ -12,14 +12,15 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 from benchmark_csv import write_csvs  # noqa: E402
 
-RUNS = ROOT / "docs" / "benchmark_runs"
+RECORDING = ROOT / "docs" / "benchmark_runs" / "recording.json"
 
 
-def test_each_recording_becomes_a_csv_with_the_same_rows(tmp_path: Path) -> None:
-    written = write_csvs(RUNS, tmp_path)
-    assert sorted(p.stem for p in written) == sorted(p.stem for p in RUNS.glob("bench_*.json"))
+def test_each_recorded_benchmark_becomes_a_csv_with_the_same_rows(tmp_path: Path) -> None:
+    written = write_csvs(RECORDING, tmp_path)
+    benchmarks = json.loads(RECORDING.read_text())["benchmarks"]
+    assert sorted(p.stem for p in written) == sorted(benchmarks)
     for path in written:
-        rows = json.loads((RUNS / f"{path.stem}.json").read_text())["rows"]
+        rows = benchmarks[path.stem]["rows"]
         with path.open(newline="", encoding="utf-8") as f:
             read = list(csv.DictReader(f))
         assert len(read) == len(rows)
