@@ -161,7 +161,7 @@ def _row(name: str, pipelines: bool) -> dict[str, Any]:
         return "verified" if plan[0].verify() else "outputs differ"
 
     row["partition"] = _verdict(split)
-    row["split_spec"] = _verdict(lambda: f"{len(plan[0].split_spec())} split point(s)")
+    row["split_spec"] = _verdict(lambda: f"{len(plan[0].split_spec())} split point(s)") if plan else "no plan"
 
     def scaled() -> str:
         unit = unit_scale(model, example_inputs=inputs)
