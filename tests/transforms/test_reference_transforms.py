@@ -88,6 +88,37 @@ def test_residual_adds_are_found_with_tau_one_half():
     assert all(n.args[2] == 0.5 for n in adds)
 
 
+class _Chain(nn.Module):
+    """Three pre-norm residual adds, each one's skip the previous add: ``x + f_1 + f_2 + f_3``.
+
+    Each branch normalises its input, as a batch-normalised block's output does not depend on its input's
+    scale: the unit-scaled stream (the sum divided by ``(k + 1)**0.5``) gives the branch the same output."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fs = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for f in self.fs:
+            x = x + f(F.layer_norm(x, x.shape[-1:]))
+        return x
+
+
+def test_chained_residual_adds_keep_the_plain_sums_weights():
+    """Deliberate difference (issue 39): the ``k``-th add of a chain gets tau ``1 / (k + 1)`` (the paper's running
+    mean), where the reference's transform gives each add tau 0.5 and the latest branch the weight of the whole
+    stream. So the output is the model's own sum, with its (re-initialised) weights, times ``4**-0.5``."""
+    model = unit_scale(_Chain(16))
+    x = torch.randn(8, 16)
+    out = model(x)
+    assert [n.args[2] for n in calls(model, U.residual_add)] == pytest.approx([1 / 2, 1 / 3, 1 / 4])
+    expected = x
+    for f in model.module.fs:
+        normed = F.layer_norm(expected, (16,))
+        expected = expected + F.linear(normed, f.weight / 16**0.5)  # unit-scaled linear: fan_in**-0.5
+    torch.testing.assert_close(out, expected / 2, rtol=1e-4, atol=1e-4)
+
+
 def test_unit_scaling_keeps_what_an_in_place_add_after_a_skip_computes():
     """``skip = x; x += 1`` changes the skip too: the residual split goes after the change (the translation found
     the split placed before it, so ``+ 1`` reached the branch alone; the outputs differed by 0.71)."""

@@ -178,7 +178,8 @@ def unit_scale(
     In the graph: ``replace`` first, then :data:`unitscale.functional.torch_map`;
     residual adds (one operand an ancestor of the other) become
     :func:`~unitscale.functional.residual_split` / :func:`~unitscale.functional.residual_add`
-    (``tau`` 0.01 for attention branches, 0.5 otherwise); other adds become unconstrained
+    (``tau`` 0.01 for attention branches; else ``1 / (k + 1)`` at the ``k``-th add of a chain whose
+    skips are the previous adds, the plain sum's weights); other adds become unconstrained
     :func:`~unitscale.functional.add`; constrained ops on the trunk (every
     input-to-output path goes through them, as after the last residual add) are
     unconstrained.

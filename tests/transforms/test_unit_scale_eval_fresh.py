@@ -1,0 +1,179 @@
+"""Eval mode on unseen inputs: a CNN with batch norm and squeeze-excitation, trained a few steps (issue 39).
+
+After a few training steps, eval-mode output std on fresh batches (same distribution, never
+seen in training) should stay in the band the train-mode output had: batch norm's running
+statistics stand for the batches they were averaged over, nothing more.
+
+The band: the train-mode output std's range over the training steps, widened by 25% each
+way. One batch's output std varies from batch to batch, and the plain model's eval/train
+ratio in this setup is 0.91-1.17 (the small CNN) and 0.87-1.28 (EfficientNet-B0), so the
+25% takes that sampling spread and no more.
+
+The setup is realistic and documented, and the plain model is the oracle that it is: the
+same architecture with torch's own batch norm, ``momentum=None`` (torch's cumulative
+average, so a few steps give running statistics averaged over every batch seen rather than
+mostly torch's initial mean 0 and variance 1), 32 samples a batch, and feature maps of at
+least 3x3 at the last batch norm, so every channel's statistics come from hundreds of
+values. With 8 samples and 2x2 maps (EfficientNet-B0 at 64x64, the setup first reported)
+the PLAIN model is out of band too: running variances estimated from 32 values a channel
+(8 independent samples) let single fresh samples land 5-10 of their standard deviations
+out, and that compounds block by block (plain EfficientNet-B0, cumulative average: train
+2.5-3.4, eval 5.7 / 2.7 / 3.5 on fresh batches, one sample at 12.3). That is the setup, not
+unit scaling.
+
+The unit-scaled model keeps its default ``momentum`` (0.1): ``unit_scale`` refuses
+``momentum=None`` on every capture route (torch's batch norm reads ``1 /
+float(num_batches_tracked)`` in Python), and ``U.batch_norm``'s first training batch
+replaces the reset statistics. With every non-attention residual add at ``tau = 0.5`` the
+unit-scaled small CNN was out of band where the plain one is in it (train 1.40-1.64, eval
+1.90 / 1.93 / 2.50): 0.5 weighs each block's branch as much as the whole stream before it,
+another function than the model's; with the running-mean ``tau`` (``_residuals.py``) it is
+in band. EfficientNet-B0 at 96x96 stays out of band (train 1.26-1.50, eval 0.95 / 2.34 /
+1.17; 0.69 / 1.66 / 1.65 before): its test is an ``xfail``, the open part of issue 39's bar.
+The plain model given ``U.batch_norm``'s rule (the first batch replaces, then momentum 0.1,
+so after 5 steps two thirds of the statistics are the first batch's, taken with the initial
+weights) is out of band too (train 2.44-3.14, eval 5.89 / 5.59 / 5.42) where with the
+cumulative average it is in band: the rule, not the scales, is what is left to change.
+
+The small CNN always runs; EfficientNet-B0, RegNet-Y-400MF and LeViT-128S (from their
+configs, ``tests/vision_models.py``) run with ``UNITSCALE_SLOW_MODELS=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from unitscale.transforms import unit_scale
+
+STEPS, BATCH, FRESH, WIDEN = 5, 32, 3, 1.25
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(channels, channels // 4, 1), nn.Conv2d(channels // 4, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.expand(F.silu(self.reduce(x.mean((2, 3), keepdim=True)))))
+
+
+class _Block(nn.Module):
+    """An inverted residual block (EfficientNet's MBConv): expand, depthwise, squeeze-excite, project."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        wide = 4 * c
+        self.body = nn.Sequential(
+            *(nn.Conv2d(c, wide, 1, bias=False), nn.BatchNorm2d(wide), nn.SiLU()),
+            *(nn.Conv2d(wide, wide, 3, padding=1, groups=wide, bias=False), nn.BatchNorm2d(wide), nn.SiLU()),
+            *(_SqueezeExcite(wide), nn.Conv2d(wide, c, 1, bias=False), nn.BatchNorm2d(c)),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+def _small_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        *(nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.SiLU()),
+        *(_Block(16) for _ in range(4)),
+        *(nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.SiLU()),
+        *(_Block(32) for _ in range(4)),
+        *(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)),
+    ).train()
+
+
+def _cumulative(model: nn.Module) -> nn.Module:
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.momentum = None
+    return model
+
+
+def _logits(out: object) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out.logits  # type: ignore[attr-defined]
+
+
+def _train_then_eval(model: nn.Module, shape: tuple[int, ...]) -> tuple[list[float], list[float]]:
+    """Output stds of ``STEPS`` Adam steps (train mode), then of ``FRESH`` unseen batches in eval mode."""
+    gen = torch.Generator().manual_seed(100)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train = []
+    model.train()
+    for _ in range(STEPS):
+        x, y = torch.randn(shape, generator=gen), torch.randint(0, 10, (shape[0],), generator=gen)
+        out = _logits(model(x))
+        train.append(out.std().item())
+        opt.zero_grad()
+        F.cross_entropy(out, y).backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        fresh = [_logits(model(torch.randn(shape, generator=gen))).std().item() for _ in range(FRESH)]
+    return train, fresh
+
+
+def _assert_in_band(train: list[float], fresh: list[float]) -> None:
+    low, high = min(train) / WIDEN, max(train) * WIDEN
+    assert all(low <= s <= high for s in fresh), f"eval stds {fresh} outside [{low:.2f}, {high:.2f}] (train {train})"
+
+
+def _unit_scaled(model: nn.Module) -> nn.Module:
+    logging.disable(logging.WARNING)  # the std check's summary, not under test here
+    try:
+        return unit_scale(model)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+SMALL_SHAPE = (BATCH, 3, 16, 16)  # 4x4 maps at the last block: 512 values a channel
+
+
+def test_plain_small_cnn_eval_in_band() -> None:
+    """The oracle for the setup: torch's own batch norm, cumulative average, in band on fresh batches."""
+    _assert_in_band(*_train_then_eval(_cumulative(_small_cnn()), SMALL_SHAPE))
+
+
+def test_unit_scaled_small_cnn_eval_in_band() -> None:
+    """Failed with every non-attention residual add at ``tau = 0.5``: eval 1.90-3.61 against train 1.40-1.64."""
+    model = _unit_scaled(_small_cnn())
+    logging.disable(logging.WARNING)
+    try:
+        _assert_in_band(*_train_then_eval(model, SMALL_SHAPE))
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+#: name -> input shape: 32 samples, and maps of at least 3x3 at the last batch norm.
+HEAVY = {"efficientnet_b0": (BATCH, 3, 96, 96), "regnet_y_400mf": (BATCH, 3, 96, 96), "levit_128s": (BATCH, 3, 64, 64)}
+slow = pytest.mark.skipif(not os.environ.get("UNITSCALE_SLOW_MODELS"), reason="set UNITSCALE_SLOW_MODELS=1")
+
+
+@slow
+@pytest.mark.parametrize("name", sorted(HEAVY))
+def test_plain_vision_model_eval_in_band(name: str) -> None:
+    from tests.vision_models import build
+
+    model, _ = build(name)
+    _assert_in_band(*_train_then_eval(_cumulative(model), HEAVY[name]))
+
+
+@slow
+@pytest.mark.xfail(reason="issue 39, open: EfficientNet-B0 eval 0.95-2.34 against train 1.26-1.50")
+@pytest.mark.parametrize("name", sorted(HEAVY))
+def test_unit_scaled_vision_model_eval_in_band(name: str) -> None:
+    from tests.vision_models import build
+
+    model = _unit_scaled(build(name)[0])
+    logging.disable(logging.WARNING)
+    try:
+        _assert_in_band(*_train_then_eval(model, HEAVY[name]))
+    finally:
+        logging.disable(logging.NOTSET)
