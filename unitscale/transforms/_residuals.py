@@ -11,8 +11,8 @@ of the chain keeps the weight it has in the plain sum ``x + f_1 + ... + f_k`` (u
 branches, as batch norm's outputs are). A fixed 0.5 would weight the latest branch as much as
 the whole stream before it: the function would no longer be the model's, and in eval mode,
 where batch norm divides by running statistics, such a network amplifies a fresh sample's
-departure from them block by block (issue 39: a small inverted-residual CNN's eval std on
-fresh batches 1.9-3.6 against 1.4-1.6 in training with 0.5; 1.4-2.0 with the running mean).
+departure from them block by block (a small inverted-residual CNN's eval std on fresh
+batches: 1.9-3.6 against 1.4-1.6 in training with 0.5; 1.4-2.0 with the running mean).
 The ``k`` are constants of the graph, so the scales stay static.
 """
 
