@@ -148,28 +148,13 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
     return None
 
 
-def _reads_input(node: fx.Node) -> bool:
-    """Whether ``node`` computes from a graph input (not from parameters alone, as Gemma's ``1 + w``)."""
-    seen: set[fx.Node] = set()
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if n.op == "placeholder":
-            return True
-        if n not in seen:
-            seen.add(n)
-            todo.extend(n.all_input_nodes)
-    return False
-
-
 def _scale_add(state: PassState, node: fx.Node) -> bool:
     """An add of two float tensors becomes :func:`~unitscale.functional.add` (every add is claimed).
 
     Unconstrained, a broadcast operand's gradient is scaled apart from the other's: only true
     where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet), else it keeps ``gmean``.
-    An activation plus a number (``x + 1``) becomes ``add`` too, which leaves it unscaled: a
-    shift adds no variance (the reference's ``unit_scale`` does the same; left as it was, it
-    was reported as an unscaled op, an error under ``strict=True``).
+    A tensor plus a number (``x + 1``) becomes ``add`` too, which leaves a shift unscaled, as the
+    reference does; a parameter plus one (Gemma's ``1 + w``) stays, so ``w`` keeps its values.
     """
     if not _is_add(node):
         return False
@@ -177,7 +162,9 @@ def _scale_add(state: PassState, node: fx.Node) -> bool:
     if _is_float_node(a) and _is_float_node(b):
         meet = _is_broadcast_product(node) and _meet_upstream(a, b, state)
         state.retarget(node, U.add, **({} if meet else {"constraint": None}))
-    elif any(_is_float_node(t) and type(n) in (int, float) and _reads_input(t) for t, n in ((a, b), (b, a))):
+    elif any(
+        _is_float_node(t) and type(n) in (int, float) and not _parameter(state.gm, t) for t, n in ((a, b), (b, a))
+    ):
         state.retarget(node, U.add, constraint=None)
     return True
 
