@@ -379,6 +379,7 @@ def test_the_ledger_names_a_translation_for_every_reference_test_with_a_counterp
     """Every reference test is translated (a test of the same name in the file of its kind) or has no
     counterpart, with a reason; every difference names a translated test."""
     from . import test_reference_own_tests as ops
+    from . import test_reference_own_transform_tests as transforms
 
     here = globals()
     for file, names in REFERENCE_TESTS.items():
@@ -389,6 +390,10 @@ def test_the_ledger_names_a_translation_for_every_reference_test_with_a_counterp
             if key in NO_COUNTERPART:
                 assert key not in DIFFERENCES and NO_COUNTERPART[key]
                 continue
-            module = here if file in ("test_modules.py", "test_optim.py", "test_parameter.py") else vars(ops)
+            module = vars(ops)
+            if file in ("test_modules.py", "test_optim.py", "test_parameter.py"):
+                module = here
+            elif file.startswith("transforms/") or file == "test_utils.py":
+                module = vars(transforms)
             assert callable(module.get(name)), key
     assert set(DIFFERENCES) <= {f"{f}::{n}" for f, names in REFERENCE_TESTS.items() for n in names}

@@ -153,12 +153,19 @@ def _scale_add(state: PassState, node: fx.Node) -> bool:
 
     Unconstrained, a broadcast operand's gradient is scaled apart from the other's: only true
     where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet), else it keeps ``gmean``.
+    A tensor plus a number (``x + 1``) becomes ``add`` too, which leaves a shift unscaled, as the
+    reference does; a parameter plus one (Gemma's ``1 + w``) stays, so ``w`` keeps its values.
     """
     if not _is_add(node):
         return False
-    if len(node.args) >= 2 and _is_float_node(node.args[0]) and _is_float_node(node.args[1]):
-        meet = _is_broadcast_product(node) and _meet_upstream(node.args[0], node.args[1], state)
+    a, b = (node.args[0], node.args[1]) if len(node.args) >= 2 else (None, None)
+    if _is_float_node(a) and _is_float_node(b):
+        meet = _is_broadcast_product(node) and _meet_upstream(a, b, state)
         state.retarget(node, U.add, **({} if meet else {"constraint": None}))
+    elif any(
+        _is_float_node(t) and type(n) in (int, float) and not _parameter(state.gm, t) for t, n in ((a, b), (b, a))
+    ):
+        state.retarget(node, U.add, constraint=None)
     return True
 
 
