@@ -186,6 +186,7 @@ REFUSED: dict[tuple[str, str], str] = {
     ("checkpoint_reentrant", "apply-fx"): r"use_reentrant=True.*inputs alone",
     ("checkpoint_reentrant", "track-export"): r"use_reentrant=True.*no gradient",
     ("checkpoint_reentrant", "apply-export"): r"use_reentrant=True.*no gradient",
+    ("checkpoint_reentrant", "inline"): r"use_reentrant=True\) to its inputs alone",
 }
 # Routes whose failure is not a loss but a model they cannot take (typed, with the reason).
 CANNOT_TAKE: dict[tuple[str, str], str] = {
@@ -292,6 +293,27 @@ def test_inline_is_the_model_forward_and_backward(name: str) -> None:
     out.backward(g)
     torch.testing.assert_close(out.detach(), want_out, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(leaf.grad, want_x, rtol=1e-4, atol=1e-5)
+
+
+def test_inline_keeps_a_reentrant_checkpoint_only_where_a_parameter_feeds_it() -> None:
+    """On the inputs alone the model's own parameters get no gradient when no input requires grad (torch's rule);
+    an inlined body would give them one, so inline refuses. Fed by a parameter, the body is kept and true."""
+    torch.manual_seed(0)
+    x = torch.randn(4, W)
+    model = Checkpointed(True)
+    with pytest.warns(UserWarning, match="requires_grad"):
+        model(x).sum().backward()
+    assert model.a.weight.grad is None and model.b.weight.grad is not None  # the oracle: torch's own run
+    with pytest.raises(TraceError, match=r"inline\(\) cannot inline .*to its inputs alone"):
+        inline(model)
+    fed = nn.Sequential(nn.Linear(W, W), Checkpointed(True))
+    flat = inline(fed)
+    fed(x).sum().backward()
+    want = {n: p.grad.clone() for n, p in fed.named_parameters()}
+    fed.zero_grad(set_to_none=True)
+    flat(x).sum().backward()
+    for n, p in fed.named_parameters():
+        torch.testing.assert_close(p.grad, want[n], msg=n)
 
 
 @pytest.mark.parametrize("name", list(ZOO))

@@ -139,11 +139,22 @@ def _trace_keeping_functions(module: nn.Module, what: str) -> fx.Graph:
 
     The inlined graph's backward would be the derivative of those ops, not the Function's
     ``backward``. A reentrant ``torch.utils.checkpoint`` is kept (its body is traced as ops
-    with their own derivatives, which recomputing gives too).
+    with their own derivatives, which recomputing gives too), except on ``module``'s inputs
+    alone: whether torch gives the parameters inside it a gradient then depends on whether an
+    input requires grad, which a traced body cannot tell.
     """
     with functions_applied(module, grad_switches=True) as applied:
         graph = LeafTracer().trace(module)
-    lost = [c for c in applied if not (c.function.__module__ == "torch.utils.checkpoint")]
+    checkpoints = [c for c in applied if c.function.__module__ == "torch.utils.checkpoint"]
+    if any(c.inputs_only for c in checkpoints):
+        where = next(c for c in checkpoints if c.inputs_only).describe().split(" in ", 1)[1]
+        raise TraceError(
+            f"inline() cannot inline {what} ({type(module).__name__}): it applies "
+            f"torch.utils.checkpoint(use_reentrant=True) to its inputs alone in {where}; when none of them requires "
+            "grad, torch runs it under no_grad and its parameters get no gradient, but the inlined body would give "
+            "them one; use use_reentrant=False, or keep that module as a call (a predicate that returns False for it)"
+        )
+    lost = [c for c in applied if c not in checkpoints]
     if lost and lost[0].function is torch.no_grad:
         raise TraceError(
             f"inline() cannot inline {what} ({type(module).__name__}): it switches grad mode off (torch.no_grad()) "
@@ -250,9 +261,10 @@ def inline(
         NotAModuleError: ``gm`` is not an ``nn.Module``.
         InputError: ``example_inputs`` is not a tuple, or the module fails on it.
         PredicateError: ``predicate`` is not callable, raised, or returned a non-bool.
-        TraceError: a module cannot be traced, has hooks that its inlined body would not run
-            (the message names it; keep it as a call with a predicate), or the outputs differ
-            on ``example_inputs``.
+        TraceError: a module cannot be traced, has hooks that its inlined body would not run,
+            applies a custom ``autograd.Function``, a ``torch.no_grad()`` block or a reentrant
+            checkpoint on its inputs alone (the message names it; keep it as a call with a
+            predicate), or the outputs differ on ``example_inputs``.
 
     >>> import torch
     >>> from torch import nn
