@@ -177,3 +177,16 @@ def test_a_nested_wrapper_saves_the_frozen_factors_too() -> None:
     scaled(torch.randn(8, 3, 32, 32, dtype=torch.float64))
     keys = {k for k in scaled.state_dict() if k.startswith("grad_scales.")}
     assert keys and keys <= set(simulate_fp8(scaled).state_dict())
+
+
+@pytest.mark.parametrize("route", ["auto", "export"])
+def test_a_cumulative_average_batch_norm_is_refused_by_name(route: str) -> None:
+    """``momentum=None`` (torch divides by the count of batches seen): before, TorchDynamo's capture failed and
+    blamed data-dependent control flow; now a typed refusal names the module and the fix, and eval mode works."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8, momentum=None), nn.ReLU())
+    x = torch.randn(4, 3, 8, 8)
+    with pytest.raises(InputError, match=r"unit_scale: 1 \(BatchNorm2d\) has momentum=None.*set its momentum"):
+        unit_scale(model, example_inputs=(x,), route=route) if route != "auto" else unit_scale(model)
+    model(x)  # torch's own cumulative average, in training mode
+    scaled = unit_scale(model.eval())
+    assert scaled(x).shape == model(x).shape

@@ -22,8 +22,8 @@ out, and that compounds block by block (plain EfficientNet-B0, cumulative averag
 unit scaling.
 
 The unit-scaled model keeps its default ``momentum`` (0.1): ``unit_scale`` refuses
-``momentum=None`` on every capture route (torch's batch norm reads ``1 /
-float(num_batches_tracked)`` in Python), and ``U.batch_norm``'s first training batch
+``momentum=None`` in training mode with a typed error naming the module (torch's batch norm
+reads ``1 / float(num_batches_tracked)`` in Python), and ``U.batch_norm``'s first training batch
 replaces the reset statistics. With every non-attention residual add at ``tau = 0.5`` the
 unit-scaled small CNN was out of band where the plain one is in it (train 1.40-1.64, eval
 1.90 / 1.93 / 2.50): 0.5 weighs each block's branch as much as the whole stream before it,

@@ -250,8 +250,9 @@ def unit_scale(
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         ReplaceMapError: ``replace`` is not a mapping of callables to callables.
-        InputError: ``strict`` or ``check`` is not a bool, ``route`` without ``example_inputs``, or
-            example inputs the model cannot take.
+        InputError: ``strict`` or ``check`` is not a bool, ``route`` without ``example_inputs``,
+            example inputs the model cannot take, or a batch norm in training mode with
+            ``momentum=None`` (a cumulative average, not implemented here).
         NoRouteError: (with ``example_inputs``) no allowed route captured the model; the
             message lists each route's reason with the user's file and line.
         CaptureError: (on the first call) TorchDynamo cannot capture the forward in one graph,
@@ -278,6 +279,7 @@ def unit_scale(
     replacements = _check_replace(replace)
     _check_route_inputs(example_inputs, route)
     inner = module.module if isinstance(module, TransformedModule) else module
+    _check_batch_norm_momentum(inner)
     earlier: tuple[GraphTransform, ...] = module.transforms if isinstance(module, TransformedModule) else ()
     # Unit scaling comes before any simulated format, in either order of calls: rounding a
     # tensor before unit scaling would round values at the original initialisation's scale.
@@ -291,6 +293,22 @@ def unit_scale(
     wrapped = TransformedModule.wrap(scaled, transforms)
     outer = module if isinstance(module, TransformedModule) else None
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
+
+
+def _check_batch_norm_momentum(module: nn.Module) -> None:
+    """Refuse a batch norm in training mode whose running statistics are a cumulative average, by name.
+
+    ``momentum=None`` makes torch divide by the count of batches seen, a value no graph can
+    guard on; without this check the capture fails and blames data-dependent control flow.
+    """
+    for name, m in module.named_modules():
+        cumulative = isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None
+        if cumulative and m.training and m.track_running_stats:
+            raise InputError(
+                f"unit_scale: {name or 'the model'} ({type(m).__name__}) has momentum=None, a cumulative "
+                "average of the batch statistics, which unit-scaled batch norm does not implement; set its "
+                "momentum to a number (torch's default is 0.1), or call .eval() first"
+            )
 
 
 class _UnitScale(UnitScalePass):
