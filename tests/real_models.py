@@ -420,6 +420,50 @@ def convnextv2(**config: Any) -> Built:
     return model, (torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
 
 
+def swinv2(**config: Any) -> Built:
+    """Swin Transformer V2 image classifier: 2 stages (embedding 16, depths 1, 1), window 4, 32x32 images.
+
+    Inputs ``(pixel_values,)``. Not in :data:`BUILDERS`.
+    """
+    cfg = transformers.Swinv2Config(
+        **{
+            "image_size": 32,
+            "patch_size": 4,
+            "embed_dim": 16,
+            "depths": [1, 1],
+            "num_heads": [2, 2],
+            "window_size": 4,
+            "num_labels": 4,
+            **config,
+        }
+    )
+    torch.manual_seed(0)
+    model = transformers.Swinv2ForImageClassification(cfg).eval()
+    return model, (torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+
+
+def longformer(**config: Any) -> Built:
+    """Longformer base model (sliding-window attention, window 6): 2 layers, width 64.
+
+    Inputs ``(input_ids,)``. Not in :data:`BUILDERS`.
+    """
+    model = _build(
+        "longformer",
+        transformers.AutoModel,
+        **{
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "attention_window": 6,
+            "max_position_embeddings": 64,
+            "pad_token_id": 0,
+            **config,
+        },
+    )
+    return model, (token_ids(seq=12),)
+
+
 #: name -> builder, for parametrised tests.
 BUILDERS = {
     "gpt2": gpt2,

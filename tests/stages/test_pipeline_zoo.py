@@ -158,6 +158,9 @@ SLOW_FAMILIES: dict[str, str | None] = {
     "deberta_v2": None,
     "phi3": None,
     "convnextv2": None,
+    "swinv2": None,
+    # a branch on a tensor's value (is_global_attn): no graph route can hold the forward
+    "longformer": r"(?s)no route could capture LongformerModel .*is_global_attn",
 }
 
 
@@ -177,5 +180,5 @@ def test_pipeline_training_on_transformers_families_is_the_models_own(family: st
     if refused is None:
         assert pipeline_gradient_error(model, inputs) < 1e-12
         return
-    with pytest.raises(NoRouteError, match=refused):  # BLOOM's GELU is a Function with its own backward
+    with pytest.raises(NoRouteError, match=refused):  # BLOOM's GELU: a Function with its own backward
         pipeline_gradient_error(model, inputs)
