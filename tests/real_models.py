@@ -464,6 +464,30 @@ def longformer(**config: Any) -> Built:
     return model, (token_ids(seq=12),)
 
 
+def patchtst(**config: Any) -> Built:
+    """PatchTST forecaster: 3 series of 32 steps in patches of 8, width 32, 2 layers, 8 steps ahead.
+
+    Inputs ``(past_values,)``. Not in :data:`BUILDERS`.
+    """
+    cfg = transformers.PatchTSTConfig(
+        **{
+            "num_input_channels": 3,
+            "context_length": 32,
+            "patch_length": 8,
+            "patch_stride": 8,
+            "d_model": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "ffn_dim": 64,
+            "prediction_length": 8,
+            **config,
+        }
+    )
+    torch.manual_seed(0)
+    model = transformers.PatchTSTForPrediction(cfg).eval()
+    return model, (torch.randn(BATCH, 32, 3, generator=torch.Generator().manual_seed(0)),)
+
+
 #: name -> builder, for parametrised tests.
 BUILDERS = {
     "gpt2": gpt2,

@@ -344,7 +344,10 @@ class FromEmbeddings(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.model(**{self.key: x})
-        return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+        for name in ("logits", "prediction_outputs", "last_hidden_state"):
+            if getattr(out, name, None) is not None:
+                return getattr(out, name)
+        raise AssertionError(f"no output tensor in {type(out).__name__}")
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "llama"])
@@ -397,7 +400,7 @@ MORE_FAMILIES = [
     "bloom",
     *(
         pytest.param(f, marks=SLOW)
-        for f in ("albert", "deberta_v2", "phi3", "gpt_neox", "convnextv2", "swinv2", "longformer")
+        for f in ("albert", "deberta_v2", "phi3", "gpt_neox", "convnextv2", "swinv2", "longformer", "patchtst")
     ),
 ]
 
@@ -419,7 +422,8 @@ def test_more_families_every_tool_is_the_model(family: str) -> None:
     inputs = tuple(i.double() if i.is_floating_point() else i for i in inputs)
     torch.manual_seed(0)
     if inputs[0].is_floating_point():
-        wrapped, x = FromEmbeddings(model, "pixel_values"), inputs[0].double()
+        key = "past_values" if family == "patchtst" else "pixel_values"
+        wrapped, x = FromEmbeddings(model, key), inputs[0].double()
     else:
         wrapped = FromEmbeddings(model)
         x = torch.randn(2, 6, model.get_input_embeddings().embedding_dim, dtype=torch.float64)

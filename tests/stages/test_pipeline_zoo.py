@@ -63,7 +63,10 @@ def one_rank_in_this_process() -> Iterator[None]:
 def main_output(out: Any) -> torch.Tensor:
     if isinstance(out, torch.Tensor):
         return out
-    return out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+    for name in ("logits", "prediction_outputs", "last_hidden_state"):
+        if getattr(out, name, None) is not None:
+            return getattr(out, name)
+    raise AssertionError(f"no output tensor in {type(out).__name__}")
 
 
 def mse_on_main_output(out: Any, target: torch.Tensor) -> torch.Tensor:
@@ -159,6 +162,7 @@ SLOW_FAMILIES: dict[str, str | None] = {
     "phi3": None,
     "convnextv2": None,
     "swinv2": None,
+    "patchtst": None,
     # a branch on a tensor's value (is_global_attn): no graph route can hold the forward
     "longformer": r"(?s)no route could capture LongformerModel .*is_global_attn",
 }
