@@ -488,6 +488,44 @@ def patchtst(**config: Any) -> Built:
     return model, (torch.randn(BATCH, 32, 3, generator=torch.Generator().manual_seed(0)),)
 
 
+class _FixedNoise(torch.nn.Module):
+    """A ViT-MAE model given one fixed ``noise``, so its random masking is the same on every call and sample."""
+
+    def __init__(self, model: torch.nn.Module, noise: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("noise", noise)
+
+    def forward(self, pixel_values: torch.Tensor) -> Any:
+        noise = self.noise.to(pixel_values.dtype).expand(pixel_values.shape[0], -1)  # the same patches each sample
+        return self.model(pixel_values=pixel_values, noise=noise)
+
+
+def vit_mae(**config: Any) -> Built:
+    """ViT-MAE encoder (masked autoencoder, half the patches kept): 32x32 images in 8x8 patches, width 32.
+
+    Its masking draws noise on each call; the model is wrapped to take one fixed ``noise``
+    (a buffer), so every call masks the same patches. Inputs ``(pixel_values,)``. Not in
+    :data:`BUILDERS`.
+    """
+    cfg = transformers.ViTMAEConfig(
+        **{
+            "image_size": 32,
+            "patch_size": 8,
+            "hidden_size": 32,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "mask_ratio": 0.5,
+            **config,
+        }
+    )
+    torch.manual_seed(0)
+    model = transformers.ViTMAEModel(cfg).eval()
+    noise = torch.rand(1, (32 // 8) ** 2, generator=torch.Generator().manual_seed(1))
+    return _FixedNoise(model, noise), (torch.randn(BATCH, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
+
+
 #: name -> builder, for parametrised tests.
 BUILDERS = {
     "gpt2": gpt2,

@@ -400,7 +400,17 @@ MORE_FAMILIES = [
     "bloom",
     *(
         pytest.param(f, marks=SLOW)
-        for f in ("albert", "deberta_v2", "phi3", "gpt_neox", "convnextv2", "swinv2", "longformer", "patchtst")
+        for f in (
+            "albert",
+            "deberta_v2",
+            "phi3",
+            "gpt_neox",
+            "convnextv2",
+            "swinv2",
+            "longformer",
+            "patchtst",
+            "vit_mae",
+        )
     ),
 ]
 

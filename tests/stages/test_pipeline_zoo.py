@@ -163,6 +163,7 @@ SLOW_FAMILIES: dict[str, str | None] = {
     "convnextv2": None,
     "swinv2": None,
     "patchtst": None,
+    "vit_mae": None,
     # a branch on a tensor's value (is_global_attn): no graph route can hold the forward
     "longformer": r"(?s)no route could capture LongformerModel .*is_global_attn",
 }
