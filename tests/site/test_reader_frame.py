@@ -111,10 +111,11 @@ FIRST_USE_LINKED = {
 
 def source_prose(docname: str) -> str:
     """A page's Markdown source without its front matter, headings (a title links nothing: the
-    sentence under it does), code cells and fenced blocks."""
+    sentence under it does), code cells and fenced blocks (a ``{table}`` directive's rows are prose)."""
     text = (ROOT / f"{docname}.md").read_text(encoding="utf-8")
     text = re.sub(r"\A---\n.*?\n---\n", "", text, flags=re.S)
     text = re.sub(r"^#+ .*$", "", text, flags=re.M)
+    text = re.sub(r"^```\{table\}.*?\n(.*?)^```\s*$", r"\1", text, flags=re.S | re.M)
     return re.sub(r"^(```|~~~).*?^\1\s*$", "", text, flags=re.S | re.M)
 
 
