@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "docs" / "benchmark_runs" / "recording.json"
 # the library beside this file, not an installed one: here, in the benchmarks' pipeline workers
 # (they inherit the environment) and for the helpers beside the benchmarks
+# (PYTHONPATH is set in main(): importing this module must not change the importer's environment)
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from spread import STATISTIC  # noqa: E402
 
@@ -94,6 +94,7 @@ def run(path: Path, quick: bool) -> dict[str, Any]:
 
 
 def main() -> None:
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     quick = "--quick" in sys.argv
     out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else RECORDING
     head, dirty = commit()
