@@ -7,10 +7,10 @@
 ['input_1', 'weight', 'bias', 'linear']
 """
 
-from unitscale.tracking.analysis import ScaleTrackingInterpreter as ScaleTrackingInterpreter
 from unitscale.tracking.analysis import analyse_module as analyse_module
 from unitscale.tracking.analysis import track_scales as track_scales
 from unitscale.tracking.annotated import AnnotatedCode as AnnotatedCode
+from unitscale.tracking.compiled import ScaleTrackingInterpreter as ScaleTrackingInterpreter
 from unitscale.tracking.format_casts import CastStats as CastStats
 from unitscale.tracking.format_casts import cast_stats as cast_stats
 from unitscale.tracking.history import Drift as Drift

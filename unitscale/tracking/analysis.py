@@ -22,129 +22,23 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from unitscale.capture import Capture, DeepTracing, capture, no_kv_cache
-from unitscale.errors import (
-    BackwardError,
-    InputError,
-    NoRouteError,
-    NotAModuleError,
-    OutOfMemoryError,
-    UnitscaleError,
-)
+from unitscale.capture import DeepTracing, capture, no_kv_cache
+from unitscale.errors import InputError, NoRouteError, NotAModuleError, UnitscaleError
 from unitscale.fx.module_state import module_state_kept
-from unitscale.fx.nodes import op_name
-from unitscale.fx.plain_run import run_plainly
-from unitscale.fx.trace_errors import user_frame
 from unitscale.fx.tracers import check_autowrap
-from unitscale.tracking.annotated import AnnotatedCode, annotated_code
-from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.compiled import compiled_tracking, graph_steps
-from unitscale.tracking.eager import record_ops
-from unitscale.tracking.recording import ScaleRecording
-from unitscale.tracking.report import ScaleReport, ScaleRow
+from unitscale.tracking.annotated import AnnotatedCode
+from unitscale.tracking.compiled import track_pass
+from unitscale.tracking.report import ScaleReport
 from unitscale.tracking.stats import scratch_space
 
-__all__ = ["ScaleTrackingInterpreter", "analyse_module", "track_scales"]
-
-
-class ScaleTrackingInterpreter(fx.Interpreter):
-    """Runs a graph and records the scale of every floating-point node output.
-
-    Overrides :meth:`torch.fx.Interpreter.run_node`: after each node runs, the std (and
-    optionally abs-max) of its output is recorded on the device, and a gradient hook
-    records the std of its gradient when a backward pass reaches it. Floating-point
-    inputs are replaced by detached copies that require grad, so their gradients are
-    seen without touching the caller's tensors. Nothing is written to the graph.
-
-    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
-    something else per node, override ``run_node`` and call ``super().run_node(n)``; to
-    change what one kind of node does, override its method (``call_function``, ...).
-
-    .. code-block:: text
-
-        run(*inputs)
-        +-- run_node(n) *           records the output's scale; a view hands its
-            |                       record on to its only user (one record per chain),
-            |                       else takes its input's forward numbers
-            +-- placeholder()       (floating-point inputs become leaves that require grad)
-            +-- get_attr()
-            +-- call_function()
-            +-- call_method()
-            +-- call_module()
-            +-- output()
-
-    Args:
-        module: the module the graph belongs to (a ``GraphModule``, or the traced module).
-        graph: the graph to run (default: ``module.graph``).
-        abs_max: also record each tensor's largest magnitude.
-        only: the nodes to record (``None``: every node); the others just run.
-
-    After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
-    ``captured.remove_hooks()`` after the backward pass.
-
-    >>> import torch
-    >>> from torch import fx
-    >>> from unitscale.tracking import ScaleTrackingInterpreter
-    >>> from unitscale.examples import MLP
-    >>> _ = torch.manual_seed(0)
-    >>> gm = fx.symbolic_trace(MLP(4))
-    >>> interp = ScaleTrackingInterpreter(gm)
-    >>> out = interp.run(torch.randn(8, 4))
-    >>> [row.node for row, _ in interp.captured.entries]
-    ['x', 'fc1', 'act', 'fc2']
-    >>> interp.captured.remove_hooks()
-    """
-
-    def __init__(
-        self,
-        module: nn.Module,
-        graph: fx.Graph | None = None,
-        abs_max: bool = False,
-        only: Collection[fx.Node] | None = None,
-    ) -> None:
-        if not isinstance(module, nn.Module):
-            raise NotAModuleError(
-                f"ScaleTrackingInterpreter() got {type(module).__name__} {module!r:.60}; pass the GraphModule "
-                "to run, or the module a graph was traced from with graph=..."
-            )
-        if graph is None and not isinstance(module, fx.GraphModule):
-            raise NotAModuleError(
-                f"ScaleTrackingInterpreter() got a {type(module).__name__}, which has no graph; pass a GraphModule "
-                "(torch.fx.symbolic_trace(module)) or graph=..."
-            )
-        if graph is not None and not isinstance(graph, fx.Graph):
-            raise InputError(
-                f"ScaleTrackingInterpreter(graph=...) got {type(graph).__name__} {graph!r:.60}; pass a torch.fx.Graph"
-            )
-        super().__init__(module, graph=graph)
-        self.abs_max = abs_max
-        self.captured = ScaleRecording(
-            differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
-        )
-        self.current_node: fx.Node | None = None
-        nodes = [n for n in self.graph.nodes if n.op != "output"]
-        steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
-        if only is not None:  # a record handed on to a node left out would never get its gradient
-            names = {n.name for n in only}
-            keep = [(n, s) for n, s in steps.items() if n in only]
-            steps = {n: s if s.hand_on in names else s._replace(hand_on="", keep_hook=False) for n, s in keep}
-        self._steps = steps
-
-    def run_node(self, n: fx.Node) -> Any:
-        self.current_node = n
-        # without fx's per-node context manager: on a small model it costs as much as the tracking itself
-        out = run_plainly(self, n)
-        step = self._steps.get(n)
-        if step is None:  # the output
-            return out
-        return self.captured.record(out, step, self.env[n.args[0]] if step.from_source else None)  # type: ignore[index]
+__all__ = ["analyse_module", "track_scales"]
 
 
 @contextmanager
@@ -196,88 +90,6 @@ def _check_inputs(module: nn.Module, inputs: Any, fn: str) -> tuple[Any, ...]:
     return inputs
 
 
-def _shapes(inputs: tuple[Any, ...]) -> str:
-    return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
-
-
-def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
-    """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
-    if OutOfMemoryError.caused(e):
-        raise OutOfMemoryError(
-            f"{type(module).__name__} ran out of memory on inputs of shape {_shapes(inputs)} "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller "
-            "batch), free memory, or run on a device with more"
-        ) from e
-
-
-def _advice(reason: str) -> str:
-    if "in-place operation" in reason:
-        return "The model updates a tensor that requires grad in place: do it under torch.no_grad() or outside forward."
-    return "Check that the inputs have the shapes and dtypes the model expects."
-
-
-def _record(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
-    """One forward pass of ``module`` observed on ``cap``, gradient hooks in place: by the eager recorder,
-    the capture's compiled code or, for a ``GraphModule`` the user may edit between calls, an interpreter."""
-    # an fx trace's code reads the module itself (its current parameters); an exported graph holds its own
-    root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
-    program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
-    interp = None
-    try:
-        if cap.graph_module is None:
-            captured = record_ops(module, inputs, abs_max)
-        elif program is not None:
-            captured = program.run(root, inputs + cap.extra_inputs, abs_max)
-        else:
-            interp = ScaleTrackingInterpreter(root, graph=cap.graph_module.graph, abs_max=abs_max)
-            captured = interp.captured
-            try:
-                captured.output = interp.run(*inputs, *cap.extra_inputs)
-            except BaseException:
-                captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
-                raise
-    except Exception as e:
-        _out_of_memory(root, inputs, e)
-        n = interp.current_node if interp is not None else program.failed_node if program is not None else None
-        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        where = f" at {user_frame(e)}" if cap.graph_module is None else where
-        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
-        raise InputError(
-            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
-        ) from e
-    try:
-        seen = {id(leaf) for leaf in captured.leaves}  # parameters the graph read are there already
-        captured.leaves.extend(p for p in module.parameters() if p.requires_grad and id(p) not in seen)
-    except BaseException:
-        captured.remove_hooks()
-        raise
-    return captured
-
-
-def _finish(captured: ScaleRecording, backward: Any, model: str) -> tuple[list[ScaleRow], str]:
-    """The rows with their numbers, and why no backward pass ran (``""``: one did). The caller's
-    ``finally`` removes the hooks again if this fails."""
-    outputs = float_outputs(captured.output, model)
-    try:
-        no_backward = run_backward(outputs, backward, captured.leaves)
-    except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
-        raise
-    except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
-        if OutOfMemoryError.caused(e):
-            raise OutOfMemoryError(
-                f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
-                "or run on a device with more"
-            ) from e
-        raise BackwardError(
-            f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
-            "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "
-            "while tracking"
-        ) from e
-    captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
-    return captured.rows(), no_backward
-
-
 #: ``route=`` of :func:`track_scales` -> the routes :func:`unitscale.capture.capture` tries.
 _ROUTES: dict[str, tuple[str, ...]] = {
     "auto": ("fx", "eager"),
@@ -323,18 +135,11 @@ def _track(
             if route == "fx":
                 e.args = (f"{e.args[0]}\nUse route='auto' (or 'eager') to record the ops as they run.", *e.args[1:])
             raise
-        model = type(module).__name__
         # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
         # buffers or assigns to its module is undone (the caller's model is only observed); a
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
         with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
-            captured = _record(cap, module, inputs, abs_max)  # on failure it removed its hooks
-            try:
-                rows, no_backward = _finish(captured, backward, model)
-            finally:  # Ctrl-C included: the gradient hooks sit on the caller's parameters
-                captured.remove_hooks()
-        failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
-        return ScaleReport(rows, model, annotated_code(cap, rows, model), cap.route, failure, no_backward)
+            return track_pass(cap, module, inputs, backward, abs_max)
 
 
 def track_scales(

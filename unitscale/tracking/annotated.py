@@ -46,13 +46,15 @@ def _marked(row: ScaleRow) -> str:
     return f"{row.scale} NON-FINITE" if not row.finite else str(row.scale)
 
 
-def annotated_code(cap: Capture, rows: list[ScaleRow], model: str) -> str:
+def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | None = None) -> str:
     """The code of ``cap`` (or its op listing) with each line's ``(-> forward, <- backward)`` scales.
 
     Args:
         cap: the capture the rows were recorded on.
         rows: the report's rows.
         model: the model's name, for the listing's first line.
+        code: the graph's code, where the caller has it (the compiled tracking's); ``None``:
+            ``cap.python_code()``.
 
     Returns:
         The annotated text (plain; :class:`AnnotatedCode` highlights it).
@@ -76,7 +78,7 @@ def annotated_code(cap: Capture, rows: list[ScaleRow], model: str) -> str:
     by_name = {r.node: r for r in rows}
     if cap.graph_module is None:
         return _listing(rows, model, cap.reasons.get("fx", ""))
-    code, _ = cap.python_code()
+    code = cap.python_code()[0] if code is None else code
     lines = []
     if cap.route == "fx":
         inputs = [n.name for n in cap.graph_module.graph.nodes if n.op == "placeholder" and n.name in by_name]

@@ -1,6 +1,8 @@
-"""Scale tracking as compiled Python: the traced graph's code with a recording call after each node.
+"""One tracked pass of a captured model, and its graph run as compiled Python with a recording call per node.
 
-:class:`~unitscale.tracking.analysis.ScaleTrackingInterpreter` dispatches every node
+:func:`track_pass` is scale tracking after the capture: the forward pass recorded by the
+route the capture took, one backward pass, the report. A graph runs as compiled code:
+:class:`ScaleTrackingInterpreter` dispatches every node
 through :class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's
 users and kind looked up on every call): on a small model that costs several percent of a
 forward and backward pass. Here the graph is rewritten once per cached capture into code that
@@ -8,7 +10,7 @@ runs each op directly and hands its output to one recording call, whose per-node
 (name, module path, op, which view shares whose record) were worked out when the code was
 made. The code takes the traced module itself as ``self``, so it reads the module's current
 parameters and submodules, as the interpreter does. The rows and numbers are the
-interpreter's.
+interpreter's, which still runs a ``GraphModule`` the user may edit between calls.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import operator
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -24,15 +26,24 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from unitscale.capture import Capture
+from unitscale.errors import BackwardError, InputError, NotAModuleError, OutOfMemoryError, UnitscaleError
 from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument_alias, is_view_node, op_name
+from unitscale.fx.plain_run import run_plainly
+from unitscale.fx.trace_errors import user_frame
+from unitscale.tracking.annotated import annotated_code
+from unitscale.tracking.backward import float_outputs, run_backward
+from unitscale.tracking.eager import record_ops
 from unitscale.tracking.recording import ScaleRecording, Step
+from unitscale.tracking.report import ScaleReport
 
 __all__ = [
     "CompiledTracking",
+    "ScaleTrackingInterpreter",
     "changed_in_place",
     "compiled_tracking",
     "graph_steps",
     "holds_its_input_values",
+    "track_pass",
     "view_taking_over",
 ]
 
@@ -59,13 +70,14 @@ class CompiledTracking:
     """A captured graph compiled into a function that records every floating-point node output.
 
     Made by :func:`compiled_tracking` (cached per graph). :meth:`run` records what
-    :class:`~unitscale.tracking.analysis.ScaleTrackingInterpreter` records, with the same
+    :class:`ScaleTrackingInterpreter` records, with the same
     rows, records, leaves and hooks, and gives back the model's output.
 
     Args:
         module: the module the graph was traced from (the code's ``self``).
         graph: the traced graph (left unchanged).
-        code: the graph's code as fx writes it (``graph.python_code(root_module="self").src``).
+        code: the graph's code as fx writes it (``graph.python_code(root_module="self").src``),
+            kept as ``code`` (the report annotates the code that ran).
         namespace: the globals that code runs in.
 
     >>> import torch
@@ -91,6 +103,7 @@ class CompiledTracking:
         exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
         self.steps = steps
         self.nodes = nodes
+        self.code = code
         self._failed = threading.local()
         self._forward = scope["forward"]
 
@@ -334,7 +347,7 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     interpreter then.
 
     Only for graphs nobody edits after the first call (those of cached captures): an
-    edited graph would keep its old code.
+    edited graph would keep its old code. ``cap`` has a graph (not an eager op record).
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
@@ -347,7 +360,7 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     >>> program is not None and compiled_tracking(model, cap) is program
     True
     """
-    graph = cap.require_graph("compiled_tracking()").graph
+    graph = cap.graph_module.graph  # type: ignore[union-attr]
     program: Any = vars(graph).get(_COMPILED, False)
     if program is False:
         code, namespace = cap.python_code()
@@ -357,3 +370,191 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
             program = None
         setattr(graph, _COMPILED, program)
     return program
+
+
+class ScaleTrackingInterpreter(fx.Interpreter):
+    """Runs a graph and records the scale of every floating-point node output.
+
+    Overrides :meth:`torch.fx.Interpreter.run_node`: after each node runs, the std (and
+    optionally abs-max) of its output is recorded on the device, and a gradient hook
+    records the std of its gradient when a backward pass reaches it. Floating-point
+    inputs are replaced by detached copies that require grad, so their gradients are
+    seen without touching the caller's tensors. Nothing is written to the graph.
+
+    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
+    something else per node, override ``run_node`` and call ``super().run_node(n)``; to
+    change what one kind of node does, override its method (``call_function``, ...).
+
+    .. code-block:: text
+
+        run(*inputs)
+        +-- run_node(n) *           records the output's scale; a view hands its
+            |                       record on to its only user (one record per chain),
+            |                       else takes its input's forward numbers
+            +-- placeholder()       (floating-point inputs become leaves that require grad)
+            +-- get_attr()
+            +-- call_function()
+            +-- call_method()
+            +-- call_module()
+            +-- output()
+
+    Args:
+        module: the module the graph belongs to (a ``GraphModule``, or the traced module).
+        graph: the graph to run (default: ``module.graph``).
+        abs_max: also record each tensor's largest magnitude.
+        only: the nodes to record (``None``: every node); the others just run.
+
+    After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
+    ``captured.remove_hooks()`` after the backward pass.
+
+    >>> import torch
+    >>> from torch import fx
+    >>> from unitscale.tracking import ScaleTrackingInterpreter
+    >>> from unitscale.examples import MLP
+    >>> _ = torch.manual_seed(0)
+    >>> gm = fx.symbolic_trace(MLP(4))
+    >>> interp = ScaleTrackingInterpreter(gm)
+    >>> out = interp.run(torch.randn(8, 4))
+    >>> [row.node for row, _ in interp.captured.entries]
+    ['x', 'fc1', 'act', 'fc2']
+    >>> interp.captured.remove_hooks()
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        graph: fx.Graph | None = None,
+        abs_max: bool = False,
+        only: Collection[fx.Node] | None = None,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise NotAModuleError(
+                f"ScaleTrackingInterpreter() got {type(module).__name__} {module!r:.60}; pass the GraphModule "
+                "to run, or the module a graph was traced from with graph=..."
+            )
+        if graph is None and not isinstance(module, fx.GraphModule):
+            raise NotAModuleError(
+                f"ScaleTrackingInterpreter() got a {type(module).__name__}, which has no graph; pass a GraphModule "
+                "(torch.fx.symbolic_trace(module)) or graph=..."
+            )
+        if graph is not None and not isinstance(graph, fx.Graph):
+            raise InputError(
+                f"ScaleTrackingInterpreter(graph=...) got {type(graph).__name__} {graph!r:.60}; pass a torch.fx.Graph"
+            )
+        super().__init__(module, graph=graph)
+        self.abs_max = abs_max
+        self.captured = ScaleRecording(
+            differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
+        )
+        self.current_node: fx.Node | None = None
+        nodes = [n for n in self.graph.nodes if n.op != "output"]
+        steps = dict(zip(nodes, graph_steps(self.module, nodes), strict=True))
+        if only is not None:  # a record handed on to a node left out would never get its gradient
+            names = {n.name for n in only}
+            keep = [(n, s) for n, s in steps.items() if n in only]
+            steps = {n: s if s.hand_on in names else s._replace(hand_on="", keep_hook=False) for n, s in keep}
+        self._steps = steps
+
+    def run_node(self, n: fx.Node) -> Any:
+        self.current_node = n
+        # without fx's per-node context manager: on a small model it costs as much as the tracking itself
+        out = run_plainly(self, n)
+        step = self._steps.get(n)
+        if step is None:  # the output
+            return out
+        return self.captured.record(out, step, self.env[n.args[0]] if step.from_source else None)  # type: ignore[index]
+
+
+def _shapes(inputs: tuple[Any, ...]) -> str:
+    return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
+
+
+def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
+    """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
+    if OutOfMemoryError.caused(e):
+        raise OutOfMemoryError(
+            f"{type(module).__name__} ran out of memory on inputs of shape {_shapes(inputs)} "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller "
+            "batch), free memory, or run on a device with more"
+        ) from e
+
+
+def _advice(reason: str) -> str:
+    if "in-place operation" in reason:
+        return "The model updates a tensor that requires grad in place: do it under torch.no_grad() or outside forward."
+    return "Check that the inputs have the shapes and dtypes the model expects."
+
+
+def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backward: Any, abs_max: bool) -> ScaleReport:
+    """One forward pass of ``module`` recorded on ``cap``, then one backward pass: the report of both.
+
+    The forward pass is recorded by the eager recorder (an eager capture), by the capture's
+    compiled code or, for a ``GraphModule`` the user may edit between calls (or code the
+    rewrite does not know), by a :class:`ScaleTrackingInterpreter`; every parameter of
+    ``module`` is a leaf of the backward pass (:func:`~unitscale.tracking.backward.run_backward`).
+    The gradient hooks are removed before it returns, on failure too. The caller keeps the
+    model's state and turns gradients on (:func:`~unitscale.tracking.track_scales`).
+
+    >>> import torch
+    >>> from unitscale.capture import capture
+    >>> from unitscale.examples import MLP
+    >>> from unitscale.tracking.compiled import track_pass
+    >>> model, x = MLP(4), torch.randn(8, 4)
+    >>> cap = capture(model, x, check=False)
+    >>> report = track_pass(cap, model, (x,), None, abs_max=False)
+    >>> [row.node for row in report][:3], report.route
+    (['x', 'fc1', 'act'], 'fx')
+    """
+    model = type(module).__name__
+    # an fx trace's code reads the module itself (its current parameters); an exported graph holds its own
+    root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
+    program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
+    interp = None
+    try:
+        if cap.graph_module is None:
+            captured = record_ops(module, inputs, abs_max)
+        elif program is not None:
+            captured = program.run(root, inputs + cap.extra_inputs, abs_max)
+        else:
+            interp = ScaleTrackingInterpreter(root, graph=cap.graph_module.graph, abs_max=abs_max)
+            captured = interp.captured
+            try:
+                captured.output = interp.run(*inputs, *cap.extra_inputs)
+            except BaseException:
+                captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
+                raise
+    except Exception as e:
+        _out_of_memory(root, inputs, e)
+        n = interp.current_node if interp is not None else program.failed_node if program is not None else None
+        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
+        where = f" at {user_frame(e)}" if cap.graph_module is None else where
+        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
+        raise InputError(
+            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
+        ) from e
+    try:  # Ctrl-C included: the gradient hooks sit on the caller's parameters
+        outputs = float_outputs(captured.output, model)
+        # the parameters the graph read are leaves already; the others too, once each
+        leaves = list(dict.fromkeys([*captured.leaves, *module.parameters()]))
+        no_backward = run_backward(outputs, backward, leaves)
+    except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
+        raise
+    except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
+        if OutOfMemoryError.caused(e):
+            raise OutOfMemoryError(
+                f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
+                "or run on a device with more"
+            ) from e
+        raise BackwardError(
+            f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
+            "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "
+            "while tracking"
+        ) from e
+    finally:
+        captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
+    rows = captured.rows()
+    # the code the graph ran as: the compiled program's, else the capture's
+    code = annotated_code(cap, rows, model, program.code if program is not None else None)
+    failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
+    return ScaleReport(rows, model, code, cap.route, failure, no_backward)

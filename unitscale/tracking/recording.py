@@ -17,6 +17,7 @@ import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -163,16 +164,16 @@ class ScaleRecording:
         ``record``: an existing record to share (a view of a tensor already recorded has
         the same std). ``hook=False``: leave the gradient to a later row sharing the record.
         """
+        version = _version(t)
         if record is None:
             record = self.new_record()
             record.record_forward(t, abs_max)
         handle = None
         if hook and t.requires_grad:
-            handle = t.register_hook(self._gradient_hook(record))
+            handle = t.register_hook(partial(_record_gradient, record, self._grad_stds))
             self.handles.append(handle)
         row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         self.entries.append((row, record))
-        version = _version(t)
         if version is not None:
             self._latest[id(t)] = (weakref.ref(t), version, record, handle)
         return record
@@ -325,22 +326,6 @@ class ScaleRecording:
             forgotten |= {id(handle), id(record)}
         self._views = [v for v in self._views if id(v[3]) not in forgotten and id(v[5]) not in forgotten]
 
-    def _gradient_hook(self, record: ScaleRecord) -> Callable[[torch.Tensor], None]:
-        """A hook recording a gradient's std into ``record``, measured once per gradient tensor."""
-        measured = self._grad_stds
-
-        def hook(grad: torch.Tensor) -> None:
-            key, version = id(grad), _version(grad)
-            known = measured.get(key)
-            if known is not None and known[0]() is grad and known[1] == version:
-                record.record_backward(grad, known[2])
-                return
-            record.record_backward(grad)
-            if version is not None:
-                measured[key] = (weakref.ref(grad), version, record.backward)
-
-        return hook
-
     def remove_hooks(self) -> None:
         """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
 
@@ -353,6 +338,19 @@ class ScaleRecording:
             handle.remove()
         self.handles.clear()
         self._grad_stds.clear()
+
+
+def _record_gradient(record: ScaleRecord, measured: dict[int, Any], grad: torch.Tensor) -> None:
+    """The gradient hook of :meth:`ScaleRecording.track`: ``grad``'s std into ``record``, measured once per
+    gradient tensor (``measured``: ``id(grad) -> (grad weakly, its version, its std)``)."""
+    key, version = id(grad), _version(grad)
+    known = measured.get(key)
+    if known is not None and known[0]() is grad and known[1] == version:
+        record.record_backward(grad, known[2])
+        return
+    record.record_backward(grad)
+    if version is not None:
+        measured[key] = (weakref.ref(grad), version, record.backward)
 
 
 def _version(t: torch.Tensor) -> int | None:
