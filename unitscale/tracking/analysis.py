@@ -7,7 +7,7 @@ capture per module, reused while it is unchanged). Scale tracking observes it:
 - a graph (the ``fx`` route's trace, or an exported graph) runs as its own compiled code
   with a recording call after each node (``unitscale.tracking.compiled``), made once per
   cached capture; a ``GraphModule`` passed in, which the user may edit between calls, runs
-  under a :class:`ScaleTrackingInterpreter`, node by node, with the same records;
+  under a :class:`~unitscale.tracking.ScaleTrackingInterpreter`, node by node, with the same records;
 - the eager record (``torch.fx`` cannot trace ``transformers`` models or data-dependent
   control flow) is made while the model runs, by capture's op recorder with a recording
   hook (:class:`unitscale.tracking.eager.ScaleRecorder`): about the cost of the fx route,

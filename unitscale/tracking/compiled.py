@@ -1,16 +1,14 @@
-"""One tracked pass of a captured model, and its graph run as compiled Python with a recording call per node.
+"""Scale tracking after the capture: one pass recorded by the capture's route, a graph run as compiled Python.
 
-:func:`track_pass` is scale tracking after the capture: the forward pass recorded by the
-route the capture took, one backward pass, the report. A graph runs as compiled code:
-:class:`ScaleTrackingInterpreter` dispatches every node
-through :class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's
-users and kind looked up on every call): on a small model that costs several percent of a
-forward and backward pass. Here the graph is rewritten once per cached capture into code that
-runs each op directly and hands its output to one recording call, whose per-node facts
-(name, module path, op, which view shares whose record) were worked out when the code was
-made. The code takes the traced module itself as ``self``, so it reads the module's current
-parameters and submodules, as the interpreter does. The rows and numbers are the
-interpreter's, which still runs a ``GraphModule`` the user may edit between calls.
+:func:`track_pass` records the forward pass (the eager record, the graph's compiled code, or
+:class:`ScaleTrackingInterpreter` for a ``GraphModule`` the user may edit between calls), runs
+one backward pass and writes the report. The interpreter dispatches every node through
+:class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's users and
+kind looked up on every call): on a small model, several percent of a pass. Compiled, the graph
+is rewritten once per cached capture into code that runs each op directly and hands its output
+to one recording call, whose per-node facts (name, module path, op, which view shares whose
+record) were worked out when the code was made. It takes the traced module as ``self`` (its
+current parameters and submodules) and gives the interpreter's rows and numbers.
 """
 
 from __future__ import annotations
@@ -486,14 +484,11 @@ def _advice(reason: str) -> str:
 
 
 def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backward: Any, abs_max: bool) -> ScaleReport:
-    """One forward pass of ``module`` recorded on ``cap``, then one backward pass: the report of both.
+    """One forward pass of ``module`` recorded on ``cap``, one backward pass, and their report.
 
-    The forward pass is recorded by the eager recorder (an eager capture), by the capture's
-    compiled code or, for a ``GraphModule`` the user may edit between calls (or code the
-    rewrite does not know), by a :class:`ScaleTrackingInterpreter`; every parameter of
-    ``module`` is a leaf of the backward pass (:func:`~unitscale.tracking.backward.run_backward`).
-    The gradient hooks are removed before it returns, on failure too. The caller keeps the
-    model's state and turns gradients on (:func:`~unitscale.tracking.track_scales`).
+    Every parameter of ``module`` is a leaf of the backward pass; the gradient hooks are
+    removed before it returns, on failure too. The caller keeps the model's state and turns
+    gradients on (:func:`~unitscale.tracking.track_scales`).
 
     >>> import torch
     >>> from unitscale.capture import capture
@@ -554,7 +549,6 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
     finally:
         captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
     rows = captured.rows()
-    # the code the graph ran as: the compiled program's, else the capture's
     code = annotated_code(cap, rows, model, program.code if program is not None else None)
     failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
     return ScaleReport(rows, model, code, cap.route, failure, no_backward)

@@ -26,7 +26,7 @@ from torch.utils.hooks import RemovableHandle
 
 from unitscale.tracking.backward import flatten_tensors
 from unitscale.tracking.report import ScaleRow
-from unitscale.tracking.stats import ScaleRecord, read_records
+from unitscale.tracking.stats import ScaleRecord, _record_gradient, _version, read_records
 
 __all__ = ["ScaleRecording", "Step", "input_leaf"]
 
@@ -338,27 +338,6 @@ class ScaleRecording:
             handle.remove()
         self.handles.clear()
         self._grad_stds.clear()
-
-
-def _record_gradient(record: ScaleRecord, measured: dict[int, Any], grad: torch.Tensor) -> None:
-    """The gradient hook of :meth:`ScaleRecording.track`: ``grad``'s std into ``record``, measured once per
-    gradient tensor (``measured``: ``id(grad) -> (grad weakly, its version, its std)``)."""
-    key, version = id(grad), _version(grad)
-    known = measured.get(key)
-    if known is not None and known[0]() is grad and known[1] == version:
-        record.record_backward(grad, known[2])
-        return
-    record.record_backward(grad)
-    if version is not None:
-        measured[key] = (weakref.ref(grad), version, record.backward)
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor counts no versions
-        return None
 
 
 def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -4,7 +4,8 @@ A :class:`ScaleRecord` holds the statistics of one tensor: on an accelerator as 
 tensors on the tensor's own device, so recording never waits for the device, and
 :func:`read_records` copies all of them to the host in one transfer at the end; on the
 CPU, where reading a value waits for nothing, as floats. :class:`ScaleTracker` is
-an identity ``autograd.Function`` that fills a record in forward and backward. (What a
+an identity ``autograd.Function`` that fills a record in forward and backward; scale
+tracking's gradient hooks fill it in backward (``_record_gradient``). (What a
 reader sees, ``(-> forward std, <- backward std)``, is the report's
 :class:`~unitscale.tracking.ScalePair`.)
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -370,3 +372,22 @@ class ScaleTracker(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         ctx.record.record_backward(grad)
         return grad, None
+
+
+def _record_gradient(record: ScaleRecord, measured: dict[int, Any], grad: torch.Tensor) -> None:
+    """Scale tracking's gradient hook (``ScaleRecording.track``): ``grad``'s std into ``record``, measured once
+    per gradient tensor (``measured``: ``id(grad) -> (grad weakly, its version, its std)``)."""
+    key, version = id(grad), _version(grad)
+    known = measured.get(key)
+    fresh = known is not None and known[0]() is grad and known[1] == version
+    record.record_backward(grad, known[2] if fresh else None)  # type: ignore[index]
+    if not fresh and version is not None:
+        measured[key] = (weakref.ref(grad), version, record.backward)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor counts no versions
+        return None
