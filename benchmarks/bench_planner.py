@@ -37,7 +37,8 @@ the simulator's, with the calibrated costs (and, beside it, with the default one
 at 4 and 8 ranks (and interleaved) are simulated with the same costs on a 16-layer model of the
 same width (not run: this machine has 2 cores).
 
-``--quick``: the uniform model with 2 layers, one round of 2 steps, no simulated ranks.
+``--quick``: the uniform model with 2 layers, one round of 2 steps and one fresh round, no
+simulated ranks.
 """
 
 from __future__ import annotations
