@@ -109,3 +109,30 @@ def test_the_torchgpipe_anchor_is_the_real_code_and_the_fallback_matches_it() ->
         assert ours == balance.balance_cost(list(costs), k), (costs, k)
         compared += 1
     assert compared > 300
+
+
+def test_the_planner_verdict_runs_ours_and_its_rival_abba_and_names_the_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench_planner's fresh rounds: ours (A) and the rival (B) run A B B A, then B A A B; each
+    round's ratio is A's two runs over B's, and two runs of one split give the noise. Times by hand."""
+    import types
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_planner
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    times = iter([1.0, 2.0, 2.2, 1.1, 2.0, 1.2, 1.0, 2.1])
+    ran: list[str] = []
+
+    def run_plan(plan, x, y, schedule, v, steps, warmup):  # noqa: ANN001, ANN202
+        ran.append(plan)
+        return types.SimpleNamespace(step_time=next(times))
+
+    monkeypatch.setattr(bench_planner, "run_plan", run_plan)
+    got = bench_planner.confirm("A", "B", None, None, "1f1b", 1, bench_planner.FULL._replace(confirm=2))
+    assert ran == ["A", "B", "B", "A", "B", "A", "A", "B"]
+    assert got.ratios == pytest.approx([(1.0 + 1.1) / (2.0 + 2.2), (1.2 + 1.0) / (2.0 + 2.1)])
+    assert got.apart == pytest.approx([1.1, 1.1, 1.2, 2.1 / 2.0])
+    assert bench_planner.judged(1.02, 1.5) == "within 3%"
+    assert bench_planner.judged(1.2, 1.5).startswith("not resolved")
+    assert bench_planner.judged(1.2, 1.1) == "slower beyond the noise"
