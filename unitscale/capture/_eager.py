@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,7 +30,7 @@ from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import op_name
 from unitscale.fx.trace_errors import user_line
 
-__all__ = ["EagerRecord", "OpRecorder", "RecordedOp", "record_eager"]
+__all__ = ["OpRecorder", "RecordedOp", "record_eager"]
 
 
 class OpRecorder(TorchFunctionMode):
@@ -128,12 +127,10 @@ class OpRecorder(TorchFunctionMode):
             self.stack.append(module)
             self.module_calls.append(path)
 
-    def _mine(self) -> bool:
-        return threading.get_ident() == self._thread
-
     def leave_module(self, module: nn.Module, *_: Any) -> None:
         """A module's forward returned (a global forward hook while :meth:`run` runs)."""
-        if self.stack and self.stack[-1] is module and (torch.compiler.is_compiling() or self._mine()):
+        mine = torch.compiler.is_compiling() or threading.get_ident() == self._thread
+        if self.stack and self.stack[-1] is module and mine:
             self.stack.pop()
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -237,19 +234,6 @@ class RecordedOp(NamedTuple):
     params: tuple[str, ...] = ()
 
 
-@dataclass
-class EagerRecord:
-    """What one eager run recorded: ops in order, module calls in pre-hook order, the output."""
-
-    ops: list[RecordedOp] = field(default_factory=list)
-    module_calls: list[str] = field(default_factory=list)
-    output: Any = None
-
-
-def _source() -> str:
-    return user_line(sys._getframe(2))
-
-
 class _OpList(OpRecorder):
     """The eager route's recorder: a :class:`RecordedOp` per call."""
 
@@ -268,7 +252,7 @@ class _OpList(OpRecorder):
                 op,
                 self.module_path,
                 type_name(type(self.module)),
-                _source(),
+                user_line(sys._getframe(1)),
                 tuple(tuple(t.shape) for t in tensors),
                 tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
                 params,
@@ -276,8 +260,8 @@ class _OpList(OpRecorder):
         )
 
 
-def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EagerRecord:
-    """Run ``module(*args, **kwargs)`` and record its ops and module calls.
+def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _OpList:
+    """Run ``module(*args, **kwargs)`` and record its ops and module calls (the recorder's ``ops``, ``module_calls``).
 
     >>> import torch
     >>> from unitscale.capture._eager import record_eager
@@ -287,5 +271,5 @@ def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     (['', '0'], [('linear', '0', ('0.weight', '0.bias'))])
     """
     recorder = _OpList(module)
-    output = recorder.run(*args, **kwargs)
-    return EagerRecord(recorder.ops, recorder.module_calls, output)
+    recorder.run(*args, **kwargs)
+    return recorder
