@@ -14,6 +14,7 @@ route keeps a :class:`RecordedOp`; scale tracking keeps each float output's stat
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import Counter
@@ -108,10 +109,8 @@ class OpRecorder(TorchFunctionMode):
             if getattr(func, "__name__", "") == "__get__":  # property reads (x.shape, x.T)
                 return out
             op = op_name(func)
-            try:
+            with contextlib.suppress(TypeError):
                 self._ops[func] = op
-            except TypeError:
-                pass
         base = op.removeprefix("Tensor.")
         n = self._counts[base]
         self._counts[base] = n + 1

@@ -46,7 +46,10 @@ class _Inliner:
         )
 
     def proxy(self, value: Any) -> Any:
-        return fx.node.map_arg(value, lambda n: fx.Proxy(n, self.tracer))
+        def wrap(n: fx.Node) -> Any:
+            return fx.Proxy(n, self.tracer)
+
+        return fx.node.map_arg(value, wrap)
 
     def copy_graph(self, graph: fx.Graph) -> None:
         env: dict[fx.Node, Any] = {}

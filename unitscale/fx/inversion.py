@@ -127,27 +127,21 @@ def _where(node: fx.Node) -> str:
 
 def _nonzero(value: Any, node: fx.Node, what: str) -> None:
     """Refuse a constant that is 0 (or holds a 0): multiplying or raising by it loses the input."""
-    if isinstance(value, torch.Tensor) and bool((value == 0).any()):
-        zeros = int((value == 0).sum())
+    tensor = isinstance(value, torch.Tensor)
+    if zeros := int((value == 0).sum()) if tensor else int(isinstance(value, (int, float)) and value == 0):
+        held = f"a tensor holding 0 ({zeros} of {value.numel()} elements)" if tensor else "0"
         raise NotInvertibleError(
-            f"cannot invert {_where(node)}: it {what} a tensor holding 0 ({zeros} of {value.numel()} "
-            "elements), which loses the input there"
+            f"cannot invert {_where(node)}: it {what} {held}, which loses the input{' there' if tensor else ''}"
         )
-    if isinstance(value, (int, float)) and value == 0:
-        raise NotInvertibleError(f"cannot invert {_where(node)}: it {what} 0, which loses the input")
 
 
 def _finite(value: Any, node: fx.Node) -> None:
     """Refuse a NaN or infinite constant: the inverse would compute NaN (``inf / inf``) without a word."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.isfinite().all()):
-        bad = int((~value.isfinite()).sum())
+    tensor = isinstance(value, torch.Tensor) and value.is_floating_point()
+    if bad := int((~torch.as_tensor(value).isfinite()).sum()) if tensor or isinstance(value, float) else 0:
+        held = f"holds {bad} NaN or infinite value(s) of {value.numel()}" if tensor else f"is {value}"
         raise NotInvertibleError(
-            f"cannot invert {_where(node)}: its constant operand holds {bad} NaN or infinite value(s) "
-            f"of {value.numel()}; the inverse would return NaN. Make the constant finite"
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise NotInvertibleError(
-            f"cannot invert {_where(node)}: its constant operand is {value}; the inverse would return NaN. "
+            f"cannot invert {_where(node)}: its constant operand {held}; the inverse would return NaN. "
             "Make the constant finite"
         )
 

@@ -34,7 +34,6 @@ __all__ = [
     "show_frame",
     "user_line",
     "user_frame",
-    "describe_failure",
     "trace_error",
 ]
 
@@ -123,34 +122,23 @@ def user_frame(exc: BaseException) -> str:
     return "an unknown line"
 
 
-def describe_failure(exc: BaseException) -> str:
-    """``"<user's file:line (`code`)>: <innermost reason>"`` for a failed trace.
-
-    >>> from unitscale.fx.trace_errors import describe_failure
-    >>> try:
-    ...     int("x")
-    ... except ValueError as e:
-    ...     print(describe_failure(e))  # doctest: +ELLIPSIS
-    line 2 of a notebook cell (`int("x")`): invalid literal for int() with ...
-    """
-    return f"{user_frame(exc)}: {exception_chain(exc)[-1]}"
-
-
-def trace_error(what: str, failure: BaseException | str, advice: str) -> TraceError:
+def trace_error(what: str, failure: BaseException, advice: str) -> TraceError:
     """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` failed.
 
     Args:
         what: what was being traced, as the user knows it (``"Branchy"``, a class name).
-        failure: the exception tracing raised, or a :func:`describe_failure` of it
-            kept from earlier (a cached failure).
+        failure: the exception tracing raised; its user's line and innermost reason are named.
         advice: what the user can do, one or two sentences.
 
     Returns:
         The error, for ``raise trace_error(...) from exc``.
 
     >>> from unitscale.fx.trace_errors import trace_error
-    >>> print(trace_error("Net", "model.py:3 (`if x:`): bool of a proxy", "Fix it."))
-    torch.fx could not trace Net at model.py:3 (`if x:`): bool of a proxy. Fix it.
+    >>> try:
+    ...     int("x")
+    ... except ValueError as e:
+    ...     print(trace_error("Net", e, "Fix it."))  # doctest: +ELLIPSIS
+    torch.fx could not trace Net at line 2 of a notebook cell (`int("x")`): invalid literal ... Fix it.
     """
-    described = failure if isinstance(failure, str) else describe_failure(failure)
-    return TraceError(f"torch.fx could not trace {what} at {described}. {advice}")
+    reason = exception_chain(failure)[-1]
+    return TraceError(f"torch.fx could not trace {what} at {user_frame(failure)}: {reason}. {advice}")

@@ -358,20 +358,18 @@ def check_autowrap(modules: Any, functions: Any, caller: str = "DeepTracer") -> 
     ...     print(e)  # doctest: +ELLIPSIS
     track_scales(autowrap_modules=...) got str 'math'; pass a tuple, e.g. ...
     """
-    for arg_name, values, kind, example in (
-        ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
-        ("autowrap_functions", functions, None, "(my_function,)"),
+    for arg_name, values, kind, what, example in (
+        ("autowrap_modules", modules, types.ModuleType, "imported Python modules", "(math, einops)"),
+        ("autowrap_functions", functions, types.FunctionType, "Python functions (def, not builtins)", "(my_function,)"),
     ):
-        if values is None and arg_name == "autowrap_modules":
+        if values is None and kind is types.ModuleType:
             continue  # the registered defaults
-        if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
+        if not isinstance(values, (tuple, list)):
             raise PredicateError(
                 f"{caller}({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
             )
         for v in values:
-            ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
-            if not ok:
-                what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
+            if not isinstance(v, kind):
                 raise PredicateError(
                     f"{caller}({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
                 )
