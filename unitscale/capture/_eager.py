@@ -18,7 +18,6 @@ import contextlib
 import sys
 import threading
 from collections import Counter
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -29,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 from unitscale.capture._meta import type_name
 from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import op_name
-from unitscale.fx.trace_errors import user_line
+from unitscale.fx.trace_errors import TOOL_DIRS, UNITSCALE_DIR, user_line
 
 __all__ = ["OpRecorder", "RecordedOp", "record_eager"]
 
@@ -153,26 +152,12 @@ class OpRecorder(TorchFunctionMode):
                 post.remove()
 
 
-_PACKAGE = Path(__file__).resolve().parents[1]
-# The folders of unitscale that run models rather than being part of them: the ops they call
-# themselves are the library's (statistics, checks, backward seeds), not the model's.
-_TOOLS = tuple(
-    str(_PACKAGE / room).replace("\\", "/") + "/" for room in ("capture", "tracking", "transforms", "stages", "fx")
-)
-
-
-def _tool_file(relative: str) -> str:
-    return str(_PACKAGE / relative).replace("\\", "/")
-
-
 # Frames looked through: a recorder's handler (a recorder nested in another hands the model's ops
 # on) and the runner of one graph node, shared by the tools' own checks and by the tracked run.
-_LOOKED_THROUGH = {
-    (_tool_file("capture/_eager.py"), "__torch_function__"),
-    (_tool_file("fx/plain_run.py"), "run_plainly"),
-}
+_HERE = UNITSCALE_DIR + "capture/_eager.py"
+_LOOKED_THROUGH = {(_HERE, "__torch_function__"), (UNITSCALE_DIR + "fx/plain_run.py", "run_plainly")}
 # Frames of the tools that run the model itself: what is called under them is the model's.
-_RUN_THE_MODEL = {(_tool_file("capture/_eager.py"), "run"), (_tool_file("tracking/analysis.py"), "run_node")}
+_RUN_THE_MODEL = {(_HERE, "run"), (UNITSCALE_DIR + "tracking/analysis.py", "run_node")}
 _kinds: dict[Any, str] = {}
 
 
@@ -186,7 +171,7 @@ def _frame_kind(code: Any) -> str:
             kind = "model"
         elif "/torch/" in name:
             kind = "through"
-        elif name.startswith(_TOOLS):
+        elif name.startswith(TOOL_DIRS):
             kind = "library"
         else:
             kind = "model"

@@ -203,6 +203,7 @@ class _Inverter:
         self.tracer = GraphAppendingTracer(self.graph)
         self.copied: dict[fx.Node, fx.Node] = {}
         self.values: dict[fx.Node, Any] = {}
+        self.interpreter = fx.Interpreter(gm)
 
     def chain(self) -> list[fx.Node]:
         nodes = list(self.gm.graph.nodes)
@@ -271,18 +272,7 @@ class _Inverter:
         def evaluate(n: fx.Node) -> Any:
             if n not in self.values:
                 args, kwargs = fx.node.map_arg((n.args, n.kwargs), evaluate)
-                target = n.target
-                if n.op == "get_attr":
-                    found: Any = self.gm
-                    for part in str(target).split("."):
-                        found = getattr(found, part)
-                elif n.op == "call_function":
-                    found = target(*args, **kwargs)  # type: ignore[operator]
-                elif n.op == "call_method":
-                    found = getattr(args[0], str(target))(*args[1:], **kwargs)
-                else:  # call_module
-                    found = self.gm.get_submodule(str(target))(*args, **kwargs)
-                self.values[n] = found
+                self.values[n] = getattr(self.interpreter, n.op)(n.target, args, kwargs)  # fx's own get_attr, ...
             return self.values[n]
 
         with torch.no_grad():

@@ -28,6 +28,8 @@ from pathlib import Path
 from unitscale.errors import TraceError
 
 __all__ = [
+    "UNITSCALE_DIR",
+    "TOOL_DIRS",
     "exception_chain",
     "is_machinery",
     "user_code_frame",
@@ -37,8 +39,11 @@ __all__ = [
     "trace_error",
 ]
 
-_UNITSCALE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
-_EXAMPLES = _UNITSCALE + "examples/"
+#: unitscale's folder, and its tools' folders: they run models rather than being part of one, so
+#: the torch calls their own code makes are the library's work (statistics, checks), not the model's.
+UNITSCALE_DIR = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
+TOOL_DIRS = tuple(UNITSCALE_DIR + room + "/" for room in ("capture", "tracking", "transforms", "stages", "fx"))
+_EXAMPLES = UNITSCALE_DIR + "examples/"
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -63,7 +68,7 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
 def is_machinery(filename: str) -> bool:
     """Whether a frame of this file is torch's or unitscale's (its example models count as the user's)."""
     name = filename.replace("\\", "/")
-    return "/torch/" in name or (name.startswith(_UNITSCALE) and not name.startswith(_EXAMPLES))
+    return "/torch/" in name or (name.startswith(UNITSCALE_DIR) and not name.startswith(_EXAMPLES))
 
 
 _machinery: dict[str, bool] = {}
