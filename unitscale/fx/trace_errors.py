@@ -142,8 +142,12 @@ def trace_error(what: str, failure: BaseException, advice: str) -> TraceError:
     >>> try:
     ...     int("x")
     ... except ValueError as e:
-    ...     print(trace_error("Net", e, "Fix it."))  # doctest: +ELLIPSIS
-    torch.fx could not trace Net at line 2 of a notebook cell (`int("x")`): invalid literal ... Fix it.
+    ...     message = str(trace_error("Net", e, "Fix it."))
+    >>> for part in message.split(": "):
+    ...     print(part)
+    torch.fx could not trace Net at line 2 of a notebook cell (`int("x")`)
+    invalid literal for int() with base 10
+    'x'. Fix it.
     """
     reason = exception_chain(failure)[-1]
     return TraceError(f"torch.fx could not trace {what} at {user_frame(failure)}: {reason}. {advice}")
