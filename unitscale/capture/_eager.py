@@ -14,11 +14,10 @@ route keeps a :class:`RecordedOp`; scale tracking keeps each float output's stat
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -29,9 +28,9 @@ from torch.overrides import TorchFunctionMode
 from unitscale.capture._meta import type_name
 from unitscale.fx.global_state import GLOBAL_STATE_LOCK
 from unitscale.fx.nodes import op_name
-from unitscale.fx.trace_errors import user_line
+from unitscale.fx.trace_errors import TOOL_DIRS, UNITSCALE_DIR, user_line
 
-__all__ = ["EagerRecord", "OpRecorder", "RecordedOp", "record_eager"]
+__all__ = ["OpRecorder", "RecordedOp", "record_eager"]
 
 
 class OpRecorder(TorchFunctionMode):
@@ -109,10 +108,8 @@ class OpRecorder(TorchFunctionMode):
             if getattr(func, "__name__", "") == "__get__":  # property reads (x.shape, x.T)
                 return out
             op = op_name(func)
-            try:
+            with contextlib.suppress(TypeError):
                 self._ops[func] = op
-            except TypeError:
-                pass
         base = op.removeprefix("Tensor.")
         n = self._counts[base]
         self._counts[base] = n + 1
@@ -128,12 +125,10 @@ class OpRecorder(TorchFunctionMode):
             self.stack.append(module)
             self.module_calls.append(path)
 
-    def _mine(self) -> bool:
-        return threading.get_ident() == self._thread
-
     def leave_module(self, module: nn.Module, *_: Any) -> None:
         """A module's forward returned (a global forward hook while :meth:`run` runs)."""
-        if self.stack and self.stack[-1] is module and (torch.compiler.is_compiling() or self._mine()):
+        mine = torch.compiler.is_compiling() or threading.get_ident() == self._thread
+        if self.stack and self.stack[-1] is module and mine:
             self.stack.pop()
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -157,26 +152,12 @@ class OpRecorder(TorchFunctionMode):
                 post.remove()
 
 
-_PACKAGE = Path(__file__).resolve().parents[1]
-# The folders of unitscale that run models rather than being part of them: the ops they call
-# themselves are the library's (statistics, checks, backward seeds), not the model's.
-_TOOLS = tuple(
-    str(_PACKAGE / room).replace("\\", "/") + "/" for room in ("capture", "tracking", "transforms", "stages", "fx")
-)
-
-
-def _tool_file(relative: str) -> str:
-    return str(_PACKAGE / relative).replace("\\", "/")
-
-
 # Frames looked through: a recorder's handler (a recorder nested in another hands the model's ops
 # on) and the runner of one graph node, shared by the tools' own checks and by the tracked run.
-_LOOKED_THROUGH = {
-    (_tool_file("capture/_eager.py"), "__torch_function__"),
-    (_tool_file("fx/plain_run.py"), "run_plainly"),
-}
+_HERE = UNITSCALE_DIR + "capture/_eager.py"
+_LOOKED_THROUGH = {(_HERE, "__torch_function__"), (UNITSCALE_DIR + "fx/plain_run.py", "run_plainly")}
 # Frames of the tools that run the model itself: what is called under them is the model's.
-_RUN_THE_MODEL = {(_tool_file("capture/_eager.py"), "run"), (_tool_file("tracking/analysis.py"), "run_node")}
+_RUN_THE_MODEL = {(_HERE, "run"), (UNITSCALE_DIR + "tracking/analysis.py", "run_node")}
 _kinds: dict[Any, str] = {}
 
 
@@ -190,7 +171,7 @@ def _frame_kind(code: Any) -> str:
             kind = "model"
         elif "/torch/" in name:
             kind = "through"
-        elif name.startswith(_TOOLS):
+        elif name.startswith(TOOL_DIRS):
             kind = "library"
         else:
             kind = "model"
@@ -237,19 +218,6 @@ class RecordedOp(NamedTuple):
     params: tuple[str, ...] = ()
 
 
-@dataclass
-class EagerRecord:
-    """What one eager run recorded: ops in order, module calls in pre-hook order, the output."""
-
-    ops: list[RecordedOp] = field(default_factory=list)
-    module_calls: list[str] = field(default_factory=list)
-    output: Any = None
-
-
-def _source() -> str:
-    return user_line(sys._getframe(2))
-
-
 class _OpList(OpRecorder):
     """The eager route's recorder: a :class:`RecordedOp` per call."""
 
@@ -268,7 +236,7 @@ class _OpList(OpRecorder):
                 op,
                 self.module_path,
                 type_name(type(self.module)),
-                _source(),
+                user_line(sys._getframe(1)),
                 tuple(tuple(t.shape) for t in tensors),
                 tuple(str(t.dtype).removeprefix("torch.") for t in tensors),
                 params,
@@ -276,8 +244,8 @@ class _OpList(OpRecorder):
         )
 
 
-def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EagerRecord:
-    """Run ``module(*args, **kwargs)`` and record its ops and module calls.
+def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _OpList:
+    """Run ``module(*args, **kwargs)`` and record its ops and module calls (the recorder's ``ops``, ``module_calls``).
 
     >>> import torch
     >>> from unitscale.capture._eager import record_eager
@@ -287,5 +255,5 @@ def record_eager(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     (['', '0'], [('linear', '0', ('0.weight', '0.bias'))])
     """
     recorder = _OpList(module)
-    output = recorder.run(*args, **kwargs)
-    return EagerRecord(recorder.ops, recorder.module_calls, output)
+    recorder.run(*args, **kwargs)
+    return recorder

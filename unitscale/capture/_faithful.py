@@ -23,8 +23,9 @@ from torch import nn
 
 from unitscale.errors import LostBehaviourError
 from unitscale.fx.autograd_functions import FunctionCall
+from unitscale.fx.module_state import registered_hooks
 
-__all__ = ["refuse_lost_functions", "refuse_root_hooks", "root_hooks"]
+__all__ = ["refuse_lost_functions", "refuse_root_hooks"]
 
 
 def _is_reentrant_checkpoint(function: type) -> bool:
@@ -86,23 +87,9 @@ def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Modu
     )
 
 
-_HOOK_DICTS = (
-    ("_forward_pre_hooks", "forward pre-hook"),
-    ("_forward_hooks", "forward hook"),
-    ("_backward_pre_hooks", "backward pre-hook"),
-    ("_backward_hooks", "backward hook"),
-)
-
-
-def root_hooks(module: nn.Module) -> list[str]:
-    """The kinds of hook registered on ``module`` itself (``"forward pre-hook"``, ...)."""
-    return [kind for attr, kind in _HOOK_DICTS if getattr(module, attr, None)]
-
-
 def refuse_root_hooks(module: nn.Module) -> None:
     """``torch.fx`` traces the root's ``forward`` itself: its hooks would not run; refuse by name."""
-    kinds = root_hooks(module)
-    if kinds:
+    if kinds := registered_hooks(module):
         raise LostBehaviourError(
             f"the fx route cannot capture {type(module).__name__} faithfully: it has {' and '.join(kinds)}(s) "
             f"registered on it, and torch.fx traces {type(module).__name__}.forward without running them; "

@@ -46,21 +46,17 @@ def no_kv_cache(module: nn.Module) -> Iterator[tuple[str, ...]]:
     >>> decoder.config.use_cache
     True
     """
-    switched: list[str] = []
-    configs: list[Any] = []
+    found: dict[int, tuple[str, Any]] = {}  # one entry per config: a decoder's layers share its config
     for path, m in module.named_modules():
         config = vars(m).get("config")
-        if config is None or getattr(config, "use_cache", None) is not True:
-            continue
-        if not any(c is config for c in configs):  # a decoder's layers share its config
-            configs.append(config)
-            switched.append(path)
-    for config in configs:
+        if config is not None and getattr(config, "use_cache", None) is True:
+            found.setdefault(id(config), (path, config))
+    for _, config in found.values():
         config.use_cache = False
     try:
-        yield tuple(switched)
+        yield tuple(path for path, _ in found.values())
     finally:
-        for config in configs:
+        for _, config in found.values():
             config.use_cache = True
 
 

@@ -109,23 +109,12 @@ def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
     return entries
 
 
-def _owner(root: nn.Module, gm: fx.GraphModule, target: str) -> str:
-    """Module path of the module that owns attribute ``target`` (``""`` if not in ``root``)."""
-    owner = target.rpartition(".")[0]
-    try:
-        root.get_submodule(owner)
-        return owner
-    except AttributeError:
-        return ""
-
-
-def node_origin(node: fx.Node, root: nn.Module, gm: fx.GraphModule, names: dict[str, nn.Module]) -> Origin:
+def node_origin(node: fx.Node, root: nn.Module, names: dict[str, nn.Module]) -> Origin:
     """Read where ``node`` came from out of any route's meta (see the module docstring).
 
     Args:
-        node: a node of ``gm``.
+        node: a node of a graph captured from ``root``.
         root: the captured module (paths are names in it).
-        gm: the captured graph module.
         names: ``root.named_modules()`` as a dict, for the module type.
     """
     entries = stack_entries(node)
@@ -133,8 +122,8 @@ def node_origin(node: fx.Node, root: nn.Module, gm: fx.GraphModule, names: dict[
         candidates = [str(node.meta[MODULE_PATH_KEY])]
     elif entries:
         candidates = [path for _, path, _ in reversed(entries)]
-    elif node.op == "get_attr":
-        candidates = [_owner(root, gm, str(node.target))]
+    elif node.op == "get_attr":  # the module that owns the attribute
+        candidates = [str(node.target).rpartition(".")[0]]
     else:
         candidates = []
     path = next((known for c in candidates if (known := _known_prefix(c, names))), "")
@@ -204,4 +193,4 @@ def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
     """
     names = dict(root.named_modules(remove_duplicate=False))
     for node in gm.graph.nodes:
-        write_origin(node, node_origin(node, root, gm, names))
+        write_origin(node, node_origin(node, root, names))

@@ -46,22 +46,15 @@ def module_paths(cap: Capture) -> dict[str, str]:
 
 def _graph_params(gm: fx.GraphModule, root: nn.Module) -> dict[str, tuple[str, nn.Parameter]]:
     """``get_attr target -> (name in root, parameter of root)`` for the graph's parameter reads."""
-    by_id = {id(p): (name, p) for name, p in root.named_parameters(remove_duplicate=False)}
     by_name = dict(root.named_parameters(remove_duplicate=False))
+    by_id = {id(p): (name, p) for name, p in by_name.items()}
+    in_graph = dict(gm.named_parameters(remove_duplicate=False))
     found = {}
-    for n in gm.graph.nodes:
-        if n.op != "get_attr":
-            continue
-        target = str(n.target)
+    for target in (str(n.target) for n in gm.graph.nodes if n.op == "get_attr"):
         if target in by_name:
             found[target] = (target, by_name[target])
-            continue
-        try:
-            value = gm.get_parameter(target)
-        except AttributeError:
-            continue
-        if id(value) in by_id:  # TorchDynamo names its reads L__self___fc1_weight
-            found[target] = by_id[id(value)]
+        elif id(in_graph.get(target)) in by_id:  # TorchDynamo names its reads L__self___fc1_weight
+            found[target] = by_id[id(in_graph[target])]
     return found
 
 

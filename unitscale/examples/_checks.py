@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from torch import nn
-
 from unitscale.errors import ConfigError
 
-__all__ = ["check_int", "check_positive", "check_mlp", "check_tinygpt"]
+__all__ = ["check_int", "check_positive", "check_tinygpt"]
 
 
 def check_int(owner: str, name: str, value: Any, low: int, high: int | None = None) -> int:
@@ -35,22 +33,6 @@ def check_positive(owner: str, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ConfigError(f"{owner}: {name}={value!r:.60} must be a finite number > 0")
     return float(value)
-
-
-def check_mlp(d: Any, hidden: Any, d_out: Any, activation: Any) -> tuple[int, int]:
-    """``MLP``'s widths ``(hidden, d_out)`` with their defaults filled in, after checking every argument.
-
-    >>> check_mlp(4, None, None, None)
-    (16, 4)
-    """
-    check_int("MLP", "d", d, 1)
-    hidden = 4 * d if hidden is None else check_int("MLP", "hidden", hidden, 1)
-    d_out = d if d_out is None else check_int("MLP", "d_out", d_out, 1)
-    if activation is not None and not isinstance(activation, nn.Module):
-        raise ConfigError(
-            f"MLP: activation={activation!r:.60} is a {type(activation).__name__}; pass a module such as nn.GELU()"
-        )
-    return hidden, d_out
 
 
 def check_tinygpt(vocab_size: Any, d_model: Any, n_layers: Any, n_heads: Any, seq_len: Any) -> None:

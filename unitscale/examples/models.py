@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from unitscale.examples._checks import check_int, check_mlp, check_tinygpt
+from unitscale.errors import ConfigError
+from unitscale.examples._checks import check_int, check_tinygpt
 
 __all__ = ["MLP", "TinyGPT", "ResNet", "resnet18"]
 
@@ -30,7 +31,13 @@ class MLP(nn.Module):
         self, d: int, hidden: int | None = None, d_out: int | None = None, activation: nn.Module | None = None
     ) -> None:
         super().__init__()
-        hidden, d_out = check_mlp(d, hidden, d_out, activation)
+        check_int("MLP", "d", d, 1)
+        hidden = 4 * d if hidden is None else check_int("MLP", "hidden", hidden, 1)
+        d_out = d if d_out is None else check_int("MLP", "d_out", d_out, 1)
+        if activation is not None and not isinstance(activation, nn.Module):
+            raise ConfigError(
+                f"MLP: activation={activation!r:.60} is a {type(activation).__name__}; pass a module such as nn.GELU()"
+            )
         self.fc1 = nn.Linear(d, hidden)
         self.act = nn.ReLU() if activation is None else activation
         self.fc2 = nn.Linear(hidden, d_out)

@@ -35,10 +35,8 @@ __all__ = ["UmupGPT", "SPGPT", "markov_batches"]
 
 def _check_family(owner: str, vocab_size: int, width: int, depth: int, head_dim: int, max_len: int) -> int:
     check_int(owner, "vocab_size", vocab_size, 2)
-    check_int(owner, "width", width, 1)
-    check_int(owner, "depth", depth, 1)
-    check_int(owner, "head_dim", head_dim, 1)
-    check_int(owner, "max_len", max_len, 1)
+    for name, value in (("width", width), ("depth", depth), ("head_dim", head_dim), ("max_len", max_len)):
+        check_int(owner, name, value, 1)
     if width % head_dim:
         raise ConfigError(f"{owner}: width={width} is not divisible by head_dim={head_dim}; pass a multiple of it")
     return width // head_dim

@@ -76,6 +76,3 @@ class UnpackProxy(fx.Proxy):
 
 class UnpackAttribute(Attribute, UnpackProxy):
     """An attribute of an :class:`UnpackProxy` (``x.shape``), created lazily as in ``torch.fx``."""
-
-    def __init__(self, root: fx.Proxy, attr: str) -> None:
-        Attribute.__init__(self, root, attr)

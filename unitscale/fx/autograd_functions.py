@@ -17,13 +17,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx, nn
 
-from unitscale.fx.trace_errors import user_line
+from unitscale.fx.trace_errors import TOOL_DIRS, user_line
 
 __all__ = ["FunctionCall", "functions_applied"]
 
@@ -49,9 +48,6 @@ class FunctionCall:
         if "ApplyTemplate" in name:  # what TorchDynamo (strict export) makes of a user's Function
             name = "(a Function TorchDynamo rewrote as autograd_function_apply)"
         return f"{name} in {where}" + (f" at {self.source}" if self.source else "")
-
-
-_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
 
 
 _lock = threading.RLock()
@@ -125,15 +121,12 @@ def _recording_apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
         _applying.depth -= 1
 
 
-_TOOLS = tuple(_PACKAGE + room + "/" for room in ("capture", "tracking", "transforms", "stages", "fx"))
-
-
 def _by_the_model(frame: Any) -> bool:
     """Whether the first caller outside torch is the model's code (not a tracer's own bookkeeping)."""
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
         if "/torch/" not in name:
-            return not name.startswith(_TOOLS)
+            return not name.startswith(TOOL_DIRS)
         frame = frame.f_back
     return False
 

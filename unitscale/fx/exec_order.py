@@ -177,17 +177,8 @@ class ExecOrderTracer(_Tracer):
         finally:
             self._current_module = outer
 
-    def create_proxy(
-        self,
-        kind: str,
-        target: Target,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        name: str | None = None,
-        type_expr: Any | None = None,
-        proxy_factory_fn: Callable[[fx.Node], fx.Proxy] | None = None,
-    ) -> fx.Proxy:
-        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr, proxy_factory_fn)
+    def create_proxy(self, kind: str, target: Target, args: Any, kwargs: Any, *more: Any, **named: Any) -> fx.Proxy:
+        proxy = super().create_proxy(kind, target, args, kwargs, *more, **named)
         current = self._current_module
         if current is None:
             return proxy

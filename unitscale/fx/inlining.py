@@ -13,6 +13,7 @@ from torch.utils import _pytree
 
 from unitscale.errors import InputError, NotAModuleError, PredicateError, TraceError
 from unitscale.fx.autograd_functions import functions_applied
+from unitscale.fx.module_state import registered_hooks
 from unitscale.fx.nodes import INLINED_FROM_KEY
 from unitscale.fx.tracers import LeafTracer, ask_module_predicate
 
@@ -115,18 +116,9 @@ class _Inliner:
         raise TraceError(f"cannot inline module '{qualname}': its call gives no value for argument '{target}'")
 
 
-_HOOKS = (
-    ("_forward_pre_hooks", "forward pre-hook"),
-    ("_forward_hooks", "forward hook"),
-    ("_backward_pre_hooks", "backward pre-hook"),
-    ("_backward_hooks", "backward hook"),
-)
-
-
 def _refuse_hooks(module: nn.Module, what: str) -> None:
     """Inlining traces ``forward`` itself, so hooks registered on ``module`` would be dropped: refuse by name."""
-    kinds = [kind for attr, kind in _HOOKS if getattr(module, attr, None)]
-    if kinds:
+    if kinds := registered_hooks(module):
         raise TraceError(
             f"inline() cannot inline {what} ({type(module).__name__}): it has {' and '.join(kinds)}(s) registered, "
             "and its inlined body would not run them, so the result would not compute the model; pass a predicate "
@@ -179,20 +171,6 @@ def _dropout_in_training(module: nn.Module) -> list[str]:
         for name, m in module.named_modules()
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
     ]
-
-
-def _check_example_inputs(gm: nn.Module, example_inputs: Any) -> tuple[Any, ...]:
-    if isinstance(example_inputs, torch.Tensor):
-        raise InputError(
-            f"inline(example_inputs=...) got a tensor of shape {tuple(example_inputs.shape)}; "
-            "pass a tuple of the positional inputs, e.g. example_inputs=(x,)"
-        )
-    if not isinstance(example_inputs, (tuple, list)):
-        raise InputError(
-            f"inline(example_inputs=...) got {type(example_inputs).__name__} {example_inputs!r:.60}; "
-            "pass a tuple of the positional inputs, e.g. example_inputs=(x,)"
-        )
-    return tuple(example_inputs)
 
 
 def _check_same_outputs(original: nn.Module, inlined: fx.GraphModule, example_inputs: tuple[Any, ...]) -> None:
@@ -287,17 +265,22 @@ def inline(
             f"inline(predicate=...) got {type(predicate).__name__} {predicate!r:.60}; "
             "pass a function (module, qualified_name) -> bool"
         )
-    if example_inputs is not None:
-        example_inputs = _check_example_inputs(gm, example_inputs)
-    if isinstance(gm, fx.GraphModule) and not any(n.op == "call_module" for n in gm.graph.nodes):
-        # Copying node by node would drop an exported graph's pytree calling convention; and
-        # an unchanged graph computes what it did, so example_inputs have nothing to check.
-        return gm
-    if not isinstance(gm, fx.GraphModule):
-        _refuse_hooks(gm, "the module given")  # traced from its forward, which skips its own hooks
+    if example_inputs is not None and not isinstance(example_inputs, (tuple, list)):
+        if isinstance(example_inputs, torch.Tensor):
+            got = f"a tensor of shape {tuple(example_inputs.shape)}"
+        else:
+            got = f"{type(example_inputs).__name__} {example_inputs!r:.60}"
+        raise InputError(
+            f"inline(example_inputs=...) got {got}; pass a tuple of the positional inputs, e.g. example_inputs=(x,)"
+        )
     if isinstance(gm, fx.GraphModule):
+        if not any(n.op == "call_module" for n in gm.graph.nodes):
+            # Copying node by node would drop an exported graph's pytree calling convention; and
+            # an unchanged graph computes what it did, so example_inputs have nothing to check.
+            return gm
         root = gm
     else:
+        _refuse_hooks(gm, "the module given")  # traced from its forward, which skips its own hooks
         root = fx.GraphModule(gm, _trace_keeping_functions(gm, "the module given"), type(gm).__name__)
     inliner = _Inliner(root, predicate)
     inliner.copy_graph(root.graph)

@@ -127,27 +127,21 @@ def _where(node: fx.Node) -> str:
 
 def _nonzero(value: Any, node: fx.Node, what: str) -> None:
     """Refuse a constant that is 0 (or holds a 0): multiplying or raising by it loses the input."""
-    if isinstance(value, torch.Tensor) and bool((value == 0).any()):
-        zeros = int((value == 0).sum())
+    tensor = isinstance(value, torch.Tensor)
+    if zeros := int((value == 0).sum()) if tensor else int(isinstance(value, (int, float)) and value == 0):
+        held = f"a tensor holding 0 ({zeros} of {value.numel()} elements)" if tensor else "0"
         raise NotInvertibleError(
-            f"cannot invert {_where(node)}: it {what} a tensor holding 0 ({zeros} of {value.numel()} "
-            "elements), which loses the input there"
+            f"cannot invert {_where(node)}: it {what} {held}, which loses the input{' there' if tensor else ''}"
         )
-    if isinstance(value, (int, float)) and value == 0:
-        raise NotInvertibleError(f"cannot invert {_where(node)}: it {what} 0, which loses the input")
 
 
 def _finite(value: Any, node: fx.Node) -> None:
     """Refuse a NaN or infinite constant: the inverse would compute NaN (``inf / inf``) without a word."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.isfinite().all()):
-        bad = int((~value.isfinite()).sum())
+    tensor = isinstance(value, torch.Tensor) and value.is_floating_point()
+    if bad := int((~torch.as_tensor(value).isfinite()).sum()) if tensor or isinstance(value, float) else 0:
+        held = f"holds {bad} NaN or infinite value(s) of {value.numel()}" if tensor else f"is {value}"
         raise NotInvertibleError(
-            f"cannot invert {_where(node)}: its constant operand holds {bad} NaN or infinite value(s) "
-            f"of {value.numel()}; the inverse would return NaN. Make the constant finite"
-        )
-    if isinstance(value, float) and not math.isfinite(value):
-        raise NotInvertibleError(
-            f"cannot invert {_where(node)}: its constant operand is {value}; the inverse would return NaN. "
+            f"cannot invert {_where(node)}: its constant operand {held}; the inverse would return NaN. "
             "Make the constant finite"
         )
 
@@ -209,6 +203,7 @@ class _Inverter:
         self.tracer = GraphAppendingTracer(self.graph)
         self.copied: dict[fx.Node, fx.Node] = {}
         self.values: dict[fx.Node, Any] = {}
+        self.interpreter = fx.Interpreter(gm)
 
     def chain(self) -> list[fx.Node]:
         nodes = list(self.gm.graph.nodes)
@@ -277,18 +272,7 @@ class _Inverter:
         def evaluate(n: fx.Node) -> Any:
             if n not in self.values:
                 args, kwargs = fx.node.map_arg((n.args, n.kwargs), evaluate)
-                target = n.target
-                if n.op == "get_attr":
-                    found: Any = self.gm
-                    for part in str(target).split("."):
-                        found = getattr(found, part)
-                elif n.op == "call_function":
-                    found = target(*args, **kwargs)  # type: ignore[operator]
-                elif n.op == "call_method":
-                    found = getattr(args[0], str(target))(*args[1:], **kwargs)
-                else:  # call_module
-                    found = self.gm.get_submodule(str(target))(*args, **kwargs)
-                self.values[n] = found
+                self.values[n] = getattr(self.interpreter, n.op)(n.target, args, kwargs)  # fx's own get_attr, ...
             return self.values[n]
 
         with torch.no_grad():

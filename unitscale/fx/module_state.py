@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["ModuleState", "module_state_kept", "pytree_specs_quiet"]
+__all__ = ["ModuleState", "module_state_kept", "pytree_specs_quiet", "registered_hooks"]
 
 _MISSING = object()
 
@@ -138,3 +138,24 @@ def pytree_specs_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         yield
+
+
+_HOOKS = (
+    ("_forward_pre_hooks", "forward pre-hook"),
+    ("_forward_hooks", "forward hook"),
+    ("_backward_pre_hooks", "backward pre-hook"),
+    ("_backward_hooks", "backward hook"),
+)
+
+
+def registered_hooks(module: nn.Module) -> list[str]:
+    """The kinds of hook registered on ``module`` itself, which a trace of its ``forward`` never runs.
+
+    >>> from torch import nn
+    >>> from unitscale.fx.module_state import registered_hooks
+    >>> m = nn.Linear(2, 2)
+    >>> _ = m.register_forward_hook(lambda *args: None)
+    >>> registered_hooks(m)
+    ['forward hook']
+    """
+    return [kind for attr, kind in _HOOKS if getattr(module, attr, None)]

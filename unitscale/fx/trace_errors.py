@@ -28,18 +28,22 @@ from pathlib import Path
 from unitscale.errors import TraceError
 
 __all__ = [
+    "UNITSCALE_DIR",
+    "TOOL_DIRS",
     "exception_chain",
     "is_machinery",
     "user_code_frame",
     "show_frame",
     "user_line",
     "user_frame",
-    "describe_failure",
     "trace_error",
 ]
 
-_UNITSCALE = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
-_EXAMPLES = _UNITSCALE + "examples/"
+#: unitscale's folder, and its tools' folders: they run models rather than being part of one, so
+#: the torch calls their own code makes are the library's work (statistics, checks), not the model's.
+UNITSCALE_DIR = str(Path(__file__).resolve().parents[1]).replace("\\", "/") + "/"
+TOOL_DIRS = tuple(UNITSCALE_DIR + room + "/" for room in ("capture", "tracking", "transforms", "stages", "fx"))
+_EXAMPLES = UNITSCALE_DIR + "examples/"
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -64,7 +68,7 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
 def is_machinery(filename: str) -> bool:
     """Whether a frame of this file is torch's or unitscale's (its example models count as the user's)."""
     name = filename.replace("\\", "/")
-    return "/torch/" in name or (name.startswith(_UNITSCALE) and not name.startswith(_EXAMPLES))
+    return "/torch/" in name or (name.startswith(UNITSCALE_DIR) and not name.startswith(_EXAMPLES))
 
 
 _machinery: dict[str, bool] = {}
@@ -123,34 +127,27 @@ def user_frame(exc: BaseException) -> str:
     return "an unknown line"
 
 
-def describe_failure(exc: BaseException) -> str:
-    """``"<user's file:line (`code`)>: <innermost reason>"`` for a failed trace.
-
-    >>> from unitscale.fx.trace_errors import describe_failure
-    >>> try:
-    ...     int("x")
-    ... except ValueError as e:
-    ...     print(describe_failure(e))  # doctest: +ELLIPSIS
-    line 2 of a notebook cell (`int("x")`): invalid literal for int() with ...
-    """
-    return f"{user_frame(exc)}: {exception_chain(exc)[-1]}"
-
-
-def trace_error(what: str, failure: BaseException | str, advice: str) -> TraceError:
+def trace_error(what: str, failure: BaseException, advice: str) -> TraceError:
     """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` failed.
 
     Args:
         what: what was being traced, as the user knows it (``"Branchy"``, a class name).
-        failure: the exception tracing raised, or a :func:`describe_failure` of it
-            kept from earlier (a cached failure).
+        failure: the exception tracing raised; its user's line and innermost reason are named.
         advice: what the user can do, one or two sentences.
 
     Returns:
         The error, for ``raise trace_error(...) from exc``.
 
     >>> from unitscale.fx.trace_errors import trace_error
-    >>> print(trace_error("Net", "model.py:3 (`if x:`): bool of a proxy", "Fix it."))
-    torch.fx could not trace Net at model.py:3 (`if x:`): bool of a proxy. Fix it.
+    >>> try:
+    ...     int("x")
+    ... except ValueError as e:
+    ...     message = str(trace_error("Net", e, "Fix it."))
+    >>> for part in message.split(": "):
+    ...     print(part)
+    torch.fx could not trace Net at line 2 of a notebook cell (`int("x")`)
+    invalid literal for int() with base 10
+    'x'. Fix it.
     """
-    described = failure if isinstance(failure, str) else describe_failure(failure)
-    return TraceError(f"torch.fx could not trace {what} at {described}. {advice}")
+    reason = exception_chain(failure)[-1]
+    return TraceError(f"torch.fx could not trace {what} at {user_frame(failure)}: {reason}. {advice}")

@@ -60,12 +60,8 @@ __all__ = [
 DEFAULT_TAG = "untagged"
 
 
-def _no_check(input: Any) -> None:
-    return None
-
-
 @contextmanager
-def _skip_input_checks(module: nn.Module) -> Iterator[None]:
+def _skip_input_checks(module: Any) -> Iterator[None]:
     """Shadow a norm layer's ``_check_input_dim`` while it is traced through.
 
     BatchNorm checks ``input.dim()`` in Python, which a symbolic trace cannot
@@ -75,7 +71,7 @@ def _skip_input_checks(module: nn.Module) -> Iterator[None]:
     if not hasattr(type(module), "_check_input_dim") or "_check_input_dim" in module.__dict__:
         yield
         return
-    object.__setattr__(module, "_check_input_dim", _no_check)
+    object.__setattr__(module, "_check_input_dim", lambda input: None)
     try:
         yield
     finally:
@@ -171,43 +167,34 @@ class _Tracer(fx.Tracer):
         self._names_of = None
         # A forward that assigns to its module (self.steps += 1, self.last = y) would leave
         # proxies there: every submodule is put back as it was, whether tracing succeeds or not.
-        state = ModuleState(root)
+        state, kept = ModuleState(root), set[str]()
         try:
-            if isinstance(root, nn.Module):
-                with _skip_input_checks(root):
-                    graph = super().trace(root, concrete_args)
-            else:
+            with _skip_input_checks(root):  # a function has no input checks: nothing to skip
                 graph = super().trace(root, concrete_args)
-            state.restore(keep_root_attrs={str(n.target) for n in graph.nodes if n.op == "get_attr"})
+            kept = {str(n.target) for n in graph.nodes if n.op == "get_attr"}
             return graph
-        except fx.proxy.TraceError as e:
-            state.restore()
-            raise trace_error(
-                getattr(root, "__name__", None) or type(root).__name__,
-                e,
-                "Make the control flow static, pass concrete_args, or make the module that does it a leaf.",
-            ) from e
         except UnitscaleError:
-            state.restore()
             raise
-        except BaseException as e:
-            state.restore()
-            if not isinstance(e, Exception):
-                raise
-            # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
-            # a plain TypeError or the like deep inside the model: name the user's line.
-            advice = (
-                "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
-                "make that line independent of tensor values, or make the module that does it a leaf."
-            )
-            if "co_varnames" in str(e):
+        except Exception as e:
+            if isinstance(e, fx.proxy.TraceError):
+                advice = "Make the control flow static, pass concrete_args, or make the module that does it a leaf."
+            elif "co_varnames" in str(e):
                 # fx rebuilds forward's code to make **kwargs placeholders, and cannot when a
                 # decorator wraps it (every transformers model's forward)
                 advice = (
                     "torch.fx cannot trace a forward that a decorator wraps with **kwargs (as transformers "
                     "models are); capture it with torch.export instead: unitscale.capture.capture(model, inputs)."
                 )
+            else:
+                # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
+                # a plain TypeError or the like deep inside the model: name the user's line.
+                advice = (
+                    "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
+                    "make that line independent of tensor values, or make the module that does it a leaf."
+                )
             raise trace_error(getattr(root, "__name__", None) or type(root).__name__, e, advice) from e
+        finally:
+            state.restore(keep_root_attrs=kept)
 
     def call_module(self, m: nn.Module, *args: Any, **kwargs: Any) -> Any:
         with _skip_input_checks(m):
@@ -326,7 +313,7 @@ class DeepTracer(_Tracer):
         super().__init__(autowrap_modules=autowrap_modules, autowrap_functions=autowrap_functions, **kwargs)
         self.recurse_modules = recurse_modules
         self.callable_args: dict[str, Callable[..., Any]] = {}
-        self._callable_nodes: dict[str, fx.Node] = {}
+        self._callable_nodes: dict[int, fx.Node] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return not self.recurse_modules
@@ -334,18 +321,15 @@ class DeepTracer(_Tracer):
     def create_arg(self, a: Any) -> Argument:
         # fx cannot put a Python function into generated code; a placeholder keeps
         # the graph runnable and visible.
-        if isinstance(a, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-            for name, fn in self.callable_args.items():
-                if fn is a:
-                    return self._callable_nodes[name]
+        if not isinstance(a, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+            return super().create_arg(a)
+        node = self._callable_nodes.get(id(a))  # callable_args keeps ``a`` alive: its id is its own
+        if node is None:
             placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
-            where = self.graph.inserting_after(placeholders[-1]) if placeholders else self.graph.inserting_before()
-            with where:
+            with self.graph.inserting_after(placeholders[-1]) if placeholders else self.graph.inserting_before():
                 node = self.create_node("placeholder", getattr(a, "__name__", "fn"), (), {})
-            self.callable_args[node.name] = a
-            self._callable_nodes[node.name] = node
-            return node
-        return super().create_arg(a)
+            self.callable_args[node.name], self._callable_nodes[id(a)] = a, node
+        return node
 
     def trace(self, root: nn.Module | Callable[..., Any], concrete_args: dict[str, Any] | None = None) -> fx.Graph:
         self.callable_args = {}
@@ -374,20 +358,18 @@ def check_autowrap(modules: Any, functions: Any, caller: str = "DeepTracer") -> 
     ...     print(e)  # doctest: +ELLIPSIS
     track_scales(autowrap_modules=...) got str 'math'; pass a tuple, e.g. ...
     """
-    for arg_name, values, kind, example in (
-        ("autowrap_modules", modules, types.ModuleType, "(math, einops)"),
-        ("autowrap_functions", functions, None, "(my_function,)"),
+    for arg_name, values, kind, what, example in (
+        ("autowrap_modules", modules, types.ModuleType, "imported Python modules", "(math, einops)"),
+        ("autowrap_functions", functions, types.FunctionType, "Python functions (def, not builtins)", "(my_function,)"),
     ):
-        if values is None and arg_name == "autowrap_modules":
+        if values is None and kind is types.ModuleType:
             continue  # the registered defaults
-        if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
+        if not isinstance(values, (tuple, list)):
             raise PredicateError(
                 f"{caller}({arg_name}=...) got {type(values).__name__} {values!r:.60}; pass a tuple, e.g. {example}"
             )
         for v in values:
-            ok = isinstance(v, kind) if kind is not None else isinstance(v, types.FunctionType)
-            if not ok:
-                what = "imported Python modules" if kind is not None else "Python functions (def, not builtins)"
+            if not isinstance(v, kind):
                 raise PredicateError(
                     f"{caller}({arg_name}=...) holds {type(v).__name__} {v!r:.60}; it takes {what}, e.g. {example}"
                 )
@@ -513,10 +495,6 @@ class LeafTracer(_Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
-def _constant_tag(tag: Any) -> Callable[[fx.Node], Any]:
-    return lambda node: tag
-
-
 class TaggingTracer(_Tracer):
     """Tags every node, the output included, with ``tag_fn(node)``.
 
@@ -571,7 +549,7 @@ class TaggingTracer(_Tracer):
                 f"TaggingTracer(tag_fn=...) got {type(tag_fn).__name__} {tag_fn!r:.60}; pass a function node -> tag"
             )
         super().__init__(*args, **kwargs)
-        self.tag_fn = _constant_tag(default_tag) if tag_fn is None else tag_fn
+        self.tag_fn = (lambda node: default_tag) if tag_fn is None else tag_fn
         self.key = key
 
     def create_node(self, *args: Any, **kwargs: Any) -> fx.Node:
