@@ -157,7 +157,7 @@ class OpRecorder(TorchFunctionMode):
 _HERE = UNITSCALE_DIR + "capture/_eager.py"
 _LOOKED_THROUGH = {(_HERE, "__torch_function__"), (UNITSCALE_DIR + "fx/plain_run.py", "run_plainly")}
 # Frames of the tools that run the model itself: what is called under them is the model's.
-_RUN_THE_MODEL = {(_HERE, "run"), (UNITSCALE_DIR + "tracking/analysis.py", "run_node")}
+_RUN_THE_MODEL = {(_HERE, "run"), (UNITSCALE_DIR + "tracking/compiled.py", "run_node")}
 _kinds: dict[Any, str] = {}
 
 
