@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.stages.test_partition import brute_force_bottleneck
 from unitscale import StagePlan, partition
 from unitscale.errors import CostError, InputError, StageCountError, TraceError
 from unitscale.examples.models import MLP, TinyGPT, resnet18
 from unitscale.stages.partitioner import costs
-from unitscale.stages.partitioner.search import brute_force_bottleneck
 from unitscale.stages.partitioner.split import live_values
 
 matplotlib.use("Agg")
