@@ -13,13 +13,19 @@ from benchmarks.stage_heuristics import block_partition_bounds, max_min_bounds
 from unitscale.stages.partitioner.search import (
     balanced_bounds,
     bottleneck,
-    brute_force_bottleneck,
     equal_count_bounds,
     greedy_threshold_bounds,
     optimal_bounds,
     stage_sums,
     sum_of_squares,
 )
+
+
+def brute_force_bottleneck(costs: list[float], k: int) -> float:
+    """Smallest bottleneck over every partition into ``k`` non-empty stages (the oracle; tiny inputs only)."""
+    n = len(costs)
+    return min(bottleneck(costs, [0, *cuts, n]) for cuts in itertools.combinations(range(1, n), k - 1))
+
 
 costs_and_k = st.lists(
     st.one_of(st.integers(0, 20), st.floats(0, 10, allow_nan=False, allow_infinity=False)), min_size=1, max_size=10

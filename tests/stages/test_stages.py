@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from torch import fx, nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.stages.test_partition import brute_force_bottleneck
 from unitscale import StagePlan, partition
 from unitscale.errors import CostError, InputError, StageCountError, TraceError
 from unitscale.examples.models import MLP, TinyGPT, resnet18
 from unitscale.stages.partitioner import costs
-from unitscale.stages.partitioner.search import brute_force_bottleneck
 from unitscale.stages.partitioner.split import live_values
 
 matplotlib.use("Agg")
@@ -363,7 +363,7 @@ class DictOut(nn.Module):
 
 
 def test_dict_output_is_sent_as_leaves_and_rebuilt() -> None:
-    from unitscale.stages.runtime.launch import _OnModelOutput
+    from unitscale.stages.runtime.launch import loss_on_model_output
 
     torch.manual_seed(0)
     model, x = DictOut(), torch.randn(3, 4)
@@ -376,7 +376,7 @@ def test_dict_output_is_sent_as_leaves_and_rebuilt() -> None:
     assert list(rebuilt) == ["logits", "hidden"]
     assert all(torch.equal(rebuilt[k], v) for k, v in model(x).items())
     assert plan.output_spec is not None
-    loss = _OnModelOutput(lambda out, t: (out["logits"] - t).pow(2).mean(), plan.output_spec)
+    loss = loss_on_model_output(lambda out, t: (out["logits"] - t).pow(2).mean(), plan.output_spec)
     target = torch.zeros(3, 2)
     assert torch.equal(loss(leaves, target), (model(x)["logits"] - target).pow(2).mean())
 

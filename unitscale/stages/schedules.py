@@ -47,6 +47,7 @@ __all__ = [
     "in_flight",
     "check_schedule",
     "placement",
+    "torch_schedule_class",
     "valid_microbatches",
 ]
 
@@ -189,7 +190,12 @@ def valid_microbatches(schedule: str, ranks: int, near: int) -> list[int]:
     >>> valid_microbatches("interleaved_1f1b", 4, 6)
     [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 16]
     """
-    return [m for m in range(1, max(2 * near, 4 * ranks) + 1) if _microbatch_problem(schedule, ranks, ranks, m) is None]
+    return _counts_that_fit(schedule, ranks, ranks, near)
+
+
+def _counts_that_fit(schedule: str, ranks: int, num_stages: int, near: int) -> list[int]:
+    counts = range(1, max(2 * near, 4 * num_stages) + 1)
+    return [m for m in counts if _microbatch_problem(schedule, ranks, num_stages, m) is None]
 
 
 def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> str | None:
@@ -268,11 +274,7 @@ def check_schedule(
         )
     problem = _microbatch_problem(schedule, ranks, num_stages, num_microbatches)
     if problem is not None:
-        good = [
-            m
-            for m in range(1, max(2 * num_microbatches, 4 * num_stages) + 1)
-            if _microbatch_problem(schedule, ranks, num_stages, m) is None
-        ]
+        good = _counts_that_fit(schedule, ranks, num_stages, num_microbatches)
         nearby = sorted(sorted(good, key=lambda m: (abs(m - num_microbatches), m))[:4])
         also = (
             f"any count >= {num_stages} works, or schedule='gpipe'"
@@ -322,16 +324,23 @@ def _one_f_one_b(ranks: int, m: int) -> list[list[Op]]:
     return orders
 
 
+def torch_schedule_class(schedule: str) -> Any:
+    """The :mod:`torch.distributed.pipelining` class that runs ``schedule``."""
+    # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
+    from torch.distributed import pipelining as pp
+
+    return {
+        "gpipe": pp.ScheduleGPipe,
+        "1f1b": pp.Schedule1F1B,
+        "interleaved_1f1b": pp.ScheduleInterleaved1F1B,
+        "interleaved_zero_bubble": pp.ScheduleInterleavedZeroBubble,
+        "zbv": pp.ScheduleZBVZeroBubble,
+    }[schedule]
+
+
 def _from_torch(schedule: str, ranks: int, v: int, m: int) -> list[list[Op]]:
     """The per-rank order torch's own schedule class computes (no process group needed)."""
-    # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
-    from torch.distributed.pipelining import schedules as ts
-
-    cls = {
-        "interleaved_1f1b": ts.ScheduleInterleaved1F1B,
-        "interleaved_zero_bubble": ts.ScheduleInterleavedZeroBubble,
-        "zbv": ts.ScheduleZBVZeroBubble,
-    }[schedule]
+    cls = torch_schedule_class(schedule)
     sched: Any = cls.__new__(cls)
     # the attributes _calculate_single_rank_operations reads, as the constructor sets them
     sched.pp_group_size = ranks

@@ -13,6 +13,7 @@ number per node.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import re
 import statistics
@@ -45,6 +46,7 @@ __all__ = [
     "flat_inputs",
     "node_costs",
     "output_bytes",
+    "node_parameters",
     "params_per_node",
     "run_profiler",
 ]
@@ -182,12 +184,7 @@ class NodeProfiler(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         self.current = n
         if n.op in COMPUTE_OPS and self.repeats:
-            times = []
-            for _ in range(self.repeats):
-                start = time.perf_counter()
-                run_plainly(self, n)
-                times.append(time.perf_counter() - start)
-            self.seconds[n] = statistics.median(times)
+            self.seconds[n] = _median_seconds(lambda: run_plainly(self, n), self.repeats)
         if n.op in COMPUTE_OPS and self.count_flops:
             result = self._counted(n)
         else:
@@ -309,7 +306,18 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
         )
 
 
-def _check_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> None:
+def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _checked_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> list[Any]:
+    """The graph's own inputs, cloned (a run may write to them), refused when too few or too many."""
+    inputs = flat_inputs(graph, inputs)
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     required = [n for n in placeholders if not n.args]
     if not len(required) <= len(inputs) <= len(placeholders):
@@ -318,6 +326,7 @@ def _check_inputs(module: nn.Module, graph: fx.Graph, inputs: Sequence[Any]) -> 
             f"{type(module).__name__}.forward takes {len(required)} input(s) ({names}) but {len(inputs)} example "
             "input(s) were given; pass example_inputs as a tuple matching forward's arguments"
         )
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 def run_profiler(
@@ -325,9 +334,7 @@ def run_profiler(
 ) -> NodeProfiler:
     """Run :class:`NodeProfiler` over ``graph`` (traced from ``module``) on cloned ``inputs``,
     turning failures into :class:`InputError`."""
-    inputs = flat_inputs(graph, inputs)
-    _check_inputs(module, graph, inputs)
-    cloned = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    cloned = _checked_inputs(module, graph, inputs)
     profiler = NodeProfiler(module, graph, count_flops=count_flops, repeats=repeats)
     try:
         # running (and timing) the nodes must leave the plan's copy as the model was: a batch
@@ -386,12 +393,8 @@ class _BackwardTimer(fx.Interpreter):
         outs = [t for t in _leaf_tensors(out) if t.requires_grad and t.is_floating_point()]
         if outs and inputs:
             grads = [torch.ones_like(t) for t in outs]
-            times = []
-            for _ in range(self.repeats):
-                start = time.perf_counter()
-                torch.autograd.grad(outs, inputs, grads, retain_graph=True, allow_unused=True)
-                times.append(time.perf_counter() - start)
-            self.seconds[n] = statistics.median(times)
+            backward = functools.partial(torch.autograd.grad, outs, inputs, grads, retain_graph=True, allow_unused=True)
+            self.seconds[n] = _median_seconds(backward, self.repeats)
         return out
 
 
@@ -423,12 +426,11 @@ def backward_times(plan: Any, example_inputs: Any, repeats: int = 5) -> list[flo
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise InputError(f"repeats={repeats!r} must be an int >= 1 (timings per node)")
     module, graph = plan.root, plan.graph
-    inputs = flat_inputs(graph, as_tuple(example_inputs))
-    _check_inputs(module, graph, inputs)
+    inputs = _checked_inputs(module, graph, as_tuple(example_inputs))
     timer = _BackwardTimer(module, graph, repeats)
     try:
         with module_state_kept(module, values=True):  # as run_profiler: running stats stay as they were
-            timer.run(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+            timer.run(*inputs)
     except Exception as exc:
         _raise_if_out_of_memory(exc, module, "its backward")
         raise InputError(
@@ -452,28 +454,24 @@ def params_per_node(module: nn.Module, nodes: Sequence[fx.Node]) -> dict[fx.Node
     seen: set[int] = set()
     costs: dict[fx.Node, float] = {}
     for n in nodes:
-        tensors: list[torch.Tensor] = []
-        if n.op == "call_module":
-            tensors += list(module.get_submodule(n.target).parameters())  # type: ignore[arg-type]
-        for arg in n.all_input_nodes:
-            if arg.op == "get_attr":
-                value = _parameter_or_none(module, arg.target)  # type: ignore[arg-type]
-                if value is not None:
-                    tensors.append(value)
-        total = 0
-        for p in tensors:
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
-        costs[n] = float(total)
+        fresh = {id(p): p for _, p in node_parameters(module, n) if id(p) not in seen}
+        seen.update(fresh)
+        costs[n] = float(sum(p.numel() for p in fresh.values()))
     return costs
 
 
-def _parameter_or_none(module: nn.Module, target: str) -> nn.Parameter | None:
-    try:
-        return module.get_parameter(target)
-    except AttributeError:
-        return None
+def node_parameters(module: nn.Module, n: fx.Node) -> list[tuple[str, nn.Parameter]]:
+    """``(qualified name, parameter)`` of each parameter ``n`` uses: its module's, or those read by ``get_attr``."""
+    found = []
+    if n.op == "call_module":
+        found += [(f"{n.target}.{name}", p) for name, p in module.get_submodule(str(n.target)).named_parameters()]
+    for arg in n.all_input_nodes:
+        if arg.op == "get_attr":
+            try:
+                found.append((str(arg.target), module.get_parameter(str(arg.target))))
+            except AttributeError:  # a buffer or a constant
+                pass
+    return found
 
 
 def call_cost(cost: Callable[[fx.Node], float], n: fx.Node, argument: str = "cost") -> float:
@@ -541,8 +539,4 @@ def node_costs(
         return [profiler.flops.get(n, 0.0) for n in nodes]
     if cost == "time":
         return [profiler.seconds.get(n, 0.0) for n in nodes]
-    if cost == "memory":
-        return [float(output_bytes(n.meta.get("tensor_meta"))) for n in nodes]
-    raise CostError(
-        f"unknown cost model {cost!r}; use one of {', '.join(map(repr, COST_MODELS))} or a callable node -> float"
-    )
+    return [float(output_bytes(n.meta.get("tensor_meta"))) for n in nodes]  # "memory": partition refuses others

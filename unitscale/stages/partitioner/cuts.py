@@ -15,6 +15,8 @@ only cuts leave a stage with nothing to do is refused, naming the values in the 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import fx
 
@@ -47,16 +49,9 @@ def allowed_cuts(nodes: list[fx.Node], boundary_depth: int | None) -> list[bool]
     """``allowed[i]``: may a stage start at ``nodes[i]``? (``i`` in ``1..n-1``)"""
     n = len(nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    blocked = [0] * (n + 2)
-    for _, made, last in non_tensor_spans(nodes):
-        # only tensors can cross a stage boundary: no cut between this value and its last use
-        blocked[made + 1] += 1
-        blocked[last + 1] -= 1
-    allowed = [False] * n
-    running = 0
-    for i in range(n):
-        running += blocked[i]
-        allowed[i] = i > 0 and running == 0
+    # only tensors can cross a stage boundary: no cut between a non-tensor value and its last use
+    blocked = _open_spans([(made, last) for _, made, last in non_tensor_spans(nodes)], n)
+    allowed = [i > 0 and blocked[i] == 0 for i in range(n)]
     _forbid_uncovered_symbols(nodes[0].graph, position, allowed)
     if boundary_depth is not None:
         paths = [".".join(node.meta.get(MODULE_PATH_KEY, "").split(".")[:boundary_depth]) for node in nodes]
@@ -129,17 +124,21 @@ def _forbid_uncovered_symbols(graph: fx.Graph, position: dict[fx.Node, int], all
     n = len(allowed)
     roots = [r for r in graph.nodes if r.target is torch.ops.aten.sym_size.int and is_symbolic(r)]
     for expr in {symbol_of(r) for r in roots}:
-        need, cover = [0] * (n + 2), [0] * (n + 2)
-        for r in roots:
-            if symbol_of(r) == expr:
-                need[position.get(r, -1) + 1] += 1
-                need[_last_symbolic_use(r, position, n) + 1] -= 1
-        for t in graph.nodes:
-            if t.op in ("placeholder", *COMPUTE_OPS) and t.users and tensor_carries(t, expr) is not None:
-                cover[position.get(t, -1) + 1] += 1
-                cover[max(position.get(u, n) for u in t.users) + 1] -= 1
-        needed = covered = 0
-        for i in range(n):
-            needed, covered = needed + need[i], covered + cover[i]
+        need = [(position.get(r, -1), _last_symbolic_use(r, position, n)) for r in roots if symbol_of(r) == expr]
+        cover = [
+            (position.get(t, -1), max(position.get(u, n) for u in t.users))
+            for t in graph.nodes
+            if t.op in ("placeholder", *COMPUTE_OPS) and t.users and tensor_carries(t, expr) is not None
+        ]
+        for i, (needed, covered) in enumerate(zip(_open_spans(need, n), _open_spans(cover, n), strict=True)):
             if needed and not covered:
                 allowed[i] = False
+
+
+def _open_spans(spans: list[tuple[int, int]], n: int) -> list[int]:
+    """At each position ``i < n``, how many spans ``(made, last)`` are open: ``made < i <= last``."""
+    delta = [0] * (n + 2)
+    for made, last in spans:
+        delta[made + 1] += 1
+        delta[last + 1] -= 1
+    return list(itertools.accumulate(delta[:n]))

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure
 
 from unitscale.capture.toolkit import normalise_path, stack_entries
 from unitscale.errors import CostError, InputError, PlanMismatchError, SplitSpecError, StageCountError
@@ -46,11 +46,12 @@ from unitscale.stages.partitioner.costs import (
     check_input_shapes,
     flat_inputs,
     node_costs,
+    node_parameters,
     output_bytes,
     run_profiler,
 )
 from unitscale.stages.partitioner.cuts import allowed_cuts, check_no_idle_stage
-from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan, save_plan
+from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan, output_from_leaves, run_chained, save_plan
 from unitscale.stages.partitioner.split import (
     chain_stages,
     live_values,
@@ -479,10 +480,7 @@ class StagePlan:
         stages = self.stage_modules()
 
         def chained(*xs: Any) -> Any:
-            out: Any = stages[0](*flat_inputs(self.graph, xs))
-            for stage in stages[1:]:
-                out = stage(*out) if isinstance(out, tuple) else stage(out)
-            return self.output_from_leaves(out)
+            return self.output_from_leaves(run_chained(stages, flat_inputs(self.graph, xs)))
 
         outputs = []
         for fn in (self.module, self.split(), chained):
@@ -556,10 +554,7 @@ class StagePlan:
         >>> plan.output_from_leaves(torch.ones(1)).shape  # MLP returns one tensor
         torch.Size([1])
         """
-        if self.output_spec is None:
-            return out
-        leaves = list(out) if isinstance(out, tuple) and self.output_spec.num_leaves != 1 else [out]
-        return tree_unflatten(leaves, self.output_spec)
+        return output_from_leaves(out, self.output_spec)
 
     def stage_parameter_names(self) -> list[list[str]]:
         """Per stage, the qualified names (as in the model) of the parameters its nodes use, in first-use order.
@@ -573,18 +568,9 @@ class StagePlan:
         [['fc1.weight', 'fc1.bias'], ['fc2.weight', 'fc2.bias']]
         """
         names: list[list[str]] = [[] for _ in range(self.num_stages)]
-        for node in self.graph.nodes:
-            if node.op not in COMPUTE_OPS:
-                continue
+        for node in self.compute_nodes():
             stage = names[self.assignment[node.name]]
-            found: list[str] = []
-            if node.op == "call_module":
-                sub = self._root.get_submodule(str(node.target))
-                found += [f"{node.target}.{p}" for p, _ in sub.named_parameters()]
-            for arg in node.all_input_nodes:
-                if arg.op == "get_attr" and isinstance(_attr(self._root, str(arg.target)), nn.Parameter):
-                    found.append(str(arg.target))
-            stage += [n for n in found if n not in stage]
+            stage += [n for n, _ in node_parameters(self._root, node) if n not in stage]
         return names
 
     @functools.cached_property
@@ -777,13 +763,6 @@ class StagePlan:
         return ax
 
 
-def _attr(root: nn.Module, target: str) -> Any:
-    owner: Any = root
-    for part in target.split("."):
-        owner = getattr(owner, part, None)
-    return owner
-
-
 def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
     """Qualified names of the modules whose ``forward`` ran (a container such as a
     ``ModuleList`` never runs, so torch's pipeline cannot split at it); None when unknown."""
@@ -825,9 +804,8 @@ def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
 
 def _output_spec(graph: fx.Graph, output: Any) -> TreeSpec | None:
     """The structure of the model's ``output``, when its leaves are the output node's."""
-    structured = output
     out_node = next(n for n in graph.nodes if n.op == "output")
-    spec = tree_structure(structured)
+    spec = tree_structure(output)
     return spec if spec.num_leaves == len(tree_leaves(out_node.args[0])) else None
 
 

@@ -134,14 +134,18 @@ class SavedPlan:
 
     def output_from_leaves(self, out: Any) -> Any:
         """The model's output rebuilt from what the last stage returns."""
-        if self.output_spec is None:
-            return out
-        leaves = list(out) if isinstance(out, tuple) and self.output_spec.num_leaves != 1 else [out]
-        return tree_unflatten(leaves, self.output_spec)
+        return output_from_leaves(out, self.output_spec)
 
     def __call__(self, *inputs: Any) -> Any:
         """Run the stages one after the other in this process (a reference for the pipeline)."""
-        return self.output_from_leaves(_chained(self.stage_modules, inputs))
+        return self.output_from_leaves(run_chained(self.stage_modules, inputs))
+
+
+def output_from_leaves(out: Any, spec: TreeSpec | None) -> Any:
+    """The model's output (structure ``spec``; ``None``: as it is) from what the last stage returns."""
+    if spec is None:
+        return out
+    return tree_unflatten(list(out) if isinstance(out, tuple) and spec.num_leaves != 1 else [out], spec)
 
 
 def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
@@ -305,7 +309,7 @@ def dry_run(where: str, plan: SavedPlan) -> None:
     try:
         with fake.FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
             args = [torch.empty(x[0], dtype=x[1]) if isinstance(x, tuple) else x for x in plan.example_inputs]
-            _chained(plan.stage_modules, args)
+            run_chained(plan.stage_modules, args)
     except cannot_tell:
         return
     except Exception as exc:
@@ -318,7 +322,7 @@ def dry_run(where: str, plan: SavedPlan) -> None:
         log.disabled = disabled
 
 
-def _chained(stages: list[fx.GraphModule], inputs: Sequence[Any]) -> Any:
+def run_chained(stages: Sequence[nn.Module], inputs: Sequence[Any]) -> Any:
     """The last stage's output, each stage fed the one before's (unpacked when a tuple)."""
     out: Any = stages[0](*inputs)
     for stage in stages[1:]:
@@ -731,9 +735,7 @@ class _Decoder:
         return made
 
     def value(self, v: Any, where: str, nodes: dict[str, fx.Node] | None = None) -> Any:
-        if v is None or isinstance(v, (bool, int, str)):
-            return v
-        if isinstance(v, float):
+        if v is None or isinstance(v, (bool, int, float, str)):
             return v
         if isinstance(v, list):
             return [self.value(x, where, nodes) for x in v]

@@ -33,11 +33,13 @@ __all__ = [
     "stage_sums",
     "equal_count_bounds",
     "greedy_threshold_bounds",
-    "brute_force_bottleneck",
 ]
 
 
-def _prefix(costs: Sequence[float]) -> list[float]:
+def _prefix(costs: Sequence[float], k: int | None = None) -> list[float]:
+    """Prefix sums of ``costs``; with ``k``, refused unless ``1 <= k <= len(costs)``."""
+    if k is not None and not 1 <= k <= len(costs):
+        raise ValueError(f"k={k} must be between 1 and len(costs)={len(costs)}")
     return [0.0, *itertools.accumulate(float(c) for c in costs)]
 
 
@@ -131,10 +133,8 @@ def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
     >>> optimal_bounds([5, 1, 1, 1, 1, 1], 2)
     [0, 1, 6]
     """
+    prefix = _prefix(costs, k)
     n = len(costs)
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} must be between 1 and len(costs)={n}")
-    prefix = _prefix(costs)
     # a hair under total / k: a true lower bound despite rounding in the prefix sums
     lo = prefix[n] / k * (1 - 1e-9)
     best = [0, n]
@@ -229,10 +229,8 @@ def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) 
     >>> balanced_bounds([5, 0, 1, 1, 1, 1, 1, 1], 4)
     [0, 1, 4, 6, 8]
     """
+    prefix = _prefix(costs, k)
     n = len(costs)
-    if not 1 <= k <= n:
-        raise ValueError(f"k={k} must be between 1 and len(costs)={n}")
-    prefix = _prefix(costs)
     if limit is None:
         limit = bottleneck(costs, optimal_bounds(costs, k))
     # one item early: bisect's subtraction may round; the programme tests the very differences
@@ -276,13 +274,3 @@ def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:
             acc = 0.0
     bounds.append(n)
     return bounds
-
-
-def brute_force_bottleneck(costs: Sequence[float], k: int) -> float:
-    """Smallest bottleneck over every partition into ``k`` non-empty stages (tiny inputs only).
-
-    >>> brute_force_bottleneck([1, 2, 3, 4, 5], 3)
-    6.0
-    """
-    n = len(costs)
-    return min(bottleneck(costs, [0, *cuts, n]) for cuts in itertools.combinations(range(1, n), k - 1))

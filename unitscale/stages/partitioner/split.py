@@ -129,14 +129,6 @@ def live_values(graph: fx.Graph, assignment: Mapping[str, int], num_stages: int)
     return live
 
 
-def _owner_and_name(root: nn.Module, target: str) -> tuple[nn.Module, str]:
-    *path, name = target.split(".")
-    owner = root
-    for part in path:
-        owner = getattr(owner, part)
-    return owner, name
-
-
 def _place(sub: nn.Module, target: str, value: Any) -> str:
     """Put ``value`` into ``sub`` under its original qualified name where that is free (so a
     stage's ``named_parameters()`` name them as the model does), else under a flat new name."""
@@ -176,7 +168,8 @@ def _register(owner: nn.Module, name: str, value: Any) -> None:
 def _move_get_attrs(split: fx.GraphModule) -> None:
     """Move each root ``get_attr`` into every submodule that uses it (shared ones into each)."""
     for attr_node in [n for n in split.graph.nodes if n.op == "get_attr"]:
-        owner, name = _owner_and_name(split, attr_node.target)
+        path, _, name = str(attr_node.target).rpartition(".")
+        owner = split.get_submodule(path)
         value = getattr(owner, name)
         for user in list(attr_node.users):
             sub = split.get_submodule(user.target)

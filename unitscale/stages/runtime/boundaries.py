@@ -9,8 +9,6 @@ on the first microbatch of the real inputs, where the plan is (the caller's proc
 
 >>> import torch
 >>> from torch import nn
-
-from unitscale.errors import InputError
 >>> from unitscale import partition
 >>> from unitscale.stages.runtime.boundaries import stage_examples
 >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
@@ -34,10 +32,6 @@ __all__ = ["StageExample", "stage_examples"]
 
 #: one stage's example inputs and outputs (tensors on the meta device: shapes, strides, dtypes, requires_grad)
 StageExample = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
-
-
-def _as_tuple(value: Any) -> tuple[Any, ...]:
-    return value if isinstance(value, tuple) else (value,)
 
 
 def _on_meta(t: torch.Tensor) -> torch.Tensor:
@@ -83,7 +77,8 @@ def stage_examples(
     with torch.set_grad_enabled(training):
         for s, stage in enumerate(stages):
             try:
-                out = _as_tuple(stage(*args))
+                out = stage(*args)
+                out = out if isinstance(out, tuple) else (out,)
             except Exception as exc:
                 if who is None:
                     raise

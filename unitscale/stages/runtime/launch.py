@@ -26,6 +26,7 @@ the last stage). :func:`~unitscale.stages.placement` gives the table.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import TreeSpec, tree_unflatten
+from torch.utils._pytree import TreeSpec
 
 from unitscale.errors import InputError, PipelineError
 from unitscale.stages.partitioner.costs import as_tuple
-from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan
+from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan, output_from_leaves
 from unitscale.stages.runtime.boundaries import StageExample, stage_examples
-from unitscale.stages.schedules import check_schedule, placement
+from unitscale.stages.schedules import check_schedule, placement, torch_schedule_class
 
 if TYPE_CHECKING:
     from unitscale.stages.partitioner.plan import StagePlan
@@ -50,39 +51,18 @@ __all__ = ["RankPipeline", "pipeline_stage"]
 _SINGLE = ("gpipe", "1f1b")
 
 
-class _OnModelOutput:
-    """A loss that sees the model's output as the model returns it (a dict, a ``ModelOutput``),
-    rebuilt from the flat leaves the last stage sends."""
-
-    def __init__(self, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec) -> None:
-        self.loss_fn = loss_fn
-        self.spec = spec
-
-    def __call__(self, output: Any, target: torch.Tensor) -> torch.Tensor:
-        leaves = list(output) if isinstance(output, tuple) and self.spec.num_leaves != 1 else [output]
-        return self.loss_fn(tree_unflatten(leaves, self.spec), target)
+def _loss_on_leaves(loss_fn: Callable[..., torch.Tensor], spec: TreeSpec, leaves: Any, target: Any) -> torch.Tensor:
+    return loss_fn(output_from_leaves(leaves, spec), target)
 
 
 def loss_on_model_output(
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor], spec: TreeSpec | None
 ) -> Callable[[Any, torch.Tensor], torch.Tensor]:
-    """``loss_fn`` seeing the model's own output structure, where the last stage sends flat leaves."""
+    """``loss_fn`` seeing the model's own output structure (a dict, a ``ModelOutput``), where the last
+    stage sends flat leaves; picklable when ``loss_fn`` is."""
     if spec is None or spec.is_leaf():
         return loss_fn
-    return _OnModelOutput(loss_fn, spec)
-
-
-def _schedule_class(schedule: str) -> Any:
-    # lazy: torch.distributed.pipelining adds 4.6 s to `import unitscale` (python -X importtime)
-    from torch.distributed import pipelining as pp
-
-    return {
-        "gpipe": pp.ScheduleGPipe,
-        "1f1b": pp.Schedule1F1B,
-        "interleaved_1f1b": pp.ScheduleInterleaved1F1B,
-        "interleaved_zero_bubble": pp.ScheduleInterleavedZeroBubble,
-        "zbv": pp.ScheduleZBVZeroBubble,
-    }[schedule]
+    return functools.partial(_loss_on_leaves, loss_fn, spec)
 
 
 @dataclass
@@ -154,14 +134,14 @@ def build_rank(
     :func:`~unitscale.stages.runtime.boundaries.stage_examples`) the stages are built with their real shapes
     and dtypes; without, torch infers them at the first step on uninitialised tensors.
     """
-    from torch.distributed.pipelining import PipelineStage  # lazy, as in _schedule_class
+    from torch.distributed.pipelining import PipelineStage  # lazy, as in torch_schedule_class
 
     indices = sorted(modules)
     stages = []
     for i in indices:
         ins, outs = examples[i] if examples is not None else (None, None)
         stages.append(PipelineStage(modules[i], i, num_stages, device, ins, outs, group=group))
-    cls = _schedule_class(schedule)
+    cls = torch_schedule_class(schedule)
     runner = cls(stages[0] if schedule in _SINGLE else stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
     return RankPipeline(stages, runner, indices, num_stages)
 
@@ -187,13 +167,9 @@ def _join_group(backend: str) -> None:
         why = "that port is taken by another process (an earlier run still alive?)" if in_use else "it is unreachable"
         raise PipelineError(
             f"pipeline_stage could not join the process group at MASTER_ADDR={addr} MASTER_PORT={port}: {why} "
-            f"({_first_line(str(exc))}); launch with another port (torchrun --master-port PORT, or "
+            f"({(str(exc).splitlines() or [''])[0]}); launch with another port (torchrun --master-port PORT, or "
             "--rdzv-endpoint host:PORT), or stop the process that holds it"
         ) from exc
-
-
-def _first_line(text: str) -> str:
-    return text.splitlines()[0] if text else ""
 
 
 def pipeline_stage(

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,34 +77,25 @@ class ActionClock:
     def watch(self, stage: Any) -> None:
         """Wrap ``stage``'s forward and backward methods (a ``PipelineStage``) so each call is timed."""
         index = int(stage.stage_index)
-        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
-        weight = getattr(stage, "backward_weight_one_chunk", None)
-        clock = time.perf_counter
 
-        def forward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
-            start = clock()
-            out = forward(chunk, *args, **kwargs)
-            self.actions.append(("F", index, chunk, start, clock()))
-            self.output_bytes.setdefault(index, _nbytes(out))
-            return out
+        def timed(kind: str, method: Callable[..., Any]) -> Callable[..., Any]:
+            def run(chunk: int, *args: Any, **kwargs: Any) -> Any:
+                start = time.perf_counter()
+                out = method(chunk, *args, **kwargs)
+                end = time.perf_counter()
+                # a backward that is not full is the zero-bubble schedules' input gradient
+                done = "I" if kind == "B" and not kwargs.get("full_backward", True) else kind
+                self.actions.append((done, index, chunk, start, end))
+                if kind == "F":
+                    self.output_bytes.setdefault(index, _nbytes(out))
+                return out
 
-        def backward_one_chunk(chunk: int, *args: Any, full_backward: bool = True, **kwargs: Any) -> Any:
-            start = clock()
-            out = backward(chunk, *args, full_backward=full_backward, **kwargs)
-            self.actions.append(("B" if full_backward else "I", index, chunk, start, clock()))
-            return out
+            return run
 
-        def backward_weight_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
-            start = clock()
-            assert weight is not None
-            out = weight(chunk, *args, **kwargs)
-            self.actions.append(("W", index, chunk, start, clock()))
-            return out
-
-        stage.forward_one_chunk = forward_one_chunk
-        stage.backward_one_chunk = backward_one_chunk
-        if weight is not None:
-            stage.backward_weight_one_chunk = backward_weight_one_chunk
+        stage.forward_one_chunk = timed("F", stage.forward_one_chunk)
+        stage.backward_one_chunk = timed("B", stage.backward_one_chunk)
+        if getattr(stage, "backward_weight_one_chunk", None) is not None:
+            stage.backward_weight_one_chunk = timed("W", stage.backward_weight_one_chunk)
 
     @contextlib.contextmanager
     def timing_waits(self) -> Iterator[None]:

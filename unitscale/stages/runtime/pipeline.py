@@ -19,7 +19,7 @@ from typing import Any, overload
 import torch
 
 from unitscale.errors import InputError, PipelineError, UnknownScheduleError
-from unitscale.stages.partitioner.costs import check_input_shapes, flat_inputs
+from unitscale.stages.partitioner.costs import as_tuple, check_input_shapes, flat_inputs
 from unitscale.stages.partitioner.plan import StagePlan
 from unitscale.stages.partitioner.split import bake_constant_inputs, constant_inputs
 from unitscale.stages.runtime.boundaries import stage_examples
@@ -161,7 +161,10 @@ def run_pipeline(
             "the stages use in a module of their own"
         )
     args, world, loss_fn = _checked(plan, inputs, num_microbatches, schedule, stages_per_rank, loss_fn, target)
-    timeout = _check_timeout(timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise InputError(
+            f"run_pipeline(timeout=...) got {timeout!r}; pass a finite number of seconds > 0 (default 120)"
+        )
     for name, value, least in (("steps", steps, 1), ("warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InputError(f"run_pipeline({name}={value!r}) must be an int >= {least}")
@@ -170,7 +173,7 @@ def run_pipeline(
     names = [
         f"stage {h[0]}" if len(h) == 1 else f"rank {r} (stages {', '.join(map(str, h))})" for r, h in enumerate(held)
     ]
-    done = run_workers(jobs, names, timeout, main_hint, main_path)
+    done = run_workers(jobs, names, float(timeout), main_hint, main_path)
     last = next(r for r in range(world) if plan.num_stages - 1 in held[r])
     output = plan.output_from_leaves(done[last]["output"])
     if loss_fn is None:
@@ -193,8 +196,7 @@ def _checked(
             f"run_pipeline(plan=...) got {type(plan).__name__} {plan!r:.60}; pass the StagePlan that "
             "unitscale.partition(model, num_stages, example_inputs) returns"
         )
-    args = inputs if isinstance(inputs, tuple) else tuple(inputs) if isinstance(inputs, list) else (inputs,)
-    args = flat_inputs(plan.graph, args)
+    args = flat_inputs(plan.graph, as_tuple(inputs))
     check_input_shapes(plan.graph, args, "run_pipeline")
     if schedule not in SCHEDULES:
         raise UnknownScheduleError(f"unknown schedule {schedule!r}; use one of {', '.join(map(repr, SCHEDULES))}")
@@ -310,14 +312,6 @@ def _training_result(
 
 def _batch_size(x: torch.Tensor) -> int:
     return x.shape[0] if x.dim() else 0
-
-
-def _check_timeout(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-        raise InputError(
-            f"run_pipeline(timeout=...) got {timeout!r}; pass a finite number of seconds > 0 (default 120)"
-        )
-    return float(timeout)
 
 
 def _check_args(inputs: tuple[Any, ...], num_microbatches: int) -> None:

@@ -64,14 +64,10 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
         for module in modules.values():
             module.zero_grad(set_to_none=True)
         losses = []
-        kwargs: dict[str, Any] = {}
-        if built.is_last and loss_fn is not None:
-            kwargs = {"target": job["target"], "losses": losses}
-        args = job["inputs"] if built.is_first else ()
         dist.barrier()
         started = time.perf_counter()
         with torch.set_grad_enabled(loss_fn is not None), clock.timing_waits():
-            output = built.schedule.step(*args, **kwargs)
+            output = built.step(*job["inputs"], target=job["target"], losses=losses)
         steps.append((started, time.perf_counter()))
     timed = steps[job["warmup"] :]
     since = timed[0][0] if timed else math.inf
@@ -89,7 +85,7 @@ def run_rank(rank: int, job: dict[str, Any]) -> dict[str, Any]:
                 g = p.grad.detach().clone()
                 grads[name] = grads[name] + g if name in grads else g
     return {
-        "output": output if built.is_last else None,
+        "output": output,
         "losses": losses,
         "grads": grads,
         "times": [end - start for start, end in timed],

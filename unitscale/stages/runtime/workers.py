@@ -99,6 +99,12 @@ class Failure:
     when: float
     detail: str = ""
 
+    @classmethod
+    def reported(cls, message: tuple[Any, ...]) -> Failure:
+        """The failure a worker's ``("error", rank, (type, message, traceback), when)`` report says."""
+        _, rank, (kind, text, detail), when = message
+        return cls(rank, f"{kind}: {text}", when, detail)
+
 
 def _signal_name(code: int) -> str:
     try:
@@ -203,7 +209,7 @@ def _worker_env(rank: int, world: int, port: int, timeout: float, main_path: str
     """What ``torchrun`` sets for a worker, and what ours read (the launcher adds the caller's environment)."""
     # the workers import what this process can: the same unitscale, the modules a loss comes from
     paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-    env = {
+    return {
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
         "RANK": str(rank),
         "LOCAL_RANK": str(rank),
@@ -218,7 +224,6 @@ def _worker_env(rank: int, world: int, port: int, timeout: float, main_path: str
         MAIN_ENV: main_path or "",
         PARENT_ENV: str(os.getpid()),
     }
-    return env
 
 
 def _collect(
@@ -243,11 +248,9 @@ def _collect(
             if ended is not None and ended.failures:
                 raise _blame(context, ended.failures, results, names, main_hint, done)
             continue
-        kind, rank, data, when = message
-        if kind == "error":
-            first = Failure(rank, f"{data[0]}: {data[1]}", when, data[2])
-            raise _blame(context, {}, results, names, main_hint, done, first)
-        done[rank] = pickle.loads(data)
+        if message[0] == "error":
+            raise _blame(context, {}, results, names, main_hint, done, Failure.reported(message))
+        done[message[1]] = pickle.loads(message[2])
     return done
 
 
@@ -267,8 +270,7 @@ def _blame(
     while time.monotonic() < deadline and len(results.seen) < len(names):
         message = results.get(timeout=0.05)
         if message is not None and message[0] == "error":
-            _, rank, data, when = message
-            failures.append(Failure(rank, f"{data[0]}: {data[1]}", when, data[2]))
+            failures.append(Failure.reported(message))
     if not ended:
         finished = context.wait(0)
         ended = dict(finished.failures) if finished is not None else {}
