@@ -60,7 +60,7 @@ def test_track_scales_auto_keeps_a_custom_functions_backward(make: type[nn.Modul
     """Straight-through: fx reported input-gradient std 0 (the model's 1.0x); x100: 1/100 of the true one."""
     torch.manual_seed(0)
     model, x, g = make(), torch.randn(16, 8), torch.randn(16, 8)
-    want = _input_grad(model, x, g).std().item()
+    want = _input_grad(model, x, g).std(correction=0).item()
     report = track_scales(model, x.clone().requires_grad_(), g)
     assert report.route == "eager"
     assert _input_row(report).backward == pytest.approx(want, rel=1e-4)
@@ -155,8 +155,8 @@ def test_track_scales_keeps_a_hook_on_the_root() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
     model.register_forward_pre_hook(lambda m, inputs: (inputs[0] * 10,))
     x, g = torch.randn(16, 8), torch.randn(16, 8)
-    want_out = model(x).std().item()
-    want = _input_grad(model, x, g).std().item()
+    want_out = model(x).std(correction=0).item()
+    want = _input_grad(model, x, g).std(correction=0).item()
     report = track_scales(model, x.clone().requires_grad_(), g)
     assert report.route == "eager"
     assert report.rows[-1].forward == pytest.approx(want_out, rel=1e-4)
@@ -201,7 +201,7 @@ def test_eager_route_runs_a_reentrant_checkpoint_backward() -> None:
 
     torch.manual_seed(0)
     model, x, g = Checkpointed(), torch.randn(4, 8), torch.randn(4, 8)
-    want = _input_grad(model, x, g).std().item()
+    want = _input_grad(model, x, g).std(correction=0).item()
     model.a.weight.grad = kept = torch.ones_like(model.a.weight)
     report = track_scales(model, x.clone().requires_grad_(), g, route="eager")
     assert _input_row(report).backward == pytest.approx(want, rel=1e-4)
@@ -289,7 +289,7 @@ def test_a_no_grad_block_in_forward_is_kept_or_refused() -> None:
 
     torch.manual_seed(0)
     model, x, g = Frozen(), torch.randn(4, 8), torch.randn(4, 8)
-    want = _input_grad(model, x, g).std().item()
+    want = _input_grad(model, x, g).std(correction=0).item()
     report = track_scales(model, x.clone().requires_grad_(), g)
     assert report.route == "eager"
     assert _input_row(report).backward == pytest.approx(want, rel=1e-4)
@@ -326,7 +326,7 @@ def test_a_custom_ops_registered_backward_is_kept_by_export_not_refused() -> Non
     torch.manual_seed(0)
     model, x = CustomOp(), torch.randn(3, 4, requires_grad=True)
     model(x).backward(torch.ones(3, 4))
-    true = x.grad.std().item()
+    true = x.grad.std(correction=0).item()
     x.grad = None
     report = track_scales(model, x, torch.ones(3, 4), route="export")
     (row,) = [r for r in report if r.op == "input"]

@@ -248,8 +248,8 @@ def test_track_scales_backward_is_the_models_own(name: str, route: str) -> None:
     (row,) = [r for r in report if r.op == "input"]
     assert report.backward_recorded
     # the model's ops are in it: some row holds its output
-    assert any(r.forward == pytest.approx(want_out.std().item(), rel=1e-4) for r in report), report.table()
-    assert row.backward == pytest.approx(want.std().item(), rel=1e-4), report.route
+    assert any(r.forward == pytest.approx(want_out.std(correction=0).item(), rel=1e-4) for r in report), report.table()
+    assert row.backward == pytest.approx(want.std(correction=0).item(), rel=1e-4), report.route
 
 
 @pytest.mark.parametrize("route", ["lazy", "auto", "fx", "export"])
@@ -362,7 +362,7 @@ def test_transformers_families_backward_is_the_models_own(family: str) -> None:
     for route in ("auto", "eager", "export"):
         report = track_scales(model, x.clone().requires_grad_(), g, route=route)
         (row,) = [r for r in report if r.op == "input"]
-        assert row.backward == pytest.approx(want_x.std().item(), rel=1e-4), route
+        assert row.backward == pytest.approx(want_x.std(correction=0).item(), rel=1e-4), route
     wrapped = apply_transform(model, lambda gm: gm, example_inputs=(x,))
     leaf = x.clone().requires_grad_()
     out = wrapped(leaf)
@@ -441,7 +441,7 @@ def test_more_families_every_tool_is_the_model(family: str) -> None:
     want_out, want_x, want_params = _model_gradients(wrapped, x, g)
     report = track_scales(wrapped, x.clone().requires_grad_(), g)
     (row,) = [r for r in report if r.op == "input"]
-    assert report.backward_recorded and row.backward == pytest.approx(want_x.std().item(), rel=1e-9)
+    assert report.backward_recorded and row.backward == pytest.approx(want_x.std(correction=0).item(), rel=1e-9)
     identity = apply_transform(wrapped, lambda gm: gm)  # TorchDynamo on the first call, unit_scale's default
     leaf = x.clone().requires_grad_()
     if family in NO_ONE_GRAPH:  # the graph tools refuse, typed, naming the model's line

@@ -287,8 +287,8 @@ def test_prune_same_scale_tensors_with_grad():
     mean_abs = {name: g.abs().mean().item() for name, g in kept.items()}
     assert mean_abs["b"] != mean_abs["c"]
     assert mean_abs["b"] == pytest.approx(0.5009, abs=1e-4) and mean_abs["c"] == pytest.approx(0.4991, abs=1e-4)
-    assert rows["mul"].backward == pytest.approx(kept["c"].std().item(), rel=1e-6)
-    assert rows["truediv"].backward == pytest.approx(kept["b"].std().item(), rel=1e-6)
+    assert rows["mul"].backward == pytest.approx(kept["c"].std(correction=0).item(), rel=1e-6)
+    assert rows["truediv"].backward == pytest.approx(kept["b"].std(correction=0).item(), rel=1e-6)
     assert rows["mul"].backward == pytest.approx(rows["truediv"].backward, rel=2**-16)
 
 
@@ -430,8 +430,8 @@ def check_input_scales(code: str, x: torch.Tensor, module: nn.Module, grad: torc
     found = re.search(r"def forward.*# input_1 \(-> ([\d.]+), <- ([\d.]+)\)", code)
     assert found is not None, code
     fwd, bwd = found.groups()
-    assert float(fwd) == pytest.approx(leaf.std().item(), rel=5e-3)
-    assert float(bwd) == pytest.approx(leaf.grad.std().item(), rel=5e-3)
+    assert float(fwd) == pytest.approx(leaf.std(correction=0).item(), rel=5e-3)
+    assert float(bwd) == pytest.approx(leaf.grad.std(correction=0).item(), rel=5e-3)
 
 
 FORMAT_WHY = """

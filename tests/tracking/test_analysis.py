@@ -105,10 +105,10 @@ def test_recorded_stds_match_torch_std(
     grad = torch.randn(shape, dtype=torch.float64) * grad_scale
     report = track_scales(Scale(factor), x, grad)
     by_op = {row.op: row for row in report}
-    assert by_op["input"].forward == pytest.approx(x.std().item(), rel=1e-9)
-    assert by_op["input"].backward == pytest.approx((grad * factor).std().item(), rel=1e-9)
-    assert by_op["mul"].forward == pytest.approx((x * factor).std().item(), rel=1e-9)
-    assert by_op["mul"].backward == pytest.approx(grad.std().item(), rel=1e-9)
+    assert by_op["input"].forward == pytest.approx(x.std(correction=0).item(), rel=1e-9)
+    assert by_op["input"].backward == pytest.approx((grad * factor).std(correction=0).item(), rel=1e-9)
+    assert by_op["mul"].forward == pytest.approx((x * factor).std(correction=0).item(), rel=1e-9)
+    assert by_op["mul"].backward == pytest.approx(grad.std(correction=0).item(), rel=1e-9)
     assert by_op["mul"].abs_max == pytest.approx((x * factor).abs().max().item(), rel=1e-12)
 
 
@@ -139,7 +139,7 @@ def test_tuple_list_and_dict_outputs_all_take_part_in_backward() -> None:
     grads["a"][0, 0] = 5.0
     report = track_scales(Outputs(), x, grads)
     expected_grad_x = 2 * grads["a"] + 4 * grads["rest"][1][0]
-    assert report["x"].backward == pytest.approx(expected_grad_x.std().item(), rel=1e-6)
+    assert report["x"].backward == pytest.approx(expected_grad_x.std(correction=0).item(), rel=1e-6)
     assert report["mul_1"].backward == 0.0
     default = track_scales(Outputs(), x)  # unit-normal noise for every float output
     assert all(row.backward is not None and row.backward > 0 for row in default)
@@ -153,7 +153,7 @@ def test_scalar_loss_is_backpropagated_with_a_unit_gradient() -> None:
     torch.manual_seed(0)
     x = torch.randn(100)
     report = track_scales(Loss(), x)
-    assert report["x"].backward == pytest.approx((2 * x).std().item(), rel=1e-6)
+    assert report["x"].backward == pytest.approx((2 * x).std(correction=0).item(), rel=1e-6)
     assert report["sum_1"].forward == 0.0 and report["sum_1"].shape == ()
 
 
@@ -194,8 +194,8 @@ def test_untraceable_model_falls_back_to_recording_ops_as_they_run() -> None:
     ]
     y = model.fc(x)
     out_row = [row for row in report if row.op == "Tensor.mul"][0]
-    assert out_row.forward == pytest.approx((y * (2 if y.sum() > 0 else -2)).std().item(), rel=1e-6)
-    assert out_row.backward == pytest.approx(grad.std().item(), rel=1e-6)
+    assert out_row.forward == pytest.approx((y * (2 if y.sum() > 0 else -2)).std(correction=0).item(), rel=1e-6)
+    assert out_row.backward == pytest.approx(grad.std(correction=0).item(), rel=1e-6)
     listing = analyse_module(model, x, grad)
     assert listing.startswith("# Branchy: ops recorded as they ran")
     assert max(len(line) for line in listing.splitlines()) <= 88  # the trace failure's reason wraps
@@ -244,9 +244,9 @@ def test_a_model_may_modify_its_input_in_place() -> None:
     for route in ("fx", "eager"):
         report = track_scales(InPlace(), x, grad, route=route)
         assert [row.node for row in report] == ["x", "mul_", "mul"]
-        assert report["x"].forward == pytest.approx(x.std().item(), rel=1e-6)
-        assert report["x"].backward == pytest.approx(3 * grad.std().item(), rel=1e-6)
-        assert report["mul"].forward == pytest.approx(3 * x.std().item(), rel=1e-6)
+        assert report["x"].forward == pytest.approx(x.std(correction=0).item(), rel=1e-6)
+        assert report["x"].backward == pytest.approx(3 * grad.std(correction=0).item(), rel=1e-6)
+        assert report["mul"].forward == pytest.approx(3 * x.std(correction=0).item(), rel=1e-6)
     assert torch.equal(x, original)  # the caller's tensor is not modified
 
 
@@ -272,7 +272,7 @@ def test_an_input_gets_a_gradient_only_when_it_requires_grad(route: str) -> None
     asked = track_scales(model, x.clone().requires_grad_(), grad, route=route)
     leaf = x.clone().requires_grad_()
     (want,) = torch.autograd.grad(model(leaf), leaf, grad)
-    assert asked["x"].backward == pytest.approx(want.std().item(), rel=1e-5)
+    assert asked["x"].backward == pytest.approx(want.std(correction=0).item(), rel=1e-5)
     for row, other in zip(plain, asked, strict=True):  # everything else is the same
         if row.op != "input":
             assert (row.forward, row.backward) == pytest.approx((other.forward, other.backward), rel=1e-6)
@@ -287,7 +287,7 @@ def test_a_model_without_trainable_parameters_differentiates_its_inputs(route: s
         report = track_scales(model, x, grad, route=route)
         leaf = x.clone().requires_grad_()
         (want,) = torch.autograd.grad(model(leaf), leaf, grad)
-        assert report[report.rows[0].node].backward == pytest.approx(want.std().item(), rel=1e-5)
+        assert report[report.rows[0].node].backward == pytest.approx(want.std(correction=0).item(), rel=1e-5)
         assert not x.requires_grad and x.grad is None
     assert all(p.grad is None for p in frozen.parameters())
 

@@ -108,6 +108,6 @@ def test_clear_forgets_and_finish_empties() -> None:
     ((std, absmax, nonzero, under, over, signal, noise),) = batch.finish()
     assert (absmax, nonzero, under, over, noise) == (2.0, 2, 0, 0, 0.0)
     assert signal == pytest.approx(8.0, rel=1e-6)  # a float32 norm, squared
-    assert std == pytest.approx(torch.tensor([2.0, 2.0, 0.0]).std().item(), rel=1e-6)
+    assert std == pytest.approx(torch.tensor([2.0, 2.0, 0.0]).std(correction=0).item(), rel=1e-6)
     with pytest.raises(ValueError, match="nonempty"):
         batch.add(torch.zeros(0))

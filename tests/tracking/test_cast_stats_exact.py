@@ -1,6 +1,6 @@
 """Cast statistics of tensors whose squares leave float32's range, against exact arithmetic.
 
-The std's oracle is :func:`statistics.stdev` (rational arithmetic); the SQNR's is torch's own
+The std's oracle is :func:`statistics.pstdev` (rational arithmetic); the SQNR's is torch's own
 cast to the format's dtype, with the signal and the rounding error summed as Python floats
 (:func:`math.fsum` of float64 squares, which a float32 value's square never leaves). Both
 paths are checked: :func:`~unitscale.tracking.cast_stats` alone and a
@@ -51,7 +51,7 @@ def _batched(x: torch.Tensor, fmt: FPFormat) -> CastStats:
 def test_std_and_sqnr_match_exact_arithmetic_at_any_magnitude(measure: object, fmt: FPFormat, scale: float) -> None:
     x = (torch.randn(1000, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * scale).float()
     got = measure(x, fmt)  # type: ignore[operator]
-    assert got.std == pytest.approx(statistics.stdev(x.double().tolist()), rel=1e-6)
+    assert got.std == pytest.approx(statistics.pstdev(x.double().tolist()), rel=1e-6)
     assert got.sqnr_db == pytest.approx(_exact_sqnr_db(x, fmt), abs=1e-4)
 
 
@@ -59,7 +59,7 @@ def test_an_all_zero_tensor_loses_nothing_and_a_tiny_one_is_not_all_zero() -> No
     zero = _batched(torch.zeros(500), BF16)
     assert (zero.std, zero.sqnr_db) == (0.0, math.inf)
     tiny = _batched(torch.full((500,), 1e-30).index_fill_(0, torch.tensor([0]), 3e-30), BF16)
-    assert tiny.std == pytest.approx(statistics.stdev([3e-30] + [1e-30] * 499), rel=1e-5)
+    assert tiny.std == pytest.approx(statistics.pstdev([3e-30] + [1e-30] * 499), rel=1e-5)
 
 
 @pytest.mark.parametrize(("fmt", "scale"), [(BF16, 1e-23), (BF16, 1e25), (FP8_E4M3, 1e-30)])
@@ -71,5 +71,5 @@ def test_on_an_accelerator_the_sums_are_wide_enough(
     monkeypatch.setattr("unitscale.tracking.format_casts.reads_at_once", lambda device: False)
     monkeypatch.setattr("unitscale.tracking.stats.reads_at_once", lambda device: False)
     got = cast_stats(x, fmt)
-    assert got.std == pytest.approx(statistics.stdev(x.double().tolist()), rel=1e-6)
+    assert got.std == pytest.approx(statistics.pstdev(x.double().tolist()), rel=1e-6)
     assert got.sqnr_db == pytest.approx(_exact_sqnr_db(x, fmt), abs=1e-4)

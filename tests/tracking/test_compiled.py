@@ -1,7 +1,7 @@
 """A cached capture runs as compiled code: every row is torch's own std of the tensor and of its gradient.
 
 The oracle runs the same captured graph under a plain :class:`torch.fx.Interpreter` (no
-unitscale code), keeps every floating-point node output, takes its ``torch.std`` in float64,
+unitscale code), keeps every floating-point node output, takes its ``torch.std(correction=0)`` in float64,
 and gets every gradient from :func:`torch.autograd.grad` with the same output gradient.
 """
 
@@ -54,7 +54,7 @@ class Applies(nn.Module):
 
 
 def _std(t: torch.Tensor) -> float:
-    return 0.0 if t.numel() == 1 else t.detach().double().std().item()
+    return t.detach().double().std(correction=0).item()
 
 
 def _oracle(gm: fx.GraphModule, inputs: tuple[Any, ...], grad: torch.Tensor) -> dict[str, tuple[float, float | None]]:
@@ -138,13 +138,12 @@ def test_a_view_chain_by_hand() -> None:
 
     x = torch.tensor([1.0, -1.0], requires_grad=True)
     report = track_scales(Chain(), x, torch.tensor([1.0, -1.0]))
-    root2 = 2.0**0.5
-    # x = (1, -1): std sqrt(2); y = 2x: std 2 sqrt(2); dL/dy = (1, -1): std sqrt(2); dL/dx = (2, -2)
+    # x = (1, -1): std 1 (about the mean 0); y = 2x: std 2; dL/dy = (1, -1): std 1; dL/dx = (2, -2): std 2
     assert [(row.node, row.forward, row.backward) for row in report] == [
-        ("x", pytest.approx(root2), pytest.approx(2 * root2)),
-        ("mul", pytest.approx(2 * root2), pytest.approx(root2)),
-        ("view", pytest.approx(2 * root2), pytest.approx(root2)),
-        ("reshape", pytest.approx(2 * root2), pytest.approx(root2)),
+        ("x", pytest.approx(1.0), pytest.approx(2.0)),
+        ("mul", pytest.approx(2.0), pytest.approx(1.0)),
+        ("view", pytest.approx(2.0), pytest.approx(1.0)),
+        ("reshape", pytest.approx(2.0), pytest.approx(1.0)),
     ]
 
 

@@ -67,7 +67,7 @@ def _train(model: nn.Module, monitor: ScaleMonitor, steps: int, lr: float = 0.01
 def test_std_and_absmax_equal_torchs(n: int, log2_scale: float, seed: int) -> None:
     t = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 2.0**log2_scale
     s = cast_stats(t, FP8_E4M3)
-    assert s.std == pytest.approx(torch.std(t).item(), rel=1e-4)
+    assert s.std == pytest.approx(torch.std(t, correction=0).item(), rel=1e-4)
     assert s.absmax == t.abs().max().item()
 
 
@@ -135,12 +135,12 @@ def test_monitor_records_the_numbers_of_the_tensors_it_saw() -> None:
         y.sum().backward()
     handles[0].remove()
     rec = {(r.tensor, r.direction): r for r in monitor.history}
-    assert rec["0", "fwd"].std == pytest.approx(seen["0"].std().item(), rel=1e-5)
+    assert rec["0", "fwd"].std == pytest.approx(seen["0"].std(correction=0).item(), rel=1e-5)
     assert rec["0", "fwd"].absmax == seen["0"].abs().max().item()
-    assert rec["2", "bwd"].std == pytest.approx(y.grad.std().item(), abs=1e-7)  # all ones: std 0
+    assert rec["2", "bwd"].std == pytest.approx(y.grad.std(correction=0).item(), abs=1e-7)  # all ones: std 0
     w = model[0].weight
-    assert rec["0.weight", "fwd"].std == pytest.approx(w.std().item(), rel=1e-5)
-    assert rec["0.weight", "bwd"].std == pytest.approx(w.grad.std().item(), rel=1e-5)
+    assert rec["0.weight", "fwd"].std == pytest.approx(w.std(correction=0).item(), rel=1e-5)
+    assert rec["0.weight", "bwd"].std == pytest.approx(w.grad.std(correction=0).item(), rel=1e-5)
     assert rec["0.weight", "bwd"].sqnr_db == pytest.approx(cast_stats(w.grad, FP8_E5M2).sqnr_db)
     assert {r.kind for r in monitor.history if r.tensor.endswith(("weight", "bias"))} == {"parameter"}
 
@@ -545,7 +545,7 @@ def test_monitor_numbers_equal_eager_tracking_and_torchs(rows: int) -> None:
     handle.remove()
     out = seen[0]
     assert out.grad is not None
-    torch_fwd, torch_bwd = out.std().item(), out.grad.std().item()
+    torch_fwd, torch_bwd = out.std(correction=0).item(), out.grad.std(correction=0).item()
     rec = {(r.tensor, r.direction): r for r in monitor.history}
     (row,) = [r for r in track_scales(model, x, backward=g, route="eager") if r.module_path == "0"]
     for mine, eager, torchs in (
@@ -576,7 +576,7 @@ def test_a_gradient_reaching_two_module_outputs_is_measured_once_with_torchs_std
         with monitor.step():
             model(x).backward(g)
     rec = {(r.tensor, r.direction): r.std for r in monitor.history}
-    assert rec["a", "bwd"] == rec["b", "bwd"] == pytest.approx(g.std().item(), rel=1e-5)
+    assert rec["a", "bwd"] == rec["b", "bwd"] == pytest.approx(g.std(correction=0).item(), rel=1e-5)
     assert len(added) == 3 + 1  # a, b, (root) forward; the one gradient all three get
 
 
@@ -602,6 +602,6 @@ def test_parameters_are_recorded_by_scale_trackings_one_recording_function(width
     assert len(rec) == 2 * len(names)
     for name, p in model.named_parameters():
         assert p.grad is not None
-        assert rec[name, "fwd"].std == pytest.approx(p.detach().std().item(), rel=1e-5)
-        assert rec[name, "bwd"].std == pytest.approx(p.grad.std().item(), rel=1e-5)
+        assert rec[name, "fwd"].std == pytest.approx(p.detach().std(correction=0).item(), rel=1e-5)
+        assert rec[name, "bwd"].std == pytest.approx(p.grad.std(correction=0).item(), rel=1e-5)
         assert rec[name, "fwd"].absmax == p.detach().abs().max().item()

@@ -100,8 +100,8 @@ def _oracle(ops: list[str], w: torch.Tensor, x: torch.Tensor, grad: torch.Tensor
 
 
 def _std(t: torch.Tensor) -> float:
-    """The std of a tensor's values in float64 (0 for one element, as scale tracking gives)."""
-    return 0.0 if t.numel() == 1 else t.detach().double().std().item()
+    """The std of a tensor's values in float64, ``torch.std(correction=0)`` (0 for one element)."""
+    return t.detach().double().std(correction=0).item()
 
 
 def _views_changed_later(ops: list[str], w: torch.Tensor, x: torch.Tensor) -> set[int]:

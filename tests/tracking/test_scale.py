@@ -42,11 +42,8 @@ def test_tensor_std_matches_torch_std(shape: list[int], scale: float, shift: flo
     torch.manual_seed(seed)
     x = torch.randn(shape, dtype=torch.float64) * scale + shift
     got = tensor_std(x)
-    if x.numel() == 1:
-        assert got is not None and got.item() == 0.0
-    else:
-        assert got is not None
-        torch.testing.assert_close(got, torch.std(x), rtol=1e-9, atol=1e-12)
+    assert got is not None
+    torch.testing.assert_close(got, torch.std(x, correction=0), rtol=1e-9, atol=1e-12)
 
 
 def test_tensor_std_stays_accurate_when_the_mean_dwarfs_the_std() -> None:
@@ -54,7 +51,7 @@ def test_tensor_std_stays_accurate_when_the_mean_dwarfs_the_std() -> None:
     x = torch.randn(100_000) * 1e-3 + 1e3  # a sum of squares would lose every digit here
     got = tensor_std(x)
     assert got is not None
-    assert got.item() == pytest.approx(torch.std(x.double()).item(), rel=1e-2)
+    assert got.item() == pytest.approx(torch.std(x.double(), correction=0).item(), rel=1e-2)
     assert tensor_std(torch.full((1000,), 3.7)).item() < 1e-6
 
 
@@ -70,7 +67,7 @@ def test_tensor_std_of_low_precision_is_computed_in_float32(dtype: torch.dtype) 
     x = (torch.randn(4096) * 300).to(dtype)  # squares overflow float16
     got = tensor_std(x)
     assert got is not None and got.dtype == torch.float32
-    torch.testing.assert_close(got, x.float().std())
+    torch.testing.assert_close(got, x.float().std(correction=0))
 
 
 def test_tensor_abs_max_is_the_largest_magnitude() -> None:
@@ -85,8 +82,8 @@ def test_scale_tracker_records_forward_and_gradient_std() -> None:
     grad = torch.randn(64, 8) * 3
     y.backward(grad)
     forward, backward, _ = read_records([record])[0]
-    assert forward == pytest.approx(x.std().item(), rel=1e-6)
-    assert backward == pytest.approx(grad.std().item(), rel=1e-6)
+    assert forward == pytest.approx(x.std(correction=0).item(), rel=1e-6)
+    assert backward == pytest.approx(grad.std(correction=0).item(), rel=1e-6)
     torch.testing.assert_close(x.grad, grad)  # identity in both directions
 
 
@@ -98,14 +95,14 @@ def test_read_records_reads_every_value_with_one_transfer(monkeypatch: pytest.Mo
         r.record_forward(torch.arange(4.0) * i, abs_max=True)
         r.record_backward(torch.arange(3.0, dtype=torch.float64))
         records.append(r)
-    expected = 2 * torch.arange(4.0).std().item()
+    expected = 2 * torch.arange(4.0).std(correction=0).item()
     calls = []
     original = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or original(self))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("item() syncs once per tensor"))
     values = read_records(records)
     assert len(calls) == 2  # one per (device, dtype): float32 forward stds, float64 grads
-    assert values[2] == (pytest.approx(expected), 1.0, 6.0)
+    assert values[2] == (pytest.approx(expected), pytest.approx((2 / 3) ** 0.5), 6.0)  # 0, 1, 2: variance 2/3
 
 
 def test_format_ranges_match_torch_finfo() -> None:
@@ -142,7 +139,7 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
         assert buffer.numel() == 2000
     for t, g in zip(tensors, got, strict=True):
         assert g is not None
-        torch.testing.assert_close(g, torch.std(t).to(g.dtype))
+        torch.testing.assert_close(g, torch.std(t, correction=0).to(g.dtype))
     assert getattr(scale._scratch, "buffer", None) is None
     assert scale._scratch.kept is buffer  # small: kept for the next call
     with scale.scratch_space():
@@ -161,7 +158,7 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
 def test_cpu_std_of_float32_matches_float64_std(n: int, scale: float, shift: float, seed: int) -> None:
     torch.manual_seed(seed)
     x = torch.randn(n) * scale + shift
-    expected = torch.std(x.double()).item()
+    expected = torch.std(x.double(), correction=0).item()
     got = std_stat(x)
     assert isinstance(got, float)  # read at once on the CPU
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-30)
@@ -184,7 +181,7 @@ def test_cpu_std_where_the_mean_dwarfs_the_std_matches_float64_std(
     torch.manual_seed(seed)
     x = torch.randn(n) + sign * ratio
     got = std_stat(x)
-    assert got == pytest.approx(torch.std(x.double()).item(), rel=1e-5)
+    assert got == pytest.approx(torch.std(x.double(), correction=0).item(), rel=1e-5)
 
 
 def test_cpu_std_of_a_constant_tensor_is_zero_to_the_last_digit_of_its_mean() -> None:
@@ -208,7 +205,7 @@ def test_cpu_std_of_a_constant_tensor_is_zero_to_the_last_digit_of_its_mean() ->
 def test_cpu_std_of_any_layout_matches_torch_std(make: Any) -> None:
     torch.manual_seed(0)
     x = make()
-    assert std_stat(x) == pytest.approx(torch.std(x.double()).item(), rel=1e-5)
+    assert std_stat(x) == pytest.approx(torch.std(x.double(), correction=0).item(), rel=1e-5)
 
 
 def test_cpu_std_of_non_finite_values_is_nan_or_inf_like_torch_std() -> None:
@@ -218,4 +215,4 @@ def test_cpu_std_of_non_finite_values_is_nan_or_inf_like_torch_std() -> None:
     x[3] = math.nan
     assert math.isnan(std_stat(x))  # type: ignore[arg-type]
     big = torch.randn(1000) * 1e30  # finite, but its squares overflow float32
-    assert std_stat(big) == pytest.approx(torch.std(big.double()).item(), rel=1e-6)
+    assert std_stat(big) == pytest.approx(torch.std(big.double(), correction=0).item(), rel=1e-6)

@@ -77,9 +77,9 @@ def test_views_and_copies_report_the_numbers_computed_afresh(monkeypatch: pytest
     with torch.no_grad():
         h = model.fc(x)
     by_op = {r.op.removeprefix("Tensor."): r for r in shared}
-    assert math.isclose(by_op["reshape"].forward, torch.relu(h).std().item(), rel_tol=1e-5)
-    assert math.isclose(by_op["transpose"].forward, h.std().item(), rel_tol=1e-5)
-    assert math.isclose(by_op["contiguous"].forward, h.std().item(), rel_tol=1e-5)
+    assert math.isclose(by_op["reshape"].forward, torch.relu(h).std(correction=0).item(), rel_tol=1e-5)
+    assert math.isclose(by_op["transpose"].forward, h.std(correction=0).item(), rel_tol=1e-5)
+    assert math.isclose(by_op["contiguous"].forward, h.std(correction=0).item(), rel_tol=1e-5)
 
 
 def test_a_change_through_another_view_is_seen() -> None:
@@ -93,7 +93,7 @@ def test_a_change_through_another_view_is_seen() -> None:
     report = track_scales(Setitem(), x, route="eager")
     expected = (x * 2).flatten()
     expected[0] = 100.0
-    assert math.isclose(report["reshape"].forward, expected.std().item(), rel_tol=1e-5)
+    assert math.isclose(report["reshape"].forward, expected.std(correction=0).item(), rel_tol=1e-5)
     assert not math.isclose(report["reshape"].forward, report["mul"].forward, rel_tol=1e-3)
 
 
@@ -104,7 +104,7 @@ def test_a_cast_that_changes_the_dtype_is_computed_afresh() -> None:
 
     x = torch.tensor([1.0, 1.00390625 / 2, 3.0]) + 1e-3
     report = track_scales(Cast(), x, route="eager")
-    assert report["to"].forward == pytest.approx(x.to(torch.bfloat16).float().std().item(), rel=1e-6)
+    assert report["to"].forward == pytest.approx(x.to(torch.bfloat16).float().std(correction=0).item(), rel=1e-6)
     assert report["to"].forward != report["mul"].forward
 
 
@@ -147,7 +147,7 @@ def test_a_source_read_only_by_its_view_takes_the_views_gradient_std(
     h_grad = (y_grad * torch.arange(8.0)).reshape(4, 4, 2).transpose(1, 2).reshape(4, 8)
     if isinstance(grads, tuple):
         h_grad = h_grad + grads[1]  # h is also an output: two gradients meet in it
-    assert math.isclose(shared["linear"].backward, h_grad.std().item(), rel_tol=1e-5)
+    assert math.isclose(shared["linear"].backward, h_grad.std(correction=0).item(), rel_tol=1e-5)
     assert h.shape == h_grad.shape
     # the view, the transpose and the reshape: three forward stds saved; two gradient stds on
     # top (h and the view, each read by one view only), one where h is also an output. The
@@ -181,8 +181,9 @@ def test_one_gradient_tensor_reaching_two_rows_is_measured_once(monkeypatch: pyt
     s = leaf + h
     s.retain_grad()
     torch.tanh(s).backward(grad)
-    assert report["linear"].backward == pytest.approx(h.grad.std().item(), rel=1e-6)
-    assert report["add"].backward == report["linear"].backward == pytest.approx(s.grad.std().item(), rel=1e-6)
-    assert report["x"].backward == pytest.approx(leaf.grad.std().item(), rel=1e-6)
+    assert report["linear"].backward == pytest.approx(h.grad.std(correction=0).item(), rel=1e-6)
+    want = s.grad.std(correction=0).item()
+    assert report["add"].backward == report["linear"].backward == pytest.approx(want, rel=1e-6)
+    assert report["x"].backward == pytest.approx(leaf.grad.std(correction=0).item(), rel=1e-6)
     measured = sum(row.backward is not None for row in report) + sum(row.forward is not None for row in report)
     assert calls[0] == measured - 1  # every std but one: the shared gradient's

@@ -1,6 +1,6 @@
 """``std_stat`` against exact arithmetic, where float32's squares and running sums give way.
 
-The oracle is :func:`statistics.stdev` on the tensor's values as Python floats: it sums in
+The oracle is :func:`statistics.pstdev` on the tensor's values as Python floats: it sums in
 exact rational arithmetic, so it shares no rounding, no algorithm and no code with
 ``std_stat``. Large tensors of two values are checked against the std written out from
 the counts of each value, also in rationals.
@@ -29,7 +29,7 @@ LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def _exact(x: torch.Tensor) -> float:
-    return statistics.stdev(x.double().flatten().tolist())
+    return statistics.pstdev(x.double().flatten().tolist())
 
 
 def _std(x: torch.Tensor, scratch: bool) -> float:
@@ -105,7 +105,7 @@ def _two_values(n: int, low: float, high: float) -> tuple[torch.Tensor, float]:
     a, b = Fraction(x.min().item()), Fraction(x.max().item())
     highs = int((x == x.max()).sum())
     mean = (a * (n - highs) + b * highs) / n
-    var = ((a - mean) ** 2 * (n - highs) + (b - mean) ** 2 * highs) / (n - 1)
+    var = ((a - mean) ** 2 * (n - highs) + (b - mean) ** 2 * highs) / n
     return x, math.sqrt(var)
 
 

@@ -28,9 +28,9 @@ def test_the_scale_check_ranks_ops_around_a_tensor_of_infinite_std() -> None:
     x = torch.randn(4, 16, 16)
     mask = torch.full((16, 16), torch.finfo(torch.float32).min).triu(1)
     check = check_scale(fx.symbolic_trace(Masked()), [x, mask])
-    # the one std (tracking's std_stat) is torch.std's in float64, where float32's own overflowed to inf
-    added = x * 8.0 + mask
-    assert dict((n, f) for n, f, _ in check.stds)["add"] == pytest.approx(torch.std(added.double()).item(), rel=1e-6)
+    # the one std (tracking's std_stat) is torch.std's (correction=0) in float64, where float32's own overflowed to inf
+    want = torch.std((x * 8.0 + mask).double(), correction=0).item()
+    assert dict((n, f) for n, f, _ in check.stds)["add"] == pytest.approx(want, rel=1e-6)
     assert all(0 < d.factor < math.inf for d in check.drift)
 
 

@@ -54,7 +54,7 @@ def _run(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, float]:
     x = x.clone().requires_grad_()
     out = model(x)
     out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))
-    return out.std().item(), x.grad.std().item()
+    return out.std(correction=0).item(), x.grad.std(correction=0).item()
 
 
 @functools.cache

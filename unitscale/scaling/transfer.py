@@ -168,7 +168,7 @@ def _record(model: nn.Module, inputs: Tensor, keep: Callable[[str, nn.Module], b
 
 
 def _rms_of_stds(tensors: list[Tensor]) -> float:
-    return float(torch.tensor([t.std().item() ** 2 for t in tensors]).mean().sqrt())
+    return float(torch.tensor([t.std(correction=0).item() ** 2 for t in tensors]).mean().sqrt())
 
 
 def coord_check(

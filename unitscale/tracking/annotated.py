@@ -71,8 +71,8 @@ def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | N
     >>> report = track_scales(Double(), x, grad)
     >>> cap = capture(Double(), x, deep=DeepTracing())
     >>> print(annotated_code(cap, list(report.rows), "Double"))
-    def forward(self, x):  # x (-> 1.41, <- 2.83)
-        mul = x * 2  # (-> 2.83, <- 1.41)
+    def forward(self, x):  # x (-> 1.0, <- 2.0)
+        mul = x * 2  # (-> 2.0, <- 1.0)
         return mul
     """
     by_name = {r.node: r for r in rows}

@@ -9,7 +9,7 @@ number or torch's cast where the two are bit-identical), in dB:
 
 :func:`raw_cast_stats` leaves the sums on the tensor's device (on an accelerator, no host
 sync per tensor); :func:`finish_cast_stats` turns the sums, once read, into the statistics.
-On the CPU its numbers are bit-identical to the plain definitions (``torch.std``-style sums,
+On the CPU its numbers are bit-identical to the plain definitions (:func:`~unitscale.tracking.std_stat`,
 ``abs().max()``, ``count_nonzero``, ``fmt.round``), in about 15 passes over the data.
 :class:`CastBatch` measures many tensors together: it copies them into one buffer in rows of
 :data:`BLOCK` elements and measures every row at once, so ~25 op calls serve hundreds of
@@ -48,7 +48,7 @@ class CastStats(NamedTuple):
     """One tensor measured against a format.
 
     Attributes:
-        std: standard deviation (``torch.std``; 0 for one element).
+        std: standard deviation (:func:`~unitscale.tracking.std_stat`'s, ``torch.std(correction=0)``).
         absmax: largest magnitude.
         underflow: fraction of the nonzero elements whose magnitude is below the format's
             smallest subnormal (exact zeros are not counted: they cast exactly).
@@ -62,8 +62,8 @@ class CastStats(NamedTuple):
     >>> from unitscale.formats import FP8_E5M2
     >>> from unitscale.tracking import cast_stats
     >>> stats = cast_stats(torch.tensor([1.0, -3.0]), FP8_E5M2)
-    >>> round(stats.std, 4), stats.absmax, stats.underflow, stats.overflow
-    (2.8284, 3.0, 0.0, 0.0)
+    >>> stats.std, stats.absmax, stats.underflow, stats.overflow
+    (2.0, 3.0, 0.0, 0.0)
     >>> stats.sqnr_db  # both values are exact in E5M2: no noise
     inf
     """

@@ -55,7 +55,7 @@ class ScaleRecord:
     >>> record = ScaleRecord()
     >>> record.record_forward(torch.tensor([1.0, 3.0]), abs_max=True)
     >>> read_records([record])
-    [(1.4142135623730951, None, 3.0)]
+    [(1.0, None, 3.0)]
     """
 
     __slots__ = ("forward", "backward", "abs_max")
@@ -92,11 +92,11 @@ def reads_at_once(device: torch.device) -> bool:
 def std_stat(t: torch.Tensor) -> Stat | None:
     """The std of ``t``: the one definition every statistic of unitscale uses (see ``Stat``).
 
-    The convention is ``torch.std``'s (``correction=1``) over all elements, with these answers
-    where ``torch.std`` has none or raises:
+    The population std over all elements, ``torch.std(t, correction=0)``: the root mean square
+    about the mean, what unit scaling calls a tensor's scale (so one element gives 0). Where
+    ``torch.std`` has no answer or raises:
 
     - empty: ``None`` (no statistic to record);
-    - one element: 0 where it is finite (``torch.std`` gives NaN and a warning);
     - an infinity or a NaN anywhere: NaN, as ``torch.std``;
     - integers, booleans, float16 and bfloat16: their values in float32.
 
@@ -109,14 +109,14 @@ def std_stat(t: torch.Tensor) -> Stat | None:
 
     >>> import torch
     >>> from unitscale.tracking.stats import std_stat
-    >>> std_stat(torch.tensor([1.0, 2.0, 3.0]))
+    >>> std_stat(torch.tensor([1.0, 3.0]))
     1.0
     >>> std_stat(torch.tensor([5.0])), std_stat(torch.empty(0))
     (0.0, None)
-    >>> std_stat(torch.tensor([1, 3]))  # integers: in float32
-    1.4142135623730951
+    >>> std_stat(torch.tensor([1, 5]))  # integers: in float32
+    2.0
     >>> std_stat(torch.tensor([1e-23, 3e-23]))  # squares below float32's range
-    1.4142136736802574e-23
+    1.0000000787060493e-23
     """
     n = t.numel()
     if n == 0:
@@ -125,22 +125,18 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     if t.dtype != torch.float32 and t.dtype != torch.float64:
         t = t.float()
     if not reads_at_once(t.device):
-        if n == 1:
-            return (t.reshape(()) - t.reshape(())).abs()  # 0, or NaN for an infinity or a NaN
         if t.device.type == "mps":  # no float64 there
             deviations = t - t.mean()
         else:  # about the mean in float64, as the host's careful path: no digit cancels
             deviations = t.to(torch.float64) - t.mean(dtype=torch.float64)
-        return (torch.linalg.vector_norm(deviations) / math.sqrt(n - 1)).to(t.dtype)
+        return (torch.linalg.vector_norm(deviations) / math.sqrt(n)).to(t.dtype)
     flat = _flat(t)
-    if n == 1:
-        return 0.0 if math.isfinite(flat[0].item()) else math.nan
     std = std_from_sums(n, flat.sum().item(), sum_of_squares(flat), flat.dtype)
     return _two_pass(flat) if std is None else std
 
 
 def _two_pass(flat: torch.Tensor) -> float:
-    """The std of ``flat`` (1-D, at least two elements) about its mean, summed in float64: no digit cancels.
+    """The std of ``flat`` (1-D, not empty) about its mean, summed in float64: no digit cancels.
 
     Float64 values whose squares would leave
     float64's range are first brought to a largest magnitude in [0.5, 1) by a power of two,
@@ -167,7 +163,7 @@ def _two_pass(flat: torch.Tensor) -> float:
         deviations = block.to(torch.float64, copy=True).sub_(mean)
         shift += deviations.sum().item()
         squares += torch.dot(deviations, deviations).item()
-    var = (squares - shift * shift / n) / (n - 1)
+    var = (squares - shift * shift / n) / n
     return math.sqrt(max(var, 0.0)) if math.isfinite(var) else math.nan
 
 
@@ -197,7 +193,7 @@ def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> f
 
     >>> import torch
     >>> from unitscale.tracking.stats import std_from_sums
-    >>> std_from_sums(3, 3.0, 5.0, torch.float32)  # 0, 1, 2
+    >>> std_from_sums(2, 2.0, 4.0, torch.float32)  # 0, 2
     1.0
     >>> std_from_sums(3, 3000.0, 3000002.0, torch.float32) is None  # 999, 1000, 1001
     True
@@ -205,10 +201,10 @@ def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> f
     # Below this mean square, some squares fall under the dtype's smallest normal number (2**-126 in
     # float32) and lose digits; above it, such squares add less than 2**-26 of the sum.
     least = 2.0**-990 if dtype == torch.float64 else 2.0**-100
-    if n < 2 or not n * least <= squares < math.inf:
+    if n < 1 or not n * least <= squares < math.inf:
         return None
     mean = total / n
-    var = (squares - total * mean) / (n - 1)
+    var = (squares - total * mean) / n
     return math.sqrt(var) if mean * mean <= var else None
 
 
@@ -234,13 +230,9 @@ def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
-    """``torch.std`` of ``t`` as a 0-dim tensor on ``t``'s device (float32 or float64).
+    """:func:`std_stat` of ``t`` as a 0-dim tensor on ``t``'s device (float32 or float64).
 
-    Empty tensors give ``None``; a one-element tensor gives 0 (``torch.std`` would give
-    NaN and a warning). Low-precision tensors are reduced in float32. See
-    :func:`std_stat` for how it is computed.
-
-    >>> tensor_std(torch.tensor([1.0, 2.0, 3.0]))
+    >>> tensor_std(torch.tensor([1.0, 3.0]))
     tensor(1.)
     >>> tensor_std(torch.tensor([5.0])), tensor_std(torch.empty(0))
     (tensor(0.), None)
@@ -267,8 +259,8 @@ def scratch_space() -> Iterator[None]:
     fresh multi-megabyte buffer costs its page faults again); a larger one is released.
 
     >>> with scratch_space():
-    ...     tensor_std(torch.tensor([1.0, 2.0, 3.0]).expand(2, 3))
-    tensor(0.8944)
+    ...     tensor_std(torch.tensor([1.0, 3.0]).expand(3, 2))
+    tensor(1.)
     """
     previous = getattr(_scratch, "buffer", None)
     kept = getattr(_scratch, "kept", None)
@@ -349,7 +341,7 @@ class ScaleTracker(torch.autograd.Function):
     >>> from unitscale.tracking import ScalePair, ScaleTracker
     >>> from unitscale.tracking import ScaleRecord
     >>> from unitscale.tracking.stats import read_records
-    >>> x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    >>> x = torch.tensor([1.0, 3.0], requires_grad=True)
     >>> record = ScaleRecord()
     >>> y = ScaleTracker.apply(x, record)
     >>> (y * 2).sum().backward()

@@ -11,7 +11,7 @@ the ops that broke it.
 
 The measuring is scale tracking's (:class:`~unitscale.tracking.ScaleTrackingInterpreter`,
 recording only the activation stream, and :func:`~unitscale.tracking.std_stat`); a tensor of
-one element (a loss) has no spread to judge: its std counts as NaN here.
+one element (a loss) has no spread to judge (its std is 0): the check shows NaN, not judged.
 
 Only the activation stream counts: the graph inputs and the ops that compute from them.
 Parameters (a norm's gain of ones has std 0), position tables and masks have no scale to keep.
@@ -80,7 +80,7 @@ class ScaleCheck:
             it most that way (up to 5 per direction, largest first), whether or not one of
             them left the band alone: many ops of a factor 1.2 each take a gradient off too.
         stds: ``(node, forward std, gradient std)`` for every activation, in graph order
-            (``nan`` where there is no gradient).
+            (``nan`` where there is no gradient, and for a tensor of one element).
         band: the band held, ``BAND``, (0.5, 2).
 
     >>> import torch
@@ -132,7 +132,7 @@ def _inside(value: float, band: tuple[float, float]) -> bool:
 
 
 def _spread(std: Any, numel: int) -> float:
-    """A tensor's std as the check judges it: NaN where there is none, or one element (a loss has no spread to keep)."""
+    """A tensor's std as the check judges it: NaN (not judged) where there is none, or one element (a loss)."""
     return float(std) if std is not None and numel > 1 else math.nan
 
 
