@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -125,10 +126,10 @@ def _assert_in_band(train: list[float], fresh: list[float]) -> None:
     assert all(low <= s <= high for s in fresh), f"eval stds {fresh} outside [{low:.2f}, {high:.2f}] (train {train})"
 
 
-def _unit_scaled(model: nn.Module) -> nn.Module:
+def _unit_scaled(model: nn.Module, **kwargs: Any) -> Any:
     logging.disable(logging.WARNING)  # the std check's summary, not under test here
     try:
-        return unit_scale(model)
+        return unit_scale(model, **kwargs)
     finally:
         logging.disable(logging.NOTSET)
 
@@ -149,6 +150,38 @@ def test_unit_scaled_small_cnn_eval_in_band() -> None:
         _assert_in_band(*_train_then_eval(model, SMALL_SHAPE))
     finally:
         logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("route", ["fx", "export", "dynamo", None])
+def test_running_statistics_average_the_first_batches_cumulatively_on_every_route(route: str | None) -> None:
+    """After ``k`` training batches, ``k <= 1 / momentum``, a unit-scaled batch norm's running statistics are the
+    cumulative average of the ``k`` batches' (torch's ``momentum=None``), then the momentum update takes over.
+
+    The batch norm reads the input, so its statistics are the batches' own. The plain model ran
+    two training batches first: ``unit_scale`` resets the statistics and the count together.
+    Failed before: the first batch replaced the reset statistics, then momentum 0.1 from the
+    second (after 10 batches, 39% of the statistics were the first batch's, not 10%).
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm2d(3), nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).train()
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(16, 3, 8, 8, generator=gen) * (1 + k) + k for k in range(13)]
+    model(xs[0]), model(xs[1])  # the plain model's own batches: forgotten by unit_scale
+    kwargs = {} if route is None else {"example_inputs": (xs[0],), "route": route}
+    scaled = _unit_scaled(model, **kwargs)
+    bn = scaled.module[0]
+    oracle = nn.BatchNorm2d(3, momentum=None)
+    for k, x in enumerate(xs, start=1):
+        scaled(x)
+        if k <= 10:
+            oracle(x)
+            mean, var = oracle.running_mean, oracle.running_var
+        else:
+            mean = 0.9 * mean + 0.1 * x.mean((0, 2, 3))
+            var = 0.9 * var + 0.1 * x.var((0, 2, 3), unbiased=True)
+        assert torch.allclose(bn.running_mean, mean, rtol=1e-5, atol=1e-5), k
+        assert torch.allclose(bn.running_var, var, rtol=1e-5, atol=1e-5), k
+    assert bn.num_batches_tracked.item() == len(xs)
 
 
 #: name -> input shape: 32 samples, and maps of at least 3x3 at the last batch norm.
