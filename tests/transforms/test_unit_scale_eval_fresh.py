@@ -23,17 +23,35 @@ unit scaling.
 
 The unit-scaled model keeps its default ``momentum`` (0.1): ``unit_scale`` refuses
 ``momentum=None`` in training mode with a typed error naming the module (torch's batch norm
-reads ``1 / float(num_batches_tracked)`` in Python), and ``U.batch_norm``'s first training batch
-replaces the reset statistics. With every non-attention residual add at ``tau = 0.5`` the
-unit-scaled small CNN was out of band where the plain one is in it (train 1.40-1.64, eval
-1.90 / 1.93 / 2.50): 0.5 weighs each block's branch as much as the whole stream before it,
-another function than the model's; with the running-mean ``tau`` (``_residuals.py``) it is
-in band. EfficientNet-B0 at 96x96 stays out of band (train 1.26-1.50, eval 0.95 / 2.34 /
-1.17; 0.69 / 1.66 / 1.65 before): its test is an ``xfail``, the open part of issue 39's bar.
-The plain model given ``U.batch_norm``'s rule (the first batch replaces, then momentum 0.1,
-so after 5 steps two thirds of the statistics are the first batch's, taken with the initial
-weights) is out of band too (train 2.44-3.14, eval 5.89 / 5.59 / 5.42) where with the
-cumulative average it is in band: the rule, not the scales, is what is left to change.
+reads ``1 / float(num_batches_tracked)`` in Python). With every non-attention residual add at
+``tau = 0.5`` the unit-scaled small CNN was out of band where the plain one is in it (train
+1.40-1.64, eval 1.90 / 1.93 / 2.50): 0.5 weighs each block's branch as much as the whole
+stream before it, another function than the model's; with the running-mean ``tau``
+(``_residuals.py``) it is in band.
+
+``U.batch_norm``'s running statistics. Its first training batch replaced the reset
+statistics, then momentum 0.1, so after 5 steps two thirds of the statistics were the first
+batch's, taken with the initial weights. The plain model given that rule is out of band
+(train 2.44-3.14, eval 5.89 / 5.59 / 5.42) where with the cumulative average it is in band,
+and unit-scaled EfficientNet-B0 at 96x96 was out of band (train 1.26-1.50, eval 0.95 / 2.34
+/ 1.17). Now ``U.batch_norm`` is given the module's ``num_batches_tracked`` and updates at
+rate ``max(1 / n, momentum)``: the first ``1 / momentum`` batches are averaged cumulatively
+(torch's ``momentum=None``), then the exponential average takes over (tested below on every
+route). Measured after that change, each in a fresh process (one run each; the draws of
+dropout and stochastic depth make the train stds differ from earlier runs):
+
+- RegNet-Y-400MF: unit-scaled train 1.55-1.64, eval 1.47 / 1.50 / 1.44, in band; plain
+  (cumulative) train 0.38-0.68, eval 0.49 / 0.47 / 0.48, in band.
+- LeViT-128S (64x64): unit-scaled train 2.37-2.60, eval 3.77 / 3.25 / 3.21, out of band
+  (above it); but the plain model is out of band too (train 0.26-0.79, eval 1.03 / 0.98 /
+  1.08): its output std grows at every step, so statistics averaged over the steps are
+  not the last weights'. The setup does not hold for LeViT (its oracle fails), so both its
+  tests are ``xfail`` with these numbers, not evidence either way.
+- EfficientNet-B0: unit-scaled train 1.12-1.25, eval 0.32 / 0.32 / 0.32: still out of band,
+  now below it, and the same std on three fresh batches, as if the eval output hardly
+  depended on its input. So the rule was not the only cause; what else differs between its
+  train and eval graphs is not found. Its test stays an ``xfail``, the open part of issue
+  39's bar.
 
 The small CNN always runs; EfficientNet-B0, RegNet-Y-400MF and LeViT-128S (from their
 configs, ``tests/vision_models.py``) run with ``UNITSCALE_SLOW_MODELS=1``.
@@ -187,10 +205,15 @@ def test_running_statistics_average_the_first_batches_cumulatively_on_every_rout
 #: name -> input shape: 32 samples, and maps of at least 3x3 at the last batch norm.
 HEAVY = {"efficientnet_b0": (BATCH, 3, 96, 96), "regnet_y_400mf": (BATCH, 3, 96, 96), "levit_128s": (BATCH, 3, 64, 64)}
 slow = pytest.mark.skipif(not os.environ.get("UNITSCALE_SLOW_MODELS"), reason="set UNITSCALE_SLOW_MODELS=1")
+_OPEN = pytest.mark.xfail(reason="issue 39, open: EfficientNet-B0 eval 0.32 (x3) against train 1.12-1.25")
+#: LeViT's oracle fails in this setup: the plain model's eval 0.98-1.08 against train 0.26-0.79.
+_NO_ORACLE = pytest.mark.xfail(reason="plain LeViT-128S out of band here: eval 0.98-1.08, train 0.26-0.79")
+_MARKS = {"efficientnet_b0": [_OPEN], "levit_128s": [_NO_ORACLE]}
+_PLAIN_MARKS = {"levit_128s": [_NO_ORACLE]}
 
 
 @slow
-@pytest.mark.parametrize("name", sorted(HEAVY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_PLAIN_MARKS.get(n, [])) for n in sorted(HEAVY)])
 def test_plain_vision_model_eval_in_band(name: str) -> None:
     from tests.vision_models import build
 
@@ -199,8 +222,7 @@ def test_plain_vision_model_eval_in_band(name: str) -> None:
 
 
 @slow
-@pytest.mark.xfail(reason="issue 39, open: EfficientNet-B0 eval 0.95-2.34 against train 1.26-1.50")
-@pytest.mark.parametrize("name", sorted(HEAVY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_MARKS.get(n, [])) for n in sorted(HEAVY)])
 def test_unit_scaled_vision_model_eval_in_band(name: str) -> None:
     from tests.vision_models import build
 
