@@ -124,3 +124,34 @@ def test_batch_norm_affine_gradients_are_unit() -> None:
 def test_batch_norm_of_one_value_per_channel_fails_as_torchs_does() -> None:
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         U.batch_norm(torch.randn(1, 4), torch.zeros(4), torch.ones(4), training=True)
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.25])
+def test_with_the_batch_count_running_statistics_average_cumulatively_then_with_momentum(momentum: float) -> None:
+    """Batch ``n`` updates at rate ``max(1 / n, momentum)``: torch's ``momentum=None`` first, then the hand formula."""
+    warm_up, batches = round(1 / momentum), round(1 / momentum) + 4
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(8, 6, 5, 5, generator=gen) * (1 + k) + k for k in range(batches)]
+    running_mean, running_var, count = torch.zeros(6), torch.ones(6), torch.zeros((), dtype=torch.long)
+    oracle = torch.nn.BatchNorm2d(6, momentum=None)
+    for k, x in enumerate(xs, start=1):
+        count.add_(1)  # as torch's module does before calling the function
+        U.batch_norm(x, running_mean, running_var, training=True, momentum=momentum, num_batches_tracked=count)
+        if k <= warm_up:
+            oracle(x)  # torch's cumulative average of the batch statistics
+            expected_mean, expected_var = oracle.running_mean, oracle.running_var
+        else:
+            expected_mean = (1 - momentum) * expected_mean + momentum * x.mean((0, 2, 3))
+            expected_var = (1 - momentum) * expected_var + momentum * x.var((0, 2, 3), unbiased=True)
+        assert torch.allclose(running_mean, expected_mean, rtol=1e-5, atol=1e-5), k
+        assert torch.allclose(running_var, expected_var, rtol=1e-5, atol=1e-5), k
+    assert count.item() == batches  # read, not changed
+
+
+def test_a_batch_count_of_zero_reads_as_one() -> None:
+    """A count nobody incremented: the batch replaces the statistics (rate 1), never a division by zero."""
+    x = _channels_with_spread()
+    running_mean, running_var = torch.full((32,), 7.0), torch.full((32,), 7.0)
+    U.batch_norm(x, running_mean, running_var, training=True, num_batches_tracked=torch.tensor(0))
+    assert torch.allclose(running_mean, x.mean((0, 2, 3)), atol=1e-5)
+    assert torch.allclose(running_var, x.var((0, 2, 3), unbiased=True), rtol=1e-5)

@@ -23,17 +23,42 @@ unit scaling.
 
 The unit-scaled model keeps its default ``momentum`` (0.1): ``unit_scale`` refuses
 ``momentum=None`` in training mode with a typed error naming the module (torch's batch norm
-reads ``1 / float(num_batches_tracked)`` in Python), and ``U.batch_norm``'s first training batch
-replaces the reset statistics. With every non-attention residual add at ``tau = 0.5`` the
-unit-scaled small CNN was out of band where the plain one is in it (train 1.40-1.64, eval
-1.90 / 1.93 / 2.50): 0.5 weighs each block's branch as much as the whole stream before it,
-another function than the model's; with the running-mean ``tau`` (``_residuals.py``) it is
-in band. EfficientNet-B0 at 96x96 stays out of band (train 1.26-1.50, eval 0.95 / 2.34 /
-1.17; 0.69 / 1.66 / 1.65 before): its test is an ``xfail``, the open part of issue 39's bar.
-The plain model given ``U.batch_norm``'s rule (the first batch replaces, then momentum 0.1,
-so after 5 steps two thirds of the statistics are the first batch's, taken with the initial
-weights) is out of band too (train 2.44-3.14, eval 5.89 / 5.59 / 5.42) where with the
-cumulative average it is in band: the rule, not the scales, is what is left to change.
+reads ``1 / float(num_batches_tracked)`` in Python). With every non-attention residual add at
+``tau = 0.5`` the unit-scaled small CNN was out of band where the plain one is in it (train
+1.40-1.64, eval 1.90 / 1.93 / 2.50): 0.5 weighs each block's branch as much as the whole
+stream before it, another function than the model's; with the running-mean ``tau``
+(``_residuals.py``) it is in band.
+
+``U.batch_norm``'s running statistics. Its first training batch replaced the reset
+statistics, then momentum 0.1, so after 5 steps two thirds of the statistics were the first
+batch's, taken with the initial weights. The plain model given that rule is out of band
+(train 2.44-3.14, eval 5.89 / 5.59 / 5.42) where with the cumulative average it is in band,
+and unit-scaled EfficientNet-B0 at 96x96 was out of band (train 1.26-1.50, eval 0.95 / 2.34
+/ 1.17). Now ``U.batch_norm`` is given the module's ``num_batches_tracked`` and updates at
+rate ``max(1 / n, momentum)``: the first ``1 / momentum`` batches are averaged cumulatively
+(torch's ``momentum=None``), then the exponential average takes over (tested below on every
+route). Measured after that change, each in a fresh process (one run each; the draws of
+dropout and stochastic depth make the train stds differ from earlier runs):
+
+- RegNet-Y-400MF: unit-scaled train 1.55-1.64, eval 1.47 / 1.50 / 1.44, in band; plain
+  (cumulative) train 0.38-0.68, eval 0.49 / 0.47 / 0.48, in band.
+- LeViT-128S (64x64): unit-scaled train 2.37-2.60, eval 3.77 / 3.25 / 3.21, out of band
+  (above it); but the plain model is out of band too (train 0.26-0.79, eval 1.03 / 0.98 /
+  1.08): its output std grows at every step, so statistics averaged over the steps are
+  not the last weights'. The setup does not hold for LeViT (its oracle fails), so both its
+  tests are ``xfail`` with these numbers, not evidence either way.
+- EfficientNet-B0: unit-scaled train 1.12-1.25, eval 0.32 / 0.32 / 0.32: still out of band,
+  now below it. Not the statistics: after the 5 steps each batch norm's running variance
+  matches a fresh batch's own (median ratio 0.98-1.12 per layer, extremes 0.43-2.4 in the
+  last stages, the sampling spread of 32 samples at 3x3), and the same fresh batch in train
+  mode (no gradient) gives 1.18, in band. So the eval graph computes another function than
+  the train graph beyond batch norm: stochastic depth (torchvision's default 0.2), whose
+  random product of the residual branches is in the train graph only. Built with
+  ``stochastic_depth_prob=0.0`` (one run), unit-scaled EfficientNet-B0 is in band: train
+  1.22-1.35, eval 1.28 / 1.32 / 1.58 (band 0.98-1.69); with dropout 0 too, train 1.04-1.34,
+  eval 1.60 / 1.40 / 1.68, at the band's top edge. So what is left is how ``unit_scale``
+  treats stochastic depth (not located yet; the residual rules may see the blocks
+  differently in the two graphs), not batch norm. Its test stays an ``xfail``, the open part of issue 39's bar.
 
 The small CNN always runs; EfficientNet-B0, RegNet-Y-400MF and LeViT-128S (from their
 configs, ``tests/vision_models.py``) run with ``UNITSCALE_SLOW_MODELS=1``.
@@ -43,6 +68,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -125,10 +151,10 @@ def _assert_in_band(train: list[float], fresh: list[float]) -> None:
     assert all(low <= s <= high for s in fresh), f"eval stds {fresh} outside [{low:.2f}, {high:.2f}] (train {train})"
 
 
-def _unit_scaled(model: nn.Module) -> nn.Module:
+def _unit_scaled(model: nn.Module, **kwargs: Any) -> Any:
     logging.disable(logging.WARNING)  # the std check's summary, not under test here
     try:
-        return unit_scale(model)
+        return unit_scale(model, **kwargs)
     finally:
         logging.disable(logging.NOTSET)
 
@@ -151,13 +177,50 @@ def test_unit_scaled_small_cnn_eval_in_band() -> None:
         logging.disable(logging.NOTSET)
 
 
+@pytest.mark.parametrize("route", ["fx", "export", "dynamo", None])
+def test_running_statistics_average_the_first_batches_cumulatively_on_every_route(route: str | None) -> None:
+    """After ``k`` training batches, ``k <= 1 / momentum``, a unit-scaled batch norm's running statistics are the
+    cumulative average of the ``k`` batches' (torch's ``momentum=None``), then the momentum update takes over.
+
+    The batch norm reads the input, so its statistics are the batches' own. The plain model ran
+    two training batches first: ``unit_scale`` resets the statistics and the count together.
+    Failed before: the first batch replaced the reset statistics, then momentum 0.1 from the
+    second (after 10 batches, 39% of the statistics were the first batch's, not 10%).
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.BatchNorm2d(3), nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)).train()
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(16, 3, 8, 8, generator=gen) * (1 + k) + k for k in range(13)]
+    model(xs[0]), model(xs[1])  # the plain model's own batches: forgotten by unit_scale
+    kwargs = {} if route is None else {"example_inputs": (xs[0],), "route": route}
+    scaled = _unit_scaled(model, **kwargs)
+    bn = scaled.module[0]
+    oracle = nn.BatchNorm2d(3, momentum=None)
+    for k, x in enumerate(xs, start=1):
+        scaled(x)
+        if k <= 10:
+            oracle(x)
+            mean, var = oracle.running_mean, oracle.running_var
+        else:
+            mean = 0.9 * mean + 0.1 * x.mean((0, 2, 3))
+            var = 0.9 * var + 0.1 * x.var((0, 2, 3), unbiased=True)
+        assert torch.allclose(bn.running_mean, mean, rtol=1e-5, atol=1e-5), k
+        assert torch.allclose(bn.running_var, var, rtol=1e-5, atol=1e-5), k
+    assert bn.num_batches_tracked.item() == len(xs)
+
+
 #: name -> input shape: 32 samples, and maps of at least 3x3 at the last batch norm.
 HEAVY = {"efficientnet_b0": (BATCH, 3, 96, 96), "regnet_y_400mf": (BATCH, 3, 96, 96), "levit_128s": (BATCH, 3, 64, 64)}
 slow = pytest.mark.skipif(not os.environ.get("UNITSCALE_SLOW_MODELS"), reason="set UNITSCALE_SLOW_MODELS=1")
+_OPEN = pytest.mark.xfail(reason="issue 39, open: EfficientNet-B0 eval 0.32, train 1.12-1.25: stochastic depth")
+#: LeViT's oracle fails in this setup: the plain model's eval 0.98-1.08 against train 0.26-0.79.
+_NO_ORACLE = pytest.mark.xfail(reason="plain LeViT-128S out of band here: eval 0.98-1.08, train 0.26-0.79")
+_MARKS = {"efficientnet_b0": [_OPEN], "levit_128s": [_NO_ORACLE]}
+_PLAIN_MARKS = {"levit_128s": [_NO_ORACLE]}
 
 
 @slow
-@pytest.mark.parametrize("name", sorted(HEAVY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_PLAIN_MARKS.get(n, [])) for n in sorted(HEAVY)])
 def test_plain_vision_model_eval_in_band(name: str) -> None:
     from tests.vision_models import build
 
@@ -166,8 +229,7 @@ def test_plain_vision_model_eval_in_band(name: str) -> None:
 
 
 @slow
-@pytest.mark.xfail(reason="issue 39, open: EfficientNet-B0 eval 0.95-2.34 against train 1.26-1.50")
-@pytest.mark.parametrize("name", sorted(HEAVY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_MARKS.get(n, [])) for n in sorted(HEAVY)])
 def test_unit_scaled_vision_model_eval_in_band(name: str) -> None:
     from tests.vision_models import build
 

@@ -67,6 +67,7 @@ def batch_norm(
     momentum: float = 0.1,
     eps: float = 1e-5,
     constraint: ConstraintArg = "to_output_scale",
+    num_batches_tracked: Tensor | None = None,
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.batch_norm`.
 
@@ -88,9 +89,16 @@ def batch_norm(
     another scale, and the unit-scaled activations have, over the random initialisation,
     expected per-channel mean 0 and mean square 1, but each channel its own mean (after a
     ReLU, a spread of about 0.56). So the reset values stand for "no batch seen yet", and
-    are treated so: the first training batch replaces them (torch's cumulative average does
-    the same with its first batch), later ones update them with the model's momentum; in
-    eval mode before any training batch, the batch's own statistics normalise. The choices
+    are treated so. With ``num_batches_tracked`` (the module's count, this batch included:
+    torch's batch norm modules, and so every graph :func:`~unitscale.unit_scale` makes, add 1
+    before the call) the ``n``-th training batch updates them at rate ``max(1 / n,
+    momentum)``: the first ``1 / momentum`` batches are averaged cumulatively (torch's
+    ``momentum=None``), then the exponential average takes over, so a few training steps
+    leave statistics that stand for every batch seen, not mostly the first one, taken with
+    the initial weights. :func:`~unitscale.unit_scale` resets the count with the statistics.
+    Without it (the function called by hand), the first training batch replaces statistics at
+    their reset values and later ones update them with ``momentum``. In eval mode before any
+    training batch, the batch's own statistics normalise. The choices
     are tensor ops (no ``.item()``), so a compiled model keeps one graph; in eval mode the
     batch's mean and variance are computed on every call for that (one pass over the input).
     The output is thus unit-std in training mode, and in eval mode before and after training.
@@ -108,6 +116,8 @@ def batch_norm(
         eps: as in torch.
         constraint: ``None`` to scale the input gradient by the batch's variances (on a cut
             edge only), else a constraint name or callable, which keeps 1 both ways.
+        num_batches_tracked: the module's count of training batches, this one included (read,
+            not changed; a count below 1 reads as 1), or ``None``.
 
     Returns:
         The normalised tensor.
@@ -141,7 +151,7 @@ def batch_norm(
         if training or running_mean is None or running_var is None:
             variance = values.var(dim=dims, unbiased=False) if unconstrained else None
             if training and running_mean is not None and running_var is not None:
-                _update_running_stats(values, dims, running_mean, running_var, momentum)
+                _update_running_stats(values, dims, running_mean, running_var, momentum, num_batches_tracked)
                 momentum = 0.0  # updated above: torch's own update is switched off
         else:
             # Statistics at their reset values describe no batch yet: the batch's normalise (below).
@@ -165,18 +175,27 @@ def _unseen(running_mean: Tensor, running_var: Tensor) -> Tensor:
 
 
 def _update_running_stats(
-    values: Tensor, dims: list[int], running_mean: Tensor, running_var: Tensor, momentum: float
+    values: Tensor,
+    dims: list[int],
+    running_mean: Tensor,
+    running_var: Tensor,
+    momentum: float,
+    count: Tensor | None,
 ) -> None:
-    """Torch's update (unbiased batch variance), except that statistics at their reset values are replaced.
+    """Torch's update (unbiased batch variance) at rate ``max(1 / count, momentum)``, or, without a count, 1 at reset.
 
-    Mean 0 and variance 1 exactly are the values :func:`~unitscale.unit_scale` (and torch)
-    start from: they describe no batch, so the first training batch replaces them, as torch's
-    cumulative average (``momentum=None``) does with its first batch. The choice is made with
-    tensor ops (no ``.item()``), so a compiled model keeps one graph.
+    With the count of batches (this one included) the first ``1 / momentum`` batches are
+    averaged cumulatively, as torch's ``momentum=None`` does, then ``momentum`` takes over.
+    Without it, mean 0 and variance 1 exactly, the values :func:`~unitscale.unit_scale` (and
+    torch) start from, describe no batch: the first training batch replaces them. The choice
+    is made with tensor ops (no ``.item()``), so a compiled model keeps one graph.
     """
-    count = values.numel() / max(values.shape[1] if values.dim() > 1 else 1, 1)
+    size = values.numel() / max(values.shape[1] if values.dim() > 1 else 1, 1)
     mean = values.mean(dim=dims)
-    variance = values.var(dim=dims, unbiased=False) * (count / max(count - 1, 1))
-    rate = _torch.where(_unseen(running_mean, running_var), 1.0, float(momentum))
+    variance = values.var(dim=dims, unbiased=False) * (size / max(size - 1, 1))
+    if count is None:
+        rate = _torch.where(_unseen(running_mean, running_var), 1.0, float(momentum))
+    else:
+        rate = count.detach().clamp_min(1).float().reciprocal().clamp_min(float(momentum))
     running_mean.lerp_(mean.to(running_mean.dtype), rate.to(running_mean.dtype))
     running_var.lerp_(variance.to(running_var.dtype), rate.to(running_var.dtype))

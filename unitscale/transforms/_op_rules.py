@@ -208,8 +208,30 @@ def _swap_twin(state: PassState, node: fx.Node) -> bool:
     if twin is None:
         return False
     unconstrained = node not in state.constrained and _takes_constraint(twin)
-    state.retarget(node, twin, **({"constraint": None} if unconstrained else {}))
+    extra: dict[str, Any] = {"constraint": None} if unconstrained else {}
+    if twin is U.batch_norm:
+        extra.update(_batch_count(node))
+    state.retarget(node, twin, **extra)
     return True
+
+
+def _batch_count(node: fx.Node) -> dict[str, fx.Node]:
+    """``num_batches_tracked=`` the buffer beside a batch norm's running mean, read last before ``node``.
+
+    Torch's module adds 1 to it before the call (in every route's graph): with it
+    :func:`~unitscale.functional.batch_norm` averages the first batches cumulatively.
+    """
+    mean = node.args[1] if len(node.args) > 1 else node.kwargs.get("running_mean")
+    if not isinstance(mean, fx.Node) or mean.op != "get_attr" or not str(mean.target).endswith("running_mean"):
+        return {}
+    target = str(mean.target)[: -len("running_mean")] + "num_batches_tracked"
+    count = None
+    for other in node.graph.nodes:
+        if other is node:
+            break
+        if other.op == "get_attr" and other.target == target:
+            count = other
+    return {} if count is None else {"num_batches_tracked": count}
 
 
 def swap_ops(state: PassState) -> None:

@@ -306,8 +306,8 @@ def _check_batch_norm_momentum(module: nn.Module) -> None:
         if cumulative and m.training and m.track_running_stats:
             raise InputError(
                 f"unit_scale: {name or 'the model'} ({type(m).__name__}) has momentum=None, a cumulative "
-                "average of the batch statistics, which unit-scaled batch norm does not implement; set its "
-                "momentum to a number (torch's default is 0.1), or call .eval() first"
+                "average of the batch statistics, which unit-scaled batch norm keeps for its first 1 / momentum "
+                "batches only; set its momentum to a number (torch's default is 0.1), or call .eval() first"
             )
 
 

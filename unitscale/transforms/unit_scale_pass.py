@@ -81,11 +81,11 @@ def unit_init_(gm: fx.GraphModule) -> None:
     a bias as much as ``nn.Linear.bias`` is. A parameter that any op left unscaled reads
     (through reshapes or casts or not) keeps its values: the unscaled op was written for
     them. The running statistics of a unit-scaled batch norm are reset to mean 0 and
-    variance 1, those of the unit-scaled activations that reach it. Each re-initialised
-    parameter is tagged with the u-μP role :mod:`unitscale.nn`'s modules give theirs
-    (``bias``, ``norm``, ``embedding``, else ``weight``: a last linear layer stays a
-    ``weight``, since unit scaling does not give it u-μP's readout multiplier), so the
-    unit-scaled model trains with :mod:`unitscale.optim`.
+    variance 1, those of the unit-scaled activations that reach it, and its count of
+    batches to 0. Each re-initialised parameter is tagged with the u-μP role
+    :mod:`unitscale.nn`'s modules give theirs (``bias``, ``norm``, ``embedding``, else
+    ``weight``: a last linear layer stays a ``weight``, since unit scaling does not give it
+    u-μP's readout multiplier), so the unit-scaled model trains with :mod:`unitscale.optim`.
 
     Args:
         gm: a graph after the unit-scaling pass, reading parameters through ``get_attr``.
@@ -119,6 +119,10 @@ def unit_init_(gm: fx.GraphModule) -> None:
         if not isinstance(param, torch.nn.Parameter):
             if roles == {"running_mean"}:
                 param.zero_()
+                owner = str(node.target).rpartition(".")[0]
+                count = getattr(_attr(gm, owner) if owner else gm, "num_batches_tracked", None)
+                if isinstance(count, torch.Tensor):  # no batch seen: U.batch_norm's warm-up starts again
+                    count.zero_()
             elif roles == {"running_var"}:
                 param.fill_(1.0)
         elif any(str(role).endswith("bias") for role in roles):  # in_proj_bias of attention too
