@@ -194,18 +194,32 @@ def lstm(
     return _recurrent("lstm", _torch.lstm, input, hx, params, flags, constraint)  # type: ignore[return-value]
 
 
-def gru(
-    input: Tensor,
-    hx: Tensor,
-    params: tuple[Tensor, ...] | list[Tensor],
-    has_biases: bool,
-    num_layers: int,
-    dropout: float,
-    train: bool,
-    bidirectional: bool,
-    batch_first: bool,
-    constraint: ConstraintArg = "gmean",
-) -> tuple[Tensor, Tensor]:
+def _twin(cell: str, torch_fn: Callable[..., tuple[Tensor, ...]], doc: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The twin of ``torch_fn`` (``torch.gru``, ``torch.rnn_tanh``, ...), whose arguments are :func:`lstm`'s."""
+
+    def twin(
+        input: Tensor,
+        hx: Tensor,
+        params: tuple[Tensor, ...] | list[Tensor],
+        has_biases: bool,
+        num_layers: int,
+        dropout: float,
+        train: bool,
+        bidirectional: bool,
+        batch_first: bool,
+        constraint: ConstraintArg = "gmean",
+    ) -> tuple[Tensor, Tensor]:
+        flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
+        return _recurrent(cell, torch_fn, input, hx, params, flags, constraint)  # type: ignore[return-value]
+
+    twin.__name__ = twin.__qualname__ = cell
+    twin.__doc__ = doc
+    return twin
+
+
+gru = _twin(
+    "gru",
+    _torch.gru,
     """Unit-scaled :func:`torch.gru` (what :class:`torch.nn.GRU` calls), scaled as :func:`lstm` is.
 
     Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0``, three gates to a weight; returns
@@ -220,23 +234,12 @@ def gru(
     >>> out.backward(torch.randn_like(out))
     >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
     (1.0, 1.0)
-    """
-    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
-    return _recurrent("gru", _torch.gru, input, hx, params, flags, constraint)  # type: ignore[return-value]
+    """,
+)
 
-
-def rnn_tanh(
-    input: Tensor,
-    hx: Tensor,
-    params: tuple[Tensor, ...] | list[Tensor],
-    has_biases: bool,
-    num_layers: int,
-    dropout: float,
-    train: bool,
-    bidirectional: bool,
-    batch_first: bool,
-    constraint: ConstraintArg = "gmean",
-) -> tuple[Tensor, Tensor]:
+rnn_tanh = _twin(
+    "rnn_tanh",
+    _torch.rnn_tanh,
     """Unit-scaled :func:`torch.rnn_tanh` (what :class:`torch.nn.RNN` calls), scaled as :func:`lstm` is.
 
     Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0`` and one gate to a weight; returns
@@ -251,23 +254,12 @@ def rnn_tanh(
     >>> out.backward(torch.randn_like(out))
     >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
     (1.0, 1.0)
-    """
-    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
-    return _recurrent("rnn_tanh", _torch.rnn_tanh, input, hx, params, flags, constraint)  # type: ignore[return-value]
+    """,
+)
 
-
-def rnn_relu(
-    input: Tensor,
-    hx: Tensor,
-    params: tuple[Tensor, ...] | list[Tensor],
-    has_biases: bool,
-    num_layers: int,
-    dropout: float,
-    train: bool,
-    bidirectional: bool,
-    batch_first: bool,
-    constraint: ConstraintArg = "gmean",
-) -> tuple[Tensor, Tensor]:
+rnn_relu = _twin(
+    "rnn_relu",
+    _torch.rnn_relu,
     """Unit-scaled :func:`torch.rnn_relu` (``nn.RNN(nonlinearity="relu")``), scaled as :func:`lstm` is.
 
     Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0`` and one gate to a weight; returns
@@ -283,6 +275,5 @@ def rnn_relu(
     >>> rms = out.pow(2).mean().sqrt()  # not std: a ReLU's output is not centred
     >>> round(rms.item(), 1), round(x.grad.std().item(), 1)
     (0.9, 1.0)
-    """
-    flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
-    return _recurrent("rnn_relu", _torch.rnn_relu, input, hx, params, flags, constraint)  # type: ignore[return-value]
+    """,
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 import unitscale.functional as U
@@ -49,6 +51,33 @@ class _UnitWeighted(RoleModule):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, constraint={self.constraint!r}"
+
+
+class _UnitConv(_UnitWeighted, nn.modules.conv._ConvNd):
+    """What Conv1d and Conv2d share: torch's arguments, no bias by default, and the op in ``_op``."""
+
+    _op: Callable[..., Tensor]
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride: int | tuple[int, ...] = 1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation: int | tuple[int, ...] = 1,
+        groups: int = 1,
+        bias: bool = False,
+        constraint: ConstraintArg = "gmean",
+    ) -> None:
+        # torch.nn.Conv1d or Conv2d, next in the MRO, takes these (mypy sees _ConvNd's own)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)  # type: ignore[call-arg, arg-type]
+        self._keep(constraint)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return self._op(
+            input, self.weight, self._bias(), self.stride, self.padding, self.dilation, self.groups, self.constraint
+        )
 
 
 @fill_docstring
@@ -143,7 +172,7 @@ class LinearReadout(Linear):
 
 
 @fill_docstring
-class Conv1d(_UnitWeighted, nn.Conv1d):
+class Conv1d(_UnitConv, nn.Conv1d):
     """Unit-scaled :class:`torch.nn.Conv1d`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
 
     Scaled as :func:`unitscale.functional.conv1d`; zero padding only (a ``padding_mode``
@@ -168,29 +197,11 @@ class Conv1d(_UnitWeighted, nn.Conv1d):
     1.0
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int],
-        stride: int | tuple[int] = 1,
-        padding: int | tuple[int] | str = 0,
-        dilation: int | tuple[int] = 1,
-        groups: int = 1,
-        bias: bool = False,
-        constraint: ConstraintArg = "gmean",
-    ) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
-        self._keep(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.conv1d(
-            input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.constraint
-        )
+    _op = staticmethod(U.conv1d)
 
 
 @fill_docstring
-class Conv2d(_UnitWeighted, nn.Conv2d):
+class Conv2d(_UnitConv, nn.Conv2d):
     """Unit-scaled :class:`torch.nn.Conv2d`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
 
     Scaled as :func:`unitscale.functional.conv2d`; zero padding only.
@@ -217,22 +228,4 @@ class Conv2d(_UnitWeighted, nn.Conv2d):
     288
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
-        dilation: int | tuple[int, int] = 1,
-        groups: int = 1,
-        bias: bool = False,
-        constraint: ConstraintArg = "gmean",
-    ) -> None:
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
-        self._keep(constraint)
-
-    def forward(self, input: Tensor) -> Tensor:
-        return U.conv2d(
-            input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups, self.constraint
-        )
+    _op = staticmethod(U.conv2d)

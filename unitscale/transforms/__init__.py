@@ -21,19 +21,11 @@ order; :func:`register_rule` adds one of yours, :func:`unregister_rule` takes it
 ['freeze_trunk_batch_norms', 'balance_gates', 'share_loss_scales']
 """
 
-from unitscale.transforms.pass_state import PassState as PassState
-from unitscale.transforms.passes import apply_transform as apply_transform
-from unitscale.transforms.passes import simulate_format as simulate_format
-from unitscale.transforms.passes import simulate_fp8 as simulate_fp8
-from unitscale.transforms.passes import unit_scale as unit_scale
-from unitscale.transforms.rules import register_rule as register_rule
-from unitscale.transforms.rules import rule_names as rule_names
-from unitscale.transforms.rules import unregister_rule as unregister_rule
-from unitscale.transforms.scale_check import OffScale as OffScale
-from unitscale.transforms.scale_check import ScaleCheck as ScaleCheck
-from unitscale.transforms.scale_check import check_scale as check_scale
-from unitscale.transforms.transformed_module import GraphTransform as GraphTransform
-from unitscale.transforms.transformed_module import TransformedModule as TransformedModule
+from unitscale.transforms.pass_state import PassState
+from unitscale.transforms.passes import apply_transform, simulate_format, simulate_fp8, unit_scale
+from unitscale.transforms.rules import register_rule, rule_names, unregister_rule
+from unitscale.transforms.scale_check import OffScale, ScaleCheck, check_scale
+from unitscale.transforms.transformed_module import GraphTransform, TransformedModule
 
 __all__ = [
     "GraphTransform",

@@ -97,18 +97,13 @@ def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, re
     return scaled
 
 
-def freeze_grads_before_batch_norm_blocks(
-    gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int = 0
-) -> list[fx.Node]:
-    """A frozen gradient factor on the trunk before each residual block that holds batch norm.
-
-    Returns the nodes added. ``first`` is the ordinal of the first place (keys count up from it).
-    """
+def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales) -> list[fx.Node]:
+    """A frozen gradient factor on the trunk before each residual block holding batch norm; returns the nodes added."""
     graph = gm.graph
     added: list[fx.Node] = []
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    ordinal = first
+    ordinal = 0
     for split in [n for n in nodes if n.target is U.residual_split and n.args]:
         source = split.args[0]
         stream = source

@@ -35,11 +35,17 @@ from unitscale.fx.nodes import (
 )
 from unitscale.transforms.aten import ATEN_NEUTRAL
 
-_ADDS: set[Any] = {operator.add, operator.iadd, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__iadd__}
-_ADD_METHODS = {"add", "add_", "__add__", "__iadd__", "__radd__"}
-
-_MULS: set[Any] = {operator.mul, torch.mul, torch.Tensor.mul}
-_MUL_METHODS = {"mul", "__mul__", "__rmul__"}
+# An op kind: its torch functions, and the method names a graph calls it by (``_is`` asks).
+_Kind = tuple[set[Any], set[str]]
+_ADD: _Kind = (
+    {operator.add, operator.iadd, torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__iadd__},
+    {"add", "add_", "__add__", "__iadd__", "__radd__"},
+)
+_MUL: _Kind = ({operator.mul, torch.mul, torch.Tensor.mul}, {"mul", "__mul__", "__rmul__"})
+_DIV: _Kind = (
+    {operator.truediv, torch.div, torch.true_divide, torch.Tensor.div},
+    {"div", "__truediv__", "true_divide"},
+)
 
 _SCALED = {getattr(U, name) for name in U.__all__ if callable(getattr(U, name))}
 
@@ -109,10 +115,13 @@ def _is_float_node(arg: Any) -> bool:
     return isinstance(arg, fx.Node) and _is_float_tensor(arg.meta.get("example_value"))
 
 
-def _is_add(node: fx.Node) -> bool:
+def _is(node: Any, kind: _Kind) -> bool:
+    """Whether ``node`` calls an op of ``kind``: one of its functions, or a method of its names."""
+    if not isinstance(node, fx.Node):
+        return False
     if node.op == "call_method":
-        return node.target in _ADD_METHODS
-    return node.op == "call_function" and _member(node.target, _ADDS)
+        return node.target in kind[1]
+    return node.op == "call_function" and _member(node.target, kind[0])
 
 
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
@@ -261,18 +270,6 @@ def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     return trunk
 
 
-def _is_mul(node: Any) -> bool:
-    if not isinstance(node, fx.Node):
-        return False
-    if node.op == "call_method":
-        return node.target in _MUL_METHODS
-    return node.op == "call_function" and _member(node.target, _MULS)
-
-
-_DIVS: set[Any] = {operator.truediv, torch.div, torch.true_divide, torch.Tensor.div}
-_DIV_METHODS = {"div", "__truediv__", "true_divide"}
-
-
 def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
     """``(x, c)`` if ``node`` is ``x * c``, ``c * x`` or ``x / c`` for a float tensor ``x`` and a number ``c``."""
     args = node.args[:2]
@@ -280,10 +277,9 @@ def _constant_factor(node: fx.Node) -> tuple[fx.Node, float] | None:
     tensors = [a for a in args if _is_float_node(a)]
     if len(args) != 2 or len(numbers) != 1 or len(tensors) != 1 or numbers[0] == 0:
         return None
-    if _is_mul(node):
+    if _is(node, _MUL):
         return tensors[0], float(numbers[0])  # type: ignore[return-value]
-    divides = node.target in _DIV_METHODS if node.op == "call_method" else _member(node.target, _DIVS)
-    if divides and args[0] is tensors[0] and not node.kwargs:
+    if _is(node, _DIV) and args[0] is tensors[0] and not node.kwargs:
         return tensors[0], 1 / float(numbers[0])  # type: ignore[return-value]
     return None
 

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 from torch import fx
 
 from unitscale.transforms._graph import (
+    _ADD,
+    _MUL,
     _constant_factor,
     _function_of,
-    _is_add,
+    _is,
     _is_float_node,
-    _is_mul,
     _member,
     describe,
 )
@@ -100,12 +101,12 @@ def keep_rotary_embeddings(state: PassState) -> None:
     scaled by ``2**-0.5`` as :func:`~unitscale.functional.add`).
     """
     for node in state.graph.nodes:
-        if node in state.done or not _is_add(node) or len(node.args) < 2:
+        if node in state.done or not _is(node, _ADD) or len(node.args) < 2:
             continue
         products = node.args[0], node.args[1]
         tables = []
         for product in products:
-            if not (_is_mul(product) and len(product.args) >= 2):
+            if not (_is(product, _MUL) and len(product.args) >= 2):
                 break
             args = [a for a in product.args[:2] if isinstance(a, fx.Node)]
             factors = [a for a in args if a not in state.live and _is_float_node(a)]
@@ -132,7 +133,7 @@ def keep_soft_caps(state: PassState) -> None:
     for node in state.graph.nodes:
         if node in state.done:
             continue
-        found = _constant_factor(node) if _is_mul(node) else None
+        found = _constant_factor(node) if _is(node, _MUL) else None
         if found is None or not _member(_function_of(found[0]), _TANH) or not found[0].args:
             continue
         tanh, cap = found

@@ -38,13 +38,14 @@ from torch import fx
 
 import unitscale.functional as U
 from unitscale.transforms._graph import (
+    _ADD,
+    _MUL,
     _attr,
     _constant_factor,
     _consumers,
     _function_of,
-    _is_add,
+    _is,
     _is_float_node,
-    _is_mul,
     _lookup,
     _member,
     _producer,
@@ -118,7 +119,7 @@ def _is_pool(node: fx.Node) -> bool:
 
 
 def _is_square(node: fx.Node) -> bool:
-    return _is_mul(node) and len(node.args) >= 2 and node.args[0] is node.args[1]
+    return _is(node, _MUL) and len(node.args) >= 2 and node.args[0] is node.args[1]
 
 
 def _parameter(gm: fx.GraphModule, arg: Any) -> bool:
@@ -134,7 +135,7 @@ def _parameter(gm: fx.GraphModule, arg: Any) -> bool:
 
 def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
     """``(x, gamma)`` if ``node`` is ``x * gamma``: an activation times a parameter broadcast over it."""
-    if not _is_mul(node) or len(node.args) != 2 or node.kwargs:
+    if not _is(node, _MUL) or len(node.args) != 2 or node.kwargs:
         return None
     a, b = node.args
     for x, gamma in ((a, b), (b, a)):
@@ -156,7 +157,7 @@ def _scale_add(state: PassState, node: fx.Node) -> bool:
     A tensor plus a number (``x + 1``) becomes ``add`` too, which leaves a shift unscaled, as the
     reference does; a parameter plus one (Gemma's ``1 + w``) stays, so ``w`` keeps its values.
     """
-    if not _is_add(node):
+    if not _is(node, _ADD):
         return False
     a, b = (node.args[0], node.args[1]) if len(node.args) >= 2 else (None, None)
     if _is_float_node(a) and _is_float_node(b):
@@ -295,7 +296,7 @@ def _repeats_matmul_scale(x: fx.Node, factor: float) -> bool:
 
 def _is_product_of_activations(node: fx.Node, stream: set[fx.Node]) -> bool:
     """``a * b`` for two activations computed from the inputs (not a gain computed from a parameter)."""
-    if not _is_mul(node) or len(node.args) < 2:
+    if not _is(node, _MUL) or len(node.args) < 2:
         return False
     a, b = node.args[0], node.args[1]
     if a is b:  # a square is not a product of independent factors

@@ -27,7 +27,7 @@ from torch import fx
 
 import unitscale.functional as U
 from unitscale.fx.nodes import changes_in_place
-from unitscale.transforms._graph import _function_of, _insert_after, _is_add, _is_float_node, _member
+from unitscale.transforms._graph import _ADD, _function_of, _insert_after, _is, _is_float_node, _member
 from unitscale.transforms.pass_state import PassState
 
 _ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
@@ -74,7 +74,7 @@ def residual_adds(state: PassState) -> None:
     ancestors, stream = state.ancestors, state.stream - state.frozen
     chain: dict[fx.Node, int] = {}  # the position of each non-attention add in its chain
     for node in list(state.graph.nodes):
-        if node in state.done or node in state.kept or not _is_add(node) or len(node.args) < 2:
+        if node in state.done or node in state.kept or not _is(node, _ADD) or len(node.args) < 2:
             continue
         a, b = node.args[0], node.args[1]
         if node.kwargs.get("alpha", 1) != 1 or not (_is_float_node(a) and _is_float_node(b)):

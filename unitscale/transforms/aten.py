@@ -65,22 +65,9 @@ def _embedding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     )
 
 
-def _layer_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # aten's sixth argument (cudnn_enable) has no torch-function counterpart
-    return "call_function", F.layer_norm, tuple(args[:5]), {k: v for k, v in kwargs.items() if k != "cudnn_enable"}
-
-
 def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     x, weight, bias, mean, var, training, momentum, eps = args[:8]
     return "call_function", F.batch_norm, (x, mean, var, weight, bias, training, momentum, eps), {}
-
-
-def _softmax(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return "call_function", F.softmax, (args[0],), {"dim": args[1], "dtype": _at(args, 2, kwargs.get("dtype"))}
-
-
-def _internal_softmax(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return "call_function", F.softmax, (args[0],), {"dim": args[1]}
 
 
 def _pool(fn: Any) -> Rewrite:
@@ -89,10 +76,6 @@ def _pool(fn: Any) -> Rewrite:
         return "call_function", fn, (args[0], args[1], stride or None, *args[3:]), {}
 
     return rewrite
-
-
-def _mean(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return "call_function", torch.mean, tuple(args[:2]), {"keepdim": _at(args, 2, kwargs.get("keepdim", False))}
 
 
 _REDUCTIONS = ("none", "mean", "sum")  # aten's int reduction, as torch.nn.functional names it
@@ -122,10 +105,6 @@ def _numpy_t(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return "call_function", torch.permute, (args[0], tuple(reversed(range(dims)))), {}
 
 
-def _gelu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return "call_function", F.gelu, (args[0],), {"approximate": kwargs.get("approximate", "none")}
-
-
 def _upsample(mode: str, antialias: bool = False) -> Rewrite:
     # aten.upsample_<mode>.vec(input, output_size, [align_corners,] scale_factors): F.interpolate's decomposition
     aligned = not mode.startswith("nearest")
@@ -147,10 +126,11 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.mm.default: _same(torch.mm),
     aten.bmm.default: _same(torch.bmm),
     aten.embedding.default: _embedding,
-    aten.layer_norm.default: _layer_norm,
+    aten.layer_norm.default: lambda a, k: (  # aten's sixth argument, cudnn_enable, is not F.layer_norm's
+        "call_function", F.layer_norm, tuple(a[:5]), {n: v for n, v in k.items() if n != "cudnn_enable"}),
     aten.rms_norm.default: _same(F.rms_norm),
     aten.batch_norm.default: _batch_norm,
-    aten.gelu.default: _gelu,
+    aten.gelu.default: lambda a, k: ("call_function", F.gelu, (a[0],), {"approximate": k.get("approximate", "none")}),
     aten.silu.default: _same(F.silu),
     aten.relu.default: _same(F.relu),
     aten.relu_.default: _same(F.relu),
@@ -162,8 +142,9 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.hardswish.default: _same(F.hardswish),
     aten.hardswish_.default: _same(F.hardswish),
     aten.pad.default: _same(F.pad),
-    aten.softmax.int: _softmax,
-    aten._softmax.default: _internal_softmax,
+    aten.softmax.int: lambda a, k: (
+        "call_function", F.softmax, (a[0],), {"dim": a[1], "dtype": _at(a, 2, k.get("dtype"))}),
+    aten._softmax.default: lambda a, k: ("call_function", F.softmax, (a[0],), {"dim": a[1]}),
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
     aten.dropout.default: _same(F.dropout),
     aten.dropout_.default: _same(F.dropout),
@@ -186,7 +167,8 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.mul.Tensor: _same(torch.mul),
     aten.div.Tensor: _same(torch.div),
     aten.pow.Tensor_Scalar: _same(torch.pow),
-    aten.mean.dim: _mean,
+    aten.mean.dim: lambda a, k: (
+        "call_function", torch.mean, tuple(a[:2]), {"keepdim": _at(a, 2, k.get("keepdim", False))}),
     aten.rsqrt.default: _same(torch.rsqrt),
     aten.tanh.default: _same(torch.tanh),
     aten.cos.default: _same(torch.cos),

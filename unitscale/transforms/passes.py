@@ -32,6 +32,7 @@ from unitscale.errors import (
     UnscaledOpsError,
 )
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
+from unitscale.transforms._graph import _function_of, _lookup
 from unitscale.transforms.transformed_module import GraphTransform, TransformedModule, _check_route_inputs
 from unitscale.transforms.unit_scale_pass import UnitScalePass
 
@@ -340,13 +341,6 @@ _MATMUL_LIKE: dict[Any, tuple[int, ...]] = {
 }  # fmt: skip
 
 
-def _operand_positions(fn: Any) -> tuple[int, ...]:
-    try:
-        return _MATMUL_LIKE.get(fn, ())
-    except TypeError:  # an unhashable target
-        return ()
-
-
 class _SimulateFormat:
     """Quantise the float tensor inputs of matmul-like ops (forward) and their gradients (backward)."""
 
@@ -362,8 +356,7 @@ class _SimulateFormat:
         for node in list(graph.nodes):
             if node.op not in ("call_function", "call_method"):
                 continue
-            fn = node.target if node.op == "call_function" else getattr(torch.Tensor, str(node.target), None)
-            positions = [i for i in _operand_positions(fn) if i < len(node.args)]
+            positions = [i for i in _lookup(_MATMUL_LIKE, _function_of(node)) or () if i < len(node.args)]
             for arg in dict.fromkeys(a for a in (node.args[i] for i in positions) if isinstance(a, fx.Node)):
                 value = arg.meta.get("example_value")
                 if not (isinstance(value, torch.Tensor) and value.is_floating_point()):

@@ -28,27 +28,16 @@ import torch
 from torch import fx
 
 import unitscale.functional as U
+from unitscale.transforms._graph import _MUL, _is
 
 __all__ = ["fold_patterns"]
 
-_MUL = ({operator.mul, torch.mul, torch.Tensor.mul}, {"mul", "__mul__", "__rmul__"})
-_ADD = ({operator.add, torch.add, torch.Tensor.add}, {"add", "__add__", "__radd__"})
+_ADD = ({operator.add, torch.add, torch.Tensor.add}, {"add", "__add__", "__radd__"})  # not in place
 _POW = ({operator.pow, torch.pow, torch.Tensor.pow}, {"pow", "__pow__"})
 _MEAN = ({torch.mean, torch.Tensor.mean}, {"mean"})
 _RSQRT = ({torch.rsqrt, torch.Tensor.rsqrt}, {"rsqrt"})
 _TANH = ({torch.tanh, torch.Tensor.tanh, torch.nn.functional.tanh}, {"tanh"})
 _CASTS = {"to", "float", "type", "type_as"}
-
-
-def _is(node: Any, kind: tuple[set[Any], set[str]]) -> bool:
-    if not isinstance(node, fx.Node):
-        return False
-    if node.op == "call_method":
-        return node.target in kind[1]
-    try:
-        return node.op == "call_function" and node.target in kind[0]
-    except TypeError:  # an unhashable target
-        return False
 
 
 def _operands(node: Any) -> list[Any]:

@@ -311,10 +311,8 @@ class TransformedModule(nn.Module):
     def _adopt(self, graph: _CompiledGraph | _EagerGraph, route: str) -> None:
         self._latest = graph
         self.route = route
-        self.unscaled_ops = list(graph.graph_module.meta.get("unscaled_ops", []))
-        self.kept_ops = list(graph.graph_module.meta.get("kept_ops", []))
-        self.unscaled_regions = list(graph.graph_module.meta.get("unscaled_regions", []))
-        self.loss_scales = list(graph.graph_module.meta.get("loss_scales", []))
+        for report in ("unscaled_ops", "kept_ops", "unscaled_regions", "loss_scales"):  # what the passes wrote
+            setattr(self, report, list(graph.graph_module.meta.get(report, [])))
 
     @_outside_dynamo
     def capture_now(
@@ -492,28 +490,24 @@ def _signature(leaf: Any) -> Any:
     return (type(leaf), id(leaf))
 
 
-def _run_transform(module: nn.Module, transform: Callable[..., Any], gm: fx.GraphModule) -> fx.GraphModule:
-    name = getattr(transform, "__name__", type(transform).__name__)
-    try:
-        result = transform(gm)
-    except (UnitscaleError, Warning):  # a warning raised as an error (``-W error``) is the transform's own
-        raise
-    except Exception as exc:
-        raise TransformError(
-            f"the graph transform {name!r} raised {type(exc).__name__}: {exc} on the graph of "
-            f"{type(module).__name__}; fix the transform (it gets and returns an fx.GraphModule)"
-        ) from exc
-    if not isinstance(result, fx.GraphModule):
-        raise TransformError(
-            f"the graph transform {name!r} returned {type(result).__name__} {result!r:.40}, not an fx.GraphModule; "
-            "return the (changed) GraphModule, e.g. end it with `gm.recompile(); return gm`"
-        )
-    return result
-
-
 def _run_transforms(module: nn.Module, transforms: tuple[GraphTransform, ...], gm: fx.GraphModule) -> fx.GraphModule:
     for transform in transforms:
-        gm = _run_transform(module, transform, gm)
+        name = getattr(transform, "__name__", type(transform).__name__)
+        try:
+            result = transform(gm)
+        except (UnitscaleError, Warning):  # a warning raised as an error (``-W error``) is the transform's own
+            raise
+        except Exception as exc:
+            raise TransformError(
+                f"the graph transform {name!r} raised {type(exc).__name__}: {exc} on the graph of "
+                f"{type(module).__name__}; fix the transform (it gets and returns an fx.GraphModule)"
+            ) from exc
+        if not isinstance(result, fx.GraphModule):
+            raise TransformError(
+                f"the graph transform {name!r} returned {type(result).__name__} {result!r:.40}, not an "
+                "fx.GraphModule; return the (changed) GraphModule, e.g. end it with `gm.recompile(); return gm`"
+            )
+        gm = result
     return gm
 
 
