@@ -58,7 +58,10 @@ dropout and stochastic depth make the train stds differ from earlier runs):
   1.22-1.35, eval 1.28 / 1.32 / 1.58 (band 0.98-1.69); with dropout 0 too, train 1.04-1.34,
   eval 1.60 / 1.40 / 1.68, at the band's top edge. So what is left is how ``unit_scale``
   treats stochastic depth (not located yet; the residual rules may see the blocks
-  differently in the two graphs), not batch norm. Its test stays an ``xfail``, the open part of issue 39's bar.
+  differently in the two graphs), not batch norm. Not the route either: captured on the fx
+  route up front (torchvision's ``stochastic_depth`` a leaf call, the residual adds and their
+  ``tau`` the same as in the eval graph), train 1.00-1.39, eval 0.63 / 0.70 / 0.37, out of
+  band too. Its test stays an ``xfail``, the open part of issue 39's bar.
 
 The small CNN always runs; EfficientNet-B0, RegNet-Y-400MF and LeViT-128S (from their
 configs, ``tests/vision_models.py``) run with ``UNITSCALE_SLOW_MODELS=1``.
