@@ -2,8 +2,10 @@
 
 :func:`run_pipeline` starts one worker process per rank (``python -m
 unitscale.stages.runtime.worker``) and returns a :class:`PipelineResult`; :func:`pipeline_stage`
-builds this rank's :class:`RankPipeline` from a saved plan in a script ``torchrun`` starts. The top
-room: it uses the partitioner (plans and plan files) and the planner (the simulated timeline).
+builds this rank's :class:`RankPipeline` from a saved plan in a script ``torchrun`` starts;
+:func:`placement` (defined in ``unitscale.stages.schedules``) says which rank holds which
+stage in a run. The top room: it uses the partitioner (plans and plan files) and the planner (the
+simulated timeline).
 
 >>> from unitscale.stages.runtime import RankPipeline
 >>> RankPipeline([], None, stage_indices=[1], num_stages=2).is_last
@@ -14,5 +16,6 @@ from unitscale.stages.runtime.launch import RankPipeline as RankPipeline
 from unitscale.stages.runtime.launch import pipeline_stage as pipeline_stage
 from unitscale.stages.runtime.pipeline import run_pipeline as run_pipeline
 from unitscale.stages.runtime.result import PipelineResult as PipelineResult
+from unitscale.stages.schedules import placement as placement
 
-__all__ = ["run_pipeline", "PipelineResult", "pipeline_stage", "RankPipeline"]
+__all__ = ["run_pipeline", "PipelineResult", "pipeline_stage", "RankPipeline", "placement"]
