@@ -1,12 +1,8 @@
 """Pipeline stages: exact min-max partitioning over execution order, ``split_module``, and
 a real pipeline on :mod:`torch.distributed.pipelining`.
 
-This face lists what a user calls first: :func:`partition` and :func:`plan_pipeline` to split
-a model, :func:`simulate` to predict a step, :func:`run_pipeline` and :func:`pipeline_stage` to
-run one. The rest lives in the rooms' faces: :mod:`unitscale.stages.partitioner` (the
-stage report, per-node backward times), :mod:`unitscale.stages.planner` (planning a chain of
-numbers, its costs, the timeline) and :mod:`unitscale.stages.runtime` (which rank holds which
-stage).
+This face lists what a user calls first; the rest is in the faces of the rooms that do the job:
+:mod:`unitscale.stages.partitioner`, :mod:`unitscale.stages.planner`, :mod:`unitscale.stages.runtime`.
 
 >>> import torch
 >>> from unitscale.stages import partition

@@ -2,9 +2,8 @@
 
 :func:`plan_pipeline` plans a captured model, :func:`plan_chain` a chain of numbers (a
 :class:`ChainPlan`); :func:`simulate` gives the step time and :class:`Timeline` of a split under a
-schedule, and :func:`rule_splits` the splits people use, which seed the search.
-:class:`ChainCosts` (defined in ``unitscale.stages.schedules``, listed here beside the
-functions that take it) is the chain they plan: per-item times, memory and traffic. Uses the
+schedule, and :func:`rule_splits` the splits people use, which seed the search; they plan a
+:class:`ChainCosts` (per-item times, memory, traffic; from ``unitscale.stages.schedules``). Uses the
 partitioner and ``unitscale.stages.schedules``; the runtime uses it (for the timeline), never
 the reverse.
 
