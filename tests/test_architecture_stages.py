@@ -2,12 +2,14 @@
 
 From the bottom up: ``schedules`` (the schedule vocabulary), ``partitioner``, ``planner``,
 ``runtime``. A module imports only its own room and the rooms below it (type-only imports
-count too), and each room's face lists at most about a dozen names.
+count too), and each room's face lists at most about a dozen names, as does ``unitscale.stages``,
+which binds no name beyond its ``__all__``: what it leaves out is imported from its room's face.
 """
 
 from __future__ import annotations
 
 import importlib
+import types
 
 from tests.test_architecture import all_imports
 
@@ -54,3 +56,11 @@ def test_each_stage_room_has_a_small_face_the_stages_face_draws_from() -> None:
     for name in stages.__all__:
         homes = [face for face in faces if getattr(face, name, None) is getattr(stages, name)]
         assert homes, f"unitscale.stages.{name} comes from no room's face"
+
+
+def test_the_stages_face_lists_a_dozen_names_and_hides_no_other() -> None:
+    stages = importlib.import_module("unitscale.stages")
+    assert len(stages.__all__) <= 12, stages.__all__
+    bound = {name for name, value in vars(stages).items() if not isinstance(value, types.ModuleType)}
+    hidden = sorted(name for name in bound - set(stages.__all__) if not name.startswith("_"))
+    assert not hidden, f"unitscale.stages binds names its __all__ does not list (import them from a room): {hidden}"

@@ -2,10 +2,11 @@
 
 The public surface is ``unitscale.__all__`` plus the ``__all__`` of each *namespace*: every
 subpackage (a folder with an ``__init__.py``, found at build time, so a new one such as
-``unitscale.capture`` is picked up without editing this file) and the plain modules users
-import as namespaces (``unitscale.functional``, ``unitscale.nn``, ``unitscale.formats``,
-``unitscale.errors``). What a module deeper down lists in its own ``__all__`` is internal
-and not documented.
+``unitscale.capture`` is picked up without editing this file), every subpackage of a subpackage
+(the rooms of ``unitscale.stages``: ``unitscale.stages.planner``, ...), listed right after the
+package that holds it, and the plain modules users import as namespaces
+(``unitscale.functional``, ``unitscale.nn``, ``unitscale.formats``, ``unitscale.errors``). What
+a plain module lists in its own ``__all__`` is internal and not documented.
 
 ``.. unitscale-api:: unitscale.fx unitscale.capture`` renders one autosummary table: each
 namespace named (its page says what it holds), then the names it exports; ``others`` among
@@ -15,9 +16,9 @@ names (a new subpackage lands there until a page places it). The reference is
 groups, and under the open group only its names. A name is listed once, in the table
 of the first namespace (in reference order, ``ORDER``) that exports it, and documented under
 the name users import it by: ``unitscale.<name>`` when the package exports it, else
-``unitscale.<namespace>.<name>``. At ``builder-inited`` the stub pages for all of them are
-generated into ``docs/generated`` (stale stubs of names no longer public are removed, so
-they cannot leave orphan pages).
+``unitscale.<namespace>.<name>`` (``unitscale.stages.planner.plan_chain`` for a room's name).
+At ``builder-inited`` the stub pages for all of them are generated into ``docs/generated``
+(stale stubs of names no longer public are removed, so they cannot leave orphan pages).
 
 Each object is documented once, so references are resolved by identity: a type hint that
 autodoc writes with the defining module (``unitscale.stages.runtime.pipeline.PipelineResult``)
@@ -65,7 +66,8 @@ def exported_names() -> list[str]:
 
 
 def namespaces() -> list[str]:
-    """``unitscale.<name>`` of every subpackage and namespace module, in reference order."""
+    """``unitscale.<name>`` of every subpackage and namespace module, in reference order, each
+    followed by its own subpackages (``unitscale.<name>.<room>``, alphabetically)."""
     package = importlib.import_module(PACKAGE)
     found = {
         info.name
@@ -73,7 +75,13 @@ def namespaces() -> list[str]:
         if not info.name.startswith("_") and (info.ispkg or info.name in NAMESPACE_MODULES)
     }
     ordered = [name for name in ORDER if name in found] + sorted(found - set(ORDER))
-    return [f"{PACKAGE}.{name}" for name in ordered]
+    result = []
+    for name in ordered:
+        result.append(f"{PACKAGE}.{name}")
+        module = importlib.import_module(f"{PACKAGE}.{name}")
+        rooms = pkgutil.iter_modules(getattr(module, "__path__", []))
+        result += sorted(f"{PACKAGE}.{name}.{room.name}" for room in rooms if room.ispkg and room.name[0] != "_")
+    return result
 
 
 def namespace_names(namespace: str) -> list[str]:

@@ -18,7 +18,8 @@ from torch import nn
 
 from unitscale import partition, run_pipeline
 from unitscale.errors import CostError, InputError
-from unitscale.stages import ChainCosts, PipelineResult
+from unitscale.stages import PipelineResult
+from unitscale.stages.planner import ChainCosts
 from unitscale.stages.planner.model_costs import calibrated, chain_costs_for
 from unitscale.stages.planner.planner import plan_pipeline
 from unitscale.stages.planner.simulation import simulate_bounds

@@ -26,7 +26,8 @@ from torch import nn
 from unitscale import partition, run_pipeline
 from unitscale.errors import InputError, PipelineError, StageCountError, UnknownScheduleError
 from unitscale.examples.models import MLP, TinyGPT
-from unitscale.stages import check_schedule, placement, plan_pipeline
+from unitscale.stages import check_schedule, plan_pipeline
+from unitscale.stages.runtime import placement
 from unitscale.stages.schedules import schedule_order
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unitscale.errors import InputError
-from unitscale.stages import StageReport, StageRow
+from unitscale.stages.partitioner import StageReport, StageRow
 
 
 def _report(sends: list[tuple[str, tuple[int, ...], int]]) -> StageReport:

@@ -300,7 +300,7 @@ def stage_ranks(schedule: str, ranks: int, stages_per_rank: int) -> list[int]:
 def placement(schedule: str, num_ranks: int, stages_per_rank: int = 1) -> list[list[int]]:
     """The stage indices each rank holds, rank by rank.
 
-    >>> from unitscale.stages import placement
+    >>> from unitscale.stages.runtime import placement
     >>> placement("interleaved_1f1b", 2, 2), placement("zbv", 2, 2)
     ([[0, 2], [1, 3]], [[0, 3], [1, 2]])
     """

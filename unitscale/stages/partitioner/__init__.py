@@ -3,7 +3,7 @@
 :func:`partition` gives every node a cost and finds the split whose most expensive stage is as
 cheap as possible; the :class:`StagePlan` it returns builds, checks, reports and saves the stages
 (:class:`SavedPlan` is what a saved plan loads as). The bottom room: it imports
-:mod:`unitscale.stages.schedules` and nothing of the planner or the runtime.
+``unitscale.stages.schedules`` and nothing of the planner or the runtime.
 
 >>> import torch
 >>> from unitscale.stages.partitioner import partition

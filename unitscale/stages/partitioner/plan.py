@@ -99,7 +99,7 @@ class StageRow:
 
     ``sends`` lists ``(node name, shape, bytes)`` for each tensor passed to the next stage.
 
-    >>> from unitscale.stages import StageRow
+    >>> from unitscale.stages.partitioner import StageRow
     >>> StageRow(0, 3, "fc1", "fc2", 10.0, 0.5, 76, [("fc2", (2, 4), 32)]).bytes_out
     32
     """
@@ -158,7 +158,7 @@ class StageReport:
         Raises:
             InputError: ``width`` is not an int of at least 72.
 
-        >>> from unitscale.stages import StageReport, StageRow
+        >>> from unitscale.stages.partitioner import StageReport, StageRow
         >>> sends = [(f"add_{i}", (4, 32, 64), 32768) for i in range(6)]
         >>> rows = [StageRow(0, 9, "x", "add_5", 9.0, 0.5, 64, sends),
         ...         StageRow(1, 9, "y", "out", 9.0, 0.5, 64)]
@@ -191,7 +191,7 @@ class StageReport:
         every tensor sent follow in a box that scrolls sideways (the site marks it with a
         shadow). The bubble and the plan's certificate are the caption.
 
-        >>> from unitscale.stages import StageReport, StageRow
+        >>> from unitscale.stages.partitioner import StageReport, StageRow
         >>> rows = [StageRow(0, 3, "x", "fc1", 9.0, 0.5, 64, [("fc1", (2, 4), 32)])]
         >>> report = StageReport(rows, "params", num_microbatches=2, bubble=0.0)
         >>> html = report._repr_html_()

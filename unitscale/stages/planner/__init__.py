@@ -2,12 +2,12 @@
 
 :func:`plan_pipeline` plans a captured model, :func:`plan_chain` a chain of numbers (a
 :class:`ChainPlan`); :func:`simulate` gives the step time and :class:`Timeline` of a split under a
-schedule, and :func:`rule_splits` the splits people use, which seed the search. Uses the
-partitioner and :mod:`unitscale.stages.schedules`; the runtime uses it (for the timeline), never
+schedule, and :func:`rule_splits` the splits people use, which seed the search; they plan a
+:class:`ChainCosts` (per-item times, memory, traffic; from ``unitscale.stages.schedules``). Uses the
+partitioner and ``unitscale.stages.schedules``; the runtime uses it (for the timeline), never
 the reverse.
 
->>> from unitscale.stages import ChainCosts
->>> from unitscale.stages.planner import plan_chain
+>>> from unitscale.stages.planner import ChainCosts, plan_chain
 >>> costs = ChainCosts.uniform([1.0, 1.0, 1.0, 1.0])
 >>> plan_chain(costs, ranks=2, schedule="gpipe").bounds
 [0, 2, 4]
@@ -20,5 +20,15 @@ from unitscale.stages.planner.planner import rule_splits as rule_splits
 from unitscale.stages.planner.simulation import Timeline as Timeline
 from unitscale.stages.planner.simulation import TimelineBlock as TimelineBlock
 from unitscale.stages.planner.simulation import simulate as simulate
+from unitscale.stages.schedules import ChainCosts as ChainCosts
 
-__all__ = ["plan_pipeline", "plan_chain", "ChainPlan", "rule_splits", "simulate", "Timeline", "TimelineBlock"]
+__all__ = [
+    "plan_pipeline",
+    "plan_chain",
+    "ChainPlan",
+    "ChainCosts",
+    "rule_splits",
+    "simulate",
+    "Timeline",
+    "TimelineBlock",
+]

@@ -56,7 +56,7 @@ def chain_costs_for(
     latency: float = 0.0,
     action_overhead: float = 0.0,
 ) -> ChainCosts:
-    """Per-node :class:`~unitscale.stages.ChainCosts` of a :class:`~unitscale.StagePlan`.
+    """Per-node :class:`~unitscale.stages.planner.ChainCosts` of a :class:`~unitscale.StagePlan`.
 
     The plan's node costs are taken as measured on the whole batch of one step, so a
     microbatch's forward time is the node cost times ``seconds_per_cost`` (1 for
@@ -135,7 +135,8 @@ def calibrated(costs: ChainCosts, result: Any, costs_at: Callable[[int], ChainCo
     >>> import torch
     >>> from torch import nn
     >>> from unitscale import partition
-    >>> from unitscale.stages import ChainCosts, PipelineResult
+    >>> from unitscale.stages import PipelineResult
+    >>> from unitscale.stages.planner import ChainCosts
     >>> from unitscale.stages.planner.model_costs import calibrated, chain_costs_for
     >>> model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     >>> plan = partition(model, 2, torch.randn(8, 4), cost="params")

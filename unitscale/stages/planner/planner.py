@@ -17,12 +17,12 @@ How
 ---
 The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.planner.formula`),
 polished one cut at a time with the simulator, and the splits people use without a planner
-(:func:`~unitscale.stages.rule_splits`: equal items per stage, equal work per stage, min-max, balanced); a branch
-and bound whose bounds are the simulator's own step with the stages not yet placed taking no
-time, raised by the work they must still do (:mod:`unitscale.stages.planner.branch_bound`), then proves
-the best of them optimal or improves it. For GPipe with a backward that is a fixed multiple of
-the forward, the formula's optimum is certified on its own. So the plan's simulated step is
-never longer than a rule's, whether or not the search finishes.
+(:func:`~unitscale.stages.planner.rule_splits`: equal items per stage, equal work per stage,
+min-max, balanced); a branch and bound whose bounds are the simulator's own step with the stages
+not yet placed taking no time, raised by the work they must still do
+(:mod:`unitscale.stages.planner.branch_bound`), then proves the best of them optimal or improves
+it. For GPipe with a backward that is a fixed multiple of the forward, the formula's optimum is
+certified on its own. So the plan's simulated step is never longer than a rule's, whether or not the search finishes.
 
 Where the search does not finish (several stages per rank: its bounds there are a water level,
 often 10 to 20 % below the best step on 8 ranks, so its best-first order spends the budget on
@@ -33,7 +33,7 @@ says how far from optimal the plan can be. ``ChainPlan.origin`` names the incumb
 came from. A model becomes a chain of pieces (the runs of nodes no cut may split) with
 :mod:`unitscale.stages.planner.model_costs`.
 
->>> from unitscale.stages import plan_chain
+>>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedules import ChainCosts
 >>> costs = ChainCosts.uniform([4, 1, 1, 1, 1, 1, 1, 1, 1], backward_ratio=2.0)
 >>> found = plan_chain(costs, ranks=2, schedule="1f1b", num_microbatches=4)
@@ -68,7 +68,7 @@ __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "rule_splits"]
 
 @dataclass(frozen=True)
 class ChainPlan:
-    """The result of :func:`~unitscale.stages.plan_chain`.
+    """The result of :func:`~unitscale.stages.planner.plan_chain`.
 
     Attributes:
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``.
@@ -86,10 +86,11 @@ class ChainPlan:
         rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
         origin: where the plan came from: ``"search"`` (the branch and bound), ``"formula"``
             (the step-time formula's optimum; ``"polished formula"`` after moving single cuts;
-            ``"least memory"`` when the formula's caps fit nothing), a rule of :func:`~unitscale.stages.rule_splits`
-            (``"equal count"``, ``"equal cost"``, ``"min-max"``, ``"balanced"``), or ``"local search
-            from ..."`` (``descend`` in ``unitscale.stages.planner.branch_bound``, after a search that did not
-            finish). Names joined by ``" / "`` gave the same split.
+            ``"least memory"`` when the formula's caps fit nothing), a rule of
+            :func:`~unitscale.stages.planner.rule_splits` (``"equal count"``, ``"equal cost"``,
+            ``"min-max"``, ``"balanced"``), or ``"local search from ..."`` (``descend`` in
+            ``unitscale.stages.planner.branch_bound``, after a search that did not finish). Names
+            joined by ``" / "`` gave the same split.
     """
 
     bounds: list[int]
@@ -133,7 +134,7 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
     :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
     longer than any of theirs.
 
-    >>> from unitscale.stages import rule_splits
+    >>> from unitscale.stages.planner import rule_splits
     >>> from unitscale.stages.schedules import ChainCosts
     >>> rules = rule_splits(ChainCosts.uniform([3, 1, 1, 1, 1, 1]), 2)
     >>> rules["equal count"], rules["min-max"]
@@ -182,7 +183,7 @@ def plan_chain(
     step of any completion), raised by the work those stages must still do. Its first
     incumbent is the optimum of the formula ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``,
     ``κ = (v + p - 1) / (p v)`` (a dynamic programme over prefixes), polished cut by cut.
-    The rules of :func:`~unitscale.stages.rule_splits` are incumbents too, so the plan is never worse than
+    The rules of :func:`~unitscale.stages.planner.rule_splits` are incumbents too, so the plan is never worse than
     theirs under this model. It stops when no open branch can beat the best simulated plan:
     ``lower_bound`` is then the certificate. For GPipe with a backward that is a fixed multiple of the forward the
     formula is the simulated step exactly (the forward phase is a flow shop of ``m``
@@ -196,7 +197,7 @@ def plan_chain(
     listed in the module's docstring (``unitscale.stages.planner.planner``).
 
     Args:
-        costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
+        costs: per-item costs (:class:`~unitscale.stages.planner.ChainCosts`).
         ranks: devices in the pipeline.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
         num_microbatches: microbatches per step.
@@ -217,7 +218,7 @@ def plan_chain(
         InputError: a microbatch count the schedule cannot run, or bad ``device_speeds``/``memory_limit``.
         UnknownScheduleError: an unknown schedule.
 
-    >>> from unitscale.stages import plan_chain
+    >>> from unitscale.stages.planner import plan_chain
     >>> from unitscale.stages.schedules import ChainCosts
     >>> costs = ChainCosts.uniform([1.0] * 6, activation_bytes=10.0)
     >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 * 10 B * 3
@@ -375,7 +376,7 @@ def plan_pipeline(
     """Split ``module`` for ``schedule`` on ``ranks`` devices with the least step time that fits in memory.
 
     The model is captured and costed as :func:`~unitscale.partition` does; then
-    :func:`~unitscale.stages.plan_chain` picks, over the pieces a cut may fall between, the split
+    :func:`~unitscale.stages.planner.plan_chain` picks, over the pieces a cut may fall between, the split
     with the least simulated step time that fits (a branch and bound with a lower-bound
     certificate, exact unless its budget runs out). The plan keeps its costs (``plan.chain_costs``), so
     :func:`~unitscale.stages.simulate` predicts its timeline.
@@ -393,7 +394,7 @@ def plan_pipeline(
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
-            timed alone on the example batch, :func:`unitscale.stages.backward_times`; with
+            timed alone on the example batch, :func:`unitscale.stages.partitioner.backward_times`; with
             ``cost="time"`` scaled by ``seconds_per_cost`` as the forward's timings are), or a
             callable ``node -> seconds`` per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.

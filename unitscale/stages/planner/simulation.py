@@ -41,7 +41,7 @@ __all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_tim
 class TimelineBlock:
     """One piece of work on the timeline: ``kind`` ``F``/``B``/``I``/``W`` of ``stage`` on ``microbatch``.
 
-    >>> from unitscale.stages import TimelineBlock
+    >>> from unitscale.stages.planner import TimelineBlock
     >>> TimelineBlock(rank=0, stage=1, kind="F", microbatch=2, start=0.5, end=1.5).end
     1.5
     """
@@ -207,7 +207,7 @@ def simulate_bounds(
     """Simulate one step of ``schedule`` for the stages ``bounds`` of a chain with ``costs``.
 
     Args:
-        costs: per-item costs (:class:`~unitscale.stages.ChainCosts`).
+        costs: per-item costs (:class:`~unitscale.stages.planner.ChainCosts`).
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``; ``ranks * stages_per_rank`` stages.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
         num_microbatches: microbatches per step.

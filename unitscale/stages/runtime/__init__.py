@@ -2,7 +2,8 @@
 
 :func:`run_pipeline` starts one worker process per rank (``python -m
 unitscale.stages.runtime.worker``) and returns a :class:`PipelineResult`; :func:`pipeline_stage`
-builds this rank's :class:`RankPipeline` from a saved plan in a script ``torchrun`` starts. The top
+builds this rank's :class:`RankPipeline` from a saved plan in a script ``torchrun`` starts;
+:func:`placement` (from ``unitscale.stages.schedules``) says which rank holds which stage. The top
 room: it uses the partitioner (plans and plan files) and the planner (the simulated timeline).
 
 >>> from unitscale.stages.runtime import RankPipeline
@@ -14,5 +15,6 @@ from unitscale.stages.runtime.launch import RankPipeline as RankPipeline
 from unitscale.stages.runtime.launch import pipeline_stage as pipeline_stage
 from unitscale.stages.runtime.pipeline import run_pipeline as run_pipeline
 from unitscale.stages.runtime.result import PipelineResult as PipelineResult
+from unitscale.stages.schedules import placement as placement
 
-__all__ = ["run_pipeline", "PipelineResult", "pipeline_stage", "RankPipeline"]
+__all__ = ["run_pipeline", "PipelineResult", "pipeline_stage", "RankPipeline", "placement"]

@@ -21,7 +21,7 @@ target to the rank holding the last stage.
 Placement: ``num_stages = ranks * stages_per_rank``. The looped schedules put stages
 ``r, r + ranks, r + 2 * ranks, ...`` on rank ``r``; ``"zbv"`` (two stages per rank) puts
 stages ``r`` and ``2 * ranks - 1 - r`` on rank ``r`` (a V: rank 0 holds the first and
-the last stage). :func:`~unitscale.stages.placement` gives the table.
+the last stage). :func:`~unitscale.stages.runtime.placement` gives the table.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ of :func:`~unitscale.run_pipeline` times itself (:class:`ActionClock`):
 What the rank does apart from computing and waiting is the schedule's bookkeeping
 (posting messages, splitting microbatches, the loss, merging outputs): it is measured
 as what is left, per action. :func:`measured_costs` turns the records of all ranks
-into per-stage :class:`~unitscale.stages.ChainCosts` (one item per stage), which
+into per-stage :class:`~unitscale.stages.planner.ChainCosts` (one item per stage), which
 :func:`~unitscale.stages.planner.simulation.simulate_bounds` replays; :func:`measured_timeline`
-turns one step's records into a :class:`~unitscale.stages.Timeline` to draw beside the
+turns one step's records into a :class:`~unitscale.stages.planner.Timeline` to draw beside the
 simulated one.
 
 >>> from unitscale.stages.runtime.measured import ActionClock
@@ -237,7 +237,7 @@ def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts
 def measured_timeline(
     records: Sequence[RankRecord], step: int, schedule: str, num_microbatches: int, stage_ranks: Sequence[int]
 ) -> Timeline:
-    """Timed step ``step`` as a :class:`~unitscale.stages.Timeline`: times from the earliest rank's start.
+    """Timed step ``step`` as a :class:`~unitscale.stages.planner.Timeline`: times from the earliest rank's start.
 
     Workers on one machine share ``perf_counter``'s clock (``CLOCK_MONOTONIC``), so their
     times line up. Memory is not measured (``nan``).

@@ -94,7 +94,7 @@ def run_pipeline(
     ``"interleaved_zero_bubble"`` hold ``stages_per_rank`` stages, looped (rank ``r``
     holds stages ``r, r + ranks, r + 2 * ranks, ...``); ``"zbv"`` holds two in a V
     (rank ``r`` holds stages ``r`` and ``2 * ranks - 1 - r``). See
-    :func:`~unitscale.stages.placement`.
+    :func:`~unitscale.stages.runtime.placement`.
 
     Workers are fresh interpreters (``python -m unitscale.stages.runtime.worker``) started by
     torch's own launcher (:func:`torch.distributed.elastic.multiprocessing.start_processes`,

@@ -38,11 +38,11 @@ class PipelineResult:
             (:meth:`~unitscale.StagePlan.gradient_key` maps a stage's name for it).
         step_time: seconds per training step, the median over the timed steps of the
             slowest rank's time (each step starts on a barrier).
-        stage_costs: what the workers measured, as :class:`~unitscale.stages.ChainCosts` with
+        stage_costs: what the workers measured, as :class:`~unitscale.stages.planner.ChainCosts` with
             one item per stage: mean forward and backward seconds per microbatch, the bytes
             each stage sends, the gloo link (ping-pong latency and bandwidth) and the
             schedule's bookkeeping per action (see ``unitscale.stages.runtime.measured``).
-        timeline: the measured :class:`~unitscale.stages.Timeline` of the timed step whose time
+        timeline: the measured :class:`~unitscale.stages.planner.Timeline` of the timed step whose time
             is ``step_time`` (every action's start and end on its rank).
         schedule: the schedule that ran.
         num_microbatches: microbatches per step.
@@ -77,7 +77,8 @@ class PipelineResult:
             InputError: the result carries no measurements (built by hand).
 
         >>> import torch
-        >>> from unitscale.stages import ChainCosts, PipelineResult
+        >>> from unitscale.stages import PipelineResult
+        >>> from unitscale.stages.planner import ChainCosts
         >>> costs = ChainCosts.uniform([1.0, 1.0], backward_ratio=2.0)
         >>> r = PipelineResult(None, torch.tensor(0.0), {}, 12.0, costs, None, "gpipe", 3)
         >>> r.predicted().step_time  # (m + p - 1) * (f + b)
