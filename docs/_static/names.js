@@ -30,9 +30,9 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const title of document.querySelectorAll(".bd-article h1")) {
     if (title.firstChild && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild, TITLE);
   }
-  // the footer's Previous/Next titles, each in half a phone's width (unitscale.errors.RuleError)
+  // the footer's Previous/Next titles, in half a phone's width: as in the sidebar
   for (const title of document.querySelectorAll(".prev-next-area .prev-next-title")) {
-    if (title.childNodes.length === 1 && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild, TITLE);
+    if (title.childNodes.length === 1 && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild);
   }
   // an API table's names (unitscale.functional.scaled_dot_product_attention)
   for (const name of document.querySelectorAll(".bd-article table.autosummary td:first-child span.pre")) {
