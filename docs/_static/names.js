@@ -1,17 +1,22 @@
 // Long names break between their parts, never inside a word: after a dot
 // (unitscale.capture.GRAPH_ROUTE_NAMES), between the words of a CamelCase name
-// (ScaleTracking|Interpreter) and, in the narrow sidebar and a title, after an underscore
-// (scaled_dot_product_|attention). The sidebar, an API page's title and the names of an API
-// table then wrap where a reader would, instead of letter by letter where the line runs out
-// (or a table too wide for the page).
+// (ScaleTracking|Interpreter) and, in the narrow sidebar, after an underscore
+// (scaled_dot_product_|attention); in a title, after an underscore only inside a long part. The
+// sidebar, an API page's title and the names of an API table then wrap where a reader would,
+// instead of letter by letter where the line runs out (or a table too wide for the page).
 const NAME = /^[\w.]+$/;
 const PARTS = /(?<=\.)(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
 const WORDS = /(?<=[._])(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
 
+// a title's breaks: after a dot and between CamelCase words; after an underscore only in a part
+// longer than 14 characters, too long for a phone's line
+const TITLE = (text) =>
+  text.split(PARTS).flatMap((part) => (part.length > 14 ? part.split(/(?<=_)(?=\w)/) : [part]));
+
 function breakName(node, breaks = WORDS) {
   const text = node.textContent.trim();
   if (!NAME.test(text) || text.length <= 12) return;
-  const parts = text.split(breaks);
+  const parts = typeof breaks === "function" ? breaks(text) : text.split(breaks);
   node.replaceWith(...parts.flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part])));
 }
 
@@ -19,9 +24,15 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const link of document.querySelectorAll(".bd-sidebar-primary a.reference")) {
     if (link.childNodes.length === 1 && link.firstChild.nodeType === Node.TEXT_NODE) breakName(link.firstChild);
   }
-  // an API page's title: its first text node is the name, then the theme's "#" link
+  // an API page's title: its first text node is the name, then the theme's "#" link. It breaks
+  // after a dot; after an underscore only inside a part too long for a phone's line
+  // (unitscale.|unit_scale, not unitscale.unit_|scale)
   for (const title of document.querySelectorAll(".bd-article h1")) {
-    if (title.firstChild && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild);
+    if (title.firstChild && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild, TITLE);
+  }
+  // the footer's Previous/Next titles, in half a phone's width: as in the sidebar
+  for (const title of document.querySelectorAll(".prev-next-area .prev-next-title")) {
+    if (title.childNodes.length === 1 && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild);
   }
   // an API table's names (unitscale.functional.scaled_dot_product_attention)
   for (const name of document.querySelectorAll(".bd-article table.autosummary td:first-child span.pre")) {

@@ -8,10 +8,12 @@
 // - A prose table of long sentences (class cards-on-phone, from a page's {table} directive) is
 //   cards on a phone whatever its width (unitscale.css): one block per row, the row's first cell
 //   its title and each other value after its column's name, which this script gives each cell.
+// - Any other box that still scrolls (a cell's code, a static ```text table, a prose table) shows
+//   the same cue.
 // Both are checked again when the window's width changes or a folded table is opened.
 (() => {
   const phone = () => window.matchMedia("(max-width: 540px)").matches;
-  const boxes = () => document.querySelectorAll(".bd-article .cell_output pre, .bd-article .unitscale-table");
+  const boxes = () => document.querySelectorAll(".bd-article .cell_output pre, .bd-article div.highlight pre, .bd-article .unitscale-table, .bd-article .pst-scrollable-table-container");
   const label = (table) => {
     const heads = [...table.querySelectorAll("thead th")].map((th) => th.innerText.trim());
     for (const row of table.querySelectorAll("tbody tr")) {
