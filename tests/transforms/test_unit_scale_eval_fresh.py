@@ -6,8 +6,9 @@ statistics stand for the batches they were averaged over, nothing more.
 
 The band: the train-mode output std's range over the training steps, widened by 25% each
 way. One batch's output std varies from batch to batch, and the plain model's eval/train
-ratio in this setup is 0.91-1.17 (the small CNN) and 0.87-1.28 (EfficientNet-B0), so the
-25% takes that sampling spread and no more.
+ratio in this setup is 0.91-1.17 (the small CNN), so the 25% takes that sampling spread and
+no more. (An earlier note gave 0.87-1.28 for plain EfficientNet-B0; measured again, one run,
+it is 0.46-1.17 and out of band: see below.)
 
 The setup is realistic and documented, and the plain model is the oracle that it is: the
 same architecture with torch's own batch norm, ``momentum=None`` (torch's cumulative
@@ -47,21 +48,40 @@ dropout and stochastic depth make the train stds differ from earlier runs):
   1.08): its output std grows at every step, so statistics averaged over the steps are
   not the last weights'. The setup does not hold for LeViT (its oracle fails), so both its
   tests are ``xfail`` with these numbers, not evidence either way.
-- EfficientNet-B0: unit-scaled train 1.12-1.25, eval 0.32 / 0.32 / 0.32: still out of band,
-  now below it. Not the statistics: after the 5 steps each batch norm's running variance
-  matches a fresh batch's own (median ratio 0.98-1.12 per layer, extremes 0.43-2.4 in the
-  last stages, the sampling spread of 32 samples at 3x3), and the same fresh batch in train
-  mode (no gradient) gives 1.18, in band. So the eval graph computes another function than
-  the train graph beyond batch norm: stochastic depth (torchvision's default 0.2), whose
-  random product of the residual branches is in the train graph only. Built with
-  ``stochastic_depth_prob=0.0`` (one run), unit-scaled EfficientNet-B0 is in band: train
-  1.22-1.35, eval 1.28 / 1.32 / 1.58 (band 0.98-1.69); with dropout 0 too, train 1.04-1.34,
-  eval 1.60 / 1.40 / 1.68, at the band's top edge. So what is left is how ``unit_scale``
-  treats stochastic depth (not located yet; the residual rules may see the blocks
-  differently in the two graphs), not batch norm. Not the route either: captured on the fx
-  route up front (torchvision's ``stochastic_depth`` a leaf call, the residual adds and their
-  ``tau`` the same as in the eval graph), train 1.00-1.39, eval 0.63 / 0.70 / 0.37, out of
-  band too. Its test stays an ``xfail``, the open part of issue 39's bar.
+- EfficientNet-B0: unit-scaled train 1.12-1.25, eval 0.32 / 0.32 / 0.32, below the band.
+  Not the statistics: after the 5 steps each batch norm's running variance matches the
+  variance its input has in training mode (median ratio per layer 0.94-1.08), and the same
+  fresh batch in train mode gives 1.18, in band. Not the graphs either: the eval graph is
+  the train graph's ops with the same constants (``tau`` included) less the stochastic-depth
+  products and with dropout off. The output still depends on its input (per-class std over
+  a batch 0.17-0.19); the signal shrinks, the same at every batch. Node by node on one fresh
+  batch, the eval input of each batch norm has, of its running variance, 1.00 up to the first
+  residual block with stochastic depth, then 0.96, 0.91, ... 0.41 (stage 5), 0.21, 0.13
+  (stage 6) and 0.094 at the last: each block loses some and hands the loss on. The train
+  graph with the random products at their expectation (batch statistics) shows what each
+  block loses: 0.96 after a stage's first residual add, down to 0.89 in the last stages, the
+  variance stochastic depth adds in training, ``(1 - tau) + tau / q`` of unit branches
+  (``tau = 0.5``, ``q = 0.925``: 0.961, measured 0.959). That is the known disharmony of
+  stochastic depth and batch norm, and the PLAIN model has it too: plain EfficientNet-B0
+  here (cumulative average) is out of band as well, train 2.32-3.73, eval 2.73 / 1.90 /
+  1.70 (band 1.85-4.67), and the small CNN with timm's ``drop_path`` at 0.2 in every block
+  is, plain, train 0.45-0.60, eval 0.31-0.34. ``unit_scale`` now scales the product
+  ``x * bernoulli(q) / q`` by ``q**0.5`` both ways, as ``U.dropout`` does, so in training it
+  has its input's std and the stream its eval-mode width (tested below: a batch norm after a
+  stochastic-depth block gives std 0.96-0.97 in eval mode, 0.79-0.84 before). Measured after
+  that (one run each): the small CNN with ``drop_path`` 0.2, unit-scaled, train 1.64-1.76,
+  eval 1.20 / 1.35 / 1.33 (0.86 / 0.93 / 0.90 before); EfficientNet-B0 train 1.11-1.22, eval
+  0.61 / 0.79 / 0.79 (band 0.89-1.53): twice nearer, still out of band, and its oracle, the
+  plain model, is out of band too. What is left is not located; a guess, not measured: a
+  sample's block is dropped or kept, so training mixes two widths whose mean is now right,
+  and the nonlinear ops after them (the squeeze-excitation gates, whose unit-scaled inputs
+  are far from the plain model's near-zero ones) keep more than the mean; no static scale
+  matches a mixture's every moment. Built with
+  ``stochastic_depth_prob=0.0`` (one run, before the change), unit-scaled EfficientNet-B0 is
+  in band: train 1.22-1.35, eval 1.28 / 1.32 / 1.58 (band 0.98-1.69). Not the route either:
+  on the fx route (``stochastic_depth`` a leaf call there, which this rule does not see),
+  train 1.00-1.39, eval 0.63 / 0.70 / 0.37. Both EfficientNet tests are ``xfail`` with these
+  numbers, as LeViT's are: the setup's oracle fails for them.
 
 The small CNN always runs; EfficientNet-B0, RegNet-Y-400MF and LeViT-128S (from their
 configs, ``tests/vision_models.py``) run with ``UNITSCALE_SLOW_MODELS=1``.
@@ -215,11 +235,12 @@ def test_running_statistics_average_the_first_batches_cumulatively_on_every_rout
 #: name -> input shape: 32 samples, and maps of at least 3x3 at the last batch norm.
 HEAVY = {"efficientnet_b0": (BATCH, 3, 96, 96), "regnet_y_400mf": (BATCH, 3, 96, 96), "levit_128s": (BATCH, 3, 64, 64)}
 slow = pytest.mark.skipif(not os.environ.get("UNITSCALE_SLOW_MODELS"), reason="set UNITSCALE_SLOW_MODELS=1")
-_OPEN = pytest.mark.xfail(reason="issue 39, open: EfficientNet-B0 eval 0.32, train 1.12-1.25: stochastic depth")
-#: LeViT's oracle fails in this setup: the plain model's eval 0.98-1.08 against train 0.26-0.79.
-_NO_ORACLE = pytest.mark.xfail(reason="plain LeViT-128S out of band here: eval 0.98-1.08, train 0.26-0.79")
-_MARKS = {"efficientnet_b0": [_OPEN], "levit_128s": [_NO_ORACLE]}
-_PLAIN_MARKS = {"levit_128s": [_NO_ORACLE]}
+#: The setup's oracle fails for these: the plain model is out of band too.
+_NO_ORACLE = {
+    "efficientnet_b0": pytest.mark.xfail(reason="plain EfficientNet-B0 out of band: eval 1.70-2.73, train 2.32-3.73"),
+    "levit_128s": pytest.mark.xfail(reason="plain LeViT-128S out of band here: eval 0.98-1.08, train 0.26-0.79"),
+}
+_MARKS = _PLAIN_MARKS = {name: [mark] for name, mark in _NO_ORACLE.items()}
 
 
 @slow
@@ -242,3 +263,54 @@ def test_unit_scaled_vision_model_eval_in_band(name: str) -> None:
         _assert_in_band(*_train_then_eval(model, HEAVY[name]))
     finally:
         logging.disable(logging.NOTSET)
+
+
+class _DropPath(nn.Module):
+    """Stochastic depth as timm's ``drop_path`` writes it: a sample's branch kept with probability ``q``, over ``q``."""
+
+    def __init__(self, q: float) -> None:
+        super().__init__()
+        self.q = q
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        return x * x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(self.q).div_(self.q)
+
+
+class _DropPathBlock(nn.Module):
+    def __init__(self, c: int, q: float) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), _DropPath(q))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+@pytest.mark.parametrize("route", ["fx", None])
+def test_batch_norm_after_stochastic_depth_unit_std_in_eval_mode(route: str | None) -> None:
+    """A batch norm reading a residual stream whose branch has stochastic depth gives unit std in eval mode too.
+
+    The oracle is batch norm's own promise: its running variance stands for its training
+    inputs, so a fresh eval-mode batch of the same distribution comes out at the std training
+    mode gives it, 1. Stochastic depth's ``x * bernoulli(q) / q`` has std ``q**-0.5`` times its
+    input's in training mode and is the identity in eval mode; left unscaled, the stream's
+    variance at ``tau = 0.5``, ``q = 0.5`` is 1.5 in training, 1 in eval mode, and the batch norm
+    after it gave std ``1.5**-0.5 = 0.82`` on fresh batches (measured 0.79-0.84); now 0.96-0.97.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        *(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)),
+        _DropPathBlock(16, 0.5),
+        *(nn.Conv2d(16, 16, 1, bias=False), nn.BatchNorm2d(16)),
+    ).train()
+    gen = torch.Generator().manual_seed(1)
+    shape = (64, 3, 8, 8)
+    kwargs = {} if route is None else {"example_inputs": (torch.randn(shape),), "route": route}
+    scaled = _unit_scaled(model, **kwargs)
+    with torch.no_grad():
+        for _ in range(10):  # the cumulative average's batches: the running statistics of all ten
+            scaled(torch.randn(shape, generator=gen))
+        scaled.eval()
+        stds = [scaled(torch.randn(shape, generator=gen)).std().item() for _ in range(3)]
+    assert all(abs(s - 1) < 0.06 for s in stds), stds

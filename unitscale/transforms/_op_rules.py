@@ -25,7 +25,10 @@ more than that to be told apart from ops that look the same:
   product whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
   :func:`~unitscale.functional.mul`;
 - a product with a constant (``x * c``, ``x / c``) that only linear layers and norms read
-  becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale.
+  becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
+- a product with a random keep mask ``bernoulli(q) / c`` (stochastic depth, dropout written
+  out) is scaled by ``c / q**0.5`` both ways, so it keeps unit std in training, as
+  :func:`~unitscale.functional.dropout` does.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from unitscale.transforms._graph import (
     _lookup,
     _member,
     _producer,
+    _scale_after,
     _takes_constraint,
     check_replacement,
 )
@@ -182,6 +186,46 @@ def _scale_product(state: PassState, node: fx.Node) -> bool:
     return True
 
 
+_BERNOULLI: set[Any] = {torch.bernoulli, torch.Tensor.bernoulli, torch.Tensor.bernoulli_}
+_DIVIDE: set[Any] = {operator.truediv, torch.div, torch.Tensor.div, torch.Tensor.div_}
+
+
+def _keep_mask(mask: Any) -> tuple[float, list[fx.Node]] | None:
+    """``(c / q**0.5, its nodes)`` for a random keep mask ``bernoulli(q) / c`` (``c`` a number or 1), else ``None``."""
+    divisor, nodes = 1.0, []
+    if isinstance(mask, fx.Node) and _member(_function_of(mask), _DIVIDE) and len(mask.args) == 2:
+        if not (isinstance(mask.args[1], (int, float)) and mask.args[1] > 0):
+            return None
+        nodes.append(mask)
+        mask, divisor = mask.args[0], float(mask.args[1])
+    if not (isinstance(mask, fx.Node) and _member(_function_of(mask), _BERNOULLI)):
+        return None
+    q = mask.args[1] if len(mask.args) > 1 else mask.kwargs.get("p")
+    if not (isinstance(q, (int, float)) and 0 < q <= 1):
+        return None
+    # the tensor the draws fill (``x.new_empty(shape)``), read by nothing else
+    return divisor / q**0.5, [*nodes, mask, *(n for n in mask.all_input_nodes if set(n.users) == {mask})]
+
+
+def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
+    """``x * mask``, ``mask = bernoulli(q) / c``, is scaled by ``c / q**0.5`` both ways: unit std in training.
+
+    Stochastic depth (torchvision's ``stochastic_depth``, timm's ``drop_path``) multiplies a
+    residual branch by ``bernoulli(q) / q`` per sample in training mode, and is the identity
+    in eval mode. Unscaled, the stream is wider in training (``q**-0.5`` on the branch), batch
+    norm's running variances keep that width, and in eval mode every batch norm after it
+    normalises fresh inputs below unit std, compounding block by block. Scaled, the product
+    has its input's std in both modes (its mean is ``q**0.5`` times eval mode's: batch norm
+    keeps the variance).
+    """
+    found = [m for m in map(_keep_mask, node.args) if m is not None] if _is(node, _MUL) else []
+    if len(node.args) != 2 or len(found) != 1:
+        return False
+    factor, nodes = found[0]
+    state.done.update({node, *nodes, _scale_after(node, factor, factor, "of_mask")})
+    return True
+
+
 def _scale_pool(state: PassState, node: fx.Node) -> bool:
     """A mean pool becomes :func:`~unitscale.functional.mean`: unconstrained on the trunk, ``gmean`` off it."""
     if not _is_pool(node):
@@ -242,7 +286,7 @@ def swap_ops(state: PassState) -> None:
     :func:`~unitscale.functional.mul` for a broadcast gate), mean pools, layer scales, then
     :data:`unitscale.functional.torch_map`. One walk, so an op sees the ops before it swapped.
     """
-    claims = (_scale_add, _scale_product, _scale_pool, _scale_layer_scale, _swap_twin)
+    claims = (_scale_add, _scale_random_mask, _scale_product, _scale_pool, _scale_layer_scale, _swap_twin)
     for node in list(state.graph.nodes):
         if state.is_open(node):
             any(claim(state, node) for claim in claims)
