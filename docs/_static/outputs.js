@@ -10,6 +10,8 @@
 //   its title and each other value after its column's name, which this script gives each cell.
 // - Any other box that still scrolls (a cell's code, a static ```text table, a prose table) shows
 //   the same cue.
+// - A glued number in prose ("1.6e-07", "-0.25", "12%") stays on one line (.glued-number): a
+//   line break at its "e-" or sign reads as two numbers. A glued phrase wraps as prose does.
 // Both are checked again when the window's width changes or a folded table is opened.
 (() => {
   const phone = () => window.matchMedia("(max-width: 540px)").matches;
@@ -42,7 +44,14 @@
     }
   };
   const all = () => { cards(); mark(); };
+  const NUMBER = /^[-+\u2212]?[\d.,]+(e[-+\u2212]?\d+)?\s?%?$/i;
+  const numbers = () => {
+    for (const span of document.querySelectorAll(".bd-article span.pasted-text")) {
+      if (NUMBER.test(span.textContent.trim())) span.classList.add("glued-number");
+    }
+  };
   document.addEventListener("DOMContentLoaded", () => {
+    numbers();
     all();
     for (const box of boxes()) box.addEventListener("scroll", mark, { passive: true });
     for (const details of document.querySelectorAll(".bd-article details")) details.addEventListener("toggle", all);

@@ -5,6 +5,8 @@
   size (pt), their dpi and their width in pixels. The text's size on screen is
   ``font_pt * dpi / 72 * shown_width / width_px``; at 390 and 1280 px it must be at least
   :data:`MIN_TEXT_PX` on every figure of every page, in the rendering the browser chose.
+- **Glued numbers.** At 390 px no number glued into prose breaks across two lines (a break at
+  ``1.6e-07``'s ``e-`` reads as two numbers; ``outputs.js`` keeps them whole).
 - **Outputs that scroll.** At 1280 px no output of any page scrolls sideways; at 390 px at most
   :data:`MAX_SCROLLING_SHARE` of all outputs do, and each one that does shows its cue (the
   shadow of ``outputs.js``).
@@ -66,6 +68,13 @@ OUTPUTS_JS = """() => {
 }"""
 
 
+# numbers glued into prose that the browser laid out on more than one line
+BROKEN_NUMBERS_JS = """() => [...document.querySelectorAll('.bd-article span.pasted-text')]
+  .filter(s => /^[-+\u2212]?[\\d.,]+(e[-+\u2212]?\\d+)?\\s?%?$/i.test(s.textContent.trim()))
+  .filter(s => new Set([...s.getClientRects()].map(r => Math.round(r.top))).size > 1)
+  .map(s => s.textContent.trim())"""
+
+
 def text_px(figure: dict) -> float:
     """The CSS px of a figure's smallest text as shown."""
     return figure["pt"] * figure["dpi"] / 72 * figure["shown"] / figure["px"]
@@ -81,7 +90,11 @@ def measured(browser, base_url):
             found[width] = {}
             for page in PAGES:
                 tab.goto(f"{base_url}/{page}")
-                found[width][page] = (tab.page.evaluate(FIGURES_JS), tab.page.evaluate(OUTPUTS_JS))
+                found[width][page] = (
+                    tab.page.evaluate(FIGURES_JS),
+                    tab.page.evaluate(OUTPUTS_JS),
+                    tab.page.evaluate(BROKEN_NUMBERS_JS),
+                )
         finally:
             tab.close()
     return found
@@ -89,7 +102,7 @@ def measured(browser, base_url):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_figures_text_reads_at_11_px(measured, width):
-    figures = [(page, f) for page, (figs, _) in measured[width].items() for f in figs]
+    figures = [(page, f) for page, (figs, _, _) in measured[width].items() for f in figs]
     assert figures, "no figures found"
     small = [
         f"{page}: {f['src']} smallest text {text_px(f) if f['px'] else float('nan'):.1f} px"
@@ -101,19 +114,38 @@ def test_every_figures_text_reads_at_11_px(measured, width):
 
 
 def test_no_output_scrolls_at_desktop_width(measured):
-    outputs = [(page, o) for page, (_, outs) in measured["desktop"].items() for o in outs]
+    outputs = [(page, o) for page, (_, outs, _) in measured["desktop"].items() for o in outs]
     scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
     assert scrolling == [], "\n".join(scrolling)
 
 
 def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured):
-    outputs = [(page, o) for page, (_, outs) in measured["phone"].items() for o in outs]
+    outputs = [(page, o) for page, (_, outs, _) in measured["phone"].items() for o in outs]
     scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
     uncued = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"] and not o["cue"]]
     assert uncued == [], "outputs that scroll with no cue:\n" + "\n".join(uncued)
     assert len(scrolling) <= MAX_SCROLLING_SHARE * len(outputs), (
         f"{len(scrolling)} of {len(outputs)} outputs scroll at 390 px:\n" + "\n".join(scrolling)
     )
+
+
+def test_no_glued_number_breaks_across_lines_on_a_phone(measured):
+    broken = [f"{page}: {number}" for page, (_, _, numbers) in measured["phone"].items() for number in numbers]
+    assert broken == [], "\n".join(broken)
+
+
+def test_the_measure_sees_a_glued_number_broken_across_lines(browser, base_url):
+    """A number in a column too narrow for it, with no outputs.js to keep it whole: seen broken."""
+    tab = Visit(browser, WIDTHS["phone"])
+    try:
+        page = tab.goto(f"{base_url}/{PAGES[0]}").page
+        page.set_content(
+            '<div class="bd-article" style="width:40px;font:16px monospace"><p>'
+            '<span class="pasted-text">1.6e-07</span> and <span class="pasted-text">twice as</span></p></div>'
+        )
+        assert page.evaluate(BROKEN_NUMBERS_JS) == ["1.6e-07"]
+    finally:
+        tab.close()
 
 
 def test_the_measures_see_small_text_and_a_scroll_without_cue(browser, base_url):
