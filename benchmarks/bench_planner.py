@@ -58,8 +58,8 @@ from torch import nn
 from unitscale import StagePlan, partition, run_pipeline
 from unitscale.stages import plan_pipeline
 from unitscale.stages.partitioner.search import optimal_bounds, stage_sums
+from unitscale.stages.planner import plan_chain
 from unitscale.stages.planner.model_costs import chain_costs_for, piece_costs
-from unitscale.stages.planner.planner import plan_chain
 from unitscale.stages.planner.simulation import simulate_bounds
 
 BATCH, SEQ, MICRO = 8, 64, 4

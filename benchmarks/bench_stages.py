@@ -10,7 +10,7 @@
    (trace, shape propagation, costs, search).
 4. Time for ``partition()`` on tiny ``transformers`` GPT-2 and Llama (they go through
    ``torch.export``, which dominates), when ``transformers`` is installed.
-5. Schedule-aware planning (``unitscale.stages.planner.planner.plan_chain``) of a 20,000-node chain for 8
+5. Schedule-aware planning (``unitscale.stages.planner.plan_chain``) of a 20,000-node chain for 8
    ranks with a memory limit and communication, against the min-max search on the same chain:
    seconds, the certified gap (0: proved optimal; else the search spent its budget and the gap
    bounds how far from optimal its plan can be; rounding leaves about 1e-15), and how much slower
@@ -56,10 +56,10 @@ from torch import fx, nn
 from unitscale import partition
 from unitscale.examples.models import TinyGPT, resnet18
 from unitscale.stages.partitioner import search as P
+from unitscale.stages.planner import plan_chain
 from unitscale.stages.planner.chain_arrays import ChainArrays
 from unitscale.stages.planner.formula import Problem, formula_plan
 from unitscale.stages.planner.model_costs import piece_costs
-from unitscale.stages.planner.planner import plan_chain
 from unitscale.stages.planner.simulation import simulate_bounds
 from unitscale.stages.schedules import ChainCosts
 
