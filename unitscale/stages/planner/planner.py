@@ -60,7 +60,7 @@ from unitscale.stages.planner.branch_bound import SEARCH_BUDGET, TIE, Search, de
 from unitscale.stages.planner.chain_arrays import ChainArrays
 from unitscale.stages.planner.formula import FORMULA_PROBES, NoFit, Problem, formula_plan, most_even, smallest_memory
 from unitscale.stages.planner.model_costs import calibrated, chain_costs_for, piece_costs
-from unitscale.stages.planner.simulation import simulate_bounds
+from unitscale.stages.planner.simulation import _speeds, simulate_bounds
 from unitscale.stages.schedules import ADAM_BYTES_PER_PARAM, ChainCosts, check_link, check_schedule
 
 __all__ = ["ChainPlan", "plan_chain", "plan_pipeline", "rule_splits"]
@@ -292,10 +292,7 @@ def _check_chain(
             f"ranks * stages_per_rank = {ranks} * {stages_per_rank} = {k} stages, but the chain has only "
             f"{len(costs)} pieces to place; use at most {len(costs)} stages (fewer ranks or stages_per_rank)"
         )
-    if device_speeds is not None and (
-        len(device_speeds) != ranks or not all(math.isfinite(s) and s > 0 for s in device_speeds)
-    ):
-        raise InputError(f"device_speeds={list(device_speeds)!r} must hold one finite number > 0 per rank ({ranks})")
+    _speeds(device_speeds, ranks)
     if memory_limit is not None and (
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float)) or not memory_limit > 0
     ):
