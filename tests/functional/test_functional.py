@@ -172,6 +172,21 @@ def test_softmax_table_matches_a_fresh_measurement():
         assert n * x.grad.std().item() == pytest.approx(_softmax_stats.GRAD[index], rel=0.01)
 
 
+@pytest.mark.parametrize("spread", [1.0, 0.5])
+def test_causal_row_stats_past_the_table_match_torchs_softmax(spread):
+    # Rows longer than the table's last n: the causal sums grow by the torch-measured per-row terms.
+    limit = _softmax_stats.N[-1]
+    n = 2 * limit
+    torch.manual_seed(0)
+    w = (spread * torch.randn(256, n, dtype=torch.float64)).softmax(-1)
+    sq = (w * w).sum(-1, keepdim=True)
+    measured = (n * sq.mean().item(), n * (w * w * (1 - 2 * w + sq)).sum(-1).mean().item())
+    stats = [_softmax_stats.attention_row_stats(m, m, True, spread) for m in (limit, n)]
+    # Per row n * term is flat past the table, so the sums over rows limit..n grow by it times log 2.
+    tail = [(n * stats[1][i] - limit * stats[0][i]) / math.log(2) for i in range(2)]
+    assert tail == pytest.approx(measured, rel=0.03)
+
+
 @pytest.mark.parametrize("alpha", [1, 0.5])
 @pytest.mark.parametrize("shape", [(100_000,), (64, 512)])
 def test_add_is_unit_scaled_without_constraint(shape, alpha):

@@ -28,7 +28,6 @@ used. Every function here takes ``s`` (``spread``), 1 by default.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from unitscale.scaling.constant import constant_result
 
@@ -190,25 +189,6 @@ def _grad_sq(n: int, grad: tuple[float, ...] = GRAD) -> float:
 _LIMIT = N[-1]
 
 
-def _prefix_sums(term: Callable[[int], float]) -> tuple[float, ...]:
-    sums = [0.0]
-    for n in range(1, _LIMIT + 1):
-        sums.append(sums[-1] + term(n))
-    return tuple(sums)
-
-
-# Row i of a causal mask sees min(i + 1, keys) keys: prefix sums over row lengths.
-_WEIGHT_SQ_SUMS = _prefix_sums(_weight_sq)
-_GRAD_SQ_SUMS = _prefix_sums(_grad_sq)
-
-
-def _prefix(sums: tuple[float, ...], m: int) -> float:
-    if m <= _LIMIT:
-        return sums[m]
-    # Past the table both terms are e / n.
-    return sums[_LIMIT] + math.e * math.log(m / _LIMIT)
-
-
 _CAUSAL: dict[tuple[int, float], tuple[float, float]] = {}
 
 
@@ -244,13 +224,10 @@ def attention_row_stats(queries: int, keys: int, is_causal: bool, spread: float 
         return _weight_sq(keys, out), _grad_sq(keys, grad)
     full = min(queries, keys)
     extra = max(queries - keys, 0)
-    if spread == 1.0:
-        weight_sum, grad_sum = _prefix(_WEIGHT_SQ_SUMS, full), _prefix(_GRAD_SQ_SUMS, full)
-    else:
-        key = (full, float(spread))
-        if key not in _CAUSAL:
-            _CAUSAL[key] = _causal_sums(full, out, grad)
-        weight_sum, grad_sum = _CAUSAL[key]
+    key = (full, float(spread))
+    if key not in _CAUSAL:
+        _CAUSAL[key] = _causal_sums(full, out, grad)
+    weight_sum, grad_sum = _CAUSAL[key]
     weight = (weight_sum + extra * _weight_sq(keys, out)) / queries
     grad_mean = (grad_sum + extra * _grad_sq(keys, grad)) / queries
     return weight, grad_mean
