@@ -22,7 +22,7 @@ prefixes with range minima), walking down through the bottlenecks those plans re
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -125,14 +125,7 @@ class Problem:
         hi = max(float(max(x[-1] for x in self.x)), 0.0)
         if not self.feasible(hi):
             raise NoFit
-        lo_bits, hi_bits = -1, int(np.float64(hi).view(np.int64))
-        while hi_bits - lo_bits > 1:
-            mid = (lo_bits + hi_bits) // 2
-            if self.feasible(float(np.int64(mid).view(np.float64))):
-                hi_bits = mid
-            else:
-                lo_bits = mid
-        return float(np.int64(hi_bits).view(np.float64))
+        return _least_float(self.feasible, hi)
 
     def cheapest(self, cap: float, strict: bool) -> tuple[float, list[int]] | None:
         """The least ``Σ c_s + 2 Σ t`` over plans whose stages are all within ``cap`` (and memory)."""
@@ -207,19 +200,27 @@ def most_even(problem: Problem, cap: float) -> list[int] | None:
 def smallest_memory(problem: Problem) -> float:
     """The least per-stage memory limit some plan meets (bisection over the float line)."""
     saved = problem.limit
+
+    def fits(limit: float) -> bool:
+        problem.limit = limit
+        return problem.feasible(math.inf)
+
     try:
-        top = max(float(q[-1]) for q in problem.q)
-        lo_bits, hi_bits = -1, int(np.float64(top).view(np.int64))
-        while hi_bits - lo_bits > 1:
-            mid = (lo_bits + hi_bits) // 2
-            problem.limit = float(np.int64(mid).view(np.float64))
-            if problem.feasible(math.inf):
-                hi_bits = mid
-            else:
-                lo_bits = mid
-        return float(np.int64(hi_bits).view(np.float64))
+        return _least_float(fits, max(float(q[-1]) for q in problem.q))
     finally:
         problem.limit = saved
+
+
+def _least_float(holds: Callable[[float], bool], top: float) -> float:
+    """The least float in ``[0, top]`` where ``holds`` (false below a point, true on) holds; bisects the bits."""
+    lo_bits, hi_bits = -1, int(np.float64(top).view(np.int64))
+    while hi_bits - lo_bits > 1:
+        mid = (lo_bits + hi_bits) // 2
+        if holds(float(np.int64(mid).view(np.float64))):
+            hi_bits = mid
+        else:
+            lo_bits = mid
+    return float(np.int64(hi_bits).view(np.float64))
 
 
 def formula_plan(problem: Problem, max_probes: int | None = None) -> tuple[list[int], float, float, int]:
