@@ -2,10 +2,11 @@
 
 A ``forward`` that assigns to its module (``self.steps += 1`` on a buffer, ``self.last = y``)
 does so while it is traced too, with a ``Proxy`` as the value, and the module would keep
-that proxy for good (``state_dict()`` then no longer saves). :class:`ModuleState`
+that proxy for good (``state_dict()`` then no longer saves). :func:`module_state_kept`
 snapshots every submodule's attributes and its parameter, buffer, submodule and hook
-containers, and puts back whatever changed, on success and on failure. With
-``values=True`` it also keeps the buffers' values, for tools that run the model.
+containers on entry, and puts back whatever changed on exit, on success and on failure:
+one context, read in one function. With ``values=True`` it also keeps the buffers'
+values, for tools that run the model.
 """
 
 from __future__ import annotations
@@ -19,60 +20,76 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["ModuleState", "module_state_kept", "pytree_specs_quiet", "registered_hooks"]
+__all__ = ["module_state_kept", "pytree_specs_quiet", "registered_hooks"]
 
 _MISSING = object()
 
 
-class ModuleState:
-    """A snapshot of a module tree's attributes (and optionally buffer values) to restore.
+def _snapshot(root: nn.Module) -> list[tuple[nn.Module, dict[str, Any], dict[str, Any], list[str]]]:
+    """Every submodule's ``__dict__``, with copies of its non-empty dicts and sets and the names of its empty ones.
 
-    Args:
-        root: a module (anything else is left alone).
-        values: also restore buffer values changed in place (a clone of each is kept).
-
-    >>> from torch import nn
-    >>> from unitscale.fx.module_state import ModuleState
-    >>> m = nn.Linear(2, 2)
-    >>> state = ModuleState(m)
-    >>> m.last, m.training = "a proxy", False
-    >>> state.restore()
-    >>> hasattr(m, "last"), m.training
-    (False, True)
+    Containers are copied, not only referenced: fx and forward code mutate them in place.
+    Most (hook dicts) are empty, and only their staying empty is checked.
     """
+    snapshot = []
+    for m in root.modules():
+        attrs = dict(m.__dict__)
+        containers, empty = {}, []
+        for k, v in attrs.items():
+            if isinstance(v, (dict, set)):
+                if v:
+                    containers[k] = type(v)(v)
+                else:
+                    empty.append(k)
+        snapshot.append((m, attrs, containers, empty))
+    return snapshot
 
-    def __init__(self, root: Any, values: bool = False) -> None:
-        self.root = root if isinstance(root, nn.Module) else None
-        self.snapshot: list[tuple[nn.Module, dict[str, Any], dict[str, Any], list[str]]] = []
-        self.values: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if self.root is None:
-            return
-        for m in self.root.modules():
-            attrs = dict(m.__dict__)
-            # Containers are copied, not only referenced: fx and forward code mutate them in
-            # place. Most (hook dicts) are empty, and only their staying empty is checked.
-            containers, empty = {}, []
-            for k, v in attrs.items():
-                if isinstance(v, (dict, set)):
-                    if v:
-                        containers[k] = type(v)(v)
-                    else:
-                        empty.append(k)
-            self.snapshot.append((m, attrs, containers, empty))
-        if values:
-            with torch.no_grad():
-                self.values = [(b, b.detach().clone()) for b in self.root.buffers()]
 
-    def restore(self, keep_root_attrs: Collection[str] = ()) -> None:
-        """Put everything back; new root attributes named in ``keep_root_attrs`` stay.
+def _restore_attrs(state: dict[str, Any], attrs: dict[str, Any], keep: Collection[str]) -> None:
+    for k in [k for k in state if k not in attrs]:
+        if k not in keep or isinstance(state[k], fx.Proxy):
+            del state[k]
+    for k, v in attrs.items():
+        if state.get(k, _MISSING) is not v:
+            state[k] = v
 
-        Tracing stores tensor constants on the root (``_tensor_constant0``) for its graph's
-        ``get_attr`` nodes: those are the tracer's, not the forward's, and are kept.
-        """
-        for m, attrs, containers, empty in self.snapshot:
+
+@contextmanager
+def module_state_kept(root: Any, values: bool = False) -> Iterator[set[str]]:
+    """Within this block, changes to ``root``'s module tree are undone on exit, on success and on failure.
+
+    Every submodule's attributes and its parameter, buffer, submodule and hook containers
+    are put back as they were (``root`` not a module: nothing is kept). With ``values=True``
+    the buffers' values too (a clone of each is kept), for tools that run the model.
+
+    The block gets a set to add root attribute names to that stay though new: tracing
+    stores tensor constants on the root (``_tensor_constant0``) for its graph's ``get_attr``
+    nodes; those are the tracer's, not the forward's.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from unitscale.fx.module_state import module_state_kept
+    >>> m = nn.BatchNorm1d(2)
+    >>> with module_state_kept(m, values=True):
+    ...     _ = m(torch.randn(4, 2))
+    ...     m.last, m.training = "a proxy", False
+    >>> m.num_batches_tracked.item(), m.running_mean.tolist(), hasattr(m, "last"), m.training
+    (0, [0.0, 0.0], False, True)
+    """
+    module = root if isinstance(root, nn.Module) else None
+    snapshot = _snapshot(module) if module is not None else []
+    buffers = []
+    if values and module is not None:
+        with torch.no_grad():
+            buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    keep: set[str] = set()
+    try:
+        yield keep
+    finally:
+        for m, attrs, containers, empty in snapshot:
             state = m.__dict__
             if len(state) != len(attrs) or not all(map(operator.is_, state.values(), attrs.values())):
-                _restore_attrs(state, attrs, keep_root_attrs if m is self.root else ())
+                _restore_attrs(state, attrs, keep if m is module else ())
             for k in empty:
                 if state[k]:
                     state[k].clear()
@@ -86,7 +103,7 @@ class ModuleState:
                     current.clear()
                     current.update(saved)
         with torch.no_grad():
-            for b, copy in self.values:
+            for b, copy in buffers:
                 # BatchNorm's kernel updates its running statistics without bumping the
                 # version counter, so the values themselves are compared.
                 if b.shape == copy.shape and b.dtype == copy.dtype:
@@ -94,35 +111,6 @@ class ModuleState:
                         b.copy_(copy)
                 else:
                     b.data = copy
-
-
-def _restore_attrs(state: dict[str, Any], attrs: dict[str, Any], keep: Collection[str]) -> None:
-    for k in [k for k in state if k not in attrs]:
-        if k not in keep or isinstance(state[k], fx.Proxy):
-            del state[k]
-    for k, v in attrs.items():
-        if state.get(k, _MISSING) is not v:
-            state[k] = v
-
-
-@contextmanager
-def module_state_kept(root: Any, values: bool = False) -> Iterator[None]:
-    """Within this block, changes to ``root``'s module tree are undone on exit (see :class:`ModuleState`).
-
-    >>> import torch
-    >>> from torch import nn
-    >>> from unitscale.fx.module_state import module_state_kept
-    >>> m = nn.BatchNorm1d(2)
-    >>> with module_state_kept(m, values=True):
-    ...     _ = m(torch.randn(4, 2))
-    >>> m.num_batches_tracked.item(), m.running_mean.tolist()
-    (0, [0.0, 0.0])
-    """
-    state = ModuleState(root, values)
-    try:
-        yield
-    finally:
-        state.restore()
 
 
 @contextmanager

@@ -45,7 +45,7 @@ from unitscale.errors import InputError, NotAModuleError, PredicateError, Unitsc
 from unitscale.fx._unpack_proxy import UnpackProxy
 from unitscale.fx.autowrap import default_autowrap_modules
 from unitscale.fx.global_state import GLOBAL_STATE_LOCK, this_thread_only
-from unitscale.fx.module_state import ModuleState
+from unitscale.fx.module_state import module_state_kept
 from unitscale.fx.nodes import MODULE_PATH_KEY, TAG_KEY
 from unitscale.fx.trace_errors import trace_error
 
@@ -167,34 +167,32 @@ class _Tracer(fx.Tracer):
         self._names_of = None
         # A forward that assigns to its module (self.steps += 1, self.last = y) would leave
         # proxies there: every submodule is put back as it was, whether tracing succeeds or not.
-        state, kept = ModuleState(root), set[str]()
-        try:
-            with _skip_input_checks(root):  # a function has no input checks: nothing to skip
-                graph = super().trace(root, concrete_args)
-            kept = {str(n.target) for n in graph.nodes if n.op == "get_attr"}
-            return graph
-        except UnitscaleError:
-            raise
-        except Exception as e:
-            if isinstance(e, fx.proxy.TraceError):
-                advice = "Make the control flow static, pass concrete_args, or make the module that does it a leaf."
-            elif "co_varnames" in str(e):
-                # fx rebuilds forward's code to make **kwargs placeholders, and cannot when a
-                # decorator wraps it (every transformers model's forward)
-                advice = (
-                    "torch.fx cannot trace a forward that a decorator wraps with **kwargs (as transformers "
-                    "models are); capture it with torch.export instead: unitscale.capture.capture(model, inputs)."
-                )
-            else:
-                # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
-                # a plain TypeError or the like deep inside the model: name the user's line.
-                advice = (
-                    "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
-                    "make that line independent of tensor values, or make the module that does it a leaf."
-                )
-            raise trace_error(getattr(root, "__name__", None) or type(root).__name__, e, advice) from e
-        finally:
-            state.restore(keep_root_attrs=kept)
+        with module_state_kept(root) as kept:
+            try:
+                with _skip_input_checks(root):  # a function has no input checks: nothing to skip
+                    graph = super().trace(root, concrete_args)
+                kept.update(str(n.target) for n in graph.nodes if n.op == "get_attr")
+                return graph
+            except UnitscaleError:
+                raise
+            except Exception as e:
+                if isinstance(e, fx.proxy.TraceError):
+                    advice = "Make the control flow static, pass concrete_args, or make the module that does it a leaf."
+                elif "co_varnames" in str(e):
+                    # fx rebuilds forward's code to make **kwargs placeholders, and cannot when a
+                    # decorator wraps it (every transformers model's forward)
+                    advice = (
+                        "torch.fx cannot trace a forward that a decorator wraps with **kwargs (as transformers "
+                        "models are); capture it with torch.export instead: unitscale.capture.capture(model, inputs)."
+                    )
+                else:
+                    # A proxy used as a Python value (int(x.shape[0].item()), a numpy call) fails with
+                    # a plain TypeError or the like deep inside the model: name the user's line.
+                    advice = (
+                        "A symbolic trace cannot use a tensor as a Python value (int(), len(), .item(), numpy); "
+                        "make that line independent of tensor values, or make the module that does it a leaf."
+                    )
+                raise trace_error(getattr(root, "__name__", None) or type(root).__name__, e, advice) from e
 
     def call_module(self, m: nn.Module, *args: Any, **kwargs: Any) -> Any:
         with _skip_input_checks(m):
