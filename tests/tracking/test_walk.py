@@ -22,7 +22,11 @@ from unitscale.tracking import track_scales
 ROOT = Path(unitscale.__file__).parent
 
 # A ratchet: lower it when a change removes a return; never raise it (it was 25 while
-# ScalePair lived in stats.py and a Sequential ran under the interpreter).
+# ScalePair lived in stats.py and a Sequential ran under the interpreter; 5 while the module's
+# state was restored by a method the context manager called on exit). The 4 left follow the
+# pass's life: stats.py is entered for the scratch space (analysis.py), then again for the
+# forward stds (recording.py), for the gradient hooks (after backward.py starts the backward
+# pass) and for reading the records; recording.py again to remove the hooks and make the rows.
 REVISITS = 4
 
 
