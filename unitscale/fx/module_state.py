@@ -73,8 +73,10 @@ def module_state_kept(root: Any, values: bool = False) -> Iterator[set[str]]:
     >>> with module_state_kept(m, values=True):
     ...     _ = m(torch.randn(4, 2))
     ...     m.last, m.training = "a proxy", False
-    >>> m.num_batches_tracked.item(), m.running_mean.tolist(), hasattr(m, "last"), m.training
-    (0, [0.0, 0.0], False, True)
+    >>> m.num_batches_tracked.item(), m.running_mean.tolist()
+    (0, [0.0, 0.0])
+    >>> hasattr(m, "last"), m.training
+    (False, True)
     """
     module = root if isinstance(root, nn.Module) else None
     snapshot = _snapshot(module) if module is not None else []
