@@ -11,8 +11,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from unitscale.tracking import ScalePair, ScaleTracker
-from unitscale.tracking.report import FORMAT_RANGES
-from unitscale.tracking.stats import ScaleRecord, read_records, std_stat, tensor_abs_max, tensor_std
+from unitscale.tracking.report import FORMAT_RANGES, ScaleRow, read_rows
+from unitscale.tracking.stats import ScaleRecord, abs_max_stat, std_stat
 
 
 @pytest.mark.parametrize(
@@ -38,40 +38,37 @@ def test_scale_pair_prints_three_significant_digits_and_na(pair: ScalePair, text
     shift=st.floats(-10, 10),
     seed=st.integers(0, 2**16),
 )
-def test_tensor_std_matches_torch_std(shape: list[int], scale: float, shift: float, seed: int) -> None:
+def test_std_stat_matches_torch_std(shape: list[int], scale: float, shift: float, seed: int) -> None:
     torch.manual_seed(seed)
     x = torch.randn(shape, dtype=torch.float64) * scale + shift
-    got = tensor_std(x)
-    assert got is not None
-    torch.testing.assert_close(got, torch.std(x, correction=0), rtol=1e-9, atol=1e-12)
+    got = std_stat(x)
+    assert got == pytest.approx(torch.std(x, correction=0).item(), rel=1e-9, abs=1e-12)
 
 
-def test_tensor_std_stays_accurate_when_the_mean_dwarfs_the_std() -> None:
+def test_std_stat_stays_accurate_when_the_mean_dwarfs_the_std() -> None:
     torch.manual_seed(0)
     x = torch.randn(100_000) * 1e-3 + 1e3  # a sum of squares would lose every digit here
-    got = tensor_std(x)
-    assert got is not None
-    assert got.item() == pytest.approx(torch.std(x.double(), correction=0).item(), rel=1e-2)
-    assert tensor_std(torch.full((1000,), 3.7)).item() < 1e-6
+    got = std_stat(x)
+    assert got == pytest.approx(torch.std(x.double(), correction=0).item(), rel=1e-2)
+    assert std_stat(torch.full((1000,), 3.7)) < 1e-6  # type: ignore[operator]
 
 
-def test_tensor_std_of_empty_is_none_and_of_one_element_is_zero() -> None:
-    assert tensor_std(torch.empty(0, 3)) is None
-    assert tensor_abs_max(torch.empty(0)) is None
-    assert tensor_std(torch.tensor([[2.5]])).item() == 0.0
+def test_std_stat_of_empty_is_none_and_of_one_element_is_zero() -> None:
+    assert std_stat(torch.empty(0, 3)) is None
+    assert abs_max_stat(torch.empty(0)) is None
+    assert std_stat(torch.tensor([[2.5]])) == 0.0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tensor_std_of_low_precision_is_computed_in_float32(dtype: torch.dtype) -> None:
+def test_std_stat_of_low_precision_is_computed_in_float32(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     x = (torch.randn(4096) * 300).to(dtype)  # squares overflow float16
-    got = tensor_std(x)
-    assert got is not None and got.dtype == torch.float32
-    torch.testing.assert_close(got, x.float().std(correction=0))
+    got = std_stat(x)
+    assert got == pytest.approx(x.float().std(correction=0).item(), rel=1e-6)
 
 
-def test_tensor_abs_max_is_the_largest_magnitude() -> None:
-    assert tensor_abs_max(torch.tensor([1.0, -7.0, 3.0])).item() == 7.0
+def test_abs_max_stat_is_the_largest_magnitude() -> None:
+    assert abs_max_stat(torch.tensor([1.0, -7.0, 3.0])) == 7.0
 
 
 def test_scale_tracker_records_forward_and_gradient_std() -> None:
@@ -81,28 +78,29 @@ def test_scale_tracker_records_forward_and_gradient_std() -> None:
     y = ScaleTracker.apply(x, record)
     grad = torch.randn(64, 8) * 3
     y.backward(grad)
-    forward, backward, _ = read_records([record])[0]
+    forward, backward = record.forward, record.backward  # floats on the CPU
     assert forward == pytest.approx(x.std(correction=0).item(), rel=1e-6)
     assert backward == pytest.approx(grad.std(correction=0).item(), rel=1e-6)
     torch.testing.assert_close(x.grad, grad)  # identity in both directions
 
 
-def test_read_records_reads_every_value_with_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_rows_reads_every_value_with_one_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("unitscale.tracking.stats.reads_at_once", lambda device: False)  # as on an accelerator
-    records = []
+    entries = []
     for i in range(5):
         r = ScaleRecord()
-        r.record_forward(torch.arange(4.0) * i, abs_max=True)
-        r.record_backward(torch.arange(3.0, dtype=torch.float64))
-        records.append(r)
+        r.fill(torch.arange(4.0) * i, abs_max=True)
+        r.fill(torch.arange(3.0, dtype=torch.float64), "backward")
+        entries.append((ScaleRow(f"x{i}", "", "input", (4,), "float32"), r))
     expected = 2 * torch.arange(4.0).std(correction=0).item()
     calls = []
     original = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or original(self))
     monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("item() syncs once per tensor"))
-    values = read_records(records)
+    rows = read_rows(entries)
     assert len(calls) == 2  # one per (device, dtype): float32 forward stds, float64 grads
-    assert values[2] == (pytest.approx(expected), pytest.approx((2 / 3) ** 0.5), 6.0)  # 0, 1, 2: variance 2/3
+    assert rows[2][5:] == (pytest.approx(expected), pytest.approx((2 / 3) ** 0.5), 6.0)  # 0, 1, 2: variance 2/3
+    assert [row.node for row in rows] == [f"x{i}" for i in range(5)]
 
 
 def test_format_ranges_match_torch_finfo() -> None:
@@ -134,17 +132,16 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
     ]
     scale._scratch.kept = None
     with scale.scratch_space():
-        got = [tensor_std(t) for t in tensors]
+        got = [std_stat(t) for t in tensors]
         buffer = scale._scratch.buffer
         assert buffer.numel() == 2000
     for t, g in zip(tensors, got, strict=True):
-        assert g is not None
-        torch.testing.assert_close(g, torch.std(t, correction=0).to(g.dtype))
+        assert g == pytest.approx(torch.std(t.double(), correction=0).item(), rel=1e-5)
     assert getattr(scale._scratch, "buffer", None) is None
     assert scale._scratch.kept is buffer  # small: kept for the next call
     with scale.scratch_space():
         assert scale._scratch.buffer is buffer
-        tensor_std(torch.randn(3000, 2000)[:, :1500])  # 18 MB: over the limit
+        std_stat(torch.randn(3000, 2000)[:, :1500])  # 18 MB: over the limit
     assert scale._scratch.kept is None  # released
 
 

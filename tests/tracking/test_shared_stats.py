@@ -34,10 +34,9 @@ class ViewsAndCopies(nn.Module):
 
 def _without_shortcut(monkeypatch: pytest.MonkeyPatch) -> None:
     def track_same_values(
-        self: ScaleRecording, t: torch.Tensor, source: object, node: str, path: str, op: str, *flags: bool
+        self: ScaleRecording, t: torch.Tensor, source: object, node: str, path: str, op: str, hook: bool = True
     ) -> stats.ScaleRecord:
-        abs_max, hook = (*flags, True)[:2]
-        return self.track(t, node, path, op, abs_max, hook=hook)
+        return self.track(t, node, path, op, hook=hook)
 
     monkeypatch.setattr(ScaleRecording, "track_same_values", track_same_values)
 

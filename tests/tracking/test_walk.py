@@ -22,12 +22,15 @@ from unitscale.tracking import track_scales
 ROOT = Path(unitscale.__file__).parent
 
 # A ratchet: lower it when a change removes a return; never raise it (it was 25 while
-# ScalePair lived in stats.py and a Sequential ran under the interpreter; 5 while the module's
-# state was restored by a method the context manager called on exit). The 4 left follow the
-# pass's life: stats.py is entered for the scratch space (analysis.py), then again for the
-# forward stds (recording.py), for the gradient hooks (after backward.py starts the backward
-# pass) and for reading the records; recording.py again to remove the hooks and make the rows.
-REVISITS = 4
+# ScalePair lived in stats.py and a Sequential ran under the interpreter; 4 while stats.py was
+# entered for the scratch space before the capture, for the gradient hooks after backward.py
+# and again for the read, and recording.py again to remove the hooks and make the rows). Now
+# each file is entered once, in the pass's order: the capture's files, then compiled.py runs
+# the graph, recording.py records each tensor with one function, forward and backward (its
+# gradient hook), stats.py measures, backward.py runs the backward pass (whose hooks call only
+# what forward called), the caller removes the hooks, and report.py reads the rows and writes
+# the report.
+REVISITS = 0
 
 
 def walk(fn: Any, *args: Any) -> list[str]:

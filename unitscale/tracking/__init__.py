@@ -22,6 +22,7 @@ from unitscale.tracking.report import FORMAT_RANGES as FORMAT_RANGES
 from unitscale.tracking.report import ScalePair as ScalePair
 from unitscale.tracking.report import ScaleReport as ScaleReport
 from unitscale.tracking.report import ScaleRow as ScaleRow
+from unitscale.tracking.report import read_rows as read_rows
 from unitscale.tracking.stats import ScaleRecord as ScaleRecord
 from unitscale.tracking.stats import ScaleTracker as ScaleTracker
 from unitscale.tracking.stats import std_stat as std_stat
@@ -45,4 +46,5 @@ __all__ = [
     "CastStats",
     "cast_stats",
     "std_stat",
+    "read_rows",
 ]

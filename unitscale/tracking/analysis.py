@@ -36,7 +36,6 @@ from unitscale.fx.tracers import check_autowrap
 from unitscale.tracking.annotated import AnnotatedCode
 from unitscale.tracking.compiled import track_pass
 from unitscale.tracking.report import ScaleReport
-from unitscale.tracking.stats import scratch_space
 
 __all__ = ["analyse_module", "track_scales"]
 
@@ -138,7 +137,7 @@ def _track(
         # A caller's no_grad() would leave nothing to backpropagate; a forward that updates its
         # buffers or assigns to its module is undone (the caller's model is only observed); a
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
-        with torch.enable_grad(), scratch_space(), module_state_kept(module, values=True), no_kv_cache(module):
+        with torch.enable_grad(), module_state_kept(module, values=True), no_kv_cache(module):
             return track_pass(cap, module, inputs, backward, abs_max)
 
 

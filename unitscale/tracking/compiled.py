@@ -28,11 +28,10 @@ from unitscale.errors import BackwardError, InputError, NotAModuleError, OutOfMe
 from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument_alias, is_view_node, op_name
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
-from unitscale.tracking.annotated import annotated_code
 from unitscale.tracking.backward import float_outputs, run_backward
 from unitscale.tracking.eager import record_ops
 from unitscale.tracking.recording import ScaleRecording, Step
-from unitscale.tracking.report import ScaleReport
+from unitscale.tracking.report import _CLEANUP, ScaleReport, annotated_code, read_rows
 
 __all__ = [
     "CompiledTracking",
@@ -82,13 +81,15 @@ class CompiledTracking:
     >>> from unitscale.capture import DeepTracing, capture
     >>> from unitscale.examples import MLP
     >>> from unitscale.tracking.compiled import CompiledTracking
+    >>> from unitscale.tracking.recording import ScaleRecording
     >>> model = MLP(4)
     >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False)
     >>> program = CompiledTracking(model, cap.graph_module.graph, *cap.python_code())
-    >>> captured = program.run(model, (torch.randn(8, 4),), abs_max=False)
+    >>> captured = ScaleRecording()
+    >>> _ = program.run(model, (torch.randn(8, 4),), captured)
     >>> print(*(row.node for row, _ in captured.entries))
     x fc1_weight fc1_bias linear relu fc2_weight fc2_bias linear_1
-    >>> captured.remove_hooks()
+    >>> captured.cleanup.close()
     """
 
     def __init__(self, module: nn.Module, graph: fx.Graph, code: str, namespace: dict[str, Any]) -> None:
@@ -105,26 +106,22 @@ class CompiledTracking:
         self._failed = threading.local()
         self._forward = scope["forward"]
 
-    def run(self, module: nn.Module, inputs: tuple[Any, ...], abs_max: bool) -> ScaleRecording:
+    def run(self, module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecording) -> Any:
         """Run ``module`` on ``inputs`` (the graph's placeholders, in order), recording each node's output.
 
-        Gradient hooks stay in place for the backward pass (``captured.remove_hooks()``
-        after it); on an error they are removed and :attr:`failed_node` names the node.
+        The rows, records and hooks go to ``captured``; it returns the model's output. The
+        caller closes ``captured.cleanup`` after the backward pass, or on an error, when
+        :attr:`failed_node` names the node.
         """
-        captured = ScaleRecording(
-            differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
-        )
         saved = (_run.program, getattr(_run, "captured", None), _run.last)
         _run.program, _run.captured, _run.last = self, captured, -1
         try:
-            captured.output = self._forward(module, *inputs)
+            return self._forward(module, *inputs)
         except BaseException:
-            captured.remove_hooks()
             self._failed.index = _run.last + 1  # per thread: a cached program is shared
             raise
         finally:
             _run.program, _run.captured, _run.last = saved  # type: ignore[assignment]
-        return captured
 
     @property
     def failed_node(self) -> fx.Node | None:
@@ -287,7 +284,6 @@ class _NotCompiled(Exception):
     """The graph's code is not in the form :func:`_instrumented` rewrites: run it with the interpreter."""
 
 
-_CLEANUP = re.compile(r";  (?:\w+ = )+None$")
 _FLATTEN = re.compile(r"^    [\w, ]+ = fx_pytree\.tree_flatten_spec\(")
 
 
@@ -402,20 +398,22 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         abs_max: also record each tensor's largest magnitude.
         only: the nodes to record (``None``: every node); the others just run.
 
-    After ``run()``, ``captured`` holds the rows, records, leaves and hooks; call
-    ``captured.remove_hooks()`` after the backward pass.
+    After ``run()``, ``captured`` holds the rows and their records, the leaves and the
+    hooks: after the backward pass, close ``captured.cleanup`` (it removes the hooks) and read
+    the rows with :func:`~unitscale.tracking.read_rows`.
 
     >>> import torch
     >>> from torch import fx
-    >>> from unitscale.tracking import ScaleTrackingInterpreter
+    >>> from unitscale.tracking import ScaleTrackingInterpreter, read_rows
     >>> from unitscale.examples import MLP
     >>> _ = torch.manual_seed(0)
     >>> gm = fx.symbolic_trace(MLP(4))
     >>> interp = ScaleTrackingInterpreter(gm)
-    >>> out = interp.run(torch.randn(8, 4))
-    >>> [row.node for row, _ in interp.captured.entries]
-    ['x', 'fc1', 'act', 'fc2']
-    >>> interp.captured.remove_hooks()
+    >>> interp.run(torch.randn(8, 4)).sum().backward()
+    >>> interp.captured.cleanup.close()
+    >>> rows = read_rows(interp.captured.entries)
+    >>> [(row.node, row.backward is not None) for row in rows]
+    [('x', False), ('fc1', True), ('act', True), ('fc2', True)]
     """
 
     def __init__(
@@ -505,50 +503,47 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
     root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
     program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
     interp = None
-    try:
-        if cap.graph_module is None:
-            captured = record_ops(module, inputs, abs_max)
-        elif program is not None:
-            captured = program.run(root, inputs + cap.extra_inputs, abs_max)
-        else:
-            interp = ScaleTrackingInterpreter(root, graph=cap.graph_module.graph, abs_max=abs_max)
-            captured = interp.captured
-            try:
+    trainable = any(p.requires_grad for p in root.parameters())
+    captured = ScaleRecording(differentiate_inputs=not trainable, abs_max=abs_max)
+    with captured.cleanup:  # the gradient hooks, some on the caller's parameters, go however the pass ends
+        try:
+            if cap.graph_module is None:
+                record_ops(module, inputs, captured)
+            elif program is not None:
+                captured.output = program.run(root, inputs + cap.extra_inputs, captured)
+            else:
+                interp = ScaleTrackingInterpreter(root, graph=cap.graph_module.graph, abs_max=abs_max)
+                interp.captured = captured
                 captured.output = interp.run(*inputs, *cap.extra_inputs)
-            except BaseException:
-                captured.remove_hooks()  # on Ctrl-C too: the hooks sit on the caller's parameters
-                raise
-    except Exception as e:
-        _out_of_memory(root, inputs, e)
-        n = interp.current_node if interp is not None else program.failed_node if program is not None else None
-        where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
-        where = f" at {user_frame(e)}" if cap.graph_module is None else where
-        reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
-        raise InputError(
-            f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
-        ) from e
-    try:  # Ctrl-C included: the gradient hooks sit on the caller's parameters
-        outputs = float_outputs(captured.output, model)
-        # the parameters the graph read are leaves already; the others too, once each
-        leaves = list(dict.fromkeys([*captured.leaves, *module.parameters()]))
-        no_backward = run_backward(outputs, backward, leaves)
-    except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
-        raise
-    except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
-        if OutOfMemoryError.caused(e):
-            raise OutOfMemoryError(
-                f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
-                "or run on a device with more"
+        except Exception as e:
+            _out_of_memory(root, inputs, e)
+            n = interp.current_node if interp is not None else program.failed_node if program is not None else None
+            where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
+            where = f" at {user_frame(e)}" if cap.graph_module is None else where
+            reason = str(e).split("\n\nWhile executing")[0].rstrip(".")  # fx appends the node's repr
+            raise InputError(
+                f"{type(root).__name__} failed{where} on inputs of shape {_shapes(inputs)}: {reason}. {_advice(reason)}"
             ) from e
-        raise BackwardError(
-            f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
-            "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "
-            "while tracking"
-        ) from e
-    finally:
-        captured.remove_hooks()  # before reading: it hands a view's gradient std to its source
-    rows = captured.rows()
+        try:
+            outputs = float_outputs(captured.output, model)
+            # the parameters the graph read are leaves already; the others too, once each
+            leaves = list(dict.fromkeys([*captured.leaves, *module.parameters()]))
+            no_backward = run_backward(outputs, backward, leaves)
+        except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
+            raise
+        except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
+            if OutOfMemoryError.caused(e):
+                raise OutOfMemoryError(
+                    f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
+                    "or run on a device with more"
+                ) from e
+            raise BackwardError(
+                f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
+                "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "
+                "while tracking"
+            ) from e
+    rows = read_rows(captured.entries)
     code = annotated_code(cap, rows, model, program.code if program is not None else None)
     failure = cap.reasons.get("fx", "").removeprefix("TraceError: ") if cap.route == "eager" else ""
     return ScaleReport(rows, model, code, cap.route, failure, no_backward)

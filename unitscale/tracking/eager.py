@@ -82,34 +82,25 @@ class ScaleRecorder(OpRecorder):
                 self.captured.record(t, Step(f"{name}[{i}]", "call_function", self.module_path, op))
 
 
-def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False) -> ScaleRecording:
-    """Run ``module(*inputs)`` eagerly, recording the scale of every op's float output.
+def record_ops(module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecording) -> None:
+    """Run ``module(*inputs)`` eagerly, recording the scale of every op's float output in ``captured``.
 
-    Floating-point inputs are detached copies that require grad (the caller's tensors
-    are untouched) and are recorded under their parameter names. Gradient hooks are
-    left in place for the backward pass: call ``captured.remove_hooks()`` after it.
-
-    Args:
-        module: the model.
-        inputs: positional inputs.
-        abs_max: also record each tensor's largest magnitude.
-
-    Returns:
-        The :class:`ScaleRecording` forward pass.
+    Floating-point inputs are detached copies that require grad where ``captured`` says
+    (the caller's tensors are untouched), recorded under their parameter names. The model's
+    output goes to ``captured.output``; the caller closes ``captured.cleanup`` after the
+    backward pass (or on an error).
 
     >>> import torch
     >>> from unitscale.tracking.eager import record_ops
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
     ...         return x * 2 if x.sum() > 0 else x.relu()
-    >>> captured = record_ops(Net(), (torch.ones(3),))
+    >>> captured = ScaleRecording()
+    >>> record_ops(Net(), (torch.ones(3),), captured)
     >>> [(row.node, row.op) for row, _ in captured.entries]
     [('x', 'input'), ('sum', 'Tensor.sum'), ('mul', 'Tensor.mul')]
-    >>> captured.remove_hooks()
+    >>> captured.cleanup.close()
     """
-    captured = ScaleRecording(
-        differentiate_inputs=not any(p.requires_grad for p in module.parameters()), abs_max=abs_max
-    )
     try:
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
@@ -119,10 +110,5 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], abs_max: bool = False
         name = names[i] if i < len(names) else f"input_{i}"
         args.append(captured.record(value, Step(name, "placeholder", "", "input")))
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
-    try:
-        captured.output = ScaleRecorder(module, captured).run(*args)
-        captured.share_view_gradients()
-    except BaseException:
-        captured.remove_hooks()
-        raise
-    return captured
+    captured.output = ScaleRecorder(module, captured).run(*args)
+    captured.share_view_gradients()

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 import torch
 
 from unitscale.formats import FPFormat
-from unitscale.tracking.stats import Stat, read_stats, reads_at_once, std_from_sums, std_stat, sum_of_squares
+from unitscale.tracking.report import read_stats
+from unitscale.tracking.stats import Stat, reads_at_once, std_from_sums, std_stat, sum_of_squares
 
 __all__ = [
     "BLOCK",

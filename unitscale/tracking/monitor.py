@@ -35,20 +35,20 @@ accelerator nothing is read per tensor: one read per full buffer, one at the ste
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from unitscale.errors import MonitorSettingError, MonitorStateError, NotAModuleError
 from unitscale.formats import FP8_E4M3, FP8_E5M2, FPFormat
 from unitscale.tracking.format_casts import RAW_FIELDS, CastBatch, Scratch, finish_cast_stats, raw_cast_stats
 from unitscale.tracking.history import DriftTable, MonitorRecord, ScaleHistory
 from unitscale.tracking.recording import ScaleRecording, Step
-from unitscale.tracking.stats import ScaleRecord, Stat, read_stats
+from unitscale.tracking.report import read_stats
+from unitscale.tracking.stats import ScaleRecord, Stat
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -83,11 +83,12 @@ class _CastRecord(ScaleRecord):
         super().__init__()
         self.monitor = monitor
 
-    def record_forward(self, t: torch.Tensor, abs_max: bool = False) -> None:
-        self.monitor._measure(self, "fwd", t)
-
-    def record_backward(self, grad: torch.Tensor, known: Any = None) -> None:  # known: another record's measure
-        self.backward = self.monitor._measure(self, "bwd", grad, known)
+    def fill(self, t: torch.Tensor, slot: str = "forward", abs_max: bool = False, known: Any = None) -> None:
+        # known: another record's measure of the same gradient
+        if slot == "backward":
+            self.backward = self.monitor._measure(self, "bwd", t, known)
+        else:
+            self.monitor._measure(self, "fwd", t)
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -186,7 +187,7 @@ class ScaleMonitor:
         self._next_step = 0
         self._in_step = False
         self._closed = False
-        self._handles: list[RemovableHandle] = []
+        self._cleanup = ExitStack()  # the record step's hooks, removed when it ends
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
         self._params: list[tuple[ScaleRecord, nn.Parameter]] = []
         self._pending: list[_Pending] = []
@@ -260,6 +261,7 @@ class ScaleMonitor:
     def _arm(self) -> None:
         self._calls = {}
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
+        self._cleanup.enter_context(self._recording.cleanup)
         self._drop_pending()
         self._params = []
         for name, p in self.model.named_parameters() if self.parameters else ():
@@ -269,7 +271,7 @@ class ScaleMonitor:
                 self._params.append((self._recording.entries[-1][1], p))
         if self.activations:
             for name, module in self._modules:
-                self._handles.append(module.register_forward_hook(partial(self._on_forward, name)))
+                self._cleanup.callback(module.register_forward_hook(partial(self._on_forward, name)).remove)
 
     def _drop_pending(self) -> None:
         self._pending = []
@@ -277,10 +279,7 @@ class ScaleMonitor:
             batch.clear()
 
     def _disarm(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._recording.remove_hooks()
+        self._cleanup.close()
 
     def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         for suffix, t in _float_tensors(output):
@@ -303,7 +302,7 @@ class ScaleMonitor:
     def _collect(self, step: int) -> None:
         for record, p in self._params:
             if p.grad is not None and p.grad.is_floating_point() and p.grad.numel():
-                record.record_backward(p.grad)
+                record.fill(p.grad, "backward")
         batched = {id(batch): batch.finish() for batch in self._batches.values()}
         alone = [i for i, (*_, raw) in enumerate(self._pending) if not isinstance(raw, _Batched)]
         flat: list[Any] = read_stats([v for i in alone for v in cast("tuple[Stat, ...]", self._pending[i][2])])

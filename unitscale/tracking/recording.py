@@ -6,9 +6,11 @@ A graph's nodes (run as compiled code, :mod:`unitscale.tracking.compiled`, or by
 input, a parameter, an op's output), where it ran, and whether it holds another tensor's
 values; so do the parameters and module outputs :class:`~unitscale.tracking.ScaleMonitor`
 meets on a record step (its records measure against a format: ``new_record``).
-:meth:`ScaleRecording.record` turns it into a row, a :class:`~unitscale.tracking.ScaleRecord`
-filled in forward (:func:`~unitscale.tracking.stats.std_stat`) and a gradient hook that fills
-it in backward.
+:meth:`ScaleRecording.record` turns it into a row and a :class:`~unitscale.tracking.ScaleRecord`,
+filled by one function in both directions (:meth:`ScaleRecording.measure`): in forward, and as
+the tensor's gradient hook in backward. The caller closes :attr:`ScaleRecording.cleanup` after
+the backward pass (it removes the hooks), then reads the rows with
+:func:`~unitscale.tracking.report.read_rows`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
@@ -26,7 +29,7 @@ from torch.utils.hooks import RemovableHandle
 
 from unitscale.tracking.backward import flatten_tensors
 from unitscale.tracking.report import ScaleRow
-from unitscale.tracking.stats import ScaleRecord, _record_gradient, _version, read_records
+from unitscale.tracking.stats import ScaleRecord, scratch_space
 
 __all__ = ["ScaleRecording", "Step", "input_leaf"]
 
@@ -65,26 +68,28 @@ class ScaleRecording:
         output: the model's output.
         entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
-        handles: gradient hooks to remove once the backward pass is done.
+        cleanup: what to undo once the backward pass is done, for the caller to close: the
+            gradient hooks (some sit on the model's parameters) and the scratch space the CPU
+            stds reuse (:func:`~unitscale.tracking.stats.scratch_space`), entered with the
+            first tensor.
         differentiate_inputs: whether inputs that do not require grad get a gradient too
             (set for a model with no trainable parameter; see :func:`input_leaf`).
-        new_record: makes each record (its ``record_forward`` and ``record_backward`` measure).
+        new_record: makes each record (its ``fill`` measures).
 
     >>> import torch
     >>> from unitscale.tracking.recording import ScaleRecording
-    >>> captured = ScaleRecording()
+    >>> captured = ScaleRecording(abs_max=True)
     >>> x = torch.ones(3, requires_grad=True)
-    >>> record = captured.track(x * 2, "y", "", "mul", abs_max=True)
+    >>> record = captured.track(x * 2, "y", "", "mul")
     >>> captured.entries[0][0][:5]
     ('y', '', 'mul', (3,), 'float32')
-    >>> captured.remove_hooks(); captured.handles
-    []
+    >>> captured.cleanup.close()  # after the backward pass: removes the hooks
     """
 
     output: Any = None
     entries: list[tuple[ScaleRow, ScaleRecord]] = field(default_factory=list)
     leaves: list[torch.Tensor] = field(default_factory=list)
-    handles: list[RemovableHandle] = field(default_factory=list)
+    cleanup: ExitStack = field(default_factory=ExitStack, repr=False)
     differentiate_inputs: bool = False
     abs_max: bool = False
     new_record: Callable[[], ScaleRecord] = ScaleRecord
@@ -104,8 +109,6 @@ class ScaleRecording:
     # one gradient tensor to several hooks (both operands of an add, an alias of a tensor), so
     # each is measured once: about a third of GPT-2's backward elements
     _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = field(default_factory=dict, repr=False)
-    # (record, record whose gradient std it takes) once the backward pass is done
-    _copies: list[tuple[ScaleRecord, ScaleRecord]] = field(default_factory=list, repr=False)
 
     def record(self, value: Any, step: Step, source: Any = None) -> Any:
         """The one recording function: record ``value`` as ``step`` describes it; return what the model goes on with.
@@ -142,9 +145,9 @@ class ScaleRecording:
         hook = step.keep_hook or not step.hand_on
         if shared is None and step.from_source:
             # the source has other users too: same forward numbers, its own gradient
-            record = self.track_same_values(value, source, step.name, step.path, op, self.abs_max, hook)
+            record = self.track_same_values(value, source, step.name, step.path, op, hook)
         else:
-            record = self.track(value, step.name, step.path, op, self.abs_max, record=shared, hook=hook)
+            record = self.track(value, step.name, step.path, op, record=shared, hook=hook)
         if step.hand_on:
             self._shared[step.hand_on] = record
         return value
@@ -155,7 +158,6 @@ class ScaleRecording:
         node: str,
         module_path: str,
         op: str,
-        abs_max: bool,
         record: ScaleRecord | None = None,
         hook: bool = True,
     ) -> ScaleRecord:
@@ -167,19 +169,54 @@ class ScaleRecording:
         version = _version(t)
         if record is None:
             record = self.new_record()
-            record.record_forward(t, abs_max)
+            self.measure(record, "forward", t)
         handle = None
         if hook and t.requires_grad:
-            handle = t.register_hook(partial(_record_gradient, record, self._grad_stds))
-            self.handles.append(handle)
+            handle = t.register_hook(partial(self.measure, record, "backward"))
+            self.cleanup.callback(handle.remove)
         row = ScaleRow(node, module_path, op, tuple(t.shape), str(t.dtype).removeprefix("torch."))
         self.entries.append((row, record))
         if version is not None:
             self._latest[id(t)] = (weakref.ref(t), version, record, handle)
         return record
 
+    def measure(self, record: ScaleRecord, slot: str, t: torch.Tensor) -> None:
+        """The one recording function: ``t``'s statistics into ``record``, in forward and backward.
+
+        :meth:`track` calls it on each tensor (``slot="forward"``: its std, and its abs-max
+        where :attr:`abs_max`), and registers it, bound to the record, as the tensor's gradient
+        hook (``partial(measure, record, "backward")``: the gradient's std). Autograd hands
+        one gradient tensor to several hooks (both operands of an add, an alias of a tensor):
+        it is measured once, about a third of GPT-2's backward elements. The first call, the
+        recording's first tensor, enters the scratch space the CPU stds reuse until
+        :attr:`cleanup` is closed.
+
+        >>> import torch
+        >>> from unitscale.tracking import ScaleRecord
+        >>> captured, record = ScaleRecording(abs_max=True), ScaleRecord()
+        >>> captured.measure(record, "forward", torch.tensor([1.0, 3.0]))
+        >>> captured.measure(record, "backward", torch.tensor([0.0, 4.0]))
+        >>> record
+        ScaleRecord(forward=1.0, backward=2.0, abs_max=3.0)
+        >>> captured.cleanup.close()
+        """
+        if not self.entries:
+            self.cleanup.enter_context(scratch_space())
+            self.cleanup.callback(self._grad_stds.clear)
+        if slot == "forward":
+            record.fill(t, slot, self.abs_max)
+            return
+        key, version = id(t), _version(t)
+        seen = self._grad_stds.get(key)
+        if seen is not None and seen[0]() is t and seen[1] == version:
+            record.fill(t, slot, known=seen[2])
+            return
+        record.fill(t, slot)
+        if version is not None:
+            self._grad_stds[key] = (weakref.ref(t), version, record.backward)
+
     def track_same_values(
-        self, t: torch.Tensor, source: Any, node: str, module_path: str, op: str, abs_max: bool, hook: bool = True
+        self, t: torch.Tensor, source: Any, node: str, module_path: str, op: str, hook: bool = True
     ) -> ScaleRecord:
         """Record ``t``, which holds the values of ``source`` (a view or copy of it), as one row.
 
@@ -194,10 +231,10 @@ class ScaleRecording:
         >>> from unitscale.tracking.recording import ScaleRecording
         >>> captured = ScaleRecording()
         >>> x = torch.tensor([1.0, 2.0, 3.0, 6.0])
-        >>> first = captured.track(x, "x", "", "input", abs_max=False)
+        >>> first = captured.track(x, "x", "", "input")
         >>> def view(name):
         ...     return captured.track_same_values(
-        ...         x.view(2, 2), x, name, "", "Tensor.view", abs_max=False
+        ...         x.view(2, 2), x, name, "", "Tensor.view"
         ...     )
         >>> view("view").forward
         1.8708286933869707
@@ -211,16 +248,15 @@ class ScaleRecording:
             or t.dtype != source.dtype
             or t.device != source.device
             or t.numel() != source.numel()
-            or (abs_max and known[2].abs_max is None and t.numel() > 0)
+            or (self.abs_max and known[2].abs_max is None and t.numel() > 0)
         ):
-            return self.track(t, node, module_path, op, abs_max, hook=hook)
+            return self.track(t, node, module_path, op, hook=hook)
         if t is source:
-            return self.track(t, node, module_path, op, abs_max, record=known[2], hook=False)
+            return self.track(t, node, module_path, op, record=known[2], hook=False)
         record = ScaleRecord()
         record.forward = known[2].forward
-        if abs_max:
-            record.abs_max = known[2].abs_max
-        self.track(t, node, module_path, op, abs_max, record=record, hook=hook)
+        record.abs_max = known[2].abs_max if self.abs_max else None
+        self.track(t, node, module_path, op, record=record, hook=hook)
         if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
             self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
         return record
@@ -231,40 +267,26 @@ class ScaleRecording:
         fresh = isinstance(t, torch.Tensor) and known is not None and known[0]() is t and known[1] == _version(t)
         return known if fresh else None
 
-    def rows(self) -> list[ScaleRow]:
-        """Every row with its numbers, read in one transfer (after the backward pass and :meth:`remove_hooks`).
-
-        >>> import torch
-        >>> captured = ScaleRecording()
-        >>> x = torch.tensor([1.0, 3.0])
-        >>> _ = captured.record(x, Step("x", "placeholder", "", "input"))
-        >>> captured.rows()[0].scale
-        (-> 1.0, <- n/a)
-        """
-        values = read_records([record for _, record in self.entries])
-        entries = zip(self.entries, values, strict=True)
-        return [row._replace(forward=f, backward=b, abs_max=m) for (row, _), (f, b, m) in entries]
-
     def share_view_gradients(self) -> None:
         """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
 
         The gradient of ``x`` is the sum of what flows back along each edge into it. Where
         the autograd graph from the outputs has a single edge into ``x`` and it comes from
         a view (or same-valued copy) of ``x``, the gradient of ``x`` holds the values of the
-        view's gradient, so its std is not computed twice: ``x``'s hook is removed and
-        :meth:`remove_hooks` copies the view's number. Counting edges in the autograd
-        graph sees every consumer, whatever recorded it or not.
+        view's gradient, so its std is not computed twice: ``x``'s hook is removed and its
+        rows take the view's record, whose forward numbers are ``x``'s already. Counting
+        edges in the autograd graph sees every consumer, whatever recorded it or not.
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording
         >>> captured = ScaleRecording()
         >>> x = torch.ones(4, requires_grad=True) * 2
-        >>> _ = captured.track(x, "x", "", "mul", abs_max=False)
+        >>> _ = captured.track(x, "x", "", "mul")
         >>> view = x.view(2, 2)
-        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view", False)
+        >>> _ = captured.track_same_values(view, x, "view", "", "Tensor.view")
         >>> captured.output = view * torch.tensor([1.0, 3.0])
         >>> captured.share_view_gradients()
-        >>> _ = captured.output.backward(torch.ones(2, 2)); captured.remove_hooks()
+        >>> _ = captured.output.backward(torch.ones(2, 2)); captured.cleanup.close()
         >>> [record.backward for _, record in captured.entries]
         [1.0, 1.0]
         """
@@ -288,12 +310,15 @@ class ScaleRecording:
                 if nxt not in seen:
                     seen.add(nxt)
                     stack.append(nxt)
-        # last view first: along x -> view -> view_1, view takes view_1's number before x takes view's
+        # last view first: along x -> view -> view_1, view takes view_1's record before x takes view's
+        taken: dict[int, ScaleRecord] = {}
         for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
             if edges[(fn, nr)] == 1 and via.get((fn, nr)) is view_fn:
                 handle.remove()
-                self._copies.append((record, view_record))
+                taken[id(record)] = taken.get(id(view_record), view_record)
         self._views.clear()
+        if taken:
+            self.entries = [(row, taken.get(id(record), record)) for row, record in self.entries]
 
     def forget_view_gradients(self, changed: torch.Tensor) -> None:
         """Remove the gradient hooks of the views of ``changed``'s base, which was just changed in place.
@@ -308,10 +333,10 @@ class ScaleRecording:
         >>> captured = ScaleRecording()
         >>> h = torch.ones(4, requires_grad=True) * 2
         >>> view = h.view(2, 2)
-        >>> _ = captured.track(view, "view", "", "Tensor.view", abs_max=False)
+        >>> _ = captured.track(view, "view", "", "Tensor.view")
         >>> _ = view.add_(1)
         >>> captured.forget_view_gradients(view)
-        >>> h.sum().backward()
+        >>> h.sum().backward(); captured.cleanup.close()
         >>> print(captured.entries[0][1].backward)
         None
         """
@@ -326,18 +351,13 @@ class ScaleRecording:
             forgotten |= {id(handle), id(record)}
         self._views = [v for v in self._views if id(v[3]) not in forgotten and id(v[5]) not in forgotten]
 
-    def remove_hooks(self) -> None:
-        """Remove every gradient hook (some sit on the model's parameters) after the backward pass.
 
-        Records that take a view's gradient std (:meth:`share_view_gradients`) take it here.
-        """
-        for record, source in self._copies:
-            record.backward = source.backward
-        self._copies.clear()
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        self._grad_stds.clear()
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor counts no versions
+        return None
 
 
 def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -1,25 +1,36 @@
-"""The result of :func:`unitscale.track_scales`: one row per tensor, a table and a plot.
+"""The result of :func:`unitscale.track_scales`: one row per tensor, a table, a plot and the annotated code.
 
-A :class:`ScaleReport` holds only plain Python values (strings, tuples, floats), so it
+After the backward pass, a recording's statistics are read here, in one transfer
+(:func:`read_rows`), and written into the annotated code (:func:`annotated_code`). A
+:class:`ScaleReport` holds only plain Python values (strings, tuples, floats), so it
 pickles and outlives the model. Its plot shows ``log2`` of every tensor's forward and
 backward std against the representable ranges of FP16, BF16 and the two FP8 formats.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+import re
+import textwrap
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
 
 from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
+from unitscale.fx.nodes import MODULE_PATH_KEY
+from unitscale.tracking.stats import ScaleRecord, Stat
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["ScalePair", "ScaleRow", "ScaleReport", "FORMAT_RANGES"]
+    from unitscale.capture import Capture
+
+__all__ = ["ScalePair", "ScaleRow", "ScaleReport", "FORMAT_RANGES", "annotated_code", "read_rows", "read_stats"]
 
 
 #: ``name -> (smallest subnormal, largest normal)`` of the formats drawn by
@@ -132,6 +143,140 @@ class ScaleRow(NamedTuple):
 
 def _bad(value: float | None) -> bool:
     return value is not None and not math.isfinite(value)
+
+
+def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
+    """Statistics as Python floats, read in one transfer per device and dtype.
+
+    Values left on a device are stacked there and read with a single ``tolist()``, instead
+    of one ``.item()`` (one host sync) per tensor. Floats and ``None`` stay as they are.
+
+    >>> import torch
+    >>> read_stats([torch.tensor(2.0), 1.5, None])
+    [2.0, 1.5, None]
+    """
+    out: list[Any] = list(values)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            groups.setdefault((value.device, value.dtype), []).append(i)
+    for group in groups.values():
+        for i, value in zip(group, torch.stack([out[i] for i in group]).tolist(), strict=True):
+            out[i] = value
+    return out
+
+
+def read_rows(entries: Iterable[tuple[ScaleRow, ScaleRecord]]) -> list[ScaleRow]:
+    """Each row with its record's numbers, all read in one transfer (:func:`read_stats`).
+
+    ``entries`` are a recording's, once its backward pass is done and its ``cleanup`` closed
+    (:class:`~unitscale.tracking.ScaleTrackingInterpreter`'s ``captured.entries``).
+
+    >>> import torch
+    >>> from unitscale.tracking import ScaleRecord, ScaleRow, read_rows
+    >>> row = ScaleRow("x", "", "input", (2,), "float32")
+    >>> read_rows([(row, ScaleRecord(forward=torch.tensor(1.0)))])[0].scale
+    (-> 1.0, <- n/a)
+    """
+    entries = list(entries)
+    values = read_stats([v for _, r in entries for v in (r.forward, r.backward, r.abs_max)])
+    return [
+        row._replace(forward=values[i], backward=values[i + 1], abs_max=values[i + 2])
+        for (row, _), i in zip(entries, range(0, len(values), 3), strict=True)
+    ]
+
+
+_ASSIGN = re.compile(r"^\s*(\w+) = ")
+_CLEANUP = re.compile(r";  (?:\w+ = )+None$")
+
+
+@functools.lru_cache(maxsize=16)
+def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
+    """The code's non-blank lines without fx's ``x = None`` clean-ups, each with the name it assigns."""
+    lines = []
+    for line in code.strip("\n").splitlines():
+        line = _CLEANUP.sub("", line.rstrip())
+        if line.strip():
+            match = _ASSIGN.match(line)
+            lines.append((line, match.group(1) if match else None))
+    return tuple(lines)
+
+
+def _marked(row: ScaleRow) -> str:
+    """A row's scales, with a marker when a NaN or infinity reached it."""
+    return f"{row.scale} NON-FINITE" if not row.finite else str(row.scale)
+
+
+def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | None = None) -> str:
+    """The code of ``cap`` (or its op listing) with each line's ``(-> forward, <- backward)`` scales.
+
+    What :func:`~unitscale.tracking.analyse_module` shows (as an
+    :class:`~unitscale.tracking.AnnotatedCode`) and :attr:`ScaleReport.code` holds: the fx
+    route's code as ``torch.fx`` writes it, the exported graph's (aten ops, each line with its
+    module path), or, for the eager route, one line per op.
+
+    Args:
+        cap: the capture the rows were recorded on.
+        rows: the report's rows.
+        model: the model's name, for the listing's first line.
+        code: the graph's code, where the caller has it (the compiled tracking's); ``None``:
+            ``cap.python_code()``.
+
+    Returns:
+        The annotated text (plain; :class:`~unitscale.tracking.AnnotatedCode` highlights it).
+
+    >>> import torch
+    >>> from unitscale.capture import DeepTracing, capture
+    >>> from unitscale.tracking import track_scales
+    >>> from unitscale.tracking.report import annotated_code
+    >>> class Double(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return x * 2
+    >>> x = torch.tensor([1.0, -1.0]).requires_grad_()
+    >>> grad = torch.tensor([1.0, -1.0])
+    >>> report = track_scales(Double(), x, grad)
+    >>> cap = capture(Double(), x, deep=DeepTracing())
+    >>> print(annotated_code(cap, list(report.rows), "Double"))
+    def forward(self, x):  # x (-> 1.0, <- 2.0)
+        mul = x * 2  # (-> 2.0, <- 1.0)
+        return mul
+    """
+    by_name = {r.node: r for r in rows}
+    if cap.graph_module is None:
+        return _listing(rows, model, cap.reasons.get("fx", ""))
+    code = cap.python_code()[0] if code is None else code
+    lines = []
+    if cap.route == "fx":
+        inputs = [n.name for n in cap.graph_module.graph.nodes if n.op == "placeholder" and n.name in by_name]
+        for line, name in _code_lines(code):
+            if line.startswith("def forward") and inputs:
+                line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
+            elif name in by_name:
+                line += f"  # {_marked(by_name[name])}"
+            lines.append(line)
+        return "\n".join(lines)
+    paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in cap.graph_module.graph.nodes}
+    lines.append(f"# {model}: captured by {_CAPTURED_BY.get(cap.route, cap.route)}")
+    for line, name in _code_lines(code):
+        if name in by_name:
+            line += f"  # {_marked(by_name[name])}" + (f"  {paths[name]}" if paths.get(name) else "")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+_CAPTURED_BY = {"export": "torch.export", "export-strict": "torch.export (strict)", "dynamo": "TorchDynamo"}
+
+
+def _listing(rows: list[ScaleRow], model: str, failure: str) -> str:
+    width = max([len(r.node) for r in rows] + [4])
+    why = f"; {failure.removeprefix('TraceError: ')}" if failure else ""
+    # the reason can be a long sentence: wrapped as comment lines, so the listing fits a page
+    header = textwrap.wrap(f"{model}: ops recorded as they ran{why}", 86, break_on_hyphens=False)
+    lines = [f"# {part}" for part in header]
+    for r in rows:
+        where = f" in {r.module_path}" if r.module_path else ""
+        lines.append(f"{r.node.ljust(width)}  # {_marked(r)}  {r.op}{where}")
+    return "\n".join(lines)
 
 
 def _num(value: float | None) -> str:

@@ -1,11 +1,12 @@
 """Per-tensor scales: the standard deviation of a tensor and of its gradient.
 
 A :class:`ScaleRecord` holds the statistics of one tensor: on an accelerator as 0-dim
-tensors on the tensor's own device, so recording never waits for the device, and
-:func:`read_records` copies all of them to the host in one transfer at the end; on the
-CPU, where reading a value waits for nothing, as floats. :class:`ScaleTracker` is
-an identity ``autograd.Function`` that fills a record in forward and backward; scale
-tracking's gradient hooks fill it in backward (``_record_gradient``). (What a
+tensors on the tensor's own device, so recording never waits for the device, and the
+report reads all of them to the host in one transfer at the end
+(:func:`~unitscale.tracking.report.read_stats`); on the CPU, where reading a value waits
+for nothing, as floats. One method fills it, forward and backward (:meth:`ScaleRecord.fill`):
+:class:`ScaleTracker`, an identity ``autograd.Function``, calls it in both directions, and
+so does scale tracking's one recording function, which is also its gradient hook. (What a
 reader sees, ``(-> forward std, <- backward std)``, is the report's
 :class:`~unitscale.tracking.ScalePair`.)
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,20 +30,17 @@ __all__ = [
     "ScaleTracker",
     "Stat",
     "abs_max_stat",
-    "read_records",
-    "read_stats",
     "reads_at_once",
     "scratch_space",
     "std_from_sums",
     "std_stat",
     "sum_of_squares",
-    "tensor_abs_max",
-    "tensor_std",
 ]
 
 
+@dataclass(eq=False, slots=True)
 class ScaleRecord:
-    """Mutable holder of one tensor's statistics.
+    """Mutable holder of one tensor's statistics, filled in forward and in backward by :meth:`fill`.
 
     ``forward`` and ``backward`` are stds, ``abs_max`` the largest magnitude in
     forward; each is ``None`` until recorded (or when the tensor is empty). On an
@@ -51,29 +49,29 @@ class ScaleRecord:
 
     >>> import torch
     >>> from unitscale.tracking import ScaleRecord
-    >>> from unitscale.tracking.stats import read_records
     >>> record = ScaleRecord()
-    >>> record.record_forward(torch.tensor([1.0, 3.0]), abs_max=True)
-    >>> read_records([record])
-    [(1.0, None, 3.0)]
+    >>> record.fill(torch.tensor([1.0, 3.0]), abs_max=True)
+    >>> record.fill(torch.tensor([2.0, 2.0]), "backward")
+    >>> record
+    ScaleRecord(forward=1.0, backward=0.0, abs_max=3.0)
     """
 
-    __slots__ = ("forward", "backward", "abs_max")
+    forward: Stat | None = None
+    backward: Stat | None = None
+    abs_max: Stat | None = None
 
-    def __init__(self) -> None:
-        self.forward: Stat | None = None
-        self.backward: Stat | None = None
-        self.abs_max: Stat | None = None
+    def fill(self, t: torch.Tensor, slot: str = "forward", abs_max: bool = False, known: Stat | None = None) -> None:
+        """Record the std of ``t`` in ``slot``, ``"forward"`` (with its abs-max where ``abs_max``) or ``"backward"``.
 
-    def record_forward(self, t: torch.Tensor, abs_max: bool = False) -> None:
-        """Record the std (and optionally the abs-max) of ``t``; no host sync."""
-        self.forward = std_stat(t)
+        In backward ``t`` is the gradient. ``known``: its std, measured already. No host sync.
+        """
+        std = std_stat(t) if known is None else known
+        if slot == "backward":
+            self.backward = std
+            return
+        self.forward = std
         if abs_max:
             self.abs_max = abs_max_stat(t)
-
-    def record_backward(self, grad: torch.Tensor, known: Stat | None = None) -> None:
-        """Record the std of a gradient (``known``: its std, measured already); no host sync."""
-        self.backward = std_stat(grad) if known is None else known
 
 
 Stat = float | torch.Tensor
@@ -103,7 +101,8 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     On the CPU it is a sum and a BLAS dot product read at once (a single read of the data
     each, about 3x faster than the two-pass form), in blocks of 2**18 elements; where they
     do not give the std (``std_from_sums``: the mean above the std, or squares out of
-    the dtype's range) it is taken again in float64 about the mean (``_two_pass``). On
+    the dtype's range) it is taken again in float64 about the mean, in the same function:
+    every tensor and gradient runs the same code, whatever its values. On
     an accelerator it is two reductions left on the device (the mean, then the norm of the
     deviations, both in float64 where the device has it, MPS aside).
 
@@ -132,17 +131,12 @@ def std_stat(t: torch.Tensor) -> Stat | None:
         return (torch.linalg.vector_norm(deviations) / math.sqrt(n)).to(t.dtype)
     flat = _flat(t)
     std = std_from_sums(n, flat.sum().item(), sum_of_squares(flat), flat.dtype)
-    return _two_pass(flat) if std is None else std
-
-
-def _two_pass(flat: torch.Tensor) -> float:
-    """The std of ``flat`` (1-D, not empty) about its mean, summed in float64: no digit cancels.
-
-    Float64 values whose squares would leave
-    float64's range are first brought to a largest magnitude in [0.5, 1) by a power of two,
-    which changes no digit. An infinity or a NaN gives NaN, as ``torch.std``.
-    """
-    n = flat.numel()
+    if std is not None:
+        return std
+    # About the mean, summed in float64: no digit cancels. Float64 values whose squares would
+    # leave float64's range are first brought to a largest magnitude in [0.5, 1) by a power of
+    # two, which changes no digit. An infinity or a NaN gives NaN, as torch.std.
+    unscale = (1.0, 1.0)
     if flat.dtype == torch.float64:
         low, high = torch.aminmax(flat)
         peak = max(-low.item(), high.item())
@@ -151,11 +145,14 @@ def _two_pass(flat: torch.Tensor) -> float:
         if not 2.0**-400 < peak < 2.0**400:
             exponent = math.frexp(peak)[1]  # peak / 2**exponent lies in [0.5, 1)
             half = exponent // 2  # in two steps: 2**exponent alone can overflow a float
-            scaled = flat.mul(2.0**-half).mul_(2.0 ** (half - exponent))
-            return _two_pass(scaled) * 2.0**half * 2.0 ** (exponent - half)
+            flat = flat.mul(2.0**-half).mul_(2.0 ** (half - exponent))
+            unscale = (2.0**half, 2.0 ** (exponent - half))
     # In float64 a block at a time: a float64 copy of a large tensor costs its page faults every time.
     blocks = flat.split(_DOT_BLOCK // 4)
-    mean = math.fsum(block.sum(dtype=torch.float64).item() for block in blocks) / n
+    sums = []
+    for block in blocks:
+        sums.append(block.sum(dtype=torch.float64).item())
+    mean = math.fsum(sums) / n
     if not math.isfinite(mean):
         return math.nan
     shift = squares = 0.0
@@ -164,7 +161,7 @@ def _two_pass(flat: torch.Tensor) -> float:
         shift += deviations.sum().item()
         squares += torch.dot(deviations, deviations).item()
     var = (squares - shift * shift / n) / n
-    return math.sqrt(max(var, 0.0)) if math.isfinite(var) else math.nan
+    return math.sqrt(max(var, 0.0)) * unscale[0] * unscale[1] if math.isfinite(var) else math.nan
 
 
 # BLAS's dot keeps a few running float32 sums: over 2**22 equal squares they drift by 2e-3 (the
@@ -229,20 +226,6 @@ def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
     return scratch[:n]
 
 
-def tensor_std(t: torch.Tensor) -> torch.Tensor | None:
-    """:func:`std_stat` of ``t`` as a 0-dim tensor on ``t``'s device (float32 or float64).
-
-    >>> tensor_std(torch.tensor([1.0, 3.0]))
-    tensor(1.)
-    >>> tensor_std(torch.tensor([5.0])), tensor_std(torch.empty(0))
-    (tensor(0.), None)
-    """
-    value = std_stat(t)
-    if isinstance(value, float):
-        return torch.tensor(value, dtype=torch.float64 if t.dtype == torch.float64 else torch.float32)
-    return value
-
-
 _scratch = threading.local()
 
 
@@ -259,93 +242,56 @@ def scratch_space() -> Iterator[None]:
     fresh multi-megabyte buffer costs its page faults again); a larger one is released.
 
     >>> with scratch_space():
-    ...     tensor_std(torch.tensor([1.0, 3.0]).expand(3, 2))
-    tensor(1.)
+    ...     std_stat(torch.tensor([1.0, 3.0]).expand(3, 2))
+    1.0
     """
-    previous = getattr(_scratch, "buffer", None)
+    previous = getattr(_scratch, "buffer", None), getattr(_scratch, "owner", None)
     kept = getattr(_scratch, "kept", None)
     _scratch.kept = None
     if kept is not None and kept.is_inference() and not torch.is_inference_mode_enabled():
         kept = None  # made under torch.inference_mode(): it cannot be written outside it
     _scratch.buffer = kept if kept is not None else torch.empty(0)
+    _scratch.owner = owner = object()
     try:
         yield
     finally:
-        buffer = _scratch.buffer
-        if buffer.numel() * buffer.element_size() <= KEEP_SCRATCH_BYTES:
-            _scratch.kept = buffer
-        _scratch.buffer = previous
+        # Only this thread's innermost scratch space puts the previous one back: one entered by a
+        # recording never closed (its ``cleanup``) ends when it is collected, anywhere, any time.
+        if getattr(_scratch, "owner", None) is owner:
+            buffer = _scratch.buffer
+            if buffer.numel() * buffer.element_size() <= KEEP_SCRATCH_BYTES:
+                _scratch.kept = buffer
+            _scratch.buffer, _scratch.owner = previous
 
 
 def abs_max_stat(t: torch.Tensor) -> Stat | None:
     """Largest magnitude in ``t`` as a statistic to record (see :data:`Stat`); ``None`` if empty.
 
-    >>> abs_max_stat(torch.tensor([1.0, -4.0, 2.0]))
-    4.0
-    """
-    value = tensor_abs_max(t)
-    return value.item() if value is not None and reads_at_once(value.device) else value
-
-
-def tensor_abs_max(t: torch.Tensor) -> torch.Tensor | None:
-    """Largest magnitude in ``t`` as a 0-dim tensor on its device; ``None`` if empty.
-
-    >>> tensor_abs_max(torch.tensor([1.0, -4.0, 2.0]))
-    tensor(4.)
+    >>> abs_max_stat(torch.tensor([1.0, -4.0, 2.0])), abs_max_stat(torch.empty(0))
+    (4.0, None)
     """
     if t.numel() == 0:
         return None
     low, high = torch.aminmax(t.detach())
-    return torch.maximum(high, -low)
-
-
-def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
-    """Statistics as Python floats, read in one transfer per device and dtype.
-
-    Values left on a device are stacked there and read with a single ``tolist()``, instead
-    of one ``.item()`` (one host sync) per tensor. Floats and ``None`` stay as they are.
-
-    >>> read_stats([torch.tensor(2.0), 1.5, None])
-    [2.0, 1.5, None]
-    """
-    out: list[Any] = list(values)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, value in enumerate(values):
-        if isinstance(value, torch.Tensor):
-            groups.setdefault((value.device, value.dtype), []).append(i)
-    for group in groups.values():
-        for i, value in zip(group, torch.stack([out[i] for i in group]).tolist(), strict=True):
-            out[i] = value
-    return out
-
-
-def read_records(records: Sequence[ScaleRecord]) -> list[tuple[float | None, float | None, float | None]]:
-    """Every record's ``(forward, backward, abs_max)`` as Python floats, read in one transfer (:func:`read_stats`).
-
-    >>> r = ScaleRecord(); r.record_forward(torch.ones(4))
-    >>> read_records([r, ScaleRecord()])
-    [(0.0, None, None), (None, None, None)]
-    """
-    values = read_stats([v for r in records for v in (r.forward, r.backward, r.abs_max)])
-    return [(values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3)]
+    value = torch.maximum(high, -low)
+    return value.item() if reads_at_once(value.device) else value
 
 
 class ScaleTracker(torch.autograd.Function):
     """An identity op that records a tensor's std in forward and its gradient's std in backward.
 
-    Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`; the
-    stds stay on the device until ``read_records``. Like any custom Function that
+    Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`; on an
+    accelerator the stds stay on the device until read. Like any custom Function that
     returns its input, its output must not be modified in place (clone it first).
 
     >>> import torch
     >>> from unitscale.tracking import ScalePair, ScaleTracker
     >>> from unitscale.tracking import ScaleRecord
-    >>> from unitscale.tracking.stats import read_records
     >>> x = torch.tensor([1.0, 3.0], requires_grad=True)
     >>> record = ScaleRecord()
     >>> y = ScaleTracker.apply(x, record)
     >>> (y * 2).sum().backward()
-    >>> ScalePair(*read_records([record])[0][:2])
+    >>> ScalePair(record.forward, record.backward)  # floats on the CPU
     (-> 1.0, <- 0.0)
     """
 
@@ -357,29 +303,10 @@ class ScaleTracker(torch.autograd.Function):
                 "pass a tensor and a ScaleRecord()"
             )
         ctx.record = record
-        record.record_forward(x)
+        record.fill(x)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.record.record_backward(grad)
+        ctx.record.fill(grad, "backward")
         return grad, None
-
-
-def _record_gradient(record: ScaleRecord, measured: dict[int, Any], grad: torch.Tensor) -> None:
-    """Scale tracking's gradient hook (``ScaleRecording.track``): ``grad``'s std into ``record``, measured once
-    per gradient tensor (``measured``: ``id(grad) -> (grad weakly, its version, its std)``)."""
-    key, version = id(grad), _version(grad)
-    known = measured.get(key)
-    fresh = known is not None and known[0]() is grad and known[1] == version
-    record.record_backward(grad, known[2] if fresh else None)  # type: ignore[index]
-    if not fresh and version is not None:
-        measured[key] = (weakref.ref(grad), version, record.backward)
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """``t``'s version counter (bumped by every in-place change to it or a view of it); ``None`` if it has none."""
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor counts no versions
-        return None

@@ -31,7 +31,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from unitscale.tracking import ScaleTrackingInterpreter, std_stat
+from unitscale.tracking import ScaleTrackingInterpreter, read_rows, std_stat
 from unitscale.transforms.unit_scale_pass import KEPT_KEY, _whole_regions, describe
 
 __all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
@@ -222,8 +222,8 @@ def check_scale(
                 ]
                 torch.autograd.grad(differentiable, targets, seeds, allow_unused=True)  # the hooks measure them
     finally:
-        captured.remove_hooks()
-    rows = {row.node: row for row in captured.rows()}
+        captured.cleanup.close()
+    rows = {row.node: row for row in read_rows(captured.entries)}
     sizes = {n: v.numel() for n, v in recorder.values.items()}
     stds = {n: _spread(rows[n.name].forward, size) for n, size in sizes.items()}
     grads = {n: _spread(rows[n.name].backward, size) for n, size in sizes.items() if rows[n.name].backward is not None}
