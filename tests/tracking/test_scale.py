@@ -213,3 +213,20 @@ def test_cpu_std_of_non_finite_values_is_nan_or_inf_like_torch_std() -> None:
     assert math.isnan(std_stat(x))  # type: ignore[arg-type]
     big = torch.randn(1000) * 1e30  # finite, but its squares overflow float32
     assert std_stat(big) == pytest.approx(torch.std(big.double(), correction=0).item(), rel=1e-6)
+
+
+def test_a_scratch_space_never_exited_leaves_a_later_one_whole_when_collected() -> None:
+    import gc
+
+    from unitscale.tracking import stats as scale
+
+    abandoned = scale.scratch_space()
+    abandoned.__enter__()  # as a recording whose cleanup nobody closes
+    outer = getattr(scale._scratch, "buffer", None)
+    x = torch.randn(40, 60)[:, :50]  # not dense: copied into the scratch buffer
+    with scale.scratch_space():
+        del abandoned
+        gc.collect()  # its generator ends here, inside the later scratch space
+        assert std_stat(x) == pytest.approx(torch.std(x.double(), correction=0).item(), rel=1e-5)
+    assert scale._scratch.buffer is outer  # the later one put back what it found
+    scale._scratch.buffer = scale._scratch.owner = None  # this thread outside any scratch space again

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -76,3 +77,39 @@ def test_the_walk_of_track_scales_comes_back_to_files_as_often_as_the_ratchet_sa
     assert stays[0] == "tracking/analysis.py" and "tracking/recording.py" in stays
     # fewer: lower REVISITS to the new count, so that the walk never grows back
     assert _revisits(stays) == REVISITS, " -> ".join(stays)
+
+
+def test_one_function_records_every_forward_and_gradient_std_and_the_hooks_go() -> None:
+    from unitscale.tracking.recording import ScaleRecording
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4).requires_grad_()
+    calls: list[tuple[str, float | None]] = []
+    measure = ScaleRecording.measure
+
+    def spy(self: ScaleRecording, record: Any, slot: str, t: torch.Tensor) -> None:
+        measure(self, record, slot, t)
+        calls.append((slot, getattr(record, slot)))
+
+    ScaleRecording.measure = spy  # type: ignore[method-assign]
+    try:
+        report = track_scales(model, x, torch.ones(3, 2))
+    finally:
+        ScaleRecording.measure = measure  # type: ignore[method-assign]
+    for p in model.parameters():
+        assert not p._backward_hooks and p.grad is None  # the caller removed every hook; no .grad touched
+    # the oracle: torch's own stds of each tensor's gradient, from the model's own backward
+    x1 = x.detach().clone().requires_grad_()
+    h = model[0](x1)
+    r = model[1](h)
+    h.retain_grad()
+    r.retain_grad()
+    model[2](r).backward(torch.ones(3, 2))
+    activations = [row for row in report if row.op != "parameter"]
+    expected = [x1.grad, h.grad, r.grad, torch.ones(3, 2)]
+    for row, grad in zip(activations, expected, strict=True):
+        assert row.backward == pytest.approx(grad.std(correction=0).item(), rel=1e-5, abs=1e-7)  # type: ignore[union-attr]
+    backward_rows = [row.backward for row in report if row.backward is not None]
+    assert sorted(v for s, v in calls if s == "backward") == pytest.approx(sorted(backward_rows))  # type: ignore[type-var]
+    assert [v for s, v in calls if s == "forward"] == pytest.approx([row.forward for row in report])
