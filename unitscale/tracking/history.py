@@ -165,13 +165,15 @@ def _html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str 
 
     ``header[0]``/``header[1]`` and each row's first two cells are the row's name and a small
     line under it (kind, direction, step: what tells rows of one name apart); the numbers follow,
-    one column each. A name breaks after its dots (``blocks.1.<wbr>mlp``) where it must.
+    one column each. A name (and a module path) breaks after its dots (``blocks.1.<wbr>mlp``).
     """
     from html import escape  # here, not at the top: only a notebook's display needs it
 
     def name(cell: str, sub: str, tag: str) -> str:
-        breakable = escape(cell).replace(".", ".<wbr>")
-        return f"<{tag}>{breakable}<br><small>{escape(sub)}</small></{tag}>"
+        return f"<{tag}>{breakable(cell)}<br><small>{breakable(sub)}</small></{tag}>"
+
+    def breakable(text: str) -> str:
+        return escape(text).replace(".", ".<wbr>")
 
     head = name(header[0], header[1], "th") + "".join(f"<th>{escape(h)}</th>" for h in header[2:])
     rows = "".join(
