@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
+from unitscale.tracking.history import _html_table
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -365,8 +366,6 @@ class ScaleReport:
         >>> html.count("<th>"), "<td>0.5</td>" in html
         (4, True)
         """
-        from unitscale.tracking.history import _html_table
-
         note = self._nonfinite_note()
         header = ["node", "op · module · shape · dtype", "fwd std", "bwd std", "abs max", *(["finite"] if note else [])]
         lines = [
