@@ -144,21 +144,33 @@ def _refit_legends(figure: Any, size_pt: float) -> None:
     owners = [(ax.get_legend(), ax) for ax in figure.axes if ax.get_legend()] + [(g, None) for g in figure.legends]
     for legend, ax in owners:
         handles, labels = list(legend.legend_handles), [t.get_text() for t in legend.texts]
-        room = (ax or figure).get_window_extent(renderer).width
+        # the axes' share of the grid's columns, less a tick labels' margin, not its width as
+        # drawn: a layout drawn mid-way, with a legend still too wide for it, can have squeezed
+        # the axes to a sliver
+        spec = ax.get_subplotspec() if ax is not None else None
+        share = 0.85 * len(spec.colspan) / spec.get_gridspec().ncols if spec else 1.0
+        room = figure.get_window_extent(renderer).width * share
         legend.prop.set_size(max(legend.prop.get_size_in_points(), size_pt))
         legend._fontsize = legend.prop.get_size_in_points()
         title = legend.get_title()
         title_text, title_prop = title.get_text(), title.get_fontproperties()
 
+        outside = legend._outside_loc  # fig.legend(loc="outside ..."): set_loc forgets it
+
         def rebuild(legend: Any = legend, handles: list = handles, labels: list = labels) -> None:
             # what Legend.__init__ does after its own _init_legend_box
             legend._init_legend_box(handles, labels)
             legend.set_loc(legend._loc)
-            legend.set_title(title_text, prop=title_prop)  # noqa: B023 (called in this iteration only)
+            legend._outside_loc = outside  # noqa: B023 (called in this iteration only)
+            legend.set_title(title_text, prop=title_prop)  # noqa: B023
 
         if ax is not None and legend._bbox_to_anchor is None:  # inside the plot: above it, off the data
             legend.set_bbox_to_anchor((0, 1, 1, 0), transform=ax.transAxes)
             legend._loc = 8  # lower center
+            moved = legend.get_window_extent(renderer).height  # the figure grows by it: room above
+            _grow(figure, moved)
+        else:
+            moved = 0.0
         mode, legend._mode = legend._mode, None  # "expand" stretches the box: measure the columns' own width
         for ncols in range(max(legend._ncols, 1), 0, -1):
             legend.set_ncols(ncols)
@@ -168,8 +180,16 @@ def _refit_legends(figure: Any, size_pt: float) -> None:
                 break
         legend._mode = mode
         rebuild()
+        if moved:  # by what the legend takes at its new size and columns
+            figure.canvas.draw()
+            _grow(figure, legend.get_window_extent(renderer).height - moved)
         if ax is not None:
             _title_above(ax, legend, renderer)
+
+
+def _grow(figure: Any, height_px: float) -> None:
+    width_in, height_in = figure.get_size_inches()
+    figure.set_size_inches(width_in, height_in + height_px / figure.dpi)
 
 
 def _title_above(ax: Any, legend: Any, renderer: Any) -> None:
@@ -263,18 +283,27 @@ def phone_copy(figure: Any) -> tuple[Any, bytes, dict[str, float]]:
     floor = phone_floor_pt(PHONE_WIDTH_IN)
     grow = max(1.0, floor / original) ** 0.5  # more room for larger text, not all of it
     copy.set_size_inches(PHONE_WIDTH_IN, height_in * grow * (1 if rows == 1 else 0.75 * rows))
+    # fig.tight_layout() leaves a placeholder engine that lays out nothing: the original's
+    # spacing, kept for a narrower figure with larger text and a legend moved above a plot, ran
+    # one panel's legend into the panel over it; tight layout is laid out again at each draw
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
     if copy.get_layout_engine() is None:
         copy.set_layout_engine("constrained")
+    elif isinstance(copy.get_layout_engine(), PlaceHolderLayoutEngine):
+        copy.set_layout_engine("tight")  # what its author asked for, done again at each draw
     data, width = b"", 0
     for ax in copy.axes:  # a label in a plot ends at its edge: larger, it would widen the figure
         for text in ax.texts:
             text.set_clip_on(True)
     for _ in range(3):  # the tight box can come out wider than the figure (a legend outside it)
-        _raise_fonts(copy, floor)
-        _refit_legends(copy, floor)
-        _wrap_wide_titles(copy)
-        _thin_crowded_ticks(copy)
-        _leave_out_colliding_labels(copy)
+        with warnings.catch_warnings():  # larger text before its legend is refit can collapse a layout
+            warnings.simplefilter("ignore")
+            _raise_fonts(copy, floor)
+            _refit_legends(copy, floor)
+            _wrap_wide_titles(copy)
+            _thin_crowded_ticks(copy)
+            _leave_out_colliding_labels(copy)
         data, width = _png(copy, PHONE_DPI)
         smallest = smallest_font_pt(copy)
         shown = min(PHONE_COLUMN_PX, width / PHONE_DENSITY)

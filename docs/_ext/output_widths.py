@@ -18,8 +18,9 @@ from docutils import nodes
 
 #: the class of an output block that may wrap its lines
 WRAPS = "output-wraps"
-# two or more spaces between two pieces of text: the gap before a column
-_GAP = re.compile(r"(?<=\S) {2,}(?=\S)")
+# two or more spaces between two pieces of text: the gap before a column (not after a semicolon:
+# fx's generated code separates two statements so, ``act = self.act(fc1);  fc1 = None``)
+_GAP = re.compile(r"(?<=[^\s;]) {2,}(?=\S)")
 
 
 def is_table(text: str) -> bool:

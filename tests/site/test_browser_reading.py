@@ -119,7 +119,8 @@ LAYOUT_JS = f"""(desktop) => {{
   const wrapped = [];
   for (const pre of root.querySelectorAll('.cell_output pre, .output pre')) {{
     // messages, errors and generated code wrap on purpose (docs/_ext/output_widths.py); tables do not
-    if (!shown(pre) || pre.closest('.output-wraps, .stderr, .traceback')) continue;
+    // so does highlighted code a cell returns (analyse_module's), on a phone (unitscale.css)
+    if (!shown(pre) || pre.closest('.output-wraps, .stderr, .traceback, .text_html > .highlight')) continue;
     const before = pre.getBoundingClientRect().height;
     const [ws, ow] = [pre.style.whiteSpace, pre.style.overflowWrap];
     pre.style.whiteSpace = 'pre';
@@ -193,7 +194,12 @@ CONTRAST_JS = f"""() => {{
     const own = [...el.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim()).map(n => n.textContent.trim());
     if (!own.length || !el.getClientRects().length) continue;
     const bg = background(el);
-    const fg = over(rgba(getComputedStyle(el).color), bg);
+    // under filter: invert(1) (highlighted code a cell returns, in dark mode) the text shows inverted
+    let inverted = false;
+    for (let e = el; e && !inverted; e = e.parentElement) inverted = getComputedStyle(e).filter.includes('invert(1)');
+    const own_colour = rgba(getComputedStyle(el).color);
+    const shown_colour = inverted ? own_colour.map((v, i) => i < 3 ? 255 - v : v) : own_colour;
+    const fg = over(shown_colour, bg);
     const [hi, lo] = [luminance(fg), luminance(bg)].sort((a, b) => b - a);
     const ratio = (hi + 0.05) / (lo + 0.05);
     const key = getComputedStyle(el).color + ' on ' + bg.slice(0, 3).join(',');

@@ -33,10 +33,11 @@ PAGES = sorted(
 )
 WIDTHS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1280, "height": 900}}
 MIN_TEXT_PX = 11.0
-# Issue 40's bar: at most one output in ten scrolls at 390 px, each with its cue. Those that
-# still do are report tables with their key columns first (``_repr_html_``), generated or
-# annotated code, and wide printed tables of tutorials 5, 9, 10 and 12. A printed table fits the
-# phone's column at 50 characters (11 px monospace). Lower it as they move, never raise it.
+# Issue 40's bar: at most one output in ten scrolls at 390 px, each with its cue, over the site
+# and on each tutorial alone. A printed table fits the phone's column at 50 characters (11 px
+# monospace); a report's, a monitor's and a drift table's HTML (``_repr_html_``) put each row's
+# name and what tells it apart in one column, the numbers in the others, and fit too. Lower it
+# as outputs move, never raise it.
 MAX_SCROLLING_SHARE = 0.10
 
 FIGURES_JS = """() => {
@@ -127,6 +128,17 @@ def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured):
     assert len(scrolling) <= MAX_SCROLLING_SHARE * len(outputs), (
         f"{len(scrolling)} of {len(outputs)} outputs scroll at 390 px:\n" + "\n".join(scrolling)
     )
+
+
+def test_at_most_one_output_in_ten_scrolls_on_a_phone_on_each_tutorial(measured):
+    """The share holds page by page: a tutorial of seven outputs whose four printed tables
+    scrolled met the site's share while the reader of that page met them one after another."""
+    over = []
+    for page, (_, outs, _) in measured["phone"].items():
+        scrolling = [o["text"] for o in outs if o["scrolls"]]
+        if page.startswith("tutorials/") and len(scrolling) > MAX_SCROLLING_SHARE * len(outs):
+            over.append(f"{page}: {len(scrolling)} of {len(outs)} scroll: {scrolling}")
+    assert over == [], "\n".join(over)
 
 
 def test_no_glued_number_breaks_across_lines_on_a_phone(measured):

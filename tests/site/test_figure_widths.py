@@ -78,3 +78,54 @@ def test_tables_keep_their_columns_and_everything_else_wraps() -> None:
     assert output_widths.is_table(table)
     assert not output_widths.is_table(message)
     assert not output_widths.is_table(code)
+    # fx's code frees each input after its last use, two spaces after a semicolon: where two
+    # lines' statements have the same length, those gaps line up, and are still not a column
+    more = "    act = self.act(fc1);  fc1 = None\n    fc2 = self.fc2(act);  act = None\n"
+    code = code.replace("    return fc1\n", more)
+    assert not output_widths.is_table(code)
+
+
+def _boxes_overlap(a, b) -> bool:
+    return a.x0 < b.x1 - 1 and b.x0 < a.x1 - 1 and a.y0 < b.y1 - 1 and b.y0 < a.y1 - 1
+
+
+def test_a_legend_moved_above_its_panel_gets_room_there() -> None:
+    """Two stacked panels, a legend in each, laid out once by tight_layout: on the phone each
+    legend goes above its own panel, and neither runs into the panel above it (tutorial 8's
+    plans ran the lower legend and title onto the upper panel), in as many columns as fit."""
+    figure, axes = plt.subplots(2, 1, figsize=(7.5, 6))
+    try:
+        for ax in axes:
+            for label in ("by FLOPs", "by params", "by time", "equal layers"):
+                ax.bar([0, 1, 2], [1, 2, 3], label=label)
+            ax.legend(fontsize=9, ncols=4)
+            ax.set_title("a model")
+        figure.tight_layout()
+        copy, _, _ = fw.phone_copy(figure)
+        renderer = copy.canvas.get_renderer()
+        upper, lower = copy.axes
+        for ax in (upper, lower):
+            legend = ax.get_legend().get_window_extent(renderer)
+            assert legend.y0 >= ax.get_window_extent(renderer).y1 - 1, "the legend sits above its panel"
+        assert not _boxes_overlap(lower.get_legend().get_window_extent(renderer), upper.get_tightbbox(renderer))
+        assert not _boxes_overlap(lower.title.get_window_extent(renderer), upper.get_window_extent(renderer))
+        assert upper.get_legend()._ncols == 2
+    finally:
+        plt.close("all")
+
+
+def test_a_figure_legend_outside_the_panels_stays_outside_them() -> None:
+    """fig.legend(loc="outside lower center") under two panels: on the phone, under both, off the data."""
+    figure, axes = plt.subplots(1, 2, figsize=(7.5, 3.5), layout="constrained")
+    try:
+        for ax in axes:
+            for label in ("forward", "backward", "FP8 E4M3 range", "FP8 E5M2 range"):
+                ax.plot([0, 1], [0, len(label)], label=label)
+        figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4)
+        copy, _, _ = fw.phone_copy(figure)
+        renderer = copy.canvas.get_renderer()
+        legend = copy.legends[0].get_window_extent(renderer)
+        for ax in copy.axes:
+            assert legend.y1 <= ax.get_tightbbox(renderer).y0 + 1
+    finally:
+        plt.close("all")

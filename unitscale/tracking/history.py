@@ -131,11 +131,59 @@ class DriftTable:
     def __repr__(self) -> str:
         return self.table()
 
+    def _repr_html_(self) -> str:
+        """The rows as an HTML table: each tensor with its kind, direction and steps under it, then the numbers.
+
+        >>> from unitscale.tracking import Drift, DriftTable
+        >>> drift = Drift("fc.weight", "parameter", "fwd", 0, 90, 0.1, 25.6, 8.0)
+        >>> "<td>+8.00</td>" in DriftTable([drift], "std")._repr_html_()
+        True
+        """
+        header = ("tensor", "kind · dir · steps", f"first {self.stat}", f"last {self.stat}", "octaves")
+        body = [
+            (
+                d.tensor,
+                f"{d.kind} · {d.direction} · {d.first_step}–{d.last_step}",
+                f"{d.first:.3g}",
+                f"{d.last:.3g}",
+                f"{d.octaves:+.2f}",
+            )
+            for d in self.rows
+        ]
+        return _html_table(header, body, f"the {len(self.rows)} tensors whose {self.stat} moved most, in octaves")
+
 
 def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
+    )
+
+
+def _html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str = "") -> str:
+    """An HTML table for a notebook that a phone's column holds: the first column names a row.
+
+    ``header[0]``/``header[1]`` and each row's first two cells are the row's name and a small
+    line under it (kind, direction, step: what tells rows of one name apart); the numbers follow,
+    one column each. A name (and a module path) breaks after its dots (``blocks.1.<wbr>mlp``).
+    """
+    from html import escape  # here, not at the top: only a notebook's display needs it
+
+    def name(cell: str, sub: str, tag: str) -> str:
+        return f"<{tag}>{breakable(cell)}<br><small>{breakable(sub)}</small></{tag}>"
+
+    def breakable(text: str) -> str:
+        return escape(text).replace(".", ".<wbr>")
+
+    head = name(header[0], header[1], "th") + "".join(f"<th>{escape(h)}</th>" for h in header[2:])
+    rows = "".join(
+        "<tr>" + name(line[0], line[1], "td") + "".join(f"<td>{escape(c)}</td>" for c in line[2:]) + "</tr>"
+        for line in body
+    )
+    return (
+        '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+        + (f'<p class="unitscale-table-note">{escape(note)}</p>' if note else "")
     )
 
 
@@ -218,6 +266,41 @@ class ScaleHistory:
             and (kind is None or r.kind == kind)
             and (direction is None or r.direction == direction)
         ]
+
+    def where(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> ScaleHistory:
+        """The records of one step, kind or direction (``None``: all), as a history; a notebook shows its table.
+
+        >>> from unitscale.tracking import MonitorRecord, ScaleHistory
+        >>> history = ScaleHistory([
+        ...     MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2),
+        ...     MonitorRecord(0, "fc", "activation", "bwd", 0.5, 2.0, 0.0, 0.0, 30.1),
+        ... ])
+        >>> len(history.where(direction="bwd"))
+        1
+        """
+        return ScaleHistory(self.select(step, kind, direction), self.fwd_format, self.bwd_format)
+
+    def _repr_html_(self) -> str:
+        """The records as an HTML table (the first 200): each tensor with its kind, direction and step under it.
+
+        >>> from unitscale.tracking import MonitorRecord, ScaleHistory
+        >>> record = MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2)
+        >>> "<td>31.2</td>" in ScaleHistory([record])._repr_html_()
+        True
+        """
+        shown = self.records[:200]
+        header = ("tensor", "kind · dir · step", "std", "absmax", "underflow", "overflow", "sqnr dB")
+        body = [
+            (
+                r.tensor,
+                f"{r.kind} · {r.direction} · {r.step}",
+                *(f"{getattr(r, stat):.3g}" for stat in STATS),
+            )
+            for r in shown
+        ]
+        formats = f"forward against {_format_name(self.fwd_format)}, gradients against {_format_name(self.bwd_format)}"
+        more = f"; the first {len(shown)} of {len(self.records)}: where() selects" if len(shown) < len(self) else ""
+        return _html_table(header, body, f"{len(self.records)} records{more}; {formats}")
 
     def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
         """A fixed-width text table of the records (all, or one step, kind or direction), 3 significant digits.

@@ -22,6 +22,7 @@ import torch
 from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
 from unitscale.fx.nodes import MODULE_PATH_KEY
+from unitscale.tracking.history import _html_table
 from unitscale.tracking.stats import ScaleRecord, Stat
 
 if TYPE_CHECKING:
@@ -498,38 +499,35 @@ class ScaleReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        """The report as an HTML table, for a notebook: the stds first, the rest after them.
+        """The report as an HTML table that a phone's column holds: each node, then its stds and abs max.
 
-        A phone shows the node and its two stds; the other columns (op, shape, module, dtype,
-        abs max) follow in a box that scrolls sideways, the site marking it with a shadow.
-        Every value is there, none shortened (the text :meth:`table` cuts long names to fit 88
-        characters).
+        Under each node's name a small line gives its op, module, shape and dtype. Every value
+        is there, none shortened (the text :meth:`table` cuts long names to fit 88 characters).
 
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
         >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5)
         >>> html = ScaleReport([row], "Net")._repr_html_()
         >>> html.count("<th>"), "<td>0.5</td>" in html
-        (8, True)
+        (4, True)
         """
-        from html import escape  # here, not at the top: only a notebook's display needs it
-
         note = self._nonfinite_note()
-        header = ["node", "fwd std", "bwd std", *(["finite"] if note else []), "op", "shape", "module", "dtype"]
-        header.append("abs max")
-        lines = []
-        for r in self.rows:
-            finite = ["yes" if r.finite else f"NO ({r.nonfinite})"] if note else []
-            cells = [r.node, _num(r.forward), _num(r.backward), *finite, r.op, str(r.shape), r.module_path, r.dtype]
-            lines.append([*cells, _num(r.abs_max)])
-        head = "".join(f"<th>{escape(h)}</th>" for h in header)
-        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in line) + "</tr>" for line in lines)
-        caption = escape(f"{self.model}: {len(self.rows)} tensors, {self.route} capture" + (f". {note}" * bool(note)))
-        return (
-            '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-            f'<p class="unitscale-table-note">{caption}</p>'  # under the box: never scrolled out of view
-        )
+        header = ["node", "op · module · shape · dtype", "fwd std", "bwd std", "abs max", *(["finite"] if note else [])]
+        lines = [
+            [
+                r.node,
+                " · ".join(part for part in (r.op, r.module_path, str(r.shape), r.dtype) if part),
+                _num(r.forward),
+                _num(r.backward),
+                _num(r.abs_max),
+                *(["yes" if r.finite else f"NO ({r.nonfinite})"] if note else []),
+            ]
+            for r in self.rows
+        ]
+        caption = f"{self.model}: {len(self.rows)} tensors, {self.route} capture" + (f". {note}" * bool(note))
+        if self.no_backward:
+            caption += f"; no backward pass recorded: {self.no_backward}"
+        return _html_table(header, lines, caption)
 
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
         """Plot ``log2`` of each tensor's forward and backward std, over format ranges.

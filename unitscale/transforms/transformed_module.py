@@ -62,6 +62,7 @@ __all__ = ["GraphTransform", "TransformedModule"]
 logger = logging.getLogger(__name__)
 
 GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
+"""A graph pass, as :func:`~unitscale.transforms.apply_transform` takes it: a ``GraphModule`` in, one out."""
 
 
 def _outside_dynamo(method: Callable[..., Any]) -> Callable[..., Any]:
