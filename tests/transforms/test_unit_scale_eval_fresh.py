@@ -216,8 +216,11 @@ def test_running_statistics_average_the_first_batches_cumulatively_on_every_rout
 #: name -> input shape: 32 samples, and maps of at least 3x3 at the last batch norm.
 HEAVY = {"efficientnet_b0": (BATCH, 3, 96, 96), "regnet_y_400mf": (BATCH, 3, 96, 96), "levit_128s": (BATCH, 3, 64, 64)}
 slow = pytest.mark.skipif(not os.environ.get("UNITSCALE_SLOW_MODELS"), reason="set UNITSCALE_SLOW_MODELS=1")
-#: Out of band with the recalibrated oracle in band.
-_UNIT_MARKS = {"levit_128s": [pytest.mark.xfail(reason="LEVITREASON")]}
+#: Out of band where the plain model, the oracle, is in band.
+#: LeViT-128S unit-scaled: eval spread 0.64-0.82 of the recalibrated passes' (1.38-1.71 against
+#: 1.97-2.22), and by std one batch 3.86 against 2.23-2.57 (a sample's logits std 9.2, 5.1 with
+#: batch statistics): heavier tails in eval mode than the plain model's. Not located yet.
+_UNIT_MARKS = {"levit_128s": [pytest.mark.xfail(reason="unit-scaled LeViT-128S below the band: eval 1.38-1.71")]}
 
 
 @slow
