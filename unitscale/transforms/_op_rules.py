@@ -27,7 +27,8 @@ more than that to be told apart from ops that look the same:
 - a product with a constant (``x * c``, ``x / c``) that only linear layers and norms read
   becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
 - a product with a random keep mask ``bernoulli(q) / c`` (stochastic depth, dropout written
-  out) is scaled by ``c / q**0.5`` both ways, so it keeps unit std in training, as
+  out; torchvision's ``stochastic_depth``, a leaf on the fx route) is scaled by
+  ``c / q**0.5`` both ways, so it keeps unit std in training, as
   :func:`~unitscale.functional.dropout` does.
 """
 
@@ -42,6 +43,7 @@ from torch import fx
 import unitscale.functional as U
 from unitscale.transforms._graph import (
     _ADD,
+    _DIV,
     _MUL,
     _attr,
     _constant_factor,
@@ -187,7 +189,7 @@ def _scale_product(state: PassState, node: fx.Node) -> bool:
 
 
 _BERNOULLI: set[Any] = {torch.bernoulli, torch.Tensor.bernoulli, torch.Tensor.bernoulli_}
-_DIVIDE: set[Any] = {operator.truediv, torch.div, torch.Tensor.div, torch.Tensor.div_}
+_DIVIDE: set[Any] = _DIV[0] | {torch.Tensor.div_}  # torchvision's ``noise.div_(q)``
 
 
 def _keep_mask(mask: Any) -> tuple[float, list[fx.Node]] | None:
@@ -219,11 +221,29 @@ def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
     keeps the variance).
     """
     found = [m for m in map(_keep_mask, node.args) if m is not None] if _is(node, _MUL) else []
-    if len(node.args) != 2 or len(found) != 1:
+    leaf = _stochastic_depth_leaf(node)
+    if leaf is not None:
+        found = [(leaf, [])]
+    elif len(node.args) != 2 or len(found) != 1:
         return False
     factor, nodes = found[0]
     state.done.update({node, *nodes, _scale_after(node, factor, factor, "of_mask")})
     return True
+
+
+def _stochastic_depth_leaf(node: fx.Node) -> float | None:
+    """``q**0.5`` for torchvision's ``stochastic_depth(x, p, mode, training=True)``, ``q = 1 - p``, else ``None``.
+
+    torchvision registers it with ``torch.fx.wrap``, so the fx route keeps it a leaf call
+    (its body, ``x * bernoulli(q) / q``, is what the other routes' graphs hold). Known by its
+    module and name: the library does not import torchvision.
+    """
+    fn = node.target if node.op == "call_function" else None
+    name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
+    if name != "torchvision.ops.stochastic_depth.stochastic_depth" or len(node.args) != 4:
+        return None
+    p, training = node.args[1], node.args[3]
+    return (1 - p) ** 0.5 if training is True and isinstance(p, (int, float)) and 0 <= p < 1 else None
 
 
 def _scale_pool(state: PassState, node: fx.Node) -> bool:

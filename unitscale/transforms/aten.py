@@ -166,6 +166,10 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.add_.Tensor: _same(torch.add),
     aten.mul.Tensor: _same(torch.mul),
     aten.div.Tensor: _same(torch.div),
+    aten.div_.Tensor: _same("div_", "call_method"),
+    # stochastic depth's keep mask, ``new_empty(shape).bernoulli_(q).div_(q)``: aten leaves out q = 0.5
+    aten.bernoulli_.float: lambda a, k: ("call_method", "bernoulli_", (a[0], _at(a, 1, k.get("p", 0.5))), {}),
+    aten.bernoulli.p: _same(torch.bernoulli),
     aten.pow.Tensor_Scalar: _same(torch.pow),
     aten.mean.dim: lambda a, k: (
         "call_function", torch.mean, tuple(a[:2]), {"keepdim": _at(a, 2, k.get("keepdim", False))}),
