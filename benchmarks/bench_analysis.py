@@ -51,7 +51,7 @@ from spread import spread  # noqa: E402  (beside this script)
 
 from unitscale.capture import DeepTracing, capture, clear_capture_cache  # noqa: E402
 from unitscale.examples.models import TinyGPT, resnet18  # noqa: E402
-from unitscale.tracking import analyse_module, annotated, stats, track_scales  # noqa: E402
+from unitscale.tracking import analyse_module, report, stats, track_scales  # noqa: E402
 
 BATCH, SEQ, WIDTH, LAYERS, HEADS, VOCAB = 8, 128, 256, 4, 4, 512
 #: rounds of the full run: each round times every function once, the plain pass among them, and
@@ -166,7 +166,7 @@ def _round_times(fns: dict[str, Callable[[], object]], repeats: int) -> list[dic
 def _forget_captures() -> None:
     """Empty every cache a first call fills: captures (fx traces, exports), parsed code, compiled tracking code."""
     clear_capture_cache()  # a compiled tracking program lives on its capture's graph: gone with it
-    annotated._code_lines.cache_clear()
+    report._code_lines.cache_clear()
 
 
 def _output(out: Any) -> torch.Tensor:
