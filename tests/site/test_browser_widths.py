@@ -15,7 +15,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,41 +149,47 @@ def test_no_glued_number_breaks_across_lines_on_a_phone(measured):
     assert broken == [], "\n".join(broken)
 
 
-def test_the_measure_sees_a_glued_number_broken_across_lines(browser, base_url):
-    """A number in a column too narrow for it, with no outputs.js to keep it whole: seen broken."""
+@contextmanager
+def _phone_page(browser, base_url, html: str) -> Iterator[Any]:
+    """A phone-width tab on one of the site's pages, its content replaced by ``html``."""
     tab = Visit(browser, WIDTHS["phone"])
     try:
         page = tab.goto(f"{base_url}/{PAGES[0]}").page
-        page.set_content(
-            '<div class="bd-article" style="width:40px;font:16px monospace"><p>'
-            '<span class="pasted-text">1.6e-07</span> and <span class="pasted-text">twice as</span></p></div>'
-        )
-        assert page.evaluate(BROKEN_NUMBERS_JS) == ["1.6e-07"]
+        page.set_content(html)
+        yield page
     finally:
         tab.close()
+
+
+def test_the_measure_sees_a_glued_number_broken_across_lines(browser, base_url):
+    """A number in a column too narrow for it, with no outputs.js to keep it whole: seen broken."""
+    with _phone_page(
+        browser,
+        base_url,
+        '<div class="bd-article" style="width:40px;font:16px monospace"><p>'
+        '<span class="pasted-text">1.6e-07</span> and <span class="pasted-text">twice as</span></p></div>',
+    ) as page:
+        assert page.evaluate(BROKEN_NUMBERS_JS) == ["1.6e-07"]
 
 
 def test_the_measures_see_small_text_and_a_scroll_without_cue(browser, base_url):
     """Both checks on a page made to fail them: they are not vacuous."""
-    tab = Visit(browser, WIDTHS["phone"])
-    try:
-        page = tab.goto(f"{base_url}/{PAGES[0]}").page
-        page.set_content(
-            '<div class="bd-article"><div class="cell_output"><picture><source media="(max-width: 10px)" '
-            "srcset=\"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' width='10' height='10'/%3E\" "
-            'data-min-font-pt="20" data-dpi="100" data-width-px="10"><img style="width:300px" data-min-font-pt="9" '
-            'data-dpi="100" data-width-px="750" src="data:image/svg+xml,%3Csvg xmlns=\'http://www.w3.org/2000/svg\' '
-            "width='750' height='10'/%3E\"></picture></div>"
-            '<div class="cell_output"><div class="output"><pre style="overflow-x:auto;width:100px">'
-            + "x" * 200
-            + "</pre></div></div></div>"
-        )
+    with _phone_page(
+        browser,
+        base_url,
+        '<div class="bd-article"><div class="cell_output"><picture><source media="(max-width: 10px)" '
+        "srcset=\"data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' width='10' height='10'/%3E\" "
+        'data-min-font-pt="20" data-dpi="100" data-width-px="10"><img style="width:300px" data-min-font-pt="9" '
+        'data-dpi="100" data-width-px="750" src="data:image/svg+xml,%3Csvg xmlns=\'http://www.w3.org/2000/svg\' '
+        "width='750' height='10'/%3E\"></picture></div>"
+        '<div class="cell_output"><div class="output"><pre style="overflow-x:auto;width:100px">'
+        + "x" * 200
+        + "</pre></div></div></div>",
+    ) as page:
         page.wait_for_function("document.images[0].complete")
         figure = page.evaluate(FIGURES_JS)[0]
         assert figure["pt"] == 9 and abs(text_px(figure) - 9 * 100 / 72 * 300 / 750) < 0.01
         assert page.evaluate(OUTPUTS_JS) == [{"scrolls": True, "cue": False, "text": "x" * 60}]
-    finally:
-        tab.close()
 
 
 PROSE_CARDS_JS = """() => {
