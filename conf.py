@@ -138,7 +138,6 @@ nitpick_ignore = [
     ("py:class", "RankRecord"),  # PipelineResult.records' item type, in the internal stages.runtime.measured
     ("py:class", "unitscale.stages.runtime.measured.RankRecord"),
     ("py:class", "unitscale.transforms._frozen.GradScales"),  # PassState.grad_scales: the frozen factors' buffers
-    ("py:func", "read_stats"),  # read_rows' docstring names its one transfer, tracking.report's reader
 ]
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(_external_packages)})(\..+)?"),

@@ -117,3 +117,42 @@ def test_where_keeps_the_records_select_gives_and_the_formats(selection: dict) -
     view = history.where(**selection)
     assert view.records == history.select(**selection)
     assert (view.fwd_format, view.bwd_format) == (history.fwd_format, history.bwd_format)
+
+
+def _two_step_history() -> ScaleHistory:
+    return ScaleHistory(
+        [
+            MonitorRecord(s, "fc", k, d, 1.0, 1.0, 0.0, 0.0, 9.0)
+            for s in (0, 10)
+            for k in ("activation", "parameter")
+            for d in ("fwd", "bwd")
+        ]
+    )
+
+
+@pytest.mark.parametrize("call", ["select", "where", "table"])
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        ({"kind": "activations"}, r"kind='activations' is not known; pass one of \('activation', 'parameter', None\)"),
+        ({"direction": "forward"}, r"direction='forward' is not known; pass one of \('fwd', 'bwd', None\)"),
+        ({"step": 5}, r"step=5 was not recorded; pass one of the recorded steps \[0, 10\]"),
+    ],
+)
+def test_a_selection_that_matches_nothing_by_mistake_raises_naming_the_call(
+    call: str, selection: dict, message: str
+) -> None:
+    # A misspelt kind or direction, or a step between two recorded ones, used to select nothing, silently.
+    from unitscale.errors import InputError
+
+    history = _two_step_history()
+    with pytest.raises(InputError, match=rf"^{call}: {message}"):
+        getattr(history, call)(**selection)
+    assert len(history.select(step=10, kind="parameter", direction="bwd")) == 1
+
+
+def test_tensors_of_an_unknown_kind_raise() -> None:
+    from unitscale.errors import InputError
+
+    with pytest.raises(InputError, match=r"^tensors: kind='weights' is not known"):
+        _two_step_history().tensors("weights")

@@ -164,3 +164,17 @@ def test_interpreter_compiled_and_eager_routes_record_the_models_own_numbers(mon
             assert got == pytest.approx(want[key], rel=1e-6), (route, key)
         assert set(names.values()) <= set(calls), route  # every route records through ScaleRecording.record
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("slot", ["fwd", "bwd", "grad", ""])
+def test_a_record_refuses_a_slot_it_does_not_have_and_stays_empty(slot: str) -> None:
+    # Any slot but "backward" used to be taken as forward, silently.
+    from unitscale.errors import InputError
+    from unitscale.tracking import ScaleRecord
+
+    record = ScaleRecord()
+    with pytest.raises(
+        InputError, match=rf"^ScaleRecord\.fill: slot='{slot}' is not known; pass 'forward' or 'backward'"
+    ):
+        record.fill(torch.tensor([1.0, 3.0]), slot, abs_max=True)
+    assert (record.forward, record.backward, record.abs_max) == (None, None, None)

@@ -200,7 +200,11 @@ def _check_stat(caller: str, stat: object, allowed: tuple[str, ...] = STATS) -> 
 
 def _check_choice(caller: str, name: str, value: object, allowed: tuple[str | None, ...]) -> None:
     if value not in allowed:
-        raise InputError(f"{caller}: {name}={value!r:.60} is not one of {allowed}")
+        raise InputError(f"{caller}: {name}={value!r:.60} is not known; pass one of {allowed}")
+
+
+_KINDS = ("activation", "parameter", None)
+_DIRECTIONS = ("fwd", "bwd", None)
 
 
 class ScaleHistory:
@@ -249,6 +253,7 @@ class ScaleHistory:
 
     def tensors(self, kind: str | None = None) -> list[str]:
         """Tensor names, activations first (in the order the forward pass met them), then parameters."""
+        _check_choice("tensors", "kind", kind, _KINDS)
         seen: dict[str, str] = {}
         for r in self.records:
             seen.setdefault(r.tensor, r.kind)
@@ -256,9 +261,19 @@ class ScaleHistory:
         return sorted(names, key=lambda n: seen[n] != "activation")
 
     def select(
-        self, step: int | None = None, kind: str | None = None, direction: str | None = None
+        self, step: int | None = None, kind: str | None = None, direction: str | None = None, *, caller: str = "select"
     ) -> list[MonitorRecord]:
-        """The records of one step, kind or direction (``None``: all)."""
+        """The records of one step, kind or direction (``None``: all).
+
+        A step that was not recorded, or a kind or direction that does not exist, raises
+        :class:`~unitscale.errors.InputError` (naming ``caller``) rather than selecting nothing.
+        """
+        _check_choice(caller, "kind", kind, _KINDS)
+        _check_choice(caller, "direction", direction, _DIRECTIONS)
+        if step is not None and step not in self.steps:
+            raise InputError(
+                f"{caller}: step={step!r:.60} was not recorded; pass one of the recorded steps {self.steps}"
+            )
         return [
             r
             for r in self.records
@@ -278,7 +293,7 @@ class ScaleHistory:
         >>> len(history.where(direction="bwd"))
         1
         """
-        return ScaleHistory(self.select(step, kind, direction), self.fwd_format, self.bwd_format)
+        return ScaleHistory(self.select(step, kind, direction, caller="where"), self.fwd_format, self.bwd_format)
 
     def _repr_html_(self) -> str:
         """The records as an HTML table (the first 200): each tensor with its kind, direction and step under it.
@@ -324,7 +339,7 @@ class ScaleHistory:
                 f"{r.overflow:.3g}",
                 f"{r.sqnr_db:.3g}",
             )
-            for r in self.select(step, kind, direction)
+            for r in self.select(step, kind, direction, caller="table")
         ]
         return _text_table(header, body)
 
@@ -349,8 +364,8 @@ class ScaleHistory:
             InputError: ``top`` is not an int >= 1, or ``kind``/``direction`` unknown.
         """
         _check_stat("drifted", stat, _LOG2_STATS)
-        _check_choice("drifted", "kind", kind, ("activation", "parameter", None))
-        _check_choice("drifted", "direction", direction, ("fwd", "bwd", None))
+        _check_choice("drifted", "kind", kind, _KINDS)
+        _check_choice("drifted", "direction", direction, _DIRECTIONS)
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise InputError(f"drifted: top={top!r:.60} must be an int >= 1")
         if not self.records:
@@ -413,8 +428,8 @@ class ScaleHistory:
         'forward (FP8 E4M3)'
         """
         _check_stat("heatmap", stat)
-        _check_choice("heatmap", "kind", kind, ("activation", "parameter", None))
-        _check_choice("heatmap", "direction", direction, ("fwd", "bwd", None))
+        _check_choice("heatmap", "kind", kind, _KINDS)
+        _check_choice("heatmap", "direction", direction, _DIRECTIONS)
         # pyplot is imported when a plot is drawn: it alone costs more import time than
         # unitscale (measured with python -X importtime, torch already imported)
         import matplotlib.pyplot as plt

@@ -168,7 +168,7 @@ def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
 
 
 def read_rows(entries: Iterable[tuple[ScaleRow, ScaleRecord]]) -> list[ScaleRow]:
-    """Each row with its record's numbers, all read in one transfer (:func:`read_stats`).
+    """Each row with its record's numbers, all read to the host in one transfer.
 
     ``entries`` are a recording's, once its backward pass is done and its ``cleanup`` closed
     (:class:`~unitscale.tracking.ScaleTrackingInterpreter`'s ``captured.entries``).

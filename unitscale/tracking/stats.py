@@ -64,12 +64,14 @@ class ScaleRecord:
         """Record the std of ``t`` in ``slot``, ``"forward"`` (with its abs-max where ``abs_max``) or ``"backward"``.
 
         In backward ``t`` is the gradient. ``known``: its std, measured already. No host sync.
+        Any other ``slot`` raises :class:`~unitscale.errors.InputError`.
         """
-        std = std_stat(t) if known is None else known
         if slot == "backward":
-            self.backward = std
+            self.backward = std_stat(t) if known is None else known
             return
-        self.forward = std
+        if slot != "forward":
+            raise InputError(f"ScaleRecord.fill: slot={slot!r:.60} is not known; pass 'forward' or 'backward'")
+        self.forward = std_stat(t) if known is None else known
         if abs_max:
             self.abs_max = abs_max_stat(t)
 
