@@ -46,6 +46,7 @@ extensions = [
     "spread_notebooks",  # under -j, notebooks dealt out over the chunks read in parallel
     "viewcode_backlinks",  # the source pages' "[docs]" links find their anchors
     "wheel_download",  # the package's wheel at the site root, for `pip install <site>/<wheel>`
+    "source_archive",  # the sources at the site root, for `make html` and `make test` without a clone
 ]
 
 templates_path = [str(ROOT / "docs" / "_templates")]

@@ -56,7 +56,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-WITHOUT_MAKE = block_after(INSTALL, "## From a clone, without make")
+WITHOUT_MAKE = block_after(INSTALL, "## The sources, without make")
 
 
 def test_install_gives_one_line_per_extra() -> None:
@@ -117,9 +117,9 @@ def test_reader_commands_name_no_placeholder_and_the_cpu_torch(text: str) -> Non
 
 
 def reader_blocks(page: str) -> list[str]:
-    """The ```bash blocks a reader without a clone runs: Install's "From this site", Run locally's first."""
+    """The ```bash blocks a reader without a clone runs: Install's wheel section, Run locally's first."""
     if page == "Install":
-        section = INSTALL[INSTALL.index("## From this site") : INSTALL.index("## From a clone")]
+        section = INSTALL[INSTALL.index("## The wheel, from this site") : INSTALL.index("## The sources, from this site")]
         blocks = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
         assert len(blocks) == 2
         return blocks
