@@ -43,11 +43,9 @@ def html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str =
     """An HTML table for a notebook that a phone's column holds: the first column names a row.
 
     ``header[0]``/``header[1]`` and each row's first two cells are the row's name and a small
-    line under it (kind, direction, step: what tells rows of one name apart); the other cells
-    follow, one column each, key columns first: the rest scroll in the table's box, which the
-    site marks with a shadow. A name (and a module path) breaks after its dots
-    (``blocks.1.<wbr>mlp``). Every cell and the ``note`` under the box (one line per line)
-    are escaped.
+    line under it (what tells rows of one name apart); the other cells follow, key columns
+    first, the rest scrolling in the box. A name breaks after its dots (``blocks.1.<wbr>mlp``).
+    Every cell, and each line of the ``note`` under the box, is escaped.
 
     >>> from unitscale.capture.toolkit import html_table
     >>> html = html_table(["node", "op", "std"], [["fc.w", "param", "0.5"]], "1 row")
@@ -70,6 +68,5 @@ def html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str =
     return (
         '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
         f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
-        # under the box: never scrolled out of view
         + (f'<p class="unitscale-table-note">{caption}</p>' if caption else "")
     )
