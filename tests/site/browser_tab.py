@@ -18,12 +18,15 @@ class Visit:
     a page against 0.14 s, over 600 page visits).
 
     Every navigation starts with empty ``localStorage``, as a first visit does (the theme's
-    light/dark mode lives there), so one tab can visit many pages quickly.
+    light/dark mode lives there), so one tab can visit many pages quickly. ``theme="dark"``
+    stores the dark mode instead, before the page's scripts run, as a reader's choice does.
     """
 
-    def __init__(self, browser, viewport: dict[str, int] | None = None):
+    def __init__(self, browser, viewport: dict[str, int] | None = None, theme: str | None = None):
         self.context = browser.new_context(viewport=viewport) if viewport else browser.new_context()
-        self.context.add_init_script("window.localStorage.clear()")
+        store = "localStorage.setItem('mode', '{0}'); localStorage.setItem('theme', '{0}');"
+        chosen = "" if theme is None else " " + store.format(theme)
+        self.context.add_init_script("window.localStorage.clear();" + chosen)
         self.page = self.context.new_page()
         self.errors: list[str] = []
         self.external: set[str] = set()

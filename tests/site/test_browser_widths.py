@@ -9,11 +9,13 @@
   ``1.6e-07``'s ``e-`` reads as two numbers; ``outputs.js`` keeps them whole).
 - **Outputs that scroll.** At 1280 px no output of any page scrolls sideways; at 390 px at most
   :data:`MAX_SCROLLING_SHARE` of all outputs do, and each one that does shows its cue (the
-  shadow of ``outputs.js``).
+  shadow of ``outputs.js``); in light mode and in dark (whose HTML outputs lose the panel's
+  padding and whose cue is a light shadow of its own, ``unitscale.css``).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ PAGES = sorted(
     if "cell_output" in p.read_text(encoding="utf-8")
 )
 WIDTHS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1280, "height": 900}}
+THEMES = ("light", "dark")
 MIN_TEXT_PX = 11.0
 # Issue 40's bar: at most one output in ten scrolls at 390 px, each with its cue, over the site
 # and on each tutorial alone. A printed table fits the phone's column at 50 characters (11 px
@@ -86,15 +89,17 @@ def text_px(figure: dict) -> float:
 
 @pytest.fixture(scope="module")
 def measured(browser, base_url):
-    """``width -> page -> (figures, outputs)``, every page visited once at each width."""
-    found: dict[str, dict[str, tuple[list, list]]] = {}
-    for width, viewport in WIDTHS.items():
-        tab = Visit(browser, viewport)
+    """``(width, theme) -> page -> (figures, outputs, broken numbers)``, every page visited once
+    at each width in each theme (the theme chosen before the page's scripts run)."""
+    found: dict[tuple[str, str], dict[str, tuple[list, list, list]]] = {}
+    for (width, viewport), theme in itertools.product(WIDTHS.items(), THEMES):
+        tab = Visit(browser, viewport, theme)
         try:
-            found[width] = {}
+            found[width, theme] = {}
             for page in PAGES:
                 tab.goto(f"{base_url}/{page}")
-                found[width][page] = (
+                assert tab.page.evaluate("document.documentElement.dataset.theme") == theme, page
+                found[width, theme][page] = (
                     tab.page.evaluate(FIGURES_JS),
                     tab.page.evaluate(OUTPUTS_JS),
                     tab.page.evaluate(BROKEN_NUMBERS_JS),
@@ -106,7 +111,7 @@ def measured(browser, base_url):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_figures_text_reads_at_11_px(measured, width):
-    figures = [(page, f) for page, (figs, _, _) in measured[width].items() for f in figs]
+    figures = [(page, f) for page, (figs, _, _) in measured[width, "light"].items() for f in figs]
     assert figures, "no figures found"
     small = [
         f"{page}: {f['src']} smallest text {text_px(f) if f['px'] else float('nan'):.1f} px"
@@ -117,14 +122,16 @@ def test_every_figures_text_reads_at_11_px(measured, width):
     assert small == [], f"{len(small)} of {len(figures)} figures at {width} width:\n" + "\n".join(small)
 
 
-def test_no_output_scrolls_at_desktop_width(measured):
-    outputs = [(page, o) for page, (_, outs, _) in measured["desktop"].items() for o in outs]
+@pytest.mark.parametrize("theme", THEMES)
+def test_no_output_scrolls_at_desktop_width(measured, theme):
+    outputs = [(page, o) for page, (_, outs, _) in measured["desktop", theme].items() for o in outs]
     scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
     assert scrolling == [], "\n".join(scrolling)
 
 
-def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured):
-    outputs = [(page, o) for page, (_, outs, _) in measured["phone"].items() for o in outs]
+@pytest.mark.parametrize("theme", THEMES)
+def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured, theme):
+    outputs = [(page, o) for page, (_, outs, _) in measured["phone", theme].items() for o in outs]
     scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
     uncued = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"] and not o["cue"]]
     assert uncued == [], "outputs that scroll with no cue:\n" + "\n".join(uncued)
@@ -133,11 +140,12 @@ def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured):
     )
 
 
-def test_at_most_one_output_in_ten_scrolls_on_a_phone_on_each_tutorial(measured):
+@pytest.mark.parametrize("theme", THEMES)
+def test_at_most_one_output_in_ten_scrolls_on_a_phone_on_each_tutorial(measured, theme):
     """The share holds page by page: a tutorial of seven outputs whose four printed tables
     scrolled met the site's share while the reader of that page met them one after another."""
     over = []
-    for page, (_, outs, _) in measured["phone"].items():
+    for page, (_, outs, _) in measured["phone", theme].items():
         scrolling = [o["text"] for o in outs if o["scrolls"]]
         if page.startswith("tutorials/") and len(scrolling) > MAX_SCROLLING_SHARE * len(outs):
             over.append(f"{page}: {len(scrolling)} of {len(outs)} scroll: {scrolling}")
@@ -145,7 +153,7 @@ def test_at_most_one_output_in_ten_scrolls_on_a_phone_on_each_tutorial(measured)
 
 
 def test_no_glued_number_breaks_across_lines_on_a_phone(measured):
-    broken = [f"{page}: {number}" for page, (_, _, numbers) in measured["phone"].items() for number in numbers]
+    broken = [f"{page}: {number}" for page, (_, _, numbers) in measured["phone", "light"].items() for number in numbers]
     assert broken == [], "\n".join(broken)
 
 

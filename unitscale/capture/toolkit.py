@@ -4,12 +4,16 @@ The face holds what users call; this module what ``tracking``, ``transforms``, `
 tool of your own) need to read, rewrite or re-run a capture's graph as every route writes it:
 the normalised node meta (with ``write_origin`` inside, :func:`copy_origin` is the only writer
 of a node's origin), TorchDynamo's graph of one call with its cache-key parts, and the one
-eager op recorder, :class:`OpRecorder`, whose ``record`` a tool overrides.
+eager op recorder, :class:`OpRecorder`, whose ``record`` a tool overrides; and the one HTML
+table every tool's report shows in a notebook, :func:`html_table`.
 
 >>> from unitscale.capture.toolkit import GRAPH_ROUTE_NAMES
 >>> GRAPH_ROUTE_NAMES  # the routes that give a graph
 ('fx', 'export', 'export-strict', 'dynamo')
 """
+
+from collections.abc import Sequence
+from html import escape
 
 from unitscale.capture._cache import call_state, hook_key
 from unitscale.capture._capture import GRAPH_ROUTE_NAMES
@@ -31,4 +35,38 @@ __all__ = [
     "hook_key",
     "GRAPH_ROUTE_NAMES",
     "OpRecorder",
+    "html_table",
 ]
+
+
+def html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str = "") -> str:
+    """An HTML table for a notebook that a phone's column holds: the first column names a row.
+
+    ``header[0]``/``header[1]`` and each row's first two cells are the row's name and a small
+    line under it (what tells rows of one name apart); the other cells follow, key columns
+    first, the rest scrolling in the box. A name breaks after its dots (``blocks.1.<wbr>mlp``).
+    Every cell, and each line of the ``note`` under the box, is escaped.
+
+    >>> from unitscale.capture.toolkit import html_table
+    >>> html = html_table(["node", "op", "std"], [["fc.w", "param", "0.5"]], "1 row")
+    >>> "<td>fc.<wbr>w<br><small>param</small></td><td>0.5</td>" in html
+    True
+    """
+
+    def name(cell: str, sub: str, tag: str) -> str:
+        return f"<{tag}>{breakable(cell)}<br><small>{breakable(sub)}</small></{tag}>"
+
+    def breakable(text: str) -> str:
+        return escape(text).replace(".", ".<wbr>")
+
+    head = name(header[0], header[1], "th") + "".join(f"<th>{escape(h)}</th>" for h in header[2:])
+    rows = "".join(
+        "<tr>" + name(line[0], line[1], "td") + "".join(f"<td>{escape(c)}</td>" for c in line[2:]) + "</tr>"
+        for line in body
+    )
+    caption = "<br>".join(escape(line) for line in note.splitlines())
+    return (
+        '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
+        + (f'<p class="unitscale-table-note">{caption}</p>' if caption else "")
+    )

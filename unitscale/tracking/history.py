@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from unitscale.capture.toolkit import html_table
 from unitscale.errors import InputError, NoRecordsError, UnknownStatError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
 
@@ -150,40 +151,13 @@ class DriftTable:
             )
             for d in self.rows
         ]
-        return _html_table(header, body, f"the {len(self.rows)} tensors whose {self.stat} moved most, in octaves")
+        return html_table(header, body, f"the {len(self.rows)} tensors whose {self.stat} moved most, in octaves")
 
 
 def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
-    )
-
-
-def _html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str = "") -> str:
-    """An HTML table for a notebook that a phone's column holds: the first column names a row.
-
-    ``header[0]``/``header[1]`` and each row's first two cells are the row's name and a small
-    line under it (kind, direction, step: what tells rows of one name apart); the numbers follow,
-    one column each. A name (and a module path) breaks after its dots (``blocks.1.<wbr>mlp``).
-    """
-    from html import escape  # here, not at the top: only a notebook's display needs it
-
-    def name(cell: str, sub: str, tag: str) -> str:
-        return f"<{tag}>{breakable(cell)}<br><small>{breakable(sub)}</small></{tag}>"
-
-    def breakable(text: str) -> str:
-        return escape(text).replace(".", ".<wbr>")
-
-    head = name(header[0], header[1], "th") + "".join(f"<th>{escape(h)}</th>" for h in header[2:])
-    rows = "".join(
-        "<tr>" + name(line[0], line[1], "td") + "".join(f"<td>{escape(c)}</td>" for c in line[2:]) + "</tr>"
-        for line in body
-    )
-    return (
-        '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
-        f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>"
-        + (f'<p class="unitscale-table-note">{escape(note)}</p>' if note else "")
     )
 
 
@@ -315,7 +289,7 @@ class ScaleHistory:
         ]
         formats = f"forward against {_format_name(self.fwd_format)}, gradients against {_format_name(self.bwd_format)}"
         more = f"; the first {len(shown)} of {len(self.records)}: where() selects" if len(shown) < len(self) else ""
-        return _html_table(header, body, f"{len(self.records)} records{more}; {formats}")
+        return html_table(header, body, f"{len(self.records)} records{more}; {formats}")
 
     def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
         """A fixed-width text table of the records (all, or one step, kind or direction), 3 significant digits.

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from unitscale.capture.toolkit import html_table
 from unitscale.errors import FormatError, InputError, NodeNotFoundError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16
 from unitscale.fx.nodes import MODULE_PATH_KEY
-from unitscale.tracking.history import _html_table
 from unitscale.tracking.stats import ScaleRecord, Stat
 
 if TYPE_CHECKING:
@@ -527,7 +527,7 @@ class ScaleReport:
         caption = f"{self.model}: {len(self.rows)} tensors, {self.route} capture" + (f". {note}" * bool(note))
         if self.no_backward:
             caption += f"; no backward pass recorded: {self.no_backward}"
-        return _html_table(header, lines, caption)
+        return html_table(header, lines, caption)
 
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
         """Plot ``log2`` of each tensor's forward and backward std, over format ranges.

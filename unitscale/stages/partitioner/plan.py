@@ -35,7 +35,7 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_leaves, tree_structure
 
-from unitscale.capture.toolkit import normalise_path, stack_entries
+from unitscale.capture.toolkit import html_table, normalise_path, stack_entries
 from unitscale.errors import CostError, InputError, PlanMismatchError, SplitSpecError, StageCountError
 from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
 from unitscale.stages.partitioner import search
@@ -187,9 +187,10 @@ class StageReport:
     def _repr_html_(self) -> str:
         """The report as an HTML table, for a notebook: each stage's cost and share first.
 
-        A phone shows the stage, its cost and its share; the parameters, the node count and
-        every tensor sent follow in a box that scrolls sideways (the site marks it with a
-        shadow). The bubble and the plan's certificate are the caption.
+        A phone shows each stage with its node count and parameters under it, its cost and
+        its share; every tensor it sends follows, named in full (the text :meth:`table`
+        counts what does not fit 88 characters). The bubble and the plan's certificate are
+        the caption.
 
         >>> from unitscale.stages.partitioner import StageReport, StageRow
         >>> rows = [StageRow(0, 3, "x", "fc1", 9.0, 0.5, 64, [("fc1", (2, 4), 32)])]
@@ -198,21 +199,12 @@ class StageReport:
         >>> "<td>fc1[2, 4] (32 B)</td>" in html
         True
         """
-        from html import escape  # here, not at the top: only a notebook's display needs it
-
-        header = ["stage", f"cost ({self.cost})", "share", "params", "nodes", "sends"]
+        header = ["stage", "nodes · params", f"cost ({self.cost})", "share", "sends"]
         lines = [
-            [str(r.stage), f"{r.cost:.4g}", f"{r.share:.1%}", f"{r.params:,}", str(r.nodes), _sends_cell(r, None)]
+            [str(r.stage), f"{r.nodes} · {r.params:,}", f"{r.cost:.4g}", f"{r.share:.1%}", _sends_cell(r, None)]
             for r in self.rows
         ]
-        head = "".join(f"<th>{escape(h)}</th>" for h in header)
-        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in line) + "</tr>" for line in lines)
-        caption = "<br>".join(escape(line) for line in self.table().splitlines()[len(self.rows) + 1 :])
-        return (
-            '<div class="unitscale-table" style="overflow-x: auto; max-width: 100%">'
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
-            f'<p class="unitscale-table-note">{caption}</p>'  # under the box: never scrolled out of view
-        )
+        return html_table(header, lines, "\n".join(self.table().splitlines()[len(self.rows) + 1 :]))
 
 
 def _sends_cell(row: StageRow, room: int | None) -> str:
