@@ -27,7 +27,7 @@ from torch import fx
 
 import unitscale.functional as U
 from unitscale.fx.nodes import changes_in_place
-from unitscale.transforms._graph import _ADD, _function_of, _insert_after, _is, _is_float_node, _member
+from unitscale.transforms._graph import _ADD, _function_of, _insert_after, _is, _is_float_node, _member, _producer
 from unitscale.transforms.pass_state import PassState
 
 _ATTENTION: set[Any] = {F.scaled_dot_product_attention, F.softmax, torch.softmax, torch.Tensor.softmax, U.softmax}
@@ -90,9 +90,10 @@ def residual_adds(state: PassState) -> None:
             state.done.update(_fork_join(node, a, b, ancestors, stream))
             continue
         body = {n for n in ancestors[branch] | {branch} if skip in ancestors[n]}
-        # the skip is the chain's previous add, or none; an attention add passes the count on
+        # the skip is the chain's previous add (seen through casts and reshapes: an exported
+        # Llama casts it), or none; an attention add passes the count on
         attention = _holds_attention(body)
-        chain[node] = chain.get(skip, 0) + (not attention)
+        chain[node] = chain.get(_producer(skip), 0) + (not attention)
         tau = 0.01 if attention else 1 / (chain[node] + 1)
         split, to_branch, to_skip = _split_at(skip, node, tau)
         for user in list(skip.users):
