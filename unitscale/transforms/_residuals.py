@@ -90,8 +90,7 @@ def residual_adds(state: PassState) -> None:
             state.done.update(_fork_join(node, a, b, ancestors, stream))
             continue
         body = {n for n in ancestors[branch] | {branch} if skip in ancestors[n]}
-        # the skip is the chain's previous add (seen through casts and reshapes: an exported
-        # Llama casts it), or none; an attention add passes the count on
+        # the skip is the chain's previous add, seen through casts (exported Llama's), or none
         attention = _holds_attention(body)
         chain[node] = chain.get(_producer(skip), 0) + (not attention)
         tau = 0.01 if attention else 1 / (chain[node] + 1)
