@@ -126,6 +126,25 @@ def test_residual_adds_weigh_skip_and_branch_by_tau() -> None:
     torch.testing.assert_close(_run(state, x), f(x) * 2**-0.5)
 
 
+def test_a_residual_chain_is_followed_through_a_cast_of_the_stream() -> None:
+    """The running mean's ``k`` counts on through ``.to(float32)``, as an exported Llama casts its stream.
+
+    The oracle is the plain sum ``x + f_1 + f_2``: each branch weighs alike, so the second add's
+    tau is ``1 / 3``. Failed before: the cast cut the chain and the second add got 0.5, where the
+    same model without the cast got ``1 / 3`` (an exported Llama and its TorchDynamo graph disagreed).
+    """
+    w1, w2 = torch.randn(8, 8), torch.randn(8, 8)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x = x + F.linear(F.layer_norm(x, (8,)), w1)
+        x = x.to(torch.float32)
+        return x + F.linear(F.layer_norm(x, (8,)), w2)
+
+    state = _state(f, torch.randn(16, 8), upto="residual_adds")
+    rules_module._residuals.residual_adds(state)
+    assert [n.args[2] for n in state.graph.nodes if n.target is U.residual_add] == pytest.approx([1 / 2, 1 / 3])
+
+
 def test_swap_ops_unconstrains_a_twin_on_the_trunk() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x)

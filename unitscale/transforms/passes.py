@@ -180,8 +180,8 @@ def unit_scale(
     residual adds (one operand an ancestor of the other) become
     :func:`~unitscale.functional.residual_split` / :func:`~unitscale.functional.residual_add`
     (``tau`` 0.01 for attention branches; else ``1 / (k + 1)`` at the ``k``-th add of a chain whose
-    skips are the previous adds, the plain sum's weights); other adds become unconstrained
-    :func:`~unitscale.functional.add`; constrained ops on the trunk (every
+    skips are the previous adds, attention adds not counted: the plain sum's weights); other adds
+    become unconstrained :func:`~unitscale.functional.add`; constrained ops on the trunk (every
     input-to-output path goes through them, as after the last residual add) are
     unconstrained.
     Ops written out by hand (``LlamaRMSNorm``, GPT-2's tanh GELU) are folded into their
