@@ -119,9 +119,7 @@ def test_reader_commands_name_no_placeholder_and_the_cpu_torch(text: str) -> Non
 def reader_blocks(page: str) -> list[str]:
     """The ```bash blocks a reader without a clone runs: Install's wheel section, Run locally's first."""
     if page == "Install":
-        section = INSTALL[
-            INSTALL.index("## The wheel, from this site") : INSTALL.index("## The sources, from this site")
-        ]
+        section = INSTALL[INSTALL.index("## The wheel") : INSTALL.index("## The sources (recommended)")]
         blocks = re.findall(r"^```bash\n(.*?)^```", section, re.S | re.M)
         assert len(blocks) == 2
         return blocks

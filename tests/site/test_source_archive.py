@@ -86,7 +86,7 @@ def test_installs_recommended_commands_run_as_written_in_the_sites_archive(tmp_p
     steps from the unpacked files alone (no git)."""
     site = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
     shutil.copy(site / archive_name(ROOT), tmp_path)
-    section = INSTALL[INSTALL.index("## The sources, from this site") :]
+    section = INSTALL[INSTALL.index("## The sources (recommended)") :]
     block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M).group(1)  # type: ignore[union-attr]
     dry = 'make() { command make -n -o .venv/.installed-stamp -o chromium "$@"; }\n'
     env = {**os.environ, "MAKEFLAGS": ""}
