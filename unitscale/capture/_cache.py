@@ -34,7 +34,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["cached", "call_state", "clear_capture_cache", "fingerprint", "hook_key", "input_signature"]
+from unitscale.fx.module_state import hook_key
+
+__all__ = ["cached", "call_state", "clear_capture_cache", "fingerprint", "input_signature"]
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype)
 # What nn.Module.__init__ puts in every module's __dict__: parameters, buffers, submodules
@@ -89,14 +91,6 @@ def fingerprint(module: nn.Module) -> tuple[Any, ...]:
             )
         )
     return tuple(parts)
-
-
-_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-
-
-def hook_key(module: nn.Module) -> tuple[tuple[int, ...], ...]:
-    """The handles of ``module``'s own hooks: each registration has a new id, so an added or removed hook shows."""
-    return tuple(tuple(getattr(module, name, None) or ()) for name in _HOOKS)
 
 
 def call_state() -> tuple[Any, ...]:

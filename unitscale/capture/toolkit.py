@@ -15,12 +15,13 @@ table every tool's report shows in a notebook, :func:`html_table`.
 from collections.abc import Sequence
 from html import escape
 
-from unitscale.capture._cache import call_state, hook_key
+from unitscale.capture._cache import call_state
 from unitscale.capture._capture import GRAPH_ROUTE_NAMES
 from unitscale.capture._dynamo import DynamoGraph, dynamo_graph, no_torch_function_modes
 from unitscale.capture._eager import OpRecorder
 from unitscale.capture._meta import copy_origin, normalise_graph, normalise_path, stack_entries
 from unitscale.capture._verify import flat_graph_inputs
+from unitscale.fx.module_state import hook_key
 
 __all__ = [
     "normalise_graph",

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-__all__ = ["module_state_kept", "pytree_specs_quiet", "registered_hooks"]
+__all__ = ["hook_key", "module_state_kept", "pytree_specs_quiet", "registered_hooks"]
 
 _MISSING = object()
 
@@ -149,3 +149,8 @@ def registered_hooks(module: nn.Module) -> list[str]:
     ['forward hook']
     """
     return [kind for attr, kind in _HOOKS if getattr(module, attr, None)]
+
+
+def hook_key(module: nn.Module) -> tuple[tuple[int, ...], ...]:
+    """The handles of ``module``'s own hooks: each registration has a new id, so an added or removed hook shows."""
+    return tuple(tuple(getattr(module, attr, None) or ()) for attr, _ in _HOOKS)
