@@ -16,7 +16,7 @@ from torch import fx, nn
 
 from unitscale.capture._cache import cached, input_signature
 from unitscale.capture._eager import RecordedOp, record_eager
-from unitscale.capture._kv_cache import find_kv_cache, kv_cache_error, no_kv_cache
+from unitscale.capture._kv_cache import no_kv_cache, refuse_kv_cache
 from unitscale.capture._meta import normalise_graph
 from unitscale.capture._routes import GRAPH_ROUTES, DeepTracing, RouteFn, deep_fx_route, export_route, flat_fx_route
 from unitscale.capture._verify import kept_state, record_and_compare
@@ -474,9 +474,7 @@ def _capture(
     check: bool,
 ) -> Capture:
     expected = _run_reference(module, args, kw) if check else None
-    cache = find_kv_cache(expected)
-    if cache is not None:  # a cache the config does not control (use_cache=True passed in)
-        raise kv_cache_error(module, *cache)
+    refuse_kv_cache(module, expected)  # a cache the config does not control (use_cache=True passed in)
     reasons: dict[str, str] = {}
     for name in routes:
         with warnings.catch_warnings(record=True) as caught:

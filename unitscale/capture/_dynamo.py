@@ -25,7 +25,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
-from unitscale.capture._kv_cache import find_kv_cache, kv_cache_error, no_kv_cache
+from unitscale.capture._kv_cache import no_kv_cache, refuse_kv_cache
 from unitscale.capture._meta import normalise_graph
 from unitscale.errors import CaptureError
 from unitscale.fx.global_state import GLOBAL_STATE_LOCK
@@ -248,9 +248,7 @@ _PLAIN_OUTPUTS = (type(None), bool, int, float, complex, str, torch.dtype, torch
 
 def _check_outputs(module: nn.Module, result: Any) -> None:
     """Refuse an output object the graph cannot recompute (a KV cache, say): it would be the capture's, stale."""
-    cache = find_kv_cache(result)
-    if cache is not None:  # a cache the config does not control (use_cache=True passed in)
-        raise kv_cache_error(module, *cache)
+    refuse_kv_cache(module, result)  # a cache the config does not control (use_cache=True passed in)
     for path, leaf in pytree.tree_flatten_with_path(result)[0]:
         if isinstance(leaf, (torch.Tensor, *_PLAIN_OUTPUTS)):
             continue

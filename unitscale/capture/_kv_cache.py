@@ -8,7 +8,7 @@ and the graph transforms want the forward's tensors. So :func:`no_kv_cache` swit
 cache off through the models' own configs while a tool captures or runs the model, and
 :class:`~unitscale.capture.Capture` reports which modules it switched
 (``kv_cache_disabled``). Where a cache is returned anyway (``use_cache=True`` passed as
-an input, a cache passed in), :func:`kv_cache_error` is the one message every tool gives.
+an input, a cache passed in), :func:`refuse_kv_cache` gives the one message every tool gives.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.utils import _pytree as pytree
 
 from unitscale.errors import KVCacheError
 
-__all__ = ["find_kv_cache", "kv_cache_error", "no_kv_cache"]
+__all__ = ["no_kv_cache", "refuse_kv_cache"]
 
 
 @contextmanager
@@ -60,36 +60,24 @@ def no_kv_cache(module: nn.Module) -> Iterator[tuple[str, ...]]:
             config.use_cache = True
 
 
-def find_kv_cache(output: Any) -> tuple[str, Any] | None:
-    """``(where, object)`` of the first KV cache object in a model's output, or ``None``.
+def refuse_kv_cache(module: nn.Module, output: Any) -> None:
+    """Raise the one error for a model output that holds a KV cache object (the fix: ``use_cache=False``).
 
-    >>> from unitscale.capture._kv_cache import find_kv_cache
+    >>> import torch
+    >>> from unitscale.capture._kv_cache import refuse_kv_cache
     >>> class DynamicCache: ...
-    >>> find_kv_cache({"logits": 1.0, "past_key_values": DynamicCache()})[0]
-    "['past_key_values']"
+    >>> model = torch.nn.Linear(1, 1)
+    >>> refuse_kv_cache(model, {"logits": 1.0})  # no cache: nothing raised
+    >>> try:
+    ...     refuse_kv_cache(model, {"past_key_values": DynamicCache()})
+    ... except Exception as error:
+    ...     print(type(error).__name__, str(error).split(" (a key")[0])
+    KVCacheError Linear returns a DynamicCache at ['past_key_values']
     """
     for path, leaf in pytree.tree_flatten_with_path(output)[0]:
         if "cache" in type(leaf).__name__.lower():
-            return pytree.keystr(path) or "its output", leaf
-    return None
-
-
-def kv_cache_error(module: nn.Module, where: str, leaf: Any) -> KVCacheError:
-    """The one message for a model that returns a KV cache object (the fix: ``use_cache=False``).
-
-    >>> import torch
-    >>> from unitscale.capture._kv_cache import kv_cache_error
-    >>> class DynamicCache: ...
-    >>> where = "['past_key_values']"
-    >>> error = kv_cache_error(torch.nn.Linear(1, 1), where, DynamicCache())
-    >>> type(error).__name__
-    'KVCacheError'
-    >>> str(error).split(", which")[0]
-    "Linear returns a DynamicCache at ['past_key_values'] (a key/value cache)"
-    >>> str(error).split(": ")[-1]
-    'pass use_cache=False to the model, or build it with use_cache=False'
-    """
-    return KVCacheError(
-        f"{type(module).__name__} returns a {type(leaf).__name__} at {where} (a key/value cache), which a captured "
-        "graph cannot return: pass use_cache=False to the model, or build it with use_cache=False"
-    )
+            raise KVCacheError(
+                f"{type(module).__name__} returns a {type(leaf).__name__} at {pytree.keystr(path) or 'its output'} "
+                "(a key/value cache), which a captured graph cannot return: pass use_cache=False to the model, "
+                "or build it with use_cache=False"
+            )
