@@ -1,6 +1,7 @@
 """The transfer checks (coordinate check, learning-rate sweep), and the bars of u-μP at small settings."""
 
 import math
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -142,3 +143,36 @@ def test_bad_widths_steps_data_and_factories_are_refused(data):
         lr_sweep(umup_model, [16], lrs, data, steps=2, tail=5)
     with pytest.raises(InputError, match="data is a list"):
         coord_check(umup_model, [16], [1, 2])
+
+
+def _tiny(width):
+    layers = {"embed": torch.nn.Embedding(VOCAB, width), "head": torch.nn.Linear(width, VOCAB)}
+    return torch.nn.Sequential(OrderedDict(layers))
+
+
+@pytest.mark.parametrize("steps", [0, 3])
+def test_coord_check_measures_what_a_hand_written_training_loop_gives(data, steps):
+    check = coord_check(_tiny, [8, 32], data, steps=steps, optimizer=torch.optim.SGD, lr=0.5)
+    for index, width in enumerate([8, 32]):
+        torch.manual_seed(0)
+        model = _tiny(width)
+        x0 = data(0)[0]
+        with torch.no_grad():
+            before = model(x0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for step in range(steps):
+            x, y = data(step)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1)).backward()
+            opt.step()
+        with torch.no_grad():
+            after = model(x0)
+        assert check.init["head"][index] == pytest.approx(before.std(correction=0).item(), rel=1e-5)
+        assert check.trained["head"][index] == pytest.approx(after.std(correction=0).item(), rel=1e-5)
+        assert check.change["head"][index] == pytest.approx((after - before).std(correction=0).item(), abs=1e-6)
+
+
+def test_coord_check_shows_a_diverged_run_as_nan_after_training(data):
+    check = coord_check(_tiny, [8], data, steps=3, optimizer=torch.optim.SGD, lr=1e38)
+    assert math.isfinite(check.init["head"][0])
+    assert math.isnan(check.trained["head"][0]) and math.isnan(check.change["head"][0])

@@ -185,11 +185,12 @@ def coord_check(
 
     For each width: build the model (``torch.manual_seed(seed)`` first), record the std of
     every submodule's floating-point output on batch 0, train ``steps`` steps on batches
-    ``0..steps-1``, record again on batch 0, and the std of the change. Outputs of the
-    layers of a stack are one kind (``blocks.*.attn``): their stds are averaged (root
-    mean square). Under u-μP every hidden activation keeps its scale as the width grows;
-    the readout's logits are the exception by design (μP's ``1/fan_in`` multiplier makes
-    them start near ``fan_in**-0.5``; training grows them).
+    ``0..steps-1``, record again on batch 0, and the std of the change (NaN where the
+    loss left float range: training stops there). Outputs of the layers of a stack are
+    one kind (``blocks.*.attn``): their stds are averaged (root mean square). Under u-μP
+    every hidden activation keeps its scale as the width grows; the readout's logits are
+    the exception by design (μP's ``1/fan_in`` multiplier makes them start near
+    ``fan_in**-0.5``; training grows them).
 
     Args:
         make_model: ``width -> module``.
@@ -229,13 +230,10 @@ def coord_check(
         torch.manual_seed(seed)
         model = make_model(width)
         before = _record(model, inputs, keep)
-        opt = make_optimizer(model.parameters(), lr=lr)
-        for step in range(steps):
-            x, y = _batch(data, step)
-            opt.zero_grad()
-            _loss(model, x, y).backward()
-            opt.step()
-        after = _record(model, inputs, keep)
+        if _train(model, make_optimizer(model.parameters(), lr=lr), data, steps, tail=1) < math.inf:
+            after = _record(model, inputs, keep)
+        else:  # the loss left float range: no measurement after training
+            after = {kind: [t * math.nan for t in tensors] for kind, tensors in before.items()}
         for kind in before:
             for table in (result.init, result.trained, result.change):
                 table.setdefault(kind, [math.nan] * len(widths))
@@ -325,7 +323,8 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, data: Data, steps: int,
         losses.append(value)
         loss.backward()
         opt.step()
-    return sum(losses[-tail:]) / len(losses[-tail:])
+    recent = losses[-tail:] or [0.0]  # no steps (a coordinate check at initialisation only)
+    return sum(recent) / len(recent)
 
 
 def lr_sweep(
