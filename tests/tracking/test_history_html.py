@@ -156,3 +156,21 @@ def test_tensors_of_an_unknown_kind_raise() -> None:
 
     with pytest.raises(InputError, match=r"^tensors: kind='weights' is not known"):
         _two_step_history().tensors("weights")
+
+
+@pytest.mark.parametrize("call", ["drifted", "heatmap"])
+@pytest.mark.parametrize("selection", [{"kind": "weights"}, {"direction": "forward"}])
+def test_drifted_and_heatmap_refuse_a_bad_selection_before_saying_nothing_was_recorded(
+    call: str, selection: dict
+) -> None:
+    # The errors name the call the user made (not select, which checks them), in the order stat, kind, direction.
+    from unitscale.errors import InputError, UnknownStatError
+
+    name, value = next(iter(selection.items()))
+    with pytest.raises(InputError, match=rf"^{call}: {name}={value!r} is not known"):
+        getattr(ScaleHistory(), call)(**selection)
+    with pytest.raises(UnknownStatError, match=rf"^{call}: stat='mean'"):
+        getattr(ScaleHistory(), call)(stat="mean", **selection)
+    if call == "drifted":
+        with pytest.raises(InputError, match=rf"^drifted: {name}="):
+            ScaleHistory().drifted(top=0, **selection)

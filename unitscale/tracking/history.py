@@ -338,15 +338,14 @@ class ScaleHistory:
             InputError: ``top`` is not an int >= 1, or ``kind``/``direction`` unknown.
         """
         _check_stat("drifted", stat, _LOG2_STATS)
-        _check_choice("drifted", "kind", kind, _KINDS)
-        _check_choice("drifted", "direction", direction, _DIRECTIONS)
+        records = self.select(None, kind, direction, caller="drifted")
         if isinstance(top, bool) or not isinstance(top, int) or top < 1:
             raise InputError(f"drifted: top={top!r:.60} must be an int >= 1")
         if not self.records:
             raise NoRecordsError("drifted: nothing recorded yet; run a step that records (step % every == 0) first")
         first: dict[tuple[str, str], MonitorRecord] = {}
         last: dict[tuple[str, str], MonitorRecord] = {}
-        for r in self.select(None, kind, direction):
+        for r in records:
             key = (r.tensor, r.direction)
             first.setdefault(key, r)
             last[key] = r
@@ -402,13 +401,11 @@ class ScaleHistory:
         'forward (FP8 E4M3)'
         """
         _check_stat("heatmap", stat)
-        _check_choice("heatmap", "kind", kind, _KINDS)
-        _check_choice("heatmap", "direction", direction, _DIRECTIONS)
+        records = self.select(None, kind, direction, caller="heatmap")
         # pyplot is imported when a plot is drawn: it alone costs more import time than
         # unitscale (measured with python -X importtime, torch already imported)
         import matplotlib.pyplot as plt
 
-        records = self.select(None, kind, direction)
         if not records:
             raise NoRecordsError(
                 f"heatmap: nothing recorded (kind={kind!r}, direction={direction!r}); "
