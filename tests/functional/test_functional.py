@@ -272,6 +272,21 @@ def test_dropout_in_eval_mode_is_its_training_expectation_and_p_zero_the_identit
     assert torch.allclose(kept, 0.8 * x, atol=0.05)
 
 
+@pytest.mark.parametrize("drop", [U.dropout, F.dropout])
+def test_a_batch_norm_after_dropout_sees_in_eval_what_it_sees_after_torchs_dropout(drop):
+    # Eval mode gives the training expectation, sqrt(q) * x (q = 1 - p), as the reference does. No fixed
+    # scale also keeps the training width: ours trains at |x| and evaluates at sqrt(q) |x|, torch's trains
+    # at |x| / sqrt(q) and evaluates at |x|. The ratio is the same, so a batch norm fitted in training
+    # gives std sqrt(q) = 0.8 in eval after either: the width shift is dropout's own, not unit scaling's.
+    torch.manual_seed(0)
+    x = torch.randn(4096, 8, dtype=torch.float64)
+    bn = nn.BatchNorm1d(8, momentum=None, affine=False).double()  # momentum=None: the mean over batches
+    for _ in range(20):
+        bn(drop(x, 0.36, training=True))
+    bn.eval()
+    assert bn(drop(x, 0.36, training=False)).std().item() == pytest.approx(0.8, rel=0.02)
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_inplace_dropout_returns_the_callers_tensor_changed(training):
     x = torch.randn(1000)

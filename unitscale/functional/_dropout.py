@@ -20,8 +20,10 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     ``(1 - p)**-0.5``; this one multiplies by ``(1 - p)**0.5`` on top, in both
     passes, so values and gradients keep unit std. Its expectation is then
     ``(1 - p)**0.5 * input``, and so is its value when not training (as torch's
-    eval-mode dropout returns its training expectation). With ``inplace=True`` the
-    result is ``input`` itself, changed in place.
+    eval-mode dropout returns its training expectation, and as ``unit_scaling`` does):
+    the layers after it were trained on that mean. Its std in eval is then ``(1 - p)**0.5``
+    times the training one, the same ratio as torch's (no fixed scale keeps both). With
+    ``inplace=True`` the result is ``input`` itself, changed in place.
 
     Args:
         input: any tensor.
