@@ -37,6 +37,29 @@ if TYPE_CHECKING:
 __all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
 
+@functools.cache
+def _fit_label() -> type:
+    """A block's label that draws itself only where its block, as drawn, is wider than it.
+
+    A class of its own, so that a copy of the figure (pickled, drawn narrower for a phone with
+    larger text: ``docs/_ext/figure_widths.py``) decides again; defined on first use, as
+    matplotlib is imported then, and named in the module, where pickle looks for it.
+    """
+    from matplotlib.text import Text
+
+    class _FitLabel(Text):
+        span: tuple[float, float] = (0.0, 0.0)
+
+        def draw(self, renderer: object) -> None:
+            left, right = (self.axes.transData.transform((x, 0))[0] for x in self.span)
+            if self.get_window_extent(renderer).width + 4 < abs(right - left):
+                super().draw(renderer)
+
+    _FitLabel.__module__ = __name__
+    globals()["_FitLabel"] = _FitLabel
+    return _FitLabel
+
+
 @dataclass(frozen=True)
 class TimelineBlock:
     """One piece of work on the timeline: ``kind`` ``F``/``B``/``I``/``W`` of ``stage`` on ``microbatch``.
@@ -139,8 +162,11 @@ class Timeline:
                 edgecolor="white",
                 linewidth=0.5,
             )
-            if labels and (b.end - b.start) > self.step_time / 35:  # wide enough for a 9 pt number
-                axes.text((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center", fontsize=9)
+            if labels:  # drawn where the block, as drawn, holds it: a phone's copy has narrower blocks
+                label = _fit_label()((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center")
+                label.span = (b.start, b.end)
+                label.set_fontsize(9)
+                axes._add_text(label)
         axes.set_yticks(range(self.ranks), [f"rank {r}" for r in range(self.ranks)])
         axes.invert_yaxis()
         axes.set_xlim(0, self.step_time * 1.01 if self.step_time > 0 else 1)
