@@ -618,7 +618,7 @@ class ScaleReport:
             for edge in (low, high):
                 if lo <= edge <= hi:
                     ax.axhline(edge, color=colour, lw=1, ls="--")
-            ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range [2^{low:.0f}, 2^{high:.1f}]")
+            ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range $[2^{{{low:.0f}}}, 2^{{{high:.1f}}}]$")
         ax.set_ylim(lo, hi)
         ax.set_xlim(-0.5, max(len(x), 1) - 0.5)
         # At most 24 node names, each cut to its last 16 characters (the layer and op, where
