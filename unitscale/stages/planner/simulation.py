@@ -45,12 +45,14 @@ def _fit_label() -> type:
     larger text: ``docs/_ext/figure_widths.py``) decides again; defined on first use, as
     matplotlib is imported then, and named in the module, where pickle looks for it.
     """
+    from matplotlib.backend_bases import RendererBase
     from matplotlib.text import Text
 
     class _FitLabel(Text):
         span: tuple[float, float] = (0.0, 0.0)
 
-        def draw(self, renderer: object) -> None:
+        def draw(self, renderer: RendererBase) -> None:
+            assert self.axes is not None
             left, right = (self.axes.transData.transform((x, 0))[0] for x in self.span)
             if self.get_window_extent(renderer).width + 4 < abs(right - left):
                 super().draw(renderer)
@@ -166,7 +168,7 @@ class Timeline:
                 label = _fit_label()((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center")
                 label.span = (b.start, b.end)
                 label.set_fontsize(9)
-                axes._add_text(label)
+                axes._add_text(label)  # type: ignore[attr-defined]  # as axes.text does: one of ax.texts
         axes.set_yticks(range(self.ranks), [f"rank {r}" for r in range(self.ranks)])
         axes.invert_yaxis()
         axes.set_xlim(0, self.step_time * 1.01 if self.step_time > 0 else 1)
