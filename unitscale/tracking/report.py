@@ -595,16 +595,7 @@ class ScaleReport:
             params = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if p]
             ax.plot([i for i, _ in path], [v for _, v in path], marker=marker, ms=3, lw=1, color=colour, label=label)
             if params:
-                ax.plot(
-                    [i for i, _ in params],
-                    [v for _, v in params],
-                    ls="none",
-                    marker=marker,
-                    ms=4,
-                    mfc="none",
-                    color=colour,
-                    alpha=0.6,
-                )
+                ax.plot(*zip(*params, strict=True), ls="none", marker=marker, ms=4, mfc="none", color=colour, alpha=0.6)
         seen = [v for v in fwd + bwd if not math.isnan(v)] or [0.0]
         lo, hi = min(min(seen), -25.0) - 1, max(max(seen), 17.0) + 1  # FP8 and FP16 in view
         colours = {"BF16": "0.5", "FP16": "C2", "FP8 E5M2": "C1", "FP8 E4M3": "C4"}
