@@ -8,6 +8,7 @@
 // - A prose table of long sentences (class cards-on-phone, from a page's {table} directive) is
 //   cards on a phone whatever its width (unitscale.css): one block per row, the row's first cell
 //   its title and each other value after its column's name, which this script gives each cell.
+//   The Execution report's table (execution-report) is cards on a phone the same way.
 // - Any other box that still scrolls (a cell's code, a static ```text table, a prose table) shows
 //   the same cue.
 // - A glued number in prose ("1.6e-07", "-0.25", "12%") stays on one line (.glued-number): a
@@ -24,7 +25,7 @@
   };
   const cards = () => {
     // the stylesheet stacks these on a phone; the labels name each value there
-    for (const table of document.querySelectorAll(".bd-article table.cards-on-phone")) label(table);
+    for (const table of document.querySelectorAll(".bd-article table.cards-on-phone, .bd-article table.execution-report")) label(table);
     for (const table of document.querySelectorAll(".bd-article .cell_output table")) {
       if (table.closest(".unitscale-table")) continue;
       table.classList.remove("as-cards");

@@ -11,6 +11,13 @@
   :data:`MAX_SCROLLING_SHARE` of all outputs do, and each one that does shows its cue (the
   shadow of ``outputs.js``); in light mode and in dark (whose HTML outputs lose the panel's
   padding and whose cue is a light shadow of its own, ``unitscale.css``).
+- **A cue a reader sees.** A shadow's computed style is no proof that it shows: an inset shadow
+  is painted under the box's children, and the Execution report's table, whose rows have a
+  background, hid its own. Every box that scrolls at 390 px (an output's, a table's, the
+  Execution report's) is photographed with its text made transparent: at its right edge the
+  pixels must differ from its middle's, row by row, by :data:`MIN_CUE_CONTRAST` levels.
+- **Output text size.** At 390 px every text in an output (a report table's small sub-labels
+  too) is at least :data:`MIN_TEXT_PX`, from its computed font size.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ SITE = Path(os.environ.get("UNITSCALE_SITE", ROOT / "_build" / "html"))
 PAGES = sorted(
     str(p.relative_to(SITE))
     for p in [*SITE.glob("tutorials/*.html"), *SITE.glob("docs/*.html")]
-    if "cell_output" in p.read_text(encoding="utf-8")
+    if "cell_output" in p.read_text(encoding="utf-8") or p.name == "execution.html"  # its table of them
 )
 WIDTHS = {"phone": {"width": 390, "height": 844}, "desktop": {"width": 1280, "height": 900}}
 THEMES = ("light", "dark")
@@ -45,6 +52,9 @@ MIN_TEXT_PX = 11.0
 # name and what tells it apart in one column, the numbers in the others, and fit too. Lower it
 # as outputs move, never raise it.
 MAX_SCROLLING_SHARE = 0.10
+# the median, over a box's rows, of the largest channel difference between its right edge and its
+# middle, text hidden: 0 with no cue or a hidden one; the shadow of unitscale.css gives about 90
+MIN_CUE_CONTRAST = 24
 
 FIGURES_JS = """() => {
   const root = document.querySelector('.bd-article');
@@ -75,6 +85,60 @@ OUTPUTS_JS = """() => {
 }"""
 
 
+# every box in an output or a table that scrolls sideways, numbered for a screenshot; their text
+# made transparent, so that only backgrounds and the cue are left to compare
+CUE_BOXES_JS = """() => {
+  const root = document.querySelector('.bd-article');
+  const boxes = [...root.querySelectorAll('.cell_output *, .pst-scrollable-table-container')]
+    .filter(e => e.getClientRects().length && !e.closest('details:not([open]) > :not(summary)')
+      && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX) && e.scrollWidth > e.clientWidth + 1);
+  boxes.forEach((box, i) => { box.dataset.cueProbe = i; });
+  const style = document.createElement('style');
+  style.textContent = '[data-cue-probe], [data-cue-probe] * { color: transparent !important; '
+    + 'text-shadow: none !important; }';
+  document.head.append(style);
+  return boxes.map(box => (box.innerText || '').trim().split('\\n')[0].slice(0, 60));
+}"""
+
+# texts in outputs smaller than MIN_TEXT_PX, from their computed font size
+SMALL_TEXT_JS = f"""() => {{
+  const root = document.querySelector('.bd-article');
+  const small = [];
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node; (node = walker.nextNode());) {{
+    const el = node.parentElement;
+    if (!node.textContent.trim() || !el.closest('.cell_output') || !el.getClientRects().length
+        || el.closest('details:not([open]) > :not(summary)')) continue;
+    const px = parseFloat(getComputedStyle(el).fontSize);
+    if (px < {MIN_TEXT_PX} - 0.05) small.push(px.toFixed(1) + ' px: ' + node.textContent.trim().slice(0, 40));
+  }}
+  return small;
+}}"""
+
+
+def cue_contrast(png: bytes) -> int:
+    """How far a box's right edge stands out from its middle, row by row (the median row)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    width, height = image.size
+    rows = range(6, min(height, 400) - 6)  # not the rounded corners
+    pairs = ((image.getpixel((width - 3, y)), image.getpixel((width // 2, y))) for y in rows)
+    diffs = sorted(max(abs(a - b) for a, b in zip(edge, middle, strict=True)) for edge, middle in pairs)
+    return diffs[len(diffs) // 2] if diffs else 0
+
+
+def cues_seen(page) -> list[dict[str, Any]]:
+    """Each box that scrolls: its first line and its cue's contrast (the page's text is hidden after)."""
+    texts = page.evaluate(CUE_BOXES_JS)
+    return [
+        {"text": text, "contrast": cue_contrast(page.locator(f'[data-cue-probe="{i}"]').screenshot())}
+        for i, text in enumerate(texts)
+    ]
+
+
 # numbers glued into prose that the browser laid out on more than one line
 BROKEN_NUMBERS_JS = """() => [...document.querySelectorAll('.bd-article span.pasted-text')]
   .filter(s => /^[-+\u2212]?[\\d.,]+(e[-+\u2212]?\\d+)?\\s?%?$/i.test(s.textContent.trim()))
@@ -89,9 +153,10 @@ def text_px(figure: dict) -> float:
 
 @pytest.fixture(scope="module")
 def measured(browser, base_url):
-    """``(width, theme) -> page -> (figures, outputs, broken numbers)``, every page visited once
-    at each width in each theme (the theme chosen before the page's scripts run)."""
-    found: dict[tuple[str, str], dict[str, tuple[list, list, list]]] = {}
+    """``(width, theme) -> page -> (figures, outputs, broken numbers, small texts, cues)``, every
+    page visited once at each width in each theme (the theme chosen before the page's scripts
+    run); the last two at phone width only."""
+    found: dict[tuple[str, str], dict[str, tuple[list, list, list, list, list]]] = {}
     for (width, viewport), theme in itertools.product(WIDTHS.items(), THEMES):
         tab = Visit(browser, viewport, theme)
         try:
@@ -103,6 +168,8 @@ def measured(browser, base_url):
                     tab.page.evaluate(FIGURES_JS),
                     tab.page.evaluate(OUTPUTS_JS),
                     tab.page.evaluate(BROKEN_NUMBERS_JS),
+                    tab.page.evaluate(SMALL_TEXT_JS) if width == "phone" else [],
+                    cues_seen(tab.page) if width == "phone" else [],  # last: it hides the text
                 )
         finally:
             tab.close()
@@ -111,7 +178,7 @@ def measured(browser, base_url):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_every_figures_text_reads_at_11_px(measured, width):
-    figures = [(page, f) for page, (figs, _, _) in measured[width, "light"].items() for f in figs]
+    figures = [(page, f) for page, (figs, *_) in measured[width, "light"].items() for f in figs]
     assert figures, "no figures found"
     small = [
         f"{page}: {f['src']} smallest text {text_px(f) if f['px'] else float('nan'):.1f} px"
@@ -124,14 +191,14 @@ def test_every_figures_text_reads_at_11_px(measured, width):
 
 @pytest.mark.parametrize("theme", THEMES)
 def test_no_output_scrolls_at_desktop_width(measured, theme):
-    outputs = [(page, o) for page, (_, outs, _) in measured["desktop", theme].items() for o in outs]
+    outputs = [(page, o) for page, (_, outs, *_) in measured["desktop", theme].items() for o in outs]
     scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
     assert scrolling == [], "\n".join(scrolling)
 
 
 @pytest.mark.parametrize("theme", THEMES)
 def test_few_outputs_scroll_on_a_phone_each_with_a_cue(measured, theme):
-    outputs = [(page, o) for page, (_, outs, _) in measured["phone", theme].items() for o in outs]
+    outputs = [(page, o) for page, (_, outs, *_) in measured["phone", theme].items() for o in outs]
     scrolling = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"]]
     uncued = [f"{page}: {o['text']!r}" for page, o in outputs if o["scrolls"] and not o["cue"]]
     assert uncued == [], "outputs that scroll with no cue:\n" + "\n".join(uncued)
@@ -145,15 +212,51 @@ def test_at_most_one_output_in_ten_scrolls_on_a_phone_on_each_tutorial(measured,
     """The share holds page by page: a tutorial of seven outputs whose four printed tables
     scrolled met the site's share while the reader of that page met them one after another."""
     over = []
-    for page, (_, outs, _) in measured["phone", theme].items():
+    for page, (_, outs, *_) in measured["phone", theme].items():
         scrolling = [o["text"] for o in outs if o["scrolls"]]
         if page.startswith("tutorials/") and len(scrolling) > MAX_SCROLLING_SHARE * len(outs):
             over.append(f"{page}: {len(scrolling)} of {len(outs)} scroll: {scrolling}")
     assert over == [], "\n".join(over)
 
 
+@pytest.mark.parametrize("theme", THEMES)
+def test_every_box_that_scrolls_on_a_phone_shows_its_cue_in_pixels(measured, theme):
+    """Issue 40: the Execution report's table scrolled at 390 px with a shadow computed and never
+    seen (its rows' background over it), and the style check above passed it."""
+    boxes = [(page, box) for page, (*_, cues) in measured["phone", theme].items() for box in cues]
+    unseen = [f"{page}: {b['text']!r} (edge {b['contrast']})" for page, b in boxes if b["contrast"] < MIN_CUE_CONTRAST]
+    assert unseen == [], "boxes that scroll with no visible cue:\n" + "\n".join(unseen)
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_every_text_in_an_output_reads_at_11_px_on_a_phone(measured, theme):
+    """A report table's small line under each row's name was 9.8 px at 390 px."""
+    small = [f"{page}: {t}" for page, (*_, texts, _) in measured["phone", theme].items() for t in texts]
+    assert small == [], f"{len(small)} texts in outputs under {MIN_TEXT_PX} px:\n" + "\n".join(small[:40])
+
+
+def test_the_execution_report_fits_a_phone(browser, base_url):
+    """Its five columns (705 px in a 358 px column) are a card per notebook at 390 px."""
+    tab = Visit(browser, WIDTHS["phone"])
+    try:
+        page = tab.goto(f"{base_url}/docs/execution.html").page
+        found = page.evaluate(
+            """() => { const t = document.querySelector('.bd-article table.execution-report');
+              const box = t.closest('.pst-scrollable-table-container') || t;
+              const values = [...t.querySelectorAll('tbody td')].filter(td => td.cellIndex > 0);
+              return {rows: t.querySelectorAll('tbody tr').length, scrolls: box.scrollWidth > box.clientWidth + 1,
+                      page: document.documentElement.scrollWidth > window.innerWidth + 1,
+                      labelled: values.filter(td => td.dataset.label).length, values: values.length}; }"""
+        )
+    finally:
+        tab.close()
+    assert found["rows"] > 10 and not found["scrolls"] and not found["page"], found
+    assert found["labelled"] == found["values"], found
+
+
 def test_no_glued_number_breaks_across_lines_on_a_phone(measured):
-    broken = [f"{page}: {number}" for page, (_, _, numbers) in measured["phone", "light"].items() for number in numbers]
+    phone = measured["phone", "light"].items()
+    broken = [f"{page}: {number}" for page, (_, _, numbers, *_) in phone for number in numbers]
     assert broken == [], "\n".join(broken)
 
 
@@ -198,6 +301,25 @@ def test_the_measures_see_small_text_and_a_scroll_without_cue(browser, base_url)
         figure = page.evaluate(FIGURES_JS)[0]
         assert figure["pt"] == 9 and abs(text_px(figure) - 9 * 100 / 72 * 300 / 750) < 0.01
         assert page.evaluate(OUTPUTS_JS) == [{"scrolls": True, "cue": False, "text": "x" * 60}]
+
+
+def test_the_pixel_measures_see_a_hidden_cue_and_small_text(browser, base_url):
+    """A box whose shadow is computed but covered by its child's background (the style check
+    counts it as a cue; the pixels do not), one whose shadow shows, and 9.8 px text in an output."""
+    shadow = "box-shadow: inset -28px 0 20px -20px rgba(0,0,0,0.5)"
+    wide = '<div style="width:700px;height:60px;background:#fff">' + "y" * 90 + "</div>"
+    with _phone_page(
+        browser,
+        base_url,
+        '<div class="bd-article"><div class="cell_output">'
+        f'<div class="output"><div style="overflow-x:auto;width:300px;{shadow}">{wide}</div></div>'
+        f'<div class="output"><pre style="overflow-x:auto;width:300px;height:60px;{shadow}">{"z" * 90}</pre></div>'
+        '<div class="output"><small style="font-size:9.8px">fwd</small></div></div></div>',
+    ) as page:
+        assert [o["cue"] for o in page.evaluate(OUTPUTS_JS)] == [True, True, False]
+        assert page.evaluate(SMALL_TEXT_JS) == ["9.8 px: fwd"]
+        hidden, shown = cues_seen(page)
+        assert hidden["contrast"] < MIN_CUE_CONTRAST <= shown["contrast"], (hidden, shown)
 
 
 PROSE_CARDS_JS = """() => {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import pickle
 
 import matplotlib
 import pytest
@@ -105,6 +106,50 @@ def test_plot_has_one_row_per_rank_and_fits_the_page() -> None:
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1", "rank 2"]
     assert len(ax.patches) == 2 * 3 * 4
     assert "0" in {t.get_text() for t in ax.texts}
+
+
+def _drawn_labels(fig: object) -> list[tuple[object, object]]:
+    """(label's extent, its block's extent) of every microbatch label the figure draws, in pixels."""
+    import io
+    from unittest import mock
+
+    from matplotlib.text import Text
+
+    drawn: list[Text] = []
+    original = Text.draw
+
+    def record(self: Text, renderer: object) -> None:
+        drawn.append(self)
+        original(self, renderer)
+
+    ax = fig.axes[0]  # type: ignore[attr-defined]
+    with mock.patch.object(Text, "draw", record):
+        fig.savefig(io.BytesIO(), format="png")  # type: ignore[attr-defined]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    blocks = {(p.get_x() + p.get_width() / 2, p.get_y() + p.get_height() / 2): p for p in ax.patches}
+    return [
+        (t.get_window_extent(renderer), blocks[t.get_position()].get_window_extent(renderer))
+        for t in drawn
+        if t in ax.texts
+    ]
+
+
+@pytest.mark.parametrize("width_in", [7.5, 4.2])
+def test_plot_labels_only_blocks_that_hold_their_number_at_any_width(width_in: float) -> None:
+    """Issue 40: on a phone (the figure drawn 4.2 in wide, text 11 pt) the numbers in narrow
+    blocks ran together. A label is drawn inside its own block, as drawn, or not at all."""
+    costs = ChainCosts.uniform([1.0, 1.0, 3.0], 2.0)  # a short stage: narrow blocks beside wide ones
+    fig = simulate_bounds(costs, [0, 1, 2, 3], "1f1b", 12).plot()
+    fig = pickle.loads(pickle.dumps(fig))  # as the site copies a figure to draw it for a phone
+    fig.set_size_inches(width_in, fig.get_size_inches()[1])
+    for text in fig.axes[0].texts:
+        text.set_fontsize(11)
+    labels = _drawn_labels(fig)
+    assert labels, "no label drawn"
+    for text, block in labels:
+        assert block.x0 <= text.x0 and text.x1 <= block.x1, (text, block)
+    boxes = [text for text, _ in labels]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
 
 
 def test_simulate_uses_the_plan_and_its_costs() -> None:

@@ -350,7 +350,7 @@ def test_report_table_iteration_indexing_and_plot() -> None:
     fig = report.plot()
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels[:2] == ["forward", "backward"]
-    assert "FP8 E4M3 range [2^-9, 2^8.8]" in labels
+    assert "FP8 E4M3 range $[2^{-9}, 2^{8.8}]$" in labels  # mathtext: drawn as powers
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()][:2] == ["x", "fc1_weight"]
     import matplotlib.pyplot as plt
 

@@ -595,16 +595,7 @@ class ScaleReport:
             params = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if p]
             ax.plot([i for i, _ in path], [v for _, v in path], marker=marker, ms=3, lw=1, color=colour, label=label)
             if params:
-                ax.plot(
-                    [i for i, _ in params],
-                    [v for _, v in params],
-                    ls="none",
-                    marker=marker,
-                    ms=4,
-                    mfc="none",
-                    color=colour,
-                    alpha=0.6,
-                )
+                ax.plot(*zip(*params, strict=True), ls="none", marker=marker, ms=4, mfc="none", color=colour, alpha=0.6)
         seen = [v for v in fwd + bwd if not math.isnan(v)] or [0.0]
         lo, hi = min(min(seen), -25.0) - 1, max(max(seen), 17.0) + 1  # FP8 and FP16 in view
         colours = {"BF16": "0.5", "FP16": "C2", "FP8 E5M2": "C1", "FP8 E4M3": "C4"}
@@ -618,7 +609,7 @@ class ScaleReport:
             for edge in (low, high):
                 if lo <= edge <= hi:
                     ax.axhline(edge, color=colour, lw=1, ls="--")
-            ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range [2^{low:.0f}, 2^{high:.1f}]")
+            ax.plot([], [], color=colour, lw=1, ls="--", label=f"{name} range $[2^{{{low:.0f}}}, 2^{{{high:.1f}}}]$")
         ax.set_ylim(lo, hi)
         ax.set_xlim(-0.5, max(len(x), 1) - 0.5)
         # At most 24 node names, each cut to its last 16 characters (the layer and op, where

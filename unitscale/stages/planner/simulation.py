@@ -30,11 +30,31 @@ from unitscale.errors import InputError, StageCountError
 from unitscale.stages.schedules import ChainCosts, check_schedule, in_flight, schedule_order, stage_ranks
 
 if TYPE_CHECKING:
+    from matplotlib.backend_bases import RendererBase
     from matplotlib.figure import Figure
 
     from unitscale.stages.partitioner.plan import StagePlan
 
 __all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_times"]
+
+
+@functools.cache
+def _fit_label() -> type:
+    """A block's label drawn only where its block, as drawn, is wider than it: a copy drawn narrower
+    for a phone (``docs/_ext/figure_widths.py``) decides again. Made on first use, with matplotlib."""
+    from matplotlib.text import Text  # lazy: as Timeline.plot's imports
+
+    class _FitLabel(Text):
+        span = (0.0, 0.0)
+
+        def draw(self, renderer: RendererBase) -> None:
+            left, right = self.axes.transData.transform([(x, 0) for x in self.span])[:, 0]  # type: ignore[union-attr]
+            if self.get_window_extent(renderer).width + 4 < abs(right - left):
+                super().draw(renderer)
+
+    _FitLabel.__qualname__ = "_FitLabel"
+    globals()["_FitLabel"] = _FitLabel  # where pickle (a figure's copy) looks for it
+    return _FitLabel
 
 
 @dataclass(frozen=True)
@@ -129,18 +149,11 @@ class Timeline:
         for b in self.blocks:
             chunk = sorted(s for s, r in enumerate(self.stage_ranks) if r == b.rank).index(b.stage)
             alpha = 1.0 - 0.45 * chunk / max(chunks - 1, 1) if chunks > 1 else 1.0
-            axes.barh(
-                b.rank,
-                b.end - b.start,
-                left=b.start,
-                height=0.8,
-                color=colours[b.kind],
-                alpha=alpha,
-                edgecolor="white",
-                linewidth=0.5,
-            )
-            if labels and (b.end - b.start) > self.step_time / 35:  # wide enough for a 9 pt number
-                axes.text((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center", fontsize=9)
+            axes.barh(b.rank, b.end - b.start, 0.8, b.start, color=colours[b.kind], alpha=alpha, ec="white", lw=0.5)
+            if labels:  # drawn where the block, as drawn, holds it: a phone's copy has narrower blocks
+                label = _fit_label()((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center", size=9)
+                label.span = (b.start, b.end)
+                axes._add_text(label)  # type: ignore[attr-defined]  # as axes.text does: one of ax.texts
         axes.set_yticks(range(self.ranks), [f"rank {r}" for r in range(self.ranks)])
         axes.invert_yaxis()
         axes.set_xlim(0, self.step_time * 1.01 if self.step_time > 0 else 1)
