@@ -194,20 +194,27 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
 
 # How the statistics are computed, in passes over the data (the old form took about 16, two of
 # them torch's element-by-element float8 conversions): the sum and the dot product x.x give the
-# std and the SQNR's signal; |x| is taken once and everything else reads it: its max, 0/1
-# indicators (written as floats: a float compare-and-sum is about 4x faster than counting a bool
-# tensor) for |x| < smallest subnormal, |x| == 0 and |x| > largest value, and the rounding error
-# of |x| (rounding to nearest is symmetric, so its square equals that of x's). On the CPU each
-# value is read as it comes, which lets a tensor skip what it does not need: the zero count
-# when nothing is below the smallest subnormal, the overflow count and the clamp when the
-# abs-max is in range. On an accelerator nothing is read: every value stays a 0-dim tensor.
+# std and the SQNR's signal; the abs-max is the larger of max(x) and -min(x). For float32 and a
+# format a magic number rounds to, x's exponent field read as a float (its binade, as in
+# _segment_stats) gives the underflow indicator and the magic number, so no |x| is written unless
+# something overflows; else |x| is taken once and those read it. Indicators are 0/1 floats (a float
+# compare-and-sum is about 4x faster than counting a bool tensor). The rounding error is x's
+# (rounding to nearest is symmetric: its square is |x|'s). On the CPU each value is read as it
+# comes, which lets a tensor skip what it does not need: the zero count when nothing is below the
+# smallest subnormal, the overflow count and the clamp when the abs-max is in range. On an
+# accelerator nothing is read: every value stays a 0-dim tensor.
 
 
 def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
     n, device = x.numel(), x.device
     host = reads_at_once(device)
-    a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
     flags = scratch.get(n, x.dtype, device, _WORK)
+    magic = _magic(fmt) if x.dtype == torch.float32 else None
+    binade = None
+    if magic is not None and fmt.min_subnormal >= _FLOAT32_TINY:
+        bits = torch.bitwise_and(x.view(torch.int32), _EXPONENT_FIELD, out=scratch.get(n, torch.int32, device, _MAGIC))
+        binade = bits.view(torch.float32)
+    a = None if binade is not None else torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
 
     def count(flagged: torch.Tensor) -> Stat:  # 0/1 floats: every partial sum below 2**24 is exact
         wide = flagged.sum(dtype=torch.float64 if n >= 2**24 else None)
@@ -216,24 +223,25 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
     std: Stat | None = None
     signal: Any
     noise: Any
+    peak = a.max() if a is not None else torch.maximum(x.amax(), x.amin().neg_())
     if host:
         total, signal = x.sum().item(), sum_of_squares(x)
         std = std_from_sums(n, total, signal, x.dtype)
-        absmax: Stat = a.max().item()
+        absmax: Stat = peak.item() + 0.0  # + 0.0: a -0.0 maximum reads as |x|'s 0.0
     else:
-        absmax, signal = a.max(), math.nan
+        absmax, signal = peak, math.nan
     if std is None:  # an accelerator's, or where the sums cancel: std_stat's
         std = std_stat(x)
-    small = count(torch.lt(a, fmt.min_subnormal, out=flags))
-    zeros = count(torch.eq(a, 0, out=flags)) if small or not host else 0
+    small = count(torch.lt(a if binade is None else binade, fmt.min_subnormal, out=flags))
+    zeros = count(torch.eq(x, 0, out=flags)) if small or not host else 0
     in_range = host and absmax <= fmt.max_value  # False for NaN too
+    if not in_range and a is None:
+        a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
     over = 0 if in_range else count(torch.gt(a, fmt.max_value, out=flags))
-    magic = _magic(fmt) if x.dtype == torch.float32 else None
-    if magic is None:
-        error = rounding_error(x, fmt, scratch)
+    if magic is not None and binade is not None and in_range:
+        error = _round_binade(x, binade, magic, scratch).sub_(x)
     else:
-        clamped = a if in_range else torch.clamp(a, max=fmt.max_value, out=scratch.get(n, x.dtype, device, _CLAMPED))
-        error = _round_magic(clamped, magic, scratch).sub_(a)
+        error = rounding_error(x, fmt, scratch)
     noise = sum_of_squares(error) if host else math.nan
     low, high = _SAFE_SUMS
     if not (host and low <= signal <= high and (noise == 0 or low <= noise <= high)):
