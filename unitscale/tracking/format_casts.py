@@ -130,12 +130,14 @@ def _magic(fmt: FPFormat) -> _Magic | None:
     return _Magic((emin + 127) << 23, (emax + 127) << 23, ((23 - m) << 23) + (1 << 22))
 
 
-def _round_magic(c: torch.Tensor, magic: _Magic, scratch: Scratch) -> torch.Tensor:
-    """``c`` (1-D float32, within the format's range or NaN) rounded to the format, in a scratch buffer."""
-    n = c.numel()
-    big = torch.bitwise_and(c.view(torch.int32), _EXPONENT_FIELD, out=scratch.get(n, torch.int32, c.device, _MAGIC))
-    big = big.clamp_(magic.low, magic.high).add_(magic.add).view(torch.float32)
-    return torch.add(c, big, out=scratch.get(n, torch.float32, c.device, _WORK)).sub_(big)
+def _binade(c: torch.Tensor, scratch: Scratch) -> torch.Tensor:
+    """|c|'s binade, 2**floor(log2|c|) (0 for float32's subnormals and zeros), as a float, for a 1-D float32 ``c``.
+
+    ``c``'s exponent field alone: below the smallest subnormal (a power of two) exactly where
+    |c| is, and no |c| is written.
+    """
+    bits = scratch.get(c.numel(), torch.int32, c.device, _MAGIC)
+    return torch.bitwise_and(c.view(torch.int32), _EXPONENT_FIELD, out=bits).view(torch.float32)
 
 
 # Formats that formats.py documents as bit-identical to a torch cast (round to nearest, and with
@@ -163,7 +165,7 @@ def rounding_error(x: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
         return fmt.round(x).sub_(x)
     clamped = torch.clamp(x, -fmt.max_value, fmt.max_value, out=scratch.get(n, x.dtype, x.device, _CLAMPED))
     if magic is not None:
-        return _round_magic(clamped, magic, scratch).sub_(x)
+        return _round_binade(clamped, _binade(clamped, scratch), magic, scratch).sub_(x)
     assert low is not None
     error = scratch.get(n, x.dtype, x.device, _WORK)
     return error.copy_(scratch.get(n, low, x.device).copy_(clamped)).sub_(x)
@@ -210,10 +212,7 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
     host = reads_at_once(device)
     flags = scratch.get(n, x.dtype, device, _WORK)
     magic = _magic(fmt) if x.dtype == torch.float32 else None
-    binade = None
-    if magic is not None and fmt.min_subnormal >= _FLOAT32_TINY:
-        bits = torch.bitwise_and(x.view(torch.int32), _EXPONENT_FIELD, out=scratch.get(n, torch.int32, device, _MAGIC))
-        binade = bits.view(torch.float32)
+    binade = _binade(x, scratch) if magic is not None and fmt.min_subnormal >= _FLOAT32_TINY else None
     a = None if binade is not None else torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
 
     def count(flagged: torch.Tensor) -> Stat:  # 0/1 floats: every partial sum below 2**24 is exact
@@ -409,12 +408,7 @@ def _segment_stats(
     total = x.sum(1)
     root_signal = torch.linalg.vector_norm(x, dim=1)  # one read, where x * x then a sum is a write and two reads
     absmax = torch.maximum(x.amax(1), x.amin(1).neg_())  # aminmax(dim=1) is many times slower on the CPU
-    # |x|'s binade, 2**floor(log2|x|) (0 for float32's subnormals and zeros), read as a float:
-    # below the smallest subnormal (a power of two) exactly where |x| is. No |x| is written.
-    binade = torch.bitwise_and(
-        data.view(torch.int32), _EXPONENT_FIELD, out=scratch.get(size, torch.int32, device, _MAGIC)
-    )
-    binade = binade.view(torch.float32).view_as(x)
+    binade = _binade(data, scratch).view_as(x)
     if fmt.min_subnormal >= _FLOAT32_TINY:
         small = torch.lt(binade, fmt.min_subnormal, out=flags).sum(1)
     else:  # float32's own subnormals may be above it: compare magnitudes
@@ -466,7 +460,9 @@ def _segment_stats(
 
 
 def _round_binade(c: torch.Tensor, binade: torch.Tensor, magic: _Magic, scratch: Scratch) -> torch.Tensor:
-    """:func:`_round_magic` from ``binade``, ``c``'s exponent field alone read as a float (``2**e``; overwritten).
+    """``c`` (1-D float32, within the format's range or NaN) rounded to the format, in a scratch buffer.
+
+    ``binade`` is :func:`_binade` of ``c`` (``2**e``; overwritten).
 
     Clamped to the format's binades and times ``K = 1.5 * 2**(23 - m)`` it is the magic number,
     exactly (a power of two times 1.5), so ``c + K * p - K * p`` rounds as ``c + M - M`` does.
