@@ -213,7 +213,8 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
     flags = scratch.get(n, x.dtype, device, _WORK)
     magic = _magic(fmt) if x.dtype == torch.float32 else None
     binade = _binade(x, scratch) if magic is not None and fmt.min_subnormal >= _FLOAT32_TINY else None
-    a = None if binade is not None else torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
+    under = binade if binade is not None else torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
+    a = None if binade is not None else under  # |x|, where written
 
     def count(flagged: torch.Tensor) -> Stat:  # 0/1 floats: every partial sum below 2**24 is exact
         wide = flagged.sum(dtype=torch.float64 if n >= 2**24 else None)
@@ -231,12 +232,13 @@ def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]
         absmax, signal = peak, math.nan
     if std is None:  # an accelerator's, or where the sums cancel: std_stat's
         std = std_stat(x)
-    small = count(torch.lt(a if binade is None else binade, fmt.min_subnormal, out=flags))
+    small = count(torch.lt(under, fmt.min_subnormal, out=flags))
     zeros = count(torch.eq(x, 0, out=flags)) if small or not host else 0
+    over: Stat = 0
     in_range = host and absmax <= fmt.max_value  # False for NaN too
-    if not in_range and a is None:
-        a = torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
-    over = 0 if in_range else count(torch.gt(a, fmt.max_value, out=flags))
+    if not in_range:
+        a = a if a is not None else torch.abs(x, out=scratch.get(n, x.dtype, device, _ABS))
+        over = count(torch.gt(a, fmt.max_value, out=flags))
     if magic is not None and binade is not None and in_range:
         error = _round_binade(x, binade, magic, scratch).sub_(x)
     else:
