@@ -131,11 +131,7 @@ def _magic(fmt: FPFormat) -> _Magic | None:
 
 
 def _binade(c: torch.Tensor, scratch: Scratch) -> torch.Tensor:
-    """|c|'s binade, 2**floor(log2|c|) (0 for float32's subnormals and zeros), as a float, for a 1-D float32 ``c``.
-
-    ``c``'s exponent field alone: below the smallest subnormal (a power of two) exactly where
-    |c| is, and no |c| is written.
-    """
+    """|c|'s binade 2**floor(log2|c|) as a float (0: subnormals, zeros), from 1-D float32 ``c``'s exponent bits."""
     bits = scratch.get(c.numel(), torch.int32, c.device, _MAGIC)
     return torch.bitwise_and(c.view(torch.int32), _EXPONENT_FIELD, out=bits).view(torch.float32)
 
@@ -196,15 +192,13 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
 
 # How the statistics are computed, in passes over the data (the old form took about 16, two of
 # them torch's element-by-element float8 conversions): the sum and the dot product x.x give the
-# std and the SQNR's signal; the abs-max is the larger of max(x) and -min(x). For float32 and a
-# format a magic number rounds to, x's exponent field read as a float (its binade, as in
-# _segment_stats) gives the underflow indicator and the magic number, so no |x| is written unless
-# something overflows; else |x| is taken once and those read it. Indicators are 0/1 floats (a float
-# compare-and-sum is about 4x faster than counting a bool tensor). The rounding error is x's
-# (rounding to nearest is symmetric: its square is |x|'s). On the CPU each value is read as it
-# comes, which lets a tensor skip what it does not need: the zero count when nothing is below the
-# smallest subnormal, the overflow count and the clamp when the abs-max is in range. On an
-# accelerator nothing is read: every value stays a 0-dim tensor.
+# std and the SQNR's signal; the abs-max is max(x) or -min(x). x's binade (below the smallest
+# subnormal, a power of two, exactly where |x| is) gives the underflow and the magic number, so no
+# |x| is written unless something overflows (or a format has no magic number). Indicators are 0/1
+# floats (a float compare-and-sum is ~4x faster than counting bools); rounding is symmetric, so x's
+# error squares as |x|'s. On the CPU each value is read as it comes, so a tensor skips the zero count
+# when nothing is below the smallest subnormal, the overflow count and the clamp when the abs-max is
+# in range. On an accelerator nothing is read: every value stays a 0-dim tensor.
 
 
 def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
@@ -462,9 +456,7 @@ def _segment_stats(
 
 
 def _round_binade(c: torch.Tensor, binade: torch.Tensor, magic: _Magic, scratch: Scratch) -> torch.Tensor:
-    """``c`` (1-D float32, within the format's range or NaN) rounded to the format, in a scratch buffer.
-
-    ``binade`` is :func:`_binade` of ``c`` (``2**e``; overwritten).
+    """``c`` (1-D float32, in the format's range or NaN) rounded to it in scratch; ``binade``: its :func:`_binade`.
 
     Clamped to the format's binades and times ``K = 1.5 * 2**(23 - m)`` it is the magic number,
     exactly (a power of two times 1.5), so ``c + K * p - K * p`` rounds as ``c + M - M`` does.
