@@ -12,6 +12,9 @@ SPHINX := $(PY) -m sphinx -b html -W --keep-going -T $(SPHINXOPTS) . _build/html
 CHROMIUM ?= /usr/bin/chromium
 export OMP_NUM_THREADS ?= 2
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# torch's CPU build: PyPI's Linux torch is the CUDA build (about 5.6 GB). An extra index, and for torch
+# alone (--no-deps): where it cannot be reached, pip warns and takes the pinned torch from the indexes it has.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 
 .PHONY: html test unit doctest site browser bench serve notebooks clean chromium lint dist wheelhouse format-tutorials vision
@@ -19,6 +22,7 @@ step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip -c constraints.txt
+	$(PY) -m pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
 	$(PY) -m pip install -q -c constraints.txt -e '.[docs,test]'
 	$(MAKE) --no-print-directory vision
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
@@ -40,7 +44,9 @@ wheelhouse:
 	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 		print(*p["dependencies"], *p["optional-dependencies"]["tutorials"], sep="\n")' \
 		> $(VENV)/reader-requirements.txt
-	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse -r $(VENV)/reader-requirements.txt
+	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse --no-deps --extra-index-url $(TORCH_INDEX) torch
+	$(PY) -m pip download -q -c constraints.txt -d $(VENV)/wheelhouse --find-links $(VENV)/wheelhouse \
+		-r $(VENV)/reader-requirements.txt
 
 ## html: build the site, executing the tutorials through jupyter-cache (an unchanged tutorial is not re-run)
 html: $(STAMP)

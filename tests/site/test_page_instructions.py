@@ -78,6 +78,9 @@ def test_what_make_does_on_first_use_is_the_makefiles_set_up_rule() -> None:
     rule = (ROOT / "Makefile").read_text().split("$(STAMP): pyproject.toml constraints.txt\n", 1)[1].split("\n\n")[0]
     rule = rule.replace("$(PY)", ".venv/bin/python").replace("$(PYTHON)", "python3").replace("$(VENV)", ".venv")
     rule = rule.replace(" -q", "")
+    index = re.search(r"^TORCH_INDEX \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert index, "the Makefile names no TORCH_INDEX, where torch's CPU build comes from"
+    rule = rule.replace("$(TORCH_INDEX)", index[1])
     for line in block_after(INSTALL, "create `.venv` on first use with"):
         assert line in rule, f"Install says make runs `{line}`; the Makefile's set-up rule is:\n{rule}"
 
