@@ -1,5 +1,5 @@
-"""Pipeline stages: split a model into stages of near-equal cost and run them as a real
-pipeline on :mod:`torch.distributed.pipelining`.
+"""Pipeline stages: split a model into contiguous stages, the costliest as cheap as possible,
+and run them as a real pipeline on :mod:`torch.distributed.pipelining`.
 
 The names a user calls: :func:`partition` (split a model), :func:`plan_pipeline` (choose the
 split and microbatch count for a schedule), :func:`run_pipeline` and :func:`pipeline_stage` (run
