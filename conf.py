@@ -149,7 +149,7 @@ nitpick_ignore_regex = [
 html_theme = "sphinx_book_theme"
 html_title = "unitscale"
 html_static_path = [str(ROOT / "docs" / "_static")]
-html_css_files = ["unitscale.css"]  # docs/_static: readable figures, outputs and tables (see the file)
+html_css_files = ["unitscale.css", "api.css"]  # docs/_static: readable figures, outputs, tables; API pages
 # docs/_static: names break after a dot; figures open full size; a scrolling output shows a shadow
 html_js_files = ["names.js", "figures.js", "outputs.js"]
 html_extra_path = [str(ROOT / "docs" / "_extra")]  # index.html at the site root: a redirect to docs/index.html

@@ -4,14 +4,17 @@
 // (scaled_dot_product_|attention); in a title, after an underscore only inside a long part. The
 // sidebar, an API page's title and the names of an API table then wrap where a reader would,
 // instead of letter by letter where the line runs out (or a table too wide for the page).
-const NAME = /^[\w.]+$/;
+const NAME = /^[\w.]+(\(\))?$/; // a name, or a function's with its "()"
+// an API page (docs/api/*, docs/generated/*): its names break only where names.js says
+const API_PAGE = /\/docs\/(api|generated)\//;
 const PARTS = /(?<=\.)(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
 const WORDS = /(?<=[._])(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
 
 // a title's breaks: after a dot and between CamelCase words; after an underscore only in a part
-// longer than 14 characters, too long for a phone's line
+// longer than 12 characters, too long for a phone's line (FORMAT_RANGES and the title's "#" are
+// 13 capitals and a link: wider than a phone's line, they broke as FORMAT_RANGE|S)
 const TITLE = (text) =>
-  text.split(PARTS).flatMap((part) => (part.length > 14 ? part.split(/(?<=_)(?=\w)/) : [part]));
+  text.split(PARTS).flatMap((part) => (part.length > 12 ? part.split(/(?<=_)(?=\w)/) : [part]));
 
 function breakName(node, breaks = WORDS) {
   const text = node.textContent.trim();
@@ -33,6 +36,21 @@ document.addEventListener("DOMContentLoaded", () => {
   // the footer's Previous/Next titles, in half a phone's width: as in the sidebar
   for (const title of document.querySelectorAll(".prev-next-area .prev-next-title")) {
     if (title.childNodes.length === 1 && title.firstChild.nodeType === Node.TEXT_NODE) breakName(title.firstChild);
+  }
+  // the right-hand "On this page" column's entries (TransformedModule.|to_|graph_|module()), in
+  // its 240 px: as in the left sidebar (api.css lets them wrap)
+  for (const name of document.querySelectorAll(".bd-sidebar-secondary code span.pre")) {
+    if (name.childNodes.length === 1 && name.firstChild.nodeType === Node.TEXT_NODE) breakName(name.firstChild);
+  }
+  // on an API page, every name in code and signatures breaks as a title does (api.css then
+  // stops the theme's break anywhere inside a word: FORMAT_RANGE|S, scal|ed_dot): a summary's
+  // torch.nn.functional.scaled_dot_product_attention() wraps in its cell instead of running past it
+  if (API_PAGE.test(window.location.pathname)) {
+    document.documentElement.classList.add("api-page");
+    for (const name of document.querySelectorAll(".bd-article span.pre")) {
+      if (name.closest("table.autosummary td:first-child")) continue;
+      if (name.childNodes.length === 1 && name.firstChild.nodeType === Node.TEXT_NODE) breakName(name.firstChild, TITLE);
+    }
   }
   // an API table's names (unitscale.functional.scaled_dot_product_attention)
   for (const name of document.querySelectorAll(".bd-article table.autosummary td:first-child span.pre")) {

@@ -1,8 +1,10 @@
-"""Pipeline stages: exact min-max partitioning over execution order, ``split_module``, and
-a real pipeline on :mod:`torch.distributed.pipelining`.
+"""Pipeline stages: split a model into contiguous stages, the costliest as cheap as possible,
+and run them as a real pipeline on :mod:`torch.distributed.pipelining`.
 
-This face lists what a user calls first; the rest is in the faces of the rooms that do the job:
-:mod:`unitscale.stages.partitioner`, :mod:`unitscale.stages.planner`, :mod:`unitscale.stages.runtime`.
+The names a user calls: :func:`partition` (split a model), :func:`plan_pipeline` (choose the
+split and microbatch count for a schedule), :func:`run_pipeline` and :func:`pipeline_stage` (run
+it). Their helpers live in the three parts that do the work: :mod:`unitscale.stages.partitioner`,
+:mod:`unitscale.stages.planner` and :mod:`unitscale.stages.runtime`.
 
 >>> import torch
 >>> from unitscale.stages import partition
