@@ -185,3 +185,27 @@ def test_the_checks_see_each_fault(browser, base_url):
         assert any("scaled" in line for line in tab.page.evaluate(BROKEN_NAMES_JS))
     finally:
         tab.close()
+
+
+def test_no_footer_title_breaks_inside_a_word_on_a_phone(browser, base_url):
+    """The footer's Previous/Next titles of the guide and tutorial pages, in half a phone's width:
+    a page's name breaks between words or at a name's parts, never inside a word ("Benchmar|ks"
+    did, at the theme's font size)."""
+    pages = sorted(str(p.relative_to(SITE)) for p in [*SITE.glob("docs/*.html"), *SITE.glob("tutorials/*.html")])
+    assert len(pages) > 20, pages
+    footer_js = BROKEN_NAMES_JS.replace(
+        "const scopes = '", "const scopes = '.prev-next-area .prev-next-title, ' + '", 1
+    )
+    footer_js = footer_js.replace(
+        "for (const scope of document.querySelectorAll(scopes))",
+        "for (const scope of document.querySelectorAll(scopes.split(', ')[0]))",
+    )
+    tab = Visit(browser, WIDTHS["phone"])
+    try:
+        bad = []
+        for page in pages:
+            tab.goto(f"{base_url}/{page}")
+            bad += [f"{page}: {line}" for line in tab.page.evaluate(footer_js)]
+    finally:
+        tab.close()
+    assert bad == [], "\n".join(bad)
