@@ -183,7 +183,8 @@ def cached(
         depends_on_inputs: whether a capture depends on the inputs' signature (an export)
             or only on the module (a symbolic trace).
     """
-    key = (fingerprint(module), call_state())
+    state = call_state()  # before the module's fingerprint, which reads its hooks in fx.module_state
+    key = (fingerprint(module), state)
     with _lock:  # threads may look up and keep captures at once; make() runs outside the lock
         entries = _cache.setdefault(module, {})
     found = entries.get(request)
