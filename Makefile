@@ -22,7 +22,8 @@ step = @printf '\n\033[1m== make test, step %s\033[0m\n' "$(1)"
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip -c constraints.txt
-	$(PY) -m pip install -q -c constraints.txt --no-deps --extra-index-url $(TORCH_INDEX) torch
+	$(PY) -m pip install -q -c constraints.txt --no-deps torch \
+		--extra-index-url $(TORCH_INDEX)
 	$(PY) -m pip install -q -c constraints.txt -e '.[docs,test]'
 	$(MAKE) --no-print-directory vision
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null

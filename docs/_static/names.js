@@ -51,6 +51,20 @@ document.addEventListener("DOMContentLoaded", () => {
       if (name.closest("table.autosummary td:first-child")) continue;
       if (name.childNodes.length === 1 && name.firstChild.nodeType === Node.TEXT_NODE) breakName(name.firstChild, TITLE);
     }
+  } else {
+    // elsewhere (tutorials, guides) a name in inline code breaks as a title does too: on a phone
+    // unitscale.tracking.|ScaleTracking|Interpreter, not ScaleTrackingInterpret|er
+    // (an expression, torch.distributed.pipelining.pipeline(model, ...), also after "(" and ",")
+    const EXPRESSION = /(?<=[.(,])(?=\w)|(?<=[a-z0-9])(?=[A-Z])/;
+    for (const name of document.querySelectorAll(".bd-article code.literal span.pre")) {
+      if (name.childNodes.length !== 1 || name.firstChild.nodeType !== Node.TEXT_NODE) continue;
+      const text = name.firstChild.textContent;
+      if (NAME.test(text.trim())) breakName(name.firstChild, TITLE);
+      else if (text.length > 12) {
+        const parts = text.split(EXPRESSION);
+        name.firstChild.replaceWith(...parts.flatMap((part, i) => (i ? [document.createElement("wbr"), part] : [part])));
+      }
+    }
   }
   // an API table's names (unitscale.functional.scaled_dot_product_attention)
   for (const name of document.querySelectorAll(".bd-article table.autosummary td:first-child span.pre")) {

@@ -16,7 +16,7 @@
 // Both are checked again when the window's width changes or a folded table is opened.
 (() => {
   const phone = () => window.matchMedia("(max-width: 540px)").matches;
-  const boxes = () => document.querySelectorAll(".bd-article .cell_output pre, .bd-article div.highlight pre, .bd-article .unitscale-table, .bd-article .pst-scrollable-table-container");
+  const boxes = () => document.querySelectorAll(".bd-article .cell_output pre, .bd-article div.highlight pre, .bd-article .unitscale-table, .bd-article .benchmark-table, .bd-article .pst-scrollable-table-container");
   const label = (table) => {
     const heads = [...table.querySelectorAll("thead th")].map((th) => th.innerText.trim());
     for (const row of table.querySelectorAll("tbody tr")) {
@@ -30,7 +30,7 @@
       if (table.closest(".unitscale-table")) continue;
       table.classList.remove("as-cards");
       // the table scrolls in its own box, or in the theme's container around it
-      const wide = [table, table.closest(".pst-scrollable-table-container")]
+      const wide = [table, table.closest(".pst-scrollable-table-container"), table.closest(".benchmark-table")]
         .some((box) => box && box.scrollWidth > box.clientWidth + 1);
       if (!phone() || !table.getClientRects().length || !wide) continue;
       label(table);

@@ -351,3 +351,31 @@ def test_the_differences_table_is_cards_on_a_phone_and_a_table_on_a_desktop(brow
         assert found["labelled"] == found["valueCells"] > 0, found
     else:
         assert found["display"] == "table-row", found
+
+
+@pytest.mark.parametrize("theme", THEMES)
+def test_the_benchmarks_folded_tables_show_their_cue_at_desktop_width(browser, base_url, theme):
+    """Opened at 1280 px, four of the Benchmarks page's "All N rows" tables scrolled (924 to 1313
+    px in 734) with no cue to be seen: the table itself scrolled, outside the boxes the cue
+    script marks. Each now scrolls in its own box, and its cue shows in pixels."""
+    tab = Visit(browser, WIDTHS["desktop"], theme)
+    try:
+        page = tab.goto(f"{base_url}/docs/benchmarks.html").page
+        for summary in page.locator(".bd-article details.benchmark-rows > summary").all():
+            summary.click()
+        page.wait_for_timeout(200)
+        texts = page.evaluate(CUE_BOXES_JS)
+        cues = []
+        for i, text in enumerate(texts):
+            # a clip of the page, not an element's screenshot: that one resizes the window for a
+            # moment, and the cue script, seeing the resize, measured the tables at another width
+            box = page.locator(f'[data-cue-probe="{i}"]')
+            box.scroll_into_view_if_needed()
+            clip = box.bounding_box()
+            assert clip, text
+            cues.append({"text": text, "contrast": cue_contrast(page.screenshot(clip=clip))})
+    finally:
+        tab.close()
+    assert len(cues) >= 3, cues  # the folded tables wider than the column, once opened
+    unseen = [c for c in cues if c["contrast"] < MIN_CUE_CONTRAST]
+    assert unseen == [], unseen
