@@ -55,8 +55,8 @@ html: $(STAMP)
 	@echo "open _build/html/index.html"
 
 ## test: what CI runs. Any failing step fails it:
-##   0. lint: ruff (rules and formatting) and mypy over the package, tests and benchmarks, and
-##      the tutorials' code cells formatted to 88 columns (make format-tutorials);
+##   0. lint: ruff (rules and formatting) over the package, tests, benchmarks and docs/_ext, mypy
+##      over the first three, and the tutorials' code cells formatted to 88 columns;
 ##   1. unit, property and error tests, the site meta-tests (a broken cell, a Sphinx warning and a
 ##      failing doctest each fail), and every docstring example (--doctest-modules);
 ##   2. the site, rebuilt from scratch (-E) with every notebook executed (force);
@@ -64,8 +64,8 @@ html: $(STAMP)
 ##      (Chromium against every page: layout, figures, contrast, search, downloads).
 test: $(STAMP) chromium
 	$(call step,0/3: lint (ruff and mypy; the tutorials' cells formatted))
-	$(VENV)/bin/ruff check unitscale tests benchmarks
-	$(VENV)/bin/ruff format --check unitscale tests benchmarks
+	$(VENV)/bin/ruff check unitscale tests benchmarks docs/_ext
+	$(VENV)/bin/ruff format --check unitscale tests benchmarks docs/_ext
 	$(VENV)/bin/mypy
 	$(PY) docs/_ext/format_tutorials.py --check tutorials/*.md
 	$(call step,1/3: tests and doctests)
@@ -117,8 +117,8 @@ dist: $(STAMP)
 	@ls dist
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check unitscale tests benchmarks
-	$(VENV)/bin/ruff format --check unitscale tests benchmarks
+	$(VENV)/bin/ruff check unitscale tests benchmarks docs/_ext
+	$(VENV)/bin/ruff format --check unitscale tests benchmarks docs/_ext
 	$(VENV)/bin/mypy
 	$(PY) docs/_ext/format_tutorials.py --check tutorials/*.md
 

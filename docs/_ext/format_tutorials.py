@@ -26,7 +26,16 @@ import jupytext
 
 LINE_LENGTH = 88
 FENCE = re.compile(r"^```\{code-cell\}[^\n]*\n", re.MULTILINE)
-RUFF = [sys.executable, "-m", "ruff", "format", "--isolated", f"--line-length={LINE_LENGTH}", "--stdin-filename=cell.py", "-"]
+RUFF = [
+    sys.executable,
+    "-m",
+    "ruff",
+    "format",
+    "--isolated",
+    f"--line-length={LINE_LENGTH}",
+    "--stdin-filename=cell.py",
+    "-",
+]
 
 
 def lift_long_comments(source: str) -> str:

@@ -254,7 +254,9 @@ def _prose(doctree: nodes.document) -> str:
     """The page's prose: paragraphs, list items and titles, without code or outputs."""
     texts = []
     for paragraph in doctree.findall(lambda n: isinstance(n, nodes.paragraph | nodes.title)):
-        if not any(isinstance(a, nodes.literal_block) or "cell_output" in a.get("classes", []) for a in _ancestors(paragraph)):
+        if not any(
+            isinstance(a, nodes.literal_block) or "cell_output" in a.get("classes", []) for a in _ancestors(paragraph)
+        ):
             texts.append(paragraph.astext())
     return "\n".join(texts)
 
@@ -274,7 +276,9 @@ def _inline_markup(text: str) -> list[nodes.Node]:
 
 
 def _field(name: str, body: list[nodes.Node] | nodes.Node) -> nodes.field:
-    return nodes.field("", nodes.field_name("", name), nodes.field_body("", *(body if isinstance(body, list) else [body])))
+    return nodes.field(
+        "", nodes.field_name("", name), nodes.field_body("", *(body if isinstance(body, list) else [body]))
+    )
 
 
 def frame(app: Sphinx, docname: str, doctree: nodes.document) -> nodes.Element:
