@@ -356,27 +356,20 @@ def _from_torch(schedule: str, ranks: int, v: int, m: int) -> list[list[Op]]:
     if schedule == "interleaved_zero_bubble":
         sched.pipeline_order = per_rank
         per_rank = sched._add_bubbles_to_actions(ranks * v)
-    kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
-    orders = []
-    for r in range(ranks):
-        ops = []
-        for action in per_rank[r]:
-            if action is None or action.microbatch_index is None or action.microbatch_index >= m:
-                continue
-            ops.append(Op(kinds[str(action.computation_type.value)], action.stage_index, action.microbatch_index))
-        orders.append(ops)
-    return orders
+    return [
+        [
+            Op(str(a.computation_type.value), a.stage_index, a.microbatch_index)
+            for a in per_rank[r]
+            if a is not None and a.microbatch_index is not None and a.microbatch_index < m
+        ]
+        for r in range(ranks)
+    ]
 
 
 @functools.lru_cache(maxsize=64)
 def _order(schedule: str, ranks: int, v: int, m: int) -> tuple[tuple[Op, ...], ...]:
-    if schedule == "gpipe":
-        orders = _gpipe(ranks, m)
-    elif schedule == "1f1b":
-        orders = _one_f_one_b(ranks, m)
-    else:
-        orders = _from_torch(schedule, ranks, v, m)
-    return tuple(tuple(o) for o in orders)
+    orders = {"gpipe": _gpipe, "1f1b": _one_f_one_b}.get(schedule)
+    return tuple(tuple(o) for o in (orders(ranks, m) if orders else _from_torch(schedule, ranks, v, m)))
 
 
 def schedule_order(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> list[list[Op]]:
@@ -398,8 +391,7 @@ def in_flight(schedule: str, ranks: int, stages_per_rank: int, num_microbatches:
     GPipe holds all ``m``; 1F1B holds ``ranks - rank``.
     """
     orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
-    held = [0] * (ranks * stages_per_rank)
-    peak = [0] * (ranks * stages_per_rank)
+    held, peak = [0] * (ranks * stages_per_rank), [0] * (ranks * stages_per_rank)
     for ops in orders:
         for op in ops:
             if op.kind == "F":

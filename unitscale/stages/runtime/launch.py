@@ -12,16 +12,10 @@ Save a plan where the model is (``plan.save("plan.pt")``), then in the script th
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     output = rank.step(x, target=y)  # the model's output on the last stage's rank, else None
 
-``pipeline_stage`` joins the process group from the environment ``torchrun`` sets
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), keeps the
-stages this rank holds and builds the schedule over them. Every rank may pass the whole
-batch: :meth:`RankPipeline.step` hands the inputs to the rank holding stage 0 and the
-target to the rank holding the last stage.
+Every rank may pass the whole batch: :meth:`RankPipeline.step` hands the inputs to the rank
+holding stage 0 and the target to the rank holding the last stage.
 
-Placement: ``num_stages = ranks * stages_per_rank``. The looped schedules put stages
-``r, r + ranks, r + 2 * ranks, ...`` on rank ``r``; ``"zbv"`` (two stages per rank) puts
-stages ``r`` and ``2 * ranks - 1 - r`` on rank ``r`` (a V: rank 0 holds the first and
-the last stage). :func:`~unitscale.stages.runtime.placement` gives the table.
+Which rank holds which stage: :func:`~unitscale.stages.runtime.placement`.
 """
 
 from __future__ import annotations

@@ -208,10 +208,7 @@ def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts
     ((1.0, 1.0), (2.0, 1.0), (0.0, 8.0, 0.0), 0.75)
     """
     actions = [a for r in records for a in r.actions]
-    forward = [_mean_by(actions, "F", s) for s in range(num_stages)]
-    full = [_mean_by(actions, "B", s) for s in range(num_stages)]
-    inputs = [_mean_by(actions, "I", s) for s in range(num_stages)]
-    weights = [_mean_by(actions, "W", s) for s in range(num_stages)]
+    forward, full, inputs, weights = ([_mean_by(actions, kind, s) for s in range(num_stages)] for kind in "FBIW")
     backward = [b if b > 0 else i + w for b, i, w in zip(full, inputs, weights, strict=True)]
     split = sum(inputs) + sum(weights)
     share = sum(weights) / split if split > 0 else 0.5

@@ -106,18 +106,12 @@ class Failure:
         return cls(rank, f"{kind}: {text}", when, detail)
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def _exit_cause(code: int | None) -> str:
     if code is None:
         return "stopped without a result"
     if code < 0:
-        return f"was killed by {_signal_name(code)} (exit code {code})"
+        name = {s.value: s.name for s in signal.Signals}.get(-code, f"signal {-code}")
+        return f"was killed by {name} (exit code {code})"
     return f"exited with code {code} without a result"
 
 
