@@ -1,14 +1,9 @@
 """The schedule vocabulary the three rooms share: names, checks, placement, orders, costs.
 
 The partitioner, the planner and the runtime all speak of schedules; this module is the one
-place that says what a schedule name means: :func:`check_schedule` (the one check),
-:func:`stage_ranks` and :func:`placement` (which rank holds which stage), :func:`schedule_order`
-and :func:`in_flight` (what each rank runs, and how many microbatches it keeps), and the cost
-model the simulator and the planner share. A model is a chain of *items* (the pieces a
-cut may fall between). :class:`ChainCosts` holds, per item, its forward and backward
-time (at speed 1), the bytes its parameters take with their gradients and optimiser
-state, and the bytes of activations it keeps per microbatch until its backward; per
-possible cut, the bytes that cross it per microbatch. A boundary costs
+place that says what a schedule name means, and holds the cost model the simulator and the
+planner share: a model is a chain of *items* (the pieces a cut may fall between), and
+:class:`ChainCosts` holds each item's times and bytes; a boundary costs
 ``latency + bytes / bandwidth`` each way (activations forward, gradients backward).
 
 Schedules (the names :func:`~unitscale.run_pipeline` takes): ``"gpipe"`` and
@@ -52,7 +47,6 @@ __all__ = [
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv")
-_LOOPED = ("interleaved_1f1b", "interleaved_zero_bubble")
 #: Adam in mixed precision: fp32 master weight, gradient, two moments (4 + 4 + 8 bytes per parameter).
 ADAM_BYTES_PER_PARAM = 16.0
 
@@ -199,7 +193,7 @@ def _counts_that_fit(schedule: str, ranks: int, num_stages: int, near: int) -> l
 
 
 def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> str | None:
-    if schedule in _LOOPED:
+    if schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
         # torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (2.13) split the
         # microbatches into max(1, m // ranks) rounds of equal size
         rounds = max(1, m // ranks)

@@ -243,8 +243,7 @@ def plan_chain(
 
     origin = named(chosen) or "search"
     if not finished:
-        # the best-first search spent its budget on partial plans (its bounds for several stages
-        # per rank are loose): a local search from the best plans it holds may still improve
+        # a local search from the best plans the unfinished search holds (see the module docstring)
         starts = [chosen, *(b for b in seeds.values() if list(b) != chosen and search.fits(b))]
         unique = list(dict.fromkeys(tuple(b) for b in starts))
         better, at = descend(search, [list(b) for b in unique])
@@ -272,11 +271,8 @@ def _first_seeds(
 ) -> tuple[dict[str, list[int]], int, float | None]:
     """The formula's plan (and, where it is exact, the most even of its optima) or, when no plan
     fits at ``memory_limit / v`` per stage, the least-memory plan, by name; the formula's
-    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs).
-
-    Raises:
-        MemoryLimitError: no split fits ``memory_limit``.
-    """
+    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs);
+    ``MemoryLimitError`` where no split fits."""
     schedule, num_microbatches, stages_per_rank = search.schedule, search.m, search.v
     seeds: dict[str, list[int]] = {}  # by where each came from (ChainPlan.origin)
     probes, certified = 0, None

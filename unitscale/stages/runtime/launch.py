@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RankPipeline", "pipeline_stage"]
 
-_SINGLE = ("gpipe", "1f1b")
-
 
 def _loss_on_leaves(loss_fn: Callable[..., torch.Tensor], spec: TreeSpec, leaves: Any, target: Any) -> torch.Tensor:
     return loss_fn(output_from_leaves(leaves, spec), target)
@@ -135,8 +133,9 @@ def build_rank(
     for i in indices:
         ins, outs = examples[i] if examples is not None else (None, None)
         stages.append(PipelineStage(modules[i], i, num_stages, device, ins, outs, group=group))
-    cls = torch_schedule_class(schedule)
-    runner = cls(stages[0] if schedule in _SINGLE else stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    runner = torch_schedule_class(schedule)(
+        stages[0] if schedule in ("gpipe", "1f1b") else stages, n_microbatches=num_microbatches, loss_fn=loss_fn
+    )
     return RankPipeline(stages, runner, indices, num_stages)
 
 

@@ -1,11 +1,8 @@
 """Running a :class:`~unitscale.StagePlan` as a real pipeline on one machine: one process per rank.
 
-:func:`run_pipeline` checks its arguments (nothing starts on a bad one), pickles each rank's
-stages, example boundaries (:mod:`unitscale.stages.runtime.boundaries`) and inputs
-(:mod:`unitscale.stages.runtime.pickling`), starts the workers with torch's launcher
-(:mod:`unitscale.stages.runtime.workers`; each runs :mod:`unitscale.stages.runtime.worker`) and puts their
-results together: the output, and for a training step the loss, the gradients and what the
-workers measured (:class:`~unitscale.stages.PipelineResult`).
+:func:`run_pipeline` checks its arguments (nothing starts on a bad one), pickles each rank's job
+(:mod:`unitscale.stages.runtime.pickling`), starts the workers (:mod:`unitscale.stages.runtime.workers`)
+and puts their results together (:class:`~unitscale.stages.PipelineResult`).
 """
 
 from __future__ import annotations
