@@ -193,9 +193,8 @@ def _counts_that_fit(schedule: str, ranks: int, num_stages: int, near: int) -> l
 
 
 def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> str | None:
+    """Why torch (2.13) refuses ``m`` microbatches for ``schedule``, or ``None``."""
     if schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
-        # torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (2.13) split the
-        # microbatches into max(1, m // ranks) rounds of equal size
         rounds = max(1, m // ranks)
         if m % rounds:
             return (
@@ -203,7 +202,6 @@ def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> s
                 f"and {rounds} does not divide {m}"
             )
     if schedule == "1f1b" and m < num_stages:
-        # torch's Schedule1F1B refuses fewer microbatches than stages
         return f"1f1b needs at least as many microbatches as stages ({num_stages})"
     # zbv takes any count: torch's ScheduleZBVZeroBubble runs (and its order holds every
     # action) with fewer microbatches than stages too
@@ -362,8 +360,8 @@ def _from_torch(schedule: str, ranks: int, v: int, m: int) -> list[list[Op]]:
 
 @functools.lru_cache(maxsize=64)
 def _order(schedule: str, ranks: int, v: int, m: int) -> tuple[tuple[Op, ...], ...]:
-    orders = {"gpipe": _gpipe, "1f1b": _one_f_one_b}.get(schedule)
-    return tuple(tuple(o) for o in (orders(ranks, m) if orders else _from_torch(schedule, ranks, v, m)))
+    written = {"gpipe": _gpipe, "1f1b": _one_f_one_b}.get(schedule)  # else read from torch's class
+    return tuple(tuple(o) for o in (written(ranks, m) if written else _from_torch(schedule, ranks, v, m)))
 
 
 def schedule_order(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> list[list[Op]]:

@@ -110,10 +110,7 @@ def proportional(costs: ChainCosts) -> bool:
     ratio = next((b / f for f, b in zip(costs.forward, costs.backward, strict=True) if f > 0), None)
     if ratio is None:
         return not any(costs.backward)
-    return all(
-        math.isclose(b, ratio * f, rel_tol=1e-12, abs_tol=0.0)
-        for f, b in zip(costs.forward, costs.backward, strict=True)
-    )
+    return all(math.isclose(b, ratio * f, rel_tol=1e-12) for f, b in zip(costs.forward, costs.backward, strict=True))
 
 
 def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
