@@ -1,14 +1,9 @@
 """The schedule vocabulary the three rooms share: names, checks, placement, orders, costs.
 
 The partitioner, the planner and the runtime all speak of schedules; this module is the one
-place that says what a schedule name means: :func:`check_schedule` (the one check),
-:func:`stage_ranks` and :func:`placement` (which rank holds which stage), :func:`schedule_order`
-and :func:`in_flight` (what each rank runs, and how many microbatches it keeps), and the cost
-model the simulator and the planner share. A model is a chain of *items* (the pieces a
-cut may fall between). :class:`ChainCosts` holds, per item, its forward and backward
-time (at speed 1), the bytes its parameters take with their gradients and optimiser
-state, and the bytes of activations it keeps per microbatch until its backward; per
-possible cut, the bytes that cross it per microbatch. A boundary costs
+place that says what a schedule name means, and holds the cost model the simulator and the
+planner share: a model is a chain of *items* (the pieces a cut may fall between), and
+:class:`ChainCosts` holds each item's times and bytes; a boundary costs
 ``latency + bytes / bandwidth`` each way (activations forward, gradients backward).
 
 Schedules (the names :func:`~unitscale.run_pipeline` takes): ``"gpipe"`` and
@@ -52,7 +47,6 @@ __all__ = [
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zero_bubble", "zbv")
-_LOOPED = ("interleaved_1f1b", "interleaved_zero_bubble")
 #: Adam in mixed precision: fp32 master weight, gradient, two moments (4 + 4 + 8 bytes per parameter).
 ADAM_BYTES_PER_PARAM = 16.0
 
@@ -199,9 +193,8 @@ def _counts_that_fit(schedule: str, ranks: int, num_stages: int, near: int) -> l
 
 
 def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> str | None:
-    if schedule in _LOOPED:
-        # torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble (2.13) split the
-        # microbatches into max(1, m // ranks) rounds of equal size
+    """Why torch (2.13) refuses ``m`` microbatches for ``schedule``, or ``None``."""
+    if schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
         rounds = max(1, m // ranks)
         if m % rounds:
             return (
@@ -209,7 +202,6 @@ def _microbatch_problem(schedule: str, ranks: int, num_stages: int, m: int) -> s
                 f"and {rounds} does not divide {m}"
             )
     if schedule == "1f1b" and m < num_stages:
-        # torch's Schedule1F1B refuses fewer microbatches than stages
         return f"1f1b needs at least as many microbatches as stages ({num_stages})"
     # zbv takes any count: torch's ScheduleZBVZeroBubble runs (and its order holds every
     # action) with fewer microbatches than stages too
@@ -356,27 +348,20 @@ def _from_torch(schedule: str, ranks: int, v: int, m: int) -> list[list[Op]]:
     if schedule == "interleaved_zero_bubble":
         sched.pipeline_order = per_rank
         per_rank = sched._add_bubbles_to_actions(ranks * v)
-    kinds = {"F": "F", "B": "B", "I": "I", "W": "W"}
-    orders = []
-    for r in range(ranks):
-        ops = []
-        for action in per_rank[r]:
-            if action is None or action.microbatch_index is None or action.microbatch_index >= m:
-                continue
-            ops.append(Op(kinds[str(action.computation_type.value)], action.stage_index, action.microbatch_index))
-        orders.append(ops)
-    return orders
+    return [
+        [
+            Op(str(a.computation_type.value), a.stage_index, a.microbatch_index)
+            for a in per_rank[r]
+            if a is not None and a.microbatch_index is not None and a.microbatch_index < m
+        ]
+        for r in range(ranks)
+    ]
 
 
 @functools.lru_cache(maxsize=64)
 def _order(schedule: str, ranks: int, v: int, m: int) -> tuple[tuple[Op, ...], ...]:
-    if schedule == "gpipe":
-        orders = _gpipe(ranks, m)
-    elif schedule == "1f1b":
-        orders = _one_f_one_b(ranks, m)
-    else:
-        orders = _from_torch(schedule, ranks, v, m)
-    return tuple(tuple(o) for o in orders)
+    written = {"gpipe": _gpipe, "1f1b": _one_f_one_b}.get(schedule)  # else read from torch's class
+    return tuple(tuple(o) for o in (written(ranks, m) if written else _from_torch(schedule, ranks, v, m)))
 
 
 def schedule_order(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: int) -> list[list[Op]]:
@@ -398,8 +383,7 @@ def in_flight(schedule: str, ranks: int, stages_per_rank: int, num_microbatches:
     GPipe holds all ``m``; 1F1B holds ``ranks - rank``.
     """
     orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
-    held = [0] * (ranks * stages_per_rank)
-    peak = [0] * (ranks * stages_per_rank)
+    held, peak = [0] * (ranks * stages_per_rank), [0] * (ranks * stages_per_rank)
     for ops in orders:
         for op in ops:
             if op.kind == "F":

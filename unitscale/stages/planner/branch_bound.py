@@ -19,15 +19,9 @@ A partial plan fixes stages ``0..j``; a lower bound on every completion is the m
   small matrix game, bounded from below by a mixture that multiplicative weights find.
 
 With one stage per rank (GPipe, 1F1B), the search also branches only inside windows: two of
-the per-rank bounds above hold for every complete plan and tie a stage's time ``c_s`` to the
-time ``x_s`` before it (``m c_s + x_s`` and, under 1F1B, ``(m - w + 1) c_s + x_s + 2 (X - x_{s+1})``,
-with the least message time for every cut; ``x_s`` and ``X - x_{s+1}`` at least the least time
-any split inside the windows takes before and after the cut, exact on devices of one speed),
-so with the stage's memory they cap cut ``s + 1`` by a function of cut ``s``. Sweeping those
-caps forward (furthest reach) and backward (least start) until nothing moves confines each cut
-to the positions a plan within the incumbent can use (:meth:`Search.narrow`, redone when the
-incumbent improves); with a memory limit this is where the limit enters the pruning, which
-the bounds above ignore.
+the per-rank bounds above, with each stage's memory, confine each cut to the positions a plan
+within the incumbent can use (:meth:`Search.narrow`, redone when the incumbent improves); with a
+memory limit this is where the limit enters the pruning, which the bounds above ignore.
 
 Best first, the search expands the partial plan of least bound and stops when that bound
 exceeds the best simulated plan: that bound is then the certificate of optimality. The bounds
@@ -60,22 +54,16 @@ SEARCH_BUDGET = 50_000
 
 
 class Search:
-    """Branch and bound over the cuts, judged by the simulator itself.
+    """Branch and bound over the cuts, judged by the simulator itself (the module's docstring gives the bounds).
 
-    A node fixes stages ``0..j-1``; its children fix stage ``j`` at every end that fits in
-    memory. A child's bound is the simulated step with every later stage (and cut) taking
-    no time, which never exceeds the step of any completion (a longest path only grows
-    with its weights), raised by a water level: the work left must run on the ranks of
-    the later stages. A child with every stage fixed is a plan and its bound is its
-    simulated step. Where :meth:`narrow` has set windows, a child's end lies inside its cut's
-    window and within reach of its start. Children are evaluated a batch at a time
-    (:func:`~unitscale.stages.planner.simulation.step_times`). It reads the problem's
+    A node fixes stages ``0..j-1``; its children fix stage ``j`` at every end that fits in memory
+    (and, where :meth:`narrow` has set windows, inside its cut's window and within reach of its
+    start). Children are bounded a batch at a time. It reads the problem's
     :class:`~unitscale.stages.planner.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
     """
 
     def __init__(self, arrays: ChainArrays) -> None:
         a = self.arrays = arrays
-        # the problem's arrays, shared with the formula's Problem, under the names the bounds use
         self.costs, self.schedule = a.costs, a.schedule
         self.n, self.p, self.v, self.m, self.k = a.n, a.p, a.v, a.m, a.k
         self.placement, self.rank_speed, self.speed = a.placement, a.rank_speed, a.speed
@@ -239,12 +227,9 @@ class Search:
                 break
         return True
 
-    def stage_memory(self, bounds: Sequence[int]) -> list[float]:
-        return self.arrays.stage_memory(bounds)
-
     def rank_memory(self, bounds: Sequence[int]) -> list[float]:
         total = [0.0] * self.p
-        for s, q in enumerate(self.stage_memory(bounds)):
+        for s, q in enumerate(self.arrays.stage_memory(bounds)):
             total[self.placement[s]] += q
         return total
 

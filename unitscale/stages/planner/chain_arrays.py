@@ -1,12 +1,9 @@
 """The arrays of one planning problem, computed once for the formula's programmes and the search.
 
 :class:`ChainArrays` lays a :class:`~unitscale.stages.schedules.ChainCosts` out on a
-schedule's placement: which rank runs each stage and at what speed, prefix sums of the items'
-forward and backward work, parameter and activation bytes, each stage's memory prefix (its
-microbatches in flight times the activations, plus the parameters) and the message time of
-every cut. The formula's :class:`~unitscale.stages.planner.formula.Problem` and the branch and bound's
-:class:`~unitscale.stages.planner.branch_bound.Search` both read these, so the planner builds them once
-per plan; each keeps only what is its own (the formula's per-stage cap, the search's bounds).
+schedule's placement. The formula's :class:`~unitscale.stages.planner.formula.Problem` and the branch
+and bound's :class:`~unitscale.stages.planner.branch_bound.Search` both read it, so the planner builds
+it once per plan; each keeps only what is its own (the formula's per-stage cap, the search's bounds).
 
 >>> from unitscale.stages.planner.chain_arrays import ChainArrays
 >>> from unitscale.stages.schedules import ChainCosts

@@ -173,9 +173,7 @@ def range_min(val: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
         width *= 2
     length = hi - lo + 1
     empty = length <= 0
-    safe_len = np.where(empty, 1, length)
-    level = np.floor(np.log2(safe_len)).astype(np.int64)
-    level = np.minimum(level, len(table) - 1)
+    level = np.minimum(np.floor(np.log2(np.where(empty, 1, length))).astype(np.int64), len(table) - 1)
     lo_safe = np.where(empty, 0, lo)
     hi_start = np.where(empty, 0, hi - (1 << level) + 1)
     best = np.full(len(lo), math.inf)

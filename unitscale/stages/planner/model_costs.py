@@ -32,16 +32,13 @@ def piece_costs(costs: ChainCosts, pieces: Sequence[int]) -> ChainCosts:
     def summed(values: Sequence[float]) -> tuple[float, ...]:
         return tuple(math.fsum(values[a:b]) for a, b in zip(pieces, pieces[1:], strict=False))
 
-    return ChainCosts(
+    return replace(
+        costs,
         forward=summed(costs.forward),
         backward=summed(costs.backward),
         param_bytes=summed(costs.param_bytes),
         activation_bytes=summed(costs.activation_bytes),
         boundary_bytes=tuple(costs.boundary_bytes[b] for b in pieces),
-        bandwidth=costs.bandwidth,
-        latency=costs.latency,
-        weight_grad_share=costs.weight_grad_share,
-        action_overhead=costs.action_overhead,
     )
 
 
@@ -106,10 +103,7 @@ def chain_costs_for(
         # crosses the cut before item i for made < i <= last
         crossing[made + 1] += size
         crossing[min(last, n) + 1] -= size
-    boundary, running = [], 0.0
-    for i in range(n + 1):
-        running += crossing[i]
-        boundary.append(running if 0 < i < n else 0.0)
+    boundary = [b if 0 < i < n else 0.0 for i, b in enumerate(itertools.accumulate(crossing[: n + 1]))]
     return ChainCosts(
         forward=tuple(forward),
         backward=tuple(bwd),

@@ -110,10 +110,7 @@ def proportional(costs: ChainCosts) -> bool:
     ratio = next((b / f for f, b in zip(costs.forward, costs.backward, strict=True) if f > 0), None)
     if ratio is None:
         return not any(costs.backward)
-    return all(
-        math.isclose(b, ratio * f, rel_tol=1e-12, abs_tol=0.0)
-        for f, b in zip(costs.forward, costs.backward, strict=True)
-    )
+    return all(math.isclose(b, ratio * f, rel_tol=1e-12) for f, b in zip(costs.forward, costs.backward, strict=True))
 
 
 def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
@@ -172,29 +169,17 @@ def plan_chain(
 ) -> ChainPlan:
     """The split of a chain into ``ranks * stages_per_rank`` stages with the least simulated step time.
 
-    The step time is what :func:`~unitscale.stages.simulate` predicts for ``schedule``
-    (stage ``s`` takes ``(F_s + B_s) / speed`` per microbatch on its rank, a cut
-    ``latency + bytes / bandwidth`` each way), and a plan fits when every rank's stages
-    together (parameters with gradients and optimiser state, plus the activations of the
-    microbatches the schedule holds at once) need at most ``memory_limit`` bytes.
-
-    The search is a branch and bound over the cuts, stage by stage, whose bounds are the
-    simulator's own step with the stages not yet placed taking no time (never more than the
-    step of any completion), raised by the work those stages must still do. Its first
-    incumbent is the optimum of the formula ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``,
-    ``κ = (v + p - 1) / (p v)`` (a dynamic programme over prefixes), polished cut by cut.
-    The rules of :func:`~unitscale.stages.planner.rule_splits` are incumbents too, so the plan is never worse than
-    theirs under this model. It stops when no open branch can beat the best simulated plan:
-    ``lower_bound`` is then the certificate. For GPipe with a backward that is a fixed multiple of the forward the
-    formula is the simulated step exactly (the forward phase is a flow shop of ``m``
-    identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``, the backward mirrors it), so
-    the programme's optimum is certified by itself. Among plans with the same step time
-    (within ``1e-9`` relative) the one with the least sum of squared stage times is kept.
-    After ``search_budget`` simulated partial plans the search stops, a local search from the
-    best plans it holds moves single cuts and runs of cuts while the simulated step falls, and
-    the result has ``optimal=False`` (unless that reached the bound) and a ``lower_bound``
-    below it (the gap is certified). The bounds are
-    listed in the module's docstring (``unitscale.stages.planner.planner``).
+    The step time is what :func:`~unitscale.stages.simulate` predicts for ``schedule``, and a plan
+    fits when every rank's stages together need at most ``memory_limit`` bytes; among plans with
+    the same step time (within ``1e-9`` relative) the least sum of squared stage times wins. A
+    branch and bound, seeded with the optimum of a step-time formula and the rules of
+    :func:`~unitscale.stages.planner.rule_splits` (so the plan is never worse than theirs under
+    this model), stops when no open branch can beat the best simulated plan: ``lower_bound`` is
+    then the certificate (for GPipe with a backward that is a fixed multiple of the forward, the
+    formula's optimum certifies itself). After ``search_budget`` simulated partial plans it stops,
+    a local search improves the best plans it holds, and the result has ``optimal=False`` (unless
+    that reached the bound) and a ``lower_bound`` below it (the gap is certified). The module's
+    docstring (``unitscale.stages.planner.planner``) says how, and lists the bounds.
 
     Args:
         costs: per-item costs (:class:`~unitscale.stages.planner.ChainCosts`).
@@ -224,67 +209,6 @@ def plan_chain(
     >>> plan_chain(costs, 2, "gpipe", 4, memory_limit=120.0).bounds  # 4 * 10 B * 3
     [0, 3, 6]
     """
-    k = _check_chain(
-        costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds, search_budget
-    )
-    # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
-    arrays = ChainArrays(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
-    problem, search = Problem(arrays), Search(arrays)
-    seeds, names, probes, certified = _first_seeds(costs, problem, search, k, memory_limit)
-    if certified is None:
-        seeds.append(polish(search, seeds[0]))
-        names.append(f"polished {names[0]}")
-    # the rules people use anyway: the plan is never worse than any of them under this model
-    for name, bounds in rule_splits(costs, k).items():
-        seeds.append(bounds)
-        names.append(name)
-    chosen, lower, best, finished = search.run(seeds, search_budget)
-    if certified is not None:
-        lower, finished = certified, True  # the programme's optimum is the simulator's
-    origin = " / ".join(dict.fromkeys(name for name, b in zip(names, seeds, strict=True) if list(b) == chosen))
-    origin = origin or "search"
-    if not finished:
-        # the best-first search spent its budget on partial plans (its bounds for several stages
-        # per rank are loose): a local search from the best plans it holds may still improve
-        starts = [chosen, *(b for b in seeds if list(b) != chosen and search.fits(b))]
-        unique = list(dict.fromkeys(tuple(b) for b in starts))
-        better, at = descend(search, [list(b) for b in unique])
-        old, new = search.evaluate([chosen, better]).tolist()
-        if new < old * (1 - TIE):
-            start = list(unique[at])
-            came = (
-                origin
-                if start == chosen
-                else " / ".join(x for x, b in zip(names, seeds, strict=True) if list(b) == start)
-            )
-            chosen, origin, best = better, f"local search from {came}", new
-            finished = best <= lower * (1 + TIE)
-    step = simulate_bounds(costs, chosen, schedule, num_microbatches, stages_per_rank, device_speeds).step_time
-    return ChainPlan(
-        bounds=chosen,
-        step_time=step,
-        lower_bound=min(lower, step),  # equal up to the rounding of prefix sums against fsum
-        bottleneck=max(search.times(chosen)),
-        stage_memory=search.stage_memory(chosen),
-        probes=probes,
-        simulated=search.evaluated,
-        optimal=finished,
-        rank_memory=search.rank_memory(chosen),
-        origin=origin,
-    )
-
-
-def _check_chain(
-    costs: ChainCosts,
-    ranks: int,
-    schedule: str,
-    num_microbatches: int,
-    stages_per_rank: int,
-    memory_limit: float | None,
-    device_speeds: Sequence[float] | None,
-    search_budget: int,
-) -> int:
-    """The stage count ``ranks * stages_per_rank``, after :func:`plan_chain`'s arguments are checked."""
     check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     k = ranks * stages_per_rank
     if k > len(costs):
@@ -299,37 +223,68 @@ def _check_chain(
         raise InputError(f"memory_limit={memory_limit!r} must be a number of bytes > 0, or None for no limit")
     if isinstance(search_budget, bool) or not isinstance(search_budget, int) or search_budget < 0:
         raise InputError(f"search_budget={search_budget!r} must be an int >= 0 (partial plans to simulate)")
-    return k
+    # the formula's programme caps each stage at limit / v: a subset of the plans that fit each rank
+    arrays = ChainArrays(costs, ranks, schedule, num_microbatches, stages_per_rank, memory_limit, device_speeds)
+    problem, search = Problem(arrays), Search(arrays)
+    seeds, probes, certified = _first_seeds(costs, problem, search, k, memory_limit)
+    if certified is None:
+        first = next(iter(seeds))
+        seeds[f"polished {first}"] = polish(search, seeds[first])
+    seeds.update(rule_splits(costs, k))  # the rules people use anyway: the plan is never worse than theirs
+    chosen, lower, best, finished = search.run(list(seeds.values()), search_budget)
+    if certified is not None:
+        lower, finished = certified, True  # the programme's optimum is the simulator's
+
+    def named(plan: list[int]) -> str:
+        return " / ".join(name for name, b in seeds.items() if list(b) == plan)
+
+    origin = named(chosen) or "search"
+    if not finished:
+        # a local search from the best plans the unfinished search holds (see the module docstring)
+        starts = [chosen, *(b for b in seeds.values() if list(b) != chosen and search.fits(b))]
+        unique = list(dict.fromkeys(tuple(b) for b in starts))
+        better, at = descend(search, [list(b) for b in unique])
+        old, new = search.evaluate([chosen, better]).tolist()
+        if new < old * (1 - TIE):
+            chosen, origin, best = better, f"local search from {named(list(unique[at])) or origin}", new
+            finished = best <= lower * (1 + TIE)
+    step = simulate_bounds(costs, chosen, schedule, num_microbatches, stages_per_rank, device_speeds).step_time
+    return ChainPlan(
+        bounds=chosen,
+        step_time=step,
+        lower_bound=min(lower, step),  # equal up to the rounding of prefix sums against fsum
+        bottleneck=max(search.times(chosen)),
+        stage_memory=search.arrays.stage_memory(chosen),
+        probes=probes,
+        simulated=search.evaluated,
+        optimal=finished,
+        rank_memory=search.rank_memory(chosen),
+        origin=origin,
+    )
 
 
 def _first_seeds(
     costs: ChainCosts, problem: Problem, search: Search, k: int, memory_limit: float | None
-) -> tuple[list[list[int]], list[str], int, float | None]:
+) -> tuple[dict[str, list[int]], int, float | None]:
     """The formula's plan (and, where it is exact, the most even of its optima) or, when no plan
-    fits at ``memory_limit / v`` per stage, the least-memory plan; with their names, the formula's
-    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs).
-
-    Raises:
-        MemoryLimitError: no split fits ``memory_limit``.
-    """
+    fits at ``memory_limit / v`` per stage, the least-memory plan, by name; the formula's
+    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs);
+    ``MemoryLimitError`` where no split fits."""
     schedule, num_microbatches, stages_per_rank = search.schedule, search.m, search.v
-    seeds: list[list[int]] = []
-    names: list[str] = []  # where each seed came from (ChainPlan.origin)
+    seeds: dict[str, list[int]] = {}  # by where each came from (ChainPlan.origin)
     probes, certified = 0, None
     try:
         exact = schedule == "gpipe" and proportional(costs) and costs.action_overhead == 0
         # elsewhere the formula's plan is only the first incumbent: a few dozen programmes do
         # (devices of different speeds can otherwise take hundreds)
         bounds, formula, formula_lower, probes = formula_plan(problem, None if exact else FORMULA_PROBES)
-        seeds.append(bounds)
-        names.append("formula")
+        seeds["formula"] = bounds
         if exact:
             certified = formula_lower
             if not problem.comm.any() and len({float(x[-1]) for x in problem.x}) == 1:
                 even = most_even(problem, problem.bottleneck(bounds))
                 if even is not None:
-                    seeds.append(even)
-                    names.append("formula, most even")
+                    seeds["formula, most even"] = even
     except NoFit:
         need, plan = (smallest_memory(problem), None) if stages_per_rank == 1 else least_rank_memory(search)
         least = f"the least limit that works is {need:.4g} bytes"
@@ -344,9 +299,8 @@ def _first_seeds(
                 "use more ranks, fewer microbatches in flight (1f1b) or fewer bytes per parameter)",
                 needed=need,
             ) from None
-        seeds.append(plan)
-        names.append("least memory")
-    return seeds, names, probes, certified
+        seeds["least memory"] = plan
+    return seeds, probes, certified
 
 
 def plan_pipeline(

@@ -37,12 +37,16 @@ if TYPE_CHECKING:
 
 __all__ = ["TimelineBlock", "Timeline", "simulate", "simulate_bounds", "step_times"]
 
+_FitLabel: type  # made by _fit_label, on first use: pickle (a figure's copy) looks for it here
+
 
 @functools.cache
 def _fit_label() -> type:
     """A block's label drawn only where its block, as drawn, is wider than it: a copy drawn narrower
     for a phone (``docs/_ext/figure_widths.py``) decides again. Made on first use, with matplotlib."""
     from matplotlib.text import Text  # lazy: as Timeline.plot's imports
+
+    global _FitLabel
 
     class _FitLabel(Text):
         span = (0.0, 0.0)
@@ -52,8 +56,6 @@ def _fit_label() -> type:
             if self.get_window_extent(renderer).width + 4 < abs(right - left):
                 super().draw(renderer)
 
-    _FitLabel.__qualname__ = "_FitLabel"
-    globals()["_FitLabel"] = _FitLabel  # where pickle (a figure's copy) looks for it
     return _FitLabel
 
 
@@ -175,14 +177,6 @@ class Timeline:
         return fig
 
 
-def _durations(costs: ChainCosts, bounds: Sequence[int], speeds: Sequence[float]) -> tuple[list[float], list[float]]:
-    fwd, bwd = [], []
-    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        fwd.append(math.fsum(costs.forward[a:b]) / speeds[s] + costs.action_overhead)
-        bwd.append(math.fsum(costs.backward[a:b]) / speeds[s] + costs.action_overhead)
-    return fwd, bwd
-
-
 def _check_bounds(bounds: Sequence[int], n: int, stages: int) -> None:
     if len(bounds) == stages + 1 and (bounds[0] != 0 or bounds[-1] != n):
         raise StageCountError(
@@ -241,7 +235,11 @@ def simulate_bounds(
     _check_bounds(bounds, len(costs), num_stages)
     placement = stage_ranks(schedule, ranks, stages_per_rank)
     speeds = _speeds(device_speeds, ranks)
-    fwd, bwd = _durations(costs, bounds, [speeds[r] for r in placement])
+    stages = list(zip(bounds, bounds[1:], strict=False))
+    fwd, bwd = (
+        [math.fsum(times[a:b]) / speeds[placement[s]] + costs.action_overhead for s, (a, b) in enumerate(stages)]
+        for times in (costs.forward, costs.backward)
+    )
     share = costs.weight_grad_share
     duration = {"F": fwd, "B": bwd, "I": [b * (1 - share) for b in bwd], "W": [b * share for b in bwd]}
     comm = [costs.comm_time(b) for b in bounds]  # comm[s]: between stage s - 1 and s
@@ -257,7 +255,7 @@ def simulate_bounds(
     held = in_flight(schedule, ranks, stages_per_rank, num_microbatches)
     stage_memory = [
         math.fsum(costs.param_bytes[a:b]) + held[s] * math.fsum(costs.activation_bytes[a:b])
-        for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+        for s, (a, b) in enumerate(stages)
     ]
     rank_memory = [0.0] * ranks
     for s, r in enumerate(placement):
@@ -390,23 +388,15 @@ def step_times(
     """
     check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     program = _program(schedule, ranks, stages_per_rank, num_microbatches)
-    forward = np.asarray(forward, dtype=np.float64)
-    backward = np.asarray(backward, dtype=np.float64)
-    comm = np.asarray(comm, dtype=np.float64)
-    duration = {
-        "F": forward.T,
-        "B": backward.T,
-        "I": (backward * (1 - weight_grad_share)).T,
-        "W": (backward * weight_grad_share).T,
-    }
-    cut = comm.T
+    forward, backward, comm = (np.asarray(a, dtype=np.float64) for a in (forward, backward, comm))
+    share = weight_grad_share
+    duration = {"F": forward.T, "B": backward.T, "I": (backward * (1 - share)).T, "W": (backward * share).T}
     free = np.zeros((ranks, forward.shape[0]))
     ends: list[np.ndarray] = []
     for r, kind, s, _, deps in program:
         ready = free[r]
         for d, c in deps:
-            arrive = ends[d] if c < 0 else ends[d] + cut[c]
-            ready = np.maximum(ready, arrive)
+            ready = np.maximum(ready, ends[d] if c < 0 else ends[d] + comm[:, c])
         end = ready + duration[kind][s]
         ends.append(end)
         free[r] = end

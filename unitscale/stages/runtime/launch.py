@@ -12,16 +12,10 @@ Save a plan where the model is (``plan.save("plan.pt")``), then in the script th
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     output = rank.step(x, target=y)  # the model's output on the last stage's rank, else None
 
-``pipeline_stage`` joins the process group from the environment ``torchrun`` sets
-(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), keeps the
-stages this rank holds and builds the schedule over them. Every rank may pass the whole
-batch: :meth:`RankPipeline.step` hands the inputs to the rank holding stage 0 and the
-target to the rank holding the last stage.
+Every rank may pass the whole batch: :meth:`RankPipeline.step` hands the inputs to the rank
+holding stage 0 and the target to the rank holding the last stage.
 
-Placement: ``num_stages = ranks * stages_per_rank``. The looped schedules put stages
-``r, r + ranks, r + 2 * ranks, ...`` on rank ``r``; ``"zbv"`` (two stages per rank) puts
-stages ``r`` and ``2 * ranks - 1 - r`` on rank ``r`` (a V: rank 0 holds the first and
-the last stage). :func:`~unitscale.stages.runtime.placement` gives the table.
+Which rank holds which stage: :func:`~unitscale.stages.runtime.placement`.
 """
 
 from __future__ import annotations
@@ -47,8 +41,6 @@ if TYPE_CHECKING:
     from unitscale.stages.partitioner.plan import StagePlan
 
 __all__ = ["RankPipeline", "pipeline_stage"]
-
-_SINGLE = ("gpipe", "1f1b")
 
 
 def _loss_on_leaves(loss_fn: Callable[..., torch.Tensor], spec: TreeSpec, leaves: Any, target: Any) -> torch.Tensor:
@@ -141,8 +133,9 @@ def build_rank(
     for i in indices:
         ins, outs = examples[i] if examples is not None else (None, None)
         stages.append(PipelineStage(modules[i], i, num_stages, device, ins, outs, group=group))
-    cls = torch_schedule_class(schedule)
-    runner = cls(stages[0] if schedule in _SINGLE else stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    runner = torch_schedule_class(schedule)(
+        stages[0] if schedule in ("gpipe", "1f1b") else stages, n_microbatches=num_microbatches, loss_fn=loss_fn
+    )
     return RankPipeline(stages, runner, indices, num_stages)
 
 

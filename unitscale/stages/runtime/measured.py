@@ -3,24 +3,13 @@
 A prediction is only as good as the durations it is fed. Per-node timings taken in
 the planning process miss what the pipeline's own processes pay: autograd, the
 schedule's bookkeeping, a gloo thread, other work on the same cores. So each worker
-of :func:`~unitscale.run_pipeline` times itself (:class:`ActionClock`):
-
-- every action of its stages: the forward, the backward (``"I"`` and ``"W"`` apart for
-  the zero-bubble schedules), by wrapping the
-  :class:`~torch.distributed.pipelining.PipelineStage`'s ``forward_one_chunk``,
-  ``backward_one_chunk`` and ``backward_weight_one_chunk``;
-- every wait on a message (torch's schedules wait through one function,
-  ``schedules._wait_batch_p2p``, which the clock wraps while a step runs);
-- each step's start (leaving the barrier) and end;
-- the link, by a ping-pong between neighbouring ranks after the steps.
-
-What the rank does apart from computing and waiting is the schedule's bookkeeping
-(posting messages, splitting microbatches, the loss, merging outputs): it is measured
-as what is left, per action. :func:`measured_costs` turns the records of all ranks
-into per-stage :class:`~unitscale.stages.planner.ChainCosts` (one item per stage), which
+of :func:`~unitscale.run_pipeline` times every action of its stages and every wait on a
+message (:class:`ActionClock`), each step's start and end, and the link (:func:`measure_link`).
+What is left of a step is the schedule's bookkeeping (posting messages, splitting
+microbatches, the loss, merging outputs), per action. :func:`measured_costs` turns the
+records into per-stage :class:`~unitscale.stages.planner.ChainCosts`, which
 :func:`~unitscale.stages.planner.simulation.simulate_bounds` replays; :func:`measured_timeline`
-turns one step's records into a :class:`~unitscale.stages.planner.Timeline` to draw beside the
-simulated one.
+turns one step's records into a :class:`~unitscale.stages.planner.Timeline`.
 
 >>> from unitscale.stages.runtime.measured import ActionClock
 >>> clock = ActionClock()
@@ -208,10 +197,7 @@ def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts
     ((1.0, 1.0), (2.0, 1.0), (0.0, 8.0, 0.0), 0.75)
     """
     actions = [a for r in records for a in r.actions]
-    forward = [_mean_by(actions, "F", s) for s in range(num_stages)]
-    full = [_mean_by(actions, "B", s) for s in range(num_stages)]
-    inputs = [_mean_by(actions, "I", s) for s in range(num_stages)]
-    weights = [_mean_by(actions, "W", s) for s in range(num_stages)]
+    forward, full, inputs, weights = ([_mean_by(actions, kind, s) for s in range(num_stages)] for kind in "FBIW")
     backward = [b if b > 0 else i + w for b, i, w in zip(full, inputs, weights, strict=True)]
     split = sum(inputs) + sum(weights)
     share = sum(weights) / split if split > 0 else 0.5

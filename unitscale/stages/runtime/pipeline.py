@@ -1,11 +1,8 @@
 """Running a :class:`~unitscale.StagePlan` as a real pipeline on one machine: one process per rank.
 
-:func:`run_pipeline` checks its arguments (nothing starts on a bad one), pickles each rank's
-stages, example boundaries (:mod:`unitscale.stages.runtime.boundaries`) and inputs
-(:mod:`unitscale.stages.runtime.pickling`), starts the workers with torch's launcher
-(:mod:`unitscale.stages.runtime.workers`; each runs :mod:`unitscale.stages.runtime.worker`) and puts their
-results together: the output, and for a training step the loss, the gradients and what the
-workers measured (:class:`~unitscale.stages.PipelineResult`).
+:func:`run_pipeline` checks its arguments (nothing starts on a bad one), pickles each rank's job
+(:mod:`unitscale.stages.runtime.pickling`), starts the workers (:mod:`unitscale.stages.runtime.workers`)
+and puts their results together (:class:`~unitscale.stages.PipelineResult`).
 """
 
 from __future__ import annotations
@@ -89,12 +86,8 @@ def run_pipeline(
     the pipeline (gradients scaled by ``1 / num_microbatches``, which matches a
     mean-reduced loss over the whole batch).
 
-    The plan's ``num_stages`` stages run on ``num_stages // stages_per_rank`` ranks.
-    ``"gpipe"`` and ``"1f1b"`` hold one stage per rank; ``"interleaved_1f1b"`` and
-    ``"interleaved_zero_bubble"`` hold ``stages_per_rank`` stages, looped (rank ``r``
-    holds stages ``r, r + ranks, r + 2 * ranks, ...``); ``"zbv"`` holds two in a V
-    (rank ``r`` holds stages ``r`` and ``2 * ranks - 1 - r``). See
-    :func:`~unitscale.stages.runtime.placement`.
+    The plan's ``num_stages`` stages run on ``num_stages // stages_per_rank`` ranks, placed as
+    :func:`~unitscale.stages.runtime.placement` says (looped for the interleaved schedules, a V for ``"zbv"``).
 
     Workers are fresh interpreters (``python -m unitscale.stages.runtime.worker``) started by
     torch's own launcher (:func:`torch.distributed.elastic.multiprocessing.start_processes`,
@@ -121,10 +114,9 @@ def run_pipeline(
         warmup: untimed steps before them.
 
     Returns:
-        The output (forward only), or a :class:`PipelineResult` with ``output``,
-        ``loss``, ``grads`` and ``step_time`` when ``loss_fn`` is given: ``grads`` holds one
-        gradient per parameter, keyed as ``model.named_parameters()`` names it (a tied
-        weight once, under its first name) and summed over the stages that use it.
+        The output (forward only), or a :class:`PipelineResult` with ``output``, ``loss``,
+        ``grads`` (keyed as ``model.named_parameters()`` names them) and ``step_time`` when
+        ``loss_fn`` is given.
 
     Raises:
         InputError: inputs that are not tensors, have fewer rows than microbatches or
@@ -154,7 +146,6 @@ def run_pipeline(
     True
     """
     if os.environ.get(WORKER_ENV):
-        # A worker is running the caller's script (it refers to something defined there).
         raise PipelineError(
             "run_pipeline was called while a worker process re-imported your script; put the script's "
             'top-level code under `if __name__ == "__main__":`, or define the classes and functions '

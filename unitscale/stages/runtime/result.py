@@ -89,12 +89,7 @@ class PipelineResult:
                 "this PipelineResult carries no measured stage_costs; use the one run_pipeline(..., loss_fn=..., "
                 "target=...) returns"
             )
-        stages = len(self.stage_costs)
+        bounds = list(range(len(self.stage_costs) + 1))  # one item per stage
         return simulate_bounds(
-            self.stage_costs,
-            list(range(stages + 1)),
-            self.schedule,
-            self.num_microbatches,
-            self.stages_per_rank,
-            device_speeds,
+            self.stage_costs, bounds, self.schedule, self.num_microbatches, self.stages_per_rank, device_speeds
         )

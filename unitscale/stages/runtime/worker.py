@@ -1,14 +1,10 @@
 """A pipeline worker: ``python -m unitscale.stages.runtime.worker SCRATCH_DIR``, started by
 :func:`~unitscale.run_pipeline`.
 
-Torch's launcher starts it with ``torchrun``'s environment (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``). It registers a stack-dump handler
-(``SIGUSR1``, so a timed-out run can say where it is), reads its stages and job from a
-pickled file, joins a gloo group on the caller's store, builds its
-:class:`~torch.distributed.pipelining.PipelineStage` objects with their real example inputs
-and outputs, steps the schedule ``warmup + steps`` times and writes its result, or its
-exception with the time it happened, before it leaves the group (so that its neighbours,
-which then fail on the broken links, are blamed after it).
+It reads its job, joins a gloo group on the caller's store, steps its stages and writes its
+result, or its exception with the time it happened, before it leaves the group (so that its
+neighbours, which then fail on the broken links, are blamed after it). ``SIGUSR1`` dumps its
+stack, so that a timed-out run can say where it is.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Starting the pipeline's worker processes with torch's launcher, and saying what went wrong.
 
-:func:`run_workers` starts one fresh interpreter per rank (``python -m
-unitscale.stages.runtime.worker``) with torch's own launcher, the one ``torchrun`` uses
-(:func:`torch.distributed.elastic.multiprocessing.start_processes`): it sets each worker's
-environment, starts it in a session of its own, reports how each ended (exit code, signal)
-and stops them all (``SIGTERM``, then ``SIGKILL``) when one fails or the run ends. The
-caller holds the :class:`~torch.distributed.TCPStore` the workers join, on a port the OS
-picks, so no port is guessed and none outlives the call.
+:func:`run_workers` starts one fresh interpreter per rank with torch's own launcher, the one
+``torchrun`` uses (:func:`torch.distributed.elastic.multiprocessing.start_processes`), which
+reports how each ended and stops them all when one fails. The caller holds the
+:class:`~torch.distributed.TCPStore` the workers join, on a port the OS picks, so no port is
+guessed and none outlives the call.
 
 What torch's launcher does not do, and this module adds (each small, with its reason):
 
@@ -106,18 +104,12 @@ class Failure:
         return cls(rank, f"{kind}: {text}", when, detail)
 
 
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
 def _exit_cause(code: int | None) -> str:
     if code is None:
         return "stopped without a result"
     if code < 0:
-        return f"was killed by {_signal_name(code)} (exit code {code})"
+        name = {s.value: s.name for s in signal.Signals}.get(-code, f"signal {-code}")
+        return f"was killed by {name} (exit code {code})"
     return f"exited with code {code} without a result"
 
 
