@@ -62,12 +62,7 @@ DEFAULT_TAG = "untagged"
 
 @contextmanager
 def _skip_input_checks(module: Any) -> Iterator[None]:
-    """Shadow a norm layer's ``_check_input_dim`` while it is traced through.
-
-    BatchNorm checks ``input.dim()`` in Python, which a symbolic trace cannot
-    decide; the check only validates shapes, so tracing skips it. The module is
-    restored on exit.
-    """
+    """Shadow a norm layer's ``_check_input_dim`` (``input.dim()`` in Python) while it is traced through."""
     if not hasattr(type(module), "_check_input_dim") or "_check_input_dim" in module.__dict__:
         yield
         return
@@ -206,14 +201,9 @@ class ModulePathTracer(_Tracer):
     ``node.meta["module_path"]``; the root module is ``""``. The ``output`` node
     is not recorded. State lives on the instance and describes its latest trace.
 
-    Hook map (``*`` overridden here, see :mod:`unitscale.fx` for the whole tree):
-
-    .. code-block:: text
-
-        trace() *               starts at the root path ""
-        +-- call_module() *     sets current_module_path around the call
-            +-- create_node() * calls record_origin(node)
-                +-- record_origin() *  writes node.meta["module_path"] (all but output)
+    Overrides ``trace`` (starts at the root path ``""``), ``call_module`` (sets
+    ``current_module_path`` around the call) and ``create_node``, which calls
+    ``record_origin``.
 
     >>> from torch import nn
     >>> from unitscale.fx import ModulePathTracer
@@ -266,15 +256,8 @@ class DeepTracer(_Tracer):
     placeholders; their values are kept in ``tracer.callable_args`` (placeholder
     name -> callable), to be passed after the ordinary inputs when running.
 
-    Hook map (``*`` overridden here):
-
-    .. code-block:: text
-
-        trace() *               collects callable arguments into callable_args
-        +-- call_module()
-        |   +-- is_leaf_module() *   False for every module when recurse_modules
-        +-- create_proxy()
-            +-- create_arg() *  a callable argument becomes a placeholder
+    Overrides ``trace``, ``is_leaf_module`` (``False`` for every module when
+    ``recurse_modules``) and ``create_arg`` (a callable argument becomes a placeholder).
 
     Args:
         recurse_modules: trace into submodules (``False``: every submodule is a leaf).
@@ -409,14 +392,8 @@ class LeafTracer(_Tracer):
     3. ``trace_types``: instances of these types are traced through;
     4. otherwise ``torch.fx``'s default (``torch.nn`` modules are leaves).
 
-    Hook map (``*`` overridden here): override ``is_leaf_module`` in a subclass for a rule
-    that needs state; call ``super()`` to keep the rules above.
-
-    .. code-block:: text
-
-        trace()
-        +-- call_module()
-            +-- is_leaf_module() *   the rules above, in order
+    Overrides ``is_leaf_module`` (the rules above, in order): override it in a subclass for
+    a rule that needs state, and call ``super()`` to keep the rules above.
 
     Args:
         leaf_types: module types kept as leaves.
@@ -499,14 +476,8 @@ class TaggingTracer(_Tracer):
     The tag is stored in ``node.meta[key]`` (default ``"tag"``) for later passes to
     read. Without ``tag_fn`` every node gets the constant ``default_tag``.
 
-    Hook map (``*`` overridden here): the tag is written after ``super().create_node``, so
-    it sees what the tracers after this one in the MRO wrote.
-
-    .. code-block:: text
-
-        trace()
-        +-- create_proxy()
-            +-- create_node() *      node.meta[key] = tag_fn(node), the output node included
+    Overrides ``create_node``: the tag is written after ``super().create_node``, so it sees
+    what the tracers after this one in the MRO wrote.
 
     Args:
         tag_fn: called on each new node; its result is the node's tag.
