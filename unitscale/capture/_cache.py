@@ -45,12 +45,7 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
 def _value_key(value: Any) -> Any:
-    """What a trace may depend on in an attribute's value, as a comparable key.
-
-    Plain values, and tuples, lists, dicts and frozensets of them, by value (a ``forward`` may
-    branch on them; ``transformers`` models rebuild dicts of strings on every call); anything
-    else by type and identity, so a new object always means a new capture.
-    """
+    """An attribute's value as a comparable key: plain values and containers of them by value, else by identity."""
     if isinstance(value, _PLAIN):
         return (type(value), value)
     if isinstance(value, (tuple, list)):
@@ -96,9 +91,8 @@ def fingerprint(module: nn.Module) -> tuple[Any, ...]:
 def call_state() -> tuple[Any, ...]:
     """What changes a graph beyond the module and its inputs: grad mode, inference mode, autocast, global hooks.
 
-    A graph captured under ``torch.no_grad()`` may take a path with no derivative
-    (``nn.TransformerEncoder``'s fast path) or inline a Function's forward; one captured
-    under autocast holds its casts. So each is part of a capture's key.
+    Under ``torch.no_grad()`` a model may take a path with no derivative
+    (``nn.TransformerEncoder``'s fast path); under autocast the graph holds its casts.
 
     >>> import torch
     >>> from unitscale.capture.toolkit import call_state
@@ -140,11 +134,7 @@ _GLOBAL_HOOKS = (
 
 
 def input_signature(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
-    """What a graph made for these inputs depends on; ``None`` (do not cache) for an input of another kind.
-
-    Tensors by shape, dtype, device and ``requires_grad``, plain values by value; with the
-    identity of every parameter and buffer of ``module``.
-    """
+    """What a graph made for these inputs depends on; ``None`` (do not cache) for an input of another kind."""
     signature: list[tuple[Any, ...]] = []
     for key, value in [*enumerate(args), *kwargs.items()]:
         if isinstance(value, torch.Tensor):

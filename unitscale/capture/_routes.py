@@ -1,8 +1,6 @@
 """The graph routes, one function each: ``(module, args, kwargs) -> (GraphModule, ExportedProgram | None)``.
 
-Each raises whatever its tool raises; :func:`unitscale.capture.capture` turns that into
-the route's reason. The graph each returns keeps the model's call signature:
-``gm(*args, **kwargs)`` computes what ``module(*args, **kwargs)`` does.
+Each raises whatever its tool raises (the route's reason); each graph keeps the model's call signature.
 """
 
 from __future__ import annotations
@@ -81,12 +79,7 @@ def flat_fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def deep_fx_route(deep: DeepTracing) -> RouteFn:
-    """The ``fx`` route for ``capture(deep=...)``: a :class:`DeepCaptureTracer` so configured.
-
-    Function arguments the tracer made placeholders of are kept in the graph module's
-    ``meta["extra_inputs"]`` (they are passed after the inputs). A ``GraphModule`` is its
-    own graph: it is not traced again, so a graph the user rewrote runs as written.
-    """
+    """The ``fx`` route for ``capture(deep=...)``; the callables made placeholders go to ``meta["extra_inputs"]``."""
 
     def route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
         if isinstance(module, fx.GraphModule):

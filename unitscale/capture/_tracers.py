@@ -5,16 +5,7 @@
 graph transforms want); :class:`DeepCaptureTracer` is a :class:`~unitscale.fx.DeepTracer`
 (every submodule's ops, autowrapped functions kept whole, function arguments as extra
 placeholders: what scale tracking wants). All three write each node's origin as they
-make it, through the one writer (:func:`unitscale.capture._meta.write_origin`), so the
-fx route's graph needs no second pass to be normalised.
-
-Hook map (``*`` overridden here; the whole tree is in :mod:`unitscale.fx.tracers`):
-
-.. code-block:: text
-
-    trace() *                      DeepCaptureTracer: string annotations resolved after
-    +-- is_leaf_module() *         FlatCaptureTracer: never; DeepCaptureTracer: DeepTracer's rule
-    +-- record_origin() *          module_path, module_type and source written on each node
+make it (``record_origin``), so the fx route's graph needs no second pass to be normalised.
 """
 
 from __future__ import annotations
