@@ -32,9 +32,6 @@ def register_autowrap_module(module: types.ModuleType) -> None:
     Registering a module twice is harmless. A tracer or ``track_scales`` given its own
     ``autowrap_modules`` uses those instead.
 
-    Args:
-        module: a Python module, e.g. one of your own ops.
-
     Raises:
         InputError: ``module`` is not a module.
 

@@ -10,12 +10,8 @@ saves the first one's patch as "the original" and puts it back at the end), whic
 library makes holds :data:`GLOBAL_STATE_LOCK` (reentrant: a capture that traces inside a
 capture takes it again).
 
-While one of unitscale's tracers runs, the class-wide patches still reach every thread:
-:func:`this_thread_only` makes the tracer hand a module call or attribute read from any
-other thread straight to ``torch.nn.Module``'s own, so a model another thread runs at the
-same time computes what it computes without a trace. ``torch.fx.symbolic_trace`` itself,
-and other libraries' tracers, do not do that: their traces break other threads' models
-(``NameError: module is not installed as a submodule``); see the capture tutorial.
+The class-wide patches still reach every thread: :func:`this_thread_only` keeps a model another
+thread runs meanwhile untraced (``torch.fx.symbolic_trace`` itself breaks it; see the capture tutorial).
 """
 
 from __future__ import annotations

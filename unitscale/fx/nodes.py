@@ -81,13 +81,6 @@ def op_name(target: Any, *, qualified: bool = False) -> str:
     the module users import it from, for messages where ``relu`` alone would not say
     whether ``torch.relu`` or ``torch.nn.functional.relu`` is meant.
 
-    Args:
-        target: a callable, or a method name.
-        qualified: prefix the module (``torch.nn.functional.linear``, ``operator.add``).
-
-    Returns:
-        The name.
-
     >>> import operator, torch
     >>> from unitscale.fx.nodes import op_name
     >>> linear = torch.nn.functional.linear

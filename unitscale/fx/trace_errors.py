@@ -128,15 +128,9 @@ def user_frame(exc: BaseException) -> str:
 
 
 def trace_error(what: str, failure: BaseException, advice: str) -> TraceError:
-    """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` failed.
+    """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` (as the user knows it) failed.
 
-    Args:
-        what: what was being traced, as the user knows it (``"Branchy"``, a class name).
-        failure: the exception tracing raised; its user's line and innermost reason are named.
-        advice: what the user can do, one or two sentences.
-
-    Returns:
-        The error, for ``raise trace_error(...) from exc``.
+    The message names ``failure``'s user line and innermost reason, then ``advice``.
 
     >>> from unitscale.fx.trace_errors import trace_error
     >>> try:
