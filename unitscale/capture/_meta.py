@@ -5,19 +5,9 @@ Every route leaves its own traces on a node: ``torch.fx`` (with a
 TorchDynamo an ``nn_module_stack`` (``{key: (path, type)}``, outermost first, the path
 spelt ``model.layers.0``, ``L['self'].model.layers[0]`` or ``getattr(L['self'].layers, '0')``)
 and a ``stack_trace``. :func:`node_origin` reads them into one :class:`Origin`;
-:func:`write_origin` is the only place that writes the keys of :mod:`unitscale.fx.nodes`:
-
-=================  =====================================================================
-``module_path``    qualified name of the innermost module (``""``: the root)
-``module_type``    qualified class name of that module (``"torch.nn.modules.linear.Linear"``)
-``source``         ``"file.py:LINE"`` of the innermost frame outside torch and unitscale's
-                   machinery (``""``: unknown)
-``val``            example output: export's ``FakeTensor``, else a ``meta``-device tensor
-``tensor_meta``    :class:`torch.fx.passes.shape_prop.TensorMetadata` of a tensor output
-=================  =====================================================================
-
-``val`` and ``tensor_meta`` are torch's own keys; :mod:`unitscale.capture._verify` fills
-them where the route left them out.
+:func:`write_origin` is the only place that writes the keys of :mod:`unitscale.fx.nodes`
+(``module_path``, ``module_type``, ``source``). Torch's own ``val`` and ``tensor_meta`` are
+filled by :mod:`unitscale.capture._verify` where the route left them out.
 """
 
 from __future__ import annotations

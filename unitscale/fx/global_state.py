@@ -1,14 +1,10 @@
 """One lock for every change unitscale makes to process-wide state, and fx's patches made per-thread.
 
-A ``torch.fx`` symbolic trace patches ``nn.Module.__call__`` and ``nn.Module.__getattr__``
-on the class, and the functions of its autowrapped modules (``math``, ``einops``,
-``unitscale.functional``) in their modules, for as long as it runs; ``torch.export``
-traces the same way, and TorchDynamo compiles under global state of its own. Two traces
-at once in two threads undo each other's patches in the wrong order (the second one
-saves the first one's patch as "the original" and puts it back at the end), which left
-``nn.Module.__call__`` patched for good. So every trace, export and Dynamo capture the
-library makes holds :data:`GLOBAL_STATE_LOCK` (reentrant: a capture that traces inside a
-capture takes it again).
+A ``torch.fx`` trace patches ``nn.Module.__call__``, ``nn.Module.__getattr__`` and the autowrapped
+functions for as long as it runs (``torch.export`` too; TorchDynamo has global state of its own).
+Two traces at once in two threads undo each other's patches in the wrong order, which left
+``nn.Module.__call__`` patched for good: every trace, export and Dynamo capture holds
+:data:`GLOBAL_STATE_LOCK` (reentrant).
 
 The class-wide patches still reach every thread: :func:`this_thread_only` keeps a model another
 thread runs meanwhile untraced (``torch.fx.symbolic_trace`` itself breaks it; see the capture tutorial).

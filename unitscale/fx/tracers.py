@@ -108,23 +108,18 @@ class _Tracer(fx.Tracer):
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return UnpackProxy(node, self)
 
-    _names_of: dict[int, tuple[str, bool]] | None = None
+    _names_of: dict[int, str] | None = None
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, fx.Proxy]) -> Any:
         # fx finds a parameter's name by scanning named_parameters() on every access,
         # quadratic in the parameter count; one dict per trace does the same lookup.
         if isinstance(attr_val, torch.Tensor) and not self.param_shapes_constant:
             if self._names_of is None:
-                named: list[tuple[str, torch.Tensor]] = list(self.root.named_parameters())
-                if self.proxy_buffer_attributes:
-                    named += list(self.root.named_buffers())
-                names_of: dict[int, tuple[str, bool]] = {}
-                for name, tensor in named:
-                    names_of.setdefault(id(tensor), (name, isinstance(tensor, nn.Parameter)))
-                self._names_of = names_of
-            found = self._names_of.get(id(attr_val))
-            if found is not None and (found[1] or self.proxy_buffer_attributes):
-                name = found[0]
+                buffers = self.root.named_buffers() if self.proxy_buffer_attributes else ()
+                # the later name wins: a parameter's over a buffer's
+                self._names_of = {id(t): name for name, t in [*buffers, *self.root.named_parameters()]}
+            name = self._names_of.get(id(attr_val))
+            if name is not None:
                 if name not in parameter_proxy_cache:
                     parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
                 return parameter_proxy_cache[name]
@@ -249,9 +244,6 @@ class ModulePathTracer(_Tracer):
 class DeepTracer(_Tracer):
     """A tracer that recurses into every submodule, down to torch functions.
 
-    Functions from ``autowrap_modules`` (by default
-    ``math``, ``einops``, ``unitscale.functional`` and any given to
-    :func:`~unitscale.fx.register_autowrap_module`) and ``autowrap_functions`` stay single nodes.
     Callable arguments (a function passed to ``forward``, or to an op) become
     placeholders; their values are kept in ``tracer.callable_args`` (placeholder
     name -> callable), to be passed after the ordinary inputs when running.
@@ -261,7 +253,8 @@ class DeepTracer(_Tracer):
 
     Args:
         recurse_modules: trace into submodules (``False``: every submodule is a leaf).
-        autowrap_modules: modules whose functions are kept as single nodes.
+        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
+            ``unitscale.functional`` and any given to :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: extra functions kept as single nodes.
 
     Raises:
