@@ -30,10 +30,8 @@ def this_thread_only(tracer: fx.Tracer) -> Iterator[None]:
     """While ``tracer`` traces, module calls and attribute reads of other threads bypass it.
 
     ``fx.Tracer.trace`` sends every ``module(...)`` and ``module.attr`` in the process to
-    ``tracer.call_module`` and ``tracer.getattr``. From the first block on, those two are
-    the tracer's own on the thread inside the block, and ``torch.nn.Module``'s own on any
-    other thread and outside it: a thread that read the patched ``nn.Module.__call__`` just
-    before the trace ended still runs its module untraced.
+    ``tracer.call_module`` and ``tracer.getattr``; on any other thread those become
+    ``torch.nn.Module``'s own, even after the block (a thread may still hold the patch).
 
     >>> import threading, torch
     >>> from unitscale.fx import ModulePathTracer

@@ -464,10 +464,7 @@ class LeafTracer(_Tracer):
 
 
 class TaggingTracer(_Tracer):
-    """Tags every node, the output included, with ``tag_fn(node)``.
-
-    The tag is stored in ``node.meta[key]`` (default ``"tag"``) for later passes to
-    read. Without ``tag_fn`` every node gets the constant ``default_tag``.
+    """Tags every node, the output included, with ``tag_fn(node)`` in ``node.meta[key]``, for later passes.
 
     Overrides ``create_node``: the tag is written after ``super().create_node``, so it sees
     what the tracers after this one in the MRO wrote.
@@ -475,7 +472,7 @@ class TaggingTracer(_Tracer):
     Args:
         tag_fn: called on each new node; its result is the node's tag.
         default_tag: the tag used when ``tag_fn`` is ``None``.
-        key: the ``node.meta`` key the tag is stored under.
+        key: the ``node.meta`` key the tag is stored under (default ``"tag"``).
         **kwargs: passed to the next tracer in the method resolution order.
 
     Raises:
