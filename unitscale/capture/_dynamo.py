@@ -156,8 +156,6 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         except torch._dynamo.exc.TorchDynamoException as exc:
             raise _capture_error(module, exc) from None
         finally:
-            # Each capture compiles a fresh frame; drop its cache entry so repeated captures
-            # never reach TorchDynamo's recompile limit.
             torch._dynamo.reset_code(call.__code__)
     if "gm" not in record:
         raise CaptureError(

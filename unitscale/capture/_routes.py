@@ -99,7 +99,6 @@ def deep_fx_route(deep: DeepTracing) -> RouteFn:
 def _fx(tracer: CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
-    # What the trace would lose of the model (root hooks, a custom Function's backward) is refused by name.
     refuse_root_hooks(module)
     with functions_applied(module, grad_switches=True) as applied:
         graph = tracer.trace(module, concrete_args=concrete or None)
@@ -137,7 +136,6 @@ def export_route(strict: bool, dynamic_batch: bool = False) -> RouteFn:
 
 
 def dynamo_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
-    # The graph the transforms capture per signature, given the model's call signature.
     return with_call_signature(dynamo_graph(module, args, kwargs), module, args, kwargs), None
 
 
