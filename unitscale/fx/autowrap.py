@@ -5,11 +5,6 @@ one ``call_function`` node each (``math.sqrt`` of a proxy, ``einops.rearrange``,
 unit-scaled op). The defaults are ``math`` and ``einops``; a library layered on the fx
 tools adds its own ops here at import (``unitscale.functional`` does), so the
 tracers never import the layers above them.
-
->>> import math
->>> from unitscale.fx.autowrap import default_autowrap_modules
->>> math in default_autowrap_modules()
-True
 """
 
 from __future__ import annotations

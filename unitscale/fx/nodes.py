@@ -12,10 +12,6 @@ key                 value                                                  writt
 ``tag``             whatever a tag function returned                       :class:`~unitscale.fx.TaggingTracer`
 ``inlined_from``    qualified name of the module an inlined node came from :func:`~unitscale.inline`
 ==================  =====================================================  ==========================================
-
->>> from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
->>> MODULE_PATH_KEY, "call_module" in COMPUTE_OPS
-('module_path', True)
 """
 
 from __future__ import annotations

@@ -6,17 +6,6 @@ that traces (the tracers, scale tracking, stage partitioning) builds its error h
 each message has the same shape::
 
     torch.fx could not trace <what> at <file>:<line> (`<code>`): <why>. <what to do>
-
->>> import torch
->>> from unitscale.fx import DeepTracer
->>> class Branchy(torch.nn.Module):
-...     def forward(self, x):
-...         return x if x.sum() > 0 else -x
->>> try:
-...     DeepTracer().trace(Branchy())
-... except Exception as e:
-...     print(type(e).__name__, str(e)[:40])
-TraceError torch.fx could not trace Branchy at line
 """
 
 from __future__ import annotations
