@@ -46,7 +46,7 @@ class DeepTracing:
         autowrap_functions: functions that stay single nodes.
 
     Raises:
-        InputError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of
+        PredicateError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of
             Python modules and functions.
 
     >>> import torch
