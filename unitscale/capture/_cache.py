@@ -1,27 +1,8 @@
 """Capture once, use many times: the one cache of captures, per module and request.
 
-Tracing a transformer costs about a tenth of its forward and backward pass, and an export
-several passes, so a tool that runs on every few training steps (scale tracking) would
-spend its time capturing. ``capture(..., cache=True)`` keeps one :class:`Capture` per
-module and request (routes, options) and hands it back while what it was made from is
-unchanged:
-
-- the module's *fingerprint*: the identity and type of every submodule, its ``forward``,
-  its ``training`` flag and other plain attributes (``int``, ``float``, ``bool``, ``str``,
-  ``None``, dtypes, and tuples, lists, dicts and frozensets of them) by value, any other
-  attribute by type and identity, its parameter and buffer names, and the handles of its
-  hooks (added or removed). Those are what a symbolic trace can depend on without
-  reading tensor values.
-- the state of the call (:func:`call_state`): grad mode, inference mode, autocast and the
-  global module hooks, which change what a route records.
-- for a graph that depends on the inputs (an export, a TorchDynamo graph, or a checked
-  capture): the inputs' shapes, dtypes, devices and ``requires_grad``, plain inputs by
-  value, and the identity of every parameter and buffer (an exported graph holds them).
-
-What the fingerprint cannot see (a global, an object changed in place) needs
-:func:`clear_capture_cache`. Modules are held weakly, and a cached capture holds its module
-weakly too (a strong reference from a value back to its key would keep both alive): a
-module the caller drops is freed with its captures.
+``capture(..., cache=True)`` keeps one capture per module and request and hands it back while
+the module's :func:`fingerprint`, the :func:`call_state` and (for a graph that depends on them)
+the :func:`input_signature` are unchanged; why, and what each holds: ``unitscale/capture/README.md``.
 """
 
 from __future__ import annotations
@@ -45,12 +26,7 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module())) - {"training"}
 
 
 def _value_key(value: Any) -> Any:
-    """What a trace may depend on in an attribute's value, as a comparable key.
-
-    Plain values, and tuples, lists, dicts and frozensets of them, by value (a ``forward`` may
-    branch on them; ``transformers`` models rebuild dicts of strings on every call); anything
-    else by type and identity, so a new object always means a new capture.
-    """
+    """An attribute's value as a comparable key: plain values and containers of them by value, else by identity."""
     if isinstance(value, _PLAIN):
         return (type(value), value)
     if isinstance(value, (tuple, list)):
@@ -66,7 +42,7 @@ def _value_key(value: Any) -> Any:
 
 
 def fingerprint(module: nn.Module) -> tuple[Any, ...]:
-    """What a symbolic trace of ``module`` can depend on, as a comparable key (see the module docstring)."""
+    """What a symbolic trace of ``module`` can depend on (its modules, attributes, names and hooks), as a key."""
     parts = []
     for name, m in module.named_modules(remove_duplicate=False):
         state = vars(m)
@@ -96,9 +72,8 @@ def fingerprint(module: nn.Module) -> tuple[Any, ...]:
 def call_state() -> tuple[Any, ...]:
     """What changes a graph beyond the module and its inputs: grad mode, inference mode, autocast, global hooks.
 
-    A graph captured under ``torch.no_grad()`` may take a path with no derivative
-    (``nn.TransformerEncoder``'s fast path) or inline a Function's forward; one captured
-    under autocast holds its casts. So each is part of a capture's key.
+    Under ``torch.no_grad()`` a model may take a path with no derivative
+    (``nn.TransformerEncoder``'s fast path); under autocast the graph holds its casts.
 
     >>> import torch
     >>> from unitscale.capture.toolkit import call_state
@@ -140,11 +115,7 @@ _GLOBAL_HOOKS = (
 
 
 def input_signature(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable | None:
-    """What a graph made for these inputs depends on; ``None`` (do not cache) for an input of another kind.
-
-    Tensors by shape, dtype, device and ``requires_grad``, plain values by value; with the
-    identity of every parameter and buffer of ``module``.
-    """
+    """What a graph made for these inputs depends on; ``None`` (do not cache) for an input of another kind."""
     signature: list[tuple[Any, ...]] = []
     for key, value in [*enumerate(args), *kwargs.items()]:
         if isinstance(value, torch.Tensor):

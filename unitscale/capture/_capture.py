@@ -42,11 +42,7 @@ GRAPH_ROUTE_NAMES: tuple[str, ...] = ROUTES[:-1]
 
 
 class _HeldModule:
-    """``Capture.module``: the module, held strongly, or weakly once the capture is cached.
-
-    A cached capture lives as long as its module (the cache is keyed weakly by module); a
-    strong reference from the capture back to its key would keep both alive for good.
-    """
+    """``Capture.module``: held strongly, or weakly once cached (a strong reference to its key would leak both)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = f"_{name}_ref"
@@ -224,11 +220,7 @@ def _method_signature(function: Any) -> tuple[inspect.Signature, dict[str, Any]]
 
 
 def _forward_signature(forward: Any) -> tuple[inspect.Signature, dict[str, Any]] | None:
-    """``forward``'s signature (without ``self``) and resolved annotations, read once per class.
-
-    Reading a ``transformers`` forward's annotations costs about as much as the rest of a
-    cached capture; a class's ``forward`` is the same function for all its instances.
-    """
+    """``forward``'s signature (without ``self``) and annotations, read once per class (they cost a cached capture)."""
     function = getattr(forward, "__func__", None)
     if function is None:  # a function set on the instance: read each time
         return _read_signature(forward)
@@ -291,11 +283,7 @@ def _check_inputs(module: nn.Module, example_inputs: Any, kwargs: Any) -> tuple[
 
 
 def _forward_line(module: nn.Module) -> str:
-    """``Class.forward (file:line)``: where a failure is, when no frame says more.
-
-    The line is the code object's first (its ``def``): reading the source to find the
-    decorators above costs more than a cached capture of a transformers model.
-    """
+    """``Class.forward (file:line of its def)``: where a failure is, when no frame says more."""
     code = getattr(inspect.unwrap(type(module).forward), "__code__", None)
     if code is None:
         return f"{type(module).__name__}.forward"

@@ -1,14 +1,9 @@
 """``dynamo_graph``: the one place a TorchDynamo graph is made, for the ``dynamo`` route and the transforms.
 
-:func:`dynamo_graph` captures one call the way a graph transform that re-captures per
-input signature inside a training loop wants it: the graph ``torch.compile`` hands a
-backend (``fullgraph=True``, static shapes), with the parameters read as attributes
-under the model's own names, fed only the tensor inputs, and a plan that rebuilds the
-model's output structure around the graph's outputs. Its nodes get the normalised meta
-from the one writer, ``unitscale.capture.toolkit.normalise_graph``, like every
-route's. The ``dynamo`` route of :func:`unitscale.capture.capture` is the same graph
-given the model's call signature by :func:`with_call_signature` (one placeholder per
-input leaf, outputs rebuilt by a pytree codegen, as ``torch._dynamo.export`` does).
+The graph ``torch.compile`` hands a backend (``fullgraph=True``, static shapes), reading the
+parameters as attributes under the model's own names, fed only the tensor inputs, with a plan
+that rebuilds the model's output; the ``dynamo`` route gives it the model's call signature
+(:func:`with_call_signature`).
 """
 
 from __future__ import annotations
@@ -62,9 +57,8 @@ class DynamoGraph:
 def no_torch_function_modes() -> Iterator[None]:
     """Set aside the active ``TorchFunctionMode`` objects (an op recorder, say) while TorchDynamo captures.
 
-    A graph transform may first run inside a tool that records ops eagerly (scale
-    tracking's op recorder): TorchDynamo would trace that mode's Python instead of the
-    model. The modes are put back on exit, in their order.
+    TorchDynamo would trace such a mode's Python instead of the model. The modes are put back
+    on exit, in their order.
 
     >>> import torch
     >>> from torch.overrides import TorchFunctionMode
@@ -162,8 +156,6 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         except torch._dynamo.exc.TorchDynamoException as exc:
             raise _capture_error(module, exc) from None
         finally:
-            # Each capture compiles a fresh frame; drop its cache entry so repeated captures
-            # never reach TorchDynamo's recompile limit.
             torch._dynamo.reset_code(call.__code__)
     if "gm" not in record:
         raise CaptureError(
@@ -196,12 +188,7 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 def with_call_signature(
     found: DynamoGraph, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> fx.GraphModule:
-    """``found``'s graph as a module called like ``module``: ``gm(*args, **kwargs)`` gives its output.
-
-    Every leaf of ``(args, kwargs)`` becomes a placeholder (the ones the graph does not
-    read stay unused), and the output is rebuilt by ``found.output_plan``, so inputs
-    passed through and constants come back as the model returns them.
-    """
+    """``found``'s graph as a module called like ``module``: one placeholder per leaf of ``(args, kwargs)``."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     source = found.graph_module
     graph = fx.Graph()
@@ -229,11 +216,7 @@ _CLOSURE_ROOT = re.compile(r"^L\[['\"]module['\"]\]")
 
 
 def _root_is_self(gm: fx.GraphModule) -> None:
-    """Spell the root as ``L['self']``, as every other Dynamo capture does.
-
-    The model is compiled through a closure (so its own ``forward`` code keeps no cache
-    entry of ours), where TorchDynamo names it by the closure's variable, ``L['module']``.
-    """
+    """Spell the root ``L['self']``, as other Dynamo captures do, not ``L['module']`` (the closure's variable)."""
     for node in gm.graph.nodes:
         stack = node.meta.get("nn_module_stack")
         if stack:

@@ -1,15 +1,7 @@
-"""The eager route: run the model once and see its ops and module calls as they happen.
+"""The eager route: run the model once and record its ops and module calls as they happen.
 
-Nothing here is a graph: a model no graph route can capture still has a list of the
-torch functions it called, each with the module it ran in and the user's line, and the
-order its modules were called in (what forward pre-hooks see). Tools that need a graph
-ask :meth:`unitscale.capture.Capture.require_graph`, which raises
-:class:`~unitscale.errors.NoGraphError` with every graph route's reason.
-
-:class:`OpRecorder` is the one recorder: the module stack, the op names and the global
-module hooks live here. What is kept of each op is its subclass's business: the eager
-route keeps a :class:`RecordedOp`; scale tracking keeps each float output's statistics
-(``unitscale.tracking.eager``).
+:class:`OpRecorder` is the one recorder; what is kept of each op is its subclass's business: the
+eager route keeps a :class:`RecordedOp`, scale tracking each float output's statistics.
 """
 
 from __future__ import annotations
@@ -40,19 +32,9 @@ class OpRecorder(TorchFunctionMode):
     is named by ``op_name``, as every capture route names it) and the innermost module of the
     model it ran in. Property reads (``x.shape``, ``x.T``) are not calls. While the mode
     handles a call it is switched off, so the ops inside a recorded function (the pieces
-    of ``layer_norm``) and what :meth:`record` itself computes are not recorded.
-
-    Hook map (``*``: override in a subclass):
-
-    .. code-block:: text
-
-        run(*args, **kwargs)      module hooks and this mode on; root(*args, **kwargs)
-        +-- enter_module(m)       a forward pre-hook: m joins the stack, and its
-        |                         path joins module_calls
-        +-- __torch_function__()  runs the function
-        |   +-- record(name, op, func, args, kwargs, out) *
-        |                         what to keep of one call
-        +-- leave_module(m)       a forward hook: m leaves the stack
+    of ``layer_norm``) and what :meth:`record` itself computes are not recorded. A subclass
+    overrides :meth:`record`, called from :meth:`run` between the module hooks
+    :meth:`enter_module` and :meth:`leave_module`.
 
     Args:
         root: the model; its ``named_modules()`` give the paths.
@@ -180,12 +162,7 @@ def _frame_kind(code: Any) -> str:
 
 
 def _called_by_library(frame: Any) -> bool:
-    """Whether the torch function being handled was called by unitscale's tools, not by the model.
-
-    The first caller outside torch decides: the model's code, a tool that runs the model
-    (the recorder's ``run``, the tracked run's interpreter), or a tool's own work (its
-    statistics, checks, backward seeds, extra runs).
-    """
+    """Whether unitscale's tools (not the model) called the torch function: the first caller outside torch decides."""
     while frame is not None:
         kind = _frame_kind(frame.f_code)
         if kind != "through":

@@ -9,11 +9,8 @@ backward) gets gradient 0. ``torch.export`` also runs the body of a reentrant
 ``torch.utils.checkpoint`` under ``no_grad``, so no gradient flows through it. And
 ``torch.fx`` traces the root's ``forward`` directly, so hooks on the root never run.
 
-``unitscale.fx.autograd_functions.functions_applied`` sees every ``Function.apply`` while a route traces;
-:func:`refuse_lost_functions` and :func:`refuse_root_hooks` raise
-:class:`~unitscale.errors.LostBehaviourError`, which is the route's reason:
-``route="auto"`` moves on to a route that keeps the behaviour (TorchDynamo keeps
-Functions; the eager route runs the model itself), a forced route refuses.
+The :class:`~unitscale.errors.LostBehaviourError` raised here is the route's reason:
+``route="auto"`` moves on to a route that keeps the behaviour, a forced route refuses.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Key/value caches: capture the model as users build it, with the cache switched off.
 
 A ``transformers`` decoder built from a default config (``use_cache=True``) returns a
-``DynamicCache`` beside its logits. No graph can return it (torch.export refuses an
-output type it cannot flatten; a transformed graph would hand back the one object made
-while capturing on every call), and no tool here needs it: scale tracking, partitioning
-and the graph transforms want the forward's tensors. So :func:`no_kv_cache` switches the
-cache off through the models' own configs while a tool captures or runs the model, and
-:class:`~unitscale.capture.Capture` reports which modules it switched
-(``kv_cache_disabled``). Where a cache is returned anyway (``use_cache=True`` passed as
-an input, a cache passed in), :func:`refuse_kv_cache` gives the one message every tool gives.
+``DynamicCache`` beside its logits. No graph can return it (torch.export refuses it; a
+transformed graph would hand back the one object made while capturing on every call), and
+no tool here needs it.
 """
 
 from __future__ import annotations

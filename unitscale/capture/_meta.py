@@ -5,19 +5,9 @@ Every route leaves its own traces on a node: ``torch.fx`` (with a
 TorchDynamo an ``nn_module_stack`` (``{key: (path, type)}``, outermost first, the path
 spelt ``model.layers.0``, ``L['self'].model.layers[0]`` or ``getattr(L['self'].layers, '0')``)
 and a ``stack_trace``. :func:`node_origin` reads them into one :class:`Origin`;
-:func:`write_origin` is the only place that writes the keys of :mod:`unitscale.fx.nodes`:
-
-=================  =====================================================================
-``module_path``    qualified name of the innermost module (``""``: the root)
-``module_type``    qualified class name of that module (``"torch.nn.modules.linear.Linear"``)
-``source``         ``"file.py:LINE"`` of the innermost frame outside torch and unitscale's
-                   machinery (``""``: unknown)
-``val``            example output: export's ``FakeTensor``, else a ``meta``-device tensor
-``tensor_meta``    :class:`torch.fx.passes.shape_prop.TensorMetadata` of a tensor output
-=================  =====================================================================
-
-``val`` and ``tensor_meta`` are torch's own keys; :mod:`unitscale.capture._verify` fills
-them where the route left them out.
+:func:`write_origin` is the only place that writes the keys of :mod:`unitscale.fx.nodes`
+(``module_path``, ``module_type``, ``source``). Torch's own ``val`` and ``tensor_meta`` are
+filled by :mod:`unitscale.capture._verify` where the route left them out.
 """
 
 from __future__ import annotations
@@ -110,13 +100,7 @@ def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
 
 
 def node_origin(node: fx.Node, root: nn.Module, names: dict[str, nn.Module]) -> Origin:
-    """Read where ``node`` came from out of any route's meta (see the module docstring).
-
-    Args:
-        node: a node of a graph captured from ``root``.
-        root: the captured module (paths are names in it).
-        names: ``root.named_modules()`` as a dict, for the module type.
-    """
+    """Read where ``node`` came from out of any route's meta; ``names`` is ``dict(root.named_modules())``."""
     entries = stack_entries(node)
     if MODULE_PATH_KEY in node.meta:  # fx (ModulePathTracer), or a graph normalised before
         candidates = [str(node.meta[MODULE_PATH_KEY])]
@@ -131,12 +115,7 @@ def node_origin(node: fx.Node, root: nn.Module, names: dict[str, nn.Module]) -> 
 
 
 def _known_prefix(path: str, names: dict[str, nn.Module]) -> str:
-    """``path`` if the root has a module of that name, else its longest prefix that is one (``""``: none).
-
-    Every ``module_path`` written is a name in ``root.named_modules()`` or the root: a
-    spelling no rule here reads, or a placeholder a route wrote, falls back to the
-    innermost module the path names that exists.
-    """
+    """``path`` if the root has a module of that name, else its longest prefix that is one (``""``: none)."""
     while path and path not in names:
         path = path.rpartition(".")[0]
     return path
@@ -154,10 +133,7 @@ _ORIGIN_KEYS = (MODULE_PATH_KEY, MODULE_TYPE_KEY, SOURCE_KEY, "nn_module_stack",
 
 
 def copy_origin(node: fx.Node, like: fx.Node) -> None:
-    """Give ``node``, made by a rewrite, the origin of ``like``, the node it stands for.
-
-    The keys that say where a node came from (``module_path``, ``module_type``, ``source``,
-    and the route's ``nn_module_stack`` and ``stack_trace``), those ``like`` has.
+    """Give ``node``, made by a rewrite, the origin keys (the route's own too) of ``like``, the node it stands for.
 
     >>> import torch
     >>> from unitscale.capture import capture
@@ -178,9 +154,7 @@ def copy_origin(node: fx.Node, like: fx.Node) -> None:
 def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
     """Write the normalised origin onto every node of ``gm`` (the output node: the root).
 
-    For a graph made outside :func:`~unitscale.capture.capture` (a tool's own copy or
-    rewrite): each node's ``module_path`` becomes a name in ``root.named_modules()`` (or
-    ``""``), read from whatever the route left (see the module docstring).
+    For a graph made outside :func:`~unitscale.capture.capture` (a tool's own copy or rewrite).
 
     >>> import torch
     >>> from unitscale.capture.toolkit import normalise_graph

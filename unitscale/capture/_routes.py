@@ -1,8 +1,6 @@
 """The graph routes, one function each: ``(module, args, kwargs) -> (GraphModule, ExportedProgram | None)``.
 
-Each raises whatever its tool raises; :func:`unitscale.capture.capture` turns that into
-the route's reason. The graph each returns keeps the model's call signature:
-``gm(*args, **kwargs)`` computes what ``module(*args, **kwargs)`` does.
+Each raises whatever its tool raises (the route's reason); each graph keeps the model's call signature.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ class DeepTracing:
         autowrap_functions: functions that stay single nodes.
 
     Raises:
-        InputError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of
+        PredicateError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of
             Python modules and functions.
 
     >>> import torch
@@ -81,12 +79,7 @@ def flat_fx_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def deep_fx_route(deep: DeepTracing) -> RouteFn:
-    """The ``fx`` route for ``capture(deep=...)``: a :class:`DeepCaptureTracer` so configured.
-
-    Function arguments the tracer made placeholders of are kept in the graph module's
-    ``meta["extra_inputs"]`` (they are passed after the inputs). A ``GraphModule`` is its
-    own graph: it is not traced again, so a graph the user rewrote runs as written.
-    """
+    """The ``fx`` route for ``capture(deep=...)``; the callables made placeholders go to ``meta["extra_inputs"]``."""
 
     def route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
         if isinstance(module, fx.GraphModule):
@@ -106,7 +99,6 @@ def deep_fx_route(deep: DeepTracing) -> RouteFn:
 def _fx(tracer: CaptureTracer, module: nn.Module, kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
     # Plain keyword values (return_dict=False) are fixed, as fx cannot branch on a placeholder.
     concrete = {k: v for k, v in kwargs.items() if isinstance(v, _PLAIN)}
-    # What the trace would lose of the model (root hooks, a custom Function's backward) is refused by name.
     refuse_root_hooks(module)
     with functions_applied(module, grad_switches=True) as applied:
         graph = tracer.trace(module, concrete_args=concrete or None)
@@ -144,7 +136,6 @@ def export_route(strict: bool, dynamic_batch: bool = False) -> RouteFn:
 
 
 def dynamo_route(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.GraphModule, None]:
-    # The graph the transforms capture per signature, given the model's call signature.
     return with_call_signature(dynamo_graph(module, args, kwargs), module, args, kwargs), None
 
 

@@ -5,16 +5,7 @@
 graph transforms want); :class:`DeepCaptureTracer` is a :class:`~unitscale.fx.DeepTracer`
 (every submodule's ops, autowrapped functions kept whole, function arguments as extra
 placeholders: what scale tracking wants). All three write each node's origin as they
-make it, through the one writer (:func:`unitscale.capture._meta.write_origin`), so the
-fx route's graph needs no second pass to be normalised.
-
-Hook map (``*`` overridden here; the whole tree is in :mod:`unitscale.fx.tracers`):
-
-.. code-block:: text
-
-    trace() *                      DeepCaptureTracer: string annotations resolved after
-    +-- is_leaf_module() *         FlatCaptureTracer: never; DeepCaptureTracer: DeepTracer's rule
-    +-- record_origin() *          module_path, module_type and source written on each node
+make it (``record_origin``), so the fx route's graph needs no second pass to be normalised.
 """
 
 from __future__ import annotations
@@ -35,10 +26,8 @@ __all__ = ["CaptureTracer", "DeepCaptureTracer", "FlatCaptureTracer"]
 class CaptureTracer(ModulePathTracer):
     """``torch.fx``'s standard leaf rule, each node's origin written as it is made.
 
-    A node's ``source`` is the innermost frame outside torch and unitscale, found by one
-    walk up the stack; fx's own ``record_stack_traces`` formats the whole stack for every
-    node, which made tracing four times slower on a 20,000-node graph. The frame is also
-    kept as a one-line ``stack_trace``, fx's own key.
+    A node's ``source`` is the innermost frame outside torch and unitscale, also kept as a
+    one-line ``stack_trace`` (fx's ``record_stack_traces`` made tracing four times slower).
     """
 
     #: Find each node's ``source`` (one walk up the stack per node).
@@ -73,13 +62,9 @@ class FlatCaptureTracer(CaptureTracer):
 class DeepCaptureTracer(CaptureTracer, DeepTracer):
     """A :class:`~unitscale.fx.DeepTracer` that writes each node's origin (scale tracking's tracer).
 
-    Type annotations that are strings (a module written with ``from __future__ import
-    annotations``) are resolved to types, or dropped when they cannot be: fx would put
-    the string into the code's globals, and the ``GraphModule`` would not pickle.
-
-    Nodes get ``source == ""``: scale tracking, which traces this way on its first call,
-    shows no source line, and the walk up the stack per node added up to a tenth to the
-    trace (measured on TinyGPT against the same tracer without it).
+    String annotations (``from __future__ import annotations``) are resolved to types, or
+    dropped: as strings the ``GraphModule`` would not pickle. Nodes get ``source == ""``:
+    scale tracking shows none, and finding it added a tenth to the trace (TinyGPT).
 
     >>> from unitscale.capture._tracers import DeepCaptureTracer
     >>> from unitscale.examples import MLP

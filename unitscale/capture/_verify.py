@@ -1,10 +1,7 @@
 """Run a captured graph once: fill in shapes and dtypes, and check it computes what the model does.
 
-``torch.fx`` can trace a graph that is wrong for other inputs, or even for these (a
-branch on a value fx saw as a constant), so every captured graph is run on the example
-inputs and its tensor outputs compared with the model's. The same run records each
-node's output as a ``meta``-device tensor in ``node.meta["val"]`` (where the route left
-none) and its :class:`~torch.fx.passes.shape_prop.TensorMetadata` in ``"tensor_meta"``.
+``torch.fx`` can trace a graph that is wrong even for these inputs (a branch on a value fx saw
+as a constant). The same run fills ``node.meta["val"]`` (a ``meta`` tensor) and ``"tensor_meta"``.
 """
 
 from __future__ import annotations
@@ -32,10 +29,7 @@ class GraphMismatch(Exception):
 
 @contextmanager
 def kept_state(module: nn.Module, seed: int = 0) -> Iterator[None]:
-    """Run under a fixed seed, then put back the RNG and every buffer (BatchNorm statistics).
-
-    So the reference run, the graph's run and the user's later runs all see the same state.
-    """
+    """Run under a fixed seed, then put back the RNG and every buffer: every run sees the same state."""
     saved = {name: b.detach().clone() for name, b in module.named_buffers()}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -1,9 +1,4 @@
-"""Where a failure or a node came from, as ``file:line``: a route's reason, a node's ``source``.
-
-Frames are read by :mod:`unitscale.fx.trace_errors`, the one home for that (fx's trace
-errors, the Function watcher and the capture routes share it): the innermost frame outside
-torch and unitscale's own machinery is the line the user can change.
-"""
+"""Where a failure or a node came from, as ``file:line``: a route's reason, a node's ``source``."""
 
 from __future__ import annotations
 
@@ -18,10 +13,9 @@ _FRAME = re.compile(r'File "([^"]+)", line (-?\d+)')
 
 
 def innermost_frame(stack_trace: str | None) -> str:
-    """``"file.py:LINE"`` of the innermost frame outside torch (and unitscale's tracers) in a ``stack_trace``.
+    """``"file.py:LINE"`` of the innermost frame outside torch (and unitscale) in a ``stack_trace``.
 
-    Falls back to the innermost frame of all when every frame is inside torch, and to
-    ``""`` when there is none.
+    Else the innermost frame of all; ``""`` when there is none.
 
     >>> mine = 'File "/m/model.py", line 3, in f'
     >>> torchs = 'File "/x/torch/nn/linear.py", line 9, in g'
@@ -38,9 +32,8 @@ def innermost_frame(stack_trace: str | None) -> str:
 def failure_frame(exc: BaseException) -> str:
     """``file:line (`code`)`` of the user's line that made ``exc``, or ``"an unknown line"``.
 
-    Looks at the tracebacks of ``exc`` and the exceptions it came from (innermost first),
-    then at ``File "...", line N`` lines in their messages: TorchDynamo runs the user's
-    code as bytecode, so its errors name the user's line only in the message.
+    Reads the tracebacks, then ``File "...", line N`` in the messages: TorchDynamo's errors
+    name the user's line only there.
     """
     where = user_frame(exc)
     if where != "an unknown line":

@@ -1,11 +1,8 @@
 """What a tool built on :func:`~unitscale.capture.capture` uses beside it: lent to other rooms.
 
-The face holds what users call; this module what ``tracking``, ``transforms``, ``stages`` (or a
-tool of your own) need to read, rewrite or re-run a capture's graph as every route writes it:
-the normalised node meta (with ``write_origin`` inside, :func:`copy_origin` is the only writer
-of a node's origin), TorchDynamo's graph of one call with its cache-key parts, and the one
-eager op recorder, :class:`OpRecorder`, whose ``record`` a tool overrides; and the one HTML
-table every tool's report shows in a notebook, :func:`html_table`.
+What ``tracking``, ``transforms``, ``stages`` (or a tool of your own) need to read, rewrite or
+re-run a capture's graph: the normalised node meta, TorchDynamo's graph of one call, the eager
+op recorder, and the HTML table every tool's report shows in a notebook.
 
 >>> from unitscale.capture.toolkit import GRAPH_ROUTE_NAMES
 >>> GRAPH_ROUTE_NAMES  # the routes that give a graph

@@ -1,9 +1,6 @@
 """Tools that read a :class:`~unitscale.capture.Capture`: module paths, execution order.
 
-:func:`trace_exec_order` is the entry point: ``torch.fx`` first, the capture when fx fails.
-
-They read only the normalised meta (:mod:`unitscale.capture._meta`), so one function
-serves every graph route; the eager route has its own record of module calls.
+They read only the normalised meta, so one function serves every graph route.
 """
 
 from __future__ import annotations
@@ -23,15 +20,9 @@ __all__ = ["capture_exec_order", "module_paths", "trace_exec_order"]
 
 
 def module_paths(cap: Capture) -> dict[str, str]:
-    """``node name -> module path`` for every node but the output (``""``: the root).
+    """``node name -> module path`` for every node but the output (``""``: the root), in execution order.
 
     The eager route has no nodes; its recorded ops are named like nodes and are used instead.
-
-    Args:
-        cap: a capture.
-
-    Returns:
-        The paths, in execution order.
 
     >>> import torch
     >>> from unitscale.capture import capture, module_paths
@@ -105,9 +96,6 @@ def capture_exec_order(cap: Capture) -> ExecOrder:
     is that of forward pre-hooks for every module that runs at least one op (a module
     that only returns its input, such as dropout in eval mode, leaves no node). The
     eager route's order is the pre-hook order itself.
-
-    Args:
-        cap: a capture.
 
     Returns:
         An :class:`~unitscale.fx.ExecOrder` whose ``root`` is ``cap.module``.

@@ -1,13 +1,8 @@
 """Proxies that recognise tuple unpacking from a bytecode table built once per function.
 
-``b, t, d = x.shape`` and ``q, k, v = qkv.split(d, dim=2)`` iterate over a
-``torch.fx.Proxy``. To tell such an unpacking (which it can trace: one ``getitem`` per
-name) from a loop (which it cannot), ``Proxy.__iter__`` disassembles the calling
-function on every iteration. In a transformer, where every layer unpacks twice, that is
-a fifth of the tracing time. :class:`UnpackProxy` answers the same question from a table
-of the function's ``UNPACK_SEQUENCE`` instructions, built on the function's first
-unpacking and kept while its code object lives. Anything that is not an unpacking goes
-to ``tracer.iter`` exactly as in ``torch.fx``.
+To tell an unpacking (``b, t, d = x.shape``) from a loop, ``Proxy.__iter__`` disassembles the
+calling function on every iteration: a fifth of the tracing time in a transformer. The table of
+``UNPACK_SEQUENCE`` instructions is built once per code object.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Which custom ``torch.autograd.Function`` s a block of code applies: what a trace would lose.
 
-A symbolic trace (``torch.fx``) or an export runs the model's Python on stand-ins, and where
-that Python calls ``SomeFunction.apply`` it records the ops of ``SomeFunction.forward``: the
-graph's backward is then their derivative, not ``SomeFunction.backward``. A tool that traces
-watches for such calls with :func:`functions_applied` and refuses by name
-(:func:`unitscale.fx.inline` here; every capture route in :mod:`unitscale.capture`).
-
-``Function.apply`` is wrapped for the time of the block, as ``torch.fx`` patches ``math``
-functions while it traces; blocks nest, and the wrapper is removed when the last one ends.
+A trace records the ops of ``SomeFunction.forward``, whose derivative is not ``SomeFunction.backward``;
+tools that trace refuse such calls by name. ``Function.apply`` is wrapped for the time of the block;
+blocks nest, and the wrapper is removed when the last one ends.
 """
 
 from __future__ import annotations

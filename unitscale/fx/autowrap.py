@@ -5,11 +5,6 @@ one ``call_function`` node each (``math.sqrt`` of a proxy, ``einops.rearrange``,
 unit-scaled op). The defaults are ``math`` and ``einops``; a library layered on the fx
 tools adds its own ops here at import (``unitscale.functional`` does), so the
 tracers never import the layers above them.
-
->>> import math
->>> from unitscale.fx.autowrap import default_autowrap_modules
->>> math in default_autowrap_modules()
-True
 """
 
 from __future__ import annotations
@@ -31,9 +26,6 @@ def register_autowrap_module(module: types.ModuleType) -> None:
 
     Registering a module twice is harmless. A tracer or ``track_scales`` given its own
     ``autowrap_modules`` uses those instead.
-
-    Args:
-        module: a Python module, e.g. one of your own ops.
 
     Raises:
         InputError: ``module`` is not a module.

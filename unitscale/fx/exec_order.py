@@ -127,13 +127,8 @@ class ExecOrderTracer(_Tracer):
     counted here (FSDP looks at positional arguments only). After
     ``tracer.trace(module)`` the result is ``tracer.exec_order``.
 
-    Hook map (``*`` overridden here):
-
-    .. code-block:: text
-
-        trace() *                    resets the state; builds exec_order at the end
-        +-- call_module() *          records the module's first forward
-        +-- create_proxy() *         records first uses of parameters among the args
+    Overrides ``trace`` (resets the state), ``call_module`` (records the module's forward)
+    and ``create_proxy`` (records first uses of parameters among the args).
 
     Raises:
         NotAModuleError: ``trace`` was given something that is not an ``nn.Module``.

@@ -1,21 +1,13 @@
 """One lock for every change unitscale makes to process-wide state, and fx's patches made per-thread.
 
-A ``torch.fx`` symbolic trace patches ``nn.Module.__call__`` and ``nn.Module.__getattr__``
-on the class, and the functions of its autowrapped modules (``math``, ``einops``,
-``unitscale.functional``) in their modules, for as long as it runs; ``torch.export``
-traces the same way, and TorchDynamo compiles under global state of its own. Two traces
-at once in two threads undo each other's patches in the wrong order (the second one
-saves the first one's patch as "the original" and puts it back at the end), which left
-``nn.Module.__call__`` patched for good. So every trace, export and Dynamo capture the
-library makes holds :data:`GLOBAL_STATE_LOCK` (reentrant: a capture that traces inside a
-capture takes it again).
+A ``torch.fx`` trace patches ``nn.Module.__call__``, ``nn.Module.__getattr__`` and the autowrapped
+functions for as long as it runs (``torch.export`` too; TorchDynamo has global state of its own).
+Two traces at once in two threads undo each other's patches in the wrong order, which left
+``nn.Module.__call__`` patched for good: every trace, export and Dynamo capture holds
+:data:`GLOBAL_STATE_LOCK` (reentrant).
 
-While one of unitscale's tracers runs, the class-wide patches still reach every thread:
-:func:`this_thread_only` makes the tracer hand a module call or attribute read from any
-other thread straight to ``torch.nn.Module``'s own, so a model another thread runs at the
-same time computes what it computes without a trace. ``torch.fx.symbolic_trace`` itself,
-and other libraries' tracers, do not do that: their traces break other threads' models
-(``NameError: module is not installed as a submodule``); see the capture tutorial.
+The class-wide patches still reach every thread: :func:`this_thread_only` keeps a model another
+thread runs meanwhile untraced (``torch.fx.symbolic_trace`` itself breaks it; see the capture tutorial).
 """
 
 from __future__ import annotations
@@ -38,10 +30,8 @@ def this_thread_only(tracer: fx.Tracer) -> Iterator[None]:
     """While ``tracer`` traces, module calls and attribute reads of other threads bypass it.
 
     ``fx.Tracer.trace`` sends every ``module(...)`` and ``module.attr`` in the process to
-    ``tracer.call_module`` and ``tracer.getattr``. From the first block on, those two are
-    the tracer's own on the thread inside the block, and ``torch.nn.Module``'s own on any
-    other thread and outside it: a thread that read the patched ``nn.Module.__call__`` just
-    before the trace ended still runs its module untraced.
+    ``tracer.call_module`` and ``tracer.getattr``; on any other thread those become
+    ``torch.nn.Module``'s own, even after the block (a thread may still hold the patch).
 
     >>> import threading, torch
     >>> from unitscale.fx import ModulePathTracer

@@ -220,10 +220,7 @@ def inline(
     :class:`torch.fx.proxy.GraphAppendingTracer`; modules inside it are inlined too
     unless ``predicate`` says no. Inlined nodes are named after the module they
     came from (``layer1_0_conv1_conv2d``) and carry ``node.meta["inlined_from"]``.
-    ``gm`` is not changed; the result shares its parameters. A ``GraphModule`` with no
-    ``call_module`` node is already flat (a ``torch.export`` or TorchDynamo graph from
-    :func:`unitscale.capture.capture`): there is nothing to inline, and it is returned
-    as it is, keeping its call signature.
+    ``gm`` is not changed; the result shares its parameters.
 
     Args:
         gm: a ``GraphModule``, or any module (traced first with ``torch.nn`` leaves).
@@ -233,7 +230,8 @@ def inline(
             their outputs compared.
 
     Returns:
-        A new ``GraphModule`` (``gm`` itself when it has no ``call_module`` node).
+        A new ``GraphModule``; ``gm`` itself when it has no ``call_module`` node (already flat,
+        as a ``torch.export`` or TorchDynamo graph: its call signature is kept).
 
     Raises:
         NotAModuleError: ``gm`` is not an ``nn.Module``.

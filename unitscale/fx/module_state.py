@@ -2,11 +2,7 @@
 
 A ``forward`` that assigns to its module (``self.steps += 1`` on a buffer, ``self.last = y``)
 does so while it is traced too, with a ``Proxy`` as the value, and the module would keep
-that proxy for good (``state_dict()`` then no longer saves). :func:`module_state_kept`
-snapshots every submodule's attributes and its parameter, buffer, submodule and hook
-containers on entry, and puts back whatever changed on exit, on success and on failure:
-one context, read in one function. With ``values=True`` it also keeps the buffers'
-values, for tools that run the model.
+that proxy for good (``state_dict()`` then no longer saves).
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ _MISSING = object()
 def _snapshot(root: nn.Module) -> list[tuple[nn.Module, dict[str, Any], dict[str, Any], list[str]]]:
     """Every submodule's ``__dict__``, with copies of its non-empty dicts and sets and the names of its empty ones.
 
-    Containers are copied, not only referenced: fx and forward code mutate them in place.
-    Most (hook dicts) are empty, and only their staying empty is checked.
+    Copied, as fx and forward code mutate them in place; most (hook dicts) are empty, checked to stay so.
     """
     snapshot = []
     for m in root.modules():

@@ -12,10 +12,6 @@ key                 value                                                  writt
 ``tag``             whatever a tag function returned                       :class:`~unitscale.fx.TaggingTracer`
 ``inlined_from``    qualified name of the module an inlined node came from :func:`~unitscale.inline`
 ==================  =====================================================  ==========================================
-
->>> from unitscale.fx.nodes import COMPUTE_OPS, MODULE_PATH_KEY
->>> MODULE_PATH_KEY, "call_module" in COMPUTE_OPS
-('module_path', True)
 """
 
 from __future__ import annotations
@@ -80,13 +76,6 @@ def op_name(target: Any, *, qualified: bool = False) -> str:
     Short names (the default) are what a report's op column shows; ``qualified=True`` adds
     the module users import it from, for messages where ``relu`` alone would not say
     whether ``torch.relu`` or ``torch.nn.functional.relu`` is meant.
-
-    Args:
-        target: a callable, or a method name.
-        qualified: prefix the module (``torch.nn.functional.linear``, ``operator.add``).
-
-    Returns:
-        The name.
 
     >>> import operator, torch
     >>> from unitscale.fx.nodes import op_name

@@ -6,17 +6,6 @@ that traces (the tracers, scale tracking, stage partitioning) builds its error h
 each message has the same shape::
 
     torch.fx could not trace <what> at <file>:<line> (`<code>`): <why>. <what to do>
-
->>> import torch
->>> from unitscale.fx import DeepTracer
->>> class Branchy(torch.nn.Module):
-...     def forward(self, x):
-...         return x if x.sum() > 0 else -x
->>> try:
-...     DeepTracer().trace(Branchy())
-... except Exception as e:
-...     print(type(e).__name__, str(e)[:40])
-TraceError torch.fx could not trace Branchy at line
 """
 
 from __future__ import annotations
@@ -128,15 +117,9 @@ def user_frame(exc: BaseException) -> str:
 
 
 def trace_error(what: str, failure: BaseException, advice: str) -> TraceError:
-    """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` failed.
+    """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` (as the user knows it) failed.
 
-    Args:
-        what: what was being traced, as the user knows it (``"Branchy"``, a class name).
-        failure: the exception tracing raised; its user's line and innermost reason are named.
-        advice: what the user can do, one or two sentences.
-
-    Returns:
-        The error, for ``raise trace_error(...) from exc``.
+    The message names ``failure``'s user line and innermost reason, then ``advice``.
 
     >>> from unitscale.fx.trace_errors import trace_error
     >>> try:

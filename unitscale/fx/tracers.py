@@ -62,12 +62,7 @@ DEFAULT_TAG = "untagged"
 
 @contextmanager
 def _skip_input_checks(module: Any) -> Iterator[None]:
-    """Shadow a norm layer's ``_check_input_dim`` while it is traced through.
-
-    BatchNorm checks ``input.dim()`` in Python, which a symbolic trace cannot
-    decide; the check only validates shapes, so tracing skips it. The module is
-    restored on exit.
-    """
+    """Shadow a norm layer's ``_check_input_dim`` (``input.dim()`` in Python) while it is traced through."""
     if not hasattr(type(module), "_check_input_dim") or "_check_input_dim" in module.__dict__:
         yield
         return
@@ -113,23 +108,18 @@ class _Tracer(fx.Tracer):
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return UnpackProxy(node, self)
 
-    _names_of: dict[int, tuple[str, bool]] | None = None
+    _names_of: dict[int, str] | None = None
 
     def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict[str, fx.Proxy]) -> Any:
         # fx finds a parameter's name by scanning named_parameters() on every access,
         # quadratic in the parameter count; one dict per trace does the same lookup.
         if isinstance(attr_val, torch.Tensor) and not self.param_shapes_constant:
             if self._names_of is None:
-                named: list[tuple[str, torch.Tensor]] = list(self.root.named_parameters())
-                if self.proxy_buffer_attributes:
-                    named += list(self.root.named_buffers())
-                names_of: dict[int, tuple[str, bool]] = {}
-                for name, tensor in named:
-                    names_of.setdefault(id(tensor), (name, isinstance(tensor, nn.Parameter)))
-                self._names_of = names_of
-            found = self._names_of.get(id(attr_val))
-            if found is not None and (found[1] or self.proxy_buffer_attributes):
-                name = found[0]
+                buffers = self.root.named_buffers() if self.proxy_buffer_attributes else ()
+                # the later name wins: a parameter's over a buffer's
+                self._names_of = {id(t): name for name, t in [*buffers, *self.root.named_parameters()]}
+            name = self._names_of.get(id(attr_val))
+            if name is not None:
                 if name not in parameter_proxy_cache:
                     parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
                 return parameter_proxy_cache[name]
@@ -206,14 +196,9 @@ class ModulePathTracer(_Tracer):
     ``node.meta["module_path"]``; the root module is ``""``. The ``output`` node
     is not recorded. State lives on the instance and describes its latest trace.
 
-    Hook map (``*`` overridden here, see :mod:`unitscale.fx` for the whole tree):
-
-    .. code-block:: text
-
-        trace() *               starts at the root path ""
-        +-- call_module() *     sets current_module_path around the call
-            +-- create_node() * calls record_origin(node)
-                +-- record_origin() *  writes node.meta["module_path"] (all but output)
+    Overrides ``trace`` (starts at the root path ``""``), ``call_module`` (sets
+    ``current_module_path`` around the call) and ``create_node``, which calls
+    ``record_origin``.
 
     >>> from torch import nn
     >>> from unitscale.fx import ModulePathTracer
@@ -259,26 +244,17 @@ class ModulePathTracer(_Tracer):
 class DeepTracer(_Tracer):
     """A tracer that recurses into every submodule, down to torch functions.
 
-    Functions from ``autowrap_modules`` (by default
-    ``math``, ``einops``, ``unitscale.functional`` and any given to
-    :func:`~unitscale.fx.register_autowrap_module`) and ``autowrap_functions`` stay single nodes.
     Callable arguments (a function passed to ``forward``, or to an op) become
     placeholders; their values are kept in ``tracer.callable_args`` (placeholder
     name -> callable), to be passed after the ordinary inputs when running.
 
-    Hook map (``*`` overridden here):
-
-    .. code-block:: text
-
-        trace() *               collects callable arguments into callable_args
-        +-- call_module()
-        |   +-- is_leaf_module() *   False for every module when recurse_modules
-        +-- create_proxy()
-            +-- create_arg() *  a callable argument becomes a placeholder
+    Overrides ``trace``, ``is_leaf_module`` (``False`` for every module when
+    ``recurse_modules``) and ``create_arg`` (a callable argument becomes a placeholder).
 
     Args:
         recurse_modules: trace into submodules (``False``: every submodule is a leaf).
-        autowrap_modules: modules whose functions are kept as single nodes.
+        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
+            ``unitscale.functional`` and any given to :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: extra functions kept as single nodes.
 
     Raises:
@@ -409,14 +385,8 @@ class LeafTracer(_Tracer):
     3. ``trace_types``: instances of these types are traced through;
     4. otherwise ``torch.fx``'s default (``torch.nn`` modules are leaves).
 
-    Hook map (``*`` overridden here): override ``is_leaf_module`` in a subclass for a rule
-    that needs state; call ``super()`` to keep the rules above.
-
-    .. code-block:: text
-
-        trace()
-        +-- call_module()
-            +-- is_leaf_module() *   the rules above, in order
+    Overrides ``is_leaf_module`` (the rules above, in order): override it in a subclass for
+    a rule that needs state, and call ``super()`` to keep the rules above.
 
     Args:
         leaf_types: module types kept as leaves.
@@ -494,24 +464,15 @@ class LeafTracer(_Tracer):
 
 
 class TaggingTracer(_Tracer):
-    """Tags every node, the output included, with ``tag_fn(node)``.
+    """Tags every node, the output included, with ``tag_fn(node)`` in ``node.meta[key]``, for later passes.
 
-    The tag is stored in ``node.meta[key]`` (default ``"tag"``) for later passes to
-    read. Without ``tag_fn`` every node gets the constant ``default_tag``.
-
-    Hook map (``*`` overridden here): the tag is written after ``super().create_node``, so
-    it sees what the tracers after this one in the MRO wrote.
-
-    .. code-block:: text
-
-        trace()
-        +-- create_proxy()
-            +-- create_node() *      node.meta[key] = tag_fn(node), the output node included
+    Overrides ``create_node``: the tag is written after ``super().create_node``, so it sees
+    what the tracers after this one in the MRO wrote.
 
     Args:
         tag_fn: called on each new node; its result is the node's tag.
         default_tag: the tag used when ``tag_fn`` is ``None``.
-        key: the ``node.meta`` key the tag is stored under.
+        key: the ``node.meta`` key the tag is stored under (default ``"tag"``).
         **kwargs: passed to the next tracer in the method resolution order.
 
     Raises:
