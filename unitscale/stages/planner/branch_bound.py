@@ -77,7 +77,7 @@ class Search:
         #: bytes per rank (``inf``: no limit); :func:`least_rank_memory` lifts it for a while
         self.limit = math.inf if a.memory_limit is None else float(a.memory_limit)
         orders = schedule_order(a.schedule, a.p, a.v, a.m)
-        # orders of whole forwards and backwards, one stage per rank, give a sharper water level: see _bounds
+        # orders of whole forwards and backwards, one stage per rank, give a sharper water level: see _bound_rows
         self.chain = a.v == 1 and all(op.kind in ("F", "B") for o in orders for op in o)
         #: per rank, the forwards before its first backward and the backwards after its last forward
         #: (1F1B: ``min(m, p - r)`` each; interleaved 1F1B with one stage per rank runs more)
