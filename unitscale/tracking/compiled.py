@@ -2,13 +2,8 @@
 
 :func:`track_pass` records the forward pass (the eager record, the graph's compiled code, or
 :class:`ScaleTrackingInterpreter` for a ``GraphModule`` the user may edit between calls), runs
-one backward pass and writes the report. The interpreter dispatches every node through
-:class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's users and
-kind looked up on every call): on a small model, several percent of a pass. Compiled, the graph
-is rewritten once per cached capture into code that runs each op directly and hands its output
-to one recording call, whose per-node facts (name, module path, op, which view shares whose
-record) were worked out when the code was made. It takes the traced module as ``self`` (its
-current parameters and submodules) and gives the interpreter's rows and numbers.
+one backward pass and writes the report. Compiled code skips :class:`torch.fx.Interpreter`'s
+per-node dispatch (several percent of a small model's pass) and gives the interpreter's rows.
 """
 
 from __future__ import annotations
@@ -64,11 +59,9 @@ def _track(value: Any, i: int, *source: Any) -> Any:
 
 
 class CompiledTracking:
-    """A captured graph compiled into a function that records every floating-point node output.
+    """A captured graph compiled into a function that records what :class:`ScaleTrackingInterpreter` records.
 
-    Made by :func:`compiled_tracking` (cached per graph). :meth:`run` records what
-    :class:`ScaleTrackingInterpreter` records, with the same
-    rows, records, leaves and hooks, and gives back the model's output.
+    Made by :func:`compiled_tracking` (cached per graph).
 
     Args:
         module: the module the graph was traced from (the code's ``self``).
@@ -107,10 +100,9 @@ class CompiledTracking:
         self._forward = scope["forward"]
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecording) -> Any:
-        """Run ``module`` on ``inputs`` (the graph's placeholders, in order), recording each node's output.
+        """Run ``module`` on ``inputs`` (the graph's placeholders), recording each node's output in ``captured``.
 
-        The rows, records and hooks go to ``captured``; it returns the model's output. The
-        caller closes ``captured.cleanup`` after the backward pass, or on an error, when
+        The caller closes ``captured.cleanup`` after the backward pass, or on an error, when
         :attr:`failed_node` names the node.
         """
         saved = (_run.program, getattr(_run, "captured", None), _run.last)
@@ -160,9 +152,8 @@ def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
     steps = []
     for n in nodes:
         taker = view_taking_over(n)
-        path, op = n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n)
-        hand_on = "" if taker is None else taker.name
-        source = holds_its_input_values(n)
+        path, hand_on = n.meta.get(MODULE_PATH_KEY, ""), "" if taker is None else taker.name
+        op, source = _static_op(module, n), holds_its_input_values(n)
         steps.append(Step(n.name, n.op, path, op, hand_on, source, taker in changed, changes_in_place(n)))
     return steps
 
@@ -465,13 +456,12 @@ def _shapes(inputs: tuple[Any, ...]) -> str:
     return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
 
 
-def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
+def _out_of_memory(who: str, e: BaseException, on: str = "") -> None:
     """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
     if OutOfMemoryError.caused(e):
         raise OutOfMemoryError(
-            f"{type(module).__name__} ran out of memory on inputs of shape {_shapes(inputs)} "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller "
-            "batch), free memory, or run on a device with more"
+            f"{who} ran out of memory{on} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use "
+            "smaller inputs (a smaller batch), free memory, or run on a device with more"
         ) from e
 
 
@@ -516,7 +506,7 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
                 interp.captured = captured
                 captured.output = interp.run(*inputs, *cap.extra_inputs)
         except Exception as e:
-            _out_of_memory(root, inputs, e)
+            _out_of_memory(type(root).__name__, e, f" on inputs of shape {_shapes(inputs)}")
             n = interp.current_node if interp is not None else program.failed_node if program is not None else None
             where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
             where = f" at {user_frame(e)}" if cap.graph_module is None else where
@@ -532,12 +522,7 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
         except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
             raise
         except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
-            if OutOfMemoryError.caused(e):
-                raise OutOfMemoryError(
-                    f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
-                    "or run on a device with more"
-                ) from e
+            _out_of_memory(f"the backward pass of {model}", e)
             raise BackwardError(
                 f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
                 "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "

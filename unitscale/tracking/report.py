@@ -1,10 +1,6 @@
 """The result of :func:`unitscale.track_scales`: one row per tensor, a table, a plot and the annotated code.
 
-After the backward pass, a recording's statistics are read here, in one transfer
-(:func:`read_rows`), and written into the annotated code (:func:`annotated_code`). A
-:class:`ScaleReport` holds only plain Python values (strings, tuples, floats), so it
-pickles and outlives the model. Its plot shows ``log2`` of every tensor's forward and
-backward std against the representable ranges of FP16, BF16 and the two FP8 formats.
+A :class:`ScaleReport` holds only plain Python values, so it pickles and outlives the model.
 """
 
 from __future__ import annotations
@@ -209,12 +205,9 @@ def _marked(row: ScaleRow) -> str:
 
 
 def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | None = None) -> str:
-    """The code of ``cap`` (or its op listing) with each line's ``(-> forward, <- backward)`` scales.
+    """The code of ``cap`` (or, for the eager route, its op listing) with each line's ``(-> forward, <- backward)``.
 
-    What :func:`~unitscale.tracking.analyse_module` shows (as an
-    :class:`~unitscale.tracking.AnnotatedCode`) and :attr:`ScaleReport.code` holds: the fx
-    route's code as ``torch.fx`` writes it, the exported graph's (aten ops, each line with its
-    module path), or, for the eager route, one line per op.
+    What :attr:`ScaleReport.code` holds; exported graphs' lines also give their module path.
 
     Args:
         cap: the capture the rows were recorded on.
@@ -317,6 +310,7 @@ def _cut(cell: str, width: int) -> str:
     return cell if len(cell) <= width else "…" + cell[len(cell) - width + 1 :]
 
 
+@dataclass(eq=False, repr=False)
 class ScaleReport:
     """Scales of every floating-point tensor of one forward and backward pass.
 
@@ -349,21 +343,15 @@ class ScaleReport:
     x             input  (2,)   1        0.5      2
     """
 
-    def __init__(
-        self,
-        rows: list[ScaleRow],
-        model: str,
-        code: str = "",
-        route: str = "fx",
-        trace_failure: str = "",
-        no_backward: str = "",
-    ) -> None:
-        self.rows = list(rows)
-        self.no_backward = no_backward
-        self.model = model
-        self.code = code
-        self.route = route
-        self.trace_failure = trace_failure
+    rows: list[ScaleRow]
+    model: str
+    code: str = ""
+    route: str = "fx"
+    trace_failure: str = ""
+    no_backward: str = ""
+
+    def __post_init__(self) -> None:
+        self.rows = list(self.rows)
 
     @property
     def backward_recorded(self) -> bool:

@@ -1,14 +1,8 @@
 """Per-tensor scales: the standard deviation of a tensor and of its gradient.
 
-A :class:`ScaleRecord` holds the statistics of one tensor: on an accelerator as 0-dim
-tensors on the tensor's own device, so recording never waits for the device, and the
-report reads all of them to the host in one transfer at the end
-(:func:`~unitscale.tracking.report.read_stats`); on the CPU, where reading a value waits
-for nothing, as floats. One method fills it, forward and backward (:meth:`ScaleRecord.fill`):
-:class:`ScaleTracker`, an identity ``autograd.Function``, calls it in both directions, and
-so does scale tracking's one recording function, which is also its gradient hook. (What a
-reader sees, ``(-> forward std, <- backward std)``, is the report's
-:class:`~unitscale.tracking.ScalePair`.)
+A :class:`ScaleRecord` holds one tensor's statistics, filled in forward and backward by
+:meth:`ScaleRecord.fill`: floats on the CPU, 0-dim tensors left on an accelerator's device
+(read in one transfer at the end, :func:`~unitscale.tracking.report.read_stats`).
 """
 
 from __future__ import annotations
@@ -100,13 +94,9 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     - an infinity or a NaN anywhere: NaN, as ``torch.std``;
     - integers, booleans, float16 and bfloat16: their values in float32.
 
-    On the CPU it is a sum and a BLAS dot product read at once (a single read of the data
-    each, about 3x faster than the two-pass form), in blocks of 2**18 elements; where they
-    do not give the std (``std_from_sums``: the mean above the std, or squares out of
-    the dtype's range) it is taken again in float64 about the mean, in the same function:
-    every tensor and gradient runs the same code, whatever its values. On
-    an accelerator it is two reductions left on the device (the mean, then the norm of the
-    deviations, both in float64 where the device has it, MPS aside).
+    On the CPU it is a sum and a BLAS dot product (about 3x faster than the two-pass form),
+    taken again in float64 about the mean where they do not give the std (``std_from_sums``).
+    On an accelerator it is two reductions left on the device, in float64 where it has it.
 
     >>> import torch
     >>> from unitscale.tracking.stats import std_stat
@@ -151,10 +141,7 @@ def std_stat(t: torch.Tensor) -> Stat | None:
             unscale = (2.0**half, 2.0 ** (exponent - half))
     # In float64 a block at a time: a float64 copy of a large tensor costs its page faults every time.
     blocks = flat.split(_DOT_BLOCK // 4)
-    sums = []
-    for block in blocks:
-        sums.append(block.sum(dtype=torch.float64).item())
-    mean = math.fsum(sums) / n
+    mean = math.fsum(block.sum(dtype=torch.float64).item() for block in blocks) / n
     if not math.isfinite(mean):
         return math.nan
     shift = squares = 0.0
