@@ -115,18 +115,7 @@ class DriftTable:
     def table(self) -> str:
         """The rows as a fixed-width text table (3 significant digits)."""
         header = ("tensor", "kind", "dir", "steps", f"first {self.stat}", f"last {self.stat}", "octaves")
-        body = [
-            (
-                d.tensor,
-                d.kind,
-                d.direction,
-                f"{d.first_step}-{d.last_step}",
-                f"{d.first:.3g}",
-                f"{d.last:.3g}",
-                f"{d.octaves:+.2f}",
-            )
-            for d in self.rows
-        ]
+        body = [(d.tensor, d.kind, d.direction, f"{d.first_step}-{d.last_step}", *_moved(d)) for d in self.rows]
         return _text_table(header, body)
 
     def __repr__(self) -> str:
@@ -141,17 +130,12 @@ class DriftTable:
         True
         """
         header = ("tensor", "kind · dir · steps", f"first {self.stat}", f"last {self.stat}", "octaves")
-        body = [
-            (
-                d.tensor,
-                f"{d.kind} · {d.direction} · {d.first_step}–{d.last_step}",
-                f"{d.first:.3g}",
-                f"{d.last:.3g}",
-                f"{d.octaves:+.2f}",
-            )
-            for d in self.rows
-        ]
+        body = [(d.tensor, f"{d.kind} · {d.direction} · {d.first_step}–{d.last_step}", *_moved(d)) for d in self.rows]
         return html_table(header, body, f"the {len(self.rows)} tensors whose {self.stat} moved most, in octaves")
+
+
+def _moved(d: Drift) -> tuple[str, str, str]:
+    return f"{d.first:.3g}", f"{d.last:.3g}", f"{d.octaves:+.2f}"
 
 
 def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
@@ -159,6 +143,10 @@ def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
     )
+
+
+def _numbers(r: MonitorRecord) -> list[str]:
+    return [f"{getattr(r, stat):.3g}" for stat in STATS]
 
 
 def _format_name(fmt: FPFormat) -> str:
@@ -279,14 +267,7 @@ class ScaleHistory:
         """
         shown = self.records[:200]
         header = ("tensor", "kind · dir · step", "std", "absmax", "underflow", "overflow", "sqnr dB")
-        body = [
-            (
-                r.tensor,
-                f"{r.kind} · {r.direction} · {r.step}",
-                *(f"{getattr(r, stat):.3g}" for stat in STATS),
-            )
-            for r in shown
-        ]
+        body = [(r.tensor, f"{r.kind} · {r.direction} · {r.step}", *_numbers(r)) for r in shown]
         formats = f"forward against {_format_name(self.fwd_format)}, gradients against {_format_name(self.bwd_format)}"
         more = f"; the first {len(shown)} of {len(self.records)}: where() selects" if len(shown) < len(self) else ""
         return html_table(header, body, f"{len(self.records)} records{more}; {formats}")
@@ -301,20 +282,8 @@ class ScaleHistory:
         0     fc      activation  fwd  1    3.5     0          0         31.2
         """
         header = ("step", "tensor", "kind", "dir", "std", "absmax", "underflow", "overflow", "sqnr dB")
-        body = [
-            (
-                str(r.step),
-                r.tensor,
-                r.kind,
-                r.direction,
-                f"{r.std:.3g}",
-                f"{r.absmax:.3g}",
-                f"{r.underflow:.3g}",
-                f"{r.overflow:.3g}",
-                f"{r.sqnr_db:.3g}",
-            )
-            for r in self.select(step, kind, direction, caller="table")
-        ]
+        records = self.select(step, kind, direction, caller="table")
+        body = [(str(r.step), r.tensor, r.kind, r.direction, *_numbers(r)) for r in records]
         return _text_table(header, body)
 
     def drifted(
