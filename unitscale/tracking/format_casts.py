@@ -1,25 +1,17 @@
 """What casting one tensor to a low-precision format would cost: underflow, overflow and SQNR.
 
-:func:`cast_stats` measures a tensor against an :class:`~unitscale.formats.FPFormat`: its std and
-abs-max, the fraction of its nonzero elements below the format's smallest subnormal
-(underflow) or above its largest value (overflow), and the signal-to-quantisation-noise
-ratio of the format's own simulated rounding (:meth:`FPFormat.round`, computed by a magic
-number or torch's cast where the two are bit-identical), in dB:
-``10 * log10(sum(x**2) / sum((x - round(x))**2))``.
-
-:func:`raw_cast_stats` leaves the sums on the tensor's device (on an accelerator, no host
-sync per tensor); :func:`finish_cast_stats` turns the sums, once read, into the statistics.
-On the CPU its numbers are bit-identical to the plain definitions (:func:`~unitscale.tracking.std_stat`,
-``abs().max()``, ``count_nonzero``, ``fmt.round``), in about 15 passes over the data.
-:class:`CastBatch` measures many tensors together: it copies them into one buffer in rows of
-:data:`BLOCK` elements and measures every row at once, so ~25 op calls serve hundreds of
-tensors; its sums are float32 per row, float64 across rows.
+:func:`cast_stats` measures a tensor against an :class:`~unitscale.formats.FPFormat`; the SQNR is
+that of the format's own rounding (:meth:`FPFormat.round`), ``10 * log10(sum(x**2) / sum((x -
+round(x))**2))`` dB. :func:`raw_cast_stats` leaves its sums on the tensor's device and
+:func:`finish_cast_stats` turns them, once read, into the statistics; on the CPU they are
+bit-identical to the plain definitions. :class:`CastBatch` measures many tensors together.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -190,15 +182,9 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
     return _stats(x, fmt, scratch)
 
 
-# How the statistics are computed, in passes over the data (the old form took about 16, two of
-# them torch's element-by-element float8 conversions): the sum and the dot product x.x give the
-# std and the SQNR's signal; the abs-max is max(x) or -min(x). x's binade (below the smallest
-# subnormal, a power of two, exactly where |x| is) gives the underflow and the magic number, so no
-# |x| is written unless something overflows (or a format has no magic number). Indicators are 0/1
-# floats (a float compare-and-sum is ~4x faster than counting bools); rounding is symmetric, so x's
-# error squares as |x|'s. On the CPU each value is read as it comes, so a tensor skips the zero count
-# when nothing is below the smallest subnormal, the overflow count and the clamp when the abs-max is
-# in range. On an accelerator nothing is read: every value stays a 0-dim tensor.
+# x's binade gives the underflow and the magic number, so no |x| is written unless something
+# overflows. Indicators are 0/1 floats (a float compare-and-sum is ~4x faster than counting bools).
+# On the CPU each value is read as it comes, so a tensor skips the counts nothing needs.
 
 
 def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
@@ -274,36 +260,28 @@ class _Segment(NamedTuple):
     n: int  # its elements (the rest of its last block is zeros)
 
 
+@dataclass
 class _Flat:
     """A device's buffer of copies waiting to be measured, in blocks of :data:`BLOCK`."""
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.buffer = torch.empty(capacity, dtype=torch.float32, device=device)
-        self.size = capacity
-        self.used = 0
-        self.segments: list[_Segment] = []
+    buffer: torch.Tensor
+    used: int = 0
+    segments: list[_Segment] = field(default_factory=list)
 
 
 class CastBatch:
     """Many tensors measured against one format together: :func:`raw_cast_stats` in a few big ops.
 
-    Measuring one tensor costs about 20 op calls whatever its size, and a model's record step
-    has hundreds of tensors. :meth:`add` copies each (as float32: the tensor itself may change in
-    place before the step ends, as under an in-place ReLU) into one buffer per device, in rows
-    of :data:`BLOCK` elements; when the buffer holds :data:`CAPACITY` elements (or at
-    :meth:`finish`) every row is measured with one set of ops, and the rows' sums are added up
-    per tensor. So the cost is the data's passes, not the op calls, and the buffers stay small
-    enough to stay in cache. float64 tensors are measured at once by :func:`raw_cast_stats`.
+    Measuring one tensor costs about 20 op calls whatever its size. :meth:`add` copies each (as
+    float32: the tensor may change in place before the step ends) into one buffer per device, in
+    rows of :data:`BLOCK` elements; a full buffer (or :meth:`finish`) measures every row with one
+    set of ops. float64 tensors are measured at once by :func:`raw_cast_stats`.
 
-    Compared with :func:`raw_cast_stats` the abs-max and the counts are identical; the sums
-    (std, signal, noise) are float32 sums per row added in float64, so they agree with its own
-    to float32 rounding. The std comes from the sum and sum of squares where they do not cancel
-    (``mean**2 <= var``), else from the deviations about the mean, as
-    :func:`~unitscale.tracking.stats.std_stat` decides. A tensor whose sums fall outside
-    ``[2**-60, 2**60]`` (infinities, NaNs, values near float32's limits) is measured again by
-    :func:`raw_cast_stats` itself. On an accelerator nothing is read until a buffer is
-    measured, then one small mask (which tensors need the careful std or :func:`raw_cast_stats`).
-    Memory: the buffer and about four work buffers of its size per device, kept for reuse.
+    The abs-max and the counts are :func:`raw_cast_stats`'s; the sums (std, signal, noise) are
+    float32 sums per row added in float64, so they agree to float32 rounding. A tensor whose
+    sums fall outside ``[2**-60, 2**60]`` (infinities, NaNs, values near float32's limits) is
+    measured again by :func:`raw_cast_stats` itself. Memory: the buffer and about four work
+    buffers of its size per device, kept for reuse.
 
     Args:
         fmt: the format.
@@ -352,12 +330,14 @@ class CastBatch:
         need = blocks * BLOCK
         flat = self._flats.get(t.device)
         used = -1 if flat is None else flat.used
-        if flat is None or used + need > flat.size:
+        if flat is None or used + need > flat.buffer.numel():
             if flat is not None and flat.segments:
                 self._measure(flat)
-            if flat is None or need > flat.size:
+            if flat is None or need > flat.buffer.numel():
                 capacity = self._capacity if reads_at_once(t.device) else max(self._capacity, DEVICE_CAPACITY)
-                flat = self._flats[t.device] = _Flat(max(capacity, need), t.device)
+                flat = self._flats[t.device] = _Flat(
+                    torch.empty(max(capacity, need), dtype=torch.float32, device=t.device)
+                )
             used = 0
         if n < need:  # the last block's tail is padding: zeros
             flat.buffer.narrow(0, used + need - BLOCK, BLOCK).zero_()
