@@ -1,21 +1,10 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
-The model's graph or op record comes from :func:`unitscale.capture.capture` (``deep=``:
-every op; ``check=False``: the tracked run is the graph's first; ``cache=True``: one
-capture per module, reused while it is unchanged). Scale tracking observes it:
-
-- a graph (the ``fx`` route's trace, or an exported graph) runs as its own compiled code
-  with a recording call after each node (``unitscale.tracking.compiled``), made once per
-  cached capture; a ``GraphModule`` passed in, which the user may edit between calls, runs
-  under a :class:`~unitscale.tracking.ScaleTrackingInterpreter`, node by node, with the same records;
-- the eager record (``torch.fx`` cannot trace ``transformers`` models or data-dependent
-  control flow) is made while the model runs, by capture's op recorder with a recording
-  hook (:class:`unitscale.tracking.eager.ScaleRecorder`): about the cost of the fx route,
-  where an export costs several tracked passes. ``route="export"`` asks for one anyway.
-
-Then one backward pass. On an accelerator the stds stay on the device until one read at
-the end. :func:`track_scales` is the entry point; :func:`analyse_module` is the same run
-seen as annotated code.
+The model is captured by :func:`unitscale.capture.capture` (cached per module); a graph then runs
+as its own compiled code with a recording call after each node (a ``GraphModule`` passed in, which
+the user may edit, under a :class:`~unitscale.tracking.ScaleTrackingInterpreter`), and the eager
+route records the ops as they run. Then one backward pass. :func:`track_scales` is the entry
+point; :func:`analyse_module` is the same run seen as annotated code.
 """
 
 from __future__ import annotations
@@ -42,13 +31,7 @@ __all__ = ["analyse_module", "track_scales"]
 
 @contextmanager
 def _called_as(fn: str) -> Iterator[None]:
-    """The one place that names the function the user called in every unitscale error raised below it.
-
-    Errors from the layers underneath (capture, the backward pass, the model's run) say
-    what went wrong without knowing who asked; ``track_scales(): ...`` or
-    ``analyse_module(): ...`` is put in front of their message here, as einops' ``reduce``
-    adds its pattern. A message that already starts with the call is left as it is.
-    """
+    """Put ``fn(): `` before the message of every unitscale error raised below, unless it starts with the call."""
     try:
         yield
     except UnitscaleError as e:
@@ -255,11 +238,7 @@ def analyse_module(
         backward: the output's gradient, or ``None``.
         recurse_modules: trace into submodules (``False``: submodules are single lines).
         syntax_highlight: highlight with pygments (terminal and notebook).
-        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
-            ``unitscale.functional`` and those given to
-            :func:`~unitscale.fx.register_autowrap_module`).
-        autowrap_functions: functions that stay single nodes.
-        route: ``"auto"``, ``"fx"``, ``"export"`` or ``"eager"``, as in :func:`track_scales`.
+        autowrap_modules, autowrap_functions, route: as in :func:`track_scales`.
 
     Returns:
         The annotated code (:class:`AnnotatedCode`, a ``str``).

@@ -1,9 +1,7 @@
 """Scale tracking without ``torch.fx``: record the ops of a model as they run.
 
-``torch.fx`` cannot trace data-dependent control flow (``if x.sum() > 0:``). Running
-the model eagerly under a :class:`torch.overrides.TorchFunctionMode` sees every torch
-function it calls, whatever Python decides in between. Each floating-point result is
-recorded like a node of a traced graph, with the module it ran in.
+Running the model under a :class:`torch.overrides.TorchFunctionMode` sees every torch function
+it calls, data-dependent control flow included; each float result is recorded like a graph node.
 """
 
 from __future__ import annotations
@@ -42,11 +40,9 @@ _SAME_OBJECT_OPS = frozenset(
 class ScaleRecorder(OpRecorder):
     """The eager route of scale tracking: records every floating-point tensor an op returns.
 
-    Overrides ``OpRecorder.record`` (``unitscale.capture.toolkit``) of capture's one op recorder
-    (which names each call and knows the module it ran in): a float output becomes a row
-    with its statistics and a gradient hook, as a graph node's output does under
-    :class:`~unitscale.tracking.ScaleTrackingInterpreter`. An op returning several
-    tensors gives a row per float tensor, ``name[i]``.
+    Overrides ``OpRecorder.record`` (``unitscale.capture.toolkit``): a float output becomes a
+    row with its statistics and a gradient hook. An op returning several tensors gives a row
+    per float tensor, ``name[i]``.
 
     Args:
         root: the model.
@@ -85,10 +81,8 @@ class ScaleRecorder(OpRecorder):
 def record_ops(module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecording) -> None:
     """Run ``module(*inputs)`` eagerly, recording the scale of every op's float output in ``captured``.
 
-    Floating-point inputs are detached copies that require grad where ``captured`` says
-    (the caller's tensors are untouched), recorded under their parameter names. The model's
-    output goes to ``captured.output``; the caller closes ``captured.cleanup`` after the
-    backward pass (or on an error).
+    Inputs are recorded under their parameter names; the output goes to ``captured.output``.
+    The caller closes ``captured.cleanup`` after the backward pass (or on an error).
 
     >>> import torch
     >>> from unitscale.tracking.eager import record_ops
