@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from unitscale.tracking.backward import flatten_tensors
+from unitscale.tracking.backward import _grad_fns, flatten_tensors
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord, scratch_space
 
@@ -271,24 +271,15 @@ class ScaleRecording:
         """
         if not self._views:
             return
-        edges: Counter[tuple[Any, int]] = Counter()
+        outputs = [t for _, t in flatten_tensors(self.output)]
+        # an output's own gradient is an edge too
+        edges = Counter((t.grad_fn, t.output_nr) for t in outputs if t.grad_fn is not None)
         via: dict[tuple[Any, int], Any] = {}
-        stack = []
-        for _, t in flatten_tensors(self.output):
-            if t.grad_fn is not None:
-                edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
-                stack.append(t.grad_fn)
-        seen = set(stack)
-        while stack:
-            fn = stack.pop()
-            for nxt, nr in fn.next_functions:
-                if nxt is None:
-                    continue
-                edges[(nxt, nr)] += 1
-                via[(nxt, nr)] = fn
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
+        for fn in _grad_fns(outputs):
+            for edge in fn.next_functions:
+                if edge[0] is not None:
+                    edges[edge] += 1
+                    via[edge] = fn
         # last view first: along x -> view -> view_1, view takes view_1's record before x takes view's
         taken: dict[int, ScaleRecord] = {}
         for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
