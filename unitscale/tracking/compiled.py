@@ -66,8 +66,7 @@ class CompiledTracking:
     Args:
         module: the module the graph was traced from (the code's ``self``).
         graph: the traced graph (left unchanged).
-        code: the graph's code as fx writes it (``graph.python_code(root_module="self").src``),
-            kept as ``code`` (the report annotates the code that ran).
+        code: the graph's code as fx writes it, kept as ``code`` (the report annotates it).
         namespace: the globals that code runs in.
 
     >>> import torch
@@ -182,10 +181,8 @@ def view_taking_over(n: fx.Node) -> fx.Node | None:
 def holds_its_input_values(n: fx.Node) -> bool:
     """Whether ``n``'s tensor holds its first argument's values: a view, a copy, or a cast that casts nothing.
 
-    Its forward numbers are then its input's (taken from the input's record where its
-    dtype, size and values are unchanged: :meth:`ScaleRecording.track_same_values`). In an
-    exported graph these are ATen ops: ``aten.to.dtype`` to the dtype a tensor already has
-    returns the tensor itself, as ``x.float()`` does.
+    Its forward numbers are then its input's (:meth:`ScaleRecording.track_same_values`); in an
+    exported graph, ATen's forms count too (``aten.to.dtype`` to the dtype a tensor has).
 
     >>> import torch
     >>> from torch import fx
@@ -317,22 +314,15 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | N
     return "\n".join(out)
 
 
-# A graph's compiled tracking is kept on the graph (it refers to the graph's nodes, so a
-# dict keyed weakly by graph would keep every graph, and its model, alive): it lives as long
-# as the graph of the cached capture does.
+# Kept on the graph: a dict keyed weakly by graph would keep every graph alive (it refers to its nodes).
 _COMPILED = "_unitscale_compiled_tracking"
 
 
 def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | None:
     """The :class:`CompiledTracking` of ``cap``'s graph, run with ``module`` as ``self``; made once per graph.
 
-    Compiling costs about what the interpreter loses over one pass (Python's ``compile``
-    of the code), so the first call costs about the same and every later one less.
-    ``None`` where the code is not in the form fx writes: run the graph with the
-    interpreter then.
-
-    Only for graphs nobody edits after the first call (those of cached captures): an
-    edited graph would keep its old code. ``cap`` has a graph (not an eager op record).
+    ``None`` where the code is not in the form fx writes: run the graph with the interpreter
+    then. Only for graphs nobody edits after the first call (an edited one keeps its old code).
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
@@ -360,11 +350,9 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
 class ScaleTrackingInterpreter(fx.Interpreter):
     """Runs a graph and records the scale of every floating-point node output.
 
-    Overrides :meth:`torch.fx.Interpreter.run_node`: after each node runs, the std (and
-    optionally abs-max) of its output is recorded on the device, and a gradient hook
-    records the std of its gradient when a backward pass reaches it. Floating-point
-    inputs are replaced by detached copies that require grad, so their gradients are
-    seen without touching the caller's tensors. Nothing is written to the graph.
+    Overrides :meth:`torch.fx.Interpreter.run_node`: each output's std (and optionally
+    abs-max) is recorded, and a gradient hook records its gradient's. The caller's tensors
+    and the graph are left untouched.
 
     Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
     something else per node, override ``run_node`` and call ``super().run_node(n)``; to

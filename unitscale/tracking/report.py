@@ -121,9 +121,6 @@ class ScaleRow(NamedTuple):
     def nonfinite(self) -> str:
         """``"fwd"``, ``"bwd"`` or ``"fwd+bwd"`` where those directions hold a NaN or an infinity, else ``""``.
 
-        A tensor with a NaN or infinite element has a NaN or infinite std (and abs-max), so
-        the recorded statistics tell, without another pass over the data.
-
         >>> from unitscale.tracking import ScaleRow
         >>> ScaleRow("x", "", "input", (2,), "float32", float("nan"), 1.0).nonfinite
         'fwd'
@@ -284,10 +281,6 @@ TABLE_WIDTH = 88
 _MIN_CELL = 10
 
 
-def _drop_column(line: tuple[str, ...], index: int) -> tuple[str, ...]:
-    return line[:index] + line[index + 1 :]
-
-
 def _fit(lines: list[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
     """Column widths whose line (two spaces between columns) fits ``width``, cutting as few cells as it can.
 
@@ -315,18 +308,14 @@ class ScaleReport:
     """Scales of every floating-point tensor of one forward and backward pass.
 
     Iterate it for :class:`ScaleRow` s, index it by position or node name, print
-    :meth:`table`, draw :meth:`plot`. ``code`` is the annotated code (what
-    :func:`unitscale.analyse_module` returns); ``route`` is the capture route the ops
-    came from (:func:`unitscale.capture.capture`): ``"fx"`` (symbolic trace),
-    ``"eager"`` (ops recorded as they ran, when ``torch.fx`` could not trace the model;
-    ``trace_failure`` says why) or ``"export"`` (the ``torch.export`` graph, when asked
-    for with ``route="export"``).
+    :meth:`table`, draw :meth:`plot`.
 
     Args:
         rows: the rows, in execution order.
         model: the model's class name.
-        code: annotated code or op listing.
-        route: ``"fx"``, ``"eager"`` or ``"export"``.
+        code: annotated code or op listing (what :func:`unitscale.analyse_module` returns).
+        route: the capture route the ops came from (:func:`unitscale.capture.capture`):
+            ``"fx"``, ``"eager"`` (ops recorded as they ran) or ``"export"``.
         trace_failure: why fx tracing failed (eager capture only).
         no_backward: why no backward pass was recorded (``""``: one was); e.g. the call
             ran under ``torch.inference_mode()``. Then every ``bwd std`` is ``n/a``, the
@@ -434,7 +423,6 @@ class ScaleReport:
         the longest node names, module paths and ops are shortened from the left (``…`` marks
         the cut), so their last part, the part that tells rows apart, stays. A shortened
         column keeps at least 10 characters, so a very narrow ``width`` can be exceeded.
-        ``full=True`` prints every column at full length, however wide.
 
         When a NaN or infinity reached some tensor, a ``finite`` column marks each row
         (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
@@ -474,7 +462,7 @@ class ScaleReport:
                 (*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)
             ]
         if not show_dtype:
-            header, body = _drop_column(header, 4), [_drop_column(line, 4) for line in body]
+            header, body = header[:4] + header[5:], [line[:4] + line[5:] for line in body]
         widths = _fit([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))
         lines = [
             "  ".join(_cut(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
@@ -489,8 +477,7 @@ class ScaleReport:
     def _repr_html_(self) -> str:
         """The report as an HTML table that a phone's column holds: each node, then its stds and abs max.
 
-        Under each node's name a small line gives its op, module, shape and dtype. Every value
-        is there, none shortened (the text :meth:`table` cuts long names to fit 88 characters).
+        Beside each node, its op, module, shape and dtype; nothing is shortened, as :meth:`table` does.
 
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
