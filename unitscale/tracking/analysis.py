@@ -137,9 +137,8 @@ def track_scales(
 ) -> ScaleReport:
     """Run one forward and backward pass and report the scale of every float tensor.
 
-    The one scale-tracking run: :func:`analyse_module` shows the same result as annotated
-    code. (:class:`~unitscale.tracking.ScaleMonitor`, over training, hooks the modules of
-    the user's own loop instead, and measures with the same std.)
+    :func:`analyse_module` shows the same result as annotated code;
+    :class:`~unitscale.tracking.ScaleMonitor` measures the same std over training.
 
     Args:
         module: the model (a ``GraphModule`` is run as it is, without re-tracing).
@@ -151,15 +150,11 @@ def track_scales(
             the output, or ``None`` (1 for a one-element output such as a loss,
             unit-normal noise otherwise).
         route: how the model is captured (:func:`unitscale.capture.capture`, cached per
-            module): ``"fx"`` (symbolic trace; fail with
-            :class:`~unitscale.errors.NoRouteError` if it cannot), ``"eager"`` (record ops
-            as they run, each with its module path), ``"export"`` (``torch.export``: a
-            graph of aten ops, cached per module and input signature; its first call costs
-            several tracked passes) or ``"auto"`` (fx, else eager: the ops and module
-            paths of an export for a fraction of its cost). A route that would lose part
-            of the model's backward (a custom ``autograd.Function``, a hook on the model, a
-            ``torch.no_grad()`` block) is not taken: ``"auto"`` records the ops eagerly,
-            a forced route raises :class:`~unitscale.errors.NoRouteError` naming it.
+            module): ``"fx"`` (symbolic trace), ``"eager"`` (record ops as they run, each
+            with its module path), ``"export"`` (``torch.export``: a graph of aten ops; its
+            first call costs several tracked passes) or ``"auto"`` (fx, else eager). A route
+            that would lose part of the model's backward (a custom ``autograd.Function``, a
+            hook, a ``torch.no_grad()`` block) is not taken: ``"auto"`` records the ops eagerly.
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
@@ -185,7 +180,7 @@ def track_scales(
         BackwardShapeError: ``backward`` does not match the output.
         NoFloatOutputError: the model returns no floating-point tensor.
         NoRouteError: ``route="fx"`` or ``"export"`` and that route cannot capture the
-            model (a :class:`~unitscale.errors.TraceError`).
+            model (a :class:`~unitscale.errors.TraceError`) or would lose part of its backward.
 
     Every message starts with ``track_scales(``.
 
@@ -225,11 +220,9 @@ def analyse_module(
     """The code view of :func:`track_scales`: the model's code, each line with ``(-> forward std, <- backward std)``.
 
     The same run as :func:`track_scales` (``analyse_module(m, x).plain ==
-    track_scales(m, x, abs_max=False).code`` for the same random gradient), kept with
-    Graphcore's ``unit_scaling.utils.analyse_module`` signature. A model ``torch.fx``
-    cannot trace gets a listing of its ops as they ran instead, each with its module path;
-    ``route="export"`` gives the ``torch.export`` graph's code (aten ops, each line with
-    its module path).
+    track_scales(m, x, abs_max=False).code`` for the same random gradient), with Graphcore's
+    ``unit_scaling.utils.analyse_module`` signature. A model ``torch.fx`` cannot trace gets
+    a listing of its ops as they ran instead.
 
     Args:
         module: the model.

@@ -351,14 +351,11 @@ class CastBatch:
         for flat in self._flats.values():
             if flat.segments:
                 self._measure(flat)
-        rows: list[tuple[float, ...]] = [()] * self._size
-        for members, measured in self._done:
-            for i, row in zip(members, measured, strict=True):
-                rows[i] = row
-        for i, raw in self._raw.items():
-            rows[i] = tuple(float(v) for v in raw)
+        rows = {i: row for members, measured in self._done for i, row in zip(members, measured, strict=True)}
+        rows.update((i, tuple(float(v) for v in raw)) for i, raw in self._raw.items())
+        size = self._size
         self.clear()
-        return rows
+        return [rows[i] for i in range(size)]
 
     def _measure(self, flat: _Flat) -> None:
         used = flat.buffer[: flat.used]
@@ -441,20 +438,15 @@ def _round_binade(c: torch.Tensor, binade: torch.Tensor, magic: _Magic, scratch:
     Clamped to the format's binades and times ``K = 1.5 * 2**(23 - m)`` it is the magic number,
     exactly (a power of two times 1.5), so ``c + K * p - K * p`` rounds as ``c + M - M`` does.
     """
-    p = binade.clamp_(_POW2[magic.low], _POW2[magic.high])
-    k = _POW2[magic.add - (1 << 22) + (127 << 23)] * 1.5
+    p = binade.clamp_(_pow2(magic.low), _pow2(magic.high))
+    k = _pow2(magic.add - (1 << 22) + (127 << 23)) * 1.5
     return torch.add(c, p, alpha=k, out=scratch.get(c.numel(), torch.float32, c.device, _WORK)).sub_(p, alpha=k)
 
 
-class _Pow2(dict[int, float]):
-    """The float32 whose bits are a given exponent field (mantissa zero), computed on first use."""
-
-    def __missing__(self, bits: int) -> float:
-        value = self[bits] = math.ldexp(1.0, (bits >> 23) - 127)
-        return value
-
-
-_POW2 = _Pow2()
+@functools.cache
+def _pow2(bits: int) -> float:
+    """The float32 whose bits are a given exponent field (mantissa zero)."""
+    return math.ldexp(1.0, (bits >> 23) - 127)
 
 
 def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:

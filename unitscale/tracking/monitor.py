@@ -104,7 +104,6 @@ class ScaleMonitor:
     ``heatmap()`` and ``drifted()``. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
     removes every hook; the model is then exactly as before.
 
-    Forward values are measured against ``fwd_format``, gradients against ``bwd_format``.
     Parameter values are read when a record step starts, their gradients when it ends:
     zero gradients after the ``with`` block (or with ``set_to_none=True``), not inside it.
 
