@@ -24,7 +24,7 @@ from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.eager import record_ops
+from unitscale.tracking.eager import _ITSELF_METHODS, _SAME_VALUE_METHODS, record_ops
 from unitscale.tracking.recording import ScaleRecording, Step
 from unitscale.tracking.report import _CLEANUP, ScaleReport, annotated_code, read_rows
 
@@ -220,11 +220,8 @@ def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
     return changed
 
 
-# Ops that return their first argument itself when there is nothing to do (x.float() of a
-# float32 x, dropout in eval mode): their node's tensor may be its input's, read by others too.
-_ITSELF_METHODS = frozenset(
-    {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "cpu", "cuda"}
-)
+# Functions that return their first argument itself when there is nothing to do (dropout in eval
+# mode), as eager's _ITSELF_METHODS do.
 _aten = torch.ops.aten
 _DROPOUTS = frozenset(
     {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, _aten.dropout.default}
@@ -235,7 +232,6 @@ _ITSELF_FUNCTIONS = _DROPOUTS | {  # and ATen's forms, the targets of an exporte
 }  # fmt: skip
 # Ops whose tensor holds their first argument's values where they cast or move nothing: not
 # dropout, which in training zeroes some. (Views hold them too: unitscale.fx.nodes.is_view_node.)
-_SAME_VALUE_METHODS = _ITSELF_METHODS | {"clone", "detach"}
 _SAME_VALUE_FUNCTIONS = (_ITSELF_FUNCTIONS - _DROPOUTS) | {
     torch.clone,
     torch.detach,

@@ -18,15 +18,18 @@ from unitscale.tracking.recording import ScaleRecording, Step
 
 __all__ = ["ScaleRecorder", "SAME_VALUE_OPS", "record_ops"]
 
-#: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values
-#: as their first argument, rearranged or copied, when it keeps that argument's dtype and size:
-#: the views, and copies and casts that cast nothing. Their forward statistics are the
-#: argument's (see :meth:`ScaleRecording.track_same_values`).
+# Methods that return their input itself when there is nothing to do (x.float() of a float32 x)
+_ITSELF_METHODS = frozenset(
+    {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "cpu", "cuda"}
+)
+_SAME_VALUE_METHODS = _ITSELF_METHODS | {"clone", "detach"}
+
+#: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values as
+#: their first argument where it keeps its dtype and size (views, copies, casts that cast nothing).
 SAME_VALUE_OPS: frozenset[str] = frozenset(
-    {f"Tensor.{m}" for m in VIEW_METHODS}
+    {f"Tensor.{m}" for m in VIEW_METHODS | _SAME_VALUE_METHODS}
     | {op_name(f) for f in VIEW_FUNCTIONS}
-    | {"Tensor.to", "Tensor.float", "Tensor.double", "Tensor.half", "Tensor.bfloat16", "Tensor.type"}
-    | {"Tensor.type_as", "Tensor.clone", "clone", "Tensor.detach", "detach", "Tensor.cpu", "Tensor.cuda"}
+    | {"clone", "detach"}
 )
 
 
