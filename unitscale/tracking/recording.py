@@ -63,8 +63,7 @@ class ScaleRecording:
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
         cleanup: for the caller to close once the backward pass is done: removes the gradient
             hooks and leaves the CPU stds' :func:`~unitscale.tracking.stats.scratch_space`.
-        differentiate_inputs: whether inputs that do not require grad get a gradient too
-            (set for a model with no trainable parameter; see :func:`input_leaf`).
+        differentiate_inputs: :func:`input_leaf`'s ``always``.
         new_record: makes each record (its ``fill`` measures).
 
     >>> import torch
@@ -103,10 +102,9 @@ class ScaleRecording:
     def record(self, value: Any, step: Step, source: Any = None) -> Any:
         """The one recording function: record ``value`` as ``step`` describes it; return what the model goes on with.
 
-        Anything but a floating-point tensor is returned as it is. A model input becomes a
-        leaf (:func:`input_leaf`; the model goes on with its copy), a parameter a leaf of the
-        backward pass. ``source`` is the tensor ``value`` was made from where
-        ``step.from_source``: its forward numbers are reused (:meth:`track_same_values`).
+        Anything but a floating-point tensor is returned as it is. A model input becomes a leaf
+        (:func:`input_leaf`), as does a parameter. ``source``: the tensor ``value`` was made from
+        where ``step.from_source`` (:meth:`track_same_values`).
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording, Step
@@ -151,11 +149,7 @@ class ScaleRecording:
         record: ScaleRecord | None = None,
         hook: bool = True,
     ) -> ScaleRecord:
-        """Record ``t`` (and, through a hook, its gradient) as one row.
-
-        ``record``: an existing record to share (a view of a tensor already recorded has
-        the same std). ``hook=False``: leave the gradient to a later row sharing the record.
-        """
+        """Record ``t`` as one row, in ``record`` if given; ``hook``: record its gradient too."""
         version = _version(t)
         if record is None:
             record = self.new_record()

@@ -36,10 +36,8 @@ __all__ = [
 class ScaleRecord:
     """Mutable holder of one tensor's statistics, filled in forward and in backward by :meth:`fill`.
 
-    ``forward`` and ``backward`` are stds, ``abs_max`` the largest magnitude in
-    forward; each is ``None`` until recorded (or when the tensor is empty). On an
-    accelerator each value is a 0-dim tensor left on the device, so recording never
-    waits for it; on the CPU, where there is nothing to wait for, it is a ``float``.
+    ``forward`` and ``backward`` are stds, ``abs_max`` the largest magnitude in forward: each a
+    ``float`` on the CPU, a 0-dim tensor on an accelerator's device, ``None`` until recorded.
 
     >>> import torch
     >>> from unitscale.tracking import ScaleRecord
@@ -226,9 +224,8 @@ KEEP_SCRATCH_BYTES = 16 * 2**20
 def scratch_space() -> Iterator[None]:
     """Within this context, CPU stds that need a copy reuse one buffer per thread.
 
-    The buffer grows to the largest tensor seen. On exit a buffer of at most
-    :data:`KEEP_SCRATCH_BYTES` is kept for the thread's next ``scratch_space`` (each
-    fresh multi-megabyte buffer costs its page faults again); a larger one is released.
+    The buffer grows to the largest tensor seen; on exit one of at most
+    :data:`KEEP_SCRATCH_BYTES` is kept for the thread's next ``scratch_space``.
 
     >>> with scratch_space():
     ...     std_stat(torch.tensor([1.0, 3.0]).expand(3, 2))
@@ -269,9 +266,8 @@ def abs_max_stat(t: torch.Tensor) -> Stat | None:
 class ScaleTracker(torch.autograd.Function):
     """An identity op that records a tensor's std in forward and its gradient's std in backward.
 
-    Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`; on an
-    accelerator the stds stay on the device until read. Like any custom Function that
-    returns its input, its output must not be modified in place (clone it first).
+    Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`. Like any
+    custom Function that returns its input, its output must not be modified in place.
 
     >>> import torch
     >>> from unitscale.tracking import ScalePair, ScaleTracker
