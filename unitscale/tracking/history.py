@@ -371,8 +371,7 @@ class ScaleHistory:
         """
         _check_stat("heatmap", stat)
         records = self.select(None, kind, direction, caller="heatmap")
-        # pyplot is imported when a plot is drawn: it alone costs more import time than
-        # unitscale (measured with python -X importtime, torch already imported)
+        # pyplot only when drawn: it alone costs more import time than unitscale (python -X importtime)
         import matplotlib.pyplot as plt
 
         if not records:

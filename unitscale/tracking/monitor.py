@@ -237,8 +237,6 @@ class ScaleMonitor:
         self._batches = {"fwd": CastBatch(self.fwd_format), "bwd": CastBatch(self.bwd_format)}  # frees buffers
         self._closed = True
 
-    # Recording ----------------------------------------------------------------------------------
-
     def _arm(self) -> None:
         self._calls = {}
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
@@ -294,8 +292,6 @@ class ScaleMonitor:
             kind = "parameter" if row.op == "parameter" else "activation"
             append(MonitorRecord(step, row.node, kind, direction, *finish_cast_stats(values)))
         self._drop_pending()
-
-    # Views --------------------------------------------------------------------------------------
 
     def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
         """:meth:`ScaleHistory.table` of ``history``."""

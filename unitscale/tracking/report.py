@@ -542,8 +542,7 @@ class ScaleReport:
                 f"ScaleReport.plot(formats=...) got unknown format(s) {', '.join(map(repr, unknown))}; "
                 f"use names from {tuple(FORMAT_RANGES)}"
             )
-        # pyplot is imported when a plot is drawn: it alone costs more import time than
-        # unitscale (measured with python -X importtime, torch already imported)
+        # pyplot only when drawn: it alone costs more import time than unitscale (python -X importtime)
         import matplotlib.pyplot as plt
         from matplotlib.axes import Axes as MplAxes
 
@@ -562,8 +561,6 @@ class ScaleReport:
 
         fwd = log2([r.forward for r in self.rows])
         bwd = log2([r.backward for r in self.rows])
-        # Activations are joined by lines (the path through the model); parameters are
-        # hollow markers off that path.
         is_param = [r.op in ("parameter", "buffer") for r in self.rows]
         for values, colour, marker, label in ((fwd, "C0", "o", "forward"), (bwd, "C3", "s", "backward")):
             path = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if not p]
@@ -577,8 +574,6 @@ class ScaleReport:
         for name in formats:
             colour = colours.get(name, "0.5")
             low, high = (math.log2(v) for v in FORMAT_RANGES[name])
-            # Shade below the smallest subnormal (underflow) and above the largest normal
-            # (overflow); the window between stays clear.
             ax.axhspan(-1e4, low, color=colour, alpha=0.08, lw=0)
             ax.axhspan(high, 1e4, color=colour, alpha=0.08, lw=0)
             for edge in (low, high):
