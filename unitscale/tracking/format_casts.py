@@ -162,10 +162,7 @@ def rounding_error(x: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
 def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = None) -> tuple[Stat, ...]:
     """The sums behind :class:`CastStats` (see :data:`RAW_FIELDS`): floats on the CPU, 0-dim tensors elsewhere.
 
-    Args:
-        t: a nonempty floating-point tensor.
-        fmt: the format.
-        scratch: buffers to reuse across calls (default: fresh ones).
+    ``t``: a nonempty floating-point tensor; ``scratch``: buffers to reuse (default: fresh ones).
 
     >>> import torch
     >>> from unitscale.formats import FP8_E4M3
@@ -329,16 +326,14 @@ class CastBatch:
         blocks = -(-n // BLOCK)
         need = blocks * BLOCK
         flat = self._flats.get(t.device)
-        used = -1 if flat is None else flat.used
-        if flat is None or used + need > flat.buffer.numel():
+        if flat is None or flat.used + need > flat.buffer.numel():
             if flat is not None and flat.segments:
                 self._measure(flat)
             if flat is None or need > flat.buffer.numel():
                 capacity = self._capacity if reads_at_once(t.device) else max(self._capacity, DEVICE_CAPACITY)
-                flat = self._flats[t.device] = _Flat(
-                    torch.empty(max(capacity, need), dtype=torch.float32, device=t.device)
-                )
-            used = 0
+                buffer = torch.empty(max(capacity, need), dtype=torch.float32, device=t.device)
+                flat = self._flats[t.device] = _Flat(buffer)
+        used = flat.used
         if n < need:  # the last block's tail is padding: zeros
             flat.buffer.narrow(0, used + need - BLOCK, BLOCK).zero_()
         flat.buffer.narrow(0, used, n).view(t.shape).copy_(t.detach())
