@@ -236,13 +236,8 @@ class ScaleHistory:
             raise InputError(
                 f"{caller}: step={step!r:.60} was not recorded; pass one of the recorded steps {self.steps}"
             )
-        return [
-            r
-            for r in self.records
-            if (step is None or r.step == step)
-            and (kind is None or r.kind == kind)
-            and (direction is None or r.direction == direction)
-        ]
+        wanted = (("step", step), ("kind", kind), ("direction", direction))
+        return [r for r in self.records if all(v is None or getattr(r, k) == v for k, v in wanted)]
 
     def where(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> ScaleHistory:
         """The records of one step, kind or direction (``None``: all), as a history; a notebook shows its table.
@@ -312,15 +307,11 @@ class ScaleHistory:
             raise InputError(f"drifted: top={top!r:.60} must be an int >= 1")
         if not self.records:
             raise NoRecordsError("drifted: nothing recorded yet; run a step that records (step % every == 0) first")
-        first: dict[tuple[str, str], MonitorRecord] = {}
-        last: dict[tuple[str, str], MonitorRecord] = {}
-        for r in records:
-            key = (r.tensor, r.direction)
-            first.setdefault(key, r)
-            last[key] = r
+        last = {(r.tensor, r.direction): r for r in records}
+        first = {(r.tensor, r.direction): r for r in reversed(records)}
         rows = []
-        for key, a in first.items():
-            b = last[key]
+        for key, b in last.items():
+            a = first[key]
             va, vb = getattr(a, stat), getattr(b, stat)
             if b.step == a.step or not (0 < va < math.inf and 0 < vb < math.inf):
                 continue
