@@ -40,15 +40,6 @@ def _called_as(fn: str) -> Iterator[None]:
         raise
 
 
-def _check_module(module: Any, fn: str) -> nn.Module:
-    if not isinstance(module, nn.Module):
-        raise NotAModuleError(
-            f"{fn}() expects a torch.nn.Module, got {type(module).__name__} {module!r:.60}; "
-            "wrap a function in an nn.Module first"
-        )
-    return module
-
-
 def _check_inputs(module: nn.Module, inputs: Any, fn: str) -> tuple[Any, ...]:
     name = type(module).__name__
     if isinstance(inputs, torch.Tensor):
@@ -94,7 +85,11 @@ def _track(
 ) -> ScaleReport:
     """:func:`track_scales`, with ``fn`` the name of the function the user called (put before every error's message)."""
     with _called_as(fn):
-        module = _check_module(module, fn)
+        if not isinstance(module, nn.Module):
+            raise NotAModuleError(
+                f"{fn}() expects a torch.nn.Module, got {type(module).__name__} {module!r:.60}; "
+                "wrap a function in an nn.Module first"
+            )
         if not isinstance(route, str) or route not in _ROUTES:
             raise InputError(f"{fn}(route=...) got {route!r:.60}; pass 'auto', 'fx', 'export' or 'eager'")
         for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
@@ -105,14 +100,8 @@ def _track(
         check_autowrap(autowrap_modules, autowrap_functions, caller=fn)
         deep = DeepTracing(recurse_modules, autowrap_modules, tuple(autowrap_functions))
         try:
-            cap = capture(
-                module,
-                inputs,
-                route=_ROUTES[route],
-                deep=deep,
-                check=False,
-                cache=not isinstance(module, fx.GraphModule),
-            )
+            cache = not isinstance(module, fx.GraphModule)
+            cap = capture(module, inputs, route=_ROUTES[route], deep=deep, check=False, cache=cache)
         except NoRouteError as e:
             if route == "fx":
                 e.args = (f"{e.args[0]}\nUse route='auto' (or 'eager') to record the ops as they run.", *e.args[1:])
