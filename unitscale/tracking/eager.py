@@ -102,10 +102,8 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecord
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         names = []
-    args = []
-    for i, value in enumerate(inputs):
-        name = names[i] if i < len(names) else f"input_{i}"
-        args.append(captured.record(value, Step(name, "placeholder", "", "input")))
+    names += [f"input_{i}" for i in range(len(names), len(inputs))]
+    args = [captured.record(v, Step(name, "placeholder", "", "input")) for v, name in zip(inputs, names, strict=False)]
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
     captured.output = ScaleRecorder(module, captured).run(*args)
     captured.share_view_gradients()
