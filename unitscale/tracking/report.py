@@ -236,20 +236,15 @@ def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | N
     if cap.graph_module is None:
         return _listing(rows, model, cap.reasons.get("fx", ""))
     code = cap.python_code()[0] if code is None else code
-    lines = []
-    if cap.route == "fx":
-        inputs = [n.name for n in cap.graph_module.graph.nodes if n.op == "placeholder" and n.name in by_name]
-        for line, name in _code_lines(code):
-            if line.startswith("def forward") and inputs:
-                line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
-            elif name in by_name:
-                line += f"  # {_marked(by_name[name])}"
-            lines.append(line)
-        return "\n".join(lines)
-    paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in cap.graph_module.graph.nodes}
-    lines.append(f"# {model}: captured by {_CAPTURED_BY.get(cap.route, cap.route)}")
+    nodes, fx_code = cap.graph_module.graph.nodes, cap.route == "fx"
+    # fx's code names each input in its signature; an exported graph's lines say their module path
+    inputs = [n.name for n in nodes if n.op == "placeholder" and n.name in by_name] if fx_code else []
+    paths = {} if fx_code else {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in nodes}
+    lines = [] if fx_code else [f"# {model}: captured by {_CAPTURED_BY.get(cap.route, cap.route)}"]
     for line, name in _code_lines(code):
-        if name in by_name:
+        if line.startswith("def forward") and inputs:
+            line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
+        elif name in by_name:
             line += f"  # {_marked(by_name[name])}" + (f"  {paths[name]}" if paths.get(name) else "")
         lines.append(line)
     return "\n".join(lines)

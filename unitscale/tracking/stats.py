@@ -139,7 +139,10 @@ def std_stat(t: torch.Tensor) -> Stat | None:
             unscale = (2.0**half, 2.0 ** (exponent - half))
     # In float64 a block at a time: a float64 copy of a large tensor costs its page faults every time.
     blocks = flat.split(_DOT_BLOCK // 4)
-    mean = math.fsum(block.sum(dtype=torch.float64).item() for block in blocks) / n
+    sums = []
+    for block in blocks:  # not a generator: one more function that backward enters first (test_walk.py)
+        sums.append(block.sum(dtype=torch.float64).item())
+    mean = math.fsum(sums) / n
     if not math.isfinite(mean):
         return math.nan
     shift = squares = 0.0
