@@ -76,8 +76,7 @@ _ABS, _WORK, _MAGIC, _CLAMPED = range(4)
 class Scratch:
     """Reusable buffers, one per dtype, device and slot, grown to the largest tensor seen.
 
-    A fresh multi-megabyte temporary per op costs its page faults again every time; a
-    monitor's record step measures hundreds of tensors, so it lends them one set of buffers.
+    A fresh multi-megabyte temporary per op costs its page faults again every time.
     """
 
     def __init__(self) -> None:
@@ -418,7 +417,7 @@ def _segment_stats(
         std = std_from_sums(s.n, t, signal, torch.float32)
         if std is None:  # one element, or the sums cancel: std_stat of the tensor's copy, read with the others
             careful.append(i)
-        std = math.nan if std is None else std
+            std = math.nan
         rows.append((std, absmax_, s.n - int(zero), int(smalls - pad - zero), int(over_), signal, noise))
     if careful:
         stds = [std_stat(data.narrow(0, segments[i].start * BLOCK, segments[i].n)) for i in careful]

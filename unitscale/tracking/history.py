@@ -293,8 +293,7 @@ class ScaleHistory:
         Args:
             top: how many rows (the largest ``|octaves|`` first).
             stat: ``"std"`` or ``"absmax"``.
-            kind: ``"activation"``, ``"parameter"`` or ``None`` (both).
-            direction: ``"fwd"``, ``"bwd"`` or ``None`` (both).
+            kind, direction: as in ``heatmap()``.
 
         Raises:
             UnknownStatError: ``stat`` is not ``"std"`` or ``"absmax"``.
