@@ -235,9 +235,8 @@ BLOCK = 256
 """:class:`CastBatch` lays each tensor out in rows of this many elements, its last row padded with zeros."""
 
 CAPACITY = 2**20
-"""Elements a :class:`CastBatch` holds in CPU memory before it measures them (4 MB; its work
-buffers take about four times that): larger buffers fall out of cache, smaller ones pay the
-~25 op calls of a measurement more often."""
+"""Elements a :class:`CastBatch` holds in CPU memory before it measures them (4 MB): larger
+buffers fall out of cache, smaller ones pay the ~25 op calls of a measurement more often."""
 
 DEVICE_CAPACITY = 2**23
 """The same on an accelerator, where each measurement ends in one read (a host sync): 32 MB."""

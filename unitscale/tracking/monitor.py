@@ -38,9 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["ScaleMonitor", "ROOT", "BATCH_LIMIT"]
 
 BATCH_LIMIT = 2**17
-"""Tensors of at most this many elements are copied and measured together (a
-:class:`~unitscale.tracking.format_casts.CastBatch`);
-larger ones where the hook meets them, while their data is still in cache."""
+"""Tensors of at most this many elements are measured together (:class:`~unitscale.tracking.format_casts.CastBatch`)."""
 
 ROOT = "(root)"
 """The tensor name of the model's own output (when no submodule returned it)."""
