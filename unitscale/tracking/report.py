@@ -389,11 +389,8 @@ class ScaleReport:
         >>> ScaleReport(rows, "Net").first_nonfinite.node
         'y'
         """
-        forward = [r for r in self.rows if "fwd" in r.nonfinite]
-        if forward:
-            return forward[0]
-        backward = [r for r in self.rows if "bwd" in r.nonfinite]
-        return backward[-1] if backward else None
+        forward = next((r for r in self.rows if "fwd" in r.nonfinite), None)
+        return forward or next((r for r in reversed(self.rows) if "bwd" in r.nonfinite), None)
 
     def _nonfinite_note(self) -> str:
         row = self.first_nonfinite
@@ -580,9 +577,7 @@ class ScaleReport:
         # At most 24 node names, each cut to its last 16 characters (the layer and op, where
         # transformers' names differ): the plot keeps most of the figure's height.
         ticks = x if len(x) <= 24 else x[:: math.ceil(len(x) / 24)]
-        names = [self.rows[i].node for i in ticks]
-        names = [n if len(n) <= 16 else "…" + n[-15:] for n in names]
-        ax.set_xticks(ticks, names, rotation=90, fontsize=9)
+        ax.set_xticks(ticks, [_cut(self.rows[i].node, 16) for i in ticks], rotation=90, fontsize=9)
         ax.set_ylabel("log2(std)")
         title = f"Scales through {self.model} (forward and backward)"
         bad = self.first_nonfinite
