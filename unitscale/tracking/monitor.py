@@ -216,15 +216,12 @@ class ScaleMonitor:
             if record:
                 self._arm()
             yield record
-        except BaseException:
-            self._cleanup.close()
-            self._drop_pending()
-            raise
-        else:
             self._cleanup.close()
             if record:
                 self._collect(n)
-        finally:
+        finally:  # on an error too: the hooks go, the step's measures are dropped
+            self._cleanup.close()
+            self._drop_pending()
             self._in_step = False
 
     def close(self) -> None:
@@ -239,7 +236,6 @@ class ScaleMonitor:
         self._calls = {}
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
         self._cleanup.enter_context(self._recording.cleanup)
-        self._drop_pending()
         self._params = []
         for name, p in self.model.named_parameters() if self.parameters else ():
             if p.is_floating_point() and p.numel():
@@ -289,7 +285,6 @@ class ScaleMonitor:
             row = rows[id(record)]
             kind = "parameter" if row.op == "parameter" else "activation"
             append(MonitorRecord(step, row.node, kind, direction, *finish_cast_stats(values)))
-        self._drop_pending()
 
     def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
         """:meth:`ScaleHistory.table` of ``history``."""

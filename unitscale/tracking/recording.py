@@ -229,9 +229,7 @@ class ScaleRecording:
             return self.track(t, node, module_path, op, hook=hook)
         if t is source:
             return self.track(t, node, module_path, op, record=known[2], hook=False)
-        record = ScaleRecord()
-        record.forward = known[2].forward
-        record.abs_max = known[2].abs_max if self.abs_max else None
+        record = ScaleRecord(known[2].forward, abs_max=known[2].abs_max if self.abs_max else None)
         self.track(t, node, module_path, op, record=record, hook=hook)
         if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
             self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
