@@ -1,10 +1,7 @@
 """What casting one tensor to a low-precision format would cost: underflow, overflow and SQNR.
 
-:func:`cast_stats` measures a tensor against an :class:`~unitscale.formats.FPFormat`; the SQNR is
-that of the format's own rounding (:meth:`FPFormat.round`), ``10 * log10(sum(x**2) / sum((x -
-round(x))**2))`` dB. :func:`raw_cast_stats` leaves its sums on the tensor's device and
-:func:`finish_cast_stats` turns them, once read, into the statistics; on the CPU they are
-bit-identical to the plain definitions. :class:`CastBatch` measures many tensors together.
+:func:`raw_cast_stats` leaves its sums on the tensor's device, :func:`finish_cast_stats` finishes
+them once read; on the CPU they are bit-identical to the plain definitions.
 """
 
 from __future__ import annotations

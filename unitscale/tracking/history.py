@@ -8,7 +8,7 @@ step, as plain Python values, so it pickles and outlives the model
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from unitscale.capture.toolkit import html_table
 from unitscale.errors import InputError, NoRecordsError, UnknownStatError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
+from unitscale.tracking.report import _aligned
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -116,10 +117,9 @@ class DriftTable:
         """The rows as a fixed-width text table (3 significant digits)."""
         header = ("tensor", "kind", "dir", "steps", f"first {self.stat}", f"last {self.stat}", "octaves")
         body = [(d.tensor, d.kind, d.direction, f"{d.first_step}-{d.last_step}", *_moved(d)) for d in self.rows]
-        return _text_table(header, body)
+        return _aligned([header, *body])
 
-    def __repr__(self) -> str:
-        return self.table()
+    __repr__ = table
 
     def _repr_html_(self) -> str:
         """The rows as an HTML table: each tensor with its kind, direction and steps under it, then the numbers.
@@ -136,13 +136,6 @@ class DriftTable:
 
 def _moved(d: Drift) -> tuple[str, str, str]:
     return f"{d.first:.3g}", f"{d.last:.3g}", f"{d.octaves:+.2f}"
-
-
-def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
-    )
 
 
 def _numbers(r: MonitorRecord) -> list[str]:
@@ -279,7 +272,7 @@ class ScaleHistory:
         header = ("step", "tensor", "kind", "dir", "std", "absmax", "underflow", "overflow", "sqnr dB")
         records = self.select(step, kind, direction, caller="table")
         body = [(str(r.step), r.tensor, r.kind, r.direction, *_numbers(r)) for r in records]
-        return _text_table(header, body)
+        return _aligned([header, *body])
 
     def drifted(
         self, top: int = 10, stat: str = "std", kind: str | None = None, direction: str | None = None

@@ -1,17 +1,10 @@
 """Scales over training: a monitor that measures every tensor every N steps of your own loop.
 
-On a record step :class:`ScaleMonitor` measures every module's output and every parameter, and
-their gradients, against a low-precision format (FP8 E4M3 forward, E5M2 backward by default),
-through scale tracking's one recording function
-(:meth:`~unitscale.tracking.recording.ScaleRecording.record`). A module whose output is the very
+Each tensor goes through scale tracking's one recording function
+(:meth:`~unitscale.tracking.recording.ScaleRecording.record`); a module whose output is the very
 tensor one of its submodules returned (a ``Sequential``) is recorded once, under the submodule.
-Hooks exist only during a record step: other steps run the bare model.
-
-Tensors of at most :data:`BATCH_LIMIT` elements are copied into one
-:class:`~unitscale.tracking.format_casts.CastBatch` per format and measured together, in ~25 op
-calls rather than ~20 per tensor; larger ones where the recording meets them, while their data
-is in cache. The buffers are kept from one record step to the next (a fresh one costs its page
-faults again) until :meth:`ScaleMonitor.close`. On an accelerator nothing is read per tensor.
+Small tensors are measured together (:data:`BATCH_LIMIT`), in buffers kept from one record step
+to the next until :meth:`ScaleMonitor.close`. On an accelerator nothing is read per tensor.
 """
 
 from __future__ import annotations

@@ -140,10 +140,7 @@ def _bad(value: float | None) -> bool:
 
 
 def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
-    """Statistics as Python floats, read in one transfer per device and dtype.
-
-    Values left on a device are stacked there and read with a single ``tolist()``, instead
-    of one ``.item()`` (one host sync) per tensor. Floats and ``None`` stay as they are.
+    """Statistics as Python floats, read in one transfer (one host sync) per device and dtype; floats and ``None`` stay.
 
     >>> import torch
     >>> read_stats([torch.tensor(2.0), 1.5, None])
@@ -276,7 +273,15 @@ TABLE_WIDTH = 88
 _MIN_CELL = 10
 
 
-def _fit(lines: list[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
+def _aligned(lines: Sequence[tuple[str, ...]], width: float = math.inf, shrinkable: tuple[int, ...] = ()) -> str:
+    """``lines`` as columns two spaces apart, cut by ``_fit`` to fit ``width``."""
+    widths = _fit(lines, width, shrinkable)
+    return "\n".join(
+        "  ".join(_cut(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+def _fit(lines: Sequence[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
     """Column widths whose line (two spaces between columns) fits ``width``, cutting as few cells as it can.
 
     Each step narrows by one character the shrinkable column where that cuts the fewest cells
@@ -455,11 +460,7 @@ class ScaleReport:
             ]
         if not show_dtype:
             header, body = header[:4] + header[5:], [line[:4] + line[5:] for line in body]
-        widths = _fit([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))
-        lines = [
-            "  ".join(_cut(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            for line in [header, *body]
-        ]
+        lines = [_aligned([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))]
         if note:
             lines.append(note)
         if self.no_backward:
