@@ -266,6 +266,12 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _number_cells(r: ScaleRow, note: str) -> list[str]:
+    """A row's stds and abs-max, then its ``finite`` cell where a ``note`` says some row is not finite."""
+    finite = ["yes" if r.finite else f"NO ({r.nonfinite})"] if note else []
+    return [_num(r.forward), _num(r.backward), _num(r.abs_max), *finite]
+
+
 # The characters a line of ScaleReport.table() may take by default: the site's code blocks
 # show 88 (the tutorials' code is formatted to that width too).
 TABLE_WIDTH = 88
@@ -447,17 +453,11 @@ class ScaleReport:
         if isinstance(width, bool) or not isinstance(width, int) or width < 40:
             raise InputError(f"ScaleReport.table(width={width!r}): pass an int of at least 40 (characters per line)")
         show_dtype = full or len({r.dtype for r in self.rows}) > 1
-        header: tuple[str, ...] = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
-        body: list[tuple[str, ...]] = [
-            (r.node, r.module_path, r.op, str(r.shape), r.dtype, _num(r.forward), _num(r.backward), _num(r.abs_max))
-            for r in self.rows
-        ]
         note = self._nonfinite_note()
+        header: tuple[str, ...] = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
         if note:
             header += ("finite",)
-            body = [
-                (*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)
-            ]
+        body = [(r.node, r.module_path, r.op, str(r.shape), r.dtype, *_number_cells(r, note)) for r in self.rows]
         if not show_dtype:
             header, body = header[:4] + header[5:], [line[:4] + line[5:] for line in body]
         lines = [_aligned([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))]
@@ -485,10 +485,7 @@ class ScaleReport:
             [
                 r.node,
                 " · ".join(part for part in (r.op, r.module_path, str(r.shape), r.dtype) if part),
-                _num(r.forward),
-                _num(r.backward),
-                _num(r.abs_max),
-                *(["yes" if r.finite else f"NO ({r.nonfinite})"] if note else []),
+                *_number_cells(r, note),
             ]
             for r in self.rows
         ]
