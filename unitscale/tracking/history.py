@@ -362,8 +362,7 @@ class ScaleHistory:
                 f"heatmap: nothing recorded (kind={kind!r}, direction={direction!r}); "
                 "run a step that records (step % every == 0) first"
             )
-        present = {r.direction for r in records}
-        directions = [d for d in ("fwd", "bwd") if d in present]
+        directions = [d for d in ("fwd", "bwd") if any(r.direction == d for r in records)]
         names = [n for n in self.tensors(kind) if any(r.tensor == n for r in records)]
         steps = sorted({r.step for r in records})
         row_of = {n: i for i, n in enumerate(names)}
@@ -385,8 +384,7 @@ class ScaleHistory:
             if relative:
                 first = np.array([row[np.isfinite(row)][0] if np.isfinite(row).any() else np.nan for row in grid])
                 grid = grid - first[:, None]
-                limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
-                limit = max(limit, 1e-9)
+                limit = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0, 1e-9)
                 cmap, vmin, vmax = plt.get_cmap("RdBu_r").with_extremes(bad="0.85"), -limit, limit
                 label = f"change in {label}" + (" (octaves)" if stat in _LOG2_STATS else "")
             else:
