@@ -348,10 +348,8 @@ class CastBatch:
         return [rows[i] for i in range(size)]
 
     def _measure(self, flat: _Flat) -> None:
-        used = flat.buffer[: flat.used]
-        self._done.append(
-            ([s.row for s in flat.segments], _segment_stats(used, flat.segments, self.fmt, self._scratch))
-        )
+        measured = _segment_stats(flat.buffer[: flat.used], flat.segments, self.fmt, self._scratch)
+        self._done.append(([s.row for s in flat.segments], measured))
         flat.used, flat.segments = 0, []
 
 

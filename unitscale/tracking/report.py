@@ -184,13 +184,8 @@ _CLEANUP = re.compile(r";  (?:\w+ = )+None$")
 @functools.lru_cache(maxsize=16)
 def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
     """The code's non-blank lines without fx's ``x = None`` clean-ups, each with the name it assigns."""
-    lines = []
-    for line in code.strip("\n").splitlines():
-        line = _CLEANUP.sub("", line.rstrip())
-        if line.strip():
-            match = _ASSIGN.match(line)
-            lines.append((line, match.group(1) if match else None))
-    return tuple(lines)
+    lines = [_CLEANUP.sub("", line.rstrip()) for line in code.strip("\n").splitlines()]
+    return tuple((line, m.group(1) if (m := _ASSIGN.match(line)) else None) for line in lines if line.strip())
 
 
 def _marked(row: ScaleRow) -> str:
