@@ -196,24 +196,20 @@ def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> f
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy in :func:`_buffer`."""
-    if not t.is_contiguous():
-        dense = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
-        if not dense.is_contiguous():
-            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1)
-        t = dense
-    return t.view(-1)
+    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy.
 
-
-def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """``n`` elements of scratch: from :func:`scratch_space`'s buffer if one is active."""
-    scratch = getattr(_scratch, "buffer", None)
-    if scratch is None:
-        return torch.empty(n, dtype=dtype)
-    if scratch.numel() < n or scratch.dtype != dtype:
+    The copy goes to the buffer of :func:`scratch_space`, where one is active.
+    """
+    dense = t if t.is_contiguous() else t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
+    if dense.is_contiguous():
+        return dense.view(-1)
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None:
+        return t.contiguous().view(-1)
+    if buffer.numel() < t.numel() or buffer.dtype != t.dtype:
         # A fresh multi-megabyte temporary per tensor costs page faults; reuse one.
-        scratch = _scratch.buffer = torch.empty(n, dtype=dtype)
-    return scratch[:n]
+        buffer = _scratch.buffer = torch.empty(t.numel(), dtype=t.dtype)
+    return buffer[: t.numel()].view(t.shape).copy_(t).view(-1)
 
 
 _scratch = threading.local()
