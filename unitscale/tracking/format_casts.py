@@ -172,15 +172,9 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
     x = x.reshape(-1)
     if x.numel() == 0:
         raise ValueError("raw_cast_stats needs a nonempty tensor")
-    return _stats(x, fmt, scratch)
-
-
-# x's binade gives the underflow and the magic number, so no |x| is written unless something
-# overflows. Indicators are 0/1 floats (a float compare-and-sum is ~4x faster than counting bools).
-# On the CPU each value is read as it comes, so a tensor skips the counts nothing needs.
-
-
-def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
+    # x's binade gives the underflow and the magic number, so no |x| is written unless something
+    # overflows. Indicators are 0/1 floats (a float compare-and-sum is ~4x faster than counting bools).
+    # On the CPU each value is read as it comes, so a tensor skips the counts nothing needs.
     n, device = x.numel(), x.device
     host = reads_at_once(device)
     flags = scratch.get(n, x.dtype, device, _WORK)
