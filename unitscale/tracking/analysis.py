@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,17 +26,6 @@ from unitscale.tracking.compiled import track_pass
 from unitscale.tracking.report import ScaleReport
 
 __all__ = ["analyse_module", "track_scales"]
-
-
-@contextmanager
-def _called_as(fn: str) -> Iterator[None]:
-    """Put ``fn(): `` before the message of every unitscale error raised below, unless it starts with the call."""
-    try:
-        yield
-    except UnitscaleError as e:
-        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(f"{fn}("):
-            e.args = (f"{fn}(): {e.args[0]}", *e.args[1:])
-        raise
 
 
 def _check_inputs(module: nn.Module, inputs: Any, fn: str) -> tuple[Any, ...]:
@@ -84,7 +72,7 @@ def _track(
     abs_max: Any,
 ) -> ScaleReport:
     """:func:`track_scales`, with ``fn`` the name of the function the user called (put before every error's message)."""
-    with _called_as(fn):
+    try:
         if not isinstance(module, nn.Module):
             raise NotAModuleError(
                 f"{fn}() expects a torch.nn.Module, got {type(module).__name__} {module!r:.60}; "
@@ -111,6 +99,10 @@ def _track(
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
         with torch.enable_grad(), module_state_kept(module, values=True), no_kv_cache(module):
             return track_pass(cap, module, inputs, backward, abs_max)
+    except UnitscaleError as e:  # every message starts with the call
+        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(f"{fn}("):
+            e.args = (f"{fn}(): {e.args[0]}", *e.args[1:])
+        raise
 
 
 def track_scales(
