@@ -232,10 +232,9 @@ def scratch_space() -> Iterator[None]:
     """
     previous = getattr(_scratch, "buffer", None), getattr(_scratch, "owner", None)
     kept = getattr(_scratch, "kept", None)
-    _scratch.kept = None
-    if kept is not None and kept.is_inference() and not torch.is_inference_mode_enabled():
-        kept = None  # made under torch.inference_mode(): it cannot be written outside it
-    _scratch.buffer = kept if kept is not None else torch.empty(0)
+    if kept is None or (kept.is_inference() and not torch.is_inference_mode_enabled()):
+        kept = torch.empty(0)  # one made under torch.inference_mode() cannot be written outside it
+    _scratch.buffer, _scratch.kept = kept, None
     _scratch.owner = owner = object()
     try:
         yield
