@@ -1,29 +1,17 @@
 """Scale tracking through a model: the std of every tensor in forward and backward.
 
-The model's graph or op record comes from :func:`unitscale.capture.capture` (``deep=``:
-every op; ``check=False``: the tracked run is the graph's first; ``cache=True``: one
-capture per module, reused while it is unchanged). Scale tracking observes it:
-
-- a graph (the ``fx`` route's trace, or an exported graph) runs as its own compiled code
-  with a recording call after each node (``unitscale.tracking.compiled``), made once per
-  cached capture; a ``GraphModule`` passed in, which the user may edit between calls, runs
-  under a :class:`~unitscale.tracking.ScaleTrackingInterpreter`, node by node, with the same records;
-- the eager record (``torch.fx`` cannot trace ``transformers`` models or data-dependent
-  control flow) is made while the model runs, by capture's op recorder with a recording
-  hook (:class:`unitscale.tracking.eager.ScaleRecorder`): about the cost of the fx route,
-  where an export costs several tracked passes. ``route="export"`` asks for one anyway.
-
-Then one backward pass. On an accelerator the stds stay on the device until one read at
-the end. :func:`track_scales` is the entry point; :func:`analyse_module` is the same run
-seen as annotated code.
+The model is captured by :func:`unitscale.capture.capture` (cached per module); a graph then runs
+as its own compiled code with a recording call after each node (a ``GraphModule`` passed in, which
+the user may edit, under a :class:`~unitscale.tracking.ScaleTrackingInterpreter`), and the eager
+route records the ops as they run. Then one backward pass. :func:`track_scales` is the entry
+point; :func:`analyse_module` is the same run seen as annotated code.
 """
 
 from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,32 +26,6 @@ from unitscale.tracking.compiled import track_pass
 from unitscale.tracking.report import ScaleReport
 
 __all__ = ["analyse_module", "track_scales"]
-
-
-@contextmanager
-def _called_as(fn: str) -> Iterator[None]:
-    """The one place that names the function the user called in every unitscale error raised below it.
-
-    Errors from the layers underneath (capture, the backward pass, the model's run) say
-    what went wrong without knowing who asked; ``track_scales(): ...`` or
-    ``analyse_module(): ...`` is put in front of their message here, as einops' ``reduce``
-    adds its pattern. A message that already starts with the call is left as it is.
-    """
-    try:
-        yield
-    except UnitscaleError as e:
-        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(f"{fn}("):
-            e.args = (f"{fn}(): {e.args[0]}", *e.args[1:])
-        raise
-
-
-def _check_module(module: Any, fn: str) -> nn.Module:
-    if not isinstance(module, nn.Module):
-        raise NotAModuleError(
-            f"{fn}() expects a torch.nn.Module, got {type(module).__name__} {module!r:.60}; "
-            "wrap a function in an nn.Module first"
-        )
-    return module
 
 
 def _check_inputs(module: nn.Module, inputs: Any, fn: str) -> tuple[Any, ...]:
@@ -110,8 +72,12 @@ def _track(
     abs_max: Any,
 ) -> ScaleReport:
     """:func:`track_scales`, with ``fn`` the name of the function the user called (put before every error's message)."""
-    with _called_as(fn):
-        module = _check_module(module, fn)
+    try:
+        if not isinstance(module, nn.Module):
+            raise NotAModuleError(
+                f"{fn}() expects a torch.nn.Module, got {type(module).__name__} {module!r:.60}; "
+                "wrap a function in an nn.Module first"
+            )
         if not isinstance(route, str) or route not in _ROUTES:
             raise InputError(f"{fn}(route=...) got {route!r:.60}; pass 'auto', 'fx', 'export' or 'eager'")
         for name, flag in (("recurse_modules", recurse_modules), ("abs_max", abs_max)):
@@ -122,14 +88,8 @@ def _track(
         check_autowrap(autowrap_modules, autowrap_functions, caller=fn)
         deep = DeepTracing(recurse_modules, autowrap_modules, tuple(autowrap_functions))
         try:
-            cap = capture(
-                module,
-                inputs,
-                route=_ROUTES[route],
-                deep=deep,
-                check=False,
-                cache=not isinstance(module, fx.GraphModule),
-            )
+            cache = not isinstance(module, fx.GraphModule)
+            cap = capture(module, inputs, route=_ROUTES[route], deep=deep, check=False, cache=cache)
         except NoRouteError as e:
             if route == "fx":
                 e.args = (f"{e.args[0]}\nUse route='auto' (or 'eager') to record the ops as they run.", *e.args[1:])
@@ -139,6 +99,10 @@ def _track(
         # decoder's KV cache is off, as when it was captured (cap.kv_cache_disabled).
         with torch.enable_grad(), module_state_kept(module, values=True), no_kv_cache(module):
             return track_pass(cap, module, inputs, backward, abs_max)
+    except UnitscaleError as e:  # every message starts with the call
+        if e.args and isinstance(e.args[0], str) and not e.args[0].startswith(f"{fn}("):
+            e.args = (f"{fn}(): {e.args[0]}", *e.args[1:])
+        raise
 
 
 def track_scales(
@@ -154,9 +118,8 @@ def track_scales(
 ) -> ScaleReport:
     """Run one forward and backward pass and report the scale of every float tensor.
 
-    The one scale-tracking run: :func:`analyse_module` shows the same result as annotated
-    code. (:class:`~unitscale.tracking.ScaleMonitor`, over training, hooks the modules of
-    the user's own loop instead, and measures with the same std.)
+    :func:`analyse_module` shows the same result as annotated code;
+    :class:`~unitscale.tracking.ScaleMonitor` measures the same std over training.
 
     Args:
         module: the model (a ``GraphModule`` is run as it is, without re-tracing).
@@ -168,15 +131,11 @@ def track_scales(
             the output, or ``None`` (1 for a one-element output such as a loss,
             unit-normal noise otherwise).
         route: how the model is captured (:func:`unitscale.capture.capture`, cached per
-            module): ``"fx"`` (symbolic trace; fail with
-            :class:`~unitscale.errors.NoRouteError` if it cannot), ``"eager"`` (record ops
-            as they run, each with its module path), ``"export"`` (``torch.export``: a
-            graph of aten ops, cached per module and input signature; its first call costs
-            several tracked passes) or ``"auto"`` (fx, else eager: the ops and module
-            paths of an export for a fraction of its cost). A route that would lose part
-            of the model's backward (a custom ``autograd.Function``, a hook on the model, a
-            ``torch.no_grad()`` block) is not taken: ``"auto"`` records the ops eagerly,
-            a forced route raises :class:`~unitscale.errors.NoRouteError` naming it.
+            module): ``"fx"`` (symbolic trace), ``"eager"`` (record ops as they run, each
+            with its module path), ``"export"`` (``torch.export``: a graph of aten ops; its
+            first call costs several tracked passes) or ``"auto"`` (fx, else eager). A route
+            that would lose part of the model's backward (a custom ``autograd.Function``, a
+            hook, a ``torch.no_grad()`` block) is not taken: ``"auto"`` records the ops eagerly.
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and those given to
@@ -202,7 +161,7 @@ def track_scales(
         BackwardShapeError: ``backward`` does not match the output.
         NoFloatOutputError: the model returns no floating-point tensor.
         NoRouteError: ``route="fx"`` or ``"export"`` and that route cannot capture the
-            model (a :class:`~unitscale.errors.TraceError`).
+            model (a :class:`~unitscale.errors.TraceError`) or would lose part of its backward.
 
     Every message starts with ``track_scales(``.
 
@@ -242,11 +201,9 @@ def analyse_module(
     """The code view of :func:`track_scales`: the model's code, each line with ``(-> forward std, <- backward std)``.
 
     The same run as :func:`track_scales` (``analyse_module(m, x).plain ==
-    track_scales(m, x, abs_max=False).code`` for the same random gradient), kept with
-    Graphcore's ``unit_scaling.utils.analyse_module`` signature. A model ``torch.fx``
-    cannot trace gets a listing of its ops as they ran instead, each with its module path;
-    ``route="export"`` gives the ``torch.export`` graph's code (aten ops, each line with
-    its module path).
+    track_scales(m, x, abs_max=False).code`` for the same random gradient), with Graphcore's
+    ``unit_scaling.utils.analyse_module`` signature. A model ``torch.fx`` cannot trace gets
+    a listing of its ops as they ran instead.
 
     Args:
         module: the model.
@@ -255,11 +212,7 @@ def analyse_module(
         backward: the output's gradient, or ``None``.
         recurse_modules: trace into submodules (``False``: submodules are single lines).
         syntax_highlight: highlight with pygments (terminal and notebook).
-        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
-            ``unitscale.functional`` and those given to
-            :func:`~unitscale.fx.register_autowrap_module`).
-        autowrap_functions: functions that stay single nodes.
-        route: ``"auto"``, ``"fx"``, ``"export"`` or ``"eager"``, as in :func:`track_scales`.
+        autowrap_modules, autowrap_functions, route: as in :func:`track_scales`.
 
     Returns:
         The annotated code (:class:`AnnotatedCode`, a ``str``).

@@ -1,10 +1,4 @@
-"""Scale tracking's code view: the annotated code of a :class:`~unitscale.tracking.ScaleReport`, highlighted.
-
-:func:`~unitscale.tracking.analyse_module` returns the report's ``code`` (what
-:func:`~unitscale.tracking.report.annotated_code` writes from its rows: the fx route's code as
-``torch.fx`` writes it, the exported graph's, or one line per op for the eager route) as an
-:class:`AnnotatedCode`, a ``str`` that highlights itself for its reader.
-"""
+"""Scale tracking's code view: :class:`AnnotatedCode`, the annotated code of a report, highlighted."""
 
 from __future__ import annotations
 

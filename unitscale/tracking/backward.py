@@ -139,20 +139,20 @@ def _reentrant_checkpoint_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.
     The checkpointed segment's own parameters are not in the outer graph (the segment is
     recomputed in the backward): the caller sets aside the model's parameters too.
     """
-    seen: set[Any] = set()
-    stack: list[Any] = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    leaves: list[torch.Tensor] = []
-    found = False
+    fns = _grad_fns(outputs)
+    if not any(type(fn).__name__ == "CheckpointFunctionBackward" for fn in fns):
+        return None
+    leaves = [getattr(fn, "variable", None) for fn in fns if type(fn).__name__ == "AccumulateGrad"]
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def _grad_fns(tensors: Sequence[torch.Tensor]) -> list[Any]:
+    """Every autograd node the backward pass of ``tensors`` goes through, each once."""
+    seen = dict.fromkeys(t.grad_fn for t in tensors if t.grad_fn is not None)
+    stack = list(seen)
     while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        name = type(fn).__name__
-        if name == "CheckpointFunctionBackward":
-            found = True
-        variable = getattr(fn, "variable", None) if name == "AccumulateGrad" else None
-        if isinstance(variable, torch.Tensor):
-            leaves.append(variable)
-        stack.extend(next_fn for next_fn, _ in fn.next_functions)
-    return leaves if found else None
+        for fn, _ in stack.pop().next_functions:
+            if fn is not None and fn not in seen:
+                seen[fn] = None
+                stack.append(fn)
+    return list(seen)

@@ -2,13 +2,8 @@
 
 :func:`track_pass` records the forward pass (the eager record, the graph's compiled code, or
 :class:`ScaleTrackingInterpreter` for a ``GraphModule`` the user may edit between calls), runs
-one backward pass and writes the report. The interpreter dispatches every node through
-:class:`torch.fx.Interpreter` (argument mapping, an environment dict, the node's users and
-kind looked up on every call): on a small model, several percent of a pass. Compiled, the graph
-is rewritten once per cached capture into code that runs each op directly and hands its output
-to one recording call, whose per-node facts (name, module path, op, which view shares whose
-record) were worked out when the code was made. It takes the traced module as ``self`` (its
-current parameters and submodules) and gives the interpreter's rows and numbers.
+one backward pass and writes the report. Compiled code skips :class:`torch.fx.Interpreter`'s
+per-node dispatch (several percent of a small model's pass) and gives the interpreter's rows.
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from unitscale.fx.nodes import MODULE_PATH_KEY, changes_in_place, first_argument
 from unitscale.fx.plain_run import run_plainly
 from unitscale.fx.trace_errors import user_frame
 from unitscale.tracking.backward import float_outputs, run_backward
-from unitscale.tracking.eager import record_ops
+from unitscale.tracking.eager import _ITSELF_METHODS, _SAME_VALUE_METHODS, record_ops
 from unitscale.tracking.recording import ScaleRecording, Step
 from unitscale.tracking.report import _CLEANUP, ScaleReport, annotated_code, read_rows
 
@@ -64,17 +59,14 @@ def _track(value: Any, i: int, *source: Any) -> Any:
 
 
 class CompiledTracking:
-    """A captured graph compiled into a function that records every floating-point node output.
+    """A captured graph compiled into a function that records what :class:`ScaleTrackingInterpreter` records.
 
-    Made by :func:`compiled_tracking` (cached per graph). :meth:`run` records what
-    :class:`ScaleTrackingInterpreter` records, with the same
-    rows, records, leaves and hooks, and gives back the model's output.
+    Made by :func:`compiled_tracking` (cached per graph).
 
     Args:
         module: the module the graph was traced from (the code's ``self``).
         graph: the traced graph (left unchanged).
-        code: the graph's code as fx writes it (``graph.python_code(root_module="self").src``),
-            kept as ``code`` (the report annotates the code that ran).
+        code: the graph's code as fx writes it, kept as ``code`` (the report annotates it).
         namespace: the globals that code runs in.
 
     >>> import torch
@@ -107,10 +99,9 @@ class CompiledTracking:
         self._forward = scope["forward"]
 
     def run(self, module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecording) -> Any:
-        """Run ``module`` on ``inputs`` (the graph's placeholders, in order), recording each node's output.
+        """Run ``module`` on ``inputs`` (the graph's placeholders), recording each node's output in ``captured``.
 
-        The rows, records and hooks go to ``captured``; it returns the model's output. The
-        caller closes ``captured.cleanup`` after the backward pass, or on an error, when
+        The caller closes ``captured.cleanup`` after the backward pass, or on an error, when
         :attr:`failed_node` names the node.
         """
         saved = (_run.program, getattr(_run, "captured", None), _run.last)
@@ -160,9 +151,8 @@ def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
     steps = []
     for n in nodes:
         taker = view_taking_over(n)
-        path, op = n.meta.get(MODULE_PATH_KEY, ""), _static_op(module, n)
-        hand_on = "" if taker is None else taker.name
-        source = holds_its_input_values(n)
+        path, hand_on = n.meta.get(MODULE_PATH_KEY, ""), "" if taker is None else taker.name
+        op, source = _static_op(module, n), holds_its_input_values(n)
         steps.append(Step(n.name, n.op, path, op, hand_on, source, taker in changed, changes_in_place(n)))
     return steps
 
@@ -191,10 +181,8 @@ def view_taking_over(n: fx.Node) -> fx.Node | None:
 def holds_its_input_values(n: fx.Node) -> bool:
     """Whether ``n``'s tensor holds its first argument's values: a view, a copy, or a cast that casts nothing.
 
-    Its forward numbers are then its input's (taken from the input's record where its
-    dtype, size and values are unchanged: :meth:`ScaleRecording.track_same_values`). In an
-    exported graph these are ATen ops: ``aten.to.dtype`` to the dtype a tensor already has
-    returns the tensor itself, as ``x.float()`` does.
+    Its forward numbers are then its input's (:meth:`ScaleRecording.track_same_values`); in an
+    exported graph, ATen's forms count too (``aten.to.dtype`` to the dtype a tensor has).
 
     >>> import torch
     >>> from torch import fx
@@ -232,11 +220,8 @@ def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
     return changed
 
 
-# Ops that return their first argument itself when there is nothing to do (x.float() of a
-# float32 x, dropout in eval mode): their node's tensor may be its input's, read by others too.
-_ITSELF_METHODS = frozenset(
-    {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "cpu", "cuda"}
-)
+# Functions that return their first argument itself when there is nothing to do (dropout in eval
+# mode), as eager's _ITSELF_METHODS do.
 _aten = torch.ops.aten
 _DROPOUTS = frozenset(
     {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout, _aten.dropout.default}
@@ -247,7 +232,6 @@ _ITSELF_FUNCTIONS = _DROPOUTS | {  # and ATen's forms, the targets of an exporte
 }  # fmt: skip
 # Ops whose tensor holds their first argument's values where they cast or move nothing: not
 # dropout, which in training zeroes some. (Views hold them too: unitscale.fx.nodes.is_view_node.)
-_SAME_VALUE_METHODS = _ITSELF_METHODS | {"clone", "detach"}
 _SAME_VALUE_FUNCTIONS = (_ITSELF_FUNCTIONS - _DROPOUTS) | {
     torch.clone,
     torch.detach,
@@ -326,22 +310,15 @@ def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | N
     return "\n".join(out)
 
 
-# A graph's compiled tracking is kept on the graph (it refers to the graph's nodes, so a
-# dict keyed weakly by graph would keep every graph, and its model, alive): it lives as long
-# as the graph of the cached capture does.
+# Kept on the graph: a dict keyed weakly by graph would keep every graph alive (it refers to its nodes).
 _COMPILED = "_unitscale_compiled_tracking"
 
 
 def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | None:
     """The :class:`CompiledTracking` of ``cap``'s graph, run with ``module`` as ``self``; made once per graph.
 
-    Compiling costs about what the interpreter loses over one pass (Python's ``compile``
-    of the code), so the first call costs about the same and every later one less.
-    ``None`` where the code is not in the form fx writes: run the graph with the
-    interpreter then.
-
-    Only for graphs nobody edits after the first call (those of cached captures): an
-    edited graph would keep its old code. ``cap`` has a graph (not an eager op record).
+    ``None`` where the code is not in the form fx writes: run the graph with the interpreter
+    then. Only for graphs nobody edits after the first call (an edited one keeps its old code).
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
@@ -369,11 +346,9 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
 class ScaleTrackingInterpreter(fx.Interpreter):
     """Runs a graph and records the scale of every floating-point node output.
 
-    Overrides :meth:`torch.fx.Interpreter.run_node`: after each node runs, the std (and
-    optionally abs-max) of its output is recorded on the device, and a gradient hook
-    records the std of its gradient when a backward pass reaches it. Floating-point
-    inputs are replaced by detached copies that require grad, so their gradients are
-    seen without touching the caller's tensors. Nothing is written to the graph.
+    Overrides :meth:`torch.fx.Interpreter.run_node`: each output's std (and optionally
+    abs-max) is recorded, and a gradient hook records its gradient's. The caller's tensors
+    and the graph are left untouched.
 
     Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
     something else per node, override ``run_node`` and call ``super().run_node(n)``; to
@@ -465,13 +440,12 @@ def _shapes(inputs: tuple[Any, ...]) -> str:
     return ", ".join(str(tuple(v.shape)) if isinstance(v, torch.Tensor) else type(v).__name__ for v in inputs)
 
 
-def _out_of_memory(module: nn.Module, inputs: tuple[Any, ...], e: BaseException) -> None:
+def _out_of_memory(who: str, e: BaseException, on: str = "") -> None:
     """Raise :class:`OutOfMemoryError` if ``e`` is running out of memory: not an input of the wrong shape."""
     if OutOfMemoryError.caused(e):
         raise OutOfMemoryError(
-            f"{type(module).__name__} ran out of memory on inputs of shape {_shapes(inputs)} "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller "
-            "batch), free memory, or run on a device with more"
+            f"{who} ran out of memory{on} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); use "
+            "smaller inputs (a smaller batch), free memory, or run on a device with more"
         ) from e
 
 
@@ -516,7 +490,7 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
                 interp.captured = captured
                 captured.output = interp.run(*inputs, *cap.extra_inputs)
         except Exception as e:
-            _out_of_memory(root, inputs, e)
+            _out_of_memory(type(root).__name__, e, f" on inputs of shape {_shapes(inputs)}")
             n = interp.current_node if interp is not None else program.failed_node if program is not None else None
             where = f" at node '{n.name}' ({n.op} {op_name(n.target)})" if n is not None else ""
             where = f" at {user_frame(e)}" if cap.graph_module is None else where
@@ -532,12 +506,7 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
         except UnitscaleError:  # a gradient of the wrong shape: already says what to pass
             raise
         except Exception as e:  # a backward hook, a custom Function's backward: as forward failures are
-            if OutOfMemoryError.caused(e):
-                raise OutOfMemoryError(
-                    f"the backward pass of {model} ran out of memory ({type(e).__name__}: "
-                    f"{str(e).splitlines()[0] if str(e) else ''}); use smaller inputs (a smaller batch), free memory, "
-                    "or run on a device with more"
-                ) from e
+            _out_of_memory(f"the backward pass of {model}", e)
             raise BackwardError(
                 f"the backward pass of {model} failed at {user_frame(e)}: {type(e).__name__}: {e} (raised by a "
                 "backward hook or an autograd Function's backward of the model); fix that code, or remove the hook "

@@ -1,9 +1,7 @@
 """Scale tracking without ``torch.fx``: record the ops of a model as they run.
 
-``torch.fx`` cannot trace data-dependent control flow (``if x.sum() > 0:``). Running
-the model eagerly under a :class:`torch.overrides.TorchFunctionMode` sees every torch
-function it calls, whatever Python decides in between. Each floating-point result is
-recorded like a node of a traced graph, with the module it ran in.
+Running the model under a :class:`torch.overrides.TorchFunctionMode` sees every torch function
+it calls, data-dependent control flow included; each float result is recorded like a graph node.
 """
 
 from __future__ import annotations
@@ -20,15 +18,18 @@ from unitscale.tracking.recording import ScaleRecording, Step
 
 __all__ = ["ScaleRecorder", "SAME_VALUE_OPS", "record_ops"]
 
-#: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values
-#: as their first argument, rearranged or copied, when it keeps that argument's dtype and size:
-#: the views, and copies and casts that cast nothing. Their forward statistics are the
-#: argument's (see :meth:`ScaleRecording.track_same_values`).
+# Methods that return their input itself when there is nothing to do (x.float() of a float32 x)
+_ITSELF_METHODS = frozenset(
+    {"contiguous", "to", "float", "double", "half", "bfloat16", "type", "type_as", "cpu", "cuda"}
+)
+_SAME_VALUE_METHODS = _ITSELF_METHODS | {"clone", "detach"}
+
+#: Ops (as :func:`~unitscale.fx.nodes.op_name` names them) whose output holds the same values as
+#: their first argument where it keeps its dtype and size (views, copies, casts that cast nothing).
 SAME_VALUE_OPS: frozenset[str] = frozenset(
-    {f"Tensor.{m}" for m in VIEW_METHODS}
+    {f"Tensor.{m}" for m in VIEW_METHODS | _SAME_VALUE_METHODS}
     | {op_name(f) for f in VIEW_FUNCTIONS}
-    | {"Tensor.to", "Tensor.float", "Tensor.double", "Tensor.half", "Tensor.bfloat16", "Tensor.type"}
-    | {"Tensor.type_as", "Tensor.clone", "clone", "Tensor.detach", "detach", "Tensor.cpu", "Tensor.cuda"}
+    | {"clone", "detach"}
 )
 
 
@@ -42,11 +43,9 @@ _SAME_OBJECT_OPS = frozenset(
 class ScaleRecorder(OpRecorder):
     """The eager route of scale tracking: records every floating-point tensor an op returns.
 
-    Overrides ``OpRecorder.record`` (``unitscale.capture.toolkit``) of capture's one op recorder
-    (which names each call and knows the module it ran in): a float output becomes a row
-    with its statistics and a gradient hook, as a graph node's output does under
-    :class:`~unitscale.tracking.ScaleTrackingInterpreter`. An op returning several
-    tensors gives a row per float tensor, ``name[i]``.
+    Overrides ``OpRecorder.record`` (``unitscale.capture.toolkit``): a float output becomes a
+    row with its statistics and a gradient hook. An op returning several tensors gives a row
+    per float tensor, ``name[i]``.
 
     Args:
         root: the model.
@@ -85,10 +84,8 @@ class ScaleRecorder(OpRecorder):
 def record_ops(module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecording) -> None:
     """Run ``module(*inputs)`` eagerly, recording the scale of every op's float output in ``captured``.
 
-    Floating-point inputs are detached copies that require grad where ``captured`` says
-    (the caller's tensors are untouched), recorded under their parameter names. The model's
-    output goes to ``captured.output``; the caller closes ``captured.cleanup`` after the
-    backward pass (or on an error).
+    Inputs are recorded under their parameter names; the output goes to ``captured.output``.
+    The caller closes ``captured.cleanup`` after the backward pass (or on an error).
 
     >>> import torch
     >>> from unitscale.tracking.eager import record_ops
@@ -105,10 +102,8 @@ def record_ops(module: nn.Module, inputs: tuple[Any, ...], captured: ScaleRecord
         names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         names = []
-    args = []
-    for i, value in enumerate(inputs):
-        name = names[i] if i < len(names) else f"input_{i}"
-        args.append(captured.record(value, Step(name, "placeholder", "", "input")))
+    names += [f"input_{i}" for i in range(len(names), len(inputs))]
+    args = [captured.record(v, Step(name, "placeholder", "", "input")) for v, name in zip(inputs, names, strict=False)]
     captured.leaves.extend(p for p in module.parameters() if p.requires_grad)
     captured.output = ScaleRecorder(module, captured).run(*args)
     captured.share_view_gradients()

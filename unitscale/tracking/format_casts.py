@@ -1,25 +1,14 @@
 """What casting one tensor to a low-precision format would cost: underflow, overflow and SQNR.
 
-:func:`cast_stats` measures a tensor against an :class:`~unitscale.formats.FPFormat`: its std and
-abs-max, the fraction of its nonzero elements below the format's smallest subnormal
-(underflow) or above its largest value (overflow), and the signal-to-quantisation-noise
-ratio of the format's own simulated rounding (:meth:`FPFormat.round`, computed by a magic
-number or torch's cast where the two are bit-identical), in dB:
-``10 * log10(sum(x**2) / sum((x - round(x))**2))``.
-
-:func:`raw_cast_stats` leaves the sums on the tensor's device (on an accelerator, no host
-sync per tensor); :func:`finish_cast_stats` turns the sums, once read, into the statistics.
-On the CPU its numbers are bit-identical to the plain definitions (:func:`~unitscale.tracking.std_stat`,
-``abs().max()``, ``count_nonzero``, ``fmt.round``), in about 15 passes over the data.
-:class:`CastBatch` measures many tensors together: it copies them into one buffer in rows of
-:data:`BLOCK` elements and measures every row at once, so ~25 op calls serve hundreds of
-tensors; its sums are float32 per row, float64 across rows.
+:func:`raw_cast_stats` leaves its sums on the tensor's device, :func:`finish_cast_stats` finishes
+them once read; on the CPU they are bit-identical to the plain definitions.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -84,8 +73,7 @@ _ABS, _WORK, _MAGIC, _CLAMPED = range(4)
 class Scratch:
     """Reusable buffers, one per dtype, device and slot, grown to the largest tensor seen.
 
-    A fresh multi-megabyte temporary per op costs its page faults again every time; a
-    monitor's record step measures hundreds of tensors, so it lends them one set of buffers.
+    A fresh multi-megabyte temporary per op costs its page faults again every time.
     """
 
     def __init__(self) -> None:
@@ -170,10 +158,7 @@ def rounding_error(x: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
 def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = None) -> tuple[Stat, ...]:
     """The sums behind :class:`CastStats` (see :data:`RAW_FIELDS`): floats on the CPU, 0-dim tensors elsewhere.
 
-    Args:
-        t: a nonempty floating-point tensor.
-        fmt: the format.
-        scratch: buffers to reuse across calls (default: fresh ones).
+    ``t``: a nonempty floating-point tensor; ``scratch``: buffers to reuse (default: fresh ones).
 
     >>> import torch
     >>> from unitscale.formats import FP8_E4M3
@@ -187,21 +172,9 @@ def raw_cast_stats(t: torch.Tensor, fmt: FPFormat, scratch: Scratch | None = Non
     x = x.reshape(-1)
     if x.numel() == 0:
         raise ValueError("raw_cast_stats needs a nonempty tensor")
-    return _stats(x, fmt, scratch)
-
-
-# How the statistics are computed, in passes over the data (the old form took about 16, two of
-# them torch's element-by-element float8 conversions): the sum and the dot product x.x give the
-# std and the SQNR's signal; the abs-max is max(x) or -min(x). x's binade (below the smallest
-# subnormal, a power of two, exactly where |x| is) gives the underflow and the magic number, so no
-# |x| is written unless something overflows (or a format has no magic number). Indicators are 0/1
-# floats (a float compare-and-sum is ~4x faster than counting bools); rounding is symmetric, so x's
-# error squares as |x|'s. On the CPU each value is read as it comes, so a tensor skips the zero count
-# when nothing is below the smallest subnormal, the overflow count and the clamp when the abs-max is
-# in range. On an accelerator nothing is read: every value stays a 0-dim tensor.
-
-
-def _stats(x: torch.Tensor, fmt: FPFormat, scratch: Scratch) -> tuple[Stat, ...]:
+    # x's binade gives the underflow and the magic number, so no |x| is written unless something
+    # overflows. Indicators are 0/1 floats (a float compare-and-sum is ~4x faster than counting bools).
+    # On the CPU each value is read as it comes, so a tensor skips the counts nothing needs.
     n, device = x.numel(), x.device
     host = reads_at_once(device)
     flags = scratch.get(n, x.dtype, device, _WORK)
@@ -253,9 +226,8 @@ BLOCK = 256
 """:class:`CastBatch` lays each tensor out in rows of this many elements, its last row padded with zeros."""
 
 CAPACITY = 2**20
-"""Elements a :class:`CastBatch` holds in CPU memory before it measures them (4 MB; its work
-buffers take about four times that): larger buffers fall out of cache, smaller ones pay the
-~25 op calls of a measurement more often."""
+"""Elements a :class:`CastBatch` holds in CPU memory before it measures them (4 MB): larger
+buffers fall out of cache, smaller ones pay the ~25 op calls of a measurement more often."""
 
 DEVICE_CAPACITY = 2**23
 """The same on an accelerator, where each measurement ends in one read (a host sync): 32 MB."""
@@ -274,36 +246,28 @@ class _Segment(NamedTuple):
     n: int  # its elements (the rest of its last block is zeros)
 
 
+@dataclass
 class _Flat:
     """A device's buffer of copies waiting to be measured, in blocks of :data:`BLOCK`."""
 
-    def __init__(self, capacity: int, device: torch.device) -> None:
-        self.buffer = torch.empty(capacity, dtype=torch.float32, device=device)
-        self.size = capacity
-        self.used = 0
-        self.segments: list[_Segment] = []
+    buffer: torch.Tensor
+    used: int = 0
+    segments: list[_Segment] = field(default_factory=list)
 
 
 class CastBatch:
     """Many tensors measured against one format together: :func:`raw_cast_stats` in a few big ops.
 
-    Measuring one tensor costs about 20 op calls whatever its size, and a model's record step
-    has hundreds of tensors. :meth:`add` copies each (as float32: the tensor itself may change in
-    place before the step ends, as under an in-place ReLU) into one buffer per device, in rows
-    of :data:`BLOCK` elements; when the buffer holds :data:`CAPACITY` elements (or at
-    :meth:`finish`) every row is measured with one set of ops, and the rows' sums are added up
-    per tensor. So the cost is the data's passes, not the op calls, and the buffers stay small
-    enough to stay in cache. float64 tensors are measured at once by :func:`raw_cast_stats`.
+    Measuring one tensor costs about 20 op calls whatever its size. :meth:`add` copies each (as
+    float32: the tensor may change in place before the step ends) into one buffer per device, in
+    rows of :data:`BLOCK` elements; a full buffer (or :meth:`finish`) measures every row with one
+    set of ops. float64 tensors are measured at once by :func:`raw_cast_stats`.
 
-    Compared with :func:`raw_cast_stats` the abs-max and the counts are identical; the sums
-    (std, signal, noise) are float32 sums per row added in float64, so they agree with its own
-    to float32 rounding. The std comes from the sum and sum of squares where they do not cancel
-    (``mean**2 <= var``), else from the deviations about the mean, as
-    :func:`~unitscale.tracking.stats.std_stat` decides. A tensor whose sums fall outside
-    ``[2**-60, 2**60]`` (infinities, NaNs, values near float32's limits) is measured again by
-    :func:`raw_cast_stats` itself. On an accelerator nothing is read until a buffer is
-    measured, then one small mask (which tensors need the careful std or :func:`raw_cast_stats`).
-    Memory: the buffer and about four work buffers of its size per device, kept for reuse.
+    The abs-max and the counts are :func:`raw_cast_stats`'s; the sums (std, signal, noise) are
+    float32 sums per row added in float64, so they agree to float32 rounding. A tensor whose
+    sums fall outside ``[2**-60, 2**60]`` (infinities, NaNs, values near float32's limits) is
+    measured again by :func:`raw_cast_stats` itself. Memory: the buffer and about four work
+    buffers of its size per device, kept for reuse.
 
     Args:
         fmt: the format.
@@ -351,14 +315,14 @@ class CastBatch:
         blocks = -(-n // BLOCK)
         need = blocks * BLOCK
         flat = self._flats.get(t.device)
-        used = -1 if flat is None else flat.used
-        if flat is None or used + need > flat.size:
+        if flat is None or flat.used + need > flat.buffer.numel():
             if flat is not None and flat.segments:
                 self._measure(flat)
-            if flat is None or need > flat.size:
+            if flat is None or need > flat.buffer.numel():
                 capacity = self._capacity if reads_at_once(t.device) else max(self._capacity, DEVICE_CAPACITY)
-                flat = self._flats[t.device] = _Flat(max(capacity, need), t.device)
-            used = 0
+                buffer = torch.empty(max(capacity, need), dtype=torch.float32, device=t.device)
+                flat = self._flats[t.device] = _Flat(buffer)
+        used = flat.used
         if n < need:  # the last block's tail is padding: zeros
             flat.buffer.narrow(0, used + need - BLOCK, BLOCK).zero_()
         flat.buffer.narrow(0, used, n).view(t.shape).copy_(t.detach())
@@ -371,20 +335,15 @@ class CastBatch:
         for flat in self._flats.values():
             if flat.segments:
                 self._measure(flat)
-        rows: list[tuple[float, ...]] = [()] * self._size
-        for members, measured in self._done:
-            for i, row in zip(members, measured, strict=True):
-                rows[i] = row
-        for i, raw in self._raw.items():
-            rows[i] = tuple(float(v) for v in raw)
+        rows = {i: row for members, measured in self._done for i, row in zip(members, measured, strict=True)}
+        rows.update((i, tuple(float(v) for v in raw)) for i, raw in self._raw.items())
+        size = self._size
         self.clear()
-        return rows
+        return [rows[i] for i in range(size)]
 
     def _measure(self, flat: _Flat) -> None:
-        used = flat.buffer[: flat.used]
-        self._done.append(
-            ([s.row for s in flat.segments], _segment_stats(used, flat.segments, self.fmt, self._scratch))
-        )
+        measured = _segment_stats(flat.buffer[: flat.used], flat.segments, self.fmt, self._scratch)
+        self._done.append(([s.row for s in flat.segments], measured))
         flat.used, flat.segments = 0, []
 
 
@@ -446,7 +405,7 @@ def _segment_stats(
         std = std_from_sums(s.n, t, signal, torch.float32)
         if std is None:  # one element, or the sums cancel: std_stat of the tensor's copy, read with the others
             careful.append(i)
-        std = math.nan if std is None else std
+            std = math.nan
         rows.append((std, absmax_, s.n - int(zero), int(smalls - pad - zero), int(over_), signal, noise))
     if careful:
         stds = [std_stat(data.narrow(0, segments[i].start * BLOCK, segments[i].n)) for i in careful]
@@ -461,20 +420,15 @@ def _round_binade(c: torch.Tensor, binade: torch.Tensor, magic: _Magic, scratch:
     Clamped to the format's binades and times ``K = 1.5 * 2**(23 - m)`` it is the magic number,
     exactly (a power of two times 1.5), so ``c + K * p - K * p`` rounds as ``c + M - M`` does.
     """
-    p = binade.clamp_(_POW2[magic.low], _POW2[magic.high])
-    k = _POW2[magic.add - (1 << 22) + (127 << 23)] * 1.5
+    p = binade.clamp_(_pow2(magic.low), _pow2(magic.high))
+    k = _pow2(magic.add - (1 << 22) + (127 << 23)) * 1.5
     return torch.add(c, p, alpha=k, out=scratch.get(c.numel(), torch.float32, c.device, _WORK)).sub_(p, alpha=k)
 
 
-class _Pow2(dict[int, float]):
-    """The float32 whose bits are a given exponent field (mantissa zero), computed on first use."""
-
-    def __missing__(self, bits: int) -> float:
-        value = self[bits] = math.ldexp(1.0, (bits >> 23) - 127)
-        return value
-
-
-_POW2 = _Pow2()
+@functools.cache
+def _pow2(bits: int) -> float:
+    """The float32 whose bits are a given exponent field (mantissa zero)."""
+    return math.ldexp(1.0, (bits >> 23) - 127)
 
 
 def finish_cast_stats(raw: tuple[float, ...]) -> CastStats:

@@ -8,7 +8,7 @@ step, as plain Python values, so it pickles and outlives the model
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from unitscale.capture.toolkit import html_table
 from unitscale.errors import InputError, NoRecordsError, UnknownStatError
 from unitscale.formats import BF16, FP8_E4M3, FP8_E5M2, FP16, FPFormat
+from unitscale.tracking.report import _aligned
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -115,22 +116,10 @@ class DriftTable:
     def table(self) -> str:
         """The rows as a fixed-width text table (3 significant digits)."""
         header = ("tensor", "kind", "dir", "steps", f"first {self.stat}", f"last {self.stat}", "octaves")
-        body = [
-            (
-                d.tensor,
-                d.kind,
-                d.direction,
-                f"{d.first_step}-{d.last_step}",
-                f"{d.first:.3g}",
-                f"{d.last:.3g}",
-                f"{d.octaves:+.2f}",
-            )
-            for d in self.rows
-        ]
-        return _text_table(header, body)
+        body = [(d.tensor, d.kind, d.direction, f"{d.first_step}-{d.last_step}", *_moved(d)) for d in self.rows]
+        return _aligned([header, *body])
 
-    def __repr__(self) -> str:
-        return self.table()
+    __repr__ = table
 
     def _repr_html_(self) -> str:
         """The rows as an HTML table: each tensor with its kind, direction and steps under it, then the numbers.
@@ -141,24 +130,16 @@ class DriftTable:
         True
         """
         header = ("tensor", "kind · dir · steps", f"first {self.stat}", f"last {self.stat}", "octaves")
-        body = [
-            (
-                d.tensor,
-                f"{d.kind} · {d.direction} · {d.first_step}–{d.last_step}",
-                f"{d.first:.3g}",
-                f"{d.last:.3g}",
-                f"{d.octaves:+.2f}",
-            )
-            for d in self.rows
-        ]
+        body = [(d.tensor, f"{d.kind} · {d.direction} · {d.first_step}–{d.last_step}", *_moved(d)) for d in self.rows]
         return html_table(header, body, f"the {len(self.rows)} tensors whose {self.stat} moved most, in octaves")
 
 
-def _text_table(header: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
-    )
+def _moved(d: Drift) -> tuple[str, str, str]:
+    return f"{d.first:.3g}", f"{d.last:.3g}", f"{d.octaves:+.2f}"
+
+
+def _numbers(r: MonitorRecord) -> list[str]:
+    return [f"{getattr(r, stat):.3g}" for stat in STATS]
 
 
 def _format_name(fmt: FPFormat) -> str:
@@ -248,13 +229,8 @@ class ScaleHistory:
             raise InputError(
                 f"{caller}: step={step!r:.60} was not recorded; pass one of the recorded steps {self.steps}"
             )
-        return [
-            r
-            for r in self.records
-            if (step is None or r.step == step)
-            and (kind is None or r.kind == kind)
-            and (direction is None or r.direction == direction)
-        ]
+        wanted = (("step", step), ("kind", kind), ("direction", direction))
+        return [r for r in self.records if all(v is None or getattr(r, k) == v for k, v in wanted)]
 
     def where(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> ScaleHistory:
         """The records of one step, kind or direction (``None``: all), as a history; a notebook shows its table.
@@ -279,14 +255,7 @@ class ScaleHistory:
         """
         shown = self.records[:200]
         header = ("tensor", "kind · dir · step", "std", "absmax", "underflow", "overflow", "sqnr dB")
-        body = [
-            (
-                r.tensor,
-                f"{r.kind} · {r.direction} · {r.step}",
-                *(f"{getattr(r, stat):.3g}" for stat in STATS),
-            )
-            for r in shown
-        ]
+        body = [(r.tensor, f"{r.kind} · {r.direction} · {r.step}", *_numbers(r)) for r in shown]
         formats = f"forward against {_format_name(self.fwd_format)}, gradients against {_format_name(self.bwd_format)}"
         more = f"; the first {len(shown)} of {len(self.records)}: where() selects" if len(shown) < len(self) else ""
         return html_table(header, body, f"{len(self.records)} records{more}; {formats}")
@@ -301,21 +270,9 @@ class ScaleHistory:
         0     fc      activation  fwd  1    3.5     0          0         31.2
         """
         header = ("step", "tensor", "kind", "dir", "std", "absmax", "underflow", "overflow", "sqnr dB")
-        body = [
-            (
-                str(r.step),
-                r.tensor,
-                r.kind,
-                r.direction,
-                f"{r.std:.3g}",
-                f"{r.absmax:.3g}",
-                f"{r.underflow:.3g}",
-                f"{r.overflow:.3g}",
-                f"{r.sqnr_db:.3g}",
-            )
-            for r in self.select(step, kind, direction, caller="table")
-        ]
-        return _text_table(header, body)
+        records = self.select(step, kind, direction, caller="table")
+        body = [(str(r.step), r.tensor, r.kind, r.direction, *_numbers(r)) for r in records]
+        return _aligned([header, *body])
 
     def drifted(
         self, top: int = 10, stat: str = "std", kind: str | None = None, direction: str | None = None
@@ -329,8 +286,7 @@ class ScaleHistory:
         Args:
             top: how many rows (the largest ``|octaves|`` first).
             stat: ``"std"`` or ``"absmax"``.
-            kind: ``"activation"``, ``"parameter"`` or ``None`` (both).
-            direction: ``"fwd"``, ``"bwd"`` or ``None`` (both).
+            kind, direction: as in ``heatmap()``.
 
         Raises:
             UnknownStatError: ``stat`` is not ``"std"`` or ``"absmax"``.
@@ -343,15 +299,11 @@ class ScaleHistory:
             raise InputError(f"drifted: top={top!r:.60} must be an int >= 1")
         if not self.records:
             raise NoRecordsError("drifted: nothing recorded yet; run a step that records (step % every == 0) first")
-        first: dict[tuple[str, str], MonitorRecord] = {}
-        last: dict[tuple[str, str], MonitorRecord] = {}
-        for r in records:
-            key = (r.tensor, r.direction)
-            first.setdefault(key, r)
-            last[key] = r
+        last = {(r.tensor, r.direction): r for r in records}
+        first = {(r.tensor, r.direction): r for r in reversed(records)}
         rows = []
-        for key, a in first.items():
-            b = last[key]
+        for key, b in last.items():
+            a = first[key]
             va, vb = getattr(a, stat), getattr(b, stat)
             if b.step == a.step or not (0 < va < math.inf and 0 < vb < math.inf):
                 continue
@@ -402,8 +354,7 @@ class ScaleHistory:
         """
         _check_stat("heatmap", stat)
         records = self.select(None, kind, direction, caller="heatmap")
-        # pyplot is imported when a plot is drawn: it alone costs more import time than
-        # unitscale (measured with python -X importtime, torch already imported)
+        # pyplot only when drawn: it alone costs more import time than unitscale (python -X importtime)
         import matplotlib.pyplot as plt
 
         if not records:
@@ -411,8 +362,7 @@ class ScaleHistory:
                 f"heatmap: nothing recorded (kind={kind!r}, direction={direction!r}); "
                 "run a step that records (step % every == 0) first"
             )
-        present = {r.direction for r in records}
-        directions = [d for d in ("fwd", "bwd") if d in present]
+        directions = [d for d in ("fwd", "bwd") if any(r.direction == d for r in records)]
         names = [n for n in self.tensors(kind) if any(r.tensor == n for r in records)]
         steps = sorted({r.step for r in records})
         row_of = {n: i for i, n in enumerate(names)}
@@ -434,8 +384,7 @@ class ScaleHistory:
             if relative:
                 first = np.array([row[np.isfinite(row)][0] if np.isfinite(row).any() else np.nan for row in grid])
                 grid = grid - first[:, None]
-                limit = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
-                limit = max(limit, 1e-9)
+                limit = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0, 1e-9)
                 cmap, vmin, vmax = plt.get_cmap("RdBu_r").with_extremes(bad="0.85"), -limit, limit
                 label = f"change in {label}" + (" (octaves)" if stat in _LOG2_STATS else "")
             else:

@@ -1,35 +1,10 @@
 """Scales over training: a monitor that measures every tensor every N steps of your own loop.
 
-A check at initialisation misses a layer whose scale jumps after a thousand steps.
-:class:`ScaleMonitor` watches a model while it trains. On a record step it measures, against
-a low-precision format (FP8 E4M3 forward, E5M2 backward by default):
-
-- every module's output in forward (``kind="activation"``, ``direction="fwd"``), and the
-  gradient that reaches it in backward (``"bwd"``);
-- every parameter's value (``kind="parameter"``, ``"fwd"``: the weights an FP8 matmul
-  would cast) and its gradient (``"bwd"``).
-
-A module whose output is the very tensor one of its submodules returned (a ``Sequential``,
-a block ending in its last linear layer) is recorded once, under the submodule.
-
-Hooks exist only during a record step: ``step()`` hands every parameter to scale tracking's
-one recording function (:meth:`~unitscale.tracking.recording.ScaleRecording.record`; its
-gradient is read from ``.grad`` when the step ends) and registers a forward hook per module,
-which hands each output to the same function (which puts a tensor hook on it); it removes
-every one on exit, so other steps run the bare model. On an accelerator the statistics stay
-on the device until the step ends, then are read in one transfer.
-
-What a record step costs (see ``benchmarks/bench_monitor.py``): about 13 passes over each
-tensor's data, in two places. A tensor of at most :data:`BATCH_LIMIT` elements is copied
-into one :class:`~unitscale.tracking.format_casts.CastBatch` per format and measured with the
-others, a buffer at a time, in ~25 op calls rather than ~20 per tensor. A larger one is
-measured where the recording meets it, while its data is still in cache
-(:func:`~unitscale.tracking.format_casts.raw_cast_stats`). Memory: the batch's
-buffer (:data:`~unitscale.tracking.format_casts.CAPACITY` float32 elements on the CPU,
-:data:`~unitscale.tracking.format_casts.DEVICE_CAPACITY` on an accelerator) and work buffers of
-about four times its size or the largest tensor, kept from one record step to the next (a fresh
-multi-megabyte buffer costs its page faults again) until :meth:`ScaleMonitor.close`. On an
-accelerator nothing is read per tensor: one read per full buffer, one at the step's end.
+Each tensor goes through scale tracking's one recording function
+(:meth:`~unitscale.tracking.recording.ScaleRecording.record`); a module whose output is the very
+tensor one of its submodules returned (a ``Sequential``) is recorded once, under the submodule.
+Small tensors are measured together (:data:`BATCH_LIMIT`), in buffers kept from one record step
+to the next until :meth:`ScaleMonitor.close`. On an accelerator nothing is read per tensor.
 """
 
 from __future__ import annotations
@@ -56,9 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["ScaleMonitor", "ROOT", "BATCH_LIMIT"]
 
 BATCH_LIMIT = 2**17
-"""Tensors of at most this many elements are copied and measured together (a
-:class:`~unitscale.tracking.format_casts.CastBatch`);
-larger ones where the hook meets them, while their data is still in cache."""
+"""Tensors of at most this many elements are measured together (:class:`~unitscale.tracking.format_casts.CastBatch`)."""
 
 ROOT = "(root)"
 """The tensor name of the model's own output (when no submodule returned it)."""
@@ -122,7 +95,6 @@ class ScaleMonitor:
     ``heatmap()`` and ``drifted()``. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
     removes every hook; the model is then exactly as before.
 
-    Forward values are measured against ``fwd_format``, gradients against ``bwd_format``.
     Parameter values are read when a record step starts, their gradients when it ends:
     zero gradients after the ``with`` block (or with ``set_to_none=True``), not inside it.
 
@@ -237,32 +209,26 @@ class ScaleMonitor:
             if record:
                 self._arm()
             yield record
-        except BaseException:
-            self._disarm()
-            self._drop_pending()
-            raise
-        else:
-            self._disarm()
+            self._cleanup.close()
             if record:
                 self._collect(n)
-        finally:
+        finally:  # on an error too: the hooks go, the step's measures are dropped
+            self._cleanup.close()
+            self._drop_pending()
             self._in_step = False
 
     def close(self) -> None:
         """Remove every hook (there are none outside a record step) and refuse further steps."""
-        self._disarm()
+        self._cleanup.close()
         self._drop_pending()
         self._scratch = Scratch()
         self._batches = {"fwd": CastBatch(self.fwd_format), "bwd": CastBatch(self.bwd_format)}  # frees buffers
         self._closed = True
 
-    # Recording ----------------------------------------------------------------------------------
-
     def _arm(self) -> None:
         self._calls = {}
         self._recording = ScaleRecording(new_record=partial(_CastRecord, self))
         self._cleanup.enter_context(self._recording.cleanup)
-        self._drop_pending()
         self._params = []
         for name, p in self.model.named_parameters() if self.parameters else ():
             if p.is_floating_point() and p.numel():
@@ -277,9 +243,6 @@ class ScaleMonitor:
         self._pending = []
         for batch in self._batches.values():
             batch.clear()
-
-    def _disarm(self) -> None:
-        self._cleanup.close()
 
     def _on_forward(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         for suffix, t in _float_tensors(output):
@@ -315,9 +278,6 @@ class ScaleMonitor:
             row = rows[id(record)]
             kind = "parameter" if row.op == "parameter" else "activation"
             append(MonitorRecord(step, row.node, kind, direction, *finish_cast_stats(values)))
-        self._drop_pending()
-
-    # Views --------------------------------------------------------------------------------------
 
     def table(self, step: int | None = None, kind: str | None = None, direction: str | None = None) -> str:
         """:meth:`ScaleHistory.table` of ``history``."""

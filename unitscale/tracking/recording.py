@@ -1,16 +1,9 @@
 """The one way to record a scale: every route of scale tracking hands each tensor to :meth:`ScaleRecording.record`.
 
-A graph's nodes (run as compiled code, :mod:`unitscale.tracking.compiled`, or by
-:class:`~unitscale.tracking.ScaleTrackingInterpreter`) and the ops the eager recorder sees
-(:mod:`unitscale.tracking.eager`) each come with a :class:`Step`: what the tensor is (an
-input, a parameter, an op's output), where it ran, and whether it holds another tensor's
-values; so do the parameters and module outputs :class:`~unitscale.tracking.ScaleMonitor`
-meets on a record step (its records measure against a format: ``new_record``).
-:meth:`ScaleRecording.record` turns it into a row and a :class:`~unitscale.tracking.ScaleRecord`,
-filled by one function in both directions (:meth:`ScaleRecording.measure`): in forward, and as
-the tensor's gradient hook in backward. The caller closes :attr:`ScaleRecording.cleanup` after
-the backward pass (it removes the hooks), then reads the rows with
-:func:`~unitscale.tracking.report.read_rows`.
+Graph nodes, the eager recorder's ops and :class:`~unitscale.tracking.ScaleMonitor`'s tensors each
+come with a :class:`Step`; :meth:`ScaleRecording.record` turns it into a row and a
+:class:`~unitscale.tracking.ScaleRecord`, filled by :meth:`ScaleRecording.measure` in forward
+and, as the tensor's gradient hook, in backward.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from unitscale.tracking.backward import flatten_tensors
+from unitscale.tracking.backward import _grad_fns, flatten_tensors
 from unitscale.tracking.report import ScaleRow
 from unitscale.tracking.stats import ScaleRecord, scratch_space
 
@@ -68,12 +61,9 @@ class ScaleRecording:
         output: the model's output.
         entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
-        cleanup: what to undo once the backward pass is done, for the caller to close: the
-            gradient hooks (some sit on the model's parameters) and the scratch space the CPU
-            stds reuse (:func:`~unitscale.tracking.stats.scratch_space`), entered with the
-            first tensor.
-        differentiate_inputs: whether inputs that do not require grad get a gradient too
-            (set for a model with no trainable parameter; see :func:`input_leaf`).
+        cleanup: for the caller to close once the backward pass is done: removes the gradient
+            hooks and leaves the CPU stds' :func:`~unitscale.tracking.stats.scratch_space`.
+        differentiate_inputs: :func:`input_leaf`'s ``always``.
         new_record: makes each record (its ``fill`` measures).
 
     >>> import torch
@@ -106,17 +96,15 @@ class ScaleRecording:
         default_factory=list, repr=False
     )
     # id(gradient) -> (the gradient, weakly; its version when measured; its std): autograd hands
-    # one gradient tensor to several hooks (both operands of an add, an alias of a tensor), so
-    # each is measured once: about a third of GPT-2's backward elements
+    # one gradient to several hooks (both operands of an add), about a third of GPT-2's backward
     _grad_stds: dict[int, tuple[weakref.ref[torch.Tensor], int, Any]] = field(default_factory=dict, repr=False)
 
     def record(self, value: Any, step: Step, source: Any = None) -> Any:
         """The one recording function: record ``value`` as ``step`` describes it; return what the model goes on with.
 
-        Anything but a floating-point tensor is returned as it is. A model input becomes a
-        leaf (:func:`input_leaf`; the model goes on with its copy), a parameter a leaf of the
-        backward pass. ``source`` is the tensor ``value`` was made from where
-        ``step.from_source``: its forward numbers are reused (:meth:`track_same_values`).
+        Anything but a floating-point tensor is returned as it is. A model input becomes a leaf
+        (:func:`input_leaf`), as does a parameter. ``source``: the tensor ``value`` was made from
+        where ``step.from_source`` (:meth:`track_same_values`).
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording, Step
@@ -161,11 +149,7 @@ class ScaleRecording:
         record: ScaleRecord | None = None,
         hook: bool = True,
     ) -> ScaleRecord:
-        """Record ``t`` (and, through a hook, its gradient) as one row.
-
-        ``record``: an existing record to share (a view of a tensor already recorded has
-        the same std). ``hook=False``: leave the gradient to a later row sharing the record.
-        """
+        """Record ``t`` as one row, in ``record`` if given; ``hook``: record its gradient too."""
         version = _version(t)
         if record is None:
             record = self.new_record()
@@ -181,15 +165,10 @@ class ScaleRecording:
         return record
 
     def measure(self, record: ScaleRecord, slot: str, t: torch.Tensor) -> None:
-        """The one recording function: ``t``'s statistics into ``record``, in forward and backward.
+        """``t``'s statistics into ``record``: called by :meth:`track` in forward, and its gradient hook.
 
-        :meth:`track` calls it on each tensor (``slot="forward"``: its std, and its abs-max
-        where :attr:`abs_max`), and registers it, bound to the record, as the tensor's gradient
-        hook (``partial(measure, record, "backward")``: the gradient's std). Autograd hands
-        one gradient tensor to several hooks (both operands of an add, an alias of a tensor):
-        it is measured once, about a third of GPT-2's backward elements. The first call, the
-        recording's first tensor, enters the scratch space the CPU stds reuse until
-        :attr:`cleanup` is closed.
+        A gradient handed to several hooks is measured once. The first call enters the scratch
+        space the CPU stds reuse until :attr:`cleanup` is closed.
 
         >>> import torch
         >>> from unitscale.tracking import ScaleRecord
@@ -220,12 +199,9 @@ class ScaleRecording:
     ) -> ScaleRecord:
         """Record ``t``, which holds the values of ``source`` (a view or copy of it), as one row.
 
-        Where ``source`` is a tensor recorded here whose values have not changed since (its
-        version counter, which its views share, is the same), the forward statistics are
-        taken from its record instead of computed again: same values, same std and
-        abs-max. ``t`` being ``source`` itself (``x.to(x.dtype)``, dropout in eval mode)
-        shares the whole record, gradient included. Otherwise as :meth:`track` (``hook``
-        as there).
+        Where ``source`` was recorded here and has not changed since (same version counter),
+        its forward statistics are reused; ``t`` being ``source`` itself (``x.to(x.dtype)``)
+        shares the whole record. Otherwise as :meth:`track`.
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording
@@ -253,9 +229,7 @@ class ScaleRecording:
             return self.track(t, node, module_path, op, hook=hook)
         if t is source:
             return self.track(t, node, module_path, op, record=known[2], hook=False)
-        record = ScaleRecord()
-        record.forward = known[2].forward
-        record.abs_max = known[2].abs_max if self.abs_max else None
+        record = ScaleRecord(known[2].forward, abs_max=known[2].abs_max if self.abs_max else None)
         self.track(t, node, module_path, op, record=record, hook=hook)
         if known[3] is not None and source.grad_fn is not None and t.grad_fn is not None:
             self._views.append((source.grad_fn, source.output_nr, known[2], known[3], t.grad_fn, record))
@@ -270,12 +244,9 @@ class ScaleRecording:
     def share_view_gradients(self) -> None:
         """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
 
-        The gradient of ``x`` is the sum of what flows back along each edge into it. Where
-        the autograd graph from the outputs has a single edge into ``x`` and it comes from
-        a view (or same-valued copy) of ``x``, the gradient of ``x`` holds the values of the
-        view's gradient, so its std is not computed twice: ``x``'s hook is removed and its
-        rows take the view's record, whose forward numbers are ``x``'s already. Counting
-        edges in the autograd graph sees every consumer, whatever recorded it or not.
+        Where the autograd graph from the outputs has a single edge into ``x`` and it comes
+        from a view of ``x``, ``x``'s gradient holds the view's values: ``x``'s hook is removed
+        and its rows take the view's record. Counting edges sees every consumer, recorded or not.
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording
@@ -292,24 +263,15 @@ class ScaleRecording:
         """
         if not self._views:
             return
-        edges: Counter[tuple[Any, int]] = Counter()
+        outputs = [t for _, t in flatten_tensors(self.output)]
+        # an output's own gradient is an edge too
+        edges = Counter((t.grad_fn, t.output_nr) for t in outputs if t.grad_fn is not None)
         via: dict[tuple[Any, int], Any] = {}
-        stack = []
-        for _, t in flatten_tensors(self.output):
-            if t.grad_fn is not None:
-                edges[(t.grad_fn, t.output_nr)] += 1  # the output's own gradient
-                stack.append(t.grad_fn)
-        seen = set(stack)
-        while stack:
-            fn = stack.pop()
-            for nxt, nr in fn.next_functions:
-                if nxt is None:
-                    continue
-                edges[(nxt, nr)] += 1
-                via[(nxt, nr)] = fn
-                if nxt not in seen:
-                    seen.add(nxt)
-                    stack.append(nxt)
+        for fn in _grad_fns(outputs):
+            for edge in fn.next_functions:
+                if edge[0] is not None:
+                    edges[edge] += 1
+                    via[edge] = fn
         # last view first: along x -> view -> view_1, view takes view_1's record before x takes view's
         taken: dict[int, ScaleRecord] = {}
         for fn, nr, record, handle, view_fn, view_record in reversed(self._views):
@@ -323,10 +285,8 @@ class ScaleRecording:
     def forget_view_gradients(self, changed: torch.Tensor) -> None:
         """Remove the gradient hooks of the views of ``changed``'s base, which was just changed in place.
 
-        torch takes a changed view's gradient through its base: a hook on a view of it,
-        registered before the change, would see part of the gradient (its earlier readers'),
-        or none. Their rows read n/a; the base's own hook, and hooks registered after the
-        change, are kept.
+        torch takes a changed view's gradient through its base, so such a hook would see part
+        of it or none: their rows read n/a.
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording
@@ -363,16 +323,10 @@ def _version(t: torch.Tensor) -> int | None:
 def input_leaf(t: torch.Tensor, always: bool = False) -> tuple[torch.Tensor | None, torch.Tensor]:
     """For a model input: the leaf its gradient is taken with respect to, and the copy to run the model on.
 
-    As in a training step, and in Graphcore's ``analyse_module``, an input's gradient is
-    computed only when the input requires grad (``x.requires_grad_()``), or when
-    ``always`` is set: scale tracking sets it for a model with no parameter that requires
-    grad, where the inputs are all a backward pass could reach. Otherwise the leaf is
-    ``None`` and the input's row has no backward std: computing it anyway would cost the
-    first layer a product (about a tenth of a ResNet's step) that the user's step never does.
-
-    A leaf is detached from the caller's tensor (whose ``requires_grad`` and ``.grad``
-    stay untouched). The model gets a copy either way, so it may modify its input in
-    place; tensors made under ``torch.inference_mode`` become ordinary ones.
+    As in a training step, the leaf is ``None`` unless the input requires grad or ``always``
+    (set for a model with no trainable parameter): its gradient would cost the first layer a
+    product the user's step never does. A leaf is detached from the caller's tensor; the model
+    gets a copy either way (inference tensors become ordinary ones).
 
     >>> import torch
     >>> from unitscale.tracking.recording import input_leaf

@@ -1,10 +1,6 @@
 """The result of :func:`unitscale.track_scales`: one row per tensor, a table, a plot and the annotated code.
 
-After the backward pass, a recording's statistics are read here, in one transfer
-(:func:`read_rows`), and written into the annotated code (:func:`annotated_code`). A
-:class:`ScaleReport` holds only plain Python values (strings, tuples, floats), so it
-pickles and outlives the model. Its plot shows ``log2`` of every tensor's forward and
-backward std against the representable ranges of FP16, BF16 and the two FP8 formats.
+A :class:`ScaleReport` holds only plain Python values, so it pickles and outlives the model.
 """
 
 from __future__ import annotations
@@ -125,9 +121,6 @@ class ScaleRow(NamedTuple):
     def nonfinite(self) -> str:
         """``"fwd"``, ``"bwd"`` or ``"fwd+bwd"`` where those directions hold a NaN or an infinity, else ``""``.
 
-        A tensor with a NaN or infinite element has a NaN or infinite std (and abs-max), so
-        the recorded statistics tell, without another pass over the data.
-
         >>> from unitscale.tracking import ScaleRow
         >>> ScaleRow("x", "", "input", (2,), "float32", float("nan"), 1.0).nonfinite
         'fwd'
@@ -147,10 +140,7 @@ def _bad(value: float | None) -> bool:
 
 
 def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
-    """Statistics as Python floats, read in one transfer per device and dtype.
-
-    Values left on a device are stacked there and read with a single ``tolist()``, instead
-    of one ``.item()`` (one host sync) per tensor. Floats and ``None`` stay as they are.
+    """Statistics as Python floats, read in one transfer (one host sync) per device and dtype; floats and ``None`` stay.
 
     >>> import torch
     >>> read_stats([torch.tensor(2.0), 1.5, None])
@@ -194,13 +184,8 @@ _CLEANUP = re.compile(r";  (?:\w+ = )+None$")
 @functools.lru_cache(maxsize=16)
 def _code_lines(code: str) -> tuple[tuple[str, str | None], ...]:
     """The code's non-blank lines without fx's ``x = None`` clean-ups, each with the name it assigns."""
-    lines = []
-    for line in code.strip("\n").splitlines():
-        line = _CLEANUP.sub("", line.rstrip())
-        if line.strip():
-            match = _ASSIGN.match(line)
-            lines.append((line, match.group(1) if match else None))
-    return tuple(lines)
+    lines = [_CLEANUP.sub("", line.rstrip()) for line in code.strip("\n").splitlines()]
+    return tuple((line, m.group(1) if (m := _ASSIGN.match(line)) else None) for line in lines if line.strip())
 
 
 def _marked(row: ScaleRow) -> str:
@@ -209,12 +194,9 @@ def _marked(row: ScaleRow) -> str:
 
 
 def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | None = None) -> str:
-    """The code of ``cap`` (or its op listing) with each line's ``(-> forward, <- backward)`` scales.
+    """The code of ``cap`` (or, for the eager route, its op listing) with each line's ``(-> forward, <- backward)``.
 
-    What :func:`~unitscale.tracking.analyse_module` shows (as an
-    :class:`~unitscale.tracking.AnnotatedCode`) and :attr:`ScaleReport.code` holds: the fx
-    route's code as ``torch.fx`` writes it, the exported graph's (aten ops, each line with its
-    module path), or, for the eager route, one line per op.
+    What :attr:`ScaleReport.code` holds; exported graphs' lines also give their module path.
 
     Args:
         cap: the capture the rows were recorded on.
@@ -246,20 +228,15 @@ def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | N
     if cap.graph_module is None:
         return _listing(rows, model, cap.reasons.get("fx", ""))
     code = cap.python_code()[0] if code is None else code
-    lines = []
-    if cap.route == "fx":
-        inputs = [n.name for n in cap.graph_module.graph.nodes if n.op == "placeholder" and n.name in by_name]
-        for line, name in _code_lines(code):
-            if line.startswith("def forward") and inputs:
-                line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
-            elif name in by_name:
-                line += f"  # {_marked(by_name[name])}"
-            lines.append(line)
-        return "\n".join(lines)
-    paths = {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in cap.graph_module.graph.nodes}
-    lines.append(f"# {model}: captured by {_CAPTURED_BY.get(cap.route, cap.route)}")
+    nodes, fx_code = cap.graph_module.graph.nodes, cap.route == "fx"
+    # fx's code names each input in its signature; an exported graph's lines say their module path
+    inputs = [n.name for n in nodes if n.op == "placeholder" and n.name in by_name] if fx_code else []
+    paths = {} if fx_code else {n.name: n.meta.get(MODULE_PATH_KEY, "") for n in nodes}
+    lines = [] if fx_code else [f"# {model}: captured by {_CAPTURED_BY.get(cap.route, cap.route)}"]
     for line, name in _code_lines(code):
-        if name in by_name:
+        if line.startswith("def forward") and inputs:
+            line += "  # " + ", ".join(f"{x} {_marked(by_name[x])}" for x in inputs)
+        elif name in by_name:
             line += f"  # {_marked(by_name[name])}" + (f"  {paths[name]}" if paths.get(name) else "")
         lines.append(line)
     return "\n".join(lines)
@@ -284,6 +261,12 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
+def _number_cells(r: ScaleRow, note: str) -> list[str]:
+    """A row's stds and abs-max, then its ``finite`` cell where a ``note`` says some row is not finite."""
+    finite = ["yes" if r.finite else f"NO ({r.nonfinite})"] if note else []
+    return [_num(r.forward), _num(r.backward), _num(r.abs_max), *finite]
+
+
 # The characters a line of ScaleReport.table() may take by default: the site's code blocks
 # show 88 (the tutorials' code is formatted to that width too).
 TABLE_WIDTH = 88
@@ -291,11 +274,15 @@ TABLE_WIDTH = 88
 _MIN_CELL = 10
 
 
-def _drop_column(line: tuple[str, ...], index: int) -> tuple[str, ...]:
-    return line[:index] + line[index + 1 :]
+def _aligned(lines: Sequence[tuple[str, ...]], width: float = math.inf, shrinkable: tuple[int, ...] = ()) -> str:
+    """``lines`` as columns two spaces apart, cut by ``_fit`` to fit ``width``."""
+    widths = _fit(lines, width, shrinkable)
+    return "\n".join(
+        "  ".join(_cut(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
 
 
-def _fit(lines: list[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
+def _fit(lines: Sequence[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
     """Column widths whose line (two spaces between columns) fits ``width``, cutting as few cells as it can.
 
     Each step narrows by one character the shrinkable column where that cuts the fewest cells
@@ -317,22 +304,19 @@ def _cut(cell: str, width: int) -> str:
     return cell if len(cell) <= width else "…" + cell[len(cell) - width + 1 :]
 
 
+@dataclass(eq=False, repr=False)
 class ScaleReport:
     """Scales of every floating-point tensor of one forward and backward pass.
 
     Iterate it for :class:`ScaleRow` s, index it by position or node name, print
-    :meth:`table`, draw :meth:`plot`. ``code`` is the annotated code (what
-    :func:`unitscale.analyse_module` returns); ``route`` is the capture route the ops
-    came from (:func:`unitscale.capture.capture`): ``"fx"`` (symbolic trace),
-    ``"eager"`` (ops recorded as they ran, when ``torch.fx`` could not trace the model;
-    ``trace_failure`` says why) or ``"export"`` (the ``torch.export`` graph, when asked
-    for with ``route="export"``).
+    :meth:`table`, draw :meth:`plot`.
 
     Args:
         rows: the rows, in execution order.
         model: the model's class name.
-        code: annotated code or op listing.
-        route: ``"fx"``, ``"eager"`` or ``"export"``.
+        code: annotated code or op listing (what :func:`unitscale.analyse_module` returns).
+        route: the capture route the ops came from (:func:`unitscale.capture.capture`):
+            ``"fx"``, ``"eager"`` (ops recorded as they ran) or ``"export"``.
         trace_failure: why fx tracing failed (eager capture only).
         no_backward: why no backward pass was recorded (``""``: one was); e.g. the call
             ran under ``torch.inference_mode()``. Then every ``bwd std`` is ``n/a``, the
@@ -349,21 +333,15 @@ class ScaleReport:
     x             input  (2,)   1        0.5      2
     """
 
-    def __init__(
-        self,
-        rows: list[ScaleRow],
-        model: str,
-        code: str = "",
-        route: str = "fx",
-        trace_failure: str = "",
-        no_backward: str = "",
-    ) -> None:
-        self.rows = list(rows)
-        self.no_backward = no_backward
-        self.model = model
-        self.code = code
-        self.route = route
-        self.trace_failure = trace_failure
+    rows: list[ScaleRow]
+    model: str
+    code: str = ""
+    route: str = "fx"
+    trace_failure: str = ""
+    no_backward: str = ""
+
+    def __post_init__(self) -> None:
+        self.rows = list(self.rows)
 
     @property
     def backward_recorded(self) -> bool:
@@ -417,11 +395,8 @@ class ScaleReport:
         >>> ScaleReport(rows, "Net").first_nonfinite.node
         'y'
         """
-        forward = [r for r in self.rows if "fwd" in r.nonfinite]
-        if forward:
-            return forward[0]
-        backward = [r for r in self.rows if "bwd" in r.nonfinite]
-        return backward[-1] if backward else None
+        forward = next((r for r in self.rows if "fwd" in r.nonfinite), None)
+        return forward or next((r for r in reversed(self.rows) if "bwd" in r.nonfinite), None)
 
     def _nonfinite_note(self) -> str:
         row = self.first_nonfinite
@@ -446,7 +421,6 @@ class ScaleReport:
         the longest node names, module paths and ops are shortened from the left (``…`` marks
         the cut), so their last part, the part that tells rows apart, stays. A shortened
         column keeps at least 10 characters, so a very narrow ``width`` can be exceeded.
-        ``full=True`` prints every column at full length, however wide.
 
         When a NaN or infinity reached some tensor, a ``finite`` column marks each row
         (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
@@ -474,24 +448,14 @@ class ScaleReport:
         if isinstance(width, bool) or not isinstance(width, int) or width < 40:
             raise InputError(f"ScaleReport.table(width={width!r}): pass an int of at least 40 (characters per line)")
         show_dtype = full or len({r.dtype for r in self.rows}) > 1
-        header: tuple[str, ...] = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
-        body: list[tuple[str, ...]] = [
-            (r.node, r.module_path, r.op, str(r.shape), r.dtype, _num(r.forward), _num(r.backward), _num(r.abs_max))
-            for r in self.rows
-        ]
         note = self._nonfinite_note()
+        header: tuple[str, ...] = ("node", "module", "op", "shape", "dtype", "fwd std", "bwd std", "abs max")
         if note:
             header += ("finite",)
-            body = [
-                (*line, "yes" if r.finite else f"NO ({r.nonfinite})") for line, r in zip(body, self.rows, strict=True)
-            ]
+        body = [(r.node, r.module_path, r.op, str(r.shape), r.dtype, *_number_cells(r, note)) for r in self.rows]
         if not show_dtype:
-            header, body = _drop_column(header, 4), [_drop_column(line, 4) for line in body]
-        widths = _fit([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))
-        lines = [
-            "  ".join(_cut(c, w).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-            for line in [header, *body]
-        ]
+            header, body = header[:4] + header[5:], [line[:4] + line[5:] for line in body]
+        lines = [_aligned([header, *body], width if not full else math.inf, shrinkable=(0, 1, 2))]
         if note:
             lines.append(note)
         if self.no_backward:
@@ -501,8 +465,7 @@ class ScaleReport:
     def _repr_html_(self) -> str:
         """The report as an HTML table that a phone's column holds: each node, then its stds and abs max.
 
-        Under each node's name a small line gives its op, module, shape and dtype. Every value
-        is there, none shortened (the text :meth:`table` cuts long names to fit 88 characters).
+        Beside each node, its op, module, shape and dtype; nothing is shortened, as :meth:`table` does.
 
         >>> from unitscale import ScaleReport
         >>> from unitscale.tracking import ScaleRow
@@ -517,10 +480,7 @@ class ScaleReport:
             [
                 r.node,
                 " · ".join(part for part in (r.op, r.module_path, str(r.shape), r.dtype) if part),
-                _num(r.forward),
-                _num(r.backward),
-                _num(r.abs_max),
-                *(["yes" if r.finite else f"NO ({r.nonfinite})"] if note else []),
+                *_number_cells(r, note),
             ]
             for r in self.rows
         ]
@@ -567,8 +527,7 @@ class ScaleReport:
                 f"ScaleReport.plot(formats=...) got unknown format(s) {', '.join(map(repr, unknown))}; "
                 f"use names from {tuple(FORMAT_RANGES)}"
             )
-        # pyplot is imported when a plot is drawn: it alone costs more import time than
-        # unitscale (measured with python -X importtime, torch already imported)
+        # pyplot only when drawn: it alone costs more import time than unitscale (python -X importtime)
         import matplotlib.pyplot as plt
         from matplotlib.axes import Axes as MplAxes
 
@@ -587,8 +546,6 @@ class ScaleReport:
 
         fwd = log2([r.forward for r in self.rows])
         bwd = log2([r.backward for r in self.rows])
-        # Activations are joined by lines (the path through the model); parameters are
-        # hollow markers off that path.
         is_param = [r.op in ("parameter", "buffer") for r in self.rows]
         for values, colour, marker, label in ((fwd, "C0", "o", "forward"), (bwd, "C3", "s", "backward")):
             path = [(i, v) for i, v, p in zip(x, values, is_param, strict=True) if not p]
@@ -602,8 +559,6 @@ class ScaleReport:
         for name in formats:
             colour = colours.get(name, "0.5")
             low, high = (math.log2(v) for v in FORMAT_RANGES[name])
-            # Shade below the smallest subnormal (underflow) and above the largest normal
-            # (overflow); the window between stays clear.
             ax.axhspan(-1e4, low, color=colour, alpha=0.08, lw=0)
             ax.axhspan(high, 1e4, color=colour, alpha=0.08, lw=0)
             for edge in (low, high):
@@ -615,9 +570,7 @@ class ScaleReport:
         # At most 24 node names, each cut to its last 16 characters (the layer and op, where
         # transformers' names differ): the plot keeps most of the figure's height.
         ticks = x if len(x) <= 24 else x[:: math.ceil(len(x) / 24)]
-        names = [self.rows[i].node for i in ticks]
-        names = [n if len(n) <= 16 else "…" + n[-15:] for n in names]
-        ax.set_xticks(ticks, names, rotation=90, fontsize=9)
+        ax.set_xticks(ticks, [_cut(self.rows[i].node, 16) for i in ticks], rotation=90, fontsize=9)
         ax.set_ylabel("log2(std)")
         title = f"Scales through {self.model} (forward and backward)"
         bad = self.first_nonfinite

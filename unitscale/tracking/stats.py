@@ -1,14 +1,8 @@
 """Per-tensor scales: the standard deviation of a tensor and of its gradient.
 
-A :class:`ScaleRecord` holds the statistics of one tensor: on an accelerator as 0-dim
-tensors on the tensor's own device, so recording never waits for the device, and the
-report reads all of them to the host in one transfer at the end
-(:func:`~unitscale.tracking.report.read_stats`); on the CPU, where reading a value waits
-for nothing, as floats. One method fills it, forward and backward (:meth:`ScaleRecord.fill`):
-:class:`ScaleTracker`, an identity ``autograd.Function``, calls it in both directions, and
-so does scale tracking's one recording function, which is also its gradient hook. (What a
-reader sees, ``(-> forward std, <- backward std)``, is the report's
-:class:`~unitscale.tracking.ScalePair`.)
+A :class:`ScaleRecord` holds one tensor's statistics, filled in forward and backward by
+:meth:`ScaleRecord.fill`: floats on the CPU, 0-dim tensors left on an accelerator's device
+(read in one transfer at the end, :func:`~unitscale.tracking.report.read_stats`).
 """
 
 from __future__ import annotations
@@ -42,10 +36,8 @@ __all__ = [
 class ScaleRecord:
     """Mutable holder of one tensor's statistics, filled in forward and in backward by :meth:`fill`.
 
-    ``forward`` and ``backward`` are stds, ``abs_max`` the largest magnitude in
-    forward; each is ``None`` until recorded (or when the tensor is empty). On an
-    accelerator each value is a 0-dim tensor left on the device, so recording never
-    waits for it; on the CPU, where there is nothing to wait for, it is a ``float``.
+    ``forward`` and ``backward`` are stds, ``abs_max`` the largest magnitude in forward: each a
+    ``float`` on the CPU, a 0-dim tensor on an accelerator's device, ``None`` until recorded.
 
     >>> import torch
     >>> from unitscale.tracking import ScaleRecord
@@ -100,13 +92,9 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     - an infinity or a NaN anywhere: NaN, as ``torch.std``;
     - integers, booleans, float16 and bfloat16: their values in float32.
 
-    On the CPU it is a sum and a BLAS dot product read at once (a single read of the data
-    each, about 3x faster than the two-pass form), in blocks of 2**18 elements; where they
-    do not give the std (``std_from_sums``: the mean above the std, or squares out of
-    the dtype's range) it is taken again in float64 about the mean, in the same function:
-    every tensor and gradient runs the same code, whatever its values. On
-    an accelerator it is two reductions left on the device (the mean, then the norm of the
-    deviations, both in float64 where the device has it, MPS aside).
+    On the CPU it is a sum and a BLAS dot product (about 3x faster than the two-pass form),
+    taken again in float64 about the mean where they do not give the std (``std_from_sums``).
+    On an accelerator it is two reductions left on the device, in float64 where it has it.
 
     >>> import torch
     >>> from unitscale.tracking.stats import std_stat
@@ -152,7 +140,7 @@ def std_stat(t: torch.Tensor) -> Stat | None:
     # In float64 a block at a time: a float64 copy of a large tensor costs its page faults every time.
     blocks = flat.split(_DOT_BLOCK // 4)
     sums = []
-    for block in blocks:
+    for block in blocks:  # not a generator: one more function that backward enters first (test_walk.py)
         sums.append(block.sum(dtype=torch.float64).item())
     mean = math.fsum(sums) / n
     if not math.isfinite(mean):
@@ -208,24 +196,20 @@ def std_from_sums(n: int, total: float, squares: float, dtype: torch.dtype) -> f
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy in :func:`_buffer`."""
-    if not t.is_contiguous():
-        dense = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
-        if not dense.is_contiguous():
-            return _buffer(t.numel(), t.dtype).view(t.shape).copy_(t).view(-1)
-        t = dense
-    return t.view(-1)
+    """``t``'s elements as a contiguous 1-D tensor: a view where its memory is dense, else a copy.
 
-
-def _buffer(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """``n`` elements of scratch: from :func:`scratch_space`'s buffer if one is active."""
-    scratch = getattr(_scratch, "buffer", None)
-    if scratch is None:
-        return torch.empty(n, dtype=dtype)
-    if scratch.numel() < n or scratch.dtype != dtype:
+    The copy goes to the buffer of :func:`scratch_space`, where one is active.
+    """
+    dense = t if t.is_contiguous() else t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
+    if dense.is_contiguous():
+        return dense.view(-1)
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None:
+        return t.contiguous().view(-1)
+    if buffer.numel() < t.numel() or buffer.dtype != t.dtype:
         # A fresh multi-megabyte temporary per tensor costs page faults; reuse one.
-        scratch = _scratch.buffer = torch.empty(n, dtype=dtype)
-    return scratch[:n]
+        buffer = _scratch.buffer = torch.empty(t.numel(), dtype=t.dtype)
+    return buffer[: t.numel()].view(t.shape).copy_(t).view(-1)
 
 
 _scratch = threading.local()
@@ -239,9 +223,8 @@ KEEP_SCRATCH_BYTES = 16 * 2**20
 def scratch_space() -> Iterator[None]:
     """Within this context, CPU stds that need a copy reuse one buffer per thread.
 
-    The buffer grows to the largest tensor seen. On exit a buffer of at most
-    :data:`KEEP_SCRATCH_BYTES` is kept for the thread's next ``scratch_space`` (each
-    fresh multi-megabyte buffer costs its page faults again); a larger one is released.
+    The buffer grows to the largest tensor seen; on exit one of at most
+    :data:`KEEP_SCRATCH_BYTES` is kept for the thread's next ``scratch_space``.
 
     >>> with scratch_space():
     ...     std_stat(torch.tensor([1.0, 3.0]).expand(3, 2))
@@ -249,10 +232,9 @@ def scratch_space() -> Iterator[None]:
     """
     previous = getattr(_scratch, "buffer", None), getattr(_scratch, "owner", None)
     kept = getattr(_scratch, "kept", None)
-    _scratch.kept = None
-    if kept is not None and kept.is_inference() and not torch.is_inference_mode_enabled():
-        kept = None  # made under torch.inference_mode(): it cannot be written outside it
-    _scratch.buffer = kept if kept is not None else torch.empty(0)
+    if kept is None or (kept.is_inference() and not torch.is_inference_mode_enabled()):
+        kept = torch.empty(0)  # one made under torch.inference_mode() cannot be written outside it
+    _scratch.buffer, _scratch.kept = kept, None
     _scratch.owner = owner = object()
     try:
         yield
@@ -282,9 +264,8 @@ def abs_max_stat(t: torch.Tensor) -> Stat | None:
 class ScaleTracker(torch.autograd.Function):
     """An identity op that records a tensor's std in forward and its gradient's std in backward.
 
-    Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`; on an
-    accelerator the stds stay on the device until read. Like any custom Function that
-    returns its input, its output must not be modified in place (clone it first).
+    Call it as ``ScaleTracker.apply(tensor, record)`` with a :class:`ScaleRecord`. Like any
+    custom Function that returns its input, its output must not be modified in place.
 
     >>> import torch
     >>> from unitscale.tracking import ScalePair, ScaleTracker
