@@ -1,13 +1,7 @@
-"""Tracing a model for partitioning and measuring a cost for each of its nodes.
+"""Tracing a model for partitioning (:func:`_graph_for_stages`) and measuring a cost for each of its nodes.
 
-:func:`_graph_for_stages` is the one place that picks a graph for partitioning: a given
-:class:`~torch.fx.GraphModule` as it is, else the capture layer
-(:func:`unitscale.capture.capture`) on a *copy* of the model, ``torch.fx`` first, then
-``torch.export`` (non-strict, dynamic batch dimension). Every node then carries
-``meta["module_path"]``. :class:`NodeProfiler` is an
-interpreter that records each node's output shapes (as ``ShapeProp`` does) and
-also counts FLOPs or times each node. :func:`node_costs` turns either into one
-number per node.
+:class:`NodeProfiler` records each node's output shapes (as ``ShapeProp`` does) and also counts
+FLOPs or times each node; :func:`node_costs` turns either into one number per node.
 """
 
 from __future__ import annotations
@@ -120,28 +114,17 @@ def _rename_submod_attrs(root: nn.Module, graph: fx.Graph) -> None:
 def output_bytes(meta: Any) -> int:
     """Bytes of every tensor in a node's ``tensor_meta`` (tensor, or nested tuples/lists/dicts of them)."""
     if isinstance(meta, TensorMetadata):
-        itemsize = torch.empty((), dtype=meta.dtype).element_size()
-        return math.prod(meta.shape) * itemsize
-    if isinstance(meta, (tuple, list)):
-        return sum(output_bytes(m) for m in meta)
-    if isinstance(meta, dict):
-        return sum(output_bytes(m) for m in meta.values())
+        return math.prod(meta.shape) * torch.empty((), dtype=meta.dtype).element_size()
+    if isinstance(meta, (tuple, list, dict)):
+        return sum(output_bytes(m) for m in (meta.values() if isinstance(meta, dict) else meta))
     return 0
 
 
 def _tensor_meta(result: Any) -> Any:
     """``result`` with every tensor replaced by its metadata, or None if it holds no tensor."""
-    found = False
-
-    def meta(value: Any) -> Any:
-        nonlocal found
-        if not isinstance(value, torch.Tensor):
-            return value
-        found = True
-        return tensor_metadata(value)
-
-    extracted = map_aggregate(result, meta)
-    return extracted if found else None
+    if not _leaf_tensors(result):
+        return None
+    return map_aggregate(result, lambda v: tensor_metadata(v) if isinstance(v, torch.Tensor) else v)
 
 
 class NodeProfiler(fx.Interpreter):
