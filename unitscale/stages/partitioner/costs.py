@@ -516,8 +516,7 @@ def node_costs(
             )
         return costs
     if cost == "params":
-        per_node = params_per_node(module, nodes)
-        return [per_node[n] for n in nodes]
+        return list(params_per_node(module, nodes).values())
     if cost == "flops":
         return [profiler.flops.get(n, 0.0) for n in nodes]
     if cost == "time":

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib
 import json
 import keyword
@@ -452,10 +453,7 @@ def _resolve_module(module: str) -> Any:
     if not allowed or not all(_identifier(p) for p in parts):
         raise LookupError(f"module {module!r} is not one a plan's graph may call into")
     if parts[0] in _ROOTS:
-        obj = _ROOTS[parts[0]]
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-        return obj
+        return functools.reduce(getattr, parts[1:], _ROOTS[parts[0]])
     return importlib.import_module(module)  # einops.*, unitscale.functional.*: installed packages only
 
 
@@ -510,9 +508,7 @@ def _resolve_layer(module: str, name: str) -> type[nn.Module]:
     """A ``torch.nn.modules`` class by its module and name."""
     if not module.startswith("torch.nn.modules.") or not all(_identifier(p) for p in module.split(".")):
         raise LookupError(f"{module}.{name} is not a torch.nn layer")
-    obj: Any = torch
-    for part in module.split(".")[1:]:
-        obj = getattr(obj, part)
+    obj = functools.reduce(getattr, module.split(".")[1:], torch)
     cls = getattr(obj, name) if _identifier(name) else None
     if not isinstance(cls, type) or not issubclass(cls, nn.Module) or cls.__module__ != module:
         raise LookupError(f"{module}.{name} is not a torch.nn layer")

@@ -245,10 +245,7 @@ def equal_count_bounds(n: int, k: int) -> list[int]:
     [0, 3, 5, 7]
     """
     q, r = divmod(n, k)
-    bounds = [0]
-    for s in range(k):
-        bounds.append(bounds[-1] + q + (1 if s < r else 0))
-    return bounds
+    return [s * q + min(s, r) for s in range(k + 1)]
 
 
 def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:
