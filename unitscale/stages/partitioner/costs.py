@@ -221,11 +221,7 @@ def as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     >>> as_tuple([1, 2]), as_tuple(3)
     ((1, 2), (3,))
     """
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
 def flat_inputs(graph: fx.Graph, inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -242,12 +238,7 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
     ``(2, 8)`` run as ``(1, 16)``. Only exported placeholders (a ``FakeTensor`` ``val``) are
     checked; a ``torch.fx`` graph holds no sizes. A batch size export was asked to leave free
     but specialised (the model loops in Python over ``range(x.shape[0])``, as Reformer does)
-    counts as fixed.
-
-    Args:
-        graph: the graph; ``inputs`` are its own (flattened) inputs, in placeholder order.
-        inputs: the values to check.
-        who: what to name in the error (``"verify()"``).
+    counts as fixed. ``inputs`` are the graph's own (flattened) inputs; ``who`` is named in the error.
 
     Raises:
         InputError: an input's rank or a fixed size differs; the message names the input.
@@ -357,8 +348,7 @@ class _BackwardTimer(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
             return run_plainly(self, n)
-        load = self.env.__getitem__
-        args, kwargs = fx.node.map_arg(n.args, load), fx.node.map_arg(n.kwargs, load)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
         leaves: list[torch.Tensor] = []
 
         def cut(value: Any) -> Any:

@@ -703,17 +703,14 @@ class StagePlan:
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 3))
         plans = {f"{self.cost} (optimal)" if compare else self.cost: self.stage_costs}
-        for label, other in (compare or {}).items():
-            plans[label] = other.costs_under(self)
+        plans |= {label: other.costs_under(self) for label, other in (compare or {}).items()}
         width = 0.8 / len(plans)
         for i, (label, costs) in enumerate(plans.items()):
             xs = [s + (i - (len(plans) - 1) / 2) * width for s in range(len(costs))]
             ax.bar(xs, costs, width=width, label=label)
         ideal = sum(self.stage_costs) / self.num_stages
         ax.axhline(ideal, color="k", linestyle="--", linewidth=1, label="ideal")
-        ax.set_xticks(range(self.num_stages))
-        ax.set_xlabel("stage")
-        ax.set_ylabel(f"cost ({self.cost})")
+        ax.set(xticks=range(self.num_stages), xlabel="stage", ylabel=f"cost ({self.cost})")
         # The legend goes in a band of headroom above the tallest bar, never over a bar.
         ncols = min(len(plans) + 1, 3)
         rows = math.ceil((len(plans) + 1) / ncols)
@@ -726,10 +723,8 @@ class StagePlan:
 def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
     """Qualified names of the modules whose ``forward`` ran (a container such as a
     ``ModuleList`` never runs, so torch's pipeline cannot split at it); None when unknown."""
-    called: set[str] = set()
-    for node in graph.nodes:
-        for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            called.add(normalise_path(str(path)))
+    stacks = [(node.meta.get("nn_module_stack") or {}).values() for node in graph.nodes]
+    called = {normalise_path(str(path)) for stack in stacks for path, *_ in stack}
     if called:
         return called
     containers = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -739,14 +734,12 @@ def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
 def _modules_starting_at(paths: list[str], b: int, called: set[str] | None) -> list[str]:
     """The called submodules whose nodes all lie at or after ``b`` and which hold node ``b``, outermost first."""
     parts = paths[b].split(".") if paths[b] else []
-    starting = []
-    for depth in range(1, len(parts) + 1):
-        q = ".".join(parts[:depth])
-        if called is not None and q not in called:
-            continue
-        if not any(p == q or p.startswith(q + ".") for p in paths[:b]):
-            starting.append(q)
-    return starting
+    holding = [".".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+    return [
+        q
+        for q in holding
+        if (called is None or q in called) and not any(p == q or p.startswith(q + ".") for p in paths[:b])
+    ]
 
 
 def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
@@ -781,15 +774,13 @@ def partition(
 ) -> StagePlan:
     """Split ``module`` into ``num_stages`` contiguous stages with the smallest possible largest stage cost.
 
-    The model is captured (a copy; ``module`` is not changed) and run once on
-    ``example_inputs`` to get shapes: a :class:`torch.fx.GraphModule` is used as it is
-    (from any tracer, ``torch.export`` included), other modules are traced with
-    ``torch.fx``, or, where that fails (``transformers`` models), exported with
-    ``torch.export`` (non-strict, batch dimension dynamic so stages run on
-    microbatches). Inputs whose example value is a constant (``attn_mask=None``)
-    and symbolic sizes never stop a cut: later stages bake or recompute them. Every compute node gets a cost; the stages
-    are contiguous runs of nodes in execution order. Cuts are only placed where
-    nothing but tensors crosses (so a pipeline can send them).
+    The model is captured (a copy; ``module`` is not changed) and run once on ``example_inputs``
+    to get shapes: a :class:`torch.fx.GraphModule` is used as it is (from any tracer, ``torch.export``
+    included), other modules are traced with ``torch.fx``, or, where that fails (``transformers``
+    models), exported with ``torch.export`` (non-strict, batch dimension dynamic so stages run on
+    microbatches). Stages are contiguous runs of compute nodes in execution order, cut only where
+    nothing but tensors crosses (so a pipeline can send them); inputs whose example value is a
+    constant (``attn_mask=None``) and symbolic sizes never stop a cut: later stages bake or recompute them.
 
     Args:
         module: the model.

@@ -146,10 +146,8 @@ def output_from_leaves(out: Any, spec: TreeSpec | None) -> Any:
 
 
 def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan``'s stage modules and output structure to ``path`` as data (see this module's docstring).
-
-    The file is written beside ``path`` under a temporary name, flushed to disk and renamed over
-    ``path``: a save that fails (or is killed) leaves what was at ``path`` as it was.
+    """Write ``plan``'s stage modules and output structure to ``path`` as data (see this module's docstring),
+    atomically (:func:`write_atomically`: a failed or killed save leaves what was at ``path`` as it was).
 
     Raises:
         PlanSaveError: ``path``'s directory does not exist, ``path`` is a directory, or a stage holds
