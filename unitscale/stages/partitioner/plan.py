@@ -663,13 +663,10 @@ class StagePlan:
         return [by_name[name] for name, _ in self.node_costs]
 
     def report(self, num_microbatches: int = 8) -> StageReport:
-        """Per stage: cost, share of the total, parameters, and the tensors sent to the next stage.
+        """Per stage: cost, share of the total, parameters and the tensors sent on (a :class:`StageReport`: print it).
 
         Args:
             num_microbatches: microbatch count ``m`` for the bubble ``(p-1)/(m+p-1)``.
-
-        Returns:
-            A :class:`StageReport`; print it for a table.
         """
         total = sum(self.stage_costs) or 1.0
         live = live_values(self.graph, self.assignment, self.num_stages)[:-1] + [[]]  # the last stage sends nothing
@@ -693,9 +690,6 @@ class StagePlan:
             ax: matplotlib axes to draw on (default: a new figure).
             compare: other plans of the same model, drawn next to this one and
                 measured with this plan's node costs.
-
-        Returns:
-            The axes.
         """
         # lazy: matplotlib.pyplot adds 1.9 s to `import unitscale` (python -X importtime); only plots need it
         import matplotlib.pyplot as plt
@@ -798,9 +792,6 @@ def partition(
             (the same number of pieces per stage), ``"greedy_threshold"`` (close a
             stage once it reaches ``total / num_stages``).
         repeats: timings per node for ``cost="time"``, an int >= 1 (other costs ignore it).
-
-    Returns:
-        The :class:`StagePlan`.
 
     Raises:
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.

@@ -127,9 +127,6 @@ def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
         costs: non-negative cost per item, in order.
         k: number of stages, ``1 <= k <= len(costs)``.
 
-    Returns:
-        The ``k + 1`` bounds of an optimal partition.
-
     >>> optimal_bounds([5, 1, 1, 1, 1, 1], 2)
     [0, 1, 6]
     """
