@@ -181,15 +181,10 @@ class NodeProfiler(fx.Interpreter):
         return result
 
     def _counted(self, n: fx.Node) -> Any:
-        """Run ``n`` under :class:`FlopCounterMode`, with grad enabled: the forward that training runs.
-
-        Under ``no_grad`` modules take inference fast paths whose fused ops torch's counter has
-        no formula for (``nn.TransformerEncoderLayer`` in eval mode counts 0 FLOPs, attention on
-        CPU too) or fails on. The autograd graph is kept, as a training forward keeps it, so that
-        each op sees the inputs it sees in training (which need a gradient). Where the counter
-        fails both ways but the node runs without it, that is the counter's failure, not the
-        inputs': a :class:`~unitscale.errors.CostError` says so.
-        """
+        """Run ``n`` under :class:`FlopCounterMode` with grad enabled, as training does: under ``no_grad``
+        modules take fast paths the counter has no formula for (``nn.TransformerEncoderLayer`` in eval
+        mode counts 0 FLOPs) or fails on. Where it fails both ways on a node that runs without it, a
+        ``CostError`` says so (the inputs are fine)."""
         failures = []
         for grad in (True, False):
             try:

@@ -357,11 +357,7 @@ class StagePlan:
 
     @functools.cached_property
     def module(self) -> fx.GraphModule:
-        """The traced copy of the model as a :class:`torch.fx.GraphModule`.
-
-        Made on first use: its code generation costs as much as the trace on a large graph,
-        and partitioning needs only the graph.
-        """
+        """The traced copy of the model, made on first use (its code generation costs as much as the trace)."""
         return fx.GraphModule(self._root, self.graph, self.model_name)
 
     def __repr__(self) -> str:
@@ -751,9 +747,8 @@ def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
 
 def _output_spec(graph: fx.Graph, output: Any) -> TreeSpec | None:
     """The structure of the model's ``output``, when its leaves are the output node's."""
-    out_node = next(n for n in graph.nodes if n.op == "output")
     spec = tree_structure(output)
-    return spec if spec.num_leaves == len(tree_leaves(out_node.args[0])) else None
+    return spec if spec.num_leaves == len(tree_leaves(graph.output_node().args[0])) else None
 
 
 def partition(

@@ -361,8 +361,7 @@ def _output_spec(where: str, fields: dict[str, Any], stages: list[fx.GraphModule
             spec = treespec_loads(text)
         except Exception as exc:
             raise _bad(where, f"the field 'output' is not an output structure torch knows ({exc})") from exc
-    output = next(n for n in reversed(stages[-1].graph.nodes) if n.op == "output")
-    leaves = output.args[0]
+    leaves = stages[-1].graph.output_node().args[0]
     count = len(leaves) if isinstance(leaves, (tuple, list)) else 1
     if spec.num_leaves != count:
         raise _bad(where, f"the output structure has {spec.num_leaves} leaves, the last stage returns {count}")

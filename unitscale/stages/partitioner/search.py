@@ -218,7 +218,7 @@ def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) 
     Args:
         costs: non-negative cost per item, in order.
         k: number of non-empty stages, ``1 <= k <= len(costs)``.
-        limit: largest stage sum allowed (default: the optimal bottleneck).
+        limit: largest stage sum allowed.
 
     Returns:
         The ``k + 1`` bounds, or ``None`` when the programme would be too large.
