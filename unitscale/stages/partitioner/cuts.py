@@ -111,10 +111,8 @@ def check_no_idle_stage(
 
 
 def _last_symbolic_use(node: fx.Node, position: dict[fx.Node, int], n: int) -> int:
-    last = -1
-    for user in node.users:
-        last = max(last, _last_symbolic_use(user, position, n) if is_symbolic(user) else position.get(user, n))
-    return last
+    uses = (_last_symbolic_use(u, position, n) if is_symbolic(u) else position.get(u, n) for u in node.users)
+    return max(uses, default=-1)
 
 
 def _forbid_uncovered_symbols(graph: fx.Graph, position: dict[fx.Node, int], allowed: list[bool]) -> None:
