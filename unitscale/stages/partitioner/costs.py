@@ -1,13 +1,7 @@
-"""Tracing a model for partitioning and measuring a cost for each of its nodes.
+"""Tracing a model for partitioning (:func:`_graph_for_stages`) and measuring a cost for each of its nodes.
 
-:func:`_graph_for_stages` is the one place that picks a graph for partitioning: a given
-:class:`~torch.fx.GraphModule` as it is, else the capture layer
-(:func:`unitscale.capture.capture`) on a *copy* of the model, ``torch.fx`` first, then
-``torch.export`` (non-strict, dynamic batch dimension). Every node then carries
-``meta["module_path"]``. :class:`NodeProfiler` is an
-interpreter that records each node's output shapes (as ``ShapeProp`` does) and
-also counts FLOPs or times each node. :func:`node_costs` turns either into one
-number per node.
+:class:`NodeProfiler` records each node's output shapes (as ``ShapeProp`` does) and also counts
+FLOPs or times each node; :func:`node_costs` turns either into one number per node.
 """
 
 from __future__ import annotations
@@ -120,28 +114,17 @@ def _rename_submod_attrs(root: nn.Module, graph: fx.Graph) -> None:
 def output_bytes(meta: Any) -> int:
     """Bytes of every tensor in a node's ``tensor_meta`` (tensor, or nested tuples/lists/dicts of them)."""
     if isinstance(meta, TensorMetadata):
-        itemsize = torch.empty((), dtype=meta.dtype).element_size()
-        return math.prod(meta.shape) * itemsize
-    if isinstance(meta, (tuple, list)):
-        return sum(output_bytes(m) for m in meta)
-    if isinstance(meta, dict):
-        return sum(output_bytes(m) for m in meta.values())
+        return math.prod(meta.shape) * torch.empty((), dtype=meta.dtype).element_size()
+    if isinstance(meta, (tuple, list, dict)):
+        return sum(output_bytes(m) for m in (meta.values() if isinstance(meta, dict) else meta))
     return 0
 
 
 def _tensor_meta(result: Any) -> Any:
     """``result`` with every tensor replaced by its metadata, or None if it holds no tensor."""
-    found = False
-
-    def meta(value: Any) -> Any:
-        nonlocal found
-        if not isinstance(value, torch.Tensor):
-            return value
-        found = True
-        return tensor_metadata(value)
-
-    extracted = map_aggregate(result, meta)
-    return extracted if found else None
+    if not _leaf_tensors(result):
+        return None
+    return map_aggregate(result, lambda v: tensor_metadata(v) if isinstance(v, torch.Tensor) else v)
 
 
 class NodeProfiler(fx.Interpreter):
@@ -198,15 +181,10 @@ class NodeProfiler(fx.Interpreter):
         return result
 
     def _counted(self, n: fx.Node) -> Any:
-        """Run ``n`` under :class:`FlopCounterMode`, with grad enabled: the forward that training runs.
-
-        Under ``no_grad`` modules take inference fast paths whose fused ops torch's counter has
-        no formula for (``nn.TransformerEncoderLayer`` in eval mode counts 0 FLOPs, attention on
-        CPU too) or fails on. The autograd graph is kept, as a training forward keeps it, so that
-        each op sees the inputs it sees in training (which need a gradient). Where the counter
-        fails both ways but the node runs without it, that is the counter's failure, not the
-        inputs': a :class:`~unitscale.errors.CostError` says so.
-        """
+        """Run ``n`` under :class:`FlopCounterMode` with grad enabled, as training does: under ``no_grad``
+        modules take fast paths the counter has no formula for (``nn.TransformerEncoderLayer`` in eval
+        mode counts 0 FLOPs) or fails on. Where it fails both ways on a node that runs without it, a
+        ``CostError`` says so (the inputs are fine)."""
         failures = []
         for grad in (True, False):
             try:
@@ -238,11 +216,7 @@ def as_tuple(example_inputs: Any) -> tuple[Any, ...]:
     >>> as_tuple([1, 2]), as_tuple(3)
     ((1, 2), (3,))
     """
-    if isinstance(example_inputs, tuple):
-        return example_inputs
-    if isinstance(example_inputs, list):
-        return tuple(example_inputs)
-    return (example_inputs,)
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
 def flat_inputs(graph: fx.Graph, inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -259,12 +233,7 @@ def check_input_shapes(graph: fx.Graph, inputs: Sequence[Any], who: str) -> None
     ``(2, 8)`` run as ``(1, 16)``. Only exported placeholders (a ``FakeTensor`` ``val``) are
     checked; a ``torch.fx`` graph holds no sizes. A batch size export was asked to leave free
     but specialised (the model loops in Python over ``range(x.shape[0])``, as Reformer does)
-    counts as fixed.
-
-    Args:
-        graph: the graph; ``inputs`` are its own (flattened) inputs, in placeholder order.
-        inputs: the values to check.
-        who: what to name in the error (``"verify()"``).
+    counts as fixed. ``inputs`` are the graph's own (flattened) inputs; ``who`` is named in the error.
 
     Raises:
         InputError: an input's rank or a fixed size differs; the message names the input.
@@ -374,8 +343,7 @@ class _BackwardTimer(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         if n.op not in COMPUTE_OPS:
             return run_plainly(self, n)
-        load = self.env.__getitem__
-        args, kwargs = fx.node.map_arg(n.args, load), fx.node.map_arg(n.kwargs, load)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
         leaves: list[torch.Tensor] = []
 
         def cut(value: Any) -> Any:
@@ -533,8 +501,7 @@ def node_costs(
             )
         return costs
     if cost == "params":
-        per_node = params_per_node(module, nodes)
-        return [per_node[n] for n in nodes]
+        return list(params_per_node(module, nodes).values())
     if cost == "flops":
         return [profiler.flops.get(n, 0.0) for n in nodes]
     if cost == "time":

@@ -73,9 +73,7 @@ def check_no_idle_stage(
     """Refuse a plan with a stage that costs nothing where blocked cuts forced it: a pipeline rank
     that idles is not a plan. (When every cut is allowed and the cost model itself gives fewer
     nodes a cost than there are stages, the plan stands: the cost model says so.)"""
-    if not any(c > 0 for c in costs) or all(c > 0 for c in stage_costs):
-        return
-    if sum(c > 0 for c in costs) < num_stages:
+    if all(c > 0 for c in stage_costs) or sum(c > 0 for c in costs) < num_stages:
         return
     spans = sorted(non_tensor_spans(nodes), key=lambda t: t[1] - t[2])
     blocked = [i for i in range(1, len(nodes)) if not allowed[i]]
@@ -113,10 +111,8 @@ def check_no_idle_stage(
 
 
 def _last_symbolic_use(node: fx.Node, position: dict[fx.Node, int], n: int) -> int:
-    last = -1
-    for user in node.users:
-        last = max(last, _last_symbolic_use(user, position, n) if is_symbolic(user) else position.get(user, n))
-    return last
+    uses = (_last_symbolic_use(u, position, n) if is_symbolic(u) else position.get(u, n) for u in node.users)
+    return max(uses, default=-1)
 
 
 def _forbid_uncovered_symbols(graph: fx.Graph, position: dict[fx.Node, int], allowed: list[bool]) -> None:

@@ -1,11 +1,8 @@
-"""Pipeline stages: an exact, balanced split of a model into contiguous stages.
+"""Pipeline stages: :func:`partition` finds the exact min-max split of a model into contiguous stages.
 
-:func:`partition` traces the model, gives every node a cost, and finds the
-contiguous split (over execution order) whose most expensive stage is as cheap
-as possible, exactly. The :class:`StagePlan` it returns turns the split into
-modules (:meth:`StagePlan.split`, :meth:`StagePlan.stage_modules`), checks them
-(:meth:`StagePlan.verify`), describes them (:meth:`StagePlan.report`,
-:meth:`StagePlan.plot`) and :func:`run_pipeline` runs them as a real pipeline.
+The :class:`StagePlan` it returns builds the stages (:meth:`StagePlan.split`,
+:meth:`StagePlan.stage_modules`), checks them (:meth:`StagePlan.verify`) and describes them
+(:meth:`StagePlan.report`, :meth:`StagePlan.plot`); :func:`run_pipeline` runs them.
 
 >>> import torch
 >>> from unitscale import partition
@@ -52,11 +49,7 @@ from unitscale.stages.partitioner.costs import (
 )
 from unitscale.stages.partitioner.cuts import allowed_cuts, check_no_idle_stage
 from unitscale.stages.partitioner.plan_files import SavedPlan, load_plan, output_from_leaves, run_chained, save_plan
-from unitscale.stages.partitioner.split import (
-    chain_stages,
-    live_values,
-    split_graph,
-)
+from unitscale.stages.partitioner.split import chain_stages, live_values, split_graph
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -66,6 +59,11 @@ if TYPE_CHECKING:
 __all__ = ["partition", "StagePlan", "StageReport", "StageRow", "bubble_fraction"]
 
 METHODS = ("optimal", "equal_count", "greedy_threshold")
+
+
+def _not_int_from(least: int, value: Any) -> bool:
+    """Whether ``value`` is anything but an int (not a bool) of at least ``least``."""
+    return isinstance(value, bool) or not isinstance(value, int) or value < least
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
@@ -86,9 +84,9 @@ def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
     >>> bubble_fraction(4, 8)
     0.2727272727272727
     """
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+    if _not_int_from(1, num_stages):
         raise StageCountError(f"bubble_fraction: num_stages={num_stages!r} must be an int >= 1")
-    if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int) or num_microbatches < 1:
+    if _not_int_from(1, num_microbatches):
         raise InputError(f"bubble_fraction: num_microbatches={num_microbatches!r} must be an int >= 1")
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
@@ -146,14 +144,13 @@ class StageReport:
     def table(self, full: bool = False, width: int = 88) -> str:
         """The report as a plain-text table.
 
-        By default a line fits in ``width`` characters (88: a code block of the site): a
-        stage that sends more tensors than fit names the largest first and counts the rest
-        (``+2 more``); the bytes are always the total. ``full=True`` names every tensor.
+        A stage that sends more tensors than fit the line names the largest first and counts the
+        rest (``+2 more``); the bytes are always the total.
 
         Args:
             full: name every tensor a stage sends, however long the line.
-            width: the most characters a line may take when ``full`` is false (at least 72:
-                the other columns take 47, and a count of tensors with their bytes needs the rest).
+            width: the most characters a line may take when ``full`` is false (88: a code block of the
+                site; at least 72: the other columns take 47, a count of tensors with its bytes the rest).
 
         Raises:
             InputError: ``width`` is not an int of at least 72.
@@ -169,7 +166,7 @@ class StageReport:
             1     9                9  50.0%        64  -
         bubble with 2 microbatches: (p-1)/(m+p-1) = 1/3 = 0.333
         """
-        if isinstance(width, bool) or not isinstance(width, int) or width < 72:
+        if _not_int_from(72, width):
             raise InputError(f"StageReport.table(width={width!r}): pass an int of at least 72 (characters per line)")
         lines = [f"{'stage':>5} {'nodes':>5} {'cost (' + self.cost + ')':>16} {'share':>6} {'params':>9}  sends"]
         for r in self.rows:
@@ -185,12 +182,8 @@ class StageReport:
         return self.table()
 
     def _repr_html_(self) -> str:
-        """The report as an HTML table, for a notebook: each stage's cost and share first.
-
-        A phone shows each stage with its node count and parameters under it, its cost and
-        its share; every tensor it sends follows, named in full (the text :meth:`table`
-        counts what does not fit 88 characters). The bubble and the plan's certificate are
-        the caption.
+        """The report as an HTML table, for a notebook: every tensor a stage sends named in full,
+        the bubble and the plan's certificate as the caption.
 
         >>> from unitscale.stages.partitioner import StageReport, StageRow
         >>> rows = [StageRow(0, 3, "x", "fc1", 9.0, 0.5, 64, [("fc1", (2, 4), 32)])]
@@ -229,11 +222,6 @@ def _certificate(step_time: float, lower_bound: float, optimal: bool | None) -> 
         return f"simulated step {step_time:.4g} s, proven optimal (lower bound {lower_bound:.4g} s)"
     gap = step_time / lower_bound - 1 if lower_bound > 0 else math.inf
     return f"simulated step {step_time:.4g} s, within {gap:.2%} of optimal (lower bound {lower_bound:.4g} s)"
-
-
-def _meta_shapes(meta: Any) -> tuple[int, ...]:
-    shape = getattr(meta, "shape", None)
-    return tuple(shape) if shape is not None else ()
 
 
 class StagePlan:
@@ -369,11 +357,7 @@ class StagePlan:
 
     @functools.cached_property
     def module(self) -> fx.GraphModule:
-        """The traced copy of the model as a :class:`torch.fx.GraphModule`.
-
-        Made on first use: its code generation costs as much as the trace on a large graph,
-        and partitioning needs only the graph.
-        """
+        """The traced copy of the model, made on first use (its code generation costs as much as the trace)."""
         return fx.GraphModule(self._root, self.graph, self.model_name)
 
     def __repr__(self) -> str:
@@ -675,47 +659,24 @@ class StagePlan:
         return [by_name[name] for name, _ in self.node_costs]
 
     def report(self, num_microbatches: int = 8) -> StageReport:
-        """Per stage: cost, share of the total, parameters, and the tensors sent to the next stage.
+        """Per stage: cost, share of the total, parameters and the tensors sent on (a :class:`StageReport`: print it).
 
         Args:
             num_microbatches: microbatch count ``m`` for the bubble ``(p-1)/(m+p-1)``.
-
-        Returns:
-            A :class:`StageReport`; print it for a table.
         """
         total = sum(self.stage_costs) or 1.0
-        live = live_values(self.graph, self.assignment, self.num_stages)
+        live = live_values(self.graph, self.assignment, self.num_stages)[:-1] + [[]]  # the last stage sends nothing
         names = [name for name, _ in self.node_costs]
         rows = []
-        for s, stage in enumerate(self.stage_modules()):
-            a, b = self.bounds[s], self.bounds[s + 1]
-            sends = []
-            if s < self.num_stages - 1:
-                sends = [
-                    (v.name, _meta_shapes(v.meta.get("tensor_meta")), output_bytes(v.meta.get("tensor_meta")))
-                    for v in live[s]
-                ]
-            rows.append(
-                StageRow(
-                    stage=s,
-                    nodes=b - a,
-                    first=names[a],
-                    last=names[b - 1],
-                    cost=self.stage_costs[s],
-                    share=self.stage_costs[s] / total,
-                    params=sum(p.numel() for p in stage.parameters()),
-                    sends=sends,
-                )
-            )
+        for s, (stage, (a, b)) in enumerate(zip(self.stage_modules(), itertools.pairwise(self.bounds), strict=True)):
+            metas = [(v.name, v.meta.get("tensor_meta")) for v in live[s]]
+            sends = [(name, tuple(getattr(meta, "shape", ())), output_bytes(meta)) for name, meta in metas]
+            params = sum(p.numel() for p in stage.parameters())
+            cost = self.stage_costs[s]
+            rows.append(StageRow(s, b - a, names[a], names[b - 1], cost, cost / total, params, sends))
+        bubble = bubble_fraction(self.num_stages, num_microbatches)
         return StageReport(
-            rows,
-            self.cost,
-            num_microbatches,
-            bubble_fraction(self.num_stages, num_microbatches),
-            self.schedule,
-            self.step_time,
-            self.lower_bound,
-            self.optimal,
+            rows, self.cost, num_microbatches, bubble, self.schedule, self.step_time, self.lower_bound, self.optimal
         )
 
     def plot(self, ax: Axes | None = None, compare: dict[str, StagePlan] | None = None) -> Axes:
@@ -725,9 +686,6 @@ class StagePlan:
             ax: matplotlib axes to draw on (default: a new figure).
             compare: other plans of the same model, drawn next to this one and
                 measured with this plan's node costs.
-
-        Returns:
-            The axes.
         """
         # lazy: matplotlib.pyplot adds 1.9 s to `import unitscale` (python -X importtime); only plots need it
         import matplotlib.pyplot as plt
@@ -735,17 +693,14 @@ class StagePlan:
         if ax is None:
             _, ax = plt.subplots(figsize=(6, 3))
         plans = {f"{self.cost} (optimal)" if compare else self.cost: self.stage_costs}
-        for label, other in (compare or {}).items():
-            plans[label] = other.costs_under(self)
+        plans |= {label: other.costs_under(self) for label, other in (compare or {}).items()}
         width = 0.8 / len(plans)
         for i, (label, costs) in enumerate(plans.items()):
             xs = [s + (i - (len(plans) - 1) / 2) * width for s in range(len(costs))]
             ax.bar(xs, costs, width=width, label=label)
         ideal = sum(self.stage_costs) / self.num_stages
         ax.axhline(ideal, color="k", linestyle="--", linewidth=1, label="ideal")
-        ax.set_xticks(range(self.num_stages))
-        ax.set_xlabel("stage")
-        ax.set_ylabel(f"cost ({self.cost})")
+        ax.set(xticks=range(self.num_stages), xlabel="stage", ylabel=f"cost ({self.cost})")
         # The legend goes in a band of headroom above the tallest bar, never over a bar.
         ncols = min(len(plans) + 1, 3)
         rows = math.ceil((len(plans) + 1) / ncols)
@@ -758,10 +713,8 @@ class StagePlan:
 def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
     """Qualified names of the modules whose ``forward`` ran (a container such as a
     ``ModuleList`` never runs, so torch's pipeline cannot split at it); None when unknown."""
-    called: set[str] = set()
-    for node in graph.nodes:
-        for path, *_ in (node.meta.get("nn_module_stack") or {}).values():
-            called.add(normalise_path(str(path)))
+    stacks = [(node.meta.get("nn_module_stack") or {}).values() for node in graph.nodes]
+    called = {normalise_path(str(path)) for stack in stacks for path, *_ in stack}
     if called:
         return called
     containers = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -771,14 +724,12 @@ def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
 def _modules_starting_at(paths: list[str], b: int, called: set[str] | None) -> list[str]:
     """The called submodules whose nodes all lie at or after ``b`` and which hold node ``b``, outermost first."""
     parts = paths[b].split(".") if paths[b] else []
-    starting = []
-    for depth in range(1, len(parts) + 1):
-        q = ".".join(parts[:depth])
-        if called is not None and q not in called:
-            continue
-        if not any(p == q or p.startswith(q + ".") for p in paths[:b]):
-            starting.append(q)
-    return starting
+    holding = [".".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+    return [
+        q
+        for q in holding
+        if (called is None or q in called) and not any(p == q or p.startswith(q + ".") for p in paths[:b])
+    ]
 
 
 def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
@@ -796,9 +747,8 @@ def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
 
 def _output_spec(graph: fx.Graph, output: Any) -> TreeSpec | None:
     """The structure of the model's ``output``, when its leaves are the output node's."""
-    out_node = next(n for n in graph.nodes if n.op == "output")
     spec = tree_structure(output)
-    return spec if spec.num_leaves == len(tree_leaves(out_node.args[0])) else None
+    return spec if spec.num_leaves == len(tree_leaves(graph.output_node().args[0])) else None
 
 
 def partition(
@@ -813,15 +763,13 @@ def partition(
 ) -> StagePlan:
     """Split ``module`` into ``num_stages`` contiguous stages with the smallest possible largest stage cost.
 
-    The model is captured (a copy; ``module`` is not changed) and run once on
-    ``example_inputs`` to get shapes: a :class:`torch.fx.GraphModule` is used as it is
-    (from any tracer, ``torch.export`` included), other modules are traced with
-    ``torch.fx``, or, where that fails (``transformers`` models), exported with
-    ``torch.export`` (non-strict, batch dimension dynamic so stages run on
-    microbatches). Inputs whose example value is a constant (``attn_mask=None``)
-    and symbolic sizes never stop a cut: later stages bake or recompute them. Every compute node gets a cost; the stages
-    are contiguous runs of nodes in execution order. Cuts are only placed where
-    nothing but tensors crosses (so a pipeline can send them).
+    The model is captured (a copy; ``module`` is not changed) and run once on ``example_inputs``
+    to get shapes: a :class:`torch.fx.GraphModule` is used as it is (from any tracer, ``torch.export``
+    included), other modules are traced with ``torch.fx``, or, where that fails (``transformers``
+    models), exported with ``torch.export`` (non-strict, batch dimension dynamic so stages run on
+    microbatches). Stages are contiguous runs of compute nodes in execution order, cut only where
+    nothing but tensors crosses (so a pipeline can send them); inputs whose example value is a
+    constant (``attn_mask=None``) and symbolic sizes never stop a cut: later stages bake or recompute them.
 
     Args:
         module: the model.
@@ -839,9 +787,6 @@ def partition(
             (the same number of pieces per stage), ``"greedy_threshold"`` (close a
             stage once it reaches ``total / num_stages``).
         repeats: timings per node for ``cost="time"``, an int >= 1 (other costs ignore it).
-
-    Returns:
-        The :class:`StagePlan`.
 
     Raises:
         StageCountError: ``num_stages`` below 1 or above the number of places to cut.
@@ -863,7 +808,7 @@ def partition(
     >>> plan.stage_costs, plan.assignment
     ([40.0, 90.0], {'_0': 0, '_1': 0, '_2': 1, '_3': 1, '_4': 1})
     """
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+    if _not_int_from(1, num_stages):
         raise StageCountError(f"num_stages={num_stages!r} must be an int >= 1")
     if not callable(cost) and cost not in COST_MODELS:
         raise CostError(
@@ -871,13 +816,11 @@ def partition(
         )
     if method not in METHODS:
         raise CostError(f"unknown method {method!r}; use one of {', '.join(map(repr, METHODS))}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+    if _not_int_from(1, repeats):
         raise CostError(
             f"partition: repeats={repeats!r} must be an int >= 1 (how many times cost='time' times each node)"
         )
-    if boundary_depth is not None and (
-        isinstance(boundary_depth, bool) or not isinstance(boundary_depth, int) or boundary_depth < 1
-    ):
+    if boundary_depth is not None and _not_int_from(1, boundary_depth):
         raise StageCountError(
             f"boundary_depth={boundary_depth!r} must be None or an int >= 1 (module path depth to cut at)"
         )
@@ -903,10 +846,8 @@ def partition(
         chosen = search.optimal_bounds(unit_costs, num_stages)
         # same bottleneck, most even elsewhere (a stage of cost 0 beside the heaviest helps nobody)
         balanced = search.balanced_bounds(unit_costs, num_stages, limit=search.bottleneck(unit_costs, chosen))
-        if balanced is not None and search.sum_of_squares(unit_costs, balanced) < search.sum_of_squares(
-            unit_costs, chosen
-        ):
-            chosen = balanced
+        candidates = [option for option in (chosen, balanced) if option is not None]
+        chosen = min(candidates, key=functools.partial(search.sum_of_squares, unit_costs))
     elif method == "equal_count":
         chosen = search.equal_count_bounds(units, num_stages)
     else:

@@ -19,17 +19,14 @@ private (``_x``) ones.
 What cannot be written as data (a user's leaf module, a hook, a lambda on a layer) is refused at
 save, with a :class:`~unitscale.errors.PlanSaveError` naming the stage and module; what the file
 holds is checked field by field at load, with a :class:`~unitscale.errors.PlanFileError` naming
-the field.
-
-Saving and loading live here: :class:`SavedPlan` (the runnable part of a plan, what a load
-returns), :func:`save_plan` (atomic: :func:`write_atomically`) and :func:`load_plan`, which
-checks every field and then runs the stages once on fake tensors (:func:`dry_run`).
+the field; the loaded stages then run once on fake tensors (:func:`dry_run`).
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib
 import json
 import keyword
@@ -42,7 +39,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Protocol
 
 import torch
@@ -149,10 +146,8 @@ def output_from_leaves(out: Any, spec: TreeSpec | None) -> Any:
 
 
 def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan``'s stage modules and output structure to ``path`` as data (see this module's docstring).
-
-    The file is written beside ``path`` under a temporary name, flushed to disk and renamed over
-    ``path``: a save that fails (or is killed) leaves what was at ``path`` as it was.
+    """Write ``plan``'s stage modules and output structure to ``path`` as data (see this module's docstring),
+    atomically (:func:`write_atomically`: a failed or killed save leaves what was at ``path`` as it was).
 
     Raises:
         PlanSaveError: ``path``'s directory does not exist, ``path`` is a directory, or a stage holds
@@ -274,15 +269,12 @@ def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., An
         ) from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise PlanFileError(f"{where!r} is not a plan written by StagePlan.save (format {FORMAT!r})")
-    for key in ("plan", "tensors"):
-        if key not in data:
-            raise PlanFileError(
-                f"StagePlan.load({where!r}): the file has no {key!r} field; it is damaged or was not "
-                "written by StagePlan.save: save the plan again with plan.save(path)"
-            )
+    missing = [key for key in ("plan", "tensors") if key not in data]
+    if missing:
+        raise _bad(where, f"the file has no {missing[0]!r} field")
     fields, stages, inputs = decode_plan(where, data["plan"], data["tensors"], allowed)
     spec = _output_spec(where, fields, stages)
-    loaded = SavedPlan(stages, spec, _model_name(where, fields), _costs(where, fields, stages), inputs)
+    loaded = SavedPlan(stages, spec, *_name_and_costs(where, fields, stages), inputs)
     dry_run(where, loaded)
     return loaded
 
@@ -337,22 +329,17 @@ def _bad(where: str, what: str) -> PlanFileError:
     )
 
 
-def _model_name(where: str, fields: dict[str, Any]) -> str:
-    name = fields.get("model_name")
+def _name_and_costs(where: str, fields: dict[str, Any], stages: list[fx.GraphModule]) -> tuple[str, list[float]]:
+    name, costs = fields.get("model_name"), fields.get("stage_costs")
     if not isinstance(name, str):
         raise _bad(where, f"the field 'model_name' is {name!r:.40}, not a string")
-    return name
-
-
-def _costs(where: str, fields: dict[str, Any], stages: list[fx.GraphModule]) -> list[float]:
-    costs = fields.get("stage_costs")
     if (
         not isinstance(costs, list)
         or len(costs) != len(stages)
         or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in costs)
     ):
         raise _bad(where, f"the field 'stage_costs' is {costs!r:.60}, not {len(stages)} finite numbers")
-    return [float(c) for c in costs]
+    return name, [float(c) for c in costs]
 
 
 def _output_spec(where: str, fields: dict[str, Any], stages: list[fx.GraphModule]) -> TreeSpec | None:
@@ -374,8 +361,7 @@ def _output_spec(where: str, fields: dict[str, Any], stages: list[fx.GraphModule
             spec = treespec_loads(text)
         except Exception as exc:
             raise _bad(where, f"the field 'output' is not an output structure torch knows ({exc})") from exc
-    output = next(n for n in reversed(stages[-1].graph.nodes) if n.op == "output")
-    leaves = output.args[0]
+    leaves = stages[-1].graph.output_node().args[0]
     count = len(leaves) if isinstance(leaves, (tuple, list)) else 1
     if spec.num_leaves != count:
         raise _bad(where, f"the output structure has {spec.num_leaves} leaves, the last stage returns {count}")
@@ -464,10 +450,7 @@ def _resolve_module(module: str) -> Any:
     if not allowed or not all(_identifier(p) for p in parts):
         raise LookupError(f"module {module!r} is not one a plan's graph may call into")
     if parts[0] in _ROOTS:
-        obj = _ROOTS[parts[0]]
-        for part in parts[1:]:
-            obj = getattr(obj, part)
-        return obj
+        return functools.reduce(getattr, parts[1:], _ROOTS[parts[0]])
     return importlib.import_module(module)  # einops.*, unitscale.functional.*: installed packages only
 
 
@@ -522,21 +505,19 @@ def _resolve_layer(module: str, name: str) -> type[nn.Module]:
     """A ``torch.nn.modules`` class by its module and name."""
     if not module.startswith("torch.nn.modules.") or not all(_identifier(p) for p in module.split(".")):
         raise LookupError(f"{module}.{name} is not a torch.nn layer")
-    obj: Any = torch
-    for part in module.split(".")[1:]:
-        obj = getattr(obj, part)
+    obj = functools.reduce(getattr, module.split(".")[1:], torch)
     cls = getattr(obj, name) if _identifier(name) else None
     if not isinstance(cls, type) or not issubclass(cls, nn.Module) or cls.__module__ != module:
         raise LookupError(f"{module}.{name} is not a torch.nn layer")
     return cls
 
 
+@dataclass
 class _Encoder:
     """Stage modules to JSON-able data, their tensors collected once each (shared ones stay shared)."""
 
-    def __init__(self) -> None:
-        self.tensors: dict[str, torch.Tensor] = {}
-        self._keys: dict[int, str] = {}
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    _keys: dict[int, str] = field(default_factory=dict)
 
     def tensor(self, t: torch.Tensor) -> str:
         key = self._keys.get(id(t))
@@ -697,16 +678,14 @@ def encode_plan(fields: dict[str, Any], stage_modules: list[fx.GraphModule]) -> 
     return json.dumps({**fields, "stages": stages}, allow_nan=False), encoder.tensors
 
 
+@dataclass
 class _Decoder:
     """The inverse of :class:`_Encoder`, checking every field; a bad one raises :class:`PlanFileError`."""
 
-    def __init__(
-        self, path: str, tensors: dict[str, torch.Tensor], functions: dict[tuple[str, str], Any] | None = None
-    ) -> None:
-        self.path = path
-        self.functions = functions or {}
-        self.tensors = tensors
-        self._made: dict[str, torch.Tensor] = {}
+    path: str
+    tensors: dict[str, torch.Tensor]
+    functions: dict[tuple[str, str], Any]
+    _made: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def bad(self, where: str, what: str) -> PlanFileError:
         return _bad(self.path, f"{where} {what}")
@@ -933,10 +912,6 @@ class _Decoder:
         return module
 
 
-def _placeholders(module: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in module.graph.nodes if n.op == "placeholder"]
-
-
 def decode_plan(
     path: str, text: Any, tensors: Any, functions: dict[tuple[str, str], Any] | None = None
 ) -> tuple[dict[str, Any], list[fx.GraphModule], list[Any] | None]:
@@ -950,7 +925,7 @@ def decode_plan(
         PlanFileError: a field is missing, of the wrong type, or names a function, class or tensor
             that is refused or absent.
     """
-    decoder = _Decoder(path, tensors if isinstance(tensors, dict) else {}, functions)
+    decoder = _Decoder(path, tensors if isinstance(tensors, dict) else {}, functions or {})
     if not isinstance(text, str):
         raise decoder.bad("its 'plan' field", f"is {type(text).__name__}, not JSON text")
     if not isinstance(tensors, dict):
@@ -970,4 +945,4 @@ def decode_plan(
         if not isinstance(stage, fx.GraphModule):
             raise decoder.bad(f"stage {i}", "is not a graph")
         stages.append(stage)
-    return data, stages, decoder.inputs(data.get("inputs"), len(_placeholders(stages[0])))
+    return data, stages, decoder.inputs(data.get("inputs"), sum(n.op == "placeholder" for n in stages[0].graph.nodes))

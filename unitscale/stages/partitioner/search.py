@@ -127,9 +127,6 @@ def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
         costs: non-negative cost per item, in order.
         k: number of stages, ``1 <= k <= len(costs)``.
 
-    Returns:
-        The ``k + 1`` bounds of an optimal partition.
-
     >>> optimal_bounds([5, 1, 1, 1, 1, 1], 2)
     [0, 1, 6]
     """
@@ -221,7 +218,7 @@ def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) 
     Args:
         costs: non-negative cost per item, in order.
         k: number of non-empty stages, ``1 <= k <= len(costs)``.
-        limit: largest stage sum allowed (default: the optimal bottleneck).
+        limit: largest stage sum allowed.
 
     Returns:
         The ``k + 1`` bounds, or ``None`` when the programme would be too large.
@@ -245,10 +242,7 @@ def equal_count_bounds(n: int, k: int) -> list[int]:
     [0, 3, 5, 7]
     """
     q, r = divmod(n, k)
-    bounds = [0]
-    for s in range(k):
-        bounds.append(bounds[-1] + q + (1 if s < r else 0))
-    return bounds
+    return [s * q + min(s, r) for s in range(k + 1)]
 
 
 def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:

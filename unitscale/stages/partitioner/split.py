@@ -1,11 +1,5 @@
-"""Turning a node -> stage assignment into modules: one split module, or a chain of stages.
-
-:func:`split_graph` uses :func:`torch.fx.passes.split_module.split_module` and then
-moves every parameter, buffer or constant reached through ``get_attr`` from the
-root into the submodules that use it (a pipeline stage must own its weights).
-:func:`chain_stages` builds stages that only talk to their neighbours: stage ``s``
-takes exactly the values crossing into it and returns those crossing out,
-passing through values a later stage still needs, as a pipeline requires.
+"""Turning a node -> stage assignment into modules: one split module (:func:`split_graph`, each
+stage owning its weights), or a chain of stages that only talk to their neighbours (:func:`chain_stages`).
 
 Two kinds of non-tensor value never cross a stage boundary, so they never forbid a cut:
 
@@ -15,10 +9,8 @@ Two kinds of non-tensor value never cross a stage boundary, so they never forbid
   dimension, and arithmetic on such sizes): each stage recomputes it from a tensor it
   receives whose shape holds the same symbol.
 
-A stage whose graph calls a custom op (``torch.ops.transformers.grouped_mm_fallback`` in a
-mixture-of-experts layer) carries the names of the Python modules that define those ops
-(:func:`op_libraries`): unpickling the stage, in a pipeline worker or from a saved plan,
-imports them before the stage's code is rebuilt, since that code names the op.
+A stage whose graph calls a custom op carries the names of the Python modules that define it
+(:func:`op_libraries`): unpickling the stage in a pipeline worker imports them before its code is rebuilt.
 """
 
 from __future__ import annotations
@@ -249,12 +241,9 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
         g = fx.Graph(tracer_cls=StageTracer)
         env: dict[fx.Node, Any] = {}
         if s == 0:
-            for p in placeholders:
-                env[p] = g.node_copy(p)
+            env.update({p: g.node_copy(p) for p in placeholders})
         else:
-            for p in placeholders:
-                if INPUT_CONSTANT_KEY in p.meta:
-                    env[p] = p.meta[INPUT_CONSTANT_KEY]
+            env.update({p: p.meta[INPUT_CONSTANT_KEY] for p in placeholders if INPUT_CONSTANT_KEY in p.meta})
             for v in live[s - 1]:
                 received = g.placeholder(v.name)
                 order = _dense_order(v)
@@ -272,11 +261,10 @@ def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stag
             env[node] = g.node_copy(node, lookup)
             tensors.append(node)
         if s == num_stages - 1:
-            leaves = [fx.graph.map_arg(leaf, lookup) for leaf in tree_leaves(output.args[0])]
-            g.output(leaves[0] if len(leaves) == 1 else tuple(leaves))
+            outs = [fx.graph.map_arg(leaf, lookup) for leaf in tree_leaves(output.args[0])]
         else:
             outs = [_sendable(g, env[v], v) for v in live[s]]
-            g.output(outs[0] if len(outs) == 1 else tuple(outs))
+        g.output(outs[0] if len(outs) == 1 else tuple(outs))
         stage = fx.GraphModule(module, g, f"{type(module).__name__}Stage{s}")
         libraries = op_libraries(stage)
         if libraries:
