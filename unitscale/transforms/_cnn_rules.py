@@ -3,18 +3,7 @@
 A unit-scaled op assumes its inputs are ``N(0, 1)``, and in a convolutional network several
 are not: batch norm undoes any forward scale before it, a ReLU's output has a mean, a max
 pool keeps what a ReLU would drop, and batch norm grows the gradient in a way no scale
-inside a residual block can undo. After the twins are in place, these rules rewrite around
-them:
-
-- a matmul or convolution that only batch norm reads takes its backward scale both ways;
-- an average pool to one value per channel is scaled for the mean its input has, and a max
-  pool of a ReLU by ``2**-0.5`` both ways;
-- a ReLU after a residual add whose skip is such a ReLU (post-activation ResNets) gets the
-  scales of the sum it actually reads;
-- (in ``_frozen.py``) a gradient factor measured once and frozen on the trunk before each
-  residual block that holds batch norm;
-- a squeeze-excitation gate's product scales the gate's summed gradient where the gate's
-  branch undoes it.
+inside a residual block can undo. After the twins are in place, these rules rewrite around them.
 """
 
 from __future__ import annotations
@@ -68,11 +57,7 @@ _POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d, U.mean}
 
 
 def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> int | None:
-    """The elements a pool to one value per channel averages (``None``: not such a pool).
-
-    A 2-D pool to a 1x1 map, or a mean pool (:func:`~unitscale.functional.mean` over the
-    spatial dims or the tokens), whose window is what each output averages.
-    """
+    """The elements a pool to one value per channel (a 1x1 map, or a mean pool) averages, else ``None``."""
     # int(): under a free batch (an exported graph) the sizes are symbolic, the window is not
     if node.target is U.mean:
         return int(before.numel() // max(value.numel(), 1))
@@ -100,13 +85,11 @@ def scale_global_pools(state: PassState) -> None:
     for node in list(state.graph.nodes):
         if not (node.op == "call_function" and _member(node.target, _POOLS)):
             continue
-        value = node.meta.get("example_value")
-        source = node.args[0] if node.args else None
-        if not isinstance(value, torch.Tensor):
+        value, source = node.meta.get("example_value"), node.args[0] if node.args else None
+        before = source.meta.get("example_value") if isinstance(source, fx.Node) else None
+        if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)):
             continue
-        if not isinstance(source, fx.Node) or not isinstance(source.meta.get("example_value"), torch.Tensor):
-            continue
-        window = _global_window(node, value, source.meta["example_value"])
+        window = _global_window(node, value, before)
         if window is None:
             continue
         trunk = "constraint" in node.kwargs and node.kwargs["constraint"] is None
@@ -122,32 +105,25 @@ def scale_global_pools(state: PassState) -> None:
 # The torch function of each activation twin whose output has a mean (its ratio to the std is measured).
 _ACTIVATIONS: dict[Any, Callable[..., Any]] = {U.relu: F.relu, U.relu6: F.relu6, U.silu: F.silu, U.gelu: F.gelu}
 _ACTIVATIONS[U.hardswish] = F.hardswish
-_RATIOS: dict[Any, float] = {}
 _MEAN_TO_STD_KEY = "unitscale_mean_to_std"
 
 
 def _mean_to_std(node: Any) -> float:
-    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else).
-
-    From the activation's own torch function, by the trapezoid rule on [-12, 12]: 0.683 for
-    ReLU (``pdf(0) / (1/2 - pdf(0)**2)**0.5``), 0.369 for SiLU.
-    """
+    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else)."""
     if isinstance(node, fx.Node) and _MEAN_TO_STD_KEY in node.meta:
         return float(node.meta[_MEAN_TO_STD_KEY])
     fn = _ACTIVATIONS.get(node.target) if isinstance(node, fx.Node) and node.op == "call_function" else None
     return 0.0 if fn is None else _ratio(fn)
 
 
+@functools.cache
 def _ratio(fn: Callable[..., Any]) -> float:
-    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule (cached)."""
-    if fn not in _RATIOS:
-        x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
-        density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
-        y = fn(x)
-        mean = torch.trapezoid(y * density, x)
-        variance = torch.trapezoid(y * y * density, x) - mean**2
-        _RATIOS[fn] = float(mean / variance.sqrt())
-    return _RATIOS[fn]
+    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule on [-12, 12] (0.683 for ReLU)."""
+    x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
+    density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
+    y = fn(x)
+    mean = torch.trapezoid(y * density, x)
+    return float(mean / (torch.trapezoid(y * y * density, x) - mean**2).sqrt())
 
 
 @functools.lru_cache(maxsize=16)
@@ -177,11 +153,10 @@ def _post_residual_relu(tau: float) -> tuple[float, float]:
 
 
 def rescale_relus_after_residuals(state: PassState) -> None:
-    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input.
+    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input (:func:`_post_residual_relu`).
 
-    See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
-    :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
-    trunk), else their geometric mean both ways.
+    The ReLU becomes torch's and one :func:`~unitscale.functional.scale`: both scales on the
+    trunk, else their geometric mean both ways.
     """
     rewritten: set[fx.Node] = set()
     for node in list(state.graph.nodes):
@@ -260,12 +235,7 @@ def balance_gates(state: PassState) -> None:
 def _gate_pool(
     gate: fx.Node, product: fx.Node, copies: int, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
 ) -> fx.Node | None:
-    """The global average pool over ``copies`` positions where the gate's branch alone starts, if there is one.
-
-    The branch is every op on the activation stream between the pool and the gate: each
-    reads the stream only from the pool or the branch, and only the branch or (the gate)
-    the product reads them.
-    """
+    """The global average pool over ``copies`` positions where the gate's branch alone starts, if there is one."""
     for pool in [n for n in ancestors[gate] if n.target in _POOLS and n in stream]:
         source = pool.args[0] if pool.args else None
         value, before = pool.meta.get("example_value"), getattr(source, "meta", {}).get("example_value")
@@ -300,11 +270,7 @@ def rescale_max_pools_of_relus(state: PassState) -> None:
 
 
 def freeze_before_batch_norm_blocks(state: PassState) -> None:
-    """Freeze a measured gradient factor on the trunk before each residual block that holds batch norm.
-
-    See ``_frozen.py``: :func:`~unitscale.functional.frozen_grad_scale` with a buffer of
-    ``state.grad_scales``, measured by the first backward pass.
-    """
+    """Freeze a measured gradient factor on the trunk before each residual block holding batch norm (``_frozen.py``)."""
     blocks = freeze_grads_before_batch_norm_blocks(state.gm, state.trunk, state.grad_scales)
     state.done.update(blocks)
     state.blocks = len(blocks)

@@ -1,20 +1,11 @@
 """Gradient factors measured once and frozen: what batch norm's residual blocks need, kept static.
 
-Batch norm's input gradient grows as its input's per-channel variance shrinks (1.2 per batch
-norm after a ReLU, see :mod:`unitscale.functional`'s ``batch_norm``), and inside a residual
-block no scale can undo that: a backward scale on the branch alone would meet the skip's
-unscaled gradient at the fork and turn the sum away from the true gradient, and batch norm
-cancels any scale given both ways. On a cut edge (every path passes through it: the residual
-stream between two blocks, the stem's batch norm) a backward scale multiplies every gradient
-upstream by one number, and keeps gradients true. The number is measured once, by the first
-backward pass (``unit_scale``'s check on the call that captures the graph, else the user's
-first), as ``1 / RMS`` of the gradient there, and then frozen in a buffer of
-:class:`GradScales`, saved with the model (``state_dict``): every later backward pass uses the
-same constant, so backward stays linear (separate ``backward()`` calls add up, micro-batches
-add up to the batch, a loss times ``c`` gives gradients times ``c``).
-
-This file writes no ``node.meta`` key; it adds ``get_attr`` nodes for the buffers, named
-``unit_grad_scale_<key>`` on the graph module.
+Batch norm's input gradient grows as its input's per-channel variance shrinks, and inside a
+residual block no scale can undo that: a backward scale on the branch alone would turn the
+sum at the fork away from the true gradient, and batch norm cancels a scale given both ways.
+On a cut edge (the trunk) a backward scale multiplies every gradient upstream by one number.
+That number is measured by the first backward pass as ``1 / RMS`` of the gradient there and
+frozen in a buffer of :class:`GradScales`, saved with the model, so backward stays linear.
 """
 
 from __future__ import annotations
@@ -32,11 +23,9 @@ from unitscale.transforms._graph import _insert_after
 class GradScales(nn.Module):
     """The frozen gradient factors of one unit-scaled model: one scalar buffer per place, 0 until measured.
 
-    Keys name the place (``<module path>_<ordinal>``), so every graph captured from one model
-    (other batch sizes, eval mode) shares one factor per place. Loading a ``state_dict``
-    creates the buffers it holds, so a model saved after its first call loads its factors
-    into a fresh ``unit_scale`` before that one's first call; ``loaded`` then tells the pass
-    that the parameters are the loaded ones, not to be re-initialised.
+    Keys name the place (``<module path>_<ordinal>``): every graph of one model shares them.
+    Loading a ``state_dict`` creates the buffers it holds and sets ``loaded``: the parameters
+    are the loaded ones, not to be re-initialised.
     """
 
     def __init__(self) -> None:
@@ -124,11 +113,9 @@ def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node
 
 
 def freeze_trunk_batch_norms(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int) -> list[fx.Node]:
-    """A batch norm on the trunk keeps its constraint (scale 1 both ways) and gets a frozen factor on its input.
+    """A batch norm on the trunk keeps its constraint and gets a frozen factor on its input; returns the nodes added.
 
-    ``U.batch_norm(constraint=None)`` would scale its input gradient by a number read from the
-    batch's variances, different for every batch; on the trunk a frozen factor does that job
-    with one number. Returns the nodes added.
+    Unconstrained, its input gradient's scale would be read from each batch's variances.
     """
     added: list[fx.Node] = []
     ordinal = first

@@ -1,15 +1,8 @@
-"""The unit-scaling pass's rule for losses: each loss's gradient factor stated, one factor for losses that meet.
+"""The unit-scaling pass's rule for losses: one gradient factor for the losses of a graph.
 
-A unit-scaled loss (:func:`~unitscale.functional.cross_entropy`,
-:func:`~unitscale.functional.mse_loss`) multiplies its input's gradient by a factor fixed by
-shapes. Two losses whose values are added (a model that returns ``ce + mse``) with their own
-factors would weigh each other's gradients by them, and the sum's gradient would point
-elsewhere than the true one (cosine 0.9990 for 10 classes, batch 64). The losses of one graph
-get one factor, the geometric mean of theirs, so a sum's gradient is that number times the
-true one.
-
-Writes ``gm.meta["loss_scales"]``: one ``"<op>: gradient factor <f>"`` line per loss (with
-its own factor where it was changed); ``TransformedModule.loss_scales`` shows it.
+Two unit-scaled losses added with their own factors would weigh each other's gradients by
+them, and the sum's gradient would point elsewhere than the true one (cosine 0.9990 for 10
+classes, batch 64).
 """
 
 from __future__ import annotations

@@ -1,29 +1,16 @@
 """Read an exported (aten-level) graph as torch functions, so the passes see one vocabulary.
 
-``torch.export`` graphs name ops as aten overloads (``aten.linear.default``,
-``aten.embedding.default(weight, indices)``); TorchDynamo and ``torch.fx`` graphs name
-the torch functions users call (``F.linear``, ``F.embedding(input, weight)``). The
-unit-scaling pass, its patterns (RMS norm, tanh GELU, rotary embeddings) and
-:func:`unitscale.transforms.simulate_format` are written against the second vocabulary, and
-:data:`unitscale.functional.torch_map` keys on it. :func:`to_torch_functions`
-rewrites each aten op of :data:`TORCH_LEVEL` into its torch function, putting the
-arguments in that function's order; the training IR that ``torch.export`` produces
-keeps the high-level ops (``linear``, ``layer_norm``, ``scaled_dot_product_attention``),
-so the rewrite is a table, not a pattern search. Ops outside the table stay as they
-are: those that only move data (:data:`ATEN_NEUTRAL`) are scale-neutral, every other
-one on the activation path is listed by ``unit_scale`` as unscaled, by its aten name.
+``torch.export`` graphs name ops as aten overloads (``aten.linear.default``); the
+unit-scaling pass, its patterns and :func:`unitscale.transforms.simulate_format` are written
+against the torch functions users call (``F.linear``), as :data:`unitscale.functional.torch_map`
+is. The training IR keeps the high-level ops, so the rewrite is a table (:data:`TORCH_LEVEL`),
+not a pattern search; ops outside it stay, those that only move data (:data:`ATEN_NEUTRAL`)
+scale-neutral.
 
-Export's dtype checks (``aten._assert_tensor_metadata``, one after each ``.to()``) are
-dropped: as second readers of a tensor they would hide patterns whose inner values
-must have one reader (an RMS norm's ``x * rsqrt(...)``), and the graph was checked
-against the model when it was captured.
-
-In-place ops (``relu_``, ``add_``) become their out-of-place twins only when nothing
-else reads the tensor they overwrite, so the rewrite never changes what a later op sees,
-and when that tensor is not a buffer (batch norm's ``num_batches_tracked.add_(1)`` must
-still count).
-The bodies of higher-order ops (``wrap_with_set_grad_enabled``: Llama's rotary tables
-under ``no_grad``) are rewritten too.
+Export's dtype checks (``aten._assert_tensor_metadata``) are dropped: as second readers of a
+tensor they would hide patterns whose inner values must have one reader. In-place ops become
+out-of-place only when nothing else reads the tensor they overwrite and it is not a buffer
+(batch norm's ``num_batches_tracked.add_(1)`` must still count).
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""The state the unit-scaling pass's rules share: :class:`PassState`.
-
-Its own module so that the rule modules and :mod:`unitscale.transforms.rules` (which lists
-them) both import it, and neither imports the other back.
-"""
+"""The state the unit-scaling pass's rules share (its own module: rules and rule modules both import it)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""Graph transforms over the capture layer's graphs: unit scaling and simulated low precision.
-
-Each transform wraps a module in a :class:`TransformedModule` that captures the
-forward (with TorchDynamo on its first call, or at once by
-:func:`unitscale.capture.capture`'s routes when given ``example_inputs``) and
-rewrites the captured graph.
-Transforms nest, and ``torch.compile`` goes on top:
-``torch.compile(simulate_fp8(unit_scale(model)))``.
-"""
+"""The graph transforms users call: :func:`unit_scale`, :func:`simulate_format`, :func:`apply_transform`."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """Is a unit-scaled graph at unit scale? Measure the std along it, and name the ops that move it off.
 
-:func:`check_scale` runs a graph once on real inputs, forward and backward (an ``N(0, 1)``
-gradient on every float output, 1 on a one-element output: a loss), and records the std of every activation and of the
-gradient at it. From these it finds the ops that *break* unit scale: an op whose output
-leaves the band while its main input was inside it (forward), or whose input's gradient
-leaves the band while the gradients arriving from its readers were inside it (backward).
-:func:`~unitscale.unit_scale` runs it on the call that captures a graph and puts the result
-on ``result.scale_check``; when the output or the input gradient is off unit scale it logs
-the ops that broke it.
-
-The measuring is scale tracking's (:class:`~unitscale.tracking.ScaleTrackingInterpreter`,
-recording only the activation stream, and :func:`~unitscale.tracking.std_stat`); a tensor of
-one element (a loss) has no spread to judge (its std is 0): the check shows NaN, not judged.
-
-Only the activation stream counts: the graph inputs and the ops that compute from them.
-Parameters (a norm's gain of ones has std 0), position tables and masks have no scale to keep.
-Nor do an op only batch norm reads (batch norm undoes its scale) and the parts of an op that
-``unit_scale`` kept because it keeps unit scale as a whole (a rotary embedding's products)
-count as moving the forward scale.
+An op *breaks* unit scale when its output leaves the band while its main input was inside it
+(forward), or its input's gradient leaves the band while the gradients arriving from its
+readers were inside it (backward). Only the activation stream counts (the graph inputs and
+the ops that compute from them), and not as moving the forward scale an op only batch norm
+reads (batch norm undoes its scale) nor the parts of an op ``unit_scale`` kept whole (a rotary
+embedding's products). A tensor of one element (a loss) has no spread: its std shows NaN.
 """
 
 from __future__ import annotations
@@ -32,7 +20,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from unitscale.tracking import ScaleTrackingInterpreter, read_rows, std_stat
-from unitscale.transforms.unit_scale_pass import KEPT_KEY, _whole_regions, describe
+from unitscale.transforms._kept import _whole_regions
+from unitscale.transforms.unit_scale_pass import KEPT_KEY, describe
 
 __all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
 

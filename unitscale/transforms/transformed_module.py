@@ -1,29 +1,11 @@
 """Graph transforms over a captured forward: the module that runs them, per input signature.
 
-A transform here is a function from a captured :class:`torch.fx.GraphModule` to a
-new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule`. Its
-graph comes from the capture layer (:mod:`unitscale.capture`), in one of two ways:
-
-- **lazily** (no example inputs): on the first call with a new input signature,
-  ``unitscale.capture.toolkit.dynamo_graph`` captures the call with TorchDynamo
-  (``fullgraph=True``, static shapes), and the transforms run over that graph;
-- **eagerly** (``example_inputs=``): :func:`unitscale.capture.capture` tries its graph
-  routes (``fx`` flat, ``torch.export`` with a free batch dimension, strict export,
-  TorchDynamo) at once, an exported graph is read as torch functions
-  (:func:`unitscale.transforms.aten.to_torch_functions`), and the transforms run over
-  it. That graph serves every call that differs from the example inputs only in the
-  batch size (dimension 0, where the route left it free: always on ``fx``, on export
-  when the model does not pin it) and in nothing else (training mode, dtypes, other
-  dimensions, plain values); any other call is captured lazily, as above.
-
-Either way every node carries the capture layer's ``module_path``, ``module_type`` and
-``source``, and an ``example_value``. Transforms nest because a transformed module only
-collects transforms: ``simulate_fp8(unit_scale(model))`` captures once and runs the
-unit-scaling transform, then the FP8 one.
-
-The result is a plain ``nn.Module`` whose forward runs the transformed graph: it
-trains eagerly, compiles with ``torch.compile`` and traces with a
-:class:`~unitscale.fx.DeepTracer` (after its graph exists).
+With example inputs (``example_inputs=``) the graph captured at once by
+:func:`unitscale.capture.capture` (an exported graph read as torch functions,
+:func:`unitscale.transforms.aten.to_torch_functions`) serves every call that differs from
+the example inputs only in the batch size (dimension 0, where the route left it free: always
+on ``fx``, on export when the model does not pin it); any other call, and every call without
+example inputs, is captured lazily with TorchDynamo, once per input signature.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
-"""The graph pass behind :func:`unitscale.unit_scale`.
+"""The graph pass behind :func:`unitscale.unit_scale`: the loop over :mod:`unitscale.transforms.rules`' list.
 
-On a graph of torch functions (TorchDynamo's, a flat ``torch.fx`` trace, or an exported
-graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes carry
-``example_value`` and the capture layer's ``module_path``/``source``, each rule of
-:mod:`unitscale.transforms.rules`' ordered list runs in turn (``rule_names()`` lists them,
-``register_rule`` adds one, and the rules' docstrings say what each does):
-replacements and folds, residual pairs, twins with ``constraint=None`` on the trunk alone,
-constant factors, the scales of convolutional networks' inputs, frozen gradient factors and
-shared loss factors. :class:`UnitScalePass` is the loop over them. Then the ops kept as they
-are, because they keep the scale of unit-scaled operands, are listed with the reason in
-``graph_module.meta["kept_ops"]``; higher-order ops and inlined ``vmap`` bodies left whole in
-``graph_module.meta["unscaled_regions"]``; and the ops left as they were, other than ones
-that move data without changing its scale (reshapes, indexing, concatenation, ...) or
-produce no float tensor, in ``graph_module.meta["unscaled_ops"]``.
-
-Only ops on the activation path are scaled or listed: those that read, directly or
-not, a float input or a parameter. Position tables, masks and bucket indices computed
-from integer inputs and buffers carry no gradient and keep their values.
-
-Parameters are re-initialised (:func:`unit_init_`) only where every use is a unit-scaled
-op; a parameter that feeds an op left unscaled keeps its values, so the ops around it
-compute what they did.
+After the rules, :class:`UnitScalePass` lists in ``graph_module.meta`` the ops kept because they
+keep the scale of unit-scaled operands (``"kept_ops"``), the regions left whole
+(``"unscaled_regions"``) and the ops on the activation path left as they were, other than ones
+that move data without changing its scale or produce no float tensor (``"unscaled_ops"``).
 
 The rules live by topic: skip connections in ``_residuals.py``; replacements, twins, pools and
 constants in ``_op_rules.py``; what is kept or left whole in ``_kept.py``; batch norm, pools,
 post-activation ReLUs and squeeze-excitation gates in ``_cnn_rules.py`` (and ``_frozen.py``);
-losses in ``_losses.py``; the questions every rule asks of the graph (what a node runs, who
-reads it, the activation path and the trunk) in ``_graph.py``.
+losses in ``_losses.py``; the questions every rule asks of the graph in ``_graph.py``.
 """
 
 from __future__ import annotations
@@ -39,24 +21,21 @@ import torch.nn.functional as F
 from torch import fx
 
 import unitscale.functional as U
-from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS, SCALE_NEUTRAL_METHODS
+from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS
 from unitscale.scaling.parameter import tag
 from unitscale.transforms import rules
 from unitscale.transforms._frozen import GradScales
 from unitscale.transforms._graph import (
-    _SCALED,
     _argument_name,
-    _aten_neutral,
     _attr,
     _consumers,
     _function_of,
     _is_float_tensor,
+    _is_neutral,
     _is_scaled,
-    _is_view_attribute,
     _member,
     describe,
 )
-from unitscale.transforms._kept import _whole_regions as _whole_regions  # the std check reads it here
 from unitscale.transforms._kept import region_lines
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "describe", "unit_init_"]
@@ -185,9 +164,5 @@ class UnitScalePass:
             return False
         if not _is_float_tensor(node.meta.get("example_value")):
             return False
-        fn = _function_of(node)
-        if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
-            return False
-        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _aten_neutral(fn):
-            return False
-        return not (isinstance(fn, torch._ops.OpOverload) and fn.namespace == "unitscale")
+        # a method's function (``torch.Tensor.flatten``) may be scale-neutral under its function's name
+        return not (_is_neutral(node) or _is_scaled(node) or _member(_function_of(node), SCALE_NEUTRAL_FUNCTIONS))
