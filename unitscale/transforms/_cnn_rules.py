@@ -36,14 +36,10 @@ _MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
 
 
 def constrain_before_batch_norms(state: PassState) -> None:
-    """A matmul or convolution that only batch norm reads takes its input-gradient scale both ways.
+    """A matmul or convolution off the trunk that only batch norm reads takes its input-gradient scale both ways.
 
-    Batch norm's output does not depend on its input's scale, so the forward scale of the op
-    before it changes nothing the model computes, and the constraint can give both directions
-    the scale the backward needs (``to_grad_input_scale``) instead of a mean of the two: a
-    stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
-    at every downsampling of a ResNet. Only an op given no constraint yet: one off the trunk
-    (on the trunk ``swap_ops`` gave it ``constraint=None``, each direction its own scale).
+    Batch norm undoes the forward scale before it; a mean of the two scales would grow a
+    stride-2 convolution's gradient by ``(fan_in / count)**0.25``, 1.19, at every downsampling.
     """
     for node in state.graph.nodes:
         if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
@@ -69,18 +65,11 @@ def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> 
 def scale_global_pools(state: PassState) -> None:
     """Scale an average pool to one value per channel for its input's mean.
 
-    Over ``k`` independent zero-mean values the pool's forward scale is ``k**0.5`` and its
-    backward scale ``k`` (each input gets ``1/k`` of the pooled gradient). Two corrections:
-
-    - off the trunk (a squeeze-excitation block), the pool takes its forward scale both
-      ways: a geometric mean misses both by ``k**0.25`` (5.7 at 32x32) and the gate after it
-      saturates. What the pool computes is what every later op sees; its backward only adds
-      to the gradient its input gets from its other readers (the gated product).
-    - averaging keeps a mean and shrinks the spread around it by ``k**-0.5``. After a ReLU
-      (or SiLU, GELU, hardswish) the values have a mean ``r`` times their std (0.68 for
-      ReLU, for ``N(0, 1)`` input), and ``k**0.5`` would multiply that mean by 16 at 16x16:
-      the pooled value of unit-std input has mean square ``r**2 + 1/k``, so its forward
-      scale is ``(r**2 + 1/k)**-0.5``; ``r`` comes from the activation's Gaussian moments.
+    Over ``k`` zero-mean values the pool's scales are ``k**0.5`` forward and ``k`` backward. Off
+    the trunk (a squeeze-excitation block) it takes its forward scale both ways: a geometric
+    mean misses both by ``k**0.25`` and the gate after it saturates. After an activation whose
+    output has a mean ``r`` times its std (0.68 for ReLU) the pooled value has mean square
+    ``r**2 + 1/k``, so the forward scale is ``(r**2 + 1/k)**-0.5``, not ``k**0.5``.
     """
     for node in list(state.graph.nodes):
         if not (node.op == "call_function" and _member(node.target, _POOLS)):
@@ -130,16 +119,11 @@ def _ratio(fn: Callable[..., Any]) -> float:
 def _post_residual_relu(tau: float) -> tuple[float, float]:
     """Forward and backward scales of a ReLU after ``residual_add(branch, skip, tau)`` whose skip is such a ReLU.
 
-    A post-activation residual block (ResNet, RegNet) ends in ``relu(sqrt(tau) * branch +
-    sqrt(1 - tau) * skip)``: the branch ends in batch norm (mean 0, std 1), the skip is the
-    previous block's ReLU output, whose mean is not 0. The sum is taken as Gaussian with the
-    mean and variance these give; a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma
-    phi(a)``, mean square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``)
-    and passes a share ``Phi(a)`` of its gradient. Iterated to the fixed point where the skip
-    is the same ReLU, scaled to unit root-mean-square: at ``tau = 0.5``, 72% of the inputs
-    are positive, not half, and the ``2**0.5`` of :func:`~unitscale.functional.relu` would
-    grow the gradient by 1.2 per block. The scales are ``1 / RMS`` forward and
-    ``Phi(a)**-0.5`` backward.
+    The skip is the previous block's ReLU output, whose mean is not 0; the sum is taken as
+    Gaussian, and a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma phi(a)``, mean
+    square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``) and passes a
+    share ``Phi(a)`` of its gradient. Iterated to the fixed point (at ``tau = 0.5``, 72% of the
+    inputs are positive, not half): ``1 / RMS`` forward and ``Phi(a)**-0.5`` backward.
     """
     mean, forward, share = 0.564, 2**0.5, 0.5  # start from a ReLU of N(0, 1) at unit RMS
     for _ in range(60):
@@ -190,20 +174,10 @@ def rescale_relus_after_residuals(state: PassState) -> None:
 def balance_gates(state: PassState) -> None:
     """Scale a gate's gradient by its copies where the gate's branch undoes it.
 
-    :func:`~unitscale.functional.mul` of an activation and a gate broadcast over ``k``
-    positions would scale the gate's summed gradient by ``k**-0.5`` (``constraint=None``),
-    which keeps the gate's branch at unit scale; a backward scale alone keeps the gradient
-    true only where the two operands' gradients do not meet upstream. A squeeze-excitation
-    gate is computed from the activation it gates, so they meet at the fork. Two cases
-    keep the scale:
-
-    - the operands come from no common input (a cut edge): the scale stays as it is;
-    - the gate's branch starts at a global average pool over the ``k`` positions, and the
-      branch between the pool and the gate is entered and left there alone: the pool's
-      gradient gets ``k**0.5`` backward, so along the branch the backward scales not
-      matched by forward ones multiply to 1, and the pool's input gets its true gradient.
-
-    Elsewhere the product keeps its constraint (torch's gradient).
+    Unconstrained, the gate's summed gradient is scaled by ``k**-0.5``, true only where the
+    operands' gradients do not meet upstream (no common input), or where the gate's branch
+    starts at a global average pool over the ``k`` positions and is entered and left there
+    alone: the pool then gets ``k**0.5`` backward. Elsewhere the product keeps its constraint.
     """
     graph = state.graph
     muls = [n for n in graph.nodes if n.target is U.mul and len(n.args) == 2]
@@ -253,13 +227,7 @@ def _gate_pool(
 
 
 def rescale_max_pools_of_relus(state: PassState) -> None:
-    """Scale a max pool of a ReLU by ``2**-0.5`` both ways.
-
-    The ReLU's ``2**0.5`` assumes half its outputs are zero (forward) and half its gradients
-    are dropped (backward). A max over a window of ReLU outputs is almost never zero, and its
-    gradient goes only to a window's maximum, where the ReLU passed its input: both halves
-    are kept, and a ResNet's stem would grow the forward and the gradient by ``2**0.5``.
-    """
+    """Scale a max pool of a ReLU by ``2**-0.5`` both ways: a window's maximum keeps both halves the ReLU drops."""
     for node in list(state.graph.nodes):
         if node.target is not U.max_pool2d or node.kwargs.get("return_indices") or len(node.args) > 6:
             continue

@@ -10,6 +10,7 @@ frozen in a buffer of :class:`GradScales`, saved with the model, so backward sta
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -40,24 +41,13 @@ class GradScales(nn.Module):
         assert found is not None
         return found
 
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         for name in state_dict:
             key = name[len(prefix) :]
             if name.startswith(prefix) and key and "." not in key:
                 self.factor(key)
         self.loaded = True
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def _key(node: fx.Node, ordinal: int) -> str:
@@ -100,11 +90,7 @@ def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node
             stream = stream.args[0]
         if not (isinstance(source, fx.Node) and stream in trunk):
             continue
-        block = []
-        for node in nodes[position[split] + 1 :]:
-            if node in trunk:
-                break
-            block.append(node)
+        block = itertools.takewhile(lambda n: n not in trunk, nodes[position[split] + 1 :])
         if not any(n.target is U.batch_norm for n in block):
             continue
         added.append(freeze_grad_scale(gm, store, source, split, ordinal))

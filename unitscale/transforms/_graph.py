@@ -1,12 +1,8 @@
 """The ``torch.fx`` vocabulary the unit-scaling pass is written in.
 
-What a node runs (a method call becomes ``torch.Tensor.<name>``) and what kind of op that is
-(an add, a product, a unit-scaled twin, an op that only moves data); who reads a node and what
-made it, looking through reshapes and casts; which ops lie on the activation path, on the
-stream computed from the graph's inputs, and on the trunk every path from the inputs to the
-output passes through; what an op is called in a report (:func:`describe`). Two edits belong
-here too: ``_insert_after`` adds a node attributed to another's module, the way every rule of
-the pass adds one, and ``_scale_after`` puts a fixed scale after a node.
+What a node runs and what kind of op that is; who reads a node and what made it, looking
+through reshapes and casts; which ops lie on the activation path, the stream and the trunk;
+what an op is called in a report (:func:`describe`); and the two edits every rule makes.
 """
 
 from __future__ import annotations
@@ -72,11 +68,7 @@ def _location(node: fx.Node) -> str:
 
 
 def describe(node: fx.Node) -> str:
-    """``"<op> (node <name>, module <path>) at <file>:<line>"`` for reports and errors.
-
-    The module path and source are the capture layer's normalised meta; the module part
-    is left out for an op of the root module.
-    """
+    """``"<op> (node <name>, module <path>) at <file>:<line>"`` for reports and errors (no module part at the root)."""
     path = node.meta.get(MODULE_PATH_KEY) or ""
     module = f", module {path}" if path else ""
     return f"{op_name(_function_of(node), qualified=True)} (node {node.name}{module}){_location(node)}"
@@ -219,10 +211,8 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
 def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     """The graph inputs and the ops on the activation path that compute from them (not from parameters alone).
 
-    A value that holds no float tensor carries no gradient and is left out: an input's size
-    (``aten.sym_size`` in a graph exported with a free batch, ``x.shape`` on the fx route),
-    read again by every later reshape, would otherwise jump over every op in between and
-    take them all off the trunk, which a graph with static shapes (TorchDynamo's) keeps.
+    A value that holds no float tensor is left out: an input's size (``x.shape``), read again by
+    every later reshape, would otherwise jump over every op in between and take them off the trunk.
     """
     stream: set[fx.Node] = set()
     for node in graph.nodes:
@@ -236,18 +226,10 @@ def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
 
 
 def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """Ops every path from the inputs to the output goes through.
+    """Ops every path from the inputs to the output goes through: no edge of the stream jumps over them.
 
-    In graph order, an op is on the trunk when no edge of the activation stream jumps
-    over it: every stream value made before it is read only up to it (a skip
-    connection is such a jump, and puts the ops of its branch off the trunk). The
-    stream is the graph inputs and the ops on the activation path that compute from them.
-
-    Only a jump whose value shares an input with the op counts: a gradient along it can
-    meet the op's own upstream only there. A target passed to ``forward`` and read by the
-    loss alone jumps over every op of the model, but shares no input with them (as a
-    target held in a buffer, which is no input at all), so the model keeps its trunk
-    whichever way the target comes.
+    Only a jump whose value shares an input with the op counts: a target passed to ``forward``
+    and read by the loss alone jumps over every op of the model but meets none of them.
     """
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
@@ -312,15 +294,7 @@ def _scale_after(node: fx.Node, forward: float, backward: float, suffix: str) ->
 
 
 def check_replacement(node: fx.Node, replacement: Any) -> None:
-    """Refuse a ``replace`` entry that cannot take the call it replaces, when the graph is made.
-
-    Without this, a replacement of the wrong signature (a missing keyword such as gelu's
-    ``approximate``, one argument too few) fails only when the unit-scaled model runs, far
-    from the ``unit_scale(replace=...)`` that caused it.
-
-    Raises:
-        ReplaceMapError: ``replacement(*node.args, **node.kwargs)`` does not bind.
-    """
+    """Raise ``ReplaceMapError`` when the graph is made, not when it runs, if ``replacement`` cannot take the call."""
     try:
         signature = inspect.signature(replacement)
     except (TypeError, ValueError):  # a builtin without a signature: nothing to check

@@ -48,12 +48,7 @@ GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
 
 
 def _outside_dynamo(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch._dynamo.disable(method)``, made on the first call.
-
-    Decorating with ``torch._dynamo.disable`` directly imports TorchDynamo when this module is
-    imported: about 1.5 s added to every ``import unitscale``, in every notebook kernel and
-    pipeline worker, even those that never capture a graph.
-    """
+    """``torch._dynamo.disable(method)``, made on the first call: importing TorchDynamo takes 1.5 s."""
     disabled: list[Callable[..., Any]] = []
 
     @functools.wraps(method)
@@ -106,10 +101,8 @@ class _EagerGraph:
 class _ProxyInliner(fx.Interpreter):
     """Replays a graph into the tracer that is tracing the caller, one node per node.
 
-    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled
-    functions (their names live in the generated code's globals, which a tracer's
-    autowrapping does not patch); replaying keeps each as one node. Parameters are
-    read through ``getattr``, which the tracer turns into ``get_attr`` nodes of its root.
+    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled functions
+    (the generated code's globals, which a tracer's autowrapping does not patch).
     """
 
     def __init__(self, gm: fx.GraphModule) -> None:
@@ -389,10 +382,7 @@ class TransformedModule(nn.Module):
 def _state_kept(module: nn.Module) -> Iterator[None]:
     """Run a capture without leaving a trace: buffers and the random number generator as they were.
 
-    Capturing runs the model (TorchDynamo once, the capture routes once each): in training
-    mode each run would update batch norm's running statistics and draw dropout masks, so
-    the first call of a training loop would count its batch several times, once by a
-    graph that is not the transformed one.
+    Each capture runs the model, and would count the batch in batch norm's statistics again.
     """
     kept = [(b, b.detach().clone()) for b in module.buffers()]
     with torch.random.fork_rng(devices=[]):
@@ -418,11 +408,8 @@ def _batch_free(gm: fx.GraphModule, route: str) -> bool:
 def _modes(module: nn.Module) -> tuple[Any, ...]:
     """The training flag and hooks of every submodule, and the call's state: a graph is captured for one such mode.
 
-    One flag would not do: ``model.train(); model.bn.eval()`` (batch norm frozen) is a mode
-    of its own, whose graph normalises with the running statistics. Grad mode, inference
-    mode and autocast change the graph too (``unitscale.capture.toolkit.call_state``): a
-    graph captured under ``no_grad`` inlines a custom ``autograd.Function``'s forward and
-    takes ``nn.TransformerEncoder``'s fast path, which has no derivative.
+    ``model.train(); model.bn.eval()`` is a mode of its own; grad mode, inference mode and
+    autocast change the graph too (``unitscale.capture.toolkit.call_state``).
     """
     return (tuple((m.training, hook_key(m)) for m in module.modules()), call_state())
 
