@@ -213,9 +213,8 @@ def _gate_pool(
     for pool in [n for n in ancestors[gate] if n.target in _POOLS and n in stream]:
         source = pool.args[0] if pool.args else None
         value, before = pool.meta.get("example_value"), getattr(source, "meta", {}).get("example_value")
-        if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor) and value.numel()):
-            continue
-        if before.numel() != copies * value.numel():
+        sizes = [v.numel() for v in (value, before) if isinstance(v, torch.Tensor)]
+        if len(sizes) != 2 or not sizes[0] or sizes[1] != copies * sizes[0]:
             continue
         branch = {n for n in ancestors[gate] if pool in ancestors[n]} | {gate}
         inside = branch | {pool}

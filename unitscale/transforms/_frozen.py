@@ -64,14 +64,8 @@ def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, re
     with gm.graph.inserting_after(source):
         buffer = gm.graph.get_attr(attr)
     buffer.meta["example_value"] = store.factor(key)
-    scaled = _insert_after(
-        buffer,
-        U.frozen_grad_scale,
-        (source, buffer),
-        f"{source.name}_grad_frozen",
-        reader,
-        source.meta.get("example_value"),
-    )
+    value = source.meta.get("example_value")
+    scaled = _insert_after(buffer, U.frozen_grad_scale, (source, buffer), f"{source.name}_grad_frozen", reader, value)
     reader.replace_input_with(source, scaled)
     return scaled
 

@@ -7,6 +7,7 @@ what an op is called in a report (:func:`describe`); and the two edits every rul
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import os
@@ -59,12 +60,8 @@ def _location(node: fx.Node) -> str:
     source = str(node.meta.get(SOURCE_KEY) or "")
     if source:
         return f" at {os.path.basename(source)}"
-    trace = node.meta.get("stack_trace") or ""
-    found = re.findall(r'File "([^"]+)", line (\d+)', trace)
-    if not found:
-        return ""
-    path, line = found[-1]
-    return f" at {os.path.basename(path)}:{line}"
+    found = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    return f" at {os.path.basename(found[-1][0])}:{found[-1][1]}" if found else ""
 
 
 def describe(node: fx.Node) -> str:
@@ -98,9 +95,7 @@ def _member(fn: Any, group: AbstractSet[Any]) -> bool:
 def _is_float_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.is_floating_point()
-    if isinstance(value, (list, tuple)):
-        return any(_is_float_tensor(v) for v in value)
-    return False
+    return isinstance(value, (list, tuple)) and any(_is_float_tensor(v) for v in value)
 
 
 def _is_float_node(arg: Any) -> bool:
@@ -119,11 +114,7 @@ def _is(node: Any, kind: _Kind) -> bool:
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
     result: dict[fx.Node, set[fx.Node]] = {}
     for node in graph.nodes:
-        mine: set[fx.Node] = set()
-        for parent in node.all_input_nodes:
-            mine.add(parent)
-            mine |= result[parent]
-        result[node] = mine
+        result[node] = set(node.all_input_nodes).union(*(result[parent] for parent in node.all_input_nodes))
     return result
 
 
@@ -153,12 +144,8 @@ def _is_neutral(node: fx.Node) -> bool:
 
 def _is_view_attribute(node: fx.Node) -> bool:
     """``getattr(w, "T")``: how fx and Dynamo write ``w.T``."""
-    return (
-        node.op == "call_function"
-        and node.target is getattr
-        and len(node.args) == 2
-        and node.args[1] in VIEW_ATTRIBUTES
-    )
+    call = node.op == "call_function" and node.target is getattr
+    return call and len(node.args) == 2 and node.args[1] in VIEW_ATTRIBUTES
 
 
 def _consumers(node: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
@@ -184,10 +171,17 @@ def _is_scaled(node: fx.Node) -> bool:
 
 
 def _attr(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for atom in target.split("."):
-        value = getattr(value, atom)
-    return value
+    return functools.reduce(getattr, target.split("."), gm)
+
+
+def _is_parameter(gm: fx.GraphModule, node: Any) -> bool:
+    """Whether ``node`` reads a parameter of ``gm``."""
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        return False
+    try:
+        return isinstance(_attr(gm, str(node.target)), torch.nn.Parameter)
+    except AttributeError:
+        return False
 
 
 def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
@@ -197,10 +191,7 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
         if node.op == "placeholder":
             source = _is_float_tensor(node.meta.get("example_value"))
         elif node.op == "get_attr":
-            try:
-                source = isinstance(_attr(gm, str(node.target)), torch.nn.Parameter)
-            except AttributeError:
-                source = False
+            source = _is_parameter(gm, node)
         else:
             source = any(parent in live for parent in node.all_input_nodes)
         if source:
@@ -284,12 +275,9 @@ def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, lik
 
 def _scale_after(node: fx.Node, forward: float, backward: float, suffix: str) -> fx.Node:
     """Put ``U.scale(node, forward, backward)`` after ``node``, read by all that read ``node``."""
-    users = list(node.users)
-    scaled = _insert_after(
-        node, U.scale, (node, forward, backward), f"{node.name}_{suffix}", node, node.meta.get("example_value")
-    )
-    for user in users:
-        user.replace_input_with(node, scaled)
+    value = node.meta.get("example_value")
+    scaled = _insert_after(node, U.scale, (node, forward, backward), f"{node.name}_{suffix}", node, value)
+    node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
     return scaled
 
 

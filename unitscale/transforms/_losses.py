@@ -42,12 +42,9 @@ def _own_factor(node: fx.Node) -> float | None:
 
 
 def share_loss_scales(state: PassState) -> None:
-    """Give the graph's losses one gradient factor; report each in ``gm.meta["loss_scales"]``.
+    """Give the graph's losses one gradient factor (the caller may add them); report each in ``gm.meta["loss_scales"]``.
 
-    All of them, not only those added inside the graph: a model that returns two losses is
-    as likely to have them added by its caller, and one factor keeps every positive sum's
-    gradient the true one's direction. A loss given its own ``grad_scale`` keeps it, and then
-    so do the others.
+    A loss given its own ``grad_scale`` keeps it, and then so do the others.
     """
     losses = [n for n in state.graph.nodes if n.op == "call_function" and n.target in _LOSSES]
     own = [_own_factor(n) for n in losses]

@@ -20,12 +20,12 @@ from unitscale.transforms._graph import (
     _ADD,
     _DIV,
     _MUL,
-    _attr,
     _constant_factor,
     _consumers,
     _function_of,
     _is,
     _is_float_node,
+    _is_parameter,
     _lookup,
     _member,
     _producer,
@@ -48,11 +48,7 @@ def apply_replacements(state: PassState) -> None:
 
 
 def fold_written_out_ops(state: PassState) -> None:
-    """Fold written-out composites (RMS norm, tanh GELU) into their twins (:func:`fold_patterns`).
-
-    Before residual adds are looked for: ``x + 0.044715 * x**3`` inside GELU would otherwise
-    look like one.
-    """
+    """Fold written-out composites (RMS norm, tanh GELU) into their twins (:func:`fold_patterns`)."""
     state.folded = fold_patterns(state.graph)
     state.done.update(state.folded)
 
@@ -104,17 +100,6 @@ def _is_square(node: fx.Node) -> bool:
     return _is(node, _MUL) and len(node.args) >= 2 and node.args[0] is node.args[1]
 
 
-def _parameter(gm: fx.GraphModule, arg: Any) -> bool:
-    """Whether ``arg`` is a parameter, read through reshapes and casts."""
-    source = _producer(arg)
-    if not (isinstance(source, fx.Node) and source.op == "get_attr"):
-        return False
-    try:
-        return isinstance(_attr(gm, str(source.target)), torch.nn.Parameter)
-    except AttributeError:
-        return False
-
-
 def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
     """``(x, gamma)`` if ``node`` is ``x * gamma``: an activation times a parameter broadcast over it."""
     if not _is(node, _MUL) or len(node.args) != 2 or node.kwargs:
@@ -123,7 +108,7 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
     for x, gamma in ((a, b), (b, a)):
         if not (isinstance(x, fx.Node) and x in stream and _is_float_node(x) and _is_float_node(gamma)):
             continue
-        if gamma in stream or not _parameter(gm, gamma):
+        if gamma in stream or not _is_parameter(gm, _producer(gamma)):
             continue
         out, small = node.meta.get("example_value"), gamma.meta.get("example_value")  # type: ignore[union-attr]
         if isinstance(out, torch.Tensor) and isinstance(small, torch.Tensor) and small.numel() < out.numel():
@@ -134,10 +119,8 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
 def _scale_add(state: PassState, node: fx.Node) -> bool:
     """An add of two float tensors becomes :func:`~unitscale.functional.add` (every add is claimed).
 
-    Unconstrained, a broadcast operand's gradient is scaled apart from the other's: only true
-    where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet), else it keeps ``gmean``.
-    A tensor plus a number (``x + 1``) becomes ``add`` too, which leaves a shift unscaled, as the
-    reference does; a parameter plus one (Gemma's ``1 + w``) stays, so ``w`` keeps its values.
+    A broadcast one keeps ``gmean`` where its operands meet upstream (a GRU's ``out + h[-1]``).
+    A tensor plus a number becomes ``add`` too, as in the reference; Gemma's ``1 + w`` stays.
     """
     if not _is(node, _ADD):
         return False
@@ -146,7 +129,8 @@ def _scale_add(state: PassState, node: fx.Node) -> bool:
         meet = _is_broadcast_product(node) and _meet_upstream(a, b, state)
         state.retarget(node, U.add, **({} if meet else {"constraint": None}))
     elif any(
-        _is_float_node(t) and type(n) in (int, float) and not _parameter(state.gm, t) for t, n in ((a, b), (b, a))
+        _is_float_node(t) and type(n) in (int, float) and not _is_parameter(state.gm, _producer(t))
+        for t, n in ((a, b), (b, a))
     ):
         state.retarget(node, U.add, constraint=None)
     return True

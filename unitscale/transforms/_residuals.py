@@ -57,11 +57,7 @@ def _holds_attention(body: set[fx.Node]) -> bool:
 
 
 def residual_adds(state: PassState) -> None:
-    """Turn each residual add into a ``residual_split`` at the skip and a ``residual_add`` at the join.
-
-    Adds already done or kept, with ``alpha``, of a non-float operand or an operand inside a
-    region left whole are left to the later rules.
-    """
+    """Turn each residual add into a ``residual_split`` at the skip and a ``residual_add`` at the join."""
     ancestors, stream = state.ancestors, state.stream - state.frozen
     chain: dict[fx.Node, int] = {}  # the position of each non-attention add in its chain
     for node in list(state.graph.nodes):

@@ -37,19 +37,15 @@ def _at(args: tuple[Any, ...], i: int, default: Any) -> Any:
     return args[i] if len(args) > i else default
 
 
+def _options(args: tuple[Any, ...], kwargs: dict[str, Any], first: int, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments from aten's positional ones, ``first`` on (else its keywords, else ``defaults``)."""
+    return {name: _at(args, first + i, kwargs.get(name, d)) for i, (name, d) in enumerate(defaults.items())}
+
+
 def _embedding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    weight, indices = args[0], args[1]
-    padding_idx = _at(args, 2, kwargs.get("padding_idx", -1))
-    return (
-        "call_function",
-        F.embedding,
-        (indices, weight),
-        {
-            "padding_idx": None if padding_idx == -1 else padding_idx,
-            "scale_grad_by_freq": _at(args, 3, kwargs.get("scale_grad_by_freq", False)),
-            "sparse": _at(args, 4, kwargs.get("sparse", False)),
-        },
-    )
+    options = _options(args, kwargs, 2, {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False})
+    options["padding_idx"] = None if options["padding_idx"] == -1 else options["padding_idx"]
+    return "call_function", F.embedding, (args[1], args[0]), options
 
 
 def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -69,18 +65,10 @@ _REDUCTIONS = ("none", "mean", "sum")  # aten's int reduction, as torch.nn.funct
 
 
 def _cross_entropy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # aten.cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0)
-    return (
-        "call_function",
-        F.cross_entropy,
-        (args[0], args[1]),
-        {
-            "weight": _at(args, 2, kwargs.get("weight")),
-            "reduction": _REDUCTIONS[_at(args, 3, kwargs.get("reduction", 1))],
-            "ignore_index": _at(args, 4, kwargs.get("ignore_index", -100)),
-            "label_smoothing": _at(args, 5, kwargs.get("label_smoothing", 0.0)),
-        },
-    )
+    defaults = {"weight": None, "reduction": 1, "ignore_index": -100, "label_smoothing": 0.0}
+    options = _options(args, kwargs, 2, defaults)
+    options["reduction"] = _REDUCTIONS[options["reduction"]]
+    return "call_function", F.cross_entropy, (args[0], args[1]), options
 
 
 def _numpy_t(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

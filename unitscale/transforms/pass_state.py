@@ -68,9 +68,5 @@ class PassState:
 
     def is_open(self, node: fx.Node) -> bool:
         """Whether a rule may still rewrite ``node``: a call on the activation path, not done or kept."""
-        return (
-            node not in self.done
-            and node not in self.kept
-            and node in self.live
-            and node.op in ("call_function", "call_method")
-        )
+        called = node.op in ("call_function", "call_method")
+        return called and node in self.live and node not in self.done and node not in self.kept

@@ -261,11 +261,7 @@ def unit_scale(
 
 
 def _check_batch_norm_momentum(module: nn.Module) -> None:
-    """Refuse a batch norm in training mode whose running statistics are a cumulative average, by name.
-
-    ``momentum=None`` makes torch divide by the count of batches seen, a value no graph can
-    guard on; without this check the capture fails and blames data-dependent control flow.
-    """
+    """Refuse a training batch norm with ``momentum=None``: else the capture fails and blames control flow."""
     for name, m in module.named_modules():
         cumulative = isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None
         if cumulative and m.training and m.track_running_stats:

@@ -141,18 +141,15 @@ class TransformedModule(nn.Module):
     """A module whose forward runs ``module``'s captured graph after ``transforms``.
 
     Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
-    ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and
-    ``.to()`` work as usual. Without example inputs, the graph is captured with
-    TorchDynamo once per input signature (shapes, dtypes, non-tensor values, training
-    mode), on the first call with it; the capture runs eagerly: under ``torch.compile``
-    a call with a new signature breaks the graph once, so for ``fullgraph=True`` call
-    the module once eagerly first. With example inputs the graph is captured at once,
-    by whichever route of :func:`unitscale.capture.capture` takes the model, and
+    ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and ``.to()``
+    work as usual. Without example inputs, the graph is captured with TorchDynamo once per
+    input signature (shapes, dtypes, non-tensor values, training mode), eagerly: under
+    ``torch.compile`` a new signature breaks the graph once, so for ``fullgraph=True`` call
+    the module once eagerly first. With example inputs the graph is captured at once and
     serves calls of any batch size (see ``unitscale.transforms.transformed_module``).
 
-    Hook map: a new behaviour is a transform (a ``GraphModule -> GraphModule`` callable,
-    ``GraphTransform``) given to :func:`apply_transform`, not a subclass; the
-    methods below are what runs a call.
+    Hook map: a new behaviour is a transform given to :func:`apply_transform`, not a
+    subclass; the methods below are what runs a call.
 
     .. code-block:: text
 
@@ -199,13 +196,10 @@ class TransformedModule(nn.Module):
     def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:
         super().__init__()
         self.module = module
-        # The wrapper's mode is the model's: a model wrapped in eval mode is captured in eval mode,
-        # and ``self.training`` must say so (``train()`` then switches both, and the next call captures).
-        self.training = module.training
+        self.training = module.training  # a model wrapped in eval mode is captured in eval mode
         self.transforms = tuple(transforms)
-        # State a transform keeps across graphs (unit_scale's frozen gradient factors) is the
-        # wrapper's: saved in its state_dict, and out of reach of the capture's restore of the
-        # model's own buffers. A nested wrapper (simulate_fp8(unit_scale(m))) holds it too.
+        # unit_scale's frozen gradient factors are the wrapper's: saved in its state_dict, and out of
+        # reach of the capture's restore of the model's own buffers
         for transform in self.transforms:
             state = getattr(transform, "grad_scales", None)
             if isinstance(state, nn.Module):
@@ -267,9 +261,7 @@ class TransformedModule(nn.Module):
         if eager is not None and eager.key == _eager_key(mode, args, kwargs, leaves, eager.batch_free):
             return eager.run(args, kwargs)
         key = (mode, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
-        captured = self._captured.get(key)
-        if captured is None:
-            captured = self._capture(args, kwargs, leaves, key)
+        captured = self._captured.get(key) or self._capture(args, kwargs, leaves, key)
         return captured.run(leaves)
 
     @_outside_dynamo
@@ -277,8 +269,7 @@ class TransformedModule(nn.Module):
         with _state_kept(self.module):
             found = dynamo_graph(self.module, args, kwargs)
         found.graph_module = _run_transforms(self.module, self.transforms, found.graph_module)
-        captured = _CompiledGraph(found)
-        self._captured[key] = captured
+        self._captured[key] = captured = _CompiledGraph(found)
         self._adopt(captured, "dynamo")
         model_outputs = [v for kind, v in found.output_plan if kind == "graph"]
         self._check(found.graph_module, [leaves[i] for i in found.input_positions], model_outputs)
@@ -299,10 +290,8 @@ class TransformedModule(nn.Module):
     ) -> TransformedModule:
         """Capture the graph now, on example inputs, by the capture layer's routes; returns ``self``.
 
-        ``route="auto"`` tries every graph route of :func:`unitscale.capture.capture` in
-        order (``fx`` traced flat, ``export`` with a free batch dimension,
-        ``export-strict``, ``dynamo``); one name or a tuple forces them. The transforms
-        run over the graph at once, so their errors are raised here.
+        ``route="auto"`` tries every graph route of :func:`unitscale.capture.capture` in order;
+        one name or a tuple forces them. The transforms run at once: their errors are raised here.
 
         Raises:
             InputError: example inputs the model cannot take.
@@ -380,10 +369,7 @@ class TransformedModule(nn.Module):
 
 @contextmanager
 def _state_kept(module: nn.Module) -> Iterator[None]:
-    """Run a capture without leaving a trace: buffers and the random number generator as they were.
-
-    Each capture runs the model, and would count the batch in batch norm's statistics again.
-    """
+    """Run a capture (which runs the model) leaving buffers and the random number generator as they were."""
     kept = [(b, b.detach().clone()) for b in module.buffers()]
     with torch.random.fork_rng(devices=[]):
         try:

@@ -54,20 +54,13 @@ _NORM_FUNCTIONS |= {U.layer_scale}  # a layer scale's gain starts at 1, as a nor
 def unit_init_(gm: fx.GraphModule) -> None:
     """Re-initialise the parameters that feed unit-scaled ops, by the role the graph gives them.
 
-    A parameter passed as ``bias`` or added to a tensor is zeroed; one passed as the
-    ``weight`` of a norm is set to 1; every other (weights, embeddings) is drawn
-    from ``N(0, 1)``. Roles come from the graph, so ``self.b1`` in a functional model is
-    a bias as much as ``nn.Linear.bias`` is. A parameter that any op left unscaled reads
-    (through reshapes or casts or not) keeps its values: the unscaled op was written for
-    them. The running statistics of a unit-scaled batch norm are reset to mean 0 and
-    variance 1, those of the unit-scaled activations that reach it, and its count of
-    batches to 0. Each re-initialised parameter is tagged with the u-μP role
-    :mod:`unitscale.nn`'s modules give theirs (``bias``, ``norm``, ``embedding``, else
-    ``weight``: a last linear layer stays a ``weight``, since unit scaling does not give it
-    u-μP's readout multiplier), so the unit-scaled model trains with :mod:`unitscale.optim`.
-
-    Args:
-        gm: a graph after the unit-scaling pass, reading parameters through ``get_attr``.
+    A parameter passed as ``bias`` or added to a tensor is zeroed, the ``weight`` of a norm set
+    to 1, every other drawn from ``N(0, 1)``: ``self.b1`` in a functional model is a bias as
+    much as ``nn.Linear.bias`` is. A parameter that an op left unscaled reads keeps its values.
+    A unit-scaled batch norm's running statistics are reset to mean 0 and variance 1, its count
+    of batches to 0. Each re-initialised parameter is tagged with the u-μP role :mod:`unitscale.nn`
+    gives it (``bias``, ``norm``, ``embedding``, else ``weight``, a last linear layer too), so
+    the unit-scaled model trains with :mod:`unitscale.optim`.
 
     >>> import torch
     >>> from torch import fx
@@ -116,16 +109,9 @@ def unit_init_(gm: fx.GraphModule) -> None:
 
 
 class UnitScalePass:
-    """Rewrites a captured graph into its unit-scaled form: each rule of its list, in order.
+    """Rewrites a captured graph into its unit-scaled form: each rule of the list as it was when made, in order.
 
-    The rules are :mod:`unitscale.transforms.rules`' list as it is when the pass is made
-    (the defaults and any :func:`~unitscale.transforms.register_rule` added). After them it
-    lists what it left (``gm.meta["kept_ops"]``, ``"unscaled_ops"``, ``"unscaled_regions"``)
-    and, on the first graph of a model, re-initialises its parameters (:func:`unit_init_`).
-
-    Args:
-        replace: user replacements, looked up before :data:`unitscale.functional.torch_map`.
-        torch_map: the default map (torch function -> unit-scaled twin).
+    Then it lists what it left, and on a model's first graph re-initialises its parameters (:func:`unit_init_`).
     """
 
     __name__ = "unit_scale"
