@@ -24,9 +24,8 @@ from unitscale.transforms._graph import _insert_after
 class GradScales(nn.Module):
     """The frozen gradient factors of one unit-scaled model: one scalar buffer per place, 0 until measured.
 
-    Keys name the place (``<module path>_<ordinal>``): every graph of one model shares them.
-    Loading a ``state_dict`` creates the buffers it holds and sets ``loaded``: the parameters
-    are the loaded ones, not to be re-initialised.
+    Keys name the place (``<module path>_<ordinal>``), shared by every graph of one model. Loading
+    a ``state_dict`` creates its buffers and sets ``loaded`` (the parameters are not re-initialised).
     """
 
     def __init__(self) -> None:
@@ -72,9 +71,8 @@ def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, re
 
 def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales) -> list[fx.Node]:
     """A frozen gradient factor on the trunk before each residual block holding batch norm; returns the nodes added."""
-    graph = gm.graph
     added: list[fx.Node] = []
-    nodes = list(graph.nodes)
+    nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     ordinal = 0
     for split in [n for n in nodes if n.target is U.residual_split and n.args]:

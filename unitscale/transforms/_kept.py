@@ -43,12 +43,10 @@ def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
     for node in graph.nodes:
         name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
         if name == _VMAP_ENTER:
-            if depth == 0:
-                head = node
-                regions[head] = set()
+            head = node if depth == 0 else head
             depth += 1
         if head is not None:
-            regions[head].add(node)
+            regions.setdefault(head, set()).add(node)
         if name == _VMAP_EXIT:
             depth -= 1
             if depth == 0:

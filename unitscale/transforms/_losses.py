@@ -48,10 +48,9 @@ def share_loss_scales(state: PassState) -> None:
     """
     losses = [n for n in state.graph.nodes if n.op == "call_function" and n.target in _LOSSES]
     own = [_own_factor(n) for n in losses]
-    chosen = any("grad_scale" in n.kwargs for n in losses)
     shared = None
     known = [f for f in own if f is not None and f > 0]
-    if len(losses) > 1 and not chosen and len(known) == len(own):
+    if len(losses) > 1 and len(known) == len(own) and not any("grad_scale" in n.kwargs for n in losses):
         shared = math.exp(sum(math.log(f) for f in known) / len(known))
         for n in losses:
             n.kwargs = {**n.kwargs, "grad_scale": shared}

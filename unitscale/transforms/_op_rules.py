@@ -310,8 +310,7 @@ def _meet_upstream(a: Any, b: Any, state: PassState) -> bool:
     """Whether two activations' gradients meet again upstream (they share an op of the stream)."""
     if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
         return False
-    ancestors = state.ancestors
-    shared = ({a} | ancestors.get(a, set())) & ({b} | ancestors.get(b, set())) & state.stream
+    shared = ({a} | state.ancestors.get(a, set())) & ({b} | state.ancestors.get(b, set())) & state.stream
     return any(_is_float_node(n) for n in shared)  # token ids carry no gradient
 
 

@@ -22,8 +22,7 @@ class PassState:
         replace: the user's replacements (``unit_scale(replace=...)``).
         torch_map: torch function -> unit-scaled twin (:data:`unitscale.functional.torch_map`).
         grad_scales: the model's frozen gradient factors (buffers, saved with the model).
-        regions: each region left whole (a higher-order op, an inlined ``vmap``): its first
-            node -> its nodes.
+        regions: each region left whole (a higher-order op, an inlined ``vmap``): first node -> nodes.
         frozen: the nodes of those regions; no rule touches them.
         done: the nodes rules rewrote or added: later rules leave them, and they are not
             reported as unscaled.

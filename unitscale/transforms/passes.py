@@ -183,16 +183,13 @@ def unit_scale(
     (``result.loss_scales``), so a sum of them has the true gradient's direction.
 
     Ops left as they were (not mapped, not scale-neutral like reshapes) are logged on the
-    ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``; ops kept
-    because they keep a unit scale (rotary embeddings, a gated MLP's product) in
-    ``result.kept_ops``, with the reason; higher-order ops (``cond``, scans, an inlined ``vmap``)
-    keep their bodies whole and are listed in ``result.unscaled_regions``.
-
-    Each capture runs the new graph once more, forward and backward, on the capturing call's
-    inputs (batch norm's statistics and the random number generator put back), and keeps what
-    it measured in ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`). When
-    the output or the input gradient is off unit scale (outside [0.5, 2]) its summary is logged
-    on the ``unitscale.transforms.transformed_module`` logger: a report, not an error.
+    ``unitscale.transforms.passes`` logger; ``result.unscaled_ops``, ``result.kept_ops`` and
+    ``result.unscaled_regions`` list what the pass left (see :class:`TransformedModule`). Each
+    capture runs the new graph once more, forward and backward, on the capturing call's inputs
+    (batch norm's statistics and the random number generator put back), into
+    ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`); when the output or the
+    input gradient is off unit scale (outside [0.5, 2]) its summary is logged on the
+    ``unitscale.transforms.transformed_module`` logger: a report, not an error.
 
     Applied to a :class:`TransformedModule`, unit scaling runs after its transforms but before
     any :func:`simulate_format` / :func:`simulate_fp8` among them, so ``unit_scale(simulate_fp8(m))``
@@ -251,11 +248,8 @@ def unit_scale(
     # Unit scaling comes before any simulated format, in either order of calls: rounding a
     # tensor before unit scaling would round values at the original initialisation's scale.
     first_format = next((i for i, t in enumerate(earlier) if isinstance(t, _SimulateFormat)), len(earlier))
-    transforms: tuple[GraphTransform, ...] = (
-        *earlier[:first_format],
-        _UnitScale(replacements, strict, check),
-        *earlier[first_format:],
-    )
+    scaling: GraphTransform = _UnitScale(replacements, strict, check)
+    transforms = (*earlier[:first_format], scaling, *earlier[first_format:])
     wrapped = TransformedModule.wrap(copy.deepcopy(inner), transforms)
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 
@@ -362,9 +356,6 @@ def simulate_format(
         example_inputs: capture now, as :func:`apply_transform` does.
         example_kwargs: keyword inputs to capture with.
         route: the capture routes to try (needs ``example_inputs``).
-
-    Returns:
-        A :class:`TransformedModule`.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.

@@ -47,10 +47,9 @@ def _uncast(node: Any) -> Any:
     return node
 
 
-def _number(value: Any, expected: float, rel: float = 1e-4) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isclose(value, expected, rel_tol=rel)
-    )
+def _number(value: Any, expected: float) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isclose(value, expected, rel_tol=1e-4)
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:

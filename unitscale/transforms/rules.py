@@ -1,8 +1,7 @@
 """The unit-scaling pass as an ordered list of named rules, and how a user adds one.
 
-:func:`~unitscale.transforms.unit_scale` runs each rule ``rule(state) -> None`` of the list,
-in order, over one :class:`PassState`: the graph module and what the rules before found. The
-list, in order:
+:func:`~unitscale.transforms.unit_scale` runs each rule ``rule(state) -> None`` of this list, in
+order, over one :class:`PassState` (the graph module and what the rules before found):
 
 1. ``follow_in_place_changes``: a read after ``x += 1`` reads the changed tensor;
 2. ``leave_regions_whole``: higher-order ops and inlined ``vmap`` bodies are left whole;
@@ -25,8 +24,7 @@ list, in order:
 19. ``share_loss_scales``: one gradient factor for a graph's losses.
 
 After the last rule the pass lists the ops it left unscaled and re-initialises the parameters
-(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`). :func:`register_rule` adds a rule
-of your own, before or after any of these; :func:`rule_names` lists them.
+(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`); :func:`register_rule` adds a rule of yours.
 """
 
 from __future__ import annotations

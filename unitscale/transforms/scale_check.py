@@ -175,9 +175,6 @@ def check_scale(
             ``torch.no_grad()``, which may hold ops with no derivative (``nn.TransformerEncoder``'s
             fast path): its input-gradient std is ``nan``.
 
-    Returns:
-        A :class:`ScaleCheck`.
-
     >>> import torch
     >>> from torch import fx
     >>> from unitscale.transforms import check_scale

@@ -176,9 +176,8 @@ class TransformedModule(nn.Module):
         unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
             inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
             ``"<first op>: <n> op(s) left whole"`` line each.
-        loss_scales: the gradient factor of each unit-scaled loss in the graph, one line
-            each; the losses of one graph share one factor, so a sum of them has the true
-            gradient's direction.
+        loss_scales: the gradient factor of each unit-scaled loss in the graph (one factor
+            shared by a graph's losses), one line each.
         scale_check: what :func:`unit_scale` measured along the latest graph, on the call
             that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
             ``None`` before the first capture and for other transforms).
@@ -193,7 +192,7 @@ class TransformedModule(nn.Module):
     (torch.Size([4, 8]), [], 'dynamo')
     """
 
-    def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:
+    def __init__(self, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> None:
         super().__init__()
         self.module = module
         self.training = module.training  # a model wrapped in eval mode is captured in eval mode
@@ -223,9 +222,7 @@ class TransformedModule(nn.Module):
         return None if self._latest is None else self._latest.graph_module
 
     @classmethod
-    def wrap(
-        cls, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]
-    ) -> TransformedModule:
+    def wrap(cls, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> TransformedModule:
         """A ``TransformedModule`` whose ``forward`` has the parameter names of ``module.forward``.
 
         ``torch.fx`` reads the names from the class's ``forward``; with them the traced

@@ -46,8 +46,7 @@ KEPT_KEY = "unitscale_kept"
 
 
 _NORM_FUNCTIONS: set[Any] = {F.layer_norm, U.layer_norm, F.group_norm, F.batch_norm, F.instance_norm, F.rms_norm}
-_NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm}
-_NORM_FUNCTIONS |= {U.layer_scale}  # a layer scale's gain starts at 1, as a norm's does
+_NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm, U.layer_scale}  # a layer scale's gain starts at 1, as a norm's
 
 
 @torch.no_grad()
