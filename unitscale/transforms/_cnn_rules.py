@@ -3,18 +3,7 @@
 A unit-scaled op assumes its inputs are ``N(0, 1)``, and in a convolutional network several
 are not: batch norm undoes any forward scale before it, a ReLU's output has a mean, a max
 pool keeps what a ReLU would drop, and batch norm grows the gradient in a way no scale
-inside a residual block can undo. After the twins are in place, these rules rewrite around
-them:
-
-- a matmul or convolution that only batch norm reads takes its backward scale both ways;
-- an average pool to one value per channel is scaled for the mean its input has, and a max
-  pool of a ReLU by ``2**-0.5`` both ways;
-- a ReLU after a residual add whose skip is such a ReLU (post-activation ResNets) gets the
-  scales of the sum it actually reads;
-- (in ``_frozen.py``) a gradient factor measured once and frozen on the trunk before each
-  residual block that holds batch norm;
-- a squeeze-excitation gate's product scales the gate's summed gradient where the gate's
-  branch undoes it.
+inside a residual block can undo. After the twins are in place, these rules rewrite around them.
 """
 
 from __future__ import annotations
@@ -47,14 +36,10 @@ _MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
 
 
 def constrain_before_batch_norms(state: PassState) -> None:
-    """A matmul or convolution that only batch norm reads takes its input-gradient scale both ways.
+    """A matmul or convolution off the trunk that only batch norm reads takes its input-gradient scale both ways.
 
-    Batch norm's output does not depend on its input's scale, so the forward scale of the op
-    before it changes nothing the model computes, and the constraint can give both directions
-    the scale the backward needs (``to_grad_input_scale``) instead of a mean of the two: a
-    stride-2 convolution's gradient would otherwise grow by ``(fan_in / count)**0.25``, 1.19,
-    at every downsampling of a ResNet. Only an op given no constraint yet: one off the trunk
-    (on the trunk ``swap_ops`` gave it ``constraint=None``, each direction its own scale).
+    Batch norm undoes the forward scale before it; a mean of the two scales would grow a
+    stride-2 convolution's gradient by ``(fan_in / count)**0.25``, 1.19, at every downsampling.
     """
     for node in state.graph.nodes:
         if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
@@ -68,11 +53,7 @@ _POOLS: set[Any] = {U.adaptive_avg_pool2d, U.avg_pool2d, U.mean}
 
 
 def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> int | None:
-    """The elements a pool to one value per channel averages (``None``: not such a pool).
-
-    A 2-D pool to a 1x1 map, or a mean pool (:func:`~unitscale.functional.mean` over the
-    spatial dims or the tokens), whose window is what each output averages.
-    """
+    """The elements a pool to one value per channel (a 1x1 map, or a mean pool) averages, else ``None``."""
     # int(): under a free batch (an exported graph) the sizes are symbolic, the window is not
     if node.target is U.mean:
         return int(before.numel() // max(value.numel(), 1))
@@ -84,29 +65,20 @@ def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> 
 def scale_global_pools(state: PassState) -> None:
     """Scale an average pool to one value per channel for its input's mean.
 
-    Over ``k`` independent zero-mean values the pool's forward scale is ``k**0.5`` and its
-    backward scale ``k`` (each input gets ``1/k`` of the pooled gradient). Two corrections:
-
-    - off the trunk (a squeeze-excitation block), the pool takes its forward scale both
-      ways: a geometric mean misses both by ``k**0.25`` (5.7 at 32x32) and the gate after it
-      saturates. What the pool computes is what every later op sees; its backward only adds
-      to the gradient its input gets from its other readers (the gated product).
-    - averaging keeps a mean and shrinks the spread around it by ``k**-0.5``. After a ReLU
-      (or SiLU, GELU, hardswish) the values have a mean ``r`` times their std (0.68 for
-      ReLU, for ``N(0, 1)`` input), and ``k**0.5`` would multiply that mean by 16 at 16x16:
-      the pooled value of unit-std input has mean square ``r**2 + 1/k``, so its forward
-      scale is ``(r**2 + 1/k)**-0.5``; ``r`` comes from the activation's Gaussian moments.
+    Over ``k`` zero-mean values the pool's scales are ``k**0.5`` forward and ``k`` backward. Off
+    the trunk (a squeeze-excitation block) it takes its forward scale both ways: a geometric
+    mean misses both by ``k**0.25`` and the gate after it saturates. After an activation whose
+    output has a mean ``r`` times its std (0.68 for ReLU) the pooled value has mean square
+    ``r**2 + 1/k``, so the forward scale is ``(r**2 + 1/k)**-0.5``, not ``k**0.5``.
     """
     for node in list(state.graph.nodes):
         if not (node.op == "call_function" and _member(node.target, _POOLS)):
             continue
-        value = node.meta.get("example_value")
-        source = node.args[0] if node.args else None
-        if not isinstance(value, torch.Tensor):
+        value, source = node.meta.get("example_value"), node.args[0] if node.args else None
+        before = source.meta.get("example_value") if isinstance(source, fx.Node) else None
+        if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor)):
             continue
-        if not isinstance(source, fx.Node) or not isinstance(source.meta.get("example_value"), torch.Tensor):
-            continue
-        window = _global_window(node, value, source.meta["example_value"])
+        window = _global_window(node, value, before)
         if window is None:
             continue
         trunk = "constraint" in node.kwargs and node.kwargs["constraint"] is None
@@ -122,48 +94,36 @@ def scale_global_pools(state: PassState) -> None:
 # The torch function of each activation twin whose output has a mean (its ratio to the std is measured).
 _ACTIVATIONS: dict[Any, Callable[..., Any]] = {U.relu: F.relu, U.relu6: F.relu6, U.silu: F.silu, U.gelu: F.gelu}
 _ACTIVATIONS[U.hardswish] = F.hardswish
-_RATIOS: dict[Any, float] = {}
 _MEAN_TO_STD_KEY = "unitscale_mean_to_std"
 
 
 def _mean_to_std(node: Any) -> float:
-    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else).
-
-    From the activation's own torch function, by the trapezoid rule on [-12, 12]: 0.683 for
-    ReLU (``pdf(0) / (1/2 - pdf(0)**2)**0.5``), 0.369 for SiLU.
-    """
+    """Mean over std of the activation that made ``node``, for ``N(0, 1)`` input (0 for anything else)."""
     if isinstance(node, fx.Node) and _MEAN_TO_STD_KEY in node.meta:
         return float(node.meta[_MEAN_TO_STD_KEY])
     fn = _ACTIVATIONS.get(node.target) if isinstance(node, fx.Node) and node.op == "call_function" else None
     return 0.0 if fn is None else _ratio(fn)
 
 
+@functools.cache
 def _ratio(fn: Callable[..., Any]) -> float:
-    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule (cached)."""
-    if fn not in _RATIOS:
-        x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
-        density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
-        y = fn(x)
-        mean = torch.trapezoid(y * density, x)
-        variance = torch.trapezoid(y * y * density, x) - mean**2
-        _RATIOS[fn] = float(mean / variance.sqrt())
-    return _RATIOS[fn]
+    """Mean over std of ``fn(x)`` for ``x ~ N(0, 1)``, by the trapezoid rule on [-12, 12] (0.683 for ReLU)."""
+    x = torch.linspace(-12, 12, 24001, dtype=torch.float64)
+    density = torch.exp(-(x**2) / 2) / (2 * torch.pi) ** 0.5
+    y = fn(x)
+    mean = torch.trapezoid(y * density, x)
+    return float(mean / (torch.trapezoid(y * y * density, x) - mean**2).sqrt())
 
 
 @functools.lru_cache(maxsize=16)
 def _post_residual_relu(tau: float) -> tuple[float, float]:
     """Forward and backward scales of a ReLU after ``residual_add(branch, skip, tau)`` whose skip is such a ReLU.
 
-    A post-activation residual block (ResNet, RegNet) ends in ``relu(sqrt(tau) * branch +
-    sqrt(1 - tau) * skip)``: the branch ends in batch norm (mean 0, std 1), the skip is the
-    previous block's ReLU output, whose mean is not 0. The sum is taken as Gaussian with the
-    mean and variance these give; a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma
-    phi(a)``, mean square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``)
-    and passes a share ``Phi(a)`` of its gradient. Iterated to the fixed point where the skip
-    is the same ReLU, scaled to unit root-mean-square: at ``tau = 0.5``, 72% of the inputs
-    are positive, not half, and the ``2**0.5`` of :func:`~unitscale.functional.relu` would
-    grow the gradient by 1.2 per block. The scales are ``1 / RMS`` forward and
-    ``Phi(a)**-0.5`` backward.
+    The skip is the previous block's ReLU output, whose mean is not 0; the sum is taken as
+    Gaussian, and a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma phi(a)``, mean
+    square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``) and passes a
+    share ``Phi(a)`` of its gradient. Iterated to the fixed point (at ``tau = 0.5``, 72% of the
+    inputs are positive, not half): ``1 / RMS`` forward and ``Phi(a)**-0.5`` backward.
     """
     mean, forward, share = 0.564, 2**0.5, 0.5  # start from a ReLU of N(0, 1) at unit RMS
     for _ in range(60):
@@ -177,11 +137,10 @@ def _post_residual_relu(tau: float) -> tuple[float, float]:
 
 
 def rescale_relus_after_residuals(state: PassState) -> None:
-    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input.
+    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input (:func:`_post_residual_relu`).
 
-    See :func:`_post_residual_relu`. The ReLU becomes torch's, followed by one
-    :func:`~unitscale.functional.scale`: both scales where nothing needs them equal (on the
-    trunk), else their geometric mean both ways.
+    The ReLU becomes torch's and one :func:`~unitscale.functional.scale`: both scales on the
+    trunk, else their geometric mean both ways.
     """
     rewritten: set[fx.Node] = set()
     for node in list(state.graph.nodes):
@@ -215,20 +174,10 @@ def rescale_relus_after_residuals(state: PassState) -> None:
 def balance_gates(state: PassState) -> None:
     """Scale a gate's gradient by its copies where the gate's branch undoes it.
 
-    :func:`~unitscale.functional.mul` of an activation and a gate broadcast over ``k``
-    positions would scale the gate's summed gradient by ``k**-0.5`` (``constraint=None``),
-    which keeps the gate's branch at unit scale; a backward scale alone keeps the gradient
-    true only where the two operands' gradients do not meet upstream. A squeeze-excitation
-    gate is computed from the activation it gates, so they meet at the fork. Two cases
-    keep the scale:
-
-    - the operands come from no common input (a cut edge): the scale stays as it is;
-    - the gate's branch starts at a global average pool over the ``k`` positions, and the
-      branch between the pool and the gate is entered and left there alone: the pool's
-      gradient gets ``k**0.5`` backward, so along the branch the backward scales not
-      matched by forward ones multiply to 1, and the pool's input gets its true gradient.
-
-    Elsewhere the product keeps its constraint (torch's gradient).
+    Unconstrained, the gate's summed gradient is scaled by ``k**-0.5``, true only where the
+    operands' gradients do not meet upstream (no common input), or where the gate's branch
+    starts at a global average pool over the ``k`` positions and is entered and left there
+    alone: the pool then gets ``k**0.5`` backward. Elsewhere the product keeps its constraint.
     """
     graph = state.graph
     muls = [n for n in graph.nodes if n.target is U.mul and len(n.args) == 2]
@@ -260,18 +209,12 @@ def balance_gates(state: PassState) -> None:
 def _gate_pool(
     gate: fx.Node, product: fx.Node, copies: int, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
 ) -> fx.Node | None:
-    """The global average pool over ``copies`` positions where the gate's branch alone starts, if there is one.
-
-    The branch is every op on the activation stream between the pool and the gate: each
-    reads the stream only from the pool or the branch, and only the branch or (the gate)
-    the product reads them.
-    """
+    """The global average pool over ``copies`` positions where the gate's branch alone starts, if there is one."""
     for pool in [n for n in ancestors[gate] if n.target in _POOLS and n in stream]:
         source = pool.args[0] if pool.args else None
         value, before = pool.meta.get("example_value"), getattr(source, "meta", {}).get("example_value")
-        if not (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor) and value.numel()):
-            continue
-        if before.numel() != copies * value.numel():
+        sizes = [v.numel() for v in (value, before) if isinstance(v, torch.Tensor)]
+        if len(sizes) != 2 or not sizes[0] or sizes[1] != copies * sizes[0]:
             continue
         branch = {n for n in ancestors[gate] if pool in ancestors[n]} | {gate}
         inside = branch | {pool}
@@ -283,13 +226,7 @@ def _gate_pool(
 
 
 def rescale_max_pools_of_relus(state: PassState) -> None:
-    """Scale a max pool of a ReLU by ``2**-0.5`` both ways.
-
-    The ReLU's ``2**0.5`` assumes half its outputs are zero (forward) and half its gradients
-    are dropped (backward). A max over a window of ReLU outputs is almost never zero, and its
-    gradient goes only to a window's maximum, where the ReLU passed its input: both halves
-    are kept, and a ResNet's stem would grow the forward and the gradient by ``2**0.5``.
-    """
+    """Scale a max pool of a ReLU by ``2**-0.5`` both ways: a window's maximum keeps both halves the ReLU drops."""
     for node in list(state.graph.nodes):
         if node.target is not U.max_pool2d or node.kwargs.get("return_indices") or len(node.args) > 6:
             continue
@@ -300,11 +237,7 @@ def rescale_max_pools_of_relus(state: PassState) -> None:
 
 
 def freeze_before_batch_norm_blocks(state: PassState) -> None:
-    """Freeze a measured gradient factor on the trunk before each residual block that holds batch norm.
-
-    See ``_frozen.py``: :func:`~unitscale.functional.frozen_grad_scale` with a buffer of
-    ``state.grad_scales``, measured by the first backward pass.
-    """
+    """Freeze a measured gradient factor on the trunk before each residual block holding batch norm (``_frozen.py``)."""
     blocks = freeze_grads_before_batch_norm_blocks(state.gm, state.trunk, state.grad_scales)
     state.done.update(blocks)
     state.blocks = len(blocks)

@@ -1,24 +1,16 @@
 """Gradient factors measured once and frozen: what batch norm's residual blocks need, kept static.
 
-Batch norm's input gradient grows as its input's per-channel variance shrinks (1.2 per batch
-norm after a ReLU, see :mod:`unitscale.functional`'s ``batch_norm``), and inside a residual
-block no scale can undo that: a backward scale on the branch alone would meet the skip's
-unscaled gradient at the fork and turn the sum away from the true gradient, and batch norm
-cancels any scale given both ways. On a cut edge (every path passes through it: the residual
-stream between two blocks, the stem's batch norm) a backward scale multiplies every gradient
-upstream by one number, and keeps gradients true. The number is measured once, by the first
-backward pass (``unit_scale``'s check on the call that captures the graph, else the user's
-first), as ``1 / RMS`` of the gradient there, and then frozen in a buffer of
-:class:`GradScales`, saved with the model (``state_dict``): every later backward pass uses the
-same constant, so backward stays linear (separate ``backward()`` calls add up, micro-batches
-add up to the batch, a loss times ``c`` gives gradients times ``c``).
-
-This file writes no ``node.meta`` key; it adds ``get_attr`` nodes for the buffers, named
-``unit_grad_scale_<key>`` on the graph module.
+Batch norm's input gradient grows as its input's per-channel variance shrinks, and inside a
+residual block no scale can undo that: a backward scale on the branch alone would turn the
+sum at the fork away from the true gradient, and batch norm cancels a scale given both ways.
+On a cut edge (the trunk) a backward scale multiplies every gradient upstream by one number.
+That number is measured by the first backward pass as ``1 / RMS`` of the gradient there and
+frozen in a buffer of :class:`GradScales`, saved with the model, so backward stays linear.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -32,11 +24,8 @@ from unitscale.transforms._graph import _insert_after
 class GradScales(nn.Module):
     """The frozen gradient factors of one unit-scaled model: one scalar buffer per place, 0 until measured.
 
-    Keys name the place (``<module path>_<ordinal>``), so every graph captured from one model
-    (other batch sizes, eval mode) shares one factor per place. Loading a ``state_dict``
-    creates the buffers it holds, so a model saved after its first call loads its factors
-    into a fresh ``unit_scale`` before that one's first call; ``loaded`` then tells the pass
-    that the parameters are the loaded ones, not to be re-initialised.
+    Keys name the place (``<module path>_<ordinal>``), shared by every graph of one model. Loading
+    a ``state_dict`` creates its buffers and sets ``loaded`` (the parameters are not re-initialised).
     """
 
     def __init__(self) -> None:
@@ -51,24 +40,13 @@ class GradScales(nn.Module):
         assert found is not None
         return found
 
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         for name in state_dict:
             key = name[len(prefix) :]
             if name.startswith(prefix) and key and "." not in key:
                 self.factor(key)
         self.loaded = True
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 def _key(node: fx.Node, ordinal: int) -> str:
@@ -85,23 +63,16 @@ def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, re
     with gm.graph.inserting_after(source):
         buffer = gm.graph.get_attr(attr)
     buffer.meta["example_value"] = store.factor(key)
-    scaled = _insert_after(
-        buffer,
-        U.frozen_grad_scale,
-        (source, buffer),
-        f"{source.name}_grad_frozen",
-        reader,
-        source.meta.get("example_value"),
-    )
+    value = source.meta.get("example_value")
+    scaled = _insert_after(buffer, U.frozen_grad_scale, (source, buffer), f"{source.name}_grad_frozen", reader, value)
     reader.replace_input_with(source, scaled)
     return scaled
 
 
 def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales) -> list[fx.Node]:
     """A frozen gradient factor on the trunk before each residual block holding batch norm; returns the nodes added."""
-    graph = gm.graph
     added: list[fx.Node] = []
-    nodes = list(graph.nodes)
+    nodes = list(gm.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     ordinal = 0
     for split in [n for n in nodes if n.target is U.residual_split and n.args]:
@@ -111,11 +82,7 @@ def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node
             stream = stream.args[0]
         if not (isinstance(source, fx.Node) and stream in trunk):
             continue
-        block = []
-        for node in nodes[position[split] + 1 :]:
-            if node in trunk:
-                break
-            block.append(node)
+        block = itertools.takewhile(lambda n: n not in trunk, nodes[position[split] + 1 :])
         if not any(n.target is U.batch_norm for n in block):
             continue
         added.append(freeze_grad_scale(gm, store, source, split, ordinal))
@@ -124,11 +91,9 @@ def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node
 
 
 def freeze_trunk_batch_norms(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int) -> list[fx.Node]:
-    """A batch norm on the trunk keeps its constraint (scale 1 both ways) and gets a frozen factor on its input.
+    """A batch norm on the trunk keeps its constraint and gets a frozen factor on its input; returns the nodes added.
 
-    ``U.batch_norm(constraint=None)`` would scale its input gradient by a number read from the
-    batch's variances, different for every batch; on the trunk a frozen factor does that job
-    with one number. Returns the nodes added.
+    Unconstrained, its input gradient's scale would be read from each batch's variances.
     """
     added: list[fx.Node] = []
     ordinal = first

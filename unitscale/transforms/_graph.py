@@ -1,16 +1,13 @@
 """The ``torch.fx`` vocabulary the unit-scaling pass is written in.
 
-What a node runs (a method call becomes ``torch.Tensor.<name>``) and what kind of op that is
-(an add, a product, a unit-scaled twin, an op that only moves data); who reads a node and what
-made it, looking through reshapes and casts; which ops lie on the activation path, on the
-stream computed from the graph's inputs, and on the trunk every path from the inputs to the
-output passes through; what an op is called in a report (:func:`describe`). Two edits belong
-here too: ``_insert_after`` adds a node attributed to another's module, the way every rule of
-the pass adds one, and ``_scale_after`` puts a fixed scale after a node.
+What a node runs and what kind of op that is; who reads a node and what made it, looking
+through reshapes and casts; which ops lie on the activation path, the stream and the trunk;
+what an op is called in a report (:func:`describe`); and the two edits every rule makes.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import os
@@ -63,20 +60,12 @@ def _location(node: fx.Node) -> str:
     source = str(node.meta.get(SOURCE_KEY) or "")
     if source:
         return f" at {os.path.basename(source)}"
-    trace = node.meta.get("stack_trace") or ""
-    found = re.findall(r'File "([^"]+)", line (\d+)', trace)
-    if not found:
-        return ""
-    path, line = found[-1]
-    return f" at {os.path.basename(path)}:{line}"
+    found = re.findall(r'File "([^"]+)", line (\d+)', node.meta.get("stack_trace") or "")
+    return f" at {os.path.basename(found[-1][0])}:{found[-1][1]}" if found else ""
 
 
 def describe(node: fx.Node) -> str:
-    """``"<op> (node <name>, module <path>) at <file>:<line>"`` for reports and errors.
-
-    The module path and source are the capture layer's normalised meta; the module part
-    is left out for an op of the root module.
-    """
+    """``"<op> (node <name>, module <path>) at <file>:<line>"`` for reports and errors (no module part at the root)."""
     path = node.meta.get(MODULE_PATH_KEY) or ""
     module = f", module {path}" if path else ""
     return f"{op_name(_function_of(node), qualified=True)} (node {node.name}{module}){_location(node)}"
@@ -106,9 +95,7 @@ def _member(fn: Any, group: AbstractSet[Any]) -> bool:
 def _is_float_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.is_floating_point()
-    if isinstance(value, (list, tuple)):
-        return any(_is_float_tensor(v) for v in value)
-    return False
+    return isinstance(value, (list, tuple)) and any(_is_float_tensor(v) for v in value)
 
 
 def _is_float_node(arg: Any) -> bool:
@@ -127,11 +114,7 @@ def _is(node: Any, kind: _Kind) -> bool:
 def _ancestors(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
     result: dict[fx.Node, set[fx.Node]] = {}
     for node in graph.nodes:
-        mine: set[fx.Node] = set()
-        for parent in node.all_input_nodes:
-            mine.add(parent)
-            mine |= result[parent]
-        result[node] = mine
+        result[node] = set(node.all_input_nodes).union(*(result[parent] for parent in node.all_input_nodes))
     return result
 
 
@@ -161,12 +144,8 @@ def _is_neutral(node: fx.Node) -> bool:
 
 def _is_view_attribute(node: fx.Node) -> bool:
     """``getattr(w, "T")``: how fx and Dynamo write ``w.T``."""
-    return (
-        node.op == "call_function"
-        and node.target is getattr
-        and len(node.args) == 2
-        and node.args[1] in VIEW_ATTRIBUTES
-    )
+    call = node.op == "call_function" and node.target is getattr
+    return call and len(node.args) == 2 and node.args[1] in VIEW_ATTRIBUTES
 
 
 def _consumers(node: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
@@ -192,10 +171,17 @@ def _is_scaled(node: fx.Node) -> bool:
 
 
 def _attr(gm: fx.GraphModule, target: str) -> Any:
-    value: Any = gm
-    for atom in target.split("."):
-        value = getattr(value, atom)
-    return value
+    return functools.reduce(getattr, target.split("."), gm)
+
+
+def _is_parameter(gm: fx.GraphModule, node: Any) -> bool:
+    """Whether ``node`` reads a parameter of ``gm``."""
+    if not (isinstance(node, fx.Node) and node.op == "get_attr"):
+        return False
+    try:
+        return isinstance(_attr(gm, str(node.target)), torch.nn.Parameter)
+    except AttributeError:
+        return False
 
 
 def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
@@ -205,10 +191,7 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
         if node.op == "placeholder":
             source = _is_float_tensor(node.meta.get("example_value"))
         elif node.op == "get_attr":
-            try:
-                source = isinstance(_attr(gm, str(node.target)), torch.nn.Parameter)
-            except AttributeError:
-                source = False
+            source = _is_parameter(gm, node)
         else:
             source = any(parent in live for parent in node.all_input_nodes)
         if source:
@@ -219,10 +202,8 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
 def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     """The graph inputs and the ops on the activation path that compute from them (not from parameters alone).
 
-    A value that holds no float tensor carries no gradient and is left out: an input's size
-    (``aten.sym_size`` in a graph exported with a free batch, ``x.shape`` on the fx route),
-    read again by every later reshape, would otherwise jump over every op in between and
-    take them all off the trunk, which a graph with static shapes (TorchDynamo's) keeps.
+    A value that holds no float tensor is left out: an input's size (``x.shape``), read again by
+    every later reshape, would otherwise jump over every op in between and take them off the trunk.
     """
     stream: set[fx.Node] = set()
     for node in graph.nodes:
@@ -236,18 +217,10 @@ def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
 
 
 def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """Ops every path from the inputs to the output goes through.
+    """Ops every path from the inputs to the output goes through: no edge of the stream jumps over them.
 
-    In graph order, an op is on the trunk when no edge of the activation stream jumps
-    over it: every stream value made before it is read only up to it (a skip
-    connection is such a jump, and puts the ops of its branch off the trunk). The
-    stream is the graph inputs and the ops on the activation path that compute from them.
-
-    Only a jump whose value shares an input with the op counts: a gradient along it can
-    meet the op's own upstream only there. A target passed to ``forward`` and read by the
-    loss alone jumps over every op of the model, but shares no input with them (as a
-    target held in a buffer, which is no input at all), so the model keeps its trunk
-    whichever way the target comes.
+    Only a jump whose value shares an input with the op counts: a target passed to ``forward``
+    and read by the loss alone jumps over every op of the model but meets none of them.
     """
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
@@ -302,25 +275,14 @@ def _insert_after(where: fx.Node, fn: Any, args: tuple[Any, ...], name: str, lik
 
 def _scale_after(node: fx.Node, forward: float, backward: float, suffix: str) -> fx.Node:
     """Put ``U.scale(node, forward, backward)`` after ``node``, read by all that read ``node``."""
-    users = list(node.users)
-    scaled = _insert_after(
-        node, U.scale, (node, forward, backward), f"{node.name}_{suffix}", node, node.meta.get("example_value")
-    )
-    for user in users:
-        user.replace_input_with(node, scaled)
+    value = node.meta.get("example_value")
+    scaled = _insert_after(node, U.scale, (node, forward, backward), f"{node.name}_{suffix}", node, value)
+    node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
     return scaled
 
 
 def check_replacement(node: fx.Node, replacement: Any) -> None:
-    """Refuse a ``replace`` entry that cannot take the call it replaces, when the graph is made.
-
-    Without this, a replacement of the wrong signature (a missing keyword such as gelu's
-    ``approximate``, one argument too few) fails only when the unit-scaled model runs, far
-    from the ``unit_scale(replace=...)`` that caused it.
-
-    Raises:
-        ReplaceMapError: ``replacement(*node.args, **node.kwargs)`` does not bind.
-    """
+    """Raise ``ReplaceMapError`` when the graph is made, not when it runs, if ``replacement`` cannot take the call."""
     try:
         signature = inspect.signature(replacement)
     except (TypeError, ValueError):  # a builtin without a signature: nothing to check

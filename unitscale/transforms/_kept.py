@@ -1,9 +1,4 @@
-"""The unit-scaling pass's rules for what it keeps as it is: regions left whole, ops that keep unit scale.
-
-Higher-order ops and inlined ``vmap`` bodies are left whole (listed in
-``graph_module.meta["unscaled_regions"]``); rotary embeddings and soft-capping keep the std of
-a unit-scaled input as a whole, and are listed with the reason in ``graph_module.meta["kept_ops"]``.
-"""
+"""The unit-scaling pass's rules for what it keeps as it is: regions left whole, ops that keep unit scale."""
 
 from __future__ import annotations
 
@@ -38,28 +33,20 @@ def leave_regions_whole(state: PassState) -> None:
 
 
 def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
-    """Parts of the graph the pass leaves whole: higher-order ops and inlined ``vmap`` bodies.
+    """Each region the pass leaves whole (a higher-order op, an inlined ``vmap``): its first node -> its nodes.
 
-    A higher-order op (``cond``, ``while_loop``, ``map``, ``scan``, ``associative_scan``,
-    ``flex_attention``: a node whose target is a ``HigherOrderOperator``) runs bodies held
-    as sub-graphs; TorchDynamo inlines a CPU ``associative_scan`` (Mamba's selective scan)
-    into the graph as a ``vmap`` over its combine function instead, between
-    ``_vmap_increment_nesting`` and ``_vmap_decrement_nesting``. Either way the body
-    defines what the op computes (scaling the ``+`` of a scan's combine function changes
-    the recurrence), and its ops run under transforms that unit-scaled ops, autograd
-    Functions, cannot run under. Returns each region's first node with the nodes it holds.
+    The body defines what the op computes (scaling a scan's ``+`` changes the recurrence), and
+    runs under transforms that unit-scaled ops, autograd Functions, cannot run under.
     """
     regions: dict[fx.Node, set[fx.Node]] = {}
     depth, head = 0, None
     for node in graph.nodes:
         name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
         if name == _VMAP_ENTER:
-            if depth == 0:
-                head = node
-                regions[head] = set()
+            head = node if depth == 0 else head
             depth += 1
         if head is not None:
-            regions[head].add(node)
+            regions.setdefault(head, set()).add(node)
         if name == _VMAP_EXIT:
             depth -= 1
             if depth == 0:
@@ -70,11 +57,7 @@ def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
 
 
 def region_lines(state: PassState) -> list[str]:
-    """``"<first op>: <n> op(s) left whole"`` for each region on the activation path.
-
-    An inlined vmap is named ``vmap`` rather than by its bookkeeping call; a region holds the
-    ops of an inlined vmap, or those of a higher-order op's bodies.
-    """
+    """``"<first op>: <n> op(s) left whole"`` for each region on the activation path."""
     lines = []
     for head, nodes in state.regions.items():
         if not nodes & state.live:
@@ -94,12 +77,7 @@ _TRIG: dict[Any, str] = {torch.cos: "cos", torch.Tensor.cos: "cos", torch.sin: "
 
 
 def keep_rotary_embeddings(state: PassState) -> None:
-    """Keep ``x * cos + rotate_half(x) * sin``, with ``cos``/``sin`` tables off the activation path.
-
-    Rotating pairs of features by an angle keeps their norm, so the sum has the std
-    of ``x``: the two products and the add are kept as they are (an add would be
-    scaled by ``2**-0.5`` as :func:`~unitscale.functional.add`).
-    """
+    """Keep ``x * cos + rotate_half(x) * sin`` (tables off the activation path): a rotation keeps the std of ``x``."""
     for node in state.graph.nodes:
         if node in state.done or not _is(node, _ADD) or len(node.args) < 2:
             continue
@@ -124,12 +102,7 @@ _TANH: set[Any] = {torch.tanh, torch.Tensor.tanh, F.tanh}
 
 
 def keep_soft_caps(state: PassState) -> None:
-    """Keep ``c * tanh(x / c)`` (Gemma 2's logit and attention soft-capping) as it is.
-
-    Below ``c`` it is ``x``, so it keeps the std of a unit-scaled ``x`` (``c`` is 30 or 50);
-    dropping the outer ``* c`` as a constant factor would leave ``tanh(x / c)``, ``1 / c``
-    of the logits.
-    """
+    """Keep ``c * tanh(x / c)`` (Gemma 2's soft-capping) as it is: below ``c`` it is ``x``, at unit std."""
     for node in state.graph.nodes:
         if node in state.done:
             continue

@@ -1,15 +1,8 @@
-"""The unit-scaling pass's rule for losses: each loss's gradient factor stated, one factor for losses that meet.
+"""The unit-scaling pass's rule for losses: one gradient factor for the losses of a graph.
 
-A unit-scaled loss (:func:`~unitscale.functional.cross_entropy`,
-:func:`~unitscale.functional.mse_loss`) multiplies its input's gradient by a factor fixed by
-shapes. Two losses whose values are added (a model that returns ``ce + mse``) with their own
-factors would weigh each other's gradients by them, and the sum's gradient would point
-elsewhere than the true one (cosine 0.9990 for 10 classes, batch 64). The losses of one graph
-get one factor, the geometric mean of theirs, so a sum's gradient is that number times the
-true one.
-
-Writes ``gm.meta["loss_scales"]``: one ``"<op>: gradient factor <f>"`` line per loss (with
-its own factor where it was changed); ``TransformedModule.loss_scales`` shows it.
+Two unit-scaled losses added with their own factors would weigh each other's gradients by
+them, and the sum's gradient would point elsewhere than the true one (cosine 0.9990 for 10
+classes, batch 64).
 """
 
 from __future__ import annotations
@@ -49,19 +42,15 @@ def _own_factor(node: fx.Node) -> float | None:
 
 
 def share_loss_scales(state: PassState) -> None:
-    """Give the graph's losses one gradient factor; report each in ``gm.meta["loss_scales"]``.
+    """Give the graph's losses one gradient factor (the caller may add them); report each in ``gm.meta["loss_scales"]``.
 
-    All of them, not only those added inside the graph: a model that returns two losses is
-    as likely to have them added by its caller, and one factor keeps every positive sum's
-    gradient the true one's direction. A loss given its own ``grad_scale`` keeps it, and then
-    so do the others.
+    A loss given its own ``grad_scale`` keeps it, and then so do the others.
     """
     losses = [n for n in state.graph.nodes if n.op == "call_function" and n.target in _LOSSES]
     own = [_own_factor(n) for n in losses]
-    chosen = any("grad_scale" in n.kwargs for n in losses)
     shared = None
     known = [f for f in own if f is not None and f > 0]
-    if len(losses) > 1 and not chosen and len(known) == len(own):
+    if len(losses) > 1 and len(known) == len(own) and not any("grad_scale" in n.kwargs for n in losses):
         shared = math.exp(sum(math.log(f) for f in known) / len(known))
         for n in losses:
             n.kwargs = {**n.kwargs, "grad_scale": shared}

@@ -1,35 +1,10 @@
 """The unit-scaling pass's rules that swap ops for their twins: replacements, folds, twins, constants.
 
-``unit_scale(replace=...)`` goes first; written-out composites (RMS norm, tanh GELU) are
-folded (:mod:`unitscale.transforms.patterns`); then every op on the activation path that has a
-twin becomes it, with ``constraint=None`` on the trunk alone: where every path from the inputs
-to the output passes through the op (the stem of a ResNet, an op between two residual blocks,
-the head after the last residual add), its input's gradient reaches everything upstream
-through it alone, so a mismatch of its two scales multiplies every upstream gradient by one
-number, and the two directions may be scaled independently (Blake et al.'s cut edges). Off
-the trunk the op keeps its constraint.
-
-:data:`unitscale.functional.torch_map` swaps an op by the function it calls. Some ops need
-more than that to be told apart from ops that look the same:
-
-- ``x.mean(dims)`` is a pool (timm's global pool ``x.mean((2, 3))``, a ViT's mean over
-  tokens) or a statistic (a loss's ``.mean()``, a hand-written norm's
-  ``x - x.mean(-1, keepdim=True)`` and ``(x - u).pow(2).mean(-1)``). Only a pool is
-  scaled: a mean over some dims, of a value that is not a square, that nothing subtracts
-  or takes a root of;
-- ``gamma * x`` with ``gamma`` a parameter broadcast over an activation is a layer scale
-  (ConvNeXt's, CaiT's): it becomes :func:`~unitscale.functional.layer_scale`, whose gain
-  :func:`~unitscale.transforms.unit_scale_pass.unit_init_` sets to 1 like a norm's;
-- an add of two float tensors is an unconstrained :func:`~unitscale.functional.add`; a
-  product of two activations of one shape (a gated MLP) keeps unit scale and is kept; a
-  product whose one factor is broadcast over the other (a squeeze-excitation gate) becomes
-  :func:`~unitscale.functional.mul`;
-- a product with a constant (``x * c``, ``x / c``) that only linear layers and norms read
-  becomes ``sign(c) * x``: the unit-scaled op after it sets its own scale;
-- a product with a random keep mask ``bernoulli(q) / c`` (stochastic depth, dropout written
-  out; torchvision's ``stochastic_depth``, a leaf on the fx route) is scaled by
-  ``c / q**0.5`` both ways, so it keeps unit std in training, as
-  :func:`~unitscale.functional.dropout` does.
+A twin gets ``constraint=None`` on the trunk alone: where every path from the inputs to the
+output passes through the op, a mismatch of its two scales multiplies every upstream gradient
+by one number, so the two directions may be scaled independently (Blake et al.'s cut edges).
+Some ops need more than :data:`unitscale.functional.torch_map` to be told apart from ops that
+look the same: pools from statistics, layer scales, gates and random keep masks (see each rule).
 """
 
 from __future__ import annotations
@@ -45,12 +20,12 @@ from unitscale.transforms._graph import (
     _ADD,
     _DIV,
     _MUL,
-    _attr,
     _constant_factor,
     _consumers,
     _function_of,
     _is,
     _is_float_node,
+    _is_parameter,
     _lookup,
     _member,
     _producer,
@@ -73,11 +48,7 @@ def apply_replacements(state: PassState) -> None:
 
 
 def fold_written_out_ops(state: PassState) -> None:
-    """Fold written-out composites (RMS norm, tanh GELU) into their twins (:func:`fold_patterns`).
-
-    Before residual adds are looked for: ``x + 0.044715 * x**3`` inside GELU would otherwise
-    look like one.
-    """
+    """Fold written-out composites (RMS norm, tanh GELU) into their twins (:func:`fold_patterns`)."""
     state.folded = fold_patterns(state.graph)
     state.done.update(state.folded)
 
@@ -114,6 +85,7 @@ def _reduced_dims(node: fx.Node) -> tuple[Any, bool] | None:
 
 
 def _is_pool(node: fx.Node) -> bool:
+    """A mean over some dims (timm's ``x.mean((2, 3))``), not a statistic: no square's, nothing centres or roots it."""
     if not _member(_function_of(node), _MEANS) or not node.args or not _is_float_node(node.args[0]):
         return False
     if _reduced_dims(node) is None:
@@ -128,17 +100,6 @@ def _is_square(node: fx.Node) -> bool:
     return _is(node, _MUL) and len(node.args) >= 2 and node.args[0] is node.args[1]
 
 
-def _parameter(gm: fx.GraphModule, arg: Any) -> bool:
-    """Whether ``arg`` is a parameter, read through reshapes and casts."""
-    source = _producer(arg)
-    if not (isinstance(source, fx.Node) and source.op == "get_attr"):
-        return False
-    try:
-        return isinstance(_attr(gm, str(source.target)), torch.nn.Parameter)
-    except AttributeError:
-        return False
-
-
 def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
     """``(x, gamma)`` if ``node`` is ``x * gamma``: an activation times a parameter broadcast over it."""
     if not _is(node, _MUL) or len(node.args) != 2 or node.kwargs:
@@ -147,7 +108,7 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
     for x, gamma in ((a, b), (b, a)):
         if not (isinstance(x, fx.Node) and x in stream and _is_float_node(x) and _is_float_node(gamma)):
             continue
-        if gamma in stream or not _parameter(gm, gamma):
+        if gamma in stream or not _is_parameter(gm, _producer(gamma)):
             continue
         out, small = node.meta.get("example_value"), gamma.meta.get("example_value")  # type: ignore[union-attr]
         if isinstance(out, torch.Tensor) and isinstance(small, torch.Tensor) and small.numel() < out.numel():
@@ -158,10 +119,8 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
 def _scale_add(state: PassState, node: fx.Node) -> bool:
     """An add of two float tensors becomes :func:`~unitscale.functional.add` (every add is claimed).
 
-    Unconstrained, a broadcast operand's gradient is scaled apart from the other's: only true
-    where the two meet nowhere upstream (a GRU's ``out + h[-1]`` meet), else it keeps ``gmean``.
-    A tensor plus a number (``x + 1``) becomes ``add`` too, which leaves a shift unscaled, as the
-    reference does; a parameter plus one (Gemma's ``1 + w``) stays, so ``w`` keeps its values.
+    A broadcast one keeps ``gmean`` where its operands meet upstream (a GRU's ``out + h[-1]``).
+    A tensor plus a number becomes ``add`` too, as in the reference; Gemma's ``1 + w`` stays.
     """
     if not _is(node, _ADD):
         return False
@@ -170,7 +129,8 @@ def _scale_add(state: PassState, node: fx.Node) -> bool:
         meet = _is_broadcast_product(node) and _meet_upstream(a, b, state)
         state.retarget(node, U.add, **({} if meet else {"constraint": None}))
     elif any(
-        _is_float_node(t) and type(n) in (int, float) and not _parameter(state.gm, t) for t, n in ((a, b), (b, a))
+        _is_float_node(t) and type(n) in (int, float) and not _is_parameter(state.gm, _producer(t))
+        for t, n in ((a, b), (b, a))
     ):
         state.retarget(node, U.add, constraint=None)
     return True
@@ -212,13 +172,9 @@ def _keep_mask(mask: Any) -> tuple[float, list[fx.Node]] | None:
 def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
     """``x * mask``, ``mask = bernoulli(q) / c``, is scaled by ``c / q**0.5`` both ways: unit std in training.
 
-    Stochastic depth (torchvision's ``stochastic_depth``, timm's ``drop_path``) multiplies a
-    residual branch by ``bernoulli(q) / q`` per sample in training mode, and is the identity
-    in eval mode. Unscaled, the stream is wider in training (``q**-0.5`` on the branch), batch
-    norm's running variances keep that width, and in eval mode every batch norm after it
-    normalises fresh inputs below unit std, compounding block by block. Scaled, the product
-    has its input's std in both modes (its mean is ``q**0.5`` times eval mode's: batch norm
-    keeps the variance).
+    Unscaled, stochastic depth widens the stream in training only, batch norm's running
+    variances keep that width, and in eval mode every batch norm after it normalises fresh
+    inputs below unit std, compounding block by block.
     """
     found = [m for m in map(_keep_mask, node.args) if m is not None] if _is(node, _MUL) else []
     leaf = _stochastic_depth_leaf(node)
@@ -234,9 +190,7 @@ def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
 def _stochastic_depth_leaf(node: fx.Node) -> float | None:
     """``q**0.5`` for torchvision's ``stochastic_depth(x, p, mode, training=True)``, ``q = 1 - p``, else ``None``.
 
-    torchvision registers it with ``torch.fx.wrap``, so the fx route keeps it a leaf call
-    (its body, ``x * bernoulli(q) / q``, is what the other routes' graphs hold). Known by its
-    module and name: the library does not import torchvision.
+    A leaf call on the fx route (``torch.fx.wrap``); known by name: the library does not import torchvision.
     """
     fn = node.target if node.op == "call_function" else None
     name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
@@ -281,11 +235,7 @@ def _swap_twin(state: PassState, node: fx.Node) -> bool:
 
 
 def _batch_count(node: fx.Node) -> dict[str, fx.Node]:
-    """``num_batches_tracked=`` the buffer beside a batch norm's running mean, read last before ``node``.
-
-    Torch's module adds 1 to it before the call (in every route's graph): with it
-    :func:`~unitscale.functional.batch_norm` averages the first batches cumulatively.
-    """
+    """``num_batches_tracked=`` the buffer beside a batch norm's running mean, read last before ``node``."""
     mean = node.args[1] if len(node.args) > 1 else node.kwargs.get("running_mean")
     if not isinstance(mean, fx.Node) or mean.op != "get_attr" or not str(mean.target).endswith("running_mean"):
         return {}
@@ -300,11 +250,9 @@ def _batch_count(node: fx.Node) -> dict[str, fx.Node]:
 
 
 def swap_ops(state: PassState) -> None:
-    """Swap each open op for its twin: the first of these that claims it, in graph order.
+    """Swap each open op for its twin: adds, random masks, products, pools, layer scales, then ``torch_map``.
 
-    Adds (:func:`~unitscale.functional.add`), products of activations (kept, or
-    :func:`~unitscale.functional.mul` for a broadcast gate), mean pools, layer scales, then
-    :data:`unitscale.functional.torch_map`. One walk, so an op sees the ops before it swapped.
+    The first claim that takes an op wins; one walk, so an op sees the ops before it swapped.
     """
     claims = (_scale_add, _scale_random_mask, _scale_product, _scale_pool, _scale_layer_scale, _swap_twin)
     for node in list(state.graph.nodes):
@@ -319,20 +267,10 @@ _HOMOGENEOUS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d, U.layer_norm, U
 def drop_constant_factors(state: PassState) -> None:
     """Turn ``x * c`` into ``sign(c) * x`` where unit scaling already sets the scale the constant sets.
 
-    Three places:
-
-    - only linear layers and norms read the product: the unit-scaled op after it sets the
-      scale of its own output, so the constant (T5's ``d_model ** -0.5`` before its tied
-      head, a hand-written ``/ sqrt(d)``) would only move that output off unit scale;
-    - the graph's output is the product (Cohere's ``logits * 0.0625``, Granite's
-      ``logits / 8``): unit scaling promises a unit-scaled output, and a constant tuned for
-      the original initialisation's logits moves it off by that constant;
-    - ``x`` is a unit-scaled matmul over ``d`` elements and ``c = d**-0.5`` (attention's
-      ``q @ k.T * head_dim**-0.5`` written out, BotNet, LeViT): the twin already divides
-      by ``d**0.5``, and dividing again would leave the softmax logits ``d**-0.5`` small.
-
-    Elsewhere (inside an activation function written out, a softmax temperature other than
-    ``d**-0.5``) the constant changes what is computed and stays, listed as unscaled.
+    Where only linear layers and norms read the product (T5's ``d_model ** -0.5``), where it
+    is the graph's output (Cohere's ``logits * 0.0625``), or where ``x`` is a unit-scaled
+    matmul over ``d`` elements and ``c = d**-0.5`` (attention written out: the twin already
+    divides by ``d**0.5``). Elsewhere the constant changes what is computed and stays.
     """
     for node in list(state.graph.nodes):
         found = _constant_factor(node) if node in state.live else None
@@ -372,8 +310,7 @@ def _meet_upstream(a: Any, b: Any, state: PassState) -> bool:
     """Whether two activations' gradients meet again upstream (they share an op of the stream)."""
     if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
         return False
-    ancestors = state.ancestors
-    shared = ({a} | ancestors.get(a, set())) & ({b} | ancestors.get(b, set())) & state.stream
+    shared = ({a} | state.ancestors.get(a, set())) & ({b} | state.ancestors.get(b, set())) & state.stream
     return any(_is_float_node(n) for n in shared)  # token ids carry no gradient
 
 

@@ -1,19 +1,13 @@
 """The unit-scaling pass's rules for skip connections: in-place changes followed, residual adds paired.
 
-A residual add is found by dependency analysis: an add where one operand is an ancestor of
-the other (the ancestor is the skip connection, the other the branch), or an add of two paths
-from one fork (a projection shortcut). It becomes ``residual_split`` at the skip and
-``residual_add`` at the join, with ``tau = 0.01`` when the branch holds attention (softmax or
-scaled dot-product attention). Otherwise ``tau`` follows the running mean of the unit-scaling
-paper (Blake et al., arXiv 2303.11257, the "running-mean" residual scheme): the ``k``-th add of
-a chain, where each add's skip is the previous add (an attention add between two passes ``k``
-on, uncounted: a transformer's ``x + attn + mlp``), gets ``tau = 1 / (k + 1)``, so every branch
-keeps its weight in the plain sum ``x + f_1 + ... + f_k`` (unit-std branches, as batch norm's
-outputs are). A fixed 0.5 weighs the latest branch as much as the stream before it: another
-function, whose eval mode, batch norm dividing by running statistics, amplifies a fresh
-sample's departure from them block by block (eval spread on fresh batches against training's:
-a small inverted-residual CNN, 1.9-3.6 against 1.4-1.6 with 0.5, 1.4-2.0 with the running mean;
-LeViT-128S, every MLP add at 0.5, 1.38-1.71 against 1.97-2.22). The ``k`` are graph constants.
+A residual add is an add where one operand is an ancestor of the other, or an add of two paths
+from one fork. ``tau`` is 0.01 when the branch holds attention; else the ``k``-th add of a chain
+(each add's skip the previous add, attention adds uncounted) gets ``tau = 1 / (k + 1)``, the
+running mean of the unit-scaling paper (Blake et al., arXiv 2303.11257), so every branch keeps
+its weight in the plain sum. A fixed 0.5 weighs the latest branch as much as the stream before
+it, and in eval mode batch norm amplifies a fresh sample's departure from its running
+statistics block by block (eval spread on fresh batches against training's: a small
+inverted-residual CNN, 1.9-3.6 against 1.4-1.6 with 0.5, 1.4-2.0 with the running mean).
 """
 
 from __future__ import annotations
@@ -37,11 +31,8 @@ _ATTENTION |= {U.scaled_dot_product_attention}
 def follow_in_place_changes(state: PassState) -> None:
     """Make every read of a tensor after an op changed it in place read that op.
 
-    ``skip = x; x += 1`` changes the tensor ``skip`` also names, but the graph's later
-    reads of ``skip`` point at the node before the change; the pass would place a
-    residual split there and give the skip the value from before it. The op returns the
-    tensor it changed, so reading the op instead computes the same and puts the change
-    in the graph's edges.
+    After ``skip = x; x += 1`` the graph's reads of ``skip`` point at the node before the
+    change, where a residual split would give the skip its old value.
     """
     for node in list(state.graph.nodes):
         changed = node.args[0] if node.args else None
@@ -66,11 +57,7 @@ def _holds_attention(body: set[fx.Node]) -> bool:
 
 
 def residual_adds(state: PassState) -> None:
-    """Turn each residual add into a ``residual_split`` at the skip and a ``residual_add`` at the join.
-
-    Adds already done or kept, with ``alpha``, of a non-float operand or an operand inside a
-    region left whole are left to the later rules.
-    """
+    """Turn each residual add into a ``residual_split`` at the skip and a ``residual_add`` at the join."""
     ancestors, stream = state.ancestors, state.stream - state.frozen
     chain: dict[fx.Node, int] = {}  # the position of each non-attention add in its chain
     for node in list(state.graph.nodes):
@@ -105,16 +92,11 @@ def residual_adds(state: PassState) -> None:
 def _fork_join(
     node: fx.Node, a: fx.Node, b: fx.Node, ancestors: dict[fx.Node, set[fx.Node]], stream: set[fx.Node]
 ) -> list[fx.Node]:
-    """``a + b`` where both paths start at one fork (a projection shortcut): a residual pair there.
+    """``a + b`` where both paths start at one fork (ResNet's downsampling block): a residual pair there.
 
-    ResNet's downsampling block adds ``bn2(conv2(...(x)))`` and ``downsample(x)``: neither
-    operand is an ancestor of the other, but both come from ``x``, whose gradient would be
-    the sum of two unit-std gradients (std ``2**0.5``) at every such block. With a
-    :func:`~unitscale.functional.residual_split` at the fork (the latest common ancestor on
-    the activation stream, whose every reader leads to exactly one of the two operands) and
-    a :func:`~unitscale.functional.residual_add` at the join, the forward weights stay
-    those of :func:`~unitscale.functional.add` (``tau = 0.5``) and the gradients meet
-    weighted. Returns the nodes it changed and added (none: the add is not such a join).
+    Else ``x``'s gradient would be the sum of two unit-std gradients at every such block. The
+    fork is the latest common ancestor on the stream whose every reader leads to one operand;
+    ``tau = 0.5`` keeps :func:`~unitscale.functional.add`'s forward. Returns the nodes changed and added.
     """
     if a not in stream or b not in stream:
         return []

@@ -1,29 +1,16 @@
 """Read an exported (aten-level) graph as torch functions, so the passes see one vocabulary.
 
-``torch.export`` graphs name ops as aten overloads (``aten.linear.default``,
-``aten.embedding.default(weight, indices)``); TorchDynamo and ``torch.fx`` graphs name
-the torch functions users call (``F.linear``, ``F.embedding(input, weight)``). The
-unit-scaling pass, its patterns (RMS norm, tanh GELU, rotary embeddings) and
-:func:`unitscale.transforms.simulate_format` are written against the second vocabulary, and
-:data:`unitscale.functional.torch_map` keys on it. :func:`to_torch_functions`
-rewrites each aten op of :data:`TORCH_LEVEL` into its torch function, putting the
-arguments in that function's order; the training IR that ``torch.export`` produces
-keeps the high-level ops (``linear``, ``layer_norm``, ``scaled_dot_product_attention``),
-so the rewrite is a table, not a pattern search. Ops outside the table stay as they
-are: those that only move data (:data:`ATEN_NEUTRAL`) are scale-neutral, every other
-one on the activation path is listed by ``unit_scale`` as unscaled, by its aten name.
+``torch.export`` graphs name ops as aten overloads (``aten.linear.default``); the
+unit-scaling pass, its patterns and :func:`unitscale.transforms.simulate_format` are written
+against the torch functions users call (``F.linear``), as :data:`unitscale.functional.torch_map`
+is. The training IR keeps the high-level ops, so the rewrite is a table (:data:`TORCH_LEVEL`),
+not a pattern search; ops outside it stay, those that only move data (:data:`ATEN_NEUTRAL`)
+scale-neutral.
 
-Export's dtype checks (``aten._assert_tensor_metadata``, one after each ``.to()``) are
-dropped: as second readers of a tensor they would hide patterns whose inner values
-must have one reader (an RMS norm's ``x * rsqrt(...)``), and the graph was checked
-against the model when it was captured.
-
-In-place ops (``relu_``, ``add_``) become their out-of-place twins only when nothing
-else reads the tensor they overwrite, so the rewrite never changes what a later op sees,
-and when that tensor is not a buffer (batch norm's ``num_batches_tracked.add_(1)`` must
-still count).
-The bodies of higher-order ops (``wrap_with_set_grad_enabled``: Llama's rotary tables
-under ``no_grad``) are rewritten too.
+Export's dtype checks (``aten._assert_tensor_metadata``) are dropped: as second readers of a
+tensor they would hide patterns whose inner values must have one reader. In-place ops become
+out-of-place only when nothing else reads the tensor they overwrite and it is not a buffer
+(batch norm's ``num_batches_tracked.add_(1)`` must still count).
 """
 
 from __future__ import annotations
@@ -50,19 +37,15 @@ def _at(args: tuple[Any, ...], i: int, default: Any) -> Any:
     return args[i] if len(args) > i else default
 
 
+def _options(args: tuple[Any, ...], kwargs: dict[str, Any], first: int, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments from aten's positional ones, ``first`` on (else its keywords, else ``defaults``)."""
+    return {name: _at(args, first + i, kwargs.get(name, d)) for i, (name, d) in enumerate(defaults.items())}
+
+
 def _embedding(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    weight, indices = args[0], args[1]
-    padding_idx = _at(args, 2, kwargs.get("padding_idx", -1))
-    return (
-        "call_function",
-        F.embedding,
-        (indices, weight),
-        {
-            "padding_idx": None if padding_idx == -1 else padding_idx,
-            "scale_grad_by_freq": _at(args, 3, kwargs.get("scale_grad_by_freq", False)),
-            "sparse": _at(args, 4, kwargs.get("sparse", False)),
-        },
-    )
+    options = _options(args, kwargs, 2, {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False})
+    options["padding_idx"] = None if options["padding_idx"] == -1 else options["padding_idx"]
+    return "call_function", F.embedding, (args[1], args[0]), options
 
 
 def _batch_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -82,18 +65,10 @@ _REDUCTIONS = ("none", "mean", "sum")  # aten's int reduction, as torch.nn.funct
 
 
 def _cross_entropy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    # aten.cross_entropy_loss(self, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0)
-    return (
-        "call_function",
-        F.cross_entropy,
-        (args[0], args[1]),
-        {
-            "weight": _at(args, 2, kwargs.get("weight")),
-            "reduction": _REDUCTIONS[_at(args, 3, kwargs.get("reduction", 1))],
-            "ignore_index": _at(args, 4, kwargs.get("ignore_index", -100)),
-            "label_smoothing": _at(args, 5, kwargs.get("label_smoothing", 0.0)),
-        },
-    )
+    defaults = {"weight": None, "reduction": 1, "ignore_index": -100, "label_smoothing": 0.0}
+    options = _options(args, kwargs, 2, defaults)
+    options["reduction"] = _REDUCTIONS[options["reduction"]]
+    return "call_function", F.cross_entropy, (args[0], args[1]), options
 
 
 def _numpy_t(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -132,22 +107,17 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.batch_norm.default: _batch_norm,
     aten.gelu.default: lambda a, k: ("call_function", F.gelu, (a[0],), {"approximate": k.get("approximate", "none")}),
     aten.silu.default: _same(F.silu),
-    aten.relu.default: _same(F.relu),
-    aten.relu_.default: _same(F.relu),
-    aten.hardtanh.default: _same(F.hardtanh),
-    aten.hardtanh_.default: _same(F.hardtanh),
+    aten.relu.default: _same(F.relu), aten.relu_.default: _same(F.relu),
+    aten.hardtanh.default: _same(F.hardtanh), aten.hardtanh_.default: _same(F.hardtanh),
     aten.sigmoid.default: _same(torch.sigmoid),
-    aten.hardsigmoid.default: _same(F.hardsigmoid),
-    aten.hardsigmoid_.default: _same(F.hardsigmoid),
-    aten.hardswish.default: _same(F.hardswish),
-    aten.hardswish_.default: _same(F.hardswish),
+    aten.hardsigmoid.default: _same(F.hardsigmoid), aten.hardsigmoid_.default: _same(F.hardsigmoid),
+    aten.hardswish.default: _same(F.hardswish), aten.hardswish_.default: _same(F.hardswish),
     aten.pad.default: _same(F.pad),
     aten.softmax.int: lambda a, k: (
         "call_function", F.softmax, (a[0],), {"dim": a[1], "dtype": _at(a, 2, k.get("dtype"))}),
     aten._softmax.default: lambda a, k: ("call_function", F.softmax, (a[0],), {"dim": a[1]}),
     aten.scaled_dot_product_attention.default: _same(F.scaled_dot_product_attention),
-    aten.dropout.default: _same(F.dropout),
-    aten.dropout_.default: _same(F.dropout),
+    aten.dropout.default: _same(F.dropout), aten.dropout_.default: _same(F.dropout),
     aten.cross_entropy_loss.default: _cross_entropy,
     aten.conv2d.default: _same(F.conv2d),
     aten.conv2d.padding: _same(F.conv2d),  # padding="same" or "valid"
@@ -162,8 +132,7 @@ TORCH_LEVEL: dict[Any, Rewrite] = {
     aten.upsample_trilinear3d.vec: _upsample("trilinear"), aten.upsample_bicubic2d.vec: _upsample("bicubic"),
     aten._upsample_bilinear2d_aa.vec: _upsample("bilinear", antialias=True),
     aten._upsample_bicubic2d_aa.vec: _upsample("bicubic", antialias=True),
-    aten.add.Tensor: _same(torch.add),
-    aten.add_.Tensor: _same(torch.add),
+    aten.add.Tensor: _same(torch.add), aten.add_.Tensor: _same(torch.add),
     aten.mul.Tensor: _same(torch.mul),
     aten.div.Tensor: _same(torch.div),
     aten.div_.Tensor: _same("div_", "call_method"),

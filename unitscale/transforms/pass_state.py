@@ -1,8 +1,4 @@
-"""The state the unit-scaling pass's rules share: :class:`PassState`.
-
-Its own module so that the rule modules and :mod:`unitscale.transforms.rules` (which lists
-them) both import it, and neither imports the other back.
-"""
+"""The state the unit-scaling pass's rules share (its own module: rules and rule modules both import it)."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ class PassState:
         replace: the user's replacements (``unit_scale(replace=...)``).
         torch_map: torch function -> unit-scaled twin (:data:`unitscale.functional.torch_map`).
         grad_scales: the model's frozen gradient factors (buffers, saved with the model).
-        regions: each region left whole (a higher-order op, an inlined ``vmap``): its first
-            node -> its nodes.
+        regions: each region left whole (a higher-order op, an inlined ``vmap``): first node -> nodes.
         frozen: the nodes of those regions; no rule touches them.
         done: the nodes rules rewrote or added: later rules leave them, and they are not
             reported as unscaled.
@@ -72,9 +67,5 @@ class PassState:
 
     def is_open(self, node: fx.Node) -> bool:
         """Whether a rule may still rewrite ``node``: a call on the activation path, not done or kept."""
-        return (
-            node not in self.done
-            and node not in self.kept
-            and node in self.live
-            and node.op in ("call_function", "call_method")
-        )
+        called = node.op in ("call_function", "call_method")
+        return called and node in self.live and node not in self.done and node not in self.kept

@@ -1,12 +1,4 @@
-"""Graph transforms over the capture layer's graphs: unit scaling and simulated low precision.
-
-Each transform wraps a module in a :class:`TransformedModule` that captures the
-forward (with TorchDynamo on its first call, or at once by
-:func:`unitscale.capture.capture`'s routes when given ``example_inputs``) and
-rewrites the captured graph.
-Transforms nest, and ``torch.compile`` goes on top:
-``torch.compile(simulate_fp8(unit_scale(model)))``.
-"""
+"""The graph transforms users call: :func:`unit_scale`, :func:`simulate_format`, :func:`apply_transform`."""
 
 from __future__ import annotations
 
@@ -56,18 +48,15 @@ def apply_transform(
 ) -> TransformedModule:
     """Wrap ``module`` so that ``transform`` runs over its captured graph.
 
-    The graph handed to ``transform`` reads parameters and buffers as attributes
-    (``get_attr`` nodes named as in ``module``), holds torch functions (an exported
-    graph's aten ops are read as the torch functions they are), and carries an
-    ``example_value`` and the capture layer's ``module_path``, ``module_type`` and
-    ``source`` in each node's meta. ``transform`` returns the new ``GraphModule``.
-    Without ``example_inputs`` the graph is TorchDynamo's, captured on the first call
-    per input signature; with them it is captured now by
-    :func:`unitscale.capture.capture` (``fx`` traced flat, ``torch.export``,
-    strict export, TorchDynamo: the first that takes the model, or the ``route``
-    forced), and ``result.route`` says which. Applied to a :class:`TransformedModule`,
-    the transform runs after the ones it already has, the parameters stay shared,
-    and example inputs it was captured with are used again.
+    The graph handed to ``transform`` reads parameters and buffers as ``get_attr`` nodes
+    named as in ``module``, holds torch functions (an exported graph's aten ops are read as
+    them), and carries an ``example_value`` and the capture layer's ``module_path``,
+    ``module_type`` and ``source`` in each node's meta. Without ``example_inputs`` the graph is
+    TorchDynamo's, captured on the first call per input signature; with them it is captured
+    now by :func:`unitscale.capture.capture` (``fx`` traced flat, ``torch.export``, strict
+    export, TorchDynamo: the first that takes the model, or the ``route`` forced), and
+    ``result.route`` says which. Applied to a :class:`TransformedModule`, the transform runs
+    after its transforms, on shared parameters, captured with its example inputs again.
 
     Args:
         module: any module TorchDynamo (or, with example inputs, any capture route)
@@ -109,15 +98,15 @@ def apply_transform(
             f"apply_transform: transform must be callable (GraphModule -> GraphModule), got {transform!r}"
         )
     _check_route_inputs(example_inputs, route)
+    outer, model, earlier = _unwrap(module)
+    return _captured(TransformedModule.wrap(model, (*earlier, transform)), outer, example_inputs, example_kwargs, route)
+
+
+def _unwrap(module: nn.Module) -> tuple[TransformedModule | None, nn.Module, tuple[GraphTransform, ...]]:
+    """``(module, its model, its transforms)`` for a :class:`TransformedModule`, else ``(None, module, ())``."""
     if isinstance(module, TransformedModule):
-        return _captured(
-            TransformedModule.wrap(module.module, (*module.transforms, transform)),
-            module,
-            example_inputs,
-            example_kwargs,
-            route,
-        )
-    return _captured(TransformedModule.wrap(module, (transform,)), None, example_inputs, example_kwargs, route)
+        return module, module.module, module.transforms
+    return None, module, ()
 
 
 def _captured(
@@ -166,71 +155,46 @@ def unit_scale(
 ) -> TransformedModule:
     """Unit-scale a model: swap every torch op for its unit-scaled twin in its captured graph.
 
-    Without ``example_inputs``, the forward is captured with TorchDynamo on the first
-    call (once per input signature). With them, it is captured now by
-    :func:`unitscale.capture.capture`: ``fx`` (traced through ``torch.nn`` modules),
-    ``torch.export`` non-strict (batch dimension left free), strict, TorchDynamo, the
-    first that takes the model (or the ``route`` forced); ``result.route`` says which,
-    and the graph serves calls of other batch sizes. Whether the model is written with
-    modules (``nn.Sequential(nn.Linear, nn.GELU, ...)``) or functional calls, and
-    whatever the route (an exported graph's aten ops are read as torch functions).
-    The pass is an ordered list of named rules (:func:`~unitscale.transforms.rule_names`;
-    :func:`~unitscale.transforms.register_rule` adds one of yours).
-    In the graph: ``replace`` first, then :data:`unitscale.functional.torch_map`;
-    residual adds (one operand an ancestor of the other) become
-    :func:`~unitscale.functional.residual_split` / :func:`~unitscale.functional.residual_add`
-    (``tau`` 0.01 for attention branches; else ``1 / (k + 1)`` at the ``k``-th add of a chain whose
-    skips are the previous adds, attention adds not counted: the plain sum's weights); other adds
-    become unconstrained :func:`~unitscale.functional.add`; constrained ops on the trunk (every
-    input-to-output path goes through them, as after the last residual add) are
-    unconstrained.
-    Ops written out by hand (``LlamaRMSNorm``, GPT-2's tanh GELU) are folded into their
-    twins first; a constant factor that only linear layers and norms read is dropped.
-    Ops off the activation path (position tables, masks: they read no float input and
-    no parameter) are left alone. Parameters are an independent copy of ``module``'s
-    (``module`` is not changed), re-initialised on the first call by the role the graph
-    gives them (weights and embeddings ``N(0, 1)``, biases 0, norm gains 1, batch-norm
-    running statistics 0 and 1), but only where every op that reads them was unit-scaled:
-    an op left unscaled keeps the parameters it was written for. A ``state_dict`` loaded
-    into the result before its first call is kept as it is (no re-initialisation).
+    The forward is captured as :func:`apply_transform` captures it: with TorchDynamo on the
+    first call (once per input signature), or now with ``example_inputs`` by the first route of
+    :func:`unitscale.capture.capture` that takes the model (``result.route`` says which; the
+    graph serves calls of other batch sizes), whether the model is written with modules or
+    functional calls. The pass is an ordered list of named rules
+    (:func:`~unitscale.transforms.rule_names`; :func:`~unitscale.transforms.register_rule` adds
+    one of yours). In short: ``replace`` first, then :data:`unitscale.functional.torch_map`;
+    residual adds become :func:`~unitscale.functional.residual_split` /
+    :func:`~unitscale.functional.residual_add` (``tau`` 0.01 for attention branches, else the
+    plain sum's weights, ``1 / (k + 1)`` at the ``k``-th add of a chain); other adds become
+    unconstrained :func:`~unitscale.functional.add`; ops on the trunk (every input-to-output
+    path goes through them) are unconstrained. Ops written out by hand (``LlamaRMSNorm``, GPT-2's
+    tanh GELU) are folded into their twins; a constant factor that only linear layers and norms
+    read is dropped; ops off the activation path (position tables, masks) are left alone; an
+    in-place change (``skip = x; x += 1``) is seen by every later read.
 
-    Every scale is a constant during training. Where batch norm's gradient growth needs a
-    factor no shape gives (on the trunk, before each residual block that holds batch norm
-    and before a batch norm there), it is measured once, by the first backward pass (the
-    check below, on the capturing call), as the inverse root-mean-square of the gradient
-    there, and frozen in ``result.grad_scales`` (buffers, saved in ``state_dict``); later
-    graphs of the model (other batch sizes, eval mode) reuse it. So backward stays linear:
-    separate ``backward()`` calls add up, micro-batches add up to their batch, a loss times
-    ``c`` gives gradients times ``c``. The losses of one graph share one gradient factor
+    Parameters are an independent copy of ``module``'s (``module`` is not changed),
+    re-initialised on the first call by the role the graph gives them (weights and embeddings
+    ``N(0, 1)``, biases 0, norm gains 1, batch-norm running statistics 0 and 1), only where
+    every op that reads them was unit-scaled; a ``state_dict`` loaded before the first call is kept.
+
+    Every scale is a constant during training: batch norm's gradient growth, which no shape
+    gives, is measured once by the first backward pass and frozen in ``result.grad_scales``
+    (buffers, saved in ``state_dict``, reused by later graphs), so backward stays linear
+    (micro-batches add up to their batch). The losses of one graph share one gradient factor
     (``result.loss_scales``), so a sum of them has the true gradient's direction.
 
-    Ops left as they were (not mapped, and not scale-neutral like reshapes) are logged
-    on the ``unitscale.transforms.passes`` logger and listed in ``result.unscaled_ops``
-    (op, node, module path, file and line);
-    ops left as they were because they keep a unit scale (rotary embeddings, the product
-    of two activations in a gated MLP) are listed with the reason in ``result.kept_ops``;
-    higher-order ops (``cond``, ``while_loop``, ``map``, scans, an inlined ``vmap`` such as
-    Mamba's selective scan) keep their bodies whole and are listed in
-    ``result.unscaled_regions``.
+    Ops left as they were (not mapped, not scale-neutral like reshapes) are logged on the
+    ``unitscale.transforms.passes`` logger; ``result.unscaled_ops``, ``result.kept_ops`` and
+    ``result.unscaled_regions`` list what the pass left (see :class:`TransformedModule`). Each
+    capture runs the new graph once more, forward and backward, on the capturing call's inputs
+    (batch norm's statistics and the random number generator put back), into
+    ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`); when the output or the
+    input gradient is off unit scale (outside [0.5, 2]) its summary is logged on the
+    ``unitscale.transforms.transformed_module`` logger: a report, not an error.
 
-    Each capture runs the new graph once more, forward and backward (an ``N(0, 1)``
-    gradient on the output), on the inputs of the call that captured it, with batch norm's
-    statistics and the random number generator put back afterwards, and keeps what it
-    measured in ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`): the
-    output and input-gradient std, and the ops that moved a tensor off unit scale, with
-    the std before and after each. When the output or the input gradient is off unit
-    scale (outside [0.5, 2]) that summary is logged on the ``unitscale.transforms.transformed_module``
-    logger: a report to read, not an error, since the model runs as it was written.
-
-    Applied to a :class:`TransformedModule`, unit scaling runs after its transforms but
-    before any :func:`simulate_format` / :func:`simulate_fp8` among them: tensors are
-    rounded at unit scale, so ``unit_scale(simulate_fp8(m))`` computes what
-    ``simulate_fp8(unit_scale(m))`` does (as in the reference library). A tensor that
-    changes in place (``skip = x; x += 1``) is read, after the change, with its new value.
-
-    Training mode: the wrapper starts in the mode of ``module``; each combination of its
-    submodules' training flags gets its own captured graph (a model captured in eval mode
-    is captured again after ``.train()``, with dropout and batch-norm updates).
+    Applied to a :class:`TransformedModule`, unit scaling runs after its transforms but before
+    any :func:`simulate_format` / :func:`simulate_fp8` among them, so ``unit_scale(simulate_fp8(m))``
+    computes what ``simulate_fp8(unit_scale(m))`` does. The wrapper starts in the mode of
+    ``module``; each combination of its submodules' training flags gets its own captured graph.
 
     Args:
         module: the model.
@@ -279,29 +243,19 @@ def unit_scale(
             raise InputError(f"unit_scale: {name}={flag!r:.60} is a {type(flag).__name__}; pass True or False")
     replacements = _check_replace(replace)
     _check_route_inputs(example_inputs, route)
-    inner = module.module if isinstance(module, TransformedModule) else module
+    outer, inner, earlier = _unwrap(module)
     _check_batch_norm_momentum(inner)
-    earlier: tuple[GraphTransform, ...] = module.transforms if isinstance(module, TransformedModule) else ()
     # Unit scaling comes before any simulated format, in either order of calls: rounding a
     # tensor before unit scaling would round values at the original initialisation's scale.
     first_format = next((i for i, t in enumerate(earlier) if isinstance(t, _SimulateFormat)), len(earlier))
-    transforms: tuple[GraphTransform, ...] = (
-        *earlier[:first_format],
-        _UnitScale(replacements, strict, check),
-        *earlier[first_format:],
-    )
-    scaled = copy.deepcopy(inner)
-    wrapped = TransformedModule.wrap(scaled, transforms)
-    outer = module if isinstance(module, TransformedModule) else None
+    scaling: GraphTransform = _UnitScale(replacements, strict, check)
+    transforms = (*earlier[:first_format], scaling, *earlier[first_format:])
+    wrapped = TransformedModule.wrap(copy.deepcopy(inner), transforms)
     return _captured(wrapped, outer, example_inputs, example_kwargs, route)
 
 
 def _check_batch_norm_momentum(module: nn.Module) -> None:
-    """Refuse a batch norm in training mode whose running statistics are a cumulative average, by name.
-
-    ``momentum=None`` makes torch divide by the count of batches seen, a value no graph can
-    guard on; without this check the capture fails and blames data-dependent control flow.
-    """
+    """Refuse a training batch norm with ``momentum=None``: else the capture fails and blames control flow."""
     for name, m in module.named_modules():
         cumulative = isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum is None
         if cumulative and m.training and m.track_running_stats:
@@ -392,9 +346,8 @@ def simulate_format(
 ) -> TransformedModule:
     """Simulate a number format around every matmul-like op (linear, matmul, conv, attention).
 
-    Each float tensor input of such an op is rounded to ``fwd_format`` in the forward
-    pass, and the gradient flowing back into it to ``bwd_format`` (straight-through
-    otherwise). Parameters are shared with ``module``; nests with :func:`unit_scale`.
+    Each float tensor input of such an op is rounded to ``fwd_format``, and the gradient flowing
+    back into it to ``bwd_format``. Parameters are shared with ``module``; nests with :func:`unit_scale`.
 
     Args:
         module: the model (or a :class:`TransformedModule`).
@@ -403,9 +356,6 @@ def simulate_format(
         example_inputs: capture now, as :func:`apply_transform` does.
         example_kwargs: keyword inputs to capture with.
         route: the capture routes to try (needs ``example_inputs``).
-
-    Returns:
-        A :class:`TransformedModule`.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.

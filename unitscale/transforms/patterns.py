@@ -1,10 +1,7 @@
 """Fold composite ops that libraries write out by hand into one unit-scaled op.
 
-``transformers`` writes some ops as elementwise arithmetic rather than one torch call,
-so a TorchDynamo graph holds a handful of ``mul``/``pow``/``rsqrt`` nodes where a
-unit-scaled twin exists. Each ``_fold_*`` below finds one such pattern and replaces it
-by the twin, before residual adds are looked for (``x + 0.044715 * x**3`` inside GELU
-would otherwise look like a residual add):
+Run before residual adds are looked for (``x + 0.044715 * x**3`` inside GELU would
+otherwise look like one); the new node keeps the replaced node's meta:
 
 - RMS norm (``LlamaRMSNorm``, ``T5LayerNorm``):
   ``w * (x * rsqrt(mean(x.pow(2), -1, keepdim=True) + eps))``, with ``.to(dtype)`` casts
@@ -12,9 +9,6 @@ would otherwise look like a residual add):
 - tanh GELU (GPT-2's ``NewGELUActivation``):
   ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`` becomes
   :func:`~unitscale.functional.gelu` with ``approximate="tanh"``.
-
-The new node keeps the replaced node's ``example_value``, module path and
-stack trace; pattern nodes no one else reads are erased.
 """
 
 from __future__ import annotations
@@ -53,10 +47,9 @@ def _uncast(node: Any) -> Any:
     return node
 
 
-def _number(value: Any, expected: float, rel: float = 1e-4) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isclose(value, expected, rel_tol=rel)
-    )
+def _number(value: Any, expected: float) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return number and math.isclose(value, expected, rel_tol=1e-4)
 
 
 def _only_user(node: fx.Node) -> fx.Node | None:
@@ -69,15 +62,11 @@ def _replace(final: fx.Node, fn: Any, args: tuple[Any, ...], kwargs: dict[str, A
         new = graph.call_function(fn, args, kwargs)
     new.meta = dict(final.meta)
     final.replace_all_uses_with(new)
-    for node in sorted(set(pattern), key=_order(graph), reverse=True):
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    for node in sorted(set(pattern), key=position.__getitem__, reverse=True):
         if not node.users:
             graph.erase_node(node)
     return new
-
-
-def _order(graph: fx.Graph) -> Any:
-    position = {node: i for i, node in enumerate(graph.nodes)}
-    return lambda node: position[node]
 
 
 def _rms_norm_at(mul: fx.Node) -> tuple[fx.Node, list[fx.Node], Any, float] | None:

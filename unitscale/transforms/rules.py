@@ -1,12 +1,7 @@
 """The unit-scaling pass as an ordered list of named rules, and how a user adds one.
 
-:func:`~unitscale.transforms.unit_scale` rewrites a captured graph by running each rule
-of the list, in order, over one :class:`PassState`: the graph module, and what the rules
-before have found (the nodes they rewrote, the ones kept as they are, the activation path,
-the trunk). A rule is a function ``rule(state) -> None``; it changes ``state.gm.graph`` and
-records what it did in ``state.done`` (rewritten or added nodes: later rules leave them, and
-they are not reported as unscaled) or ``state.kept`` (nodes kept on purpose, with why). The
-list, in order:
+:func:`~unitscale.transforms.unit_scale` runs each rule ``rule(state) -> None`` of this list, in
+order, over one :class:`PassState` (the graph module and what the rules before found):
 
 1. ``follow_in_place_changes``: a read after ``x += 1`` reads the changed tensor;
 2. ``leave_regions_whole``: higher-order ops and inlined ``vmap`` bodies are left whole;
@@ -29,8 +24,7 @@ list, in order:
 19. ``share_loss_scales``: one gradient factor for a graph's losses.
 
 After the last rule the pass lists the ops it left unscaled and re-initialises the parameters
-(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`). :func:`register_rule` adds a rule
-of your own, before or after any of these; :func:`rule_names` lists them.
+(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`); :func:`register_rule` adds a rule of yours.
 """
 
 from __future__ import annotations
@@ -107,11 +101,10 @@ def register_rule(
 ) -> None:
     """Add a rule of your own to the unit-scaling pass, before or after a named rule (else last).
 
-    ``fn(state)`` gets the :class:`PassState` and changes ``state.gm.graph`` in place; a node
-    it rewrites or adds belongs in ``state.done`` (:meth:`PassState.retarget` puts it there),
-    so later rules leave it and the pass does not report it unscaled. Every
-    :func:`~unitscale.transforms.unit_scale` made after this runs it; one made before keeps
-    its list. :func:`unregister_rule` takes it out again.
+    ``fn(state)`` changes ``state.gm.graph`` in place; a node it rewrites or adds belongs in
+    ``state.done`` (:meth:`PassState.retarget` puts it there), so later rules leave it and the
+    pass does not report it unscaled. Every :func:`~unitscale.transforms.unit_scale` made after
+    this runs it; one made before keeps its list.
 
     Args:
         name: the rule's name, not one of :func:`rule_names`.

@@ -1,23 +1,11 @@
 """Is a unit-scaled graph at unit scale? Measure the std along it, and name the ops that move it off.
 
-:func:`check_scale` runs a graph once on real inputs, forward and backward (an ``N(0, 1)``
-gradient on every float output, 1 on a one-element output: a loss), and records the std of every activation and of the
-gradient at it. From these it finds the ops that *break* unit scale: an op whose output
-leaves the band while its main input was inside it (forward), or whose input's gradient
-leaves the band while the gradients arriving from its readers were inside it (backward).
-:func:`~unitscale.unit_scale` runs it on the call that captures a graph and puts the result
-on ``result.scale_check``; when the output or the input gradient is off unit scale it logs
-the ops that broke it.
-
-The measuring is scale tracking's (:class:`~unitscale.tracking.ScaleTrackingInterpreter`,
-recording only the activation stream, and :func:`~unitscale.tracking.std_stat`); a tensor of
-one element (a loss) has no spread to judge (its std is 0): the check shows NaN, not judged.
-
-Only the activation stream counts: the graph inputs and the ops that compute from them.
-Parameters (a norm's gain of ones has std 0), position tables and masks have no scale to keep.
-Nor do an op only batch norm reads (batch norm undoes its scale) and the parts of an op that
-``unit_scale`` kept because it keeps unit scale as a whole (a rotary embedding's products)
-count as moving the forward scale.
+An op *breaks* unit scale when its output leaves the band while its main input was inside it
+(forward), or its input's gradient leaves the band while the gradients arriving from its
+readers were inside it (backward). Only the activation stream counts (the graph inputs and
+the ops that compute from them), and not as moving the forward scale an op only batch norm
+reads (batch norm undoes its scale) nor the parts of an op ``unit_scale`` kept whole (a rotary
+embedding's products). A tensor of one element (a loss) has no spread: its std shows NaN.
 """
 
 from __future__ import annotations
@@ -32,7 +20,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from unitscale.tracking import ScaleTrackingInterpreter, read_rows, std_stat
-from unitscale.transforms.unit_scale_pass import KEPT_KEY, _whole_regions, describe
+from unitscale.transforms._kept import _whole_regions
+from unitscale.transforms.unit_scale_pass import KEPT_KEY, describe
 
 __all__ = ["BAND", "OffScale", "ScaleCheck", "check_scale"]
 
@@ -186,9 +175,6 @@ def check_scale(
             ``torch.no_grad()``, which may hold ops with no derivative (``nn.TransformerEncoder``'s
             fast path): its input-gradient std is ``nan``.
 
-    Returns:
-        A :class:`ScaleCheck`.
-
     >>> import torch
     >>> from torch import fx
     >>> from unitscale.transforms import check_scale
@@ -232,47 +218,38 @@ def check_scale(
     placeholders = [n for n in sizes if n.op == "placeholder" and n in grads]
     first = placeholders or [n for n in sizes if n.op != "placeholder" and n in grads][:1]
     grad_std = grads[first[0]] if first else math.nan
-    breaks = _forward_breaks(graph, sizes, stds, band) + _backward_breaks(graph, grads, band)
+    # each op with its main input: the activation input with the most elements (the tensor, not a gain)
+    steps = [
+        (n, max((a for a in n.all_input_nodes if a in sizes), key=sizes.__getitem__))
+        for n in graph.nodes
+        if n in sizes and n.op != "placeholder" and any(a in sizes for a in n.all_input_nodes)
+    ]
+    ahead = [(n, stds[s], stds[n]) for n, s in steps if not _only_normalised(n) and KEPT_KEY not in n.meta]
+    back = [(n, grads.get(n, math.nan), grads.get(s, math.nan)) for n, s in steps]
+    breaks = [
+        OffScale(describe(n), n.name, "forward", before, after)
+        for n, before, after in ahead
+        if _inside(before, band) and not math.isnan(after) and not _inside(after, band)
+    ] + _backward_breaks(graph, grads, band)
     drift = []
-    for direction, std in (("forward", output_std), ("backward", grad_std)):
+    for direction, std, moves in (("forward", output_std, ahead), ("backward", grad_std, back)):
         if not math.isnan(std) and not _inside(std, band):
-            drift += _drift(graph, sizes, stds, grads, direction, up=std > band[1])
+            drift += _drift(moves, direction, up=std > band[1])
     named = {(b.node, b.direction) for b in breaks}
     drift = [d for d in drift if (d.node, d.direction) not in named]
     table = [(n.name, stds[n], grads.get(n, math.nan)) for n in sizes]
     return ScaleCheck(output_std, grad_std, breaks, table, band, drift)
 
 
-def _main_input(node: fx.Node, sizes: dict[fx.Node, int]) -> fx.Node | None:
-    """The activation input with the most elements (the tensor an op transforms, not its gain)."""
-    inputs = [a for a in node.all_input_nodes if a in sizes]
-    return max(inputs, key=lambda a: sizes[a], default=None)
-
-
-def _drift(
-    graph: fx.Graph,
-    sizes: dict[fx.Node, int],
-    stds: dict[fx.Node, float],
-    grads: dict[fx.Node, float],
-    direction: str,
-    up: bool,
-) -> list[OffScale]:
+def _drift(moves: list[tuple[fx.Node, float, float]], direction: str, up: bool) -> list[OffScale]:
     """The (up to) 5 ops whose factor moved the scale furthest up (or down), in ``direction``."""
-    steps = []
-    for node in graph.nodes:
-        source = _main_input(node, sizes) if node in sizes and node.op != "placeholder" else None
-        if source is None or (direction == "forward" and (_only_normalised(node) or KEPT_KEY in node.meta)):
-            continue
-        if direction == "forward":
-            before, after = stds[source], stds[node]
-        else:
-            before, after = grads.get(node, math.nan), grads.get(source, math.nan)
-        # a std of inf (a mask of -inf or the dtype's lowest added to scores) has no factor to rank
-        finite = 0 < before < math.inf and 0 < after < math.inf
-        if finite and (after > 1.05 * before if up else after < before / 1.05):
-            steps.append(OffScale(describe(node), node.name, direction, before, after))
-    steps.sort(key=lambda s: -abs(math.log(s.factor)))
-    return steps[:5]
+    # a std of inf (a mask of -inf or the dtype's lowest added to scores) has no factor to rank
+    found = [
+        OffScale(describe(n), n.name, direction, before, after)
+        for n, before, after in moves
+        if 0 < before < math.inf and 0 < after < math.inf and (after > 1.05 * before if up else after < before / 1.05)
+    ]
+    return sorted(found, key=lambda s: -abs(math.log(s.factor)))[:5]
 
 
 def _only_normalised(node: fx.Node) -> bool:
@@ -284,32 +261,11 @@ def _only_normalised(node: fx.Node) -> bool:
     )
 
 
-def _forward_breaks(
-    graph: fx.Graph, sizes: dict[fx.Node, int], stds: dict[fx.Node, float], band: tuple[float, float]
-) -> list[OffScale]:
-    found = []
-    for node in graph.nodes:
-        if node not in sizes or node.op == "placeholder":
-            continue
-        source = _main_input(node, sizes)
-        if source is None or _only_normalised(node) or KEPT_KEY in node.meta:
-            continue
-        before, after = stds[source], stds[node]
-        if _inside(before, band) and not math.isnan(after) and not _inside(after, band):
-            found.append(OffScale(describe(node), node.name, "forward", before, after))
-    return found
-
-
 def _backward_breaks(graph: fx.Graph, grads: dict[fx.Node, float], band: tuple[float, float]) -> list[OffScale]:
     found = []
     for node in reversed(graph.nodes):
-        if node not in grads:
-            continue
         readers = [u for u in node.users if u in grads]
-        if not readers:
-            continue
-        reader = max(readers, key=lambda u: grads[u])
-        before, after = grads[reader], grads[node]
-        if _inside(before, band) and not _inside(after, band):
-            found.append(OffScale(describe(reader), reader.name, "backward", before, after))
+        reader = max(readers, key=lambda u: grads[u]) if node in grads and readers else None
+        if reader is not None and _inside(grads[reader], band) and not _inside(grads[node], band):
+            found.append(OffScale(describe(reader), reader.name, "backward", grads[reader], grads[node]))
     return found

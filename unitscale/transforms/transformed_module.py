@@ -1,29 +1,11 @@
 """Graph transforms over a captured forward: the module that runs them, per input signature.
 
-A transform here is a function from a captured :class:`torch.fx.GraphModule` to a
-new one. :func:`apply_transform` wraps a module in a :class:`TransformedModule`. Its
-graph comes from the capture layer (:mod:`unitscale.capture`), in one of two ways:
-
-- **lazily** (no example inputs): on the first call with a new input signature,
-  ``unitscale.capture.toolkit.dynamo_graph`` captures the call with TorchDynamo
-  (``fullgraph=True``, static shapes), and the transforms run over that graph;
-- **eagerly** (``example_inputs=``): :func:`unitscale.capture.capture` tries its graph
-  routes (``fx`` flat, ``torch.export`` with a free batch dimension, strict export,
-  TorchDynamo) at once, an exported graph is read as torch functions
-  (:func:`unitscale.transforms.aten.to_torch_functions`), and the transforms run over
-  it. That graph serves every call that differs from the example inputs only in the
-  batch size (dimension 0, where the route left it free: always on ``fx``, on export
-  when the model does not pin it) and in nothing else (training mode, dtypes, other
-  dimensions, plain values); any other call is captured lazily, as above.
-
-Either way every node carries the capture layer's ``module_path``, ``module_type`` and
-``source``, and an ``example_value``. Transforms nest because a transformed module only
-collects transforms: ``simulate_fp8(unit_scale(model))`` captures once and runs the
-unit-scaling transform, then the FP8 one.
-
-The result is a plain ``nn.Module`` whose forward runs the transformed graph: it
-trains eagerly, compiles with ``torch.compile`` and traces with a
-:class:`~unitscale.fx.DeepTracer` (after its graph exists).
+With example inputs (``example_inputs=``) the graph captured at once by
+:func:`unitscale.capture.capture` (an exported graph read as torch functions,
+:func:`unitscale.transforms.aten.to_torch_functions`) serves every call that differs from
+the example inputs only in the batch size (dimension 0, where the route left it free: always
+on ``fx``, on export when the model does not pin it); any other call, and every call without
+example inputs, is captured lazily with TorchDynamo, once per input signature.
 """
 
 from __future__ import annotations
@@ -66,12 +48,7 @@ GraphTransform = Callable[[fx.GraphModule], fx.GraphModule]
 
 
 def _outside_dynamo(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch._dynamo.disable(method)``, made on the first call.
-
-    Decorating with ``torch._dynamo.disable`` directly imports TorchDynamo when this module is
-    imported: about 1.5 s added to every ``import unitscale``, in every notebook kernel and
-    pipeline worker, even those that never capture a graph.
-    """
+    """``torch._dynamo.disable(method)``, made on the first call: importing TorchDynamo takes 1.5 s."""
     disabled: list[Callable[..., Any]] = []
 
     @functools.wraps(method)
@@ -124,10 +101,8 @@ class _EagerGraph:
 class _ProxyInliner(fx.Interpreter):
     """Replays a graph into the tracer that is tracing the caller, one node per node.
 
-    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled
-    functions (their names live in the generated code's globals, which a tracer's
-    autowrapping does not patch); replaying keeps each as one node. Parameters are
-    read through ``getattr``, which the tracer turns into ``get_attr`` nodes of its root.
+    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled functions
+    (the generated code's globals, which a tracer's autowrapping does not patch).
     """
 
     def __init__(self, gm: fx.GraphModule) -> None:
@@ -166,18 +141,15 @@ class TransformedModule(nn.Module):
     """A module whose forward runs ``module``'s captured graph after ``transforms``.
 
     Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
-    ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and
-    ``.to()`` work as usual. Without example inputs, the graph is captured with
-    TorchDynamo once per input signature (shapes, dtypes, non-tensor values, training
-    mode), on the first call with it; the capture runs eagerly: under ``torch.compile``
-    a call with a new signature breaks the graph once, so for ``fullgraph=True`` call
-    the module once eagerly first. With example inputs the graph is captured at once,
-    by whichever route of :func:`unitscale.capture.capture` takes the model, and
+    ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and ``.to()``
+    work as usual. Without example inputs, the graph is captured with TorchDynamo once per
+    input signature (shapes, dtypes, non-tensor values, training mode), eagerly: under
+    ``torch.compile`` a new signature breaks the graph once, so for ``fullgraph=True`` call
+    the module once eagerly first. With example inputs the graph is captured at once and
     serves calls of any batch size (see ``unitscale.transforms.transformed_module``).
 
-    Hook map: a new behaviour is a transform (a ``GraphModule -> GraphModule`` callable,
-    ``GraphTransform``) given to :func:`apply_transform`, not a subclass; the
-    methods below are what runs a call.
+    Hook map: a new behaviour is a transform given to :func:`apply_transform`, not a
+    subclass; the methods below are what runs a call.
 
     .. code-block:: text
 
@@ -204,9 +176,8 @@ class TransformedModule(nn.Module):
         unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
             inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
             ``"<first op>: <n> op(s) left whole"`` line each.
-        loss_scales: the gradient factor of each unit-scaled loss in the graph, one line
-            each; the losses of one graph share one factor, so a sum of them has the true
-            gradient's direction.
+        loss_scales: the gradient factor of each unit-scaled loss in the graph (one factor
+            shared by a graph's losses), one line each.
         scale_check: what :func:`unit_scale` measured along the latest graph, on the call
             that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
             ``None`` before the first capture and for other transforms).
@@ -221,16 +192,13 @@ class TransformedModule(nn.Module):
     (torch.Size([4, 8]), [], 'dynamo')
     """
 
-    def __init__(self, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]) -> None:
+    def __init__(self, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> None:
         super().__init__()
         self.module = module
-        # The wrapper's mode is the model's: a model wrapped in eval mode is captured in eval mode,
-        # and ``self.training`` must say so (``train()`` then switches both, and the next call captures).
-        self.training = module.training
+        self.training = module.training  # a model wrapped in eval mode is captured in eval mode
         self.transforms = tuple(transforms)
-        # State a transform keeps across graphs (unit_scale's frozen gradient factors) is the
-        # wrapper's: saved in its state_dict, and out of reach of the capture's restore of the
-        # model's own buffers. A nested wrapper (simulate_fp8(unit_scale(m))) holds it too.
+        # unit_scale's frozen gradient factors are the wrapper's: saved in its state_dict, and out of
+        # reach of the capture's restore of the model's own buffers
         for transform in self.transforms:
             state = getattr(transform, "grad_scales", None)
             if isinstance(state, nn.Module):
@@ -254,9 +222,7 @@ class TransformedModule(nn.Module):
         return None if self._latest is None else self._latest.graph_module
 
     @classmethod
-    def wrap(
-        cls, module: nn.Module, transforms: tuple[Callable[[fx.GraphModule], fx.GraphModule], ...]
-    ) -> TransformedModule:
+    def wrap(cls, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> TransformedModule:
         """A ``TransformedModule`` whose ``forward`` has the parameter names of ``module.forward``.
 
         ``torch.fx`` reads the names from the class's ``forward``; with them the traced
@@ -292,9 +258,7 @@ class TransformedModule(nn.Module):
         if eager is not None and eager.key == _eager_key(mode, args, kwargs, leaves, eager.batch_free):
             return eager.run(args, kwargs)
         key = (mode, len(args), tuple(kwargs), tuple(_signature(leaf) for leaf in leaves))
-        captured = self._captured.get(key)
-        if captured is None:
-            captured = self._capture(args, kwargs, leaves, key)
+        captured = self._captured.get(key) or self._capture(args, kwargs, leaves, key)
         return captured.run(leaves)
 
     @_outside_dynamo
@@ -302,8 +266,7 @@ class TransformedModule(nn.Module):
         with _state_kept(self.module):
             found = dynamo_graph(self.module, args, kwargs)
         found.graph_module = _run_transforms(self.module, self.transforms, found.graph_module)
-        captured = _CompiledGraph(found)
-        self._captured[key] = captured
+        self._captured[key] = captured = _CompiledGraph(found)
         self._adopt(captured, "dynamo")
         model_outputs = [v for kind, v in found.output_plan if kind == "graph"]
         self._check(found.graph_module, [leaves[i] for i in found.input_positions], model_outputs)
@@ -324,10 +287,8 @@ class TransformedModule(nn.Module):
     ) -> TransformedModule:
         """Capture the graph now, on example inputs, by the capture layer's routes; returns ``self``.
 
-        ``route="auto"`` tries every graph route of :func:`unitscale.capture.capture` in
-        order (``fx`` traced flat, ``export`` with a free batch dimension,
-        ``export-strict``, ``dynamo``); one name or a tuple forces them. The transforms
-        run over the graph at once, so their errors are raised here.
+        ``route="auto"`` tries every graph route of :func:`unitscale.capture.capture` in order;
+        one name or a tuple forces them. The transforms run at once: their errors are raised here.
 
         Raises:
             InputError: example inputs the model cannot take.
@@ -405,13 +366,7 @@ class TransformedModule(nn.Module):
 
 @contextmanager
 def _state_kept(module: nn.Module) -> Iterator[None]:
-    """Run a capture without leaving a trace: buffers and the random number generator as they were.
-
-    Capturing runs the model (TorchDynamo once, the capture routes once each): in training
-    mode each run would update batch norm's running statistics and draw dropout masks, so
-    the first call of a training loop would count its batch several times, once by a
-    graph that is not the transformed one.
-    """
+    """Run a capture (which runs the model) leaving buffers and the random number generator as they were."""
     kept = [(b, b.detach().clone()) for b in module.buffers()]
     with torch.random.fork_rng(devices=[]):
         try:
@@ -436,11 +391,8 @@ def _batch_free(gm: fx.GraphModule, route: str) -> bool:
 def _modes(module: nn.Module) -> tuple[Any, ...]:
     """The training flag and hooks of every submodule, and the call's state: a graph is captured for one such mode.
 
-    One flag would not do: ``model.train(); model.bn.eval()`` (batch norm frozen) is a mode
-    of its own, whose graph normalises with the running statistics. Grad mode, inference
-    mode and autocast change the graph too (``unitscale.capture.toolkit.call_state``): a
-    graph captured under ``no_grad`` inlines a custom ``autograd.Function``'s forward and
-    takes ``nn.TransformerEncoder``'s fast path, which has no derivative.
+    ``model.train(); model.bn.eval()`` is a mode of its own; grad mode, inference mode and
+    autocast change the graph too (``unitscale.capture.toolkit.call_state``).
     """
     return (tuple((m.training, hook_key(m)) for m in module.modules()), call_state())
 

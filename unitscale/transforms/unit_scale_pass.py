@@ -1,32 +1,14 @@
-"""The graph pass behind :func:`unitscale.unit_scale`.
+"""The graph pass behind :func:`unitscale.unit_scale`: the loop over :mod:`unitscale.transforms.rules`' list.
 
-On a graph of torch functions (TorchDynamo's, a flat ``torch.fx`` trace, or an exported
-graph read by :func:`unitscale.transforms.aten.to_torch_functions`), whose nodes carry
-``example_value`` and the capture layer's ``module_path``/``source``, each rule of
-:mod:`unitscale.transforms.rules`' ordered list runs in turn (``rule_names()`` lists them,
-``register_rule`` adds one, and the rules' docstrings say what each does):
-replacements and folds, residual pairs, twins with ``constraint=None`` on the trunk alone,
-constant factors, the scales of convolutional networks' inputs, frozen gradient factors and
-shared loss factors. :class:`UnitScalePass` is the loop over them. Then the ops kept as they
-are, because they keep the scale of unit-scaled operands, are listed with the reason in
-``graph_module.meta["kept_ops"]``; higher-order ops and inlined ``vmap`` bodies left whole in
-``graph_module.meta["unscaled_regions"]``; and the ops left as they were, other than ones
-that move data without changing its scale (reshapes, indexing, concatenation, ...) or
-produce no float tensor, in ``graph_module.meta["unscaled_ops"]``.
-
-Only ops on the activation path are scaled or listed: those that read, directly or
-not, a float input or a parameter. Position tables, masks and bucket indices computed
-from integer inputs and buffers carry no gradient and keep their values.
-
-Parameters are re-initialised (:func:`unit_init_`) only where every use is a unit-scaled
-op; a parameter that feeds an op left unscaled keeps its values, so the ops around it
-compute what they did.
+After the rules, :class:`UnitScalePass` lists in ``graph_module.meta`` the ops kept because they
+keep the scale of unit-scaled operands (``"kept_ops"``), the regions left whole
+(``"unscaled_regions"``) and the ops on the activation path left as they were, other than ones
+that move data without changing its scale or produce no float tensor (``"unscaled_ops"``).
 
 The rules live by topic: skip connections in ``_residuals.py``; replacements, twins, pools and
 constants in ``_op_rules.py``; what is kept or left whole in ``_kept.py``; batch norm, pools,
 post-activation ReLUs and squeeze-excitation gates in ``_cnn_rules.py`` (and ``_frozen.py``);
-losses in ``_losses.py``; the questions every rule asks of the graph (what a node runs, who
-reads it, the activation path and the trunk) in ``_graph.py``.
+losses in ``_losses.py``; the questions every rule asks of the graph in ``_graph.py``.
 """
 
 from __future__ import annotations
@@ -39,24 +21,21 @@ import torch.nn.functional as F
 from torch import fx
 
 import unitscale.functional as U
-from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS, SCALE_NEUTRAL_METHODS
+from unitscale.fx.nodes import SCALE_NEUTRAL_FUNCTIONS
 from unitscale.scaling.parameter import tag
 from unitscale.transforms import rules
 from unitscale.transforms._frozen import GradScales
 from unitscale.transforms._graph import (
-    _SCALED,
     _argument_name,
-    _aten_neutral,
     _attr,
     _consumers,
     _function_of,
     _is_float_tensor,
+    _is_neutral,
     _is_scaled,
-    _is_view_attribute,
     _member,
     describe,
 )
-from unitscale.transforms._kept import _whole_regions as _whole_regions  # the std check reads it here
 from unitscale.transforms._kept import region_lines
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "describe", "unit_init_"]
@@ -67,28 +46,20 @@ KEPT_KEY = "unitscale_kept"
 
 
 _NORM_FUNCTIONS: set[Any] = {F.layer_norm, U.layer_norm, F.group_norm, F.batch_norm, F.instance_norm, F.rms_norm}
-_NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm}
-_NORM_FUNCTIONS |= {U.layer_scale}  # a layer scale's gain starts at 1, as a norm's does
+_NORM_FUNCTIONS |= {U.rms_norm, U.batch_norm, U.layer_scale}  # a layer scale's gain starts at 1, as a norm's
 
 
 @torch.no_grad()
 def unit_init_(gm: fx.GraphModule) -> None:
     """Re-initialise the parameters that feed unit-scaled ops, by the role the graph gives them.
 
-    A parameter passed as ``bias`` or added to a tensor is zeroed; one passed as the
-    ``weight`` of a norm is set to 1; every other (weights, embeddings) is drawn
-    from ``N(0, 1)``. Roles come from the graph, so ``self.b1`` in a functional model is
-    a bias as much as ``nn.Linear.bias`` is. A parameter that any op left unscaled reads
-    (through reshapes or casts or not) keeps its values: the unscaled op was written for
-    them. The running statistics of a unit-scaled batch norm are reset to mean 0 and
-    variance 1, those of the unit-scaled activations that reach it, and its count of
-    batches to 0. Each re-initialised parameter is tagged with the u-μP role
-    :mod:`unitscale.nn`'s modules give theirs (``bias``, ``norm``, ``embedding``, else
-    ``weight``: a last linear layer stays a ``weight``, since unit scaling does not give it
-    u-μP's readout multiplier), so the unit-scaled model trains with :mod:`unitscale.optim`.
-
-    Args:
-        gm: a graph after the unit-scaling pass, reading parameters through ``get_attr``.
+    A parameter passed as ``bias`` or added to a tensor is zeroed, the ``weight`` of a norm set
+    to 1, every other drawn from ``N(0, 1)``: ``self.b1`` in a functional model is a bias as
+    much as ``nn.Linear.bias`` is. A parameter that an op left unscaled reads keeps its values.
+    A unit-scaled batch norm's running statistics are reset to mean 0 and variance 1, its count
+    of batches to 0. Each re-initialised parameter is tagged with the u-μP role :mod:`unitscale.nn`
+    gives it (``bias``, ``norm``, ``embedding``, else ``weight``, a last linear layer too), so
+    the unit-scaled model trains with :mod:`unitscale.optim`.
 
     >>> import torch
     >>> from torch import fx
@@ -137,16 +108,9 @@ def unit_init_(gm: fx.GraphModule) -> None:
 
 
 class UnitScalePass:
-    """Rewrites a captured graph into its unit-scaled form: each rule of its list, in order.
+    """Rewrites a captured graph into its unit-scaled form: each rule of the list as it was when made, in order.
 
-    The rules are :mod:`unitscale.transforms.rules`' list as it is when the pass is made
-    (the defaults and any :func:`~unitscale.transforms.register_rule` added). After them it
-    lists what it left (``gm.meta["kept_ops"]``, ``"unscaled_ops"``, ``"unscaled_regions"``)
-    and, on the first graph of a model, re-initialises its parameters (:func:`unit_init_`).
-
-    Args:
-        replace: user replacements, looked up before :data:`unitscale.functional.torch_map`.
-        torch_map: the default map (torch function -> unit-scaled twin).
+    Then it lists what it left, and on a model's first graph re-initialises its parameters (:func:`unit_init_`).
     """
 
     __name__ = "unit_scale"
@@ -185,9 +149,5 @@ class UnitScalePass:
             return False
         if not _is_float_tensor(node.meta.get("example_value")):
             return False
-        fn = _function_of(node)
-        if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
-            return False
-        if _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, _SCALED) or _aten_neutral(fn):
-            return False
-        return not (isinstance(fn, torch._ops.OpOverload) and fn.namespace == "unitscale")
+        # a method's function (``torch.Tensor.flatten``) may be scale-neutral under its function's name
+        return not (_is_neutral(node) or _is_scaled(node) or _member(_function_of(node), SCALE_NEUTRAL_FUNCTIONS))
