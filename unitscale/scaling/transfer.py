@@ -234,12 +234,10 @@ def coord_check(
             after = _record(model, inputs, keep)
         else:  # the loss left float range: no measurement after training
             after = {kind: [t * math.nan for t in tensors] for kind, tensors in before.items()}
-        for kind in before:
-            for table in (result.init, result.trained, result.change):
-                table.setdefault(kind, [math.nan] * len(widths))
-            result.init[kind][index] = _rms_of_stds(before[kind])
-            result.trained[kind][index] = _rms_of_stds(after[kind])
-            result.change[kind][index] = _rms_of_stds([a - b for a, b in zip(after[kind], before[kind], strict=True)])
+        for kind, old in before.items():
+            change = [a - b for a, b in zip(after[kind], old, strict=True)]
+            for table, tensors in ((result.init, old), (result.trained, after[kind]), (result.change, change)):
+                table.setdefault(kind, [math.nan] * len(widths))[index] = _rms_of_stds(tensors)
     return result
 
 
@@ -276,10 +274,7 @@ class LRSweep:
         """Final loss against learning rate (log2), one curve per width, each best lr marked."""
         import matplotlib.pyplot as plt  # lazy: pyplot adds about 1.9 s to `import unitscale`; only plots need it
 
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained")
-        else:
-            fig = ax.figure
+        fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained") if ax is None else (ax.figure, ax)
         colours = plt.get_cmap("viridis")(torch.linspace(0, 0.9, len(self.widths)).tolist())
         for colour, width in zip(colours, self.widths, strict=True):
             finite = [(lr, loss) for lr, loss in zip(self.lrs, self.losses[width], strict=True) if math.isfinite(loss)]
@@ -379,14 +374,11 @@ def lr_sweep(
     if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= steps:
         raise InputError(f"lr_sweep: tail={tail!r:.60} must be an int in 1..steps={steps}")
     make_optimizer = optimizer or _default_optimizer()
-    losses: dict[int, list[float]] = {}
+    losses: dict[int, list[float]] = {width: [] for width in widths}
     for width in widths:
-        row = []
         for lr in grid:
             torch.manual_seed(seed)
             model = make_model(width)
-            row.append(_train(model, make_optimizer(model.parameters(), lr=lr), data, steps, tail))
-        losses[width] = row
+            losses[width].append(_train(model, make_optimizer(model.parameters(), lr=lr), data, steps, tail))
     best = {w: grid[losses[w].index(min(losses[w]))] for w in widths}
-    drift = math.log2(max(best.values()) / min(best.values()))
-    return LRSweep(widths, grid, losses, best, drift)
+    return LRSweep(widths, grid, losses, best, math.log2(max(best.values()) / min(best.values())))
