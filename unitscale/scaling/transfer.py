@@ -10,9 +10,7 @@ Both take ``make_model(width) -> module`` and ``data(step) -> (inputs, targets)`
 loss is ``model.loss(inputs, targets)`` when the model has one, else cross-entropy of
 ``model(inputs)`` against ``targets``.
 
->>> import torch
->>> from unitscale.examples import MarkovSource
->>> from unitscale.examples import UmupGPT, markov_batches
+>>> from unitscale.examples import MarkovSource, UmupGPT, markov_batches
 >>> from unitscale.scaling import lr_sweep
 >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
 >>> model = lambda width: UmupGPT(8, width=width, depth=1)
@@ -210,9 +208,7 @@ def coord_check(
         SweepGridError: ``widths`` is empty, repeats a width, or holds a non-int or one below 1.
         InputError: ``steps`` is negative or ``data`` is neither a function nor a pair.
 
-    >>> import torch
-    >>> from unitscale.examples import MarkovSource
-    >>> from unitscale.examples import UmupGPT, markov_batches
+    >>> from unitscale.examples import MarkovSource, UmupGPT, markov_batches
     >>> from unitscale.scaling import coord_check
     >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
     >>> model = lambda width: UmupGPT(8, width=width, depth=1)
