@@ -142,8 +142,6 @@ def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad
     0.5
     """
     _scales("to_grad_input_scale", (output_scale, grad_input_scale, *more_grad_input_scales))
-    if not more_grad_input_scales:
-        return float(grad_input_scale)
     return gmean(grad_input_scale, *more_grad_input_scales)
 
 

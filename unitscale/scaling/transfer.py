@@ -79,11 +79,6 @@ def _check_common(owner: str, make_model: Any, widths: Any, steps: Any, optimize
     return sorted(widths)
 
 
-def _kind(path: str) -> str:
-    # Layers of a stack are one kind: "blocks.3.attn" and "blocks.0.attn" are both "blocks.*.attn".
-    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path)
-
-
 @dataclass
 class CoordCheck:
     """The result of :func:`coord_check`: activation std by kind and width.
@@ -150,10 +145,12 @@ def _record(model: nn.Module, inputs: Tensor, keep: Callable[[str, nn.Module], b
     handles = []
     for path, module in model.named_modules():
         if path and keep(path, module):
+            # Layers of a stack are one kind: "blocks.3.attn" and "blocks.0.attn" are both "blocks.*.attn".
+            kind = re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path)
 
-            def hook(_m: nn.Module, _a: Any, out: Any, path: str = path) -> None:
+            def hook(_m: nn.Module, _a: Any, out: Any, kind: str = kind) -> None:
                 if isinstance(out, Tensor) and out.is_floating_point():
-                    outputs.setdefault(_kind(path), []).append(out.detach().float().clone())
+                    outputs.setdefault(kind, []).append(out.detach().float().clone())
 
             handles.append(module.register_forward_hook(hook))
     try:
