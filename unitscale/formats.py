@@ -165,10 +165,9 @@ class FPFormat:
         ulp = (power * step).clamp_(self.min_subnormal, top * step)
         scaled = work / ulp
         if self.rounding == "stochastic":
-            scaled = torch.floor(scaled + torch.rand_like(scaled))
+            out = torch.floor(scaled + torch.rand_like(scaled)) * ulp
         else:
-            scaled = torch.round(scaled)
-        out = scaled * ulp
+            out = torch.round(scaled) * ulp
         limit = self.max_value
         if self.saturate:
             out = torch.clamp(out, -limit, limit)
@@ -318,6 +317,4 @@ def underflow_fraction(x: torch.Tensor, fmt: FPFormat) -> float:
     x = x.detach()
     nonzero = (x != 0) & torch.isfinite(x)
     count = int(nonzero.sum())
-    if count == 0:
-        return 0.0
-    return int((nonzero & (fmt.round(x) == 0)).sum()) / count
+    return int((nonzero & (fmt.round(x) == 0)).sum()) / count if count else 0.0

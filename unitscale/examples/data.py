@@ -61,18 +61,14 @@ class MarkovSource:
             torch.full((vocab_size, vocab_size, vocab_size), float(concentration)).double(), gen
         )
         self.probs = gamma / gamma.sum(-1, keepdim=True)
-        self.pair_probs = self._stationary_pairs()
-
-    def _stationary_pairs(self) -> torch.Tensor:
         # The pair chain (a, b) -> (b, c) has transition probs[a, b, c]; iterate to its fixed point.
-        v = self.vocab_size
-        pi = torch.full((v, v), 1.0 / v**2, dtype=torch.float64)
+        pi = torch.full((vocab_size, vocab_size), 1.0 / vocab_size**2, dtype=torch.float64)
         for _ in range(10_000):
             nxt = torch.einsum("ab,abc->bc", pi, self.probs)
             if torch.allclose(nxt, pi, atol=1e-15, rtol=0):
                 break
             pi = nxt
-        return nxt / nxt.sum()
+        self.pair_probs = nxt / nxt.sum()
 
     @property
     def entropy_rate(self) -> float:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from unitscale.errors import ConfigError
-from unitscale.examples._checks import check_int, check_tinygpt
+from unitscale.examples._checks import check_int
 
 __all__ = ["MLP", "TinyGPT", "ResNet", "resnet18"]
 
@@ -51,8 +51,6 @@ class Attention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
-        if d_model % n_heads:
-            check_tinygpt(1, d_model, 0, n_heads, 1)
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -108,7 +106,16 @@ class TinyGPT(nn.Module):
         self, vocab_size: int = 64, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, seq_len: int = 64
     ) -> None:
         super().__init__()
-        check_tinygpt(vocab_size, d_model, n_layers, n_heads, seq_len)
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads)):
+            check_int("TinyGPT", name, value, 1)
+        check_int("TinyGPT", "seq_len", seq_len, 1)
+        check_int("TinyGPT", "n_layers", n_layers, 0)
+        if d_model % n_heads:
+            divisors = [h for h in range(1, d_model + 1) if d_model % h == 0][:8]
+            raise ConfigError(
+                f"TinyGPT: d_model={d_model} is not divisible by n_heads={n_heads}; "
+                f"pick n_heads dividing d_model (e.g. one of {divisors})"
+            )
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
         self.blocks = nn.Sequential(*[Block(d_model, n_heads) for _ in range(n_layers)])

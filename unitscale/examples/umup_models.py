@@ -113,8 +113,7 @@ class UmupGPT(nn.Module):
 
     def loss(self, idx: Tensor, targets: Tensor) -> Tensor:
         """Unit-scaled cross-entropy of the next-token predictions (its value is torch's)."""
-        logits = self(idx)
-        return U.cross_entropy(logits.flatten(0, -2), targets.flatten())
+        return U.cross_entropy(self(idx).flatten(0, -2), targets.flatten())
 
 
 class _SPBlock(nn.Module):
@@ -149,7 +148,6 @@ class SPGPT(nn.Module):
     Raises:
         ConfigError: a size is not a positive int, or ``width`` is not a multiple of ``head_dim``.
 
-    >>> import torch
     >>> from unitscale.examples import SPGPT, UmupGPT
     >>> count = lambda model: sum(p.numel() for p in model.parameters())
     >>> count(SPGPT(16, width=32, depth=1)), count(UmupGPT(16, width=32, depth=1))
@@ -197,8 +195,7 @@ def markov_batches(
     Raises:
         ConfigError: ``batch`` or ``seq_len`` is not a positive int, or ``seed`` is negative.
 
-    >>> from unitscale.examples import MarkovSource
-    >>> from unitscale.examples import markov_batches
+    >>> from unitscale.examples import MarkovSource, markov_batches
     >>> data = markov_batches(MarkovSource(8), batch=2, seq_len=5)
     >>> x, y = data(0)
     >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all()), data(0)[0] is x

@@ -22,17 +22,6 @@ __all__ = ["check_p", "check_tau", "check_mult", "check_approximate"]
 def check_p(owner: str, p: Any, name: str = "p") -> float:
     """``p`` as a float if it is a probability (a number in ``[0, 1]``), else :class:`~unitscale.errors.InputError`.
 
-    Args:
-        owner: the op or module the user called, for the message.
-        p: the value to check.
-        name: the argument's name, for the message.
-
-    Returns:
-        ``float(p)``.
-
-    Raises:
-        InputError: ``p`` is not a number in ``[0, 1]``.
-
     >>> from unitscale.scaling.checks import check_p
     >>> check_p("dropout", 0.1)
     0.1
@@ -44,17 +33,6 @@ def check_p(owner: str, p: Any, name: str = "p") -> float:
 
 def check_tau(owner: str, tau: Any, name: str = "tau") -> float:
     """``tau`` as a float if it is strictly between 0 and 1, else :class:`~unitscale.errors.InputError`.
-
-    Args:
-        owner: the op or module the user called, for the message.
-        tau: the share of the output variance a residual branch carries.
-        name: the argument's name, for the message.
-
-    Returns:
-        ``float(tau)``.
-
-    Raises:
-        InputError: ``tau`` is not a number strictly between 0 and 1.
 
     >>> from unitscale.scaling.checks import check_tau
     >>> check_tau("TransformerLayer", 0.5, "mlp_tau")
@@ -78,12 +56,6 @@ def check_mult(owner: str, name: str, value: Any) -> float:
         name: the argument's name, for the message.
         value: the multiplier.
 
-    Returns:
-        ``float(value)``.
-
-    Raises:
-        MultiplierError: ``value`` is not a finite number > 0.
-
     >>> from unitscale.scaling.checks import check_mult
     >>> check_mult("Softmax", "mult", 2)
     2.0
@@ -97,16 +69,6 @@ def check_mult(owner: str, name: str, value: Any) -> float:
 
 def check_approximate(owner: str, approximate: Any) -> str:
     """``approximate`` if it is GELU's ``"none"`` or ``"tanh"``, else :class:`~unitscale.errors.InputError`.
-
-    Args:
-        owner: the op or module the user called, for the message.
-        approximate: the value to check.
-
-    Returns:
-        ``approximate``.
-
-    Raises:
-        InputError: ``approximate`` is neither ``"none"`` nor ``"tanh"``.
 
     >>> from unitscale.scaling.checks import check_approximate
     >>> check_approximate("gelu", "tanh")

@@ -17,12 +17,6 @@ head forks again); it fails inside a residual branch (the branch's gradient meet
 skip's at ``residual_split``), in a squeeze-excitation gate's branch, and between an
 op's operands that come from one tensor (q, k and v of attention, both sides of a
 ``matmul`` of activations), where the meeting gradients mix two scales.
-
->>> from unitscale.scaling.constraints import gmean, to_output_scale
->>> gmean(0.25, 1.0)
-0.5
->>> to_output_scale(0.25, 1.0)
-0.25
 """
 
 from __future__ import annotations
@@ -100,14 +94,7 @@ def gmean(output_scale: float, *grad_input_scales: float) -> float:
 
 
 def hmean(output_scale: float, *grad_input_scales: float) -> float:
-    """Harmonic mean of the output scale and the grad-input scales (leans to the smaller).
-
-    Args:
-        output_scale: the scale that would make the output unit-std.
-        *grad_input_scales: the scales that would make each input gradient unit-std.
-
-    Returns:
-        ``n / sum(1 / s)``.
+    """Harmonic mean ``n / sum(1 / s)`` of the output scale and the grad-input scales (leans to the smaller).
 
     >>> from unitscale.scaling import hmean
     >>> hmean(0.25, 1.0), hmean(2.0)
@@ -120,14 +107,7 @@ def hmean(output_scale: float, *grad_input_scales: float) -> float:
 
 
 def amean(output_scale: float, *grad_input_scales: float) -> float:
-    """Arithmetic mean of the output scale and the grad-input scales (leans to the larger).
-
-    Args:
-        output_scale: the scale that would make the output unit-std.
-        *grad_input_scales: the scales that would make each input gradient unit-std.
-
-    Returns:
-        ``sum(s) / n``.
+    """Arithmetic mean ``sum(s) / n`` of the output scale and the grad-input scales (leans to the larger).
 
     >>> from unitscale.scaling import amean
     >>> amean(0.25, 1.0), amean(2.0)
@@ -138,15 +118,9 @@ def amean(output_scale: float, *grad_input_scales: float) -> float:
 
 
 def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
-    """Use the output scale everywhere: outputs are exactly unit-std, gradients are not.
+    """Use ``output_scale`` everywhere: outputs are exactly unit-std, gradients are not.
 
-    Args:
-        output_scale: the scale that would make the output unit-std.
-        grad_input_scale: ignored (accepted so all constraints share a signature).
-        *more_grad_input_scales: ignored.
-
-    Returns:
-        ``output_scale``.
+    The grad-input scales are checked, then ignored (accepted so all constraints share a signature).
 
     >>> from unitscale.scaling import to_output_scale
     >>> to_output_scale(0.25, 1.0)
@@ -158,15 +132,8 @@ def to_output_scale(output_scale: float, grad_input_scale: float, *more_grad_inp
 def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad_input_scales: float) -> float:
     """Use the grad-input scale everywhere: gradients are unit-std, outputs are not.
 
-    With several grad-input scales (``matmul`` has two), their geometric mean.
-
-    Args:
-        output_scale: ignored (accepted so all constraints share a signature).
-        grad_input_scale: the scale that would make the (first) input gradient unit-std.
-        *more_grad_input_scales: the same for further inputs (``matmul`` has two).
-
-    Returns:
-        The grad-input scale (geometric mean if several).
+    With several grad-input scales (``matmul`` has two), their geometric mean; ``output_scale``
+    is checked, then ignored.
 
     >>> from unitscale.scaling import to_grad_input_scale
     >>> to_grad_input_scale(0.25, 1.0)
@@ -175,8 +142,6 @@ def to_grad_input_scale(output_scale: float, grad_input_scale: float, *more_grad
     0.5
     """
     _scales("to_grad_input_scale", (output_scale, grad_input_scale, *more_grad_input_scales))
-    if not more_grad_input_scales:
-        return float(grad_input_scale)
     return gmean(grad_input_scale, *more_grad_input_scales)
 
 
@@ -184,18 +149,7 @@ def to_left_grad_scale(output_scale: float, left_grad_scale: float, *right_grad_
     """Use the first (left) operand's gradient scale everywhere: its gradient is unit-std.
 
     For ``matmul``'s ``(output, left, right)`` the left operand's; for an op with one
-    input, that input's (as :func:`to_grad_input_scale`).
-
-    Args:
-        output_scale: ignored (accepted so all constraints share a signature).
-        left_grad_scale: the scale that would make the first input's gradient unit-std.
-        *right_grad_scales: ignored.
-
-    Returns:
-        ``left_grad_scale``.
-
-    Raises:
-        ScaleValueError: a scale that is not a finite number > 0.
+    input, that input's (as :func:`to_grad_input_scale`). The other scales are checked, then ignored.
 
     >>> from unitscale.scaling.constraints import to_left_grad_scale
     >>> to_left_grad_scale(0.25, 1.0, 0.5)
@@ -208,18 +162,7 @@ def to_right_grad_scale(output_scale: float, grad_input_scale: float, *more_grad
     """Use the last (right) operand's gradient scale everywhere: its gradient is unit-std.
 
     For ``matmul``'s ``(output, left, right)`` the right operand's; for an op with one
-    input, that input's.
-
-    Args:
-        output_scale: ignored (accepted so all constraints share a signature).
-        grad_input_scale: the first input's gradient scale (the one used if it is the only one).
-        *more_grad_input_scales: the further inputs' (the last one is used).
-
-    Returns:
-        The last gradient scale.
-
-    Raises:
-        ScaleValueError: a scale that is not a finite number > 0.
+    input, that input's. The other scales are checked, then ignored.
 
     >>> from unitscale.scaling.constraints import to_right_grad_scale
     >>> to_right_grad_scale(0.25, 1.0, 0.5)
@@ -241,15 +184,7 @@ CONSTRAINTS: dict[str, Constraint] = {
 
 
 def resolve_constraint(constraint: ConstraintArg) -> Callable[..., float] | None:
-    """Turn a ``constraint=`` argument into a constraint function (or ``None``).
-
-    Args:
-        constraint: a name from ``CONSTRAINTS``, a callable
-            ``(output_scale, *grad_input_scales) -> float``, or ``None`` for
-            unconstrained (each direction scaled on its own).
-
-    Returns:
-        The constraint function, or ``None``.
+    """The constraint function a ``constraint=`` argument (a :data:`ConstraintArg`) names, or ``None``.
 
     Raises:
         UnknownConstraintError: ``constraint`` is a string that names no constraint,

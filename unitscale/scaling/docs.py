@@ -55,12 +55,6 @@ _PLACEHOLDER = re.compile(r"^([ \t]*)\{(" + "|".join(TEXTS) + r")\}[ \t]*$", re.
 def fill_docstring(obj: _T) -> _T:
     """Replace each placeholder line of ``obj``'s docstring by its text from :data:`TEXTS`, and return ``obj``.
 
-    Args:
-        obj: a function or class whose docstring holds placeholders such as ``{constraint}``.
-
-    Returns:
-        ``obj``, its ``__doc__`` filled in.
-
     >>> from unitscale.scaling.docs import fill_docstring
     >>> class Op:
     ...     '''Raises:

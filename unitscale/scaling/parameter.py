@@ -177,7 +177,6 @@ def set_depth(module: nn.Module, depth: int) -> nn.Module:
     Raises:
         MultiplierError: ``depth`` is not an int >= 1.
 
-    >>> import torch
     >>> from unitscale.nn import Linear
     >>> from unitscale.scaling import role_of, set_depth
     >>> role_of(set_depth(Linear(8, 8), 6).weight).depth

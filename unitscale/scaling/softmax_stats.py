@@ -136,11 +136,8 @@ def table(spread: float = 1.0) -> tuple[tuple[float, ...], tuple[float, ...]]:
             _TABLES[spread] = _SPREAD_OUT[_KS[-1]], _SPREAD_GRAD[_KS[-1]]
         else:
             low = math.floor(k)
-            t = k - low
-            _TABLES[spread] = (
-                _between(_SPREAD_OUT[low], _SPREAD_OUT[low + 1], t),
-                _between(_SPREAD_GRAD[low], _SPREAD_GRAD[low + 1], t),
-            )
+            out, grad = (_between(t[low], t[low + 1], k - low) for t in (_SPREAD_OUT, _SPREAD_GRAD))
+            _TABLES[spread] = out, grad
     return _TABLES[spread]
 
 
@@ -160,14 +157,7 @@ def log_interp(n: int, ys: tuple[float, ...]) -> float:
 
 
 def softmax_scales(n: int, spread: float = 1.0) -> tuple[float, float]:
-    """(output scale, logit-gradient scale) that make a softmax over ``n`` elements unit-std.
-
-    Args:
-        n: the number of elements normalised over.
-        spread: the std of the logits.
-
-    Returns:
-        The inverse of the output's std and of the logits' gradient's std.
+    """(output scale, logit-gradient scale): the inverse stds of a softmax over ``n`` elements and its logits' gradient.
 
     >>> [round(s, 2) for s in softmax_scales(64)]
     [52.35, 43.29]
@@ -187,8 +177,6 @@ def _grad_sq(n: int, grad: tuple[float, ...] = GRAD) -> float:
 
 
 _LIMIT = N[-1]
-
-
 _CAUSAL: dict[tuple[int, float], tuple[float, float]] = {}
 
 
@@ -205,16 +193,9 @@ def _causal_sums(full: int, out: tuple[float, ...], grad: tuple[float, ...]) -> 
 
 
 def attention_row_stats(queries: int, keys: int, is_causal: bool, spread: float = 1.0) -> tuple[float, float]:
-    """Mean over attention rows of ``E[sum w**2]`` and of the query-gradient term (see module docstring).
+    """``(mean E[sum w**2], mean GRAD(n)**2 / n)`` over attention rows (see the module docstring).
 
-    Args:
-        queries: number of rows (query positions).
-        keys: number of key positions.
-        is_causal: row ``i`` sees keys ``0..i`` (torch's top-left causal mask).
-        spread: the std of the attention scores.
-
-    Returns:
-        ``(mean E[sum w**2], mean GRAD(n)**2 / n)``.
+    With ``is_causal``, row ``i`` sees keys ``0..i`` (torch's top-left causal mask).
 
     >>> [round(v, 3) for v in attention_row_stats(64, 64, is_causal=False)]
     [0.039, 0.034]
@@ -222,12 +203,9 @@ def attention_row_stats(queries: int, keys: int, is_causal: bool, spread: float 
     out, grad = table(spread)
     if not is_causal:
         return _weight_sq(keys, out), _grad_sq(keys, grad)
-    full = min(queries, keys)
-    extra = max(queries - keys, 0)
+    full, extra = min(queries, keys), max(queries - keys, 0)
     key = (full, float(spread))
     if key not in _CAUSAL:
         _CAUSAL[key] = _causal_sums(full, out, grad)
     weight_sum, grad_sum = _CAUSAL[key]
-    weight = (weight_sum + extra * _weight_sq(keys, out)) / queries
-    grad_mean = (grad_sum + extra * _grad_sq(keys, grad)) / queries
-    return weight, grad_mean
+    return (weight_sum + extra * _weight_sq(keys, out)) / queries, (grad_sum + extra * _grad_sq(keys, grad)) / queries

@@ -10,9 +10,7 @@ Both take ``make_model(width) -> module`` and ``data(step) -> (inputs, targets)`
 loss is ``model.loss(inputs, targets)`` when the model has one, else cross-entropy of
 ``model(inputs)`` against ``targets``.
 
->>> import torch
->>> from unitscale.examples import MarkovSource
->>> from unitscale.examples import UmupGPT, markov_batches
+>>> from unitscale.examples import MarkovSource, UmupGPT, markov_batches
 >>> from unitscale.scaling import lr_sweep
 >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
 >>> model = lambda width: UmupGPT(8, width=width, depth=1)
@@ -81,11 +79,6 @@ def _check_common(owner: str, make_model: Any, widths: Any, steps: Any, optimize
     return sorted(widths)
 
 
-def _kind(path: str) -> str:
-    # Layers of a stack are one kind: "blocks.3.attn" and "blocks.0.attn" are both "blocks.*.attn".
-    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path)
-
-
 @dataclass
 class CoordCheck:
     """The result of :func:`coord_check`: activation std by kind and width.
@@ -152,10 +145,12 @@ def _record(model: nn.Module, inputs: Tensor, keep: Callable[[str, nn.Module], b
     handles = []
     for path, module in model.named_modules():
         if path and keep(path, module):
+            # Layers of a stack are one kind: "blocks.3.attn" and "blocks.0.attn" are both "blocks.*.attn".
+            kind = re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path)
 
-            def hook(_m: nn.Module, _a: Any, out: Any, path: str = path) -> None:
+            def hook(_m: nn.Module, _a: Any, out: Any, kind: str = kind) -> None:
                 if isinstance(out, Tensor) and out.is_floating_point():
-                    outputs.setdefault(_kind(path), []).append(out.detach().float().clone())
+                    outputs.setdefault(kind, []).append(out.detach().float().clone())
 
             handles.append(module.register_forward_hook(hook))
     try:
@@ -210,9 +205,7 @@ def coord_check(
         SweepGridError: ``widths`` is empty, repeats a width, or holds a non-int or one below 1.
         InputError: ``steps`` is negative or ``data`` is neither a function nor a pair.
 
-    >>> import torch
-    >>> from unitscale.examples import MarkovSource
-    >>> from unitscale.examples import UmupGPT, markov_batches
+    >>> from unitscale.examples import MarkovSource, UmupGPT, markov_batches
     >>> from unitscale.scaling import coord_check
     >>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
     >>> model = lambda width: UmupGPT(8, width=width, depth=1)
@@ -234,12 +227,10 @@ def coord_check(
             after = _record(model, inputs, keep)
         else:  # the loss left float range: no measurement after training
             after = {kind: [t * math.nan for t in tensors] for kind, tensors in before.items()}
-        for kind in before:
-            for table in (result.init, result.trained, result.change):
-                table.setdefault(kind, [math.nan] * len(widths))
-            result.init[kind][index] = _rms_of_stds(before[kind])
-            result.trained[kind][index] = _rms_of_stds(after[kind])
-            result.change[kind][index] = _rms_of_stds([a - b for a, b in zip(after[kind], before[kind], strict=True)])
+        for kind, old in before.items():
+            change = [a - b for a, b in zip(after[kind], old, strict=True)]
+            for table, tensors in ((result.init, old), (result.trained, after[kind]), (result.change, change)):
+                table.setdefault(kind, [math.nan] * len(widths))[index] = _rms_of_stds(tensors)
     return result
 
 
@@ -276,10 +267,7 @@ class LRSweep:
         """Final loss against learning rate (log2), one curve per width, each best lr marked."""
         import matplotlib.pyplot as plt  # lazy: pyplot adds about 1.9 s to `import unitscale`; only plots need it
 
-        if ax is None:
-            fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained")
-        else:
-            fig = ax.figure
+        fig, ax = plt.subplots(figsize=(7.5, 3.4), layout="constrained") if ax is None else (ax.figure, ax)
         colours = plt.get_cmap("viridis")(torch.linspace(0, 0.9, len(self.widths)).tolist())
         for colour, width in zip(colours, self.widths, strict=True):
             finite = [(lr, loss) for lr, loss in zip(self.lrs, self.losses[width], strict=True) if math.isfinite(loss)]
@@ -379,14 +367,11 @@ def lr_sweep(
     if isinstance(tail, bool) or not isinstance(tail, int) or not 1 <= tail <= steps:
         raise InputError(f"lr_sweep: tail={tail!r:.60} must be an int in 1..steps={steps}")
     make_optimizer = optimizer or _default_optimizer()
-    losses: dict[int, list[float]] = {}
+    losses: dict[int, list[float]] = {width: [] for width in widths}
     for width in widths:
-        row = []
         for lr in grid:
             torch.manual_seed(seed)
             model = make_model(width)
-            row.append(_train(model, make_optimizer(model.parameters(), lr=lr), data, steps, tail))
-        losses[width] = row
+            losses[width].append(_train(model, make_optimizer(model.parameters(), lr=lr), data, steps, tail))
     best = {w: grid[losses[w].index(min(losses[w]))] for w in widths}
-    drift = math.log2(max(best.values()) / min(best.values()))
-    return LRSweep(widths, grid, losses, best, drift)
+    return LRSweep(widths, grid, losses, best, math.log2(max(best.values()) / min(best.values())))
