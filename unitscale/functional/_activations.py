@@ -96,9 +96,6 @@ def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "
         {constraint}
         {mult}
 
-    Returns:
-        ``gelu(mult * input) / mult``, scaled.
-
     Raises:
         {constraint_errors}
         {mult_errors}
@@ -131,9 +128,6 @@ def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmea
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
         {mult}
-
-    Returns:
-        ``input * sigmoid(mult * input)``, scaled.
 
     Raises:
         {constraint_errors}
@@ -201,9 +195,6 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
 
-    Returns:
-        ``2**0.5 * relu(input)``.
-
     >>> import torch
     >>> from unitscale.functional import relu
     >>> _ = torch.manual_seed(0)
@@ -243,9 +234,6 @@ def hardtanh(
         max_val: the upper bound, as in torch.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
-
-    Returns:
-        ``hardtanh(input, min_val, max_val)``, scaled.
 
     Raises:
         {constraint_errors}
@@ -307,9 +295,6 @@ def softmax(
         dtype: optional dtype to compute in, as in torch.
         {constraint}
         {mult}
-
-    Returns:
-        ``softmax(mult * input, dim)``, scaled.
 
     Raises:
         InputError: ``dim`` is ``None``.

@@ -112,15 +112,11 @@ def batch_norm(
         weight: optional per-channel gain.
         bias: optional per-channel bias.
         training: normalise with batch statistics (and update the running ones).
-        momentum: as in torch.
-        eps: as in torch.
+        momentum, eps: as in torch.
         constraint: ``None`` to scale the input gradient by the batch's variances (on a cut
             edge only), else a constraint name or callable, which keeps 1 both ways.
         num_batches_tracked: the module's count of training batches, this one included (read,
             not changed; a count below 1 reads as 1), or ``None``.
-
-    Returns:
-        The normalised tensor.
 
     Raises:
         InputError: ``constraint`` is not a name from ``CONSTRAINTS``, a callable or ``None``.

@@ -49,9 +49,6 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
         bias: optional tensor of shape ``(out_features,)``.
         {constraint}
 
-    Returns:
-        ``input @ weight.T + bias``, scaled.
-
     Raises:
         {constraint_errors}
 
@@ -120,9 +117,6 @@ def linear_readout(
         {constraint}
         {mult}
 
-    Returns:
-        The logits.
-
     Raises:
         {constraint_errors}
         {mult_errors}
@@ -162,9 +156,6 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
         input: left operand.
         other: right operand.
         {constraint}
-
-    Returns:
-        ``input @ other``, scaled.
 
     Raises:
         {constraint_errors}
@@ -211,12 +202,8 @@ def addmm(
         input: the added term, broadcastable to ``(m, n)``.
         mat1: ``(m, k)``.
         mat2: ``(k, n)``.
-        beta: multiplier of ``input``, as in torch.
-        alpha: multiplier of the product, as in torch.
+        beta, alpha: multipliers of ``input`` and of the product, as in torch.
         {constraint}
-
-    Returns:
-        The scaled ``beta * input + alpha * mat1 @ mat2``.
 
     Raises:
         {constraint_errors}
@@ -322,9 +309,6 @@ def conv1d(
         {conv}
         {constraint}
 
-    Returns:
-        The scaled convolution.
-
     Raises:
         {constraint_errors}
 
@@ -367,9 +351,6 @@ def conv2d(
         bias: optional ``(C_out,)``.
         {conv}
         {constraint}
-
-    Returns:
-        The scaled convolution.
 
     Raises:
         {constraint_errors}
@@ -414,15 +395,8 @@ def conv_transpose2d(
         input: ``(N, C_in, H_in, W_in)`` (or unbatched ``(C_in, H_in, W_in)``).
         weight: ``(C_in, C_out / groups, kh, kw)``.
         bias: optional ``(C_out,)``.
-        stride: as in torch.
-        padding: as in torch.
-        output_padding: as in torch.
-        groups: as in torch.
-        dilation: as in torch.
+        stride, padding, output_padding, groups, dilation: as in torch.
         {constraint}
-
-    Returns:
-        The scaled transposed convolution.
 
     Raises:
         {constraint_errors}

@@ -34,9 +34,6 @@ def layer_norm(
         bias: optional bias of shape ``normalized_shape``.
         eps: added to the variance, as in torch.
 
-    Returns:
-        The normalised tensor.
-
     >>> import torch
     >>> from unitscale.functional import layer_norm
     >>> _ = torch.manual_seed(0)
@@ -79,9 +76,6 @@ def rms_norm(
         normalized_shape: the trailing shape to normalise over.
         weight: optional gain of shape ``normalized_shape``.
         eps: added to the mean square (``None``: the dtype's machine epsilon, as in torch).
-
-    Returns:
-        The normalised tensor.
 
     >>> import torch
     >>> from unitscale.functional import rms_norm

@@ -35,9 +35,6 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
         role: the parameter's :class:`~unitscale.scaling.ParamRole`.
         rule: one of :data:`RULES`.
 
-    Returns:
-        The factor (see the module's table).
-
     Raises:
         InputError: ``rule`` is unknown.
 
