@@ -279,9 +279,7 @@ def _conv(
     # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
     output = scale(conv(input, weight, None, stride, padding, dilation, groups), output_scale, grad_scale)
-    if bias is None:
-        return output
-    return output + scale(bias, 1.0, weight_grad_scale).reshape(-1, *(1,) * dims)
+    return output if bias is None else output + scale(bias, 1.0, weight_grad_scale).reshape(-1, *(1,) * dims)
 
 
 @fill_docstring
@@ -431,6 +429,4 @@ def conv_transpose2d(
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
     out = _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation)
     out = scale(out, output_scale, grad_scale)
-    if bias is None:
-        return out
-    return out + scale(bias, 1.0, _inv_sqrt(batch * _math.prod(out_size))).reshape(-1, 1, 1)
+    return out if bias is None else out + scale(bias, 1.0, _inv_sqrt(batch * _math.prod(out_size))).reshape(-1, 1, 1)

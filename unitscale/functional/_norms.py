@@ -52,10 +52,7 @@ def layer_norm(
         bias=bias,
     ):
         batch_scale = _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1))
-        if weight is not None:
-            weight = scale(weight, 1.0, batch_scale)
-        if bias is not None:
-            bias = scale(bias, 1.0, batch_scale)
+        weight, bias = (None if t is None else scale(t, 1.0, batch_scale) for t in (weight, bias))
         return _F.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
