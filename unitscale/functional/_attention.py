@@ -99,9 +99,6 @@ def scaled_dot_product_attention(
         # Key and value gradients sum over queries (and over the query heads sharing a key head).
         share = queries / keys * (query.shape[-3] // key.shape[-3] if enable_gqa and query.dim() >= 3 else 1)
         query_grad_var = score_scale**2 * value.shape[-1] * grad_sq / keep
-        # query, key and value usually come from one input, where their gradients meet again: one
-        # backward scale for the three, so that input's gradient stays true; the one that makes the
-        # three gradients together unit-std (the mean of their variances 1).
         grad_scale = (query_grad_var * (1 + share) / 3 + share * weight_sq / keep / 3) ** -0.5
         output_scale, grad_scale = _constrain(constraint, (weight_sq / keep) ** -0.5, grad_scale)
         out = _F.scaled_dot_product_attention(
