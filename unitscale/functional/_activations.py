@@ -162,9 +162,6 @@ def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
         gate: the gate branch, same shape.
         {mult}
 
-    Returns:
-        The gated product, unit-std for unit-normal inputs.
-
     Raises:
         {mult_errors}
 

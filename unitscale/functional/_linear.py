@@ -293,12 +293,7 @@ def conv1d(
     groups: int = 1,
     constraint: ConstraintArg = "gmean",
 ) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv1d`, scaled as :func:`conv2d` is.
-
-    Output × ``fan_in**-0.5`` with ``fan_in = C_in / groups * k``; input gradient ×
-    ``count**-0.5`` (the average number of terms summed into an input element's
-    gradient); weight and bias gradients × ``(N * L_out)**-0.5``; the constraint
-    reconciles the first two.
+    """Unit-scaled :func:`torch.nn.functional.conv1d`, scaled as :func:`conv2d` is (``fan_in = C_in / groups * k``).
 
     Args:
         input: ``(N, C_in, L)`` (or unbatched ``(C_in, L)``).

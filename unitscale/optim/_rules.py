@@ -174,9 +174,6 @@ def param_groups(
         rule: one of :data:`RULES`.
         allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
 
-    Returns:
-        A list to pass to any ``torch.optim`` optimiser.
-
     Raises:
         UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
         InputError: ``lr`` or ``weight_decay`` is out of range, ``rule`` is unknown, or ``params`` is not
