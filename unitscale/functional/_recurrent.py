@@ -194,8 +194,12 @@ def lstm(
     return _recurrent("lstm", _torch.lstm, input, hx, params, flags, constraint)  # type: ignore[return-value]
 
 
+# The end of a twin's example: output and input gradient both unit-std.
+_UNIT_STD = ">>> round(out.std().item(), 1), round(x.grad.std().item(), 1)\n    (1.0, 1.0)"
+
+
 def _twin(
-    cell: str, torch_fn: Callable[..., tuple[Tensor, ...]], calls: str, gates: str, check: str
+    cell: str, torch_fn: Callable[..., tuple[Tensor, ...]], calls: str, check: str = _UNIT_STD
 ) -> Callable[..., tuple[Tensor, Tensor]]:
     """The twin of ``torch_fn`` (``torch.gru``, ``torch.rnn_tanh``, ...), whose arguments are :func:`lstm`'s."""
 
@@ -214,7 +218,7 @@ def _twin(
         flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
         return _recurrent(cell, torch_fn, input, hx, params, flags, constraint)  # type: ignore[return-value]
 
-    rows = 128 * _GATES[cell]
+    rows, gates = 128 * _GATES[cell], ", three gates" if _GATES[cell] == 3 else " and one gate"
     twin.__name__ = twin.__qualname__ = cell
     twin.__doc__ = f"""Unit-scaled :func:`torch.{cell}` ({calls}), scaled as :func:`lstm` is.
 
@@ -233,14 +237,12 @@ def _twin(
     return twin
 
 
-_STD = ">>> round(out.std().item(), 1), round(x.grad.std().item(), 1)\n    (1.0, 1.0)"
-gru = _twin("gru", _torch.gru, "what :class:`torch.nn.GRU` calls", ", three gates", _STD)
-rnn_tanh = _twin("rnn_tanh", _torch.rnn_tanh, "what :class:`torch.nn.RNN` calls", " and one gate", _STD)
+gru = _twin("gru", _torch.gru, "what :class:`torch.nn.GRU` calls")
+rnn_tanh = _twin("rnn_tanh", _torch.rnn_tanh, "what :class:`torch.nn.RNN` calls")
 rnn_relu = _twin(
     "rnn_relu",
     _torch.rnn_relu,
     '``nn.RNN(nonlinearity="relu")``',
-    " and one gate",
     ">>> rms = out.pow(2).mean().sqrt()  # not std: a ReLU's output is not centred\n"
     "    >>> round(rms.item(), 1), round(x.grad.std().item(), 1)\n    (0.9, 1.0)",
 )
