@@ -96,9 +96,6 @@ def gelu(input: Tensor, approximate: str = "none", constraint: ConstraintArg = "
         {constraint}
         {mult}
 
-    Returns:
-        ``gelu(mult * input) / mult``, scaled.
-
     Raises:
         {constraint_errors}
         {mult_errors}
@@ -131,9 +128,6 @@ def silu(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmea
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
         {mult}
-
-    Returns:
-        ``input * sigmoid(mult * input)``, scaled.
 
     Raises:
         {constraint_errors}
@@ -168,9 +162,6 @@ def silu_glu(input: Tensor, gate: Tensor, mult: float = 1.0) -> Tensor:
         gate: the gate branch, same shape.
         {mult}
 
-    Returns:
-        The gated product, unit-std for unit-normal inputs.
-
     Raises:
         {mult_errors}
 
@@ -200,9 +191,6 @@ def relu(input: Tensor, inplace: bool = False) -> Tensor:
     Args:
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
-
-    Returns:
-        ``2**0.5 * relu(input)``.
 
     >>> import torch
     >>> from unitscale.functional import relu
@@ -243,9 +231,6 @@ def hardtanh(
         max_val: the upper bound, as in torch.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
-
-    Returns:
-        ``hardtanh(input, min_val, max_val)``, scaled.
 
     Raises:
         {constraint_errors}
@@ -307,9 +292,6 @@ def softmax(
         dtype: optional dtype to compute in, as in torch.
         {constraint}
         {mult}
-
-    Returns:
-        ``softmax(mult * input, dim)``, scaled.
 
     Raises:
         InputError: ``dim`` is ``None``.

@@ -58,11 +58,8 @@ def scaled_dot_product_attention(
         query: ``(..., L, E)``.
         key: ``(..., S, E)``.
         value: ``(..., S, Ev)``.
-        attn_mask: as in torch.
-        dropout_p: as in torch, in ``[0, 1)``.
-        is_causal: as in torch.
-        scale: as in torch (``None``: ``E**-0.5``, which makes the scores unit-std).
-        enable_gqa: as in torch.
+        attn_mask, dropout_p, is_causal, scale, enable_gqa: as in torch (``dropout_p`` in ``[0, 1)``;
+            ``scale=None``: ``E**-0.5``, which makes the scores unit-std).
         {constraint}
 
     Returns:
@@ -102,9 +99,6 @@ def scaled_dot_product_attention(
         # Key and value gradients sum over queries (and over the query heads sharing a key head).
         share = queries / keys * (query.shape[-3] // key.shape[-3] if enable_gqa and query.dim() >= 3 else 1)
         query_grad_var = score_scale**2 * value.shape[-1] * grad_sq / keep
-        # query, key and value usually come from one input, where their gradients meet again: one
-        # backward scale for the three, so that input's gradient stays true; the one that makes the
-        # three gradients together unit-std (the mean of their variances 1).
         grad_scale = (query_grad_var * (1 + share) / 3 + share * weight_sq / keep / 3) ** -0.5
         output_scale, grad_scale = _constrain(constraint, (weight_sq / keep) ** -0.5, grad_scale)
         out = _F.scaled_dot_product_attention(
@@ -189,14 +183,12 @@ def multi_head_attention_forward(
 
     Args:
         query: ``(L, N, E)`` (or unbatched ``(L, E)``); the other arguments as in torch.
-        key: ``(S, N, E)``.
-        value: ``(S, N, E)``.
+        key, value: ``(S, N, E)``.
         embed_dim_to_check: ``E``.
         num_heads: heads; ``E`` must divide by it.
         in_proj_weight: ``(3E, E)``, or ``None`` with ``use_separate_proj_weight``.
         in_proj_bias: ``(3E,)`` or ``None``.
-        bias_k: must be ``None`` (not supported).
-        bias_v: must be ``None`` (not supported).
+        bias_k, bias_v: must be ``None`` (not supported).
         add_zero_attn: must be ``False`` (not supported).
         dropout_p: attention dropout, applied in training.
         out_proj_weight: ``(E, E)``.
@@ -206,11 +198,8 @@ def multi_head_attention_forward(
         need_weights: also return the attention weights.
         attn_mask: ``(L, S)`` or ``(N * heads, L, S)``, as in torch.
         use_separate_proj_weight: use ``q/k/v_proj_weight``.
-        q_proj_weight: ``(E, E)``.
-        k_proj_weight: ``(E, kdim)``.
-        v_proj_weight: ``(E, vdim)``.
-        static_k: must be ``None`` (not supported).
-        static_v: must be ``None`` (not supported).
+        q_proj_weight, k_proj_weight, v_proj_weight: ``(E, E)``, ``(E, kdim)``, ``(E, vdim)``.
+        static_k, static_v: must be ``None`` (not supported).
         average_attn_weights: average the returned weights over heads.
         is_causal: as in torch (a hint with ``attn_mask``).
         {constraint}

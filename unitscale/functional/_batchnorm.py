@@ -112,15 +112,11 @@ def batch_norm(
         weight: optional per-channel gain.
         bias: optional per-channel bias.
         training: normalise with batch statistics (and update the running ones).
-        momentum: as in torch.
-        eps: as in torch.
+        momentum, eps: as in torch.
         constraint: ``None`` to scale the input gradient by the batch's variances (on a cut
             edge only), else a constraint name or callable, which keeps 1 both ways.
         num_batches_tracked: the module's count of training batches, this one included (read,
             not changed; a count below 1 reads as 1), or ``None``.
-
-    Returns:
-        The normalised tensor.
 
     Raises:
         InputError: ``constraint`` is not a name from ``CONSTRAINTS``, a callable or ``None``.
@@ -138,10 +134,7 @@ def batch_norm(
     unconstrained = resolve_constraint(constraint) is None
     channels = input.shape[1] if input.dim() > 1 else 1
     batch_scale = _inv_sqrt(input.numel() / max(channels, 1))
-    if weight is not None:
-        weight = scale(weight, 1.0, batch_scale)
-    if bias is not None:
-        bias = scale(bias, 1.0, batch_scale)
+    weight, bias = (None if t is None else scale(t, 1.0, batch_scale) for t in (weight, bias))
     if input.numel() <= channels:  # one value per channel: torch raises its own error in training mode
         return _F.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
     dims = [d for d in range(input.dim()) if d != 1] if input.dim() > 1 else [0]
@@ -184,11 +177,7 @@ def _update_running_stats(
 ) -> None:
     """Torch's update (unbiased batch variance) at rate ``max(1 / count, momentum)``, or, without a count, 1 at reset.
 
-    With the count of batches (this one included) the first ``1 / momentum`` batches are
-    averaged cumulatively, as torch's ``momentum=None`` does, then ``momentum`` takes over.
-    Without it, mean 0 and variance 1 exactly, the values :func:`~unitscale.unit_scale` (and
-    torch) start from, describe no batch: the first training batch replaces them. The choice
-    is made with tensor ops (no ``.item()``), so a compiled model keeps one graph.
+    See :func:`batch_norm`'s running statistics for why.
     """
     size = values.numel() / max(values.shape[1] if values.dim() > 1 else 1, 1)
     mean = values.mean(dim=dims)

@@ -31,9 +31,6 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
         training: drop elements (``False``: multiply by ``(1 - p)**0.5``).
         inplace: change ``input`` in place and return it, as in torch.
 
-    Returns:
-        The tensor with dropout applied.
-
     Raises:
         InputError: ``p`` is not in ``[0, 1]``, or ``training`` is not a bool.
 

@@ -32,14 +32,7 @@ def embedding(
     Args:
         input: integer indices.
         weight: the embedding table ``(vocab, dim)``.
-        padding_idx: as in torch.
-        max_norm: as in torch.
-        norm_type: as in torch.
-        scale_grad_by_freq: as in torch.
-        sparse: as in torch.
-
-    Returns:
-        The looked-up rows.
+        padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse: as in torch.
 
     >>> import torch
     >>> from unitscale.functional import embedding

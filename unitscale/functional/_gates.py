@@ -76,9 +76,6 @@ def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Ten
         input: any tensor.
         {constraint}
 
-    Returns:
-        ``sigmoid(input)``, scaled.
-
     Raises:
         {constraint_errors}
 
@@ -104,9 +101,6 @@ def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg 
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
-
-    Returns:
-        ``hardsigmoid(input)``, scaled.
 
     Raises:
         {constraint_errors}
@@ -134,9 +128,6 @@ def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = 
         input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
-
-    Returns:
-        ``hardswish(input)``, scaled.
 
     Raises:
         {constraint_errors}
@@ -173,9 +164,6 @@ def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_sca
         input: a tensor.
         other: a tensor broadcastable with ``input``.
         {constraint}
-
-    Returns:
-        ``input * other``.
 
     Raises:
         {constraint_errors}
@@ -218,9 +206,6 @@ def layer_scale(input: Tensor, weight: Tensor) -> Tensor:
     Args:
         input: a tensor.
         weight: the gain, broadcastable to ``input`` (``(C,)`` or ``(C, 1, 1)``).
-
-    Returns:
-        ``input * weight``.
 
     >>> import torch
     >>> from unitscale.functional import layer_scale

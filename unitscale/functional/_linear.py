@@ -49,9 +49,6 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
         bias: optional tensor of shape ``(out_features,)``.
         {constraint}
 
-    Returns:
-        ``input @ weight.T + bias``, scaled.
-
     Raises:
         {constraint_errors}
 
@@ -120,9 +117,6 @@ def linear_readout(
         {constraint}
         {mult}
 
-    Returns:
-        The logits.
-
     Raises:
         {constraint_errors}
         {mult_errors}
@@ -162,9 +156,6 @@ def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") ->
         input: left operand.
         other: right operand.
         {constraint}
-
-    Returns:
-        ``input @ other``, scaled.
 
     Raises:
         {constraint_errors}
@@ -211,12 +202,8 @@ def addmm(
         input: the added term, broadcastable to ``(m, n)``.
         mat1: ``(m, k)``.
         mat2: ``(k, n)``.
-        beta: multiplier of ``input``, as in torch.
-        alpha: multiplier of the product, as in torch.
+        beta, alpha: multipliers of ``input`` and of the product, as in torch.
         {constraint}
-
-    Returns:
-        The scaled ``beta * input + alpha * mat1 @ mat2``.
 
     Raises:
         {constraint_errors}
@@ -292,9 +279,7 @@ def _conv(
     # As in linear: the convolution sees unit-scaled operands, the scales act on its result.
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
     output = scale(conv(input, weight, None, stride, padding, dilation, groups), output_scale, grad_scale)
-    if bias is None:
-        return output
-    return output + scale(bias, 1.0, weight_grad_scale).reshape(-1, *(1,) * dims)
+    return output if bias is None else output + scale(bias, 1.0, weight_grad_scale).reshape(-1, *(1,) * dims)
 
 
 @fill_docstring
@@ -308,12 +293,7 @@ def conv1d(
     groups: int = 1,
     constraint: ConstraintArg = "gmean",
 ) -> Tensor:
-    """Unit-scaled :func:`torch.nn.functional.conv1d`, scaled as :func:`conv2d` is.
-
-    Output × ``fan_in**-0.5`` with ``fan_in = C_in / groups * k``; input gradient ×
-    ``count**-0.5`` (the average number of terms summed into an input element's
-    gradient); weight and bias gradients × ``(N * L_out)**-0.5``; the constraint
-    reconciles the first two.
+    """Unit-scaled :func:`torch.nn.functional.conv1d`, scaled as :func:`conv2d` is (``fan_in = C_in / groups * k``).
 
     Args:
         input: ``(N, C_in, L)`` (or unbatched ``(C_in, L)``).
@@ -321,9 +301,6 @@ def conv1d(
         bias: optional ``(C_out,)``.
         {conv}
         {constraint}
-
-    Returns:
-        The scaled convolution.
 
     Raises:
         {constraint_errors}
@@ -368,9 +345,6 @@ def conv2d(
         {conv}
         {constraint}
 
-    Returns:
-        The scaled convolution.
-
     Raises:
         {constraint_errors}
 
@@ -414,15 +388,8 @@ def conv_transpose2d(
         input: ``(N, C_in, H_in, W_in)`` (or unbatched ``(C_in, H_in, W_in)``).
         weight: ``(C_in, C_out / groups, kh, kw)``.
         bias: optional ``(C_out,)``.
-        stride: as in torch.
-        padding: as in torch.
-        output_padding: as in torch.
-        groups: as in torch.
-        dilation: as in torch.
+        stride, padding, output_padding, groups, dilation: as in torch.
         {constraint}
-
-    Returns:
-        The scaled transposed convolution.
 
     Raises:
         {constraint_errors}
@@ -457,6 +424,4 @@ def conv_transpose2d(
     weight = scale(weight, 1.0, weight_grad_scale / grad_scale)
     out = _F.conv_transpose2d(input, weight, None, stride, padding, output_padding, groups, dilation)
     out = scale(out, output_scale, grad_scale)
-    if bias is None:
-        return out
-    return out + scale(bias, 1.0, _inv_sqrt(batch * _math.prod(out_size))).reshape(-1, 1, 1)
+    return out if bias is None else out + scale(bias, 1.0, _inv_sqrt(batch * _math.prod(out_size))).reshape(-1, 1, 1)

@@ -57,18 +57,12 @@ def cross_entropy(
     Args:
         input: logits ``(batch, classes, ...)`` or ``(classes,)``.
         target: class indices or class probabilities, as in torch.
-        weight: as in torch.
-        size_average: deprecated, as in torch.
-        ignore_index: as in torch (the batch count used for the scale includes ignored targets).
-        reduce: deprecated, as in torch.
+        weight, size_average, ignore_index, reduce, label_smoothing: as in torch (the batch count used
+            for the scale includes ignored targets; ``size_average`` and ``reduce`` are deprecated).
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        label_smoothing: as in torch.
         {mult}
         grad_scale: the gradient factor to use instead (a positive number): give several
             losses that are added one factor, so their sum's gradient keeps its direction.
-
-    Returns:
-        The loss.
 
     Raises:
         InputError: the shapes or dtypes do not fit.
@@ -130,14 +124,10 @@ def mse_loss(
     Args:
         input: predictions.
         target: targets, the same shape as ``input`` (no broadcasting, which torch only warns about).
-        size_average: deprecated, as in torch.
-        reduce: deprecated, as in torch.
+        size_average, reduce: deprecated, as in torch.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         grad_scale: the gradient factor to use instead (a positive number): give several
             losses that are added one factor, so their sum's gradient keeps its direction.
-
-    Returns:
-        The loss.
 
     Raises:
         InputError: ``input`` and ``target`` differ in shape, or ``grad_scale`` is not a

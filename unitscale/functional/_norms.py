@@ -34,9 +34,6 @@ def layer_norm(
         bias: optional bias of shape ``normalized_shape``.
         eps: added to the variance, as in torch.
 
-    Returns:
-        The normalised tensor.
-
     >>> import torch
     >>> from unitscale.functional import layer_norm
     >>> _ = torch.manual_seed(0)
@@ -55,10 +52,7 @@ def layer_norm(
         bias=bias,
     ):
         batch_scale = _inv_sqrt(input.numel() / max(_math.prod(normalized_shape), 1))
-        if weight is not None:
-            weight = scale(weight, 1.0, batch_scale)
-        if bias is not None:
-            bias = scale(bias, 1.0, batch_scale)
+        weight, bias = (None if t is None else scale(t, 1.0, batch_scale) for t in (weight, bias))
         return _F.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
@@ -79,9 +73,6 @@ def rms_norm(
         normalized_shape: the trailing shape to normalise over.
         weight: optional gain of shape ``normalized_shape``.
         eps: added to the mean square (``None``: the dtype's machine epsilon, as in torch).
-
-    Returns:
-        The normalised tensor.
 
     >>> import torch
     >>> from unitscale.functional import rms_norm

@@ -48,12 +48,8 @@ def max_pool2d(
 
     Args:
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        kernel_size: as in torch.
-        stride: as in torch (``None``: the kernel size).
-        padding: as in torch.
-        dilation: as in torch.
-        ceil_mode: as in torch.
-        return_indices: as in torch (the indices are returned unscaled).
+        kernel_size, stride, padding, dilation, ceil_mode, return_indices: as in torch (``stride=None``:
+            the kernel size; the indices are returned unscaled).
         {constraint}
 
     Returns:
@@ -107,16 +103,9 @@ def avg_pool2d(
 
     Args:
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        kernel_size: as in torch.
-        stride: as in torch (``None``: the kernel size).
-        padding: as in torch.
-        ceil_mode: as in torch.
-        count_include_pad: as in torch.
-        divisor_override: as in torch.
+        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override: as in torch
+            (``stride=None``: the kernel size).
         {constraint}
-
-    Returns:
-        The scaled average.
 
     Raises:
         {constraint_errors}
@@ -147,9 +136,6 @@ def adaptive_avg_pool2d(
         input: ``(N, C, H, W)`` or ``(C, H, W)``.
         output_size: as in torch.
         {constraint}
-
-    Returns:
-        The scaled average.
 
     Raises:
         {constraint_errors}
@@ -189,13 +175,8 @@ def mean(
 
     Args:
         input: a tensor.
-        dim: as in torch (``None``: every dim).
-        keepdim: as in torch.
-        dtype: as in torch.
+        dim, keepdim, dtype: as in torch (``dim=None``: every dim).
         {constraint}
-
-    Returns:
-        The scaled mean.
 
     Raises:
         {constraint_errors}

@@ -194,7 +194,13 @@ def lstm(
     return _recurrent("lstm", _torch.lstm, input, hx, params, flags, constraint)  # type: ignore[return-value]
 
 
-def _twin(cell: str, torch_fn: Callable[..., tuple[Tensor, ...]], doc: str) -> Callable[..., tuple[Tensor, Tensor]]:
+# The end of a twin's example: output and input gradient both unit-std.
+_UNIT_STD = ">>> round(out.std().item(), 1), round(x.grad.std().item(), 1)\n    (1.0, 1.0)"
+
+
+def _twin(
+    cell: str, torch_fn: Callable[..., tuple[Tensor, ...]], calls: str, check: str = _UNIT_STD
+) -> Callable[..., tuple[Tensor, Tensor]]:
     """The twin of ``torch_fn`` (``torch.gru``, ``torch.rnn_tanh``, ...), whose arguments are :func:`lstm`'s."""
 
     def twin(
@@ -212,68 +218,31 @@ def _twin(cell: str, torch_fn: Callable[..., tuple[Tensor, ...]], doc: str) -> C
         flags = (has_biases, num_layers, dropout, train, bidirectional, batch_first)
         return _recurrent(cell, torch_fn, input, hx, params, flags, constraint)  # type: ignore[return-value]
 
+    rows, gates = 128 * _GATES[cell], ", three gates" if _GATES[cell] == 3 else " and one gate"
     twin.__name__ = twin.__qualname__ = cell
-    twin.__doc__ = doc
+    twin.__doc__ = f"""Unit-scaled :func:`torch.{cell}` ({calls}), scaled as :func:`lstm` is.
+
+    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0``{gates} to a weight; returns
+    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
+
+    >>> import torch
+    >>> from unitscale.functional import {cell}
+    >>> _ = torch.manual_seed(0)
+    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
+    >>> params = [torch.randn({rows}, 16), torch.randn({rows}, 128)]
+    >>> out, _ = {cell}(x, h0, params, False, 1, 0.0, True, False, False, None)
+    >>> out.backward(torch.randn_like(out))
+    {check}
+    """
     return twin
 
 
-gru = _twin(
-    "gru",
-    _torch.gru,
-    """Unit-scaled :func:`torch.gru` (what :class:`torch.nn.GRU` calls), scaled as :func:`lstm` is.
-
-    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0``, three gates to a weight; returns
-    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
-
-    >>> import torch
-    >>> from unitscale.functional import gru
-    >>> _ = torch.manual_seed(0)
-    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
-    >>> params = [torch.randn(384, 16), torch.randn(384, 128)]
-    >>> out, _ = gru(x, h0, params, False, 1, 0.0, True, False, False, None)
-    >>> out.backward(torch.randn_like(out))
-    >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
-    (1.0, 1.0)
-    """,
-)
-
-rnn_tanh = _twin(
-    "rnn_tanh",
-    _torch.rnn_tanh,
-    """Unit-scaled :func:`torch.rnn_tanh` (what :class:`torch.nn.RNN` calls), scaled as :func:`lstm` is.
-
-    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0`` and one gate to a weight; returns
-    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
-
-    >>> import torch
-    >>> from unitscale.functional import rnn_tanh
-    >>> _ = torch.manual_seed(0)
-    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
-    >>> params = [torch.randn(128, 16), torch.randn(128, 128)]
-    >>> out, _ = rnn_tanh(x, h0, params, False, 1, 0.0, True, False, False, None)
-    >>> out.backward(torch.randn_like(out))
-    >>> round(out.std().item(), 1), round(x.grad.std().item(), 1)
-    (1.0, 1.0)
-    """,
-)
-
+gru = _twin("gru", _torch.gru, "what :class:`torch.nn.GRU` calls")
+rnn_tanh = _twin("rnn_tanh", _torch.rnn_tanh, "what :class:`torch.nn.RNN` calls")
 rnn_relu = _twin(
     "rnn_relu",
     _torch.rnn_relu,
-    """Unit-scaled :func:`torch.rnn_relu` (``nn.RNN(nonlinearity="relu")``), scaled as :func:`lstm` is.
-
-    Arguments as :func:`lstm`'s, with ``hx`` the tensor ``h_0`` and one gate to a weight; returns
-    ``(output, h_n)``, both scaled. Raises as :func:`lstm` does.
-
-    >>> import torch
-    >>> from unitscale.functional import rnn_relu
-    >>> _ = torch.manual_seed(0)
-    >>> x, h0 = torch.randn(32, 64, 16, requires_grad=True), torch.zeros(1, 64, 128)
-    >>> params = [torch.randn(128, 16), torch.randn(128, 128)]
-    >>> out, _ = rnn_relu(x, h0, params, False, 1, 0.0, True, False, False, None)
-    >>> out.backward(torch.randn_like(out))
-    >>> rms = out.pow(2).mean().sqrt()  # not std: a ReLU's output is not centred
-    >>> round(rms.item(), 1), round(x.grad.std().item(), 1)
-    (0.9, 1.0)
-    """,
+    '``nn.RNN(nonlinearity="relu")``',
+    ">>> rms = out.pow(2).mean().sqrt()  # not std: a ReLU's output is not centred\n"
+    "    >>> round(rms.item(), 1), round(x.grad.std().item(), 1)\n    (0.9, 1.0)",
 )

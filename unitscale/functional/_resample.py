@@ -75,16 +75,8 @@ def interpolate(
 
     Args:
         input: ``(N, C, *spatial)`` with 1 to 3 spatial dims.
-        size: as in torch.
-        scale_factor: as in torch.
-        mode: as in torch.
-        align_corners: as in torch.
-        recompute_scale_factor: as in torch.
-        antialias: as in torch.
+        size, scale_factor, mode, align_corners, recompute_scale_factor, antialias: as in torch.
         {constraint}
-
-    Returns:
-        The scaled interpolation.
 
     Raises:
         {constraint_errors}

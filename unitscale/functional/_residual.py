@@ -65,9 +65,6 @@ def add(
         alpha: multiplier of ``other``, as in torch.
         {constraint}
 
-    Returns:
-        The scaled sum.
-
     Raises:
         {constraint_errors}
 
@@ -141,9 +138,6 @@ def residual_add(residual: Tensor, skip: Tensor, tau: float = 0.5) -> Tensor:
         residual: output of the residual branch.
         skip: the skip connection from :func:`residual_split`.
         tau: share of the variance carried by the residual branch, in ``(0, 1)``.
-
-    Returns:
-        The weighted sum.
 
     Raises:
         InputError: ``tau`` is not strictly between 0 and 1.

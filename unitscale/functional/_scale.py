@@ -42,9 +42,6 @@ def scale(input: Tensor, fwd_scale: float, bwd_scale: float) -> Tensor:
         fwd_scale: factor applied to the value.
         bwd_scale: factor applied to the gradient flowing back to ``input``.
 
-    Returns:
-        ``input * fwd_scale`` (whose gradient is scaled by ``bwd_scale``).
-
     >>> import torch
     >>> from unitscale.functional import scale
     >>> x = torch.ones(2, requires_grad=True)

@@ -16,10 +16,8 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     The value is torch's; see :func:`unitscale.functional.cross_entropy`.
 
     Args:
-        weight: as in torch.
-        ignore_index: as in torch.
+        weight, ignore_index, label_smoothing: as in torch.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        label_smoothing: as in torch.
         {mult}
 
     Raises:

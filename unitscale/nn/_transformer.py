@@ -113,10 +113,8 @@ class MHSA(_Multiplied):
     The scores are ``mult * q·k / d_head`` (μP's ``1 / d_head`` rather than
     ``d_head**-0.5``, u-μP §4, ``mult`` its α_attn-softmax), and
     :func:`unitscale.functional.scaled_dot_product_attention` scales the result for
-    the flatter softmax that gives at initialisation. ``q``, ``k`` and ``v`` are
-    projections of one input, so their gradients meet again in it: attention scales
-    the three gradients by one number, which keeps the input's gradient a true
-    gradient of the forward whatever the constraint.
+    the flatter softmax that gives at initialisation; it scales the gradients of ``q``, ``k`` and
+    ``v``, projections of one input, by one number, so that input's gradient stays true whatever the constraint.
 
     The attention scales assume keys and values independent; here both are
     projections of the same tokens, so without causal masking the output carries

@@ -39,9 +39,6 @@ its own learning rate, so the decay step per update is ``weight_decay · p`` for
 still scales it). With :class:`Adam` the decay is an L2 term fed through Adam's
 normaliser, as in torch.
 
-**The learning rate** is a float or a one-element tensor (then each group holds its
-own tensor, ``lr`` times its factor).
-
 **Parameters without a role** (those of a plain ``torch.nn`` module) raise
 :class:`~unitscale.errors.UntaggedParameterError` naming them and saying how to tag
 them; ``allow_untagged=True`` gives them the scale 1 (the rule of a bias) and warns

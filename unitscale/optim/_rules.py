@@ -35,9 +35,6 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
         role: the parameter's :class:`~unitscale.scaling.ParamRole`.
         rule: one of :data:`RULES`.
 
-    Returns:
-        The factor (see the module's table).
-
     Raises:
         InputError: ``rule`` is unknown.
 
@@ -176,9 +173,6 @@ def param_groups(
         independent_weight_decay: make the decay step independent of ``lr`` (see the module doc).
         rule: one of :data:`RULES`.
         allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
-
-    Returns:
-        A list to pass to any ``torch.optim`` optimiser.
 
     Raises:
         UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
