@@ -128,7 +128,7 @@ def test_scratch_space_gives_the_same_stds_and_is_released() -> None:
         torch.randn(7),
         torch.randn(3, 4, 5, dtype=torch.float64),
         torch.randn(40, 60)[:, :50],  # not dense: copied into the scratch buffer
-        torch.randn(1000) + 50,  # mean above the std: deviations go to the scratch buffer
+        torch.randn(1000) + 50,  # mean above the std: taken again about the mean, no scratch
     ]
     scale._scratch.kept = None
     with scale.scratch_space():
