@@ -21,7 +21,6 @@ class AnnotatedCode(str):
     plain text. Set ``highlight=False`` for plain text everywhere.
 
     Args:
-        text: the code.
         highlight: highlight with pygments where the reader supports it.
 
     >>> from unitscale.tracking import AnnotatedCode

@@ -135,9 +135,8 @@ def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
     """The :class:`~unitscale.tracking.recording.Step` of each node (the graph's nodes but its output, in order).
 
     >>> import torch
-    >>> from torch import fx
+    >>> from torch import fx, nn
     >>> from unitscale.tracking.compiled import graph_steps
-    >>> from torch import nn
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> nodes = list(gm.graph.nodes)[:-1]  # all but the output
     >>> [(s.name, s.op, s.hand_on) for s in graph_steps(gm, nodes)]
@@ -314,8 +313,7 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     >>> from unitscale.examples import MLP
     >>> from unitscale.tracking.compiled import compiled_tracking
     >>> model = MLP(4)
-    >>> x = torch.randn(2, 4)
-    >>> cap = capture(model, x, deep=DeepTracing(), check=False, cache=True)
+    >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False, cache=True)
     >>> program = compiled_tracking(model, cap)
     >>> program is not None and compiled_tracking(model, cap) is program
     True

@@ -39,7 +39,6 @@ class CastStats(NamedTuple):
 
     Attributes:
         std: standard deviation (:func:`~unitscale.tracking.std_stat`'s, ``torch.std(correction=0)``).
-        absmax: largest magnitude.
         underflow: fraction of the nonzero elements whose magnitude is below the format's
             smallest subnormal (exact zeros are not counted: they cast exactly).
         overflow: fraction of the nonzero elements whose magnitude is above the format's
@@ -85,14 +84,11 @@ class Scratch:
         return buffer[:n]
 
 
-# Rounding by a magic number. For a float32 c whose format spacing there is ulp = 2**(e - m)
-# (e = max(floor(log2|c|), emin)), M = 1.5 * 2**(e - m + 23) is a float32 whose own spacing is
-# exactly ulp, and c + M stays in M's binade while |c| < M / 3. So the hardware's round-to-
-# nearest-even of c + M rounds c to the format's grid (ties to even: M / ulp = 3 * 2**22 is
-# even), and subtracting M again is exact. M is c's exponent field, clamped to the format's
-# range, plus a constant: four vectorised passes where torch's float8 casts convert element by
-# element (the E4M3 round trip costs about 4x more). Needs m <= 21 (so |c| < M / 3) and
-# e - m + 23 within float32's normal exponents, which holds for E4M3, E5M2 and FP16 (not BF16).
+# Rounding by a magic number, about 4x faster than torch's E4M3 round trip. For a float32 c whose
+# format spacing is ulp = 2**(e - m) (e = max(floor(log2|c|), emin)), M = 1.5 * 2**(e - m + 23) has
+# spacing ulp and c + M stays in M's binade while |c| < M / 3, so the hardware's round-to-nearest-
+# even of c + M rounds c to the grid and subtracting M is exact. Needs m <= 21 and e - m + 23 in
+# float32's normal exponents: E4M3, E5M2 and FP16 (not BF16).
 _EXPONENT_FIELD = 0x7F800000
 _FLOAT32_TINY = 2.0**-126  # float32's smallest normal
 

@@ -39,7 +39,6 @@ class MonitorRecord(NamedTuple):
     """One tensor at one recorded step, in one direction.
 
     Attributes:
-        step: the training step.
         tensor: a module's qualified name for its output (``blocks.0.mlp.fc1``; ``(root)``
             for the model's own output; ``name[i]`` or ``name.key`` where a module returns
             several tensors; ``name#2`` for a module's second call in a step), or a

@@ -32,8 +32,7 @@ class Step(NamedTuple):
         op: the op's name (``""`` for ``get_attr``: ``"parameter"`` or ``"buffer"``, from the value).
         hand_on: the name of a view that takes this record over (its only user); ``""`` if none.
         from_source: the tensor holds its source's values (a view, a copy, a cast that casts nothing).
-        keep_hook: keep this tensor's gradient hook though it hands on (the view is changed in
-            place later, and torch drops a changed view's hook).
+        keep_hook: keep this tensor's gradient hook though it hands on (the view is changed in place).
         in_place: the op changed its first argument in place.
     """
 
@@ -52,7 +51,6 @@ class ScaleRecording:
     """What one forward pass under scale tracking produced.
 
     Attributes:
-        output: the model's output.
         entries: ``(row without numbers, record)`` per tracked tensor, in execution order.
         leaves: tensors gradients are taken with respect to (detached inputs, parameters).
         cleanup: for the caller to close once the backward pass is done: removes the gradient
@@ -96,9 +94,8 @@ class ScaleRecording:
     def record(self, value: Any, step: Step, source: Any = None) -> Any:
         """The one recording function: record ``value`` as ``step`` describes it; return what the model goes on with.
 
-        Anything but a floating-point tensor is returned as it is. A model input becomes a leaf
-        (:func:`input_leaf`), as does a parameter. ``source``: the tensor ``value`` was made from
-        where ``step.from_source`` (:meth:`track_same_values`).
+        Anything but a floating-point tensor is returned as it is. ``source``: the tensor ``value``
+        was made from where ``step.from_source`` (:meth:`track_same_values`).
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording, Step
@@ -161,8 +158,7 @@ class ScaleRecording:
     def measure(self, record: ScaleRecord, slot: str, t: torch.Tensor) -> None:
         """``t``'s statistics into ``record``: called by :meth:`track` in forward, and its gradient hook.
 
-        A gradient handed to several hooks is measured once. The first call enters the scratch
-        space the CPU stds reuse until :attr:`cleanup` is closed.
+        A gradient handed to several hooks is measured once.
 
         >>> import torch
         >>> from unitscale.tracking import ScaleRecord

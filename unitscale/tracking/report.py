@@ -307,9 +307,6 @@ class ScaleReport:
     >>> report = ScaleReport([row], "Net")
     >>> report["x"].scale
     (-> 1.0, <- 0.5)
-    >>> print(report.table())
-    node  module  op     shape  fwd std  bwd std  abs max
-    x             input  (2,)   1        0.5      2
     """
 
     rows: list[ScaleRow]
