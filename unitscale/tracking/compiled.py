@@ -312,8 +312,8 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     >>> from unitscale.capture import DeepTracing, capture
     >>> from unitscale.examples import MLP
     >>> from unitscale.tracking.compiled import compiled_tracking
-    >>> model = MLP(4)
-    >>> cap = capture(model, torch.randn(2, 4), deep=DeepTracing(), check=False, cache=True)
+    >>> model, x = MLP(4), torch.randn(2, 4)
+    >>> cap = capture(model, x, deep=DeepTracing(), check=False, cache=True)
     >>> program = compiled_tracking(model, cap)
     >>> program is not None and compiled_tracking(model, cap) is program
     True

@@ -171,10 +171,7 @@ class ScaleHistory:
     """
 
     def __init__(
-        self,
-        records: Iterable[MonitorRecord] = (),
-        fwd_format: FPFormat = FP8_E4M3,
-        bwd_format: FPFormat = FP8_E5M2,
+        self, records: Iterable[MonitorRecord] = (), fwd_format: FPFormat = FP8_E4M3, bwd_format: FPFormat = FP8_E5M2
     ) -> None:
         self.records: list[MonitorRecord] = list(records)
         self.fwd_format = fwd_format
@@ -299,11 +296,7 @@ class ScaleHistory:
         return DriftTable(rows[:top], stat)
 
     def heatmap(
-        self,
-        stat: str = "std",
-        kind: str | None = None,
-        direction: str | None = None,
-        relative: bool = False,
+        self, stat: str = "std", kind: str | None = None, direction: str | None = None, relative: bool = False
     ) -> Figure:
         """A heat map of one statistic (a figure 7.5 in wide): a row per tensor, a column per recorded step.
 
@@ -322,11 +315,9 @@ class ScaleHistory:
             InputError: ``kind`` or ``direction`` unknown.
 
         >>> from unitscale.tracking import MonitorRecord, ScaleHistory
-        >>> h = ScaleHistory([
-        ...     MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1.0, 0.0, 0.0, 30.0)
-        ...     for s in (0, 1)
-        ... ])
-        >>> h.heatmap().axes[0].get_title()
+        >>> fc = [MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1, 0, 0, 30)
+        ...       for s in (0, 1)]
+        >>> ScaleHistory(fc).heatmap().axes[0].get_title()
         'forward (FP8 E4M3)'
         """
         _check_stat("heatmap", stat)

@@ -87,12 +87,9 @@ class ScaleRow(NamedTuple):
         backward: std of its gradient (``None``: no gradient reached it).
         abs_max: largest magnitude (``None``: not recorded or empty).
 
-    >>> import torch
-    >>> from unitscale import track_scales
-    >>> from unitscale.examples import MLP
-    >>> row = next(iter(track_scales(MLP(4), torch.randn(8, 4))))
-    >>> row.node, row.op, row.shape
-    ('x', 'input', (8, 4))
+    >>> from unitscale.tracking import ScaleRow
+    >>> ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5).scale
+    (-> 1.0, <- 0.5)
     """
 
     node: str
@@ -326,7 +323,8 @@ class ScaleReport:
         The table then ends with a line saying so.
 
         >>> from unitscale import ScaleReport
-        >>> ScaleReport([], "Net", no_backward="called under torch.inference_mode()").backward_recorded
+        >>> why = "called under torch.inference_mode()"
+        >>> ScaleReport([], "Net", no_backward=why).backward_recorded
         False
         """
         return not self.no_backward
