@@ -123,17 +123,14 @@ def track_scales(
             is not taken.
         recurse_modules: trace into submodules (``False``: one row per top-level call).
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
-            ``unitscale.functional`` and those given to
-            :func:`~unitscale.fx.register_autowrap_module`).
-        autowrap_functions: functions that stay single nodes.
+            ``unitscale.functional`` and those of :func:`~unitscale.fx.register_autowrap_module`).
 
     Returns:
         A :class:`ScaleReport`, one row per floating-point tensor in execution order; the
         model's ``.grad`` fields are untouched. Under ``torch.inference_mode()`` no backward
         pass runs: the report says why. A view recorded before the model changes its base in
         place through a view (``x.view(-1).add_(1)``) has no backward std (``n/a``): torch
-        sends that gradient through the base (the fx route gives the view its source's where
-        nothing else reads the source).
+        sends that gradient through the base.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.

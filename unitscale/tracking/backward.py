@@ -95,8 +95,7 @@ def gradients_for(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any) ->
 def run_backward(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any, leaves: Sequence[torch.Tensor]) -> str:
     """Backpropagate gradients for ``outputs`` without touching any ``.grad`` of the model.
 
-    Gradients are taken with :func:`torch.autograd.grad` with respect to ``leaves`` (the
-    detached inputs and the parameters) and dropped: tensor hooks along the way see them.
+    Tensor hooks along the way see the gradients (with respect to ``leaves``); then they are dropped.
 
     Returns:
         ``""``, or why no backward pass ran (no output requires grad, no leaf does).

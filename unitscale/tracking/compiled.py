@@ -266,9 +266,8 @@ _FLATTEN = re.compile(r"^    [\w, ]+ = fx_pytree\.tree_flatten_spec\(")
 def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | None:
     """``code`` with each node's value passed through the recording call; ``None``: a line not as fx writes it."""
     lines = code.split("\n")
-    try:
-        at = next(i for i, line in enumerate(lines) if line.startswith("def forward(self"))
-    except StopIteration:
+    at = next((i for i, line in enumerate(lines) if line.startswith("def forward(self")), None)
+    if at is None:
         return None
     signature = lines[at]
     i = at + 1
@@ -447,8 +446,7 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
     root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
     program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
     interp = None
-    trainable = any(p.requires_grad for p in root.parameters())
-    captured = ScaleRecording(differentiate_inputs=not trainable, abs_max=abs_max)
+    captured = ScaleRecording(differentiate_inputs=not any(p.requires_grad for p in root.parameters()), abs_max=abs_max)
     with captured.cleanup:  # the gradient hooks, some on the caller's parameters, go however the pass ends
         try:
             if cap.graph_module is None:

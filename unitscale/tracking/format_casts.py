@@ -1,7 +1,6 @@
 """What casting one tensor to a low-precision format would cost: underflow, overflow and SQNR.
 
-:func:`raw_cast_stats` leaves its sums on the tensor's device, :func:`finish_cast_stats` finishes
-them once read; on the CPU they are bit-identical to the plain definitions.
+On the CPU the statistics are bit-identical to the plain definitions.
 """
 
 from __future__ import annotations
@@ -39,10 +38,8 @@ class CastStats(NamedTuple):
 
     Attributes:
         std: standard deviation (:func:`~unitscale.tracking.std_stat`'s, ``torch.std(correction=0)``).
-        underflow: fraction of the nonzero elements whose magnitude is below the format's
-            smallest subnormal (exact zeros are not counted: they cast exactly).
-        overflow: fraction of the nonzero elements whose magnitude is above the format's
-            largest finite value (infinities included).
+        underflow, overflow: fractions of the nonzero elements (zeros cast exactly) whose magnitude
+            is below the format's smallest subnormal, or above its largest finite value (or infinite).
         sqnr_db: ``10 * log10(signal power / quantisation-noise power)`` of the format's
             rounding; ``inf`` where the format holds the tensor exactly (all-zero
             tensors included); NaN where the tensor holds a NaN or an infinity.

@@ -68,8 +68,7 @@ class MonitorRecord(NamedTuple):
 class Drift(NamedTuple):
     """How far one tensor's statistic moved between its first and last record.
 
-    ``octaves`` is ``log2(last / first)``, taken as ``log2(last) - log2(first)`` so that stds far
-    apart (1e-300 and 1e10) still give a number: +1 means the statistic doubled.
+    ``octaves`` is ``log2(last / first)``: +1 means the statistic doubled.
 
     >>> from unitscale.tracking import Drift
     >>> Drift("fc", "activation", "fwd", 0, 100, 0.5, 2.0, 2.0).octaves

@@ -86,11 +86,9 @@ def _float_tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
 class ScaleMonitor:
     """Record every tensor's scale, underflow, overflow and SQNR every ``every`` steps of training.
 
-    Wrap each training step in ``with monitor.step():``; the monitor records when the step
-    number is a multiple of ``every`` and does nothing otherwise. Read the results from
-    ``history`` (a :class:`~unitscale.tracking.ScaleHistory`), ``table()``,
-    ``heatmap()`` and ``drifted()``. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
-    removes every hook; the model is then exactly as before.
+    Wrap each training step in ``with monitor.step():``; read the results from ``history`` (a
+    :class:`~unitscale.tracking.ScaleHistory`). :meth:`close` (or leaving ``with
+    ScaleMonitor(...)``) removes every hook; the model is then exactly as before.
 
     Parameter values are read when a record step starts, their gradients when it ends:
     zero gradients after the ``with`` block (or with ``set_to_none=True``), not inside it.
@@ -106,8 +104,8 @@ class ScaleMonitor:
         MonitorSettingError: ``every`` is not an int >= 1, or a format is not an ``FPFormat``.
 
     >>> import torch
-    >>> from unitscale.tracking import ScaleMonitor
     >>> from torch import nn
+    >>> from unitscale.tracking import ScaleMonitor
     >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with ScaleMonitor(model, every=2) as monitor:

@@ -230,9 +230,8 @@ class ScaleRecording:
     def share_view_gradients(self) -> None:
         """After the forward pass: a source whose only consumer is one view takes the view's gradient std.
 
-        Where the autograd graph from the outputs has a single edge into ``x`` and it comes
-        from a view of ``x``, ``x``'s gradient holds the view's values: ``x``'s hook is removed
-        and its rows take the view's record. Counting edges sees every consumer, recorded or not.
+        Its hook is removed and its rows take the view's record; counting the autograd graph's
+        edges from the outputs sees every consumer, recorded or not.
 
         >>> import torch
         >>> from unitscale.tracking.recording import ScaleRecording

@@ -257,8 +257,7 @@ class ScaleTracker(torch.autograd.Function):
     >>> from unitscale.tracking import ScalePair, ScaleRecord, ScaleTracker
     >>> x = torch.tensor([1.0, 3.0], requires_grad=True)
     >>> record = ScaleRecord()
-    >>> y = ScaleTracker.apply(x, record)
-    >>> (y * 2).sum().backward()
+    >>> (ScaleTracker.apply(x, record) * 2).sum().backward()
     >>> ScalePair(record.forward, record.backward)  # floats on the CPU
     (-> 1.0, <- 0.0)
     """
