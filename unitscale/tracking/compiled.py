@@ -88,9 +88,7 @@ class CompiledTracking:
             raise _NotCompiled(f"the code of {type(module).__name__}'s graph has a line this rewrite does not know")
         scope = dict(namespace, _unitscale_track=_track)
         exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
-        self.steps = steps
-        self.nodes = nodes
-        self.code = code
+        self.steps, self.nodes, self.code = steps, nodes, code
         self._failed = threading.local()
         self._forward = scope["forward"]
 

@@ -173,8 +173,7 @@ class ScaleHistory:
         self, records: Iterable[MonitorRecord] = (), fwd_format: FPFormat = FP8_E4M3, bwd_format: FPFormat = FP8_E5M2
     ) -> None:
         self.records: list[MonitorRecord] = list(records)
-        self.fwd_format = fwd_format
-        self.bwd_format = bwd_format
+        self.fwd_format, self.bwd_format = fwd_format, bwd_format
 
     def __iter__(self) -> Iterator[MonitorRecord]:
         return iter(self.records)

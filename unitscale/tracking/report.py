@@ -298,8 +298,7 @@ class ScaleReport:
         no_backward: why no backward pass was recorded (``""``: one was), e.g. a call under
             ``torch.inference_mode()``.
 
-    >>> from unitscale import ScaleReport
-    >>> from unitscale.tracking import ScaleRow
+    >>> from unitscale.tracking import ScaleReport, ScaleRow
     >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)
     >>> report = ScaleReport([row], "Net")
     >>> report["x"].scale
@@ -358,8 +357,7 @@ class ScaleReport:
         order, so with finite forward values it is the last row in execution order whose
         gradient is non-finite.
 
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
+        >>> from unitscale.tracking import ScaleReport, ScaleRow
         >>> rows = [ScaleRow("x", "", "input", (2,), "float32", 1.0, float("nan")),
         ...         ScaleRow("y", "", "exp", (2,), "float32", float("inf"), float("nan"))]
         >>> ScaleReport(rows, "Net").first_nonfinite.node
@@ -399,12 +397,9 @@ class ScaleReport:
         Raises:
             InputError: ``width`` is not an int of at least 40.
 
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
-        >>> nan = float("nan")
-        >>> row = ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)
-        >>> report = ScaleReport([row], "Net")
-        >>> print(report.table())  # doctest: +ELLIPSIS
+        >>> from unitscale.tracking import ScaleReport, ScaleRow
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", float("nan"), 1.0)
+        >>> print(ScaleReport([row], "Net").table())  # doctest: +ELLIPSIS
         node  module  op     shape  fwd std  bwd std  abs max  finite
         x             input  (2,)   nan      1        n/a      NO (fwd)
         NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor...
@@ -457,11 +452,9 @@ class ScaleReport:
         Raises:
             FormatError: ``formats`` names a format not in :data:`FORMAT_RANGES`.
 
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
+        >>> from unitscale.tracking import ScaleReport, ScaleRow
         >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)
-        >>> report = ScaleReport([row], "Net")
-        >>> fig = report.plot()
+        >>> fig = ScaleReport([row], "Net").plot()
         >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]
         ['forward', 'backward']
         """

@@ -209,8 +209,7 @@ KEEP_SCRATCH_BYTES = 16 * 2**20
 def scratch_space() -> Iterator[None]:
     """Within this context, CPU stds that need a copy reuse one buffer per thread.
 
-    The buffer grows to the largest tensor seen; on exit one of at most
-    :data:`KEEP_SCRATCH_BYTES` is kept for the thread's next ``scratch_space``.
+    The buffer grows to the largest tensor seen; on exit it is kept if :data:`KEEP_SCRATCH_BYTES` allow.
 
     >>> with scratch_space():
     ...     std_stat(torch.tensor([1.0, 3.0]).expand(3, 2))
