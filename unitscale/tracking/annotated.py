@@ -20,10 +20,6 @@ class AnnotatedCode(str):
     notebook shows HTML-highlighted code, and ``repr`` (doctests, the REPL) shows the
     plain text. Set ``highlight=False`` for plain text everywhere.
 
-    Args:
-        text: the code.
-        highlight: highlight with pygments where the reader supports it.
-
     >>> from unitscale.tracking import AnnotatedCode
     >>> code = AnnotatedCode("y = f(x)  # (-> 1.0, <- 0.5)")
     >>> code

@@ -1,10 +1,4 @@
-"""The backward pass of scale tracking: which outputs, which gradients.
-
-A model may return a tensor, or tuples, lists and dicts of them. Every floating-point
-tensor that requires grad takes part in the backward pass. Its gradient is the one the
-caller gave (a tensor, or a structure shaped like the output), else 1 for a one-element
-output (a scalar loss) and unit-normal noise otherwise.
-"""
+"""The backward pass of scale tracking: which outputs (every float tensor that requires grad), which gradients."""
 
 from __future__ import annotations
 
@@ -101,8 +95,7 @@ def gradients_for(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any) ->
 def run_backward(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any, leaves: Sequence[torch.Tensor]) -> str:
     """Backpropagate gradients for ``outputs`` without touching any ``.grad`` of the model.
 
-    Gradients are taken with :func:`torch.autograd.grad` with respect to ``leaves`` (the
-    detached inputs and the parameters) and dropped: tensor hooks along the way see them.
+    Tensor hooks along the way see the gradients (with respect to ``leaves``); then they are dropped.
 
     Returns:
         ``""``, or why no backward pass ran (no output requires grad, no leaf does).
@@ -136,8 +129,7 @@ def run_backward(outputs: Sequence[tuple[str, torch.Tensor]], backward: Any, lea
 def _reentrant_checkpoint_leaves(outputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
     """The leaves the backward of ``outputs`` accumulates into, if it passes a reentrant checkpoint; else ``None``.
 
-    The checkpointed segment's own parameters are not in the outer graph (the segment is
-    recomputed in the backward): the caller sets aside the model's parameters too.
+    The checkpointed segment's own parameters are not among them: the caller sets the model's aside too.
     """
     fns = _grad_fns(outputs)
     if not any(type(fn).__name__ == "CheckpointFunctionBackward" for fn in fns):

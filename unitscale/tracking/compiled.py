@@ -1,9 +1,7 @@
 """Scale tracking after the capture: one pass recorded by the capture's route, a graph run as compiled Python.
 
-:func:`track_pass` records the forward pass (the eager record, the graph's compiled code, or
-:class:`ScaleTrackingInterpreter` for a ``GraphModule`` the user may edit between calls), runs
-one backward pass and writes the report. Compiled code skips :class:`torch.fx.Interpreter`'s
-per-node dispatch (several percent of a small model's pass) and gives the interpreter's rows.
+Compiled code skips :class:`torch.fx.Interpreter`'s per-node dispatch (several percent of a small
+model's pass) and gives :class:`ScaleTrackingInterpreter`'s rows.
 """
 
 from __future__ import annotations
@@ -65,9 +63,7 @@ class CompiledTracking:
 
     Args:
         module: the module the graph was traced from (the code's ``self``).
-        graph: the traced graph (left unchanged).
-        code: the graph's code as fx writes it, kept as ``code`` (the report annotates it).
-        namespace: the globals that code runs in.
+        code, namespace: the graph's code as fx writes it and the globals it runs in.
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
@@ -92,9 +88,7 @@ class CompiledTracking:
             raise _NotCompiled(f"the code of {type(module).__name__}'s graph has a line this rewrite does not know")
         scope = dict(namespace, _unitscale_track=_track)
         exec(compile(src, f"<unitscale tracking of {type(module).__name__}>", "exec"), scope)
-        self.steps = steps
-        self.nodes = nodes
-        self.code = code
+        self.steps, self.nodes, self.code = steps, nodes, code
         self._failed = threading.local()
         self._forward = scope["forward"]
 
@@ -139,9 +133,8 @@ def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
     """The :class:`~unitscale.tracking.recording.Step` of each node (the graph's nodes but its output, in order).
 
     >>> import torch
-    >>> from torch import fx
+    >>> from torch import fx, nn
     >>> from unitscale.tracking.compiled import graph_steps
-    >>> from torch import nn
     >>> gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> nodes = list(gm.graph.nodes)[:-1]  # all but the output
     >>> [(s.name, s.op, s.hand_on) for s in graph_steps(gm, nodes)]
@@ -160,8 +153,7 @@ def graph_steps(module: nn.Module, nodes: list[fx.Node]) -> list[Step]:
 def view_taking_over(n: fx.Node) -> fx.Node | None:
     """``n``'s only user where it is a view of ``n`` (a reshape, a transpose), else ``None``.
 
-    The view holds the same numbers as ``n``, and so does its gradient: one record serves
-    both rows, filled by one gradient hook on the view (unless :func:`changed_in_place`).
+    It holds ``n``'s numbers, and its gradient ``n``'s: one record, one hook on the view, serves both.
 
     >>> import torch
     >>> from torch import fx
@@ -181,8 +173,7 @@ def view_taking_over(n: fx.Node) -> fx.Node | None:
 def holds_its_input_values(n: fx.Node) -> bool:
     """Whether ``n``'s tensor holds its first argument's values: a view, a copy, or a cast that casts nothing.
 
-    Its forward numbers are then its input's (:meth:`ScaleRecording.track_same_values`); in an
-    exported graph, ATen's forms count too (``aten.to.dtype`` to the dtype a tensor has).
+    In an exported graph, ATen's forms count too (``aten.to.dtype`` to the dtype a tensor has).
 
     >>> import torch
     >>> from torch import fx
@@ -199,9 +190,8 @@ def holds_its_input_values(n: fx.Node) -> bool:
 def changed_in_place(nodes: Iterable[fx.Node]) -> set[fx.Node]:
     """The nodes whose tensor a later node changes in place, directly or through views of it.
 
-    A gradient hook on a view that is then changed in place never fires (torch takes the
-    gradient through the view's base instead), so the node a view takes over from keeps
-    its own hook, which fills the shared record.
+    A hook on a view changed in place never fires (torch takes the gradient through its base),
+    so the node a view takes over from keeps its own hook.
 
     >>> import torch
     >>> from torch import fx
@@ -272,15 +262,10 @@ _FLATTEN = re.compile(r"^    [\w, ]+ = fx_pytree\.tree_flatten_spec\(")
 
 
 def _instrumented(code: str, nodes: list[fx.Node], steps: list[Step]) -> str | None:
-    """``code`` (fx's, one line per node) with each node's value passed through the recording call.
-
-    ``None`` where a node's line is not found as fx writes it (``name = expression``,
-    maybe followed by ``;  a = b = None``): the caller falls back to the interpreter.
-    """
+    """``code`` with each node's value passed through the recording call; ``None``: a line not as fx writes it."""
     lines = code.split("\n")
-    try:
-        at = next(i for i, line in enumerate(lines) if line.startswith("def forward(self"))
-    except StopIteration:
+    at = next((i for i, line in enumerate(lines) if line.startswith("def forward(self")), None)
+    if at is None:
         return None
     signature = lines[at]
     i = at + 1
@@ -324,8 +309,7 @@ def compiled_tracking(module: nn.Module, cap: Capture) -> CompiledTracking | Non
     >>> from unitscale.capture import DeepTracing, capture
     >>> from unitscale.examples import MLP
     >>> from unitscale.tracking.compiled import compiled_tracking
-    >>> model = MLP(4)
-    >>> x = torch.randn(2, 4)
+    >>> model, x = MLP(4), torch.randn(2, 4)
     >>> cap = capture(model, x, deep=DeepTracing(), check=False, cache=True)
     >>> program = compiled_tracking(model, cap)
     >>> program is not None and compiled_tracking(model, cap) is program
@@ -347,25 +331,9 @@ class ScaleTrackingInterpreter(fx.Interpreter):
     """Runs a graph and records the scale of every floating-point node output.
 
     Overrides :meth:`torch.fx.Interpreter.run_node`: each output's std (and optionally
-    abs-max) is recorded, and a gradient hook records its gradient's. The caller's tensors
-    and the graph are left untouched.
-
-    Hook map, as in :class:`torch.fx.Interpreter` (``*`` overridden here). To record
-    something else per node, override ``run_node`` and call ``super().run_node(n)``; to
-    change what one kind of node does, override its method (``call_function``, ...).
-
-    .. code-block:: text
-
-        run(*inputs)
-        +-- run_node(n) *           records the output's scale; a view hands its
-            |                       record on to its only user (one record per chain),
-            |                       else takes its input's forward numbers
-            +-- placeholder()       (floating-point inputs become leaves that require grad)
-            +-- get_attr()
-            +-- call_function()
-            +-- call_method()
-            +-- call_module()
-            +-- output()
+    abs-max) is recorded, and a gradient hook records its gradient's; floating-point inputs
+    become leaves that require grad. The caller's tensors and the graph are left untouched.
+    To record something else per node, override ``run_node`` and call ``super().run_node(n)``.
 
     Args:
         module: the module the graph belongs to (a ``GraphModule``, or the traced module).
@@ -373,9 +341,8 @@ class ScaleTrackingInterpreter(fx.Interpreter):
         abs_max: also record each tensor's largest magnitude.
         only: the nodes to record (``None``: every node); the others just run.
 
-    After ``run()``, ``captured`` holds the rows and their records, the leaves and the
-    hooks: after the backward pass, close ``captured.cleanup`` (it removes the hooks) and read
-    the rows with :func:`~unitscale.tracking.read_rows`.
+    After ``run()`` and the backward pass, close ``captured.cleanup`` (it removes the hooks)
+    and read the rows with :func:`~unitscale.tracking.read_rows`.
 
     >>> import torch
     >>> from torch import fx
@@ -477,8 +444,7 @@ def track_pass(cap: Capture, module: nn.Module, inputs: tuple[Any, ...], backwar
     root = module if cap.graph_module in (None, module) or cap.route == "fx" else cap.graph_module
     program = None if cap.graph_module in (None, module) else compiled_tracking(root, cap)
     interp = None
-    trainable = any(p.requires_grad for p in root.parameters())
-    captured = ScaleRecording(differentiate_inputs=not trainable, abs_max=abs_max)
+    captured = ScaleRecording(differentiate_inputs=not any(p.requires_grad for p in root.parameters()), abs_max=abs_max)
     with captured.cleanup:  # the gradient hooks, some on the caller's parameters, go however the pass ends
         try:
             if cap.graph_module is None:

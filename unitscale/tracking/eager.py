@@ -43,12 +43,9 @@ _SAME_OBJECT_OPS = frozenset(
 class ScaleRecorder(OpRecorder):
     """The eager route of scale tracking: records every floating-point tensor an op returns.
 
-    Overrides ``OpRecorder.record`` (``unitscale.capture.toolkit``): a float output becomes a
-    row with its statistics and a gradient hook. An op returning several tensors gives a row
-    per float tensor, ``name[i]``.
+    An op returning several tensors gives a row per float tensor, ``name[i]``.
 
     Args:
-        root: the model.
         captured: where rows, records and hooks go (and whether abs-maxes are recorded).
 
     >>> import torch

@@ -1,8 +1,7 @@
 """What a :class:`~unitscale.tracking.ScaleMonitor` recorded: tidy records, a table, a heat map, a drift table.
 
-A :class:`ScaleHistory` holds one :class:`MonitorRecord` per tensor, direction and recorded
-step, as plain Python values, so it pickles and outlives the model
-(``pandas.DataFrame(list(history))`` gives a data frame with the records' fields as columns).
+Plain Python values: a history pickles, outlives the model, and ``pandas.DataFrame(list(history))``
+gives a data frame with the records' fields as columns.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ class MonitorRecord(NamedTuple):
     """One tensor at one recorded step, in one direction.
 
     Attributes:
-        step: the training step.
         tensor: a module's qualified name for its output (``blocks.0.mlp.fc1``; ``(root)``
             for the model's own output; ``name[i]`` or ``name.key`` where a module returns
             several tensors; ``name#2`` for a module's second call in a step), or a
@@ -70,8 +68,7 @@ class MonitorRecord(NamedTuple):
 class Drift(NamedTuple):
     """How far one tensor's statistic moved between its first and last record.
 
-    ``octaves`` is ``log2(last / first)``, taken as ``log2(last) - log2(first)`` so that stds far
-    apart (1e-300 and 1e10) still give a number: +1 means the statistic doubled.
+    ``octaves`` is ``log2(last / first)``: +1 means the statistic doubled.
 
     >>> from unitscale.tracking import Drift
     >>> Drift("fc", "activation", "fwd", 0, 100, 0.5, 2.0, 2.0).octaves
@@ -122,13 +119,7 @@ class DriftTable:
     __repr__ = table
 
     def _repr_html_(self) -> str:
-        """The rows as an HTML table: each tensor with its kind, direction and steps under it, then the numbers.
-
-        >>> from unitscale.tracking import Drift, DriftTable
-        >>> drift = Drift("fc.weight", "parameter", "fwd", 0, 90, 0.1, 25.6, 8.0)
-        >>> "<td>+8.00</td>" in DriftTable([drift], "std")._repr_html_()
-        True
-        """
+        """The rows as an HTML table: each tensor with its kind, direction and steps under it, then the numbers."""
         header = ("tensor", "kind · dir · steps", f"first {self.stat}", f"last {self.stat}", "octaves")
         body = [(d.tensor, f"{d.kind} · {d.direction} · {d.first_step}–{d.last_step}", *_moved(d)) for d in self.rows]
         return html_table(header, body, f"the {len(self.rows)} tensors whose {self.stat} moved most, in octaves")
@@ -167,8 +158,7 @@ class ScaleHistory:
 
     Args:
         records: the records, in the order they were taken.
-        fwd_format: the format forward values were measured against.
-        bwd_format: the format gradients were measured against.
+        fwd_format, bwd_format: the formats forward values and gradients were measured against.
 
     >>> from unitscale.tracking import MonitorRecord, ScaleHistory
     >>> history = ScaleHistory([
@@ -180,14 +170,10 @@ class ScaleHistory:
     """
 
     def __init__(
-        self,
-        records: Iterable[MonitorRecord] = (),
-        fwd_format: FPFormat = FP8_E4M3,
-        bwd_format: FPFormat = FP8_E5M2,
+        self, records: Iterable[MonitorRecord] = (), fwd_format: FPFormat = FP8_E4M3, bwd_format: FPFormat = FP8_E5M2
     ) -> None:
         self.records: list[MonitorRecord] = list(records)
-        self.fwd_format = fwd_format
-        self.bwd_format = bwd_format
+        self.fwd_format, self.bwd_format = fwd_format, bwd_format
 
     def __iter__(self) -> Iterator[MonitorRecord]:
         return iter(self.records)
@@ -220,8 +206,8 @@ class ScaleHistory:
     ) -> list[MonitorRecord]:
         """The records of one step, kind or direction (``None``: all).
 
-        A step that was not recorded, or a kind or direction that does not exist, raises
-        :class:`~unitscale.errors.InputError` (naming ``caller``) rather than selecting nothing.
+        Raises:
+            InputError: a step not recorded, or an unknown kind or direction (named with ``caller``).
         """
         _check_choice(caller, "kind", kind, _KINDS)
         _check_choice(caller, "direction", direction, _DIRECTIONS)
@@ -246,13 +232,7 @@ class ScaleHistory:
         return ScaleHistory(self.select(step, kind, direction, caller="where"), self.fwd_format, self.bwd_format)
 
     def _repr_html_(self) -> str:
-        """The records as an HTML table (the first 200): each tensor with its kind, direction and step under it.
-
-        >>> from unitscale.tracking import MonitorRecord, ScaleHistory
-        >>> record = MonitorRecord(0, "fc", "activation", "fwd", 1.0, 3.5, 0.0, 0.0, 31.2)
-        >>> "<td>31.2</td>" in ScaleHistory([record])._repr_html_()
-        True
-        """
+        """The records as an HTML table (the first 200): each tensor with its kind, direction and step under it."""
         shown = self.records[:200]
         header = ("tensor", "kind · dir · step", "std", "absmax", "underflow", "overflow", "sqnr dB")
         body = [(r.tensor, f"{r.kind} · {r.direction} · {r.step}", *_numbers(r)) for r in shown]
@@ -284,7 +264,6 @@ class ScaleHistory:
         drift in octaves and is left out; rank by ``stat="absmax"`` to see those.
 
         Args:
-            top: how many rows (the largest ``|octaves|`` first).
             stat: ``"std"`` or ``"absmax"``.
             kind, direction: as in ``heatmap()``.
 
@@ -315,29 +294,18 @@ class ScaleHistory:
         return DriftTable(rows[:top], stat)
 
     def heatmap(
-        self,
-        stat: str = "std",
-        kind: str | None = None,
-        direction: str | None = None,
-        relative: bool = False,
+        self, stat: str = "std", kind: str | None = None, direction: str | None = None, relative: bool = False
     ) -> Figure:
-        """A heat map of one statistic: a row per tensor, a column per recorded step.
+        """A heat map of one statistic (a figure 7.5 in wide): a row per tensor, a column per recorded step.
 
-        ``std`` and ``absmax`` are coloured by ``log2``; the fractions and the SQNR as they
-        are. With both directions (``direction=None``) forward values and gradients are
-        two panels side by side, each with its own colour scale. Cells with no value (a
-        tensor with no gradient, a std of 0) are grey.
+        ``std`` and ``absmax`` are coloured by ``log2``. Each direction is a panel with its own
+        colour scale; cells with no value (no gradient, a std of 0) are grey.
 
         Args:
-            stat: one of ``STATS``.
             kind: ``"activation"``, ``"parameter"`` or ``None`` (both: activations first).
             direction: ``"fwd"``, ``"bwd"`` or ``None`` (both panels).
             relative: colour each row by its change since its first record (in octaves for
-                ``std`` and ``absmax``), on a diverging scale centred at 0: drift stands out
-                even where tensors differ in scale by many octaves.
-
-        Returns:
-            A matplotlib figure 7.5 in wide, fonts of 9 pt or more.
+                ``std`` and ``absmax``), on a diverging scale centred at 0.
 
         Raises:
             UnknownStatError: ``stat`` is not in ``STATS``.
@@ -345,11 +313,9 @@ class ScaleHistory:
             InputError: ``kind`` or ``direction`` unknown.
 
         >>> from unitscale.tracking import MonitorRecord, ScaleHistory
-        >>> h = ScaleHistory([
-        ...     MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1.0, 0.0, 0.0, 30.0)
-        ...     for s in (0, 1)
-        ... ])
-        >>> h.heatmap().axes[0].get_title()
+        >>> fc = [MonitorRecord(s, "fc", "activation", "fwd", 2.0**s, 1, 0, 0, 30)
+        ...       for s in (0, 1)]
+        >>> ScaleHistory(fc).heatmap().axes[0].get_title()
         'forward (FP8 E4M3)'
         """
         _check_stat("heatmap", stat)
@@ -387,9 +353,7 @@ class ScaleHistory:
                 limit = max(float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0, 1e-9)
                 cmap, vmin, vmax = plt.get_cmap("RdBu_r").with_extremes(bad="0.85"), -limit, limit
                 label = f"change in {label}" + (" (octaves)" if stat in _LOG2_STATS else "")
-            else:
-                # each panel has its own range: a colour map of its own, so no one reads a
-                # forward colour against the backward panel's scale
+            else:  # a colour map per panel: no one reads a forward colour against the backward scale
                 name = "viridis" if d == "fwd" else "magma"
                 cmap, vmin, vmax = plt.get_cmap(name).with_extremes(bad="0.85"), None, None
             image = ax.imshow(

@@ -1,10 +1,7 @@
 """Scales over training: a monitor that measures every tensor every N steps of your own loop.
 
-Each tensor goes through scale tracking's one recording function
-(:meth:`~unitscale.tracking.recording.ScaleRecording.record`); a module whose output is the very
-tensor one of its submodules returned (a ``Sequential``) is recorded once, under the submodule.
-Small tensors are measured together (:data:`BATCH_LIMIT`), in buffers kept from one record step
-to the next until :meth:`ScaleMonitor.close`. On an accelerator nothing is read per tensor.
+A module whose output is the very tensor a submodule returned (a ``Sequential``) is recorded
+once, under the submodule. On an accelerator nothing is read per tensor.
 """
 
 from __future__ import annotations
@@ -89,20 +86,16 @@ def _float_tensors(output: Any) -> list[tuple[str, torch.Tensor]]:
 class ScaleMonitor:
     """Record every tensor's scale, underflow, overflow and SQNR every ``every`` steps of training.
 
-    Wrap each training step in ``with monitor.step():``; the monitor records when the step
-    number is a multiple of ``every`` and does nothing otherwise. Read the results from
-    ``history`` (a :class:`~unitscale.tracking.ScaleHistory`), ``table()``,
-    ``heatmap()`` and ``drifted()``. :meth:`close` (or leaving ``with ScaleMonitor(...)``)
-    removes every hook; the model is then exactly as before.
+    Wrap each training step in ``with monitor.step():``; read the results from ``history`` (a
+    :class:`~unitscale.tracking.ScaleHistory`). :meth:`close` (or leaving ``with
+    ScaleMonitor(...)``) removes every hook; the model is then exactly as before.
 
     Parameter values are read when a record step starts, their gradients when it ends:
     zero gradients after the ``with`` block (or with ``set_to_none=True``), not inside it.
 
     Args:
-        model: the model to watch.
         every: record steps whose number is a multiple of this (0, every, 2*every, ...).
-        fwd_format: the format forward values would be cast to.
-        bwd_format: the format gradients would be cast to.
+        fwd_format, bwd_format: the formats forward values and gradients would be cast to.
         activations: record module outputs and their gradients.
         parameters: record parameters and their gradients.
 
@@ -111,8 +104,8 @@ class ScaleMonitor:
         MonitorSettingError: ``every`` is not an int >= 1, or a format is not an ``FPFormat``.
 
     >>> import torch
-    >>> from unitscale.tracking import ScaleMonitor
     >>> from torch import nn
+    >>> from unitscale.tracking import ScaleMonitor
     >>> model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> with ScaleMonitor(model, every=2) as monitor:
@@ -122,9 +115,6 @@ class ScaleMonitor:
     ...         opt.step(); opt.zero_grad()
     >>> monitor.history.steps, monitor.history.tensors("activation")
     ([0, 2], ['0', '1', '2'])
-    >>> records = monitor.history.select(step=0, kind="activation")
-    >>> [(r.tensor, r.direction) for r in records][:4]
-    [('0', 'fwd'), ('1', 'fwd'), ('2', 'fwd'), ('2', 'bwd')]
     """
 
     def __init__(
@@ -183,13 +173,10 @@ class ScaleMonitor:
 
     @contextmanager
     def step(self, step: int | None = None) -> Iterator[bool]:
-        """A context for one training step (forward and backward); records if the step is a multiple of ``every``.
+        """A context for one training step (forward and backward); yields whether it records.
 
         Args:
             step: the step's number; ``None`` counts on from the last step given (0 first).
-
-        Yields:
-            Whether this step records.
 
         Raises:
             MonitorSettingError: ``step`` is not an int >= 0.

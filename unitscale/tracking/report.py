@@ -51,19 +51,12 @@ def _fmt(value: float | None) -> str:
 class ScalePair:
     """A tensor's forward scale and its gradient's scale (standard deviations).
 
-    Prints as ``(-> forward, <- backward)`` with 3 significant digits; a direction
-    that was not recorded prints as ``n/a``.
-
-    Args:
-        forward: std of the tensor, or ``None`` if unknown.
-        backward: std of its gradient, or ``None`` if unknown (no backward pass, or
-            the tensor does not require grad).
+    Prints with 3 significant digits; ``None`` (not recorded: no backward pass, or a tensor
+    that does not require grad) prints as ``n/a``.
 
     >>> from unitscale.tracking import ScalePair
     >>> ScalePair(1.0, 0.23649)
     (-> 1.0, <- 0.236)
-    >>> print(ScalePair(0.000123456, None))
-    (-> 0.000123, <- n/a)
     """
 
     forward: float | None = None
@@ -89,18 +82,14 @@ class ScaleRow(NamedTuple):
         node: node name (``linear_1``), as in the traced code.
         module_path: qualified name of the module that produced it (``""``: the root).
         op: what produced it (``linear``, ``Tensor.reshape``, ``input``, ``parameter``).
-        shape: the tensor's shape.
-        dtype: the tensor's dtype, e.g. ``"float32"``.
+        dtype: e.g. ``"float32"``.
         forward: std of the tensor (``None``: empty tensor).
         backward: std of its gradient (``None``: no gradient reached it).
         abs_max: largest magnitude (``None``: not recorded or empty).
 
-    >>> import torch
-    >>> from unitscale import track_scales
-    >>> from unitscale.examples import MLP
-    >>> row = next(iter(track_scales(MLP(4), torch.randn(8, 4))))
-    >>> row.node, row.op, row.shape
-    ('x', 'input', (8, 4))
+    >>> from unitscale.tracking import ScaleRow
+    >>> ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5).scale
+    (-> 1.0, <- 0.5)
     """
 
     node: str
@@ -140,7 +129,7 @@ def _bad(value: float | None) -> bool:
 
 
 def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
-    """Statistics as Python floats, read in one transfer (one host sync) per device and dtype; floats and ``None`` stay.
+    """Statistics as Python floats, one transfer (host sync) per device and dtype; floats and ``None`` stay.
 
     >>> import torch
     >>> read_stats([torch.tensor(2.0), 1.5, None])
@@ -160,8 +149,7 @@ def read_stats(values: Sequence[Stat | None]) -> list[float | None]:
 def read_rows(entries: Iterable[tuple[ScaleRow, ScaleRecord]]) -> list[ScaleRow]:
     """Each row with its record's numbers, all read to the host in one transfer.
 
-    ``entries`` are a recording's, once its backward pass is done and its ``cleanup`` closed
-    (:class:`~unitscale.tracking.ScaleTrackingInterpreter`'s ``captured.entries``).
+    ``entries``: a recording's, once its backward pass is done and its ``cleanup`` closed.
 
     >>> import torch
     >>> from unitscale.tracking import ScaleRecord, ScaleRow, read_rows
@@ -194,19 +182,13 @@ def _marked(row: ScaleRow) -> str:
 
 
 def annotated_code(cap: Capture, rows: list[ScaleRow], model: str, code: str | None = None) -> str:
-    """The code of ``cap`` (or, for the eager route, its op listing) with each line's ``(-> forward, <- backward)``.
+    """The plain text of ``cap``'s code (eager route: its op listing), each line with ``(-> forward, <- backward)``.
 
     What :attr:`ScaleReport.code` holds; exported graphs' lines also give their module path.
 
     Args:
-        cap: the capture the rows were recorded on.
-        rows: the report's rows.
         model: the model's name, for the listing's first line.
-        code: the graph's code, where the caller has it (the compiled tracking's); ``None``:
-            ``cap.python_code()``.
-
-    Returns:
-        The annotated text (plain; :class:`~unitscale.tracking.AnnotatedCode` highlights it).
+        code: the graph's code, where the caller has it; ``None``: ``cap.python_code()``.
 
     >>> import torch
     >>> from unitscale.capture import DeepTracing, capture
@@ -283,11 +265,7 @@ def _aligned(lines: Sequence[tuple[str, ...]], width: float = math.inf, shrinkab
 
 
 def _fit(lines: Sequence[tuple[str, ...]], width: float, shrinkable: tuple[int, ...]) -> list[int]:
-    """Column widths whose line (two spaces between columns) fits ``width``, cutting as few cells as it can.
-
-    Each step narrows by one character the shrinkable column where that cuts the fewest cells
-    not cut yet (the widest on a tie), so a rare long name is cut before a column of them.
-    """
+    """Column widths whose line fits ``width``: a rare long name is cut before a column of them."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     lengths = {i: [len(line[i]) for line in lines] for i in shrinkable}
     while sum(widths) + 2 * (len(widths) - 1) > width:
@@ -313,24 +291,18 @@ class ScaleReport:
 
     Args:
         rows: the rows, in execution order.
-        model: the model's class name.
         code: annotated code or op listing (what :func:`unitscale.analyse_module` returns).
-        route: the capture route the ops came from (:func:`unitscale.capture.capture`):
-            ``"fx"``, ``"eager"`` (ops recorded as they ran) or ``"export"``.
+        route: the capture route (:func:`unitscale.capture.capture`): ``"fx"``, ``"eager"``
+            (ops recorded as they ran) or ``"export"``.
         trace_failure: why fx tracing failed (eager capture only).
-        no_backward: why no backward pass was recorded (``""``: one was); e.g. the call
-            ran under ``torch.inference_mode()``. Then every ``bwd std`` is ``n/a``, the
-            table ends with a line saying so and :attr:`backward_recorded` is false.
+        no_backward: why no backward pass was recorded (``""``: one was), e.g. a call under
+            ``torch.inference_mode()``.
 
-    >>> from unitscale import ScaleReport
-    >>> from unitscale.tracking import ScaleRow
+    >>> from unitscale.tracking import ScaleReport, ScaleRow
     >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5, 2.0)
     >>> report = ScaleReport([row], "Net")
     >>> report["x"].scale
     (-> 1.0, <- 0.5)
-    >>> print(report.table())
-    node  module  op     shape  fwd std  bwd std  abs max
-    x             input  (2,)   1        0.5      2
     """
 
     rows: list[ScaleRow]
@@ -347,15 +319,12 @@ class ScaleReport:
     def backward_recorded(self) -> bool:
         """Whether a backward pass was recorded (``False``: every ``bwd std`` is ``n/a``; ``no_backward`` says why).
 
+        The table then ends with a line saying so.
+
         >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
-        >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, None, 2.0)
         >>> why = "called under torch.inference_mode()"
-        >>> report = ScaleReport([row], "Net", no_backward=why)
-        >>> report.backward_recorded
+        >>> ScaleReport([], "Net", no_backward=why).backward_recorded
         False
-        >>> print(report.table().splitlines()[-1])
-        no backward pass recorded: called under torch.inference_mode()
         """
         return not self.no_backward
 
@@ -388,8 +357,7 @@ class ScaleReport:
         order, so with finite forward values it is the last row in execution order whose
         gradient is non-finite.
 
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
+        >>> from unitscale.tracking import ScaleReport, ScaleRow
         >>> rows = [ScaleRow("x", "", "input", (2,), "float32", 1.0, float("nan")),
         ...         ScaleRow("y", "", "exp", (2,), "float32", float("inf"), float("nan"))]
         >>> ScaleReport(rows, "Net").first_nonfinite.node
@@ -416,15 +384,11 @@ class ScaleReport:
     def table(self, full: bool = False, width: int = TABLE_WIDTH) -> str:
         """A fixed-width text table, one line per tensor (3 significant digits).
 
-        By default the table fits in ``width`` characters (88: a code block of the site, a
-        terminal): the ``dtype`` column is left out when every tensor has the same dtype, and
-        the longest node names, module paths and ops are shortened from the left (``…`` marks
-        the cut), so their last part, the part that tells rows apart, stays. A shortened
-        column keeps at least 10 characters, so a very narrow ``width`` can be exceeded.
-
-        When a NaN or infinity reached some tensor, a ``finite`` column marks each row
-        (``yes``, or ``NO (fwd)``, ``NO (bwd)``, ``NO (fwd+bwd)``) and a last line names
-        the node where it first appeared (``first_nonfinite``).
+        By default the ``dtype`` column is left out when every tensor has the same dtype, and the
+        longest node names, module paths and ops are shortened from the left (``…`` marks the cut)
+        to fit ``width``; a shortened column keeps 10 characters, so a narrow ``width`` can be
+        exceeded. When a NaN or infinity reached some tensor, a ``finite`` column marks each row
+        and a last line names the node where it first appeared.
 
         Args:
             full: every column (``dtype`` included), nothing shortened.
@@ -433,17 +397,12 @@ class ScaleReport:
         Raises:
             InputError: ``width`` is not an int of at least 40.
 
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
-        >>> nan = float("nan")
-        >>> row = ScaleRow("x", "", "input", (2,), "float32", nan, 1.0)
-        >>> report = ScaleReport([row], "Net")
-        >>> print(report.table())  # doctest: +ELLIPSIS
+        >>> from unitscale.tracking import ScaleReport, ScaleRow
+        >>> row = ScaleRow("x", "", "input", (2,), "float32", float("nan"), 1.0)
+        >>> print(ScaleReport([row], "Net").table())  # doctest: +ELLIPSIS
         node  module  op     shape  fwd std  bwd std  abs max  finite
         x             input  (2,)   nan      1        n/a      NO (fwd)
         NON-FINITE: NaN/inf first in the forward value of node 'x' (input); 1 tensor...
-        >>> print(report.table(full=True).splitlines()[0])
-        node  module  op     shape  dtype    fwd std  bwd std  abs max  finite
         """
         if isinstance(width, bool) or not isinstance(width, int) or width < 40:
             raise InputError(f"ScaleReport.table(width={width!r}): pass an int of at least 40 (characters per line)")
@@ -463,17 +422,7 @@ class ScaleReport:
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        """The report as an HTML table that a phone's column holds: each node, then its stds and abs max.
-
-        Beside each node, its op, module, shape and dtype; nothing is shortened, as :meth:`table` does.
-
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
-        >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 0.5)
-        >>> html = ScaleReport([row], "Net")._repr_html_()
-        >>> html.count("<th>"), "<td>0.5</td>" in html
-        (4, True)
-        """
+        """The report as an HTML table a phone's column holds: each node with its op, module, shape and stds."""
         note = self._nonfinite_note()
         header = ["node", "op · module · shape · dtype", "fwd std", "bwd std", "abs max", *(["finite"] if note else [])]
         lines = [
@@ -490,29 +439,22 @@ class ScaleReport:
         return html_table(header, lines, caption)
 
     def plot(self, ax: Axes | None = None, formats: tuple[str, ...] = tuple(FORMAT_RANGES)) -> Figure:
-        """Plot ``log2`` of each tensor's forward and backward std, over format ranges.
+        """Plot ``log2`` of each tensor's forward and backward std, over format ranges; return the figure.
 
-        Each format in ``formats`` is drawn as dashed lines at its smallest subnormal
-        and largest normal value (see :data:`FORMAT_RANGES`), with the magnitudes
-        outside that window shaded: a point in a shaded band would underflow or
-        overflow in that format. Parameters are hollow markers.
+        Outside each format's range (:data:`FORMAT_RANGES`) the band is shaded: a point there would
+        underflow or overflow in that format. Parameters are hollow markers. The first NaN or
+        infinity is named in the title and marked by a red dotted line.
 
         Args:
             ax: axes to draw on (default: a new figure).
             formats: names from :data:`FORMAT_RANGES` to draw.
 
-        Returns:
-            The figure. When a NaN or infinity reached some tensor, the title names the
-            node where it first appeared and a red dotted line marks it.
-
         Raises:
             FormatError: ``formats`` names a format not in :data:`FORMAT_RANGES`.
 
-        >>> from unitscale import ScaleReport
-        >>> from unitscale.tracking import ScaleRow
+        >>> from unitscale.tracking import ScaleReport, ScaleRow
         >>> row = ScaleRow("x", "", "input", (2,), "float32", 1.0, 2.0**-20)
-        >>> report = ScaleReport([row], "Net")
-        >>> fig = report.plot()
+        >>> fig = ScaleReport([row], "Net").plot()
         >>> [t.get_text() for t in fig.axes[0].get_legend().get_texts()][:2]
         ['forward', 'backward']
         """
