@@ -112,13 +112,6 @@ def output_bytes(meta: Any) -> int:
     return 0
 
 
-def _tensor_meta(result: Any) -> Any:
-    """``result`` with every tensor replaced by its metadata, or None if it holds no tensor."""
-    if not _leaf_tensors(result):
-        return None
-    return map_aggregate(result, lambda v: tensor_metadata(v) if isinstance(v, torch.Tensor) else v)
-
-
 class NodeProfiler(fx.Interpreter):
     """Shape propagation that also counts FLOPs and/or times every node.
 
@@ -150,9 +143,10 @@ class NodeProfiler(fx.Interpreter):
             result = run_plainly(self, n)
         if n.op == "placeholder" and is_constant(result):
             n.meta[INPUT_CONSTANT_KEY] = result
-        meta = _tensor_meta(result)
-        if meta is not None:
-            n.meta["tensor_meta"] = meta
+        if _leaf_tensors(result):
+            n.meta["tensor_meta"] = map_aggregate(
+                result, lambda v: tensor_metadata(v) if isinstance(v, torch.Tensor) else v
+            )
         n.meta["type"] = type(result)
         return result
 

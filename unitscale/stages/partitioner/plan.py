@@ -590,11 +590,7 @@ class StagePlan:
         return [by_name[name] for name, _ in self.node_costs]
 
     def report(self, num_microbatches: int = 8) -> StageReport:
-        """Per stage: cost, share of the total, parameters and the tensors sent on (a :class:`StageReport`: print it).
-
-        Args:
-            num_microbatches: microbatch count ``m`` for the bubble ``(p-1)/(m+p-1)``.
-        """
+        """Per stage: cost, share of the total, parameters and the tensors sent on (a :class:`StageReport`)."""
         total = sum(self.stage_costs) or 1.0
         live = live_values(self.graph, self.assignment, self.num_stages)[:-1] + [[]]  # the last stage sends nothing
         names = [name for name, _ in self.node_costs]

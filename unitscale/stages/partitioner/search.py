@@ -3,12 +3,6 @@
 A partition of ``n`` costs into ``k`` stages is given by its ``k + 1`` *bounds* ``[0, b1, ..., n]``:
 stage ``s`` holds items ``bounds[s]:bounds[s + 1]``. Stage sums are always differences of one
 prefix-sum array, so the exact search and every check compare the same floating-point numbers.
-
->>> from unitscale.stages.partitioner.search import bottleneck, optimal_bounds
->>> optimal_bounds([1, 2, 3, 4, 5], 2)
-[0, 3, 5]
->>> bottleneck([1, 2, 3, 4, 5], [0, 3, 5])
-9.0
 """
 
 from __future__ import annotations
