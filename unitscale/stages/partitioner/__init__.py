@@ -1,9 +1,6 @@
 """The partitioner: an exact min-max split of a captured model into contiguous stages.
 
-:func:`partition` gives every node a cost and finds the split whose most expensive stage is as
-cheap as possible; the :class:`StagePlan` it returns builds, checks, reports and saves the stages
-(:class:`SavedPlan` is what a saved plan loads as). The bottom room: it imports
-``unitscale.stages.schedules`` and nothing of the planner or the runtime.
+:func:`partition` returns a :class:`StagePlan`, which builds, checks, reports and saves the stages.
 
 >>> import torch
 >>> from unitscale.stages.partitioner import partition

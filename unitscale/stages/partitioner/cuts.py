@@ -1,7 +1,5 @@
-"""Where a stage may start: only tensors cross a stage boundary, so a cut may not fall where another
-value (a ``torch.Size``, a tuple, a Python number) made before it is used after it, nor where a
-symbolic size has no tensor to be remade from; ``boundary_depth`` keeps modules whole. A plan whose
-only cuts leave a stage with nothing to do is refused, naming the values in the way.
+"""Where a stage may start: only tensors cross a stage boundary, and ``boundary_depth`` keeps modules
+whole; a plan whose only cuts leave a stage with nothing to do is refused.
 
 >>> import torch
 >>> from torch import nn
@@ -70,9 +68,8 @@ def check_no_idle_stage(
     boundary_depth: int | None,
     cost: str,
 ) -> None:
-    """Refuse a plan with a stage that costs nothing where blocked cuts forced it: a pipeline rank
-    that idles is not a plan. (When every cut is allowed and the cost model itself gives fewer
-    nodes a cost than there are stages, the plan stands: the cost model says so.)"""
+    """Refuse a plan with a stage that costs nothing where blocked cuts forced it (not where the cost
+    model gives fewer nodes a cost than there are stages)."""
     if all(c > 0 for c in stage_costs) or sum(c > 0 for c in costs) < num_stages:
         return
     spans = sorted(non_tensor_spans(nodes), key=lambda t: t[1] - t[2])

@@ -1,22 +1,4 @@
-"""Pipeline stages: :func:`partition` finds the exact min-max split of a model into contiguous stages.
-
-The :class:`StagePlan` it returns builds the stages (:meth:`StagePlan.split`,
-:meth:`StagePlan.stage_modules`), checks them (:meth:`StagePlan.verify`) and describes them
-(:meth:`StagePlan.report`, :meth:`StagePlan.plot`); :func:`run_pipeline` runs them.
-
->>> import torch
->>> from unitscale import partition
->>> from unitscale.examples import TinyGPT
->>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-<torch._C.Generator object at ...>
->>> model = TinyGPT(vocab_size=16, d_model=16, n_layers=4, n_heads=2, seq_len=8)
->>> idx = torch.randint(0, 16, (2, 8))
->>> plan = partition(model, 2, idx, boundary_depth=2)
->>> plan.stage_costs
-[6944.0, 6864.0]
->>> plan.verify(idx)
-True
-"""
+"""Pipeline stages: :func:`partition` and the :class:`StagePlan` it returns, with its report."""
 
 from __future__ import annotations
 
@@ -67,14 +49,7 @@ def _not_int_from(least: int, value: Any) -> bool:
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
-    """Idle share of a GPipe/1F1B pipeline: ``(p - 1) / (m + p - 1)``.
-
-    Args:
-        num_stages: ``p``, an int >= 1.
-        num_microbatches: ``m``, an int >= 1.
-
-    Returns:
-        The fraction of the schedule each stage spends idle, in ``[0, 1)``.
+    """Idle share ``(p - 1) / (m + p - 1)`` of a GPipe/1F1B pipeline, ``p = num_stages``, ``m = num_microbatches``.
 
     Raises:
         StageCountError: ``num_stages`` is not an int >= 1.
@@ -142,15 +117,11 @@ class StageReport:
     optimal: bool | None = None
 
     def table(self, full: bool = False, width: int = 88) -> str:
-        """The report as a plain-text table.
-
-        A stage that sends more tensors than fit the line names the largest first and counts the
-        rest (``+2 more``); the bytes are always the total.
+        """The report as a plain-text table; a stage's sends that overflow the line are counted (``+2 more``).
 
         Args:
             full: name every tensor a stage sends, however long the line.
-            width: the most characters a line may take when ``full`` is false (88: a code block of the
-                site; at least 72: the other columns take 47, a count of tensors with its bytes the rest).
+            width: the most characters a line may take when ``full`` is false (at least 72).
 
         Raises:
             InputError: ``width`` is not an int of at least 72.
@@ -182,16 +153,7 @@ class StageReport:
         return self.table()
 
     def _repr_html_(self) -> str:
-        """The report as an HTML table, for a notebook: every tensor a stage sends named in full,
-        the bubble and the plan's certificate as the caption.
-
-        >>> from unitscale.stages.partitioner import StageReport, StageRow
-        >>> rows = [StageRow(0, 3, "x", "fc1", 9.0, 0.5, 64, [("fc1", (2, 4), 32)])]
-        >>> report = StageReport(rows, "params", num_microbatches=2, bubble=0.0)
-        >>> html = report._repr_html_()
-        >>> "<td>fc1[2, 4] (32 B)</td>" in html
-        True
-        """
+        """The report as an HTML table for a notebook, the bubble and certificate as its caption."""
         header = ["stage", "nodes · params", f"cost ({self.cost})", "share", "sends"]
         lines = [
             [str(r.stage), f"{r.nodes} · {r.params:,}", f"{r.cost:.4g}", f"{r.share:.1%}", _sends_cell(r, None)]
@@ -228,26 +190,18 @@ class StagePlan:
     """A contiguous split of a traced model into stages, made by :func:`partition`.
 
     Attributes:
-        module: the traced copy of the model (a :class:`torch.fx.GraphModule`, made on first use).
-        graph: its :class:`torch.fx.Graph`.
-        num_stages: number of stages.
         cost: the cost model's name (``"callable"`` for a function).
         node_costs: ``(node name, cost)`` for every compute node, in execution order.
         assignment: node name -> stage index (contiguous, starting at 0).
-        stage_costs: total cost of each stage.
         bounds: node-index bounds, stage ``s`` holds ``node_costs[bounds[s]:bounds[s + 1]]``.
-        pieces: node-index bounds of the pieces between the places a cut is allowed
-            (every node is a piece unless ``boundary_depth`` or a non-tensor value
-            joins neighbours); ``bounds`` is a subsequence of ``pieces``.
+        pieces: node-index bounds of the places a cut is allowed; ``bounds`` is a subsequence of it.
         route: how the graph was had: ``"graph"`` (a GraphModule given), ``"fx"`` or ``"export"``.
-        output_spec: the pytree structure of the model's output (a tensor, tuple, dict,
-            ``ModelOutput``); the last stage returns its leaves and a pipeline rebuilds it.
+        output_spec: the pytree structure of the model's output; the last stage returns its leaves.
         schedule: the schedule :func:`~unitscale.stages.plan_pipeline` planned for (``None`` for
             plans made by :func:`partition` or :meth:`with_bounds`; likewise the three below).
-        step_time: the simulated step time in seconds of this split under ``schedule``
-            (:func:`~unitscale.stages.simulate`).
+        step_time: the simulated step time in seconds of this split under ``schedule``.
         lower_bound: a proven lower bound on the simulated step time of every split that fits
-            the memory limit; equal to ``step_time`` (up to rounding) when ``optimal``.
+            the memory limit.
         optimal: whether the planner's search finished, proving ``step_time`` the least
             (``False``: its budget ran out, and ``step_time / lower_bound - 1`` bounds the gap).
 
@@ -317,9 +271,8 @@ class StagePlan:
     ) -> StagePlan:
         """The same model and node costs split at other node-index ``bounds`` (a subsequence of ``pieces``).
 
-        The new plan keeps this one's ``chain_costs`` unless others are given; ``schedule``,
-        ``step_time``, ``lower_bound`` and ``optimal`` are what a planner found for the new split
-        (``None`` when not given: this plan's belong to its own split).
+        The new plan keeps this one's ``chain_costs`` unless others are given, but not its
+        ``schedule``, ``step_time``, ``lower_bound`` or ``optimal``: those belong to this split.
 
         >>> import torch
         >>> from torch import nn
@@ -388,9 +341,8 @@ class StagePlan:
     def costs_under(self, other: StagePlan) -> list[float]:
         """This plan's stage costs measured with ``other``'s node costs (same model).
 
-        Useful to ask what a split made by parameter count costs in time.
-
         Raises:
+            InputError: ``other`` is not a :class:`StagePlan`.
             PlanMismatchError: ``other`` has no cost for some of this plan's nodes (a plan of another
                 model or graph).
 
@@ -423,18 +375,15 @@ class StagePlan:
     def split(self) -> fx.GraphModule:
         """The :func:`~torch.fx.passes.split_module.split_module` result, ``submod_0`` ... ``submod_{N-1}``.
 
-        Every parameter, buffer and constant reached through ``get_attr`` lives in
-        the submodule that uses it (one shared by several stages lives in each).
+        A weight shared by several stages lives in each submodule that uses it.
         """
         return split_graph(self.module, self.assignment)
 
     def stage_modules(self) -> list[fx.GraphModule]:
         """One module per stage, chained: stage ``s + 1`` takes what stage ``s`` returns.
 
-        Stage 0 takes the model's inputs (flattened, for an exported model); values a
-        later stage needs are passed through the stages in between; the last stage
-        returns the leaves of the model's output (one tensor, or a flat tuple), which
-        :meth:`output_from_leaves` turns back into the model's own structure.
+        Stage 0 takes the model's inputs (flattened, for an exported model); the last stage returns
+        the leaves of the model's output, which :meth:`output_from_leaves` rebuilds.
         """
         return chain_stages(self.module, self.assignment, self.num_stages)
 
@@ -443,9 +392,6 @@ class StagePlan:
 
         Args:
             *inputs: model inputs (default: the example inputs given to :func:`partition`).
-
-        Returns:
-            ``True`` when every output tensor is ``torch.equal`` to the traced model's.
 
         Raises:
             InputError: the inputs do not fit the model, or (an exported graph) a size the
@@ -482,10 +428,8 @@ class StagePlan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the stage modules (graphs and weights) and the output structure to ``path``, as data.
 
-        :meth:`load` reads it back without the model's class; :func:`~unitscale.stages.pipeline_stage`
-        runs it under ``torchrun``. The file holds JSON and tensors only (see "Plan files" on the
-        API reference page); it is written beside ``path`` and renamed over it, so a failed or
-        killed save leaves the old file as it was.
+        :meth:`load` reads it back without the model's class. A failed or killed save leaves the
+        old file as it was.
 
         Raises:
             PlanSaveError: the directory is missing, ``path`` is a directory, or a stage holds
@@ -505,11 +449,9 @@ class StagePlan:
     def load(path: str | os.PathLike[str], *, functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
         """Read what :meth:`save` wrote: a :class:`~unitscale.stages.SavedPlan` (stage modules, output structure).
 
-        Nothing in the file runs: it is read with ``torch.load(weights_only=True)`` and the stages
-        are rebuilt from their description, every field checked, so a plan that loads is one that runs.
+        Nothing in the file runs: it is read with ``torch.load(weights_only=True)``, every field checked.
 
         Args:
-            path: the file :meth:`save` wrote.
             functions: functions the plan's graphs may call beyond the allow-list (``torch``,
                 ``operator``, ``math``, ``einops``, ``unitscale.functional``), such as
                 ``[torchvision.ops.stochastic_depth]``; the error for a plan that needs one names it.
@@ -535,8 +477,6 @@ class StagePlan:
     def stage_parameter_names(self) -> list[list[str]]:
         """Per stage, the qualified names (as in the model) of the parameters its nodes use, in first-use order.
 
-        A parameter used by several stages (tied embeddings) is listed in each.
-
         >>> import torch
         >>> from unitscale import partition
         >>> from unitscale.examples import MLP
@@ -551,12 +491,8 @@ class StagePlan:
 
     @functools.cached_property
     def _gradient_keys(self) -> dict[str, str]:
-        """Each name a stage may give a parameter -> the model's name for it (first in ``named_parameters()``).
-
-        Tied weights (an embedding and an output projection sharing one tensor) are one
-        parameter under several names; stages in different processes hold copies under
-        whichever name their nodes read, so their gradients are summed under one key.
-        """
+        """Each name a stage may give a parameter -> the model's name for it; tied weights' gradients sum
+        under one key, though stages in different processes read them under different names."""
         aliases: dict[int, list[str]] = {}
         for name, p in self._root.named_parameters(remove_duplicate=False):
             aliases.setdefault(id(p), []).append(name)
@@ -568,8 +504,6 @@ class StagePlan:
 
     def gradient_key(self, name: str) -> str:
         """The model's name (as ``model.named_parameters()`` gives it) for a stage's parameter ``name``.
-
-        Tied weights answer to several names; a stage reads the tensor under one of them.
 
         >>> import torch
         >>> from torch import nn
@@ -585,11 +519,8 @@ class StagePlan:
     def split_spec(self) -> dict[str, Any]:
         """The ``split_spec`` for :func:`torch.distributed.pipelining.pipeline` that makes the same stages.
 
-        Each cut must fall right before a submodule's first node (``model.layers.1``);
-        that submodule gets ``SplitPoint.BEGINNING``. torch splits before *every* call of a
-        module named in the spec, so a module that runs more than once in a forward pass
-        (ALBERT's shared layer group, an activation module applied twice) cannot name a cut;
-        the captured graph's ``nn_module_stack`` counts the calls.
+        Each cut must fall right before the first node of a submodule that runs once per forward
+        pass: torch splits before *every* call of a module named in the spec.
 
         Returns:
             ``{qualified module name: SplitPoint.BEGINNING}``, one entry per cut.
@@ -659,11 +590,7 @@ class StagePlan:
         return [by_name[name] for name, _ in self.node_costs]
 
     def report(self, num_microbatches: int = 8) -> StageReport:
-        """Per stage: cost, share of the total, parameters and the tensors sent on (a :class:`StageReport`: print it).
-
-        Args:
-            num_microbatches: microbatch count ``m`` for the bubble ``(p-1)/(m+p-1)``.
-        """
+        """Per stage: cost, share of the total, parameters and the tensors sent on (a :class:`StageReport`)."""
         total = sum(self.stage_costs) or 1.0
         live = live_values(self.graph, self.assignment, self.num_stages)[:-1] + [[]]  # the last stage sends nothing
         names = [name for name, _ in self.node_costs]
@@ -683,7 +610,6 @@ class StagePlan:
         """Bar chart of stage costs against the ideal ``total / num_stages``.
 
         Args:
-            ax: matplotlib axes to draw on (default: a new figure).
             compare: other plans of the same model, drawn next to this one and
                 measured with this plan's node costs.
         """
@@ -711,8 +637,7 @@ class StagePlan:
 
 
 def _called_modules(root: nn.Module, graph: fx.Graph) -> set[str] | None:
-    """Qualified names of the modules whose ``forward`` ran (a container such as a
-    ``ModuleList`` never runs, so torch's pipeline cannot split at it); None when unknown."""
+    """Qualified names of the modules whose ``forward`` ran (torch's pipeline cannot split at a ``ModuleList``)."""
     stacks = [(node.meta.get("nn_module_stack") or {}).values() for node in graph.nodes]
     called = {normalise_path(str(path)) for stack in stacks for path, *_ in stack}
     if called:
@@ -733,11 +658,7 @@ def _modules_starting_at(paths: list[str], b: int, called: set[str] | None) -> l
 
 
 def _call_counts(graph: fx.Graph) -> dict[str, int] | None:
-    """How many times each module's ``forward`` ran while the graph was captured; None when unknown.
-
-    ``torch.fx`` and ``torch.export`` both key a node's ``nn_module_stack`` by call, a
-    module's second call as ``path@1``, so the distinct keys per path count the calls.
-    """
+    """How many times each module's ``forward`` ran while the graph was captured (``nn_module_stack`` keys)."""
     keys: dict[str, set[str]] = {}
     for node in graph.nodes:
         for key, path, _ in stack_entries(node) or ():
@@ -763,17 +684,12 @@ def partition(
 ) -> StagePlan:
     """Split ``module`` into ``num_stages`` contiguous stages with the smallest possible largest stage cost.
 
-    The model is captured (a copy; ``module`` is not changed) and run once on ``example_inputs``
-    to get shapes: a :class:`torch.fx.GraphModule` is used as it is (from any tracer, ``torch.export``
-    included), other modules are traced with ``torch.fx``, or, where that fails (``transformers``
-    models), exported with ``torch.export`` (non-strict, batch dimension dynamic so stages run on
-    microbatches). Stages are contiguous runs of compute nodes in execution order, cut only where
-    nothing but tensors crosses (so a pipeline can send them); inputs whose example value is a
-    constant (``attn_mask=None``) and symbolic sizes never stop a cut: later stages bake or recompute them.
+    The model is copied (``module`` is not changed) and run once on ``example_inputs``: a
+    :class:`torch.fx.GraphModule` is used as it is, other modules are traced with ``torch.fx`` or,
+    where that fails, exported with ``torch.export`` (batch dimension dynamic). Cuts fall only where
+    nothing but tensors crosses; a constant input (``attn_mask=None``) never stops one.
 
     Args:
-        module: the model.
-        num_stages: number of stages, each non-empty.
         example_inputs: a tensor or a tuple of the model's inputs.
         cost: ``"params"`` (parameter elements each node uses, counted once),
             ``"flops"`` (:class:`~torch.utils.flop_counter.FlopCounterMode` per node, with grad
@@ -782,10 +698,9 @@ def partition(
             (bytes of each node's output), or a callable ``node -> float``.
         boundary_depth: cut only where the module path truncated to this many
             parts changes (``2`` cuts ``TinyGPT`` only between ``blocks.N``).
-        method: ``"optimal"`` (exact min-max; among optimal plans, the one with the
-            smallest sum of squared stage costs, when that search is cheap), or a baseline: ``"equal_count"``
-            (the same number of pieces per stage), ``"greedy_threshold"`` (close a
-            stage once it reaches ``total / num_stages``).
+        method: ``"optimal"`` (exact min-max, the most even such split when that search is cheap), or a
+            baseline: ``"equal_count"`` (the same number of pieces per stage), ``"greedy_threshold"``
+            (close a stage once it reaches ``total / num_stages``).
         repeats: timings per node for ``cost="time"``, an int >= 1 (other costs ignore it).
 
     Raises:

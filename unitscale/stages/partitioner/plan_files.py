@@ -1,25 +1,7 @@
 """A stage plan on disk, as data: the stage graphs as JSON, their tensors as plain tensors.
 
-:meth:`~unitscale.StagePlan.save` writes one ``torch.save`` file holding a plain dict::
-
-    {"format": "unitscale.stages.saved/2", "plan": "<JSON text>", "tensors": {"t0": tensor, ...}}
-
-read back with ``torch.load(weights_only=True)``, which refuses any object but tensors and plain
-containers before it builds one. The JSON holds, per stage, its :class:`~torch.fx.Graph` node by
-node (op, name, target, arguments) and its submodules: ``torch.nn`` layers by class name and
-plain attributes, graphs again for nested graph modules, and every parameter and buffer as a key
-into ``tensors``. Loading builds the stages from that description; it never unpickles or
-``exec``\\ s anything from the file. Python code is generated only from the rebuilt graph, whose
-function targets are resolved by name from an allow-list (``torch`` and its ``aten``/``prims``
-ops, ``operator``, ``math``, ``einops``, ``unitscale.functional``; another function, such as
-torchvision's ``stochastic_depth``, only when the caller passes it as ``functions=``), whose
-layers must be classes of ``torch.nn.modules``, and whose methods and attributes may not be
-private (``_x``) ones.
-
-What cannot be written as data (a user's leaf module, a hook, a lambda on a layer) is refused at
-save, with a :class:`~unitscale.errors.PlanSaveError` naming the stage and module; what the file
-holds is checked field by field at load, with a :class:`~unitscale.errors.PlanFileError` naming
-the field; the loaded stages then run once on fake tensors (:func:`dry_run`).
+Loading never unpickles or runs anything from the file; the format and the allow-list are
+described under "Plan files" on the API reference page.
 """
 
 from __future__ import annotations
@@ -57,8 +39,7 @@ _OLD_FORMAT = "unitscale.stages.saved/1"
 
 
 class _Plan(Protocol):
-    """What :meth:`SavedPlan.from_plan` reads of a :class:`~unitscale.StagePlan` (no import of plan.py,
-    which imports this module for ``StagePlan.save``)."""
+    """What :meth:`SavedPlan.from_plan` reads of a :class:`~unitscale.StagePlan` (plan.py imports this module)."""
 
     output_spec: TreeSpec | None
     model_name: str
@@ -81,8 +62,6 @@ class SavedPlan:
     Attributes:
         stage_modules: one module per stage, chained (see :meth:`~unitscale.StagePlan.stage_modules`).
         output_spec: the model's output structure, or ``None`` for one tensor.
-        model_name: the model's class name.
-        stage_costs: the plan's cost of each stage.
     """
 
     stage_modules: list[fx.GraphModule]
@@ -146,8 +125,7 @@ def output_from_leaves(out: Any, spec: TreeSpec | None) -> Any:
 
 
 def save_plan(plan: _Plan | SavedPlan, path: str | os.PathLike[str]) -> None:
-    """Write ``plan``'s stage modules and output structure to ``path`` as data (see this module's docstring),
-    atomically (:func:`write_atomically`: a failed or killed save leaves what was at ``path`` as it was).
+    """Write ``plan``'s stage modules and output structure to ``path`` as data, atomically.
 
     Raises:
         PlanSaveError: ``path``'s directory does not exist, ``path`` is a directory, or a stage holds
@@ -193,16 +171,7 @@ def _save_target(path: Any) -> str:
 def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
     """Call ``write`` on a temporary file beside ``target``, sync it and rename it over ``target``.
 
-    Any failure (an error in ``write``, a full disk, a kill) leaves ``target`` as it was; an error
-    removes the temporary file (a kill leaves it, named ``.NAME.*.tmp``).
-
-    >>> import tempfile
-    >>> from pathlib import Path
-    >>> from unitscale.stages.partitioner.plan_files import write_atomically
-    >>> path = Path(tempfile.mkdtemp()) / "f.bin"
-    >>> write_atomically(str(path), lambda f: f.write(b"new"))
-    >>> path.read_bytes()
-    b'new'
+    Any failure leaves ``target`` as it was; an error removes the temporary file (a kill leaves it).
     """
     directory, name = os.path.split(os.path.abspath(target))
     fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
@@ -231,7 +200,7 @@ def write_atomically(target: str, write: Callable[[BinaryIO], None]) -> None:
 def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., Any]] = ()) -> SavedPlan:
     """Read a plan :func:`save_plan` wrote; the file is read as data (no code in it runs), every field checked.
 
-    ``functions`` are those the plan's graphs may call beyond the allow-list (see this module's docstring).
+    ``functions`` are those the plan's graphs may call beyond the allow-list.
 
     Raises:
         PlanFileError: ``path`` is not a path, there is no file, it is not a plan file, it holds objects
@@ -282,8 +251,7 @@ def load_plan(path: str | os.PathLike[str], functions: Sequence[Callable[..., An
 def dry_run(where: str, plan: SavedPlan) -> None:
     """Run the stages, chained, on fake tensors of the example inputs' shapes: a plan that loads runs.
 
-    Shapes only (``FakeTensorMode``: no numbers are computed, the weights are not copied). An op
-    whose output shape depends on values, or one without a shape rule, ends the check unrefused.
+    An op whose output shape depends on values, or one without a shape rule, ends the check unrefused.
     """
     if plan.example_inputs is None:
         return
@@ -662,11 +630,7 @@ class _Encoder:
 
 
 def encode_plan(fields: dict[str, Any], stage_modules: list[fx.GraphModule]) -> tuple[str, dict[str, torch.Tensor]]:
-    """``(JSON text, tensors)`` for a plan file: ``fields`` (plain values) and each stage module as data.
-
-    Raises:
-        PlanSaveError: a stage holds something that is not data (a user's leaf module, a hook, a lambda).
-    """
+    """``(JSON text, tensors)`` for a plan file: ``fields`` (plain values) and each stage module as data."""
     encoder = _Encoder()
     stages = [encoder.module(m, f"stage {i}") for i, m in enumerate(stage_modules)]
     inputs = fields.get("inputs")
@@ -915,16 +879,7 @@ class _Decoder:
 def decode_plan(
     path: str, text: Any, tensors: Any, functions: dict[tuple[str, str], Any] | None = None
 ) -> tuple[dict[str, Any], list[fx.GraphModule], list[Any] | None]:
-    """The plan's fields, its stage modules and stage 0's example inputs (``(shape, dtype)`` or a value),
-    rebuilt from :func:`encode_plan`'s output, every field checked.
-
-    Args:
-        functions: ``(module, name) -> function`` the caller allows beyond the allow-list (:func:`function_names`).
-
-    Raises:
-        PlanFileError: a field is missing, of the wrong type, or names a function, class or tensor
-            that is refused or absent.
-    """
+    """The plan's fields, stage modules and stage 0's example inputs, rebuilt from :func:`encode_plan`'s output."""
     decoder = _Decoder(path, tensors if isinstance(tensors, dict) else {}, functions or {})
     if not isinstance(text, str):
         raise decoder.bad("its 'plan' field", f"is {type(text).__name__}, not JSON text")

@@ -1,20 +1,8 @@
 """Contiguous min-max partitioning of a sequence of costs, exact and heuristic.
 
-A partition of ``n`` costs into ``k`` stages is given by its ``k + 1`` *bounds*
-``[0, b1, ..., n]``: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``. The
-bottleneck of a partition is its largest stage sum. :func:`optimal_bounds`
-finds a partition with the smallest possible bottleneck exactly; the other
-functions are the simple rules :func:`~unitscale.partition` offers as baselines (two more, only
-compared against in the benchmarks, live in ``benchmarks/stage_heuristics.py``).
-
-Stage sums are always differences of one prefix-sum array, so the exact search
-and every check compare the very same floating-point numbers.
-
->>> from unitscale.stages.partitioner.search import bottleneck, optimal_bounds
->>> optimal_bounds([1, 2, 3, 4, 5], 2)
-[0, 3, 5]
->>> bottleneck([1, 2, 3, 4, 5], [0, 3, 5])
-9.0
+A partition of ``n`` costs into ``k`` stages is given by its ``k + 1`` *bounds* ``[0, b1, ..., n]``:
+stage ``s`` holds items ``bounds[s]:bounds[s + 1]``. Stage sums are always differences of one
+prefix-sum array, so the exact search and every check compare the same floating-point numbers.
 """
 
 from __future__ import annotations
@@ -63,14 +51,8 @@ def bottleneck(costs: Sequence[float], bounds: Sequence[int]) -> float:
 
 
 def _greedy(prefix: list[float], k: int, limit: float) -> tuple[list[int] | None, float]:
-    """Greedy probe: fill each stage as far as it stays ``<= limit``.
-
-    Returns ``(bounds, next_limit)``: the bounds when at most ``k`` stages
-    suffice (else ``None``), and the smallest limit above ``limit`` at which
-    some stage of this greedy run would grow (``inf`` if none). Every limit in
-    ``[limit, next_limit)`` gives the same greedy run, so when ``limit`` is
-    infeasible, so is everything below ``next_limit``.
-    """
+    """Greedy probe filling each stage up to ``limit``: ``(bounds or None, next_limit)``, where every limit
+    below ``next_limit`` gives the same run (so is infeasible too when ``limit`` is)."""
     n = len(prefix) - 1
     bounds = [0]
     next_limit = math.inf
@@ -94,11 +76,7 @@ def _greedy(prefix: list[float], k: int, limit: float) -> tuple[list[int] | None
 
 
 def _fill_to(prefix: list[float], bounds: list[int], k: int) -> list[int]:
-    """Split the costliest stages (at their balance point) until there are exactly ``k``.
-
-    Splitting a stage never raises the bottleneck, so optimality is kept; splitting
-    the heaviest ones first keeps the extra stages useful rather than empty-ish.
-    """
+    """Split the costliest stages (at their balance point) until there are exactly ``k``; the bottleneck stays."""
     bounds = list(bounds)
     while len(bounds) < k + 1:
         splittable = [s for s in range(len(bounds) - 1) if bounds[s + 1] - bounds[s] > 1]
@@ -118,11 +96,6 @@ def _fill_to(prefix: list[float], bounds: list[int], k: int) -> list[int]:
 def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
     """Exact min-max contiguous partition of ``costs`` into exactly ``k`` non-empty stages.
 
-    Bisection on the bottleneck with a greedy feasibility probe, where every
-    infeasible probe also moves the lower end up to the next stage sum the probe
-    could reach; the search therefore only ever lands on achievable stage sums and
-    stops at the optimum exactly. Each probe costs ``O(k log n)``.
-
     Args:
         costs: non-negative cost per item, in order.
         k: number of stages, ``1 <= k <= len(costs)``.
@@ -130,6 +103,7 @@ def optimal_bounds(costs: Sequence[float], k: int) -> list[int]:
     >>> optimal_bounds([5, 1, 1, 1, 1, 1], 2)
     [0, 1, 6]
     """
+    # bisection on the bottleneck; an infeasible probe lifts ``lo`` to the next reachable stage sum
     prefix = _prefix(costs, k)
     n = len(costs)
     # a hair under total / k: a true lower bound despite rounding in the prefix sums
@@ -168,11 +142,7 @@ def least_squares_bounds(
     """Among partitions into ``k`` non-empty stages where stage ``s`` ending at item ``i`` starts at
     ``starts[s][i]`` or later (and, with ``limit``, sums to at most ``limit``), the one with the
     least sum of squared stage sums; ``None`` when there is none or the programme would take more
-    than :data:`BALANCE_BUDGET` steps.
-
-    A dynamic programme over prefixes (``prefix[i]``: the sum of the first ``i`` items), ``O(k n w)``
-    for ``w`` items that fit in one stage. Stage sums are differences of ``prefix``: the very
-    numbers a caller's cap was decided on.
+    than :data:`BALANCE_BUDGET` steps. ``prefix[i]`` is the sum of the first ``i`` items.
 
     >>> from unitscale.stages.partitioner.search import least_squares_bounds
     >>> least_squares_bounds([0, 5, 5, 6, 7, 8, 9, 10, 11], 4, [[0] * 9] * 4, limit=5)
@@ -210,18 +180,11 @@ def least_squares_bounds(
 def balanced_bounds(costs: Sequence[float], k: int, limit: float | None = None) -> list[int] | None:
     """The most balanced partition among those whose bottleneck is at most ``limit`` (default: the optimum).
 
-    Min-max alone is indifferent between ``[5, 0, 3, 3]`` and ``[5, 2, 2, 2]``; this
-    minimises the sum of squared stage sums subject to every stage being at most ``limit``
-    (:func:`least_squares_bounds`), so the bottleneck stays optimal and the other stages
-    share the rest evenly.
+    Balanced means the least sum of squared stage sums; ``None`` when the programme would be too large.
 
     Args:
         costs: non-negative cost per item, in order.
         k: number of non-empty stages, ``1 <= k <= len(costs)``.
-        limit: largest stage sum allowed.
-
-    Returns:
-        The ``k + 1`` bounds, or ``None`` when the programme would be too large.
 
     >>> balanced_bounds([5, 0, 1, 1, 1, 1, 1, 1], 4)
     [0, 1, 4, 6, 8]
@@ -246,10 +209,7 @@ def equal_count_bounds(n: int, k: int) -> list[int]:
 
 
 def greedy_threshold_bounds(costs: Sequence[float], k: int) -> list[int]:
-    """Greedy size-threshold split: close a stage once it reaches ``total / k``.
-
-    Items stay in order; a stage is also closed when only as many items remain as
-    stages still to fill, so there are always exactly ``k`` non-empty stages.
+    """Greedy size-threshold split: close a stage once it reaches ``total / k`` (always ``k`` non-empty stages).
 
     >>> greedy_threshold_bounds([1, 2, 4, 1, 2], 3)  # sums 7, 1, 2; optimum 3, 4, 3
     [0, 3, 4, 5]

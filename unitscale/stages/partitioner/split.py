@@ -1,16 +1,9 @@
-"""Turning a node -> stage assignment into modules: one split module (:func:`split_graph`, each
-stage owning its weights), or a chain of stages that only talk to their neighbours (:func:`chain_stages`).
+"""Turning a node -> stage assignment into modules: one split module, or a chain of stages.
 
-Two kinds of non-tensor value never cross a stage boundary, so they never forbid a cut:
-
-- a model input whose example value is a constant (``attn_mask=None``, ``is_causal=False``),
-  marked ``meta["stage_input_constant"]`` by the profiler: later stages have it baked in;
-- a symbolic size of an exported graph (``aten.sym_size.int`` of the dynamic batch
-  dimension, and arithmetic on such sizes): each stage recomputes it from a tensor it
-  receives whose shape holds the same symbol.
-
-A stage whose graph calls a custom op carries the names of the Python modules that define it
-(:func:`op_libraries`): unpickling the stage in a pipeline worker imports them before its code is rebuilt.
+Two kinds of non-tensor value never cross a stage boundary: a model input whose example value is a
+constant (later stages have it baked in), and a symbolic size of an exported graph (each stage
+recomputes it from a tensor it receives). A stage that calls a custom op carries the names of the
+modules that define it (:func:`op_libraries`): unpickling the stage imports them first.
 """
 
 from __future__ import annotations
@@ -107,8 +100,7 @@ def _stage_of(node: fx.Node, assignment: Mapping[str, int], num_stages: int) -> 
 def live_values(graph: fx.Graph, assignment: Mapping[str, int], num_stages: int) -> list[list[fx.Node]]:
     """``live[s]``: values (placeholders or computed nodes) made at or before stage ``s`` and used after it.
 
-    ``live[num_stages - 1]`` holds the values the output needs. ``get_attr`` nodes
-    never cross: each stage gets its own reference.
+    ``live[num_stages - 1]`` holds the values the output needs; ``get_attr`` nodes never cross.
     """
     live: list[list[fx.Node]] = [[] for _ in range(num_stages)]
     for node in graph.nodes:
@@ -227,10 +219,8 @@ def _lookup(g: fx.Graph, env: dict[fx.Node, Any], tensors: list[fx.Node], stage:
 def chain_stages(module: fx.GraphModule, assignment: Mapping[str, int], num_stages: int) -> list[fx.GraphModule]:
     """One module per stage; stage ``s + 1`` takes stage ``s``'s outputs as its positional inputs.
 
-    Stage 0 takes the graph's own inputs (an exported model's inputs flattened, as
-    :func:`torch.utils._pytree.tree_leaves` gives them). A stage with one value
-    crossing out returns it as is, several as a tuple. The last stage returns the
-    leaves of the model's output the same way: one tensor, or a flat tuple.
+    Stage 0 takes the graph's own (flattened) inputs. A stage returns one value as is, several as a
+    tuple; the last stage returns the leaves of the model's output.
     """
     graph = module.graph
     live = live_values(graph, assignment, num_stages)
@@ -307,10 +297,8 @@ def bake_constant_inputs(stage: fx.GraphModule) -> fx.GraphModule:
 
 
 def _dense_order(v: fx.Node) -> list[int] | None:
-    """How a strided tensor value crossing a cut is sent: ``[]`` as it is (contiguous, or not a
-    tensor), the dimension order that lays it out contiguously without a copy (a transpose, a
-    channels-last map: its strides order a dense layout), or ``None`` (only a copy makes it
-    contiguous: a slice with gaps)."""
+    """How a value crossing a cut is sent: ``[]`` as it is, the dimension order that lays it out
+    contiguously without a copy, or ``None`` (only a copy makes it contiguous: a slice with gaps)."""
     example = v.meta.get("val", v.meta.get("tensor_meta"))
     shape, stride = getattr(example, "shape", None), getattr(example, "stride", None)
     if shape is None or stride is None:
@@ -338,11 +326,8 @@ def _hint(size: Any) -> int:
 
 
 def _sendable(g: fx.Graph, value: Any, v: fx.Node) -> Any:
-    """``value`` as the next rank receives it. Gloo sends only contiguous tensors, and a cut after a
-    transpose (Gemma's attention) or in a channels-last ConvNeXt block would hand it a strided
-    view. A view whose strides order a dense layout is sent permuted to that order, contiguous
-    with no copy, and the next stage permutes it back, so it computes on the very strides the
-    model did and the chained stages stay bit-exact; anything else is sent as a contiguous copy."""
+    """``value`` made contiguous for Gloo: a dense view is sent permuted (no copy) and permuted back by
+    the next stage, so it computes on the model's very strides (bit-exact); anything else is copied."""
     if not isinstance(value, fx.Node):
         return value
     order = _dense_order(v)
@@ -369,7 +354,6 @@ def op_libraries(module: nn.Module) -> list[str]:
     >>> x = g.placeholder("x")
     >>> relu = g.call_function(torch.relu, (x,))
     >>> _ = g.output(g.call_function(torch.ops.unitscale_doc.twice.default, (relu,)))
-    >>> # twice was defined here, in this module
     >>> op_libraries(fx.GraphModule(torch.nn.Module(), g)) == [__name__]
     True
     """
