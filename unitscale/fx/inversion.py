@@ -14,7 +14,7 @@ from torch.fx.proxy import GraphAppendingTracer
 
 from unitscale.errors import NotAModuleError, NotCallableError, NotInvertibleError, TraceError
 from unitscale.fx.inlining import inline
-from unitscale.fx.nodes import op_name
+from unitscale.fx.nodes import changes_in_place, op_name
 from unitscale.fx.tracers import LeafTracer
 
 __all__ = ["invert", "register_inverse"]
@@ -213,23 +213,35 @@ class _Inverter:
                 f"cannot invert {self.label}: it takes {len(inputs)} inputs ({', '.join(n.name for n in inputs)}); "
                 "invert needs a function of exactly one tensor"
             )
-        out = next(n for n in nodes if n.op == "output").args[0]
-        if not isinstance(out, fx.Node):
+        output = nodes[-1]
+        if not isinstance(output.args[0], fx.Node):
+            out = output.args[0]
             count = len(out) if isinstance(out, (tuple, list, dict)) else 0
             raise NotInvertibleError(
                 f"cannot invert {self.label}: it returns {count} values ({type(out).__name__}); "
                 "invert needs a function with exactly one tensor output"
             )
         varying = {inputs[0]}
-        for n in nodes:
-            if n.op != "output" and any(a in varying for a in n.all_input_nodes):
-                varying.add(n)
-                op = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-                if op.endswith("_") and not op.startswith("__") or n.kwargs.get("inplace"):
-                    raise NotInvertibleError(
-                        f"cannot invert {self.label}: {_where(n)} changes its input in place; use the out-of-place op"
-                    )
+        # An in-place op reads as its out-of-place op once the nodes after it read its result; a
+        # value from before it may alias the tensor it changed, so none may be read after it.
+        stale: dict[fx.Node, fx.Node] = {}
+        for i, n in enumerate(nodes):
+            if not any(a in varying for a in n.all_input_nodes):
+                continue
+            in_place = changes_in_place(n)
+            changed = next((stale[a] for a in n.all_input_nodes if a in stale), None)
+            if changed or in_place and n.args[0] not in varying:
+                raise NotInvertibleError(
+                    f"cannot invert {self.label}: {_where(changed or n)} changes its input in place; "
+                    "use the out-of-place op"
+                )
+            if in_place:
+                for later in nodes[i + 1 :]:
+                    later.replace_input_with(n.args[0], n)
+                stale.update(dict.fromkeys(varying, n))
+            varying.add(n)
         self.varying = varying
+        out = output.args[0]
         if out not in varying:
             raise NotInvertibleError(f"cannot invert {self.label}: its output does not depend on its input")
         steps = []
@@ -282,6 +294,8 @@ class _Inverter:
         operand = self.operand(node)
         pos = node.args.index(operand)
         target = node.target
+        if changes_in_place(node):  # chain() made the nodes after it read its result
+            target = (target if isinstance(target, str) else target.__name__).removesuffix("_")
         key = _torch_function(target) if isinstance(target, str) else _key(target)
         key = key if key is not None else target
         if key in _BINARY and len(node.args) == 2:
