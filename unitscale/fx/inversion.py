@@ -66,16 +66,14 @@ _INVERSES: dict[Any, Callable[[Any], Any]] = {}
 
 
 def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
-    """Register ``f`` and ``g`` as inverses of each other for :func:`invert`.
+    """Register ``f`` and ``g``, functions of one tensor, as inverses of each other for :func:`invert`.
 
-    After this, a node calling ``f`` (as ``torch.f(x)``, ``x.f()`` or an alias
-    such as ``torch.arcsin`` for ``torch.asin``) inverts to ``g`` and one calling
-    ``g`` inverts to ``f``. Both must take one tensor. A function of your own is
-    found only if tracing keeps it as one node (``torch.fx.wrap``).
+    Every spelling counts (``torch.f(x)``, ``x.f()``, an alias such as ``torch.arcsin``). A
+    function of your own is found only if tracing keeps it as one node (``torch.fx.wrap``).
 
     Args:
-        f: a one-to-one function of one tensor (on the inputs you care about).
-        g: its inverse: ``f(g(y)) == y`` for ``y`` in ``f``'s range.
+        f: one-to-one on the inputs you care about.
+        g: ``f(g(y)) == y`` for ``y`` in ``f``'s range.
 
     Raises:
         NotCallableError: ``f`` or ``g`` is not callable.
@@ -324,33 +322,20 @@ class _Inverter:
 
 
 def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
-    """Build ``g`` with ``f(g(y)) == y`` for a function ``f`` of one tensor.
+    """Build ``g`` (a ``GraphModule``; ``g.code`` shows it) with ``f(g(y)) == y`` for a function ``f`` of one tensor.
 
-    ``f`` is traced with ``torch.fx`` (modules inlined), then its graph is walked
-    from the output back to the input, emitting each op's inverse in reverse
-    order. Inverses come from a registry (see :func:`register_inverse`): sin, cos,
-    tan, exp, sigmoid, tanh and their inverses, ``neg``, ``reciprocal``, and
-    ``+ - * / **`` with one constant operand, whether written as ``torch.f(x)``,
-    ``x.f()`` or operators. ``g`` is correct on ``f``'s range (``asin`` gives back
-    ``x`` only within ``[-pi/2, pi/2]``, so ``sin(g(y)) == y`` but not ``g(sin(x)) == x``).
-    Each inverse picks its principal branch, so in a chain of ops that are not
-    one-to-one, every intermediate value must lie where its op is (``cos`` on
-    ``[0, pi]``): otherwise an inner inverse gets a value outside its domain.
-
-    Args:
-        fn_or_module: a Python function or ``nn.Module`` of one tensor.
-
-    Returns:
-        ``g`` as a ``GraphModule`` taking ``y``; ``g.code`` shows it.
+    ``f``'s traced graph (modules inlined) is walked from output to input, emitting each op's
+    registered inverse (:func:`register_inverse`; ``+ - * / **`` with one constant operand are
+    built in). Each inverse picks its principal branch, so ``g`` is correct on ``f``'s range only
+    where every intermediate value lies where its op is one-to-one (``cos`` on ``[0, pi]``).
 
     Raises:
         NotAModuleError: ``fn_or_module`` is neither a function nor a module.
-        NotInvertibleError: an op has no registered inverse (``relu``), combines
-            two values computed from the input (``sin(x) * x``: the graph branches),
-            ``f`` has several inputs or outputs, changes a tensor in place, has
-            control flow that depends on the input, or has a constant operand that
-            loses the input or would make ``g`` return NaN (``x * 0``, a tensor holding
-            a 0, ``x * inf``, ``x + nan``).
+        NotInvertibleError: an op has no registered inverse (``relu``), combines two values
+            computed from the input (``sin(x) * x``), ``f`` has several inputs or outputs,
+            changes a tensor in place where the chain could miss it (through a view, or a
+            constant), has control flow that depends on the input, or has a constant operand
+            that loses the input or would make ``g`` return NaN (``x * 0``, ``x + nan``).
 
     >>> import torch
     >>> from unitscale import invert
@@ -358,8 +343,6 @@ def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
     >>> g = invert(f)
     >>> f(g(torch.arange(5) + 1))
     tensor([1., 2., 3., 4., 5.])
-    >>> invert(lambda x: (3 - x.sin()) * 2)(torch.tensor([4.0])).sin()
-    tensor([1.])
     """
     if isinstance(fn_or_module, nn.Module):
         label = f"module {type(fn_or_module).__name__}"
