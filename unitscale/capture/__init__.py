@@ -2,12 +2,6 @@
 
 What tools built on it use beside it is in ``unitscale.capture.toolkit``; why the package is
 shaped as it is: ``unitscale/capture/README.md``.
-
->>> import torch
->>> from unitscale.capture import capture
->>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2))
->>> cap.route, [n.meta["module_path"] for n in cap.nodes(compute_only=True)]
-('fx', ['0'])
 """
 
 from unitscale.capture._cache import clear_capture_cache as clear_capture_cache
