@@ -293,7 +293,7 @@ class _Inverter:
         pos = node.args.index(operand)
         target = node.target
         if changes_in_place(node):  # chain() made the nodes after it read its result
-            target = (target if isinstance(target, str) else target.__name__).removesuffix("_")
+            target = (target if isinstance(target, str) else getattr(target, "__name__", "")).removesuffix("_")
         key = _torch_function(target) if isinstance(target, str) else _key(target)
         key = key if key is not None else target
         if key in _BINARY and len(node.args) == 2:
