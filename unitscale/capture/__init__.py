@@ -1,17 +1,7 @@
 """One graph capture for every tool: fx, export, strict export, TorchDynamo, eager.
 
-:func:`capture` is how every tool gets a model's graph or op record, and says which route it
-took and why the others failed; :func:`trace_exec_order`, :func:`capture_exec_order` and
-:func:`module_paths` read a capture. What the tools built on it use beside it (the normalised
-node meta, TorchDynamo's graph of one call, the eager op recorder) is in
-``unitscale.capture.toolkit``, for other rooms. Why the package is shaped as it is:
-``unitscale/capture/README.md``.
-
->>> import torch
->>> from unitscale.capture import capture
->>> cap = capture(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.randn(1, 2))
->>> cap.route, [n.meta["module_path"] for n in cap.nodes(compute_only=True)]
-('fx', ['0'])
+What tools built on it use beside it is in ``unitscale.capture.toolkit``; why the package is
+shaped as it is: ``unitscale/capture/README.md``.
 """
 
 from unitscale.capture._cache import clear_capture_cache as clear_capture_cache

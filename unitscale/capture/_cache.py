@@ -1,8 +1,6 @@
 """Capture once, use many times: the one cache of captures, per module and request.
 
-``capture(..., cache=True)`` keeps one capture per module and request and hands it back while
-the module's :func:`fingerprint`, the :func:`call_state` and (for a graph that depends on them)
-the :func:`input_signature` are unchanged; why, and what each holds: ``unitscale/capture/README.md``.
+Why, and what each key holds: ``unitscale/capture/README.md``.
 """
 
 from __future__ import annotations
@@ -71,9 +69,6 @@ def fingerprint(module: nn.Module) -> tuple[Any, ...]:
 
 def call_state() -> tuple[Any, ...]:
     """What changes a graph beyond the module and its inputs: grad mode, inference mode, autocast, global hooks.
-
-    Under ``torch.no_grad()`` a model may take a path with no derivative
-    (``nn.TransformerEncoder``'s fast path); under autocast the graph holds its casts.
 
     >>> import torch
     >>> from unitscale.capture.toolkit import call_state
@@ -145,12 +140,10 @@ def cached(
     """The capture ``make()`` made before for ``module`` and ``request``, if still valid; else a new one, kept.
 
     Args:
-        module: the captured module (held weakly).
-        request: what was asked (routes and options), hashable.
-        signature: gives :func:`input_signature` of this call (``None``: inputs of a kind
-            it cannot key, so only a capture that does not depend on them is cached); called
-            only when a capture that depends on them is looked up or kept.
-        make: makes the capture.
+        module: held weakly.
+        request: what was asked (routes and options).
+        signature: gives :func:`input_signature` of this call, only when a capture that
+            depends on it is looked up or kept.
         depends_on_inputs: whether a capture depends on the inputs' signature (an export)
             or only on the module (a symbolic trace).
     """
@@ -176,19 +169,17 @@ def cached(
 def clear_capture_cache() -> None:
     """Forget every cached capture.
 
-    The cache notices changes to a module's structure and attributes by itself (see
-    ``unitscale/capture/README.md``); clear it when ``forward`` depends on something it
-    cannot see, such as a global variable or an attribute of an object held by the
-    module that was changed in place, or to time a first call.
+    The cache notices changes to a module's structure and attributes by itself; clear it when
+    ``forward`` depends on something it cannot see (a global variable, an object held by the
+    module and changed in place), or to time a first call.
 
     >>> import torch
     >>> from unitscale.capture import capture, clear_capture_cache
     >>> model, x = torch.nn.Linear(2, 2), torch.randn(4, 2)
-    >>> capture(model, x, cache=True) is capture(model, x, cache=True)
-    True
-    >>> clear_capture_cache()  # the next capture(model, ...) captures model afresh
-    >>> capture(model, x, cache=True).route
-    'fx'
+    >>> cap = capture(model, x, cache=True)
+    >>> clear_capture_cache()
+    >>> capture(model, x, cache=True) is cap
+    False
     """
     with _lock:
         _cache.clear()

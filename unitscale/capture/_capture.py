@@ -35,7 +35,8 @@ from unitscale.fx.nodes import COMPUTE_OPS
 
 __all__ = ["ROUTES", "GRAPH_ROUTE_NAMES", "Capture", "capture"]
 
-#: Every route, in the order ``route="auto"`` tries them.
+#: Every route, in the order ``route="auto"`` tries them: ``torch.fx``, ``torch.export``
+#: (non-strict, then strict), TorchDynamo (``fullgraph=True``), and a record of the ops run eagerly.
 ROUTES: tuple[str, ...] = ("fx", "export", "export-strict", "dynamo", "eager")
 #: The routes that give a graph (``route="graph"`` tries these).
 GRAPH_ROUTE_NAMES: tuple[str, ...] = ROUTES[:-1]
@@ -62,28 +63,24 @@ class Capture:
     """One captured forward pass of ``module`` on example inputs.
 
     Attributes:
-        module: the captured model (held weakly by a capture made with ``cache=True``,
-            which lives only as long as the model).
+        module: the captured model (held weakly when captured with ``cache=True``).
         route: the route that captured it (one of :data:`ROUTES`).
-        graph_module: a runnable ``fx.GraphModule`` with the model's call signature
-            (``None`` for the eager route). Every node carries ``module_path``,
-            ``module_type``, ``source``, ``val`` and (tensors) ``tensor_meta``.
+        graph_module: a runnable ``fx.GraphModule`` with the model's call signature, or ``None``
+            (eager route); every node carries ``module_path``, ``module_type``, ``source``,
+            ``val`` and (tensors) ``tensor_meta``.
         exported_program: the ``torch.export.ExportedProgram`` (export routes), else ``None``.
         reasons: ``route -> why it failed`` for each route tried before ``route``.
-        ops: the eager route's recorded ops (empty for graph routes).
-        module_calls: the eager route's module paths in call order (empty for graph routes).
+        ops: the eager route's recorded ops.
+        module_calls: the eager route's module paths in call order.
         warnings: warnings the successful route raised, ``"Category: message"``.
         example_inputs: the positional inputs it was captured with.
         example_kwargs: the keyword inputs it was captured with.
-        extra_inputs: values for the placeholders the ``fx`` route made of function
-            arguments (``deep=``), passed after the inputs when the graph runs.
-        checked: whether the graph was run on the example inputs and found to compute
-            the model's outputs (``capture(check=False)`` runs nothing; an eager capture
-            made so has recorded no op yet).
-        kv_cache_disabled: paths of the modules whose config asked for a key/value cache
-            (``use_cache=True``, a ``transformers`` decoder's default): the model was
-            captured with it off (:func:`~unitscale.capture.no_kv_cache`), so the graph
-            returns no cache.
+        extra_inputs: values for the placeholders the ``fx`` route made of function arguments
+            (``deep=``), passed after the inputs when the graph runs.
+        checked: whether the graph was found to compute the model's outputs (``check=False``
+            runs nothing; an eager capture made so has recorded no op yet).
+        kv_cache_disabled: paths of the modules whose key/value cache was switched off for the
+            capture (:func:`~unitscale.capture.no_kv_cache`): the graph returns no cache.
     """
 
     module: nn.Module
@@ -102,10 +99,7 @@ class Capture:
     _code: tuple[str, dict[str, Any]] | None = field(default=None, repr=False)
 
     def python_code(self) -> tuple[str, dict[str, Any]]:
-        """The graph's Python code as fx writes it (``self`` the root), and the globals it runs in.
-
-        Type annotations (``x : torch.Tensor``) are left out. Written once per capture, so
-        a cached capture's code costs nothing on later calls.
+        """The graph's Python code as fx writes it (``self`` the root, no type annotations), and its globals.
 
         Raises:
             NoGraphError: the capture is an eager op record.
@@ -322,69 +316,42 @@ def capture(
     check: bool = True,
     cache: bool = False,
 ) -> Capture:
-    """Capture ``module``'s forward on example inputs, trying routes until one works.
+    """Capture ``module``'s forward on example inputs, trying the :data:`ROUTES` in order until one works.
 
-    Routes (:data:`ROUTES`), tried in this order: ``"fx"`` (``torch.fx`` symbolic trace
-    with its standard leaf rule: ``torch.nn`` modules stay ``call_module`` nodes),
-    ``"export"`` (``torch.export.export(strict=False)``), ``"export-strict"``,
-    ``"dynamo"`` (TorchDynamo, ``fullgraph=True``), ``"eager"`` (run once, record the ops: no
-    graph). Every graph is run on the example inputs and must give the model's outputs,
-    or the route counts as failed (unless ``check=False``). The model's buffers and the
-    RNG are left as they were.
+    A graph must give the model's outputs on the example inputs, or its route counts as failed
+    (unless ``check=False``). The model's buffers and the RNG are left as they were.
 
     Args:
-        module: the model.
         example_inputs: a tensor, or a tuple/list of positional inputs.
         kwargs: keyword inputs (needed for keyword-only parameters).
-        route: ``"auto"`` (all routes, in order), ``"graph"`` (all but eager), one route
-            name, or a tuple of them.
-        dynamic_batch: on the export routes, leave dimension 0 of every tensor input
-            symbolic, so the graph also runs on other batch sizes (microbatches); the
-            shapes stay static where the model pins them.
-        flat: on the ``fx`` route, trace through ``torch.nn`` modules too, so the graph
-            holds torch functions (``F.linear`` reading ``get_attr`` weights) and no
-            ``call_module`` node, as the other routes' graphs do; what a graph transform
-            such as :func:`unitscale.unit_scale` needs.
-        deep: on the ``fx`` route, trace as :class:`DeepTracing` says (every op, autowrapped
-            functions whole; what scale tracking needs). Not with ``flat``.
-        check: run each graph on the example inputs against a reference run of the
-            model. ``False`` runs nothing, for a tool whose own run is the graph's first:
-            graph routes are taken as traced (no ``val``/``tensor_meta`` filled in), and
-            the eager route records no op (the tool runs an
-            ``OpRecorder`` of its own, from ``unitscale.capture.toolkit``).
-        cache: reuse the capture made before for this module and request while the
-            module's fingerprint (and, for a graph specialised to them, the inputs'
-            shapes) is unchanged; see ``unitscale/capture/README.md`` and
-            :func:`clear_capture_cache`. A cached capture is shared by every caller (and
-            keeps the example inputs it was made with): copy its graph before editing it.
-
-    Returns:
-        A :class:`Capture`; ``capture.reasons`` says why each earlier route failed.
+        route: ``"auto"`` (all routes), ``"graph"`` (all but eager), one route name, or a tuple of them.
+        dynamic_batch: on the export routes, leave dimension 0 of every tensor input symbolic
+            where the model does not pin it, so the graph runs on other batch sizes.
+        flat: on the ``fx`` route, trace through ``torch.nn`` modules too (no ``call_module``
+            node), as a graph transform such as :func:`unitscale.unit_scale` needs.
+        deep: on the ``fx`` route, trace as :class:`DeepTracing` says. Not with ``flat``.
+        check: ``False`` runs nothing: graphs are taken as traced (no ``val``/``tensor_meta``)
+            and the eager route records no op, for a tool whose own run is the first.
+        cache: reuse this module's capture for the same request while its fingerprint (and,
+            for a graph specialised to them, the input shapes) is unchanged; see
+            :func:`clear_capture_cache`. A cached capture is shared by every caller: copy its
+            graph before editing it.
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
         InputError: inputs of the wrong kind or number, a keyword-only input not in
             ``kwargs``, the model fails on them, or options that do not go together.
-        KVCacheError: the model returns a key/value cache even with its configs' caches
-            off (``use_cache=True`` passed in); the message says to pass ``use_cache=False``.
+        KVCacheError: the model returns a key/value cache even with its configs' caches off.
         UnknownRouteError: an unknown route name.
-        NoRouteError: no allowed route captured the model; the message lists each
-            route's reason with the user's file and line. A route that would lose part of
-            the model's backward (a custom ``autograd.Function``, hooks on the root for
-            ``fx``, a ``torch.no_grad()`` block for ``fx``, a reentrant checkpoint for
-            export) fails with a :class:`~unitscale.errors.LostBehaviourError` naming it.
+        NoRouteError: no allowed route captured the model; ``reasons`` lists each route's
+            failure, a :class:`~unitscale.errors.LostBehaviourError` for one that would lose
+            part of the backward (a custom ``autograd.Function``, a reentrant checkpoint).
 
     >>> import torch
     >>> from unitscale.capture import capture
     >>> from unitscale.examples import MLP
-    >>> cap = capture(MLP(4), torch.randn(2, 4))
-    >>> cap
+    >>> capture(MLP(4), torch.randn(2, 4))
     Capture(MLP via 'fx', 5 nodes)
-    >>> for n in cap.nodes(compute_only=True):
-    ...     print(n.name, n.meta["module_path"], n.meta["module_type"])
-    fc1 fc1 torch.nn.modules.linear.Linear
-    act act torch.nn.modules.activation.ReLU
-    fc2 fc2 torch.nn.modules.linear.Linear
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(

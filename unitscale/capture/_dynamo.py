@@ -1,10 +1,4 @@
-"""``dynamo_graph``: the one place a TorchDynamo graph is made, for the ``dynamo`` route and the transforms.
-
-The graph ``torch.compile`` hands a backend (``fullgraph=True``, static shapes), reading the
-parameters as attributes under the model's own names, fed only the tensor inputs, with a plan
-that rebuilds the model's output; the ``dynamo`` route gives it the model's call signature
-(:func:`with_call_signature`).
-"""
+"""``dynamo_graph``: the one place a TorchDynamo graph is made, for the ``dynamo`` route and the transforms."""
 
 from __future__ import annotations
 
@@ -57,8 +51,7 @@ class DynamoGraph:
 def no_torch_function_modes() -> Iterator[None]:
     """Set aside the active ``TorchFunctionMode`` objects (an op recorder, say) while TorchDynamo captures.
 
-    TorchDynamo would trace such a mode's Python instead of the model. The modes are put back
-    on exit, in their order.
+    TorchDynamo would trace such a mode's Python instead of the model. They are put back on exit.
 
     >>> import torch
     >>> from torch.overrides import TorchFunctionMode
@@ -106,8 +99,8 @@ def _capture_error(module: nn.Module, exc: Exception) -> CaptureError:
 def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> DynamoGraph:
     """Capture ``module(*args, **kwargs)`` with TorchDynamo in one graph, specialised to these inputs.
 
-    The call runs once (its output is the model's); nothing is cached by TorchDynamo, so
-    capturing again never reaches its recompile limit.
+    The call runs once. Nothing is cached by TorchDynamo, so capturing again never reaches its
+    recompile limit.
 
     Raises:
         CaptureError: a graph break (naming the user's line), an op that fails on these
@@ -117,11 +110,9 @@ def dynamo_graph(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
 
     >>> import torch
     >>> from unitscale.capture.toolkit import dynamo_graph
-    >>> x = torch.randn(2, 3)
-    >>> captured = dynamo_graph(torch.nn.Sequential(torch.nn.Linear(3, 3)), (x,), {})
-    >>> nodes = list(captured.graph_module.graph.nodes)
-    >>> [(n.op, n.meta["module_path"]) for n in nodes][1:4]
-    [('get_attr', '0'), ('get_attr', '0'), ('call_function', '0')]
+    >>> captured = dynamo_graph(torch.nn.Linear(3, 3), (torch.randn(2, 3),), {})
+    >>> [n.op for n in captured.graph_module.graph.nodes]
+    ['placeholder', 'get_attr', 'get_attr', 'call_function', 'output']
     """
     leaves = pytree.tree_leaves((args, kwargs))
     record: dict[str, Any] = {}

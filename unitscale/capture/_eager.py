@@ -1,8 +1,4 @@
-"""The eager route: run the model once and record its ops and module calls as they happen.
-
-:class:`OpRecorder` is the one recorder; what is kept of each op is its subclass's business: the
-eager route keeps a :class:`RecordedOp`, scale tracking each float output's statistics.
-"""
+"""The eager route: run the model once and record its ops and module calls as they happen."""
 
 from __future__ import annotations
 
@@ -26,18 +22,11 @@ __all__ = ["OpRecorder", "RecordedOp", "record_eager"]
 
 
 class OpRecorder(TorchFunctionMode):
-    """Runs a model once and hands every torch function it calls to :meth:`record`.
+    """Runs a model once and hands every torch function it calls to :meth:`record`, which a subclass overrides.
 
-    Each call gets a unique name as an fx node would (``linear``, ``linear_1``; the op
-    is named by ``op_name``, as every capture route names it) and the innermost module of the
-    model it ran in. Property reads (``x.shape``, ``x.T``) are not calls. While the mode
-    handles a call it is switched off, so the ops inside a recorded function (the pieces
-    of ``layer_norm``) and what :meth:`record` itself computes are not recorded. A subclass
-    overrides :meth:`record`, called from :meth:`run` between the module hooks
-    :meth:`enter_module` and :meth:`leave_module`.
-
-    Args:
-        root: the model; its ``named_modules()`` give the paths.
+    Each call gets a unique name as an fx node would (``linear``, ``linear_1``) and the innermost
+    module it ran in. Property reads (``x.shape``) are not calls, nor are the ops inside a
+    recorded function (the pieces of ``layer_norm``) or those :meth:`record` computes.
 
     Attributes:
         module_calls: the path of each module call in pre-hook order (the root's is ``""``).
@@ -114,12 +103,7 @@ class OpRecorder(TorchFunctionMode):
             self.stack.pop()
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        """``root(*args, **kwargs)`` with every torch function call recorded; returns the output.
-
-        The module hooks are global: they see every thread's module calls, and keep this
-        thread's only (the mode itself is this thread's), so another thread running the same
-        model meanwhile changes no path.
-        """
+        """``root(*args, **kwargs)`` with every torch function call of this thread recorded; returns the output."""
         # one record at a time: the global hooks are process-wide state, and two records at once
         # in two threads were measured to mix their rows (tests/test_safety_threads.py)
         with GLOBAL_STATE_LOCK:

@@ -1,16 +1,6 @@
-"""What a graph route would lose of the model, found while it captures, and refused by name.
+"""What a graph route would lose of the model's forward or backward, refused by name as the route's reason.
 
-A captured graph must compute the model's forward *and its backward*. Two routes run the
-model's Python on stand-ins: ``torch.fx`` on proxies, ``torch.export`` on fake tensors.
-Where that Python calls a custom :class:`torch.autograd.Function`, they record the ops of
-its ``forward``, and the graph's backward is the derivative of those ops, not the
-Function's ``backward``: a straight-through estimator (``round`` forward, identity
-backward) gets gradient 0. ``torch.export`` also runs the body of a reentrant
-``torch.utils.checkpoint`` under ``no_grad``, so no gradient flows through it. And
-``torch.fx`` traces the root's ``forward`` directly, so hooks on the root never run.
-
-The :class:`~unitscale.errors.LostBehaviourError` raised here is the route's reason:
-``route="auto"`` moves on to a route that keeps the behaviour, a forced route refuses.
+Why each is lost: "A graph is the model, backward included" in ``unitscale/capture/README.md``.
 """
 
 from __future__ import annotations
@@ -36,10 +26,8 @@ def _is_backward_hook(function: type) -> bool:
 def refuse_lost_functions(calls: list[FunctionCall], route: str, module: nn.Module) -> None:
     """Raise :class:`~unitscale.errors.LostBehaviourError` for the Functions ``route`` recorded as forward ops.
 
-    On the ``fx`` route a reentrant ``torch.utils.checkpoint`` is kept: its body is traced
-    as ops with their own derivatives, which recompute-and-differentiate gives too. Unless it
-    is applied to the model's inputs alone: then the model gives the parameters inside it a
-    gradient only if an input requires grad, which the graph cannot tell (a pipeline's never do).
+    The ``fx`` route keeps a reentrant checkpoint (its traced ops differentiate alike) unless it is
+    applied to the inputs alone: its parameters' gradient then hangs on an input requiring grad.
     """
     lost = [c for c in calls if not (route == "fx" and _is_reentrant_checkpoint(c.function) and not c.inputs_only)]
     if not lost:

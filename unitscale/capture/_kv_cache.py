@@ -1,10 +1,4 @@
-"""Key/value caches: capture the model as users build it, with the cache switched off.
-
-A ``transformers`` decoder built from a default config (``use_cache=True``) returns a
-``DynamicCache`` beside its logits. No graph can return it (torch.export refuses it; a
-transformed graph would hand back the one object made while capturing on every call), and
-no tool here needs it.
-"""
+"""Key/value caches: capture a decoder as users build it (``use_cache=True``), with the cache switched off."""
 
 from __future__ import annotations
 
@@ -24,11 +18,9 @@ __all__ = ["no_kv_cache", "refuse_kv_cache"]
 def no_kv_cache(module: nn.Module) -> Iterator[tuple[str, ...]]:
     """Within this block, every config in ``module``'s tree that asks for a KV cache says ``use_cache=False``.
 
-    A module's ``config`` (a ``transformers`` ``PretrainedConfig``, or anything with a
-    ``use_cache`` attribute that is ``True``) is switched for the block and put back on
-    exit, so a model wrapping a decoder is handled too. Yields, for each config switched,
-    the path of the outermost module that holds it (``()``: nothing to switch; ``""`` is
-    the root).
+    A ``config`` attribute with ``use_cache=True`` (a ``transformers`` ``PretrainedConfig``) is
+    switched back on exit. Yields, for each config switched, the path of the outermost module
+    that holds it (``""``: the root).
 
     >>> import types, torch
     >>> from unitscale.capture import no_kv_cache
@@ -38,8 +30,6 @@ def no_kv_cache(module: nn.Module) -> Iterator[tuple[str, ...]]:
     >>> with no_kv_cache(model) as switched:
     ...     print(switched, decoder.config.use_cache)
     ('0',) False
-    >>> decoder.config.use_cache
-    True
     """
     found: dict[int, tuple[str, Any]] = {}  # one entry per config: a decoder's layers share its config
     for path, m in module.named_modules():

@@ -1,13 +1,7 @@
-"""Normalised node meta: one writer, one reader of each route's own spelling.
+"""Normalised node meta: one writer of the keys of :mod:`unitscale.fx.nodes`, one reader of each route's spelling.
 
-Every route leaves its own traces on a node: ``torch.fx`` (with a
-:class:`~unitscale.fx.ModulePathTracer`) a ``module_path``; ``torch.export`` and
-TorchDynamo an ``nn_module_stack`` (``{key: (path, type)}``, outermost first, the path
-spelt ``model.layers.0``, ``L['self'].model.layers[0]`` or ``getattr(L['self'].layers, '0')``)
-and a ``stack_trace``. :func:`node_origin` reads them into one :class:`Origin`;
-:func:`write_origin` is the only place that writes the keys of :mod:`unitscale.fx.nodes`
-(``module_path``, ``module_type``, ``source``). Torch's own ``val`` and ``tensor_meta`` are
-filled by :mod:`unitscale.capture._verify` where the route left them out.
+``torch.fx`` leaves a ``module_path``; ``torch.export`` and TorchDynamo an ``nn_module_stack``
+(``{key: (path, type)}``, outermost first) and a ``stack_trace``.
 """
 
 from __future__ import annotations
@@ -72,11 +66,9 @@ def type_name(kind: Any) -> str:
 
 
 def stack_entries(node: fx.Node) -> list[tuple[str, str, str]] | None:
-    """``(key, path, type)`` per module on the node's ``nn_module_stack``, outermost first.
+    """``(key, path, type)`` per module but the root on the node's ``nn_module_stack``, outermost first.
 
-    The root (path ``""``) is left out; ``None`` when the node has no stack. Paths are
-    qualified names (:func:`normalise_path`); an entry torch wrote for a node it made
-    without a module (``_empty_nn_module_stack_from_metadata_hook``) is left out too.
+    ``None`` when the node has no stack. Paths are qualified names (:func:`normalise_path`).
 
     >>> import torch
     >>> from unitscale.capture import capture
@@ -152,9 +144,7 @@ def copy_origin(node: fx.Node, like: fx.Node) -> None:
 
 
 def normalise_graph(gm: fx.GraphModule, root: nn.Module) -> None:
-    """Write the normalised origin onto every node of ``gm`` (the output node: the root).
-
-    For a graph made outside :func:`~unitscale.capture.capture` (a tool's own copy or rewrite).
+    """Write the normalised origin onto every node of ``gm`` made outside :func:`~unitscale.capture.capture`.
 
     >>> import torch
     >>> from unitscale.capture.toolkit import normalise_graph

@@ -32,18 +32,9 @@ _PLAIN = (bool, int, float, str, type(None))
 class DeepTracing:
     """How the ``fx`` route traces for a tool that wants every op: ``capture(deep=DeepTracing(...))``.
 
-    With it the route traces with a :class:`~unitscale.fx.DeepTracer` (scale tracking's
-    tracing): into every submodule, down to torch functions, functions of the autowrapped
-    modules kept as single nodes, function arguments made placeholders
-    (:attr:`Capture.extra_inputs <unitscale.capture.Capture.extra_inputs>`). A
-    ``GraphModule`` is taken as its own graph, not traced again.
-
-    Args:
-        recurse_modules: trace into submodules (``False``: every submodule is one node).
-        autowrap_modules: modules whose functions stay single nodes (``None``: ``math``,
-            ``einops``, ``unitscale.functional`` and those given to
-            :func:`~unitscale.fx.register_autowrap_module`).
-        autowrap_functions: functions that stay single nodes.
+    The route then traces with a :class:`~unitscale.fx.DeepTracer`, its arguments these fields;
+    function arguments become placeholders, valued in :attr:`Capture.extra_inputs
+    <unitscale.capture.Capture.extra_inputs>`. A ``GraphModule`` is taken as its own graph.
 
     Raises:
         PredicateError: ``autowrap_modules`` or ``autowrap_functions`` are not tuples of

@@ -1,12 +1,4 @@
-"""The fx route's tracers: one family over :class:`~unitscale.fx.ModulePathTracer`.
-
-:class:`CaptureTracer` keeps ``torch.fx``'s standard leaf rule (``torch.nn`` modules stay
-``call_module`` nodes); :class:`FlatCaptureTracer` traces through every module (what the
-graph transforms want); :class:`DeepCaptureTracer` is a :class:`~unitscale.fx.DeepTracer`
-(every submodule's ops, autowrapped functions kept whole, function arguments as extra
-placeholders: what scale tracking wants). All three write each node's origin as they
-make it (``record_origin``), so the fx route's graph needs no second pass to be normalised.
-"""
+"""The fx route's tracers, which write each node's normalised origin as they make it (no second pass)."""
 
 from __future__ import annotations
 
@@ -24,11 +16,7 @@ __all__ = ["CaptureTracer", "DeepCaptureTracer", "FlatCaptureTracer"]
 
 
 class CaptureTracer(ModulePathTracer):
-    """``torch.fx``'s standard leaf rule, each node's origin written as it is made.
-
-    A node's ``source`` is the innermost frame outside torch and unitscale, also kept as a
-    one-line ``stack_trace`` (fx's ``record_stack_traces`` made tracing four times slower).
-    """
+    """``torch.fx``'s standard leaf rule; a node's ``source`` is also kept as a one-line ``stack_trace``."""
 
     #: Find each node's ``source`` (one walk up the stack per node).
     record_sources = True
@@ -62,9 +50,8 @@ class FlatCaptureTracer(CaptureTracer):
 class DeepCaptureTracer(CaptureTracer, DeepTracer):
     """A :class:`~unitscale.fx.DeepTracer` that writes each node's origin (scale tracking's tracer).
 
-    String annotations (``from __future__ import annotations``) are resolved to types, or
-    dropped: as strings the ``GraphModule`` would not pickle. Nodes get ``source == ""``:
-    scale tracking shows none, and finding it added a tenth to the trace (TinyGPT).
+    String annotations are resolved to types, or dropped (the ``GraphModule`` would not pickle).
+    Nodes get ``source == ""``: scale tracking shows none, and finding it costs a tenth of the trace.
 
     >>> from unitscale.capture._tracers import DeepCaptureTracer
     >>> from unitscale.examples import MLP

@@ -1,8 +1,4 @@
-"""Run a captured graph once: fill in shapes and dtypes, and check it computes what the model does.
-
-``torch.fx`` can trace a graph that is wrong even for these inputs (a branch on a value fx saw
-as a constant). The same run fills ``node.meta["val"]`` (a ``meta`` tensor) and ``"tensor_meta"``.
-"""
+"""Run a captured graph once: fill in ``val`` and ``tensor_meta``, and check it computes what the model does."""
 
 from __future__ import annotations
 
@@ -52,9 +48,6 @@ def flat_graph_inputs(
 ) -> list[Any]:
     """The values of ``gm``'s placeholders, in order, for a call ``module(*args, **kwargs)``.
 
-    An exported or TorchDynamo graph takes one placeholder per pytree leaf of
-    ``(args, kwargs)``; an fx graph takes ``forward``'s parameters, defaults filled in.
-
     >>> import torch
     >>> from unitscale.capture import capture
     >>> from unitscale.capture.toolkit import flat_graph_inputs
@@ -96,8 +89,7 @@ def record_and_compare(
     """Run ``gm`` on the example inputs, write shapes into its meta, compare with ``expected``.
 
     Raises:
-        GraphMismatch: a different number of tensor outputs, a shape, or values beyond
-            ``rtol=1e-4, atol=1e-5``.
+        GraphMismatch: a different number of tensor outputs, a shape, or values beyond the tolerances.
     """
     with kept_state(module), torch.no_grad():
         got = _Recorder(gm).run(*flat_graph_inputs(gm, module, args, kwargs), enable_io_processing=False)

@@ -13,9 +13,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (-?\d+)')
 
 
 def innermost_frame(stack_trace: str | None) -> str:
-    """``"file.py:LINE"`` of the innermost frame outside torch (and unitscale) in a ``stack_trace``.
-
-    Else the innermost frame of all; ``""`` when there is none.
+    """``"file.py:LINE"`` of the innermost frame outside torch and unitscale in a ``stack_trace``, else of all.
 
     >>> mine = 'File "/m/model.py", line 3, in f'
     >>> torchs = 'File "/x/torch/nn/linear.py", line 9, in g'
@@ -30,11 +28,7 @@ def innermost_frame(stack_trace: str | None) -> str:
 
 
 def failure_frame(exc: BaseException) -> str:
-    """``file:line (`code`)`` of the user's line that made ``exc``, or ``"an unknown line"``.
-
-    Reads the tracebacks, then ``File "...", line N`` in the messages: TorchDynamo's errors
-    name the user's line only there.
-    """
+    """``file:line (`code`)`` of the user's line that made ``exc`` (from the tracebacks, else the messages)."""
     where = user_frame(exc)
     if where != "an unknown line":
         return where
@@ -48,8 +42,7 @@ def failure_frame(exc: BaseException) -> str:
 def exception_summary(exc: BaseException, limit: int = 400, fallback: Callable[[], str] | None = None) -> str:
     """``"TypeName: first lines of the message (at file:line (`code`))"``, for a route's reason.
 
-    ``fallback()`` names the place when no frame outside torch is found (the forward's
-    line); called only then, as reading a source file costs more than the rest.
+    ``fallback()`` names the place when no frame outside torch is found (called only then: it costs).
 
     >>> try:
     ...     int("x")

@@ -1,8 +1,4 @@
-"""What a tool built on :func:`~unitscale.capture.capture` uses beside it: lent to other rooms.
-
-What ``tracking``, ``transforms``, ``stages`` (or a tool of your own) need to read, rewrite or
-re-run a capture's graph: the normalised node meta, TorchDynamo's graph of one call, the eager
-op recorder, and the HTML table every tool's report shows in a notebook.
+"""What a tool built on :func:`~unitscale.capture.capture` uses beside it to read, rewrite or re-run its graph.
 
 >>> from unitscale.capture.toolkit import GRAPH_ROUTE_NAMES
 >>> GRAPH_ROUTE_NAMES  # the routes that give a graph
@@ -38,12 +34,10 @@ __all__ = [
 
 
 def html_table(header: Sequence[str], body: Sequence[Sequence[str]], note: str = "") -> str:
-    """An HTML table for a notebook that a phone's column holds: the first column names a row.
+    """An HTML table for a notebook that a phone's column holds; every cell and ``note`` line is escaped.
 
     ``header[0]``/``header[1]`` and each row's first two cells are the row's name and a small
-    line under it (what tells rows of one name apart); the other cells follow, key columns
-    first, the rest scrolling in the box. A name breaks after its dots (``blocks.1.<wbr>mlp``).
-    Every cell, and each line of the ``note`` under the box, is escaped.
+    line under it; the other cells follow, scrolling in the box.
 
     >>> from unitscale.capture.toolkit import html_table
     >>> html = html_table(["node", "op", "std"], [["fc.w", "param", "0.5"]], "1 row")

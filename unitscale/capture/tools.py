@@ -1,7 +1,4 @@
-"""Tools that read a :class:`~unitscale.capture.Capture`: module paths, execution order.
-
-They read only the normalised meta, so one function serves every graph route.
-"""
+"""Tools that read a :class:`~unitscale.capture.Capture` of any route: module paths, execution order."""
 
 from __future__ import annotations
 
@@ -20,9 +17,7 @@ __all__ = ["capture_exec_order", "module_paths", "trace_exec_order"]
 
 
 def module_paths(cap: Capture) -> dict[str, str]:
-    """``node name -> module path`` for every node but the output (``""``: the root), in execution order.
-
-    The eager route has no nodes; its recorded ops are named like nodes and are used instead.
+    """``node name -> module path`` (``""``: the root) of every node but the output, or of every eager op.
 
     >>> import torch
     >>> from unitscale.capture import capture, module_paths
@@ -88,17 +83,10 @@ def _eager_exec_order(cap: Capture) -> ExecOrder:
 
 
 def capture_exec_order(cap: Capture) -> ExecOrder:
-    """Module forward order and parameter first-use order, from a capture of any route.
+    """Module forward order and parameter first-use order (root ``cap.module``), from a capture of any route.
 
-    The fx route re-traces with :class:`~unitscale.fx.ExecOrderTracer` (``torch.nn``
-    modules are leaves, as in the capture). Export and TorchDynamo graphs are flat: a
-    module is entered where a node's ``nn_module_stack`` first shows it, so the order
-    is that of forward pre-hooks for every module that runs at least one op (a module
-    that only returns its input, such as dropout in eval mode, leaves no node). The
-    eager route's order is the pre-hook order itself.
-
-    Returns:
-        An :class:`~unitscale.fx.ExecOrder` whose ``root`` is ``cap.module``.
+    On a flat graph (export, TorchDynamo) a module that runs no op (dropout in eval mode)
+    leaves no node, so it is missing from the order; the eager route lists every module.
 
     >>> import torch
     >>> from unitscale.capture import capture, capture_exec_order
@@ -122,27 +110,17 @@ def trace_exec_order(
 ) -> ExecOrder:
     """Find the order in which ``module``'s submodules run and its parameters are first used.
 
-    Traces symbolically (no data is run) with :class:`~unitscale.fx.ExecOrderTracer`;
-    standard ``torch.nn`` modules are leaves. When ``torch.fx`` cannot trace the module (a
-    ``transformers`` model) and ``example_inputs`` are given, the module is run once on them
-    and every module call and op recorded (:func:`~unitscale.capture.capture`'s ``"eager"``
-    route), and the order read from that record (:func:`capture_exec_order`): it lists
-    every module that ran. A graph would not: ``torch.export`` records the modules called
-    inside a custom ``torch.autograd.Function`` (Reformer's reversible layers) under the
-    module that applied it, and a module that only returns its input leaves no node.
+    Traces symbolically with :class:`~unitscale.fx.ExecOrderTracer` (``torch.nn`` modules are
+    leaves); where ``torch.fx`` cannot, runs the module once on ``example_inputs`` and reads
+    the order from the eager route's record of every module call (:func:`capture_exec_order`).
 
     Args:
-        module: the module to trace.
         concrete_args: passed to :meth:`torch.fx.Tracer.trace` to fix some inputs.
         example_inputs: a tensor or tuple of positional inputs, used only when fx fails.
 
-    Returns:
-        An :class:`~unitscale.fx.ExecOrder`.
-
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
-        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given;
-            the message says to pass them.
+        TraceError: ``torch.fx`` cannot trace ``module`` and no ``example_inputs`` were given.
         InputError: the capture found the example inputs do not fit the module.
 
     >>> from unitscale.capture import trace_exec_order
@@ -150,9 +128,6 @@ def trace_exec_order(
     >>> order = trace_exec_order(MLP(4))
     >>> order.module_names(), order.param_names()
     (['', 'fc1', 'act', 'fc2'], ['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias'])
-    >>> usages = order.module_to_param_usage_infos[order.root]
-    >>> [type(u.module).__name__ for u in usages]
-    ['Linear', 'Linear']
     """
     if not isinstance(module, nn.Module):
         raise NotAModuleError(

@@ -3,12 +3,6 @@
 What other rooms use beside these (the node meta keys and op tables, a module's state kept
 across a trace, a plain run of one node, ...) is in this package's public modules, listed
 "for other rooms" in ``unitscale/fx/README.md``.
-
->>> import torch
->>> from unitscale.fx import ModulePathTracer
->>> graph = ModulePathTracer().trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))
->>> [n.meta.get("module_path") for n in graph.nodes if n.op == "call_module"]
-['0']
 """
 
 from unitscale.fx.autowrap import register_autowrap_module as register_autowrap_module

@@ -1,8 +1,6 @@
 """Proxies that recognise tuple unpacking from a bytecode table built once per function.
 
-To tell an unpacking (``b, t, d = x.shape``) from a loop, ``Proxy.__iter__`` disassembles the
-calling function on every iteration: a fifth of the tracing time in a transformer. The table of
-``UNPACK_SEQUENCE`` instructions is built once per code object.
+``Proxy.__iter__`` disassembles the caller on every unpacking: a fifth of a transformer's tracing time.
 """
 
 from __future__ import annotations
@@ -30,8 +28,6 @@ def unpack_length(code: types.CodeType, offset: int) -> int | None:
     >>> unpacks = [i for i in code if i.opname == "UNPACK_SEQUENCE"]
     >>> [unpack_length(f.__code__, i.offset) for i in unpacks]
     [2]
-    >>> unpack_length(f.__code__, 0) is None
-    True
     """
     table = _TABLES.get(code)
     if table is None:
@@ -41,10 +37,7 @@ def unpack_length(code: types.CodeType, offset: int) -> int | None:
 
 
 class UnpackProxy(fx.Proxy):
-    """A ``torch.fx.Proxy`` whose unpacking (``a, b = proxy``) skips re-disassembling the caller.
-
-    A tracer makes these by returning them from ``Tracer.proxy``; attributes of one
-    (``x.shape``) are :class:`UnpackAttribute` and unpack the same way.
+    """A ``torch.fx.Proxy`` whose unpacking (``a, b = proxy``), and its attributes', skips re-disassembling the caller.
 
     >>> import torch
     >>> class Halves(torch.nn.Module):

@@ -1,8 +1,6 @@
 """Which custom ``torch.autograd.Function`` s a block of code applies: what a trace would lose.
 
-A trace records the ops of ``SomeFunction.forward``, whose derivative is not ``SomeFunction.backward``;
-tools that trace refuse such calls by name. ``Function.apply`` is wrapped for the time of the block;
-blocks nest, and the wrapper is removed when the last one ends.
+A trace records the ops of ``SomeFunction.forward``, whose derivative is not ``SomeFunction.backward``.
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ __all__ = ["FunctionCall", "functions_applied"]
 class FunctionCall:
     """One ``Function.apply`` seen while a route traced: the class, the module it ran in, the user's line.
 
-    ``inputs_only``: the traced tensors it was applied to depend on no parameter or
-    submodule, only on the graph's inputs (whether they need a gradient is not in the graph).
+    ``inputs_only``: the traced tensors it was applied to depend only on the graph's inputs.
     """
 
     function: type
@@ -101,8 +98,7 @@ def _record(function: Any, caller: Any, args: tuple[Any, ...] = ()) -> None:
 
 
 def _kept_by_every_route(cls: Any) -> bool:
-    """A Function torch generates for a ``torch.library`` custom op's registered backward: the op
-    stays one node on every route (fx leaves it whole, export keeps custom ops), backward included."""
+    """A Function torch makes for a ``torch.library`` custom op's backward: every route keeps the op whole."""
     return str(getattr(cls, "__module__", "")).startswith("torch._library")
 
 
@@ -136,11 +132,10 @@ def _recording_set_grad(enabled: bool) -> None:
 
 @contextmanager
 def functions_applied(root: nn.Module, grad_switches: bool = False) -> Iterator[list[FunctionCall]]:
-    """Every custom ``autograd.Function`` applied inside the block, with the module of ``root`` it ran in.
+    """Every custom ``autograd.Function`` this thread applies inside the block, with the module of ``root`` it ran in.
 
-    With ``grad_switches``, every switch of grad mode off outside a Function's ``forward``
-    (``torch.no_grad()``, ``torch.set_grad_enabled(False)``) is listed too, as a call whose
-    ``function`` is ``torch.no_grad``: a symbolic trace records no grad mode.
+    With ``grad_switches``, every switch of grad mode off outside a Function's ``forward`` is
+    listed too, as a call of ``torch.no_grad``: a symbolic trace records no grad mode.
 
     >>> import torch
     >>> from unitscale.fx.autograd_functions import functions_applied

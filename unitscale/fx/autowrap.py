@@ -1,9 +1,6 @@
 """The modules whose functions our tracers keep as single nodes unless told otherwise.
 
-``torch.fx`` traces through any Python function; an *autowrapped* module's functions stay
-one ``call_function`` node each (``math.sqrt`` of a proxy, ``einops.rearrange``, a
-unit-scaled op). The defaults are ``math`` and ``einops``; a library layered on the fx
-tools adds its own ops here at import (``unitscale.functional`` does), so the
+A layer above the fx tools registers its own (``unitscale.functional`` does, at import), so the
 tracers never import the layers above them.
 """
 
@@ -22,10 +19,7 @@ _registered: list[types.ModuleType] = [math, einops]
 
 
 def register_autowrap_module(module: types.ModuleType) -> None:
-    """Keep ``module``'s functions as single nodes in every trace that uses the defaults.
-
-    Registering a module twice is harmless. A tracer or ``track_scales`` given its own
-    ``autowrap_modules`` uses those instead.
+    """Keep ``module``'s functions as single nodes in every trace that uses the default ``autowrap_modules``.
 
     Raises:
         InputError: ``module`` is not a module.

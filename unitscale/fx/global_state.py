@@ -1,13 +1,7 @@
 """One lock for every change unitscale makes to process-wide state, and fx's patches made per-thread.
 
-A ``torch.fx`` trace patches ``nn.Module.__call__``, ``nn.Module.__getattr__`` and the autowrapped
-functions for as long as it runs (``torch.export`` too; TorchDynamo has global state of its own).
-Two traces at once in two threads undo each other's patches in the wrong order, which left
-``nn.Module.__call__`` patched for good: every trace, export and Dynamo capture holds
-:data:`GLOBAL_STATE_LOCK` (reentrant).
-
-The class-wide patches still reach every thread: :func:`this_thread_only` keeps a model another
-thread runs meanwhile untraced (``torch.fx.symbolic_trace`` itself breaks it; see the capture tutorial).
+Two traces at once in two threads would undo each other's patches of ``nn.Module`` in the wrong
+order, leaving them for good; the class-wide patches reach every thread while one trace runs.
 """
 
 from __future__ import annotations
@@ -27,11 +21,10 @@ GLOBAL_STATE_LOCK = threading.RLock()
 
 @contextmanager
 def this_thread_only(tracer: fx.Tracer) -> Iterator[None]:
-    """While ``tracer`` traces, module calls and attribute reads of other threads bypass it.
+    """While ``tracer`` traces, module calls and attribute reads of other threads bypass it (and after).
 
-    ``fx.Tracer.trace`` sends every ``module(...)`` and ``module.attr`` in the process to
-    ``tracer.call_module`` and ``tracer.getattr``; on any other thread those become
-    ``torch.nn.Module``'s own, even after the block (a thread may still hold the patch).
+    ``fx.Tracer.trace`` sends every ``module(...)`` and ``module.attr`` in the process to the
+    tracer; a thread may still hold the patch after the block.
 
     >>> import threading, torch
     >>> from unitscale.fx import ModulePathTracer

@@ -127,13 +127,10 @@ def _refuse_hooks(module: nn.Module, what: str) -> None:
 
 
 def _trace_keeping_functions(module: nn.Module, what: str) -> fx.Graph:
-    """``LeafTracer().trace(module)``, refused where it would record a custom ``autograd.Function``'s forward ops.
+    """``LeafTracer().trace(module)``, refused where the traced ops would not give the model's backward.
 
-    The inlined graph's backward would be the derivative of those ops, not the Function's
-    ``backward``. A reentrant ``torch.utils.checkpoint`` is kept (its body is traced as ops
-    with their own derivatives, which recomputing gives too), except on ``module``'s inputs
-    alone: whether torch gives the parameters inside it a gradient then depends on whether an
-    input requires grad, which a traced body cannot tell.
+    A reentrant checkpoint on ``module``'s inputs alone is refused: whether its parameters get a
+    gradient then depends on whether an input requires grad, which a traced body cannot tell.
     """
     with functions_applied(module, grad_switches=True) as applied:
         graph = LeafTracer().trace(module)
@@ -213,14 +210,11 @@ def inline(
     *,
     example_inputs: tuple[Any, ...] | None = None,
 ) -> fx.GraphModule:
-    """Replace ``call_module`` nodes by the traced bodies of their modules, recursively.
+    """Replace ``call_module`` nodes by the traced bodies of their modules (``torch.nn`` ones too), recursively.
 
-    Each chosen module is traced (standard ``torch.nn`` modules included) and its
-    nodes are appended into a new graph through ``Proxy`` objects on a
-    :class:`torch.fx.proxy.GraphAppendingTracer`; modules inside it are inlined too
-    unless ``predicate`` says no. Inlined nodes are named after the module they
-    came from (``layer1_0_conv1_conv2d``) and carry ``node.meta["inlined_from"]``.
-    ``gm`` is not changed; the result shares its parameters.
+    Inlined nodes are named after the module they came from (``layer1_0_conv1_conv2d``) and
+    carry ``node.meta["inlined_from"]``. ``gm`` is not changed; the result shares its
+    parameters, and is ``gm`` itself when it has no ``call_module`` node (an exported graph).
 
     Args:
         gm: a ``GraphModule``, or any module (traced first with ``torch.nn`` leaves).
@@ -228,10 +222,6 @@ def inline(
             ``None`` inlines every module.
         example_inputs: if given, both modules are run on them (on copies) and
             their outputs compared.
-
-    Returns:
-        A new ``GraphModule``; ``gm`` itself when it has no ``call_module`` node (already flat,
-        as a ``torch.export`` or TorchDynamo graph: its call signature is kept).
 
     Raises:
         NotAModuleError: ``gm`` is not an ``nn.Module``.
@@ -252,9 +242,6 @@ def inline(
     [('placeholder', 'input_1'), ('get_attr', '_0_weight'),
      ('get_attr', '_0_bias'), ('call_function', '_0_linear'),
      ('call_function', '_1_relu'), ('output', 'output')]
-    >>> x = torch.randn(4, 3)
-    >>> torch.equal(flat(x), model(x))
-    True
     """
     if not isinstance(gm, nn.Module):
         raise NotAModuleError(f"inline() got {type(gm).__name__} {gm!r:.60}; pass an nn.Module or fx.GraphModule")

@@ -14,7 +14,7 @@ from torch.fx.proxy import GraphAppendingTracer
 
 from unitscale.errors import NotAModuleError, NotCallableError, NotInvertibleError, TraceError
 from unitscale.fx.inlining import inline
-from unitscale.fx.nodes import op_name
+from unitscale.fx.nodes import changes_in_place, op_name
 from unitscale.fx.tracers import LeafTracer
 
 __all__ = ["invert", "register_inverse"]
@@ -66,16 +66,14 @@ _INVERSES: dict[Any, Callable[[Any], Any]] = {}
 
 
 def register_inverse(f: Callable[..., Any], g: Callable[..., Any]) -> None:
-    """Register ``f`` and ``g`` as inverses of each other for :func:`invert`.
+    """Register ``f`` and ``g``, functions of one tensor, as inverses of each other for :func:`invert`.
 
-    After this, a node calling ``f`` (as ``torch.f(x)``, ``x.f()`` or an alias
-    such as ``torch.arcsin`` for ``torch.asin``) inverts to ``g`` and one calling
-    ``g`` inverts to ``f``. Both must take one tensor. A function of your own is
-    found only if tracing keeps it as one node (``torch.fx.wrap``).
+    Every spelling counts (``torch.f(x)``, ``x.f()``, an alias such as ``torch.arcsin``). A
+    function of your own is found only if tracing keeps it as one node (``torch.fx.wrap``).
 
     Args:
-        f: a one-to-one function of one tensor (on the inputs you care about).
-        g: its inverse: ``f(g(y)) == y`` for ``y`` in ``f``'s range.
+        f: one-to-one on the inputs you care about.
+        g: ``f(g(y)) == y`` for ``y`` in ``f``'s range.
 
     Raises:
         NotCallableError: ``f`` or ``g`` is not callable.
@@ -213,23 +211,35 @@ class _Inverter:
                 f"cannot invert {self.label}: it takes {len(inputs)} inputs ({', '.join(n.name for n in inputs)}); "
                 "invert needs a function of exactly one tensor"
             )
-        out = next(n for n in nodes if n.op == "output").args[0]
-        if not isinstance(out, fx.Node):
+        output = nodes[-1]
+        if not isinstance(output.args[0], fx.Node):
+            out = output.args[0]
             count = len(out) if isinstance(out, (tuple, list, dict)) else 0
             raise NotInvertibleError(
                 f"cannot invert {self.label}: it returns {count} values ({type(out).__name__}); "
                 "invert needs a function with exactly one tensor output"
             )
         varying = {inputs[0]}
-        for n in nodes:
-            if n.op != "output" and any(a in varying for a in n.all_input_nodes):
-                varying.add(n)
-                op = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-                if op.endswith("_") and not op.startswith("__") or n.kwargs.get("inplace"):
-                    raise NotInvertibleError(
-                        f"cannot invert {self.label}: {_where(n)} changes its input in place; use the out-of-place op"
-                    )
+        # An in-place op reads as its out-of-place op once the nodes after it read its result; a
+        # value from before it may alias the tensor it changed, so none may be read after it.
+        stale: dict[fx.Node, fx.Node] = {}
+        for i, n in enumerate(nodes):
+            if not any(a in varying for a in n.all_input_nodes):
+                continue
+            in_place = changes_in_place(n)
+            changed = next((stale[a] for a in n.all_input_nodes if a in stale), None)
+            if changed or in_place and n.args[0] not in varying:
+                raise NotInvertibleError(
+                    f"cannot invert {self.label}: {_where(changed or n)} changes its input in place; "
+                    "use the out-of-place op"
+                )
+            if in_place:
+                for later in nodes[i + 1 :]:
+                    later.replace_input_with(n.args[0], n)
+                stale.update(dict.fromkeys(varying, n))
+            varying.add(n)
         self.varying = varying
+        out = output.args[0]
         if out not in varying:
             raise NotInvertibleError(f"cannot invert {self.label}: its output does not depend on its input")
         steps = []
@@ -282,6 +292,8 @@ class _Inverter:
         operand = self.operand(node)
         pos = node.args.index(operand)
         target = node.target
+        if changes_in_place(node):  # chain() made the nodes after it read its result
+            target = (target if isinstance(target, str) else getattr(target, "__name__", "")).removesuffix("_")
         key = _torch_function(target) if isinstance(target, str) else _key(target)
         key = key if key is not None else target
         if key in _BINARY and len(node.args) == 2:
@@ -310,33 +322,20 @@ class _Inverter:
 
 
 def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
-    """Build ``g`` with ``f(g(y)) == y`` for a function ``f`` of one tensor.
+    """Build ``g`` (a ``GraphModule``; ``g.code`` shows it) with ``f(g(y)) == y`` for a function ``f`` of one tensor.
 
-    ``f`` is traced with ``torch.fx`` (modules inlined), then its graph is walked
-    from the output back to the input, emitting each op's inverse in reverse
-    order. Inverses come from a registry (see :func:`register_inverse`): sin, cos,
-    tan, exp, sigmoid, tanh and their inverses, ``neg``, ``reciprocal``, and
-    ``+ - * / **`` with one constant operand, whether written as ``torch.f(x)``,
-    ``x.f()`` or operators. ``g`` is correct on ``f``'s range (``asin`` gives back
-    ``x`` only within ``[-pi/2, pi/2]``, so ``sin(g(y)) == y`` but not ``g(sin(x)) == x``).
-    Each inverse picks its principal branch, so in a chain of ops that are not
-    one-to-one, every intermediate value must lie where its op is (``cos`` on
-    ``[0, pi]``): otherwise an inner inverse gets a value outside its domain.
-
-    Args:
-        fn_or_module: a Python function or ``nn.Module`` of one tensor.
-
-    Returns:
-        ``g`` as a ``GraphModule`` taking ``y``; ``g.code`` shows it.
+    ``f``'s traced graph (modules inlined) is walked from output to input, emitting each op's
+    registered inverse (:func:`register_inverse`; ``+ - * / **`` with one constant operand are
+    built in). Each inverse picks its principal branch, so ``g`` is correct on ``f``'s range only
+    where every intermediate value lies where its op is one-to-one (``cos`` on ``[0, pi]``).
 
     Raises:
         NotAModuleError: ``fn_or_module`` is neither a function nor a module.
-        NotInvertibleError: an op has no registered inverse (``relu``), combines
-            two values computed from the input (``sin(x) * x``: the graph branches),
-            ``f`` has several inputs or outputs, changes a tensor in place, has
-            control flow that depends on the input, or has a constant operand that
-            loses the input or would make ``g`` return NaN (``x * 0``, a tensor holding
-            a 0, ``x * inf``, ``x + nan``).
+        NotInvertibleError: an op has no registered inverse (``relu``), combines two values
+            computed from the input (``sin(x) * x``), ``f`` has several inputs or outputs,
+            changes a tensor in place where the chain could miss it (through a view, or a
+            constant), has control flow that depends on the input, or has a constant operand
+            that loses the input or would make ``g`` return NaN (``x * 0``, ``x + nan``).
 
     >>> import torch
     >>> from unitscale import invert
@@ -344,8 +343,6 @@ def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
     >>> g = invert(f)
     >>> f(g(torch.arange(5) + 1))
     tensor([1., 2., 3., 4., 5.])
-    >>> invert(lambda x: (3 - x.sin()) * 2)(torch.tensor([4.0])).sin()
-    tensor([1.])
     """
     if isinstance(fn_or_module, nn.Module):
         label = f"module {type(fn_or_module).__name__}"

@@ -1,8 +1,6 @@
 """Leave the user's module as it was: undo what running or tracing its ``forward`` changed.
 
-A ``forward`` that assigns to its module (``self.steps += 1`` on a buffer, ``self.last = y``)
-does so while it is traced too, with a ``Proxy`` as the value, and the module would keep
-that proxy for good (``state_dict()`` then no longer saves).
+A ``forward`` that assigns to its module (``self.last = y``) would otherwise keep a tracer's ``Proxy``.
 """
 
 from __future__ import annotations
@@ -22,10 +20,7 @@ _MISSING = object()
 
 
 def _snapshot(root: nn.Module) -> list[tuple[nn.Module, dict[str, Any], dict[str, Any], list[str]]]:
-    """Every submodule's ``__dict__``, with copies of its non-empty dicts and sets and the names of its empty ones.
-
-    Copied, as fx and forward code mutate them in place; most (hook dicts) are empty, checked to stay so.
-    """
+    """Every submodule's ``__dict__``, copies of its non-empty dicts and sets, and its empty ones' names."""
     snapshot = []
     for m in root.modules():
         attrs = dict(m.__dict__)
@@ -53,13 +48,9 @@ def _restore_attrs(state: dict[str, Any], attrs: dict[str, Any], keep: Collectio
 def module_state_kept(root: Any, values: bool = False) -> Iterator[set[str]]:
     """Within this block, changes to ``root``'s module tree are undone on exit, on success and on failure.
 
-    Every submodule's attributes and its parameter, buffer, submodule and hook containers
-    are put back as they were (``root`` not a module: nothing is kept). With ``values=True``
-    the buffers' values too (a clone of each is kept), for tools that run the model.
-
-    The block gets a set to add root attribute names to that stay though new: tracing
-    stores tensor constants on the root (``_tensor_constant0``) for its graph's ``get_attr``
-    nodes; those are the tracer's, not the forward's.
+    Every submodule's attributes and its parameter, buffer, submodule and hook containers are
+    put back (``root`` not a module: nothing is kept); with ``values=True`` the buffers' values
+    too. The block gets a set of new root attributes to keep (a trace's ``_tensor_constant0``).
 
     >>> import torch
     >>> from torch import nn
@@ -112,8 +103,7 @@ def module_state_kept(root: Any, values: bool = False) -> Iterator[set[str]]:
 
 @contextmanager
 def pytree_specs_quiet() -> Iterator[None]:
-    """Silence torch's ``LeafSpec`` FutureWarning, tripped by copying or unpickling a
-    captured graph module's specs (an exported module's, a unit-scaled model's).
+    """Silence torch's ``LeafSpec`` FutureWarning, tripped by copying or unpickling a captured graph module.
 
     >>> import warnings
     >>> from unitscale.fx.module_state import pytree_specs_quiet

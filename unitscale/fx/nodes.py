@@ -70,12 +70,9 @@ _PUBLIC_HOMES = (
 
 
 def op_name(target: Any, *, qualified: bool = False) -> str:
-    """The name of an op: a node's ``target``, a torch function or a ``Tensor`` method.
+    """The name of an op (a node's ``target``): ``Tensor.<name>`` for a method, dunders dropped.
 
-    A method (a ``call_method`` target is its name) is ``Tensor.<name>``, dunders dropped.
-    Short names (the default) are what a report's op column shows; ``qualified=True`` adds
-    the module users import it from, for messages where ``relu`` alone would not say
-    whether ``torch.relu`` or ``torch.nn.functional.relu`` is meant.
+    ``qualified=True`` adds the module users import it from (``torch.nn.functional.relu``).
 
     >>> import operator, torch
     >>> from unitscale.fx.nodes import op_name
@@ -133,10 +130,8 @@ VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH"})
 
 
 def is_view_node(n: torch.fx.Node) -> bool:
-    """Whether ``n`` only rearranges its first argument's elements (same multiset of values).
-
-    A method or function of an fx trace (:data:`VIEW_METHODS`, :data:`VIEW_FUNCTIONS`), or
-    the ATen op of an exported graph (:data:`VIEW_ATEN_OPS`).
+    """Whether ``n`` only rearranges its first argument's elements: a view of :data:`VIEW_METHODS`,
+    :data:`VIEW_FUNCTIONS` or :data:`VIEW_ATEN_OPS`, not one that reinterprets the bits.
 
     >>> import torch
     >>> from torch import fx
@@ -182,11 +177,9 @@ def in_place_name(name: str) -> bool:
 
 
 def changes_in_place(node: torch.fx.Node) -> bool:
-    """Whether ``node`` changes its first argument in place and returns it.
+    """Whether ``node`` changes its first argument in place and returns it (not ``x[i] = v``).
 
-    ``x.mul_(2)``, ``torch.relu_(x)``, ``F.relu(x, inplace=True)``, ``x += 1``, and in an
-    exported graph the ATen op whose schema writes its first argument (``aten.mul_.Tensor``:
-    ``Tensor(a!) self``). Not ``x[i] = v`` (``operator.setitem``, which returns ``None``).
+    In an exported graph: the ATen op whose schema writes its first argument (``Tensor(a!) self``).
 
     >>> import torch
     >>> from torch import fx
@@ -221,9 +214,6 @@ def changes_in_place(node: torch.fx.Node) -> bool:
 def first_argument_alias(op: torch._ops.OpOverload) -> Any:
     """The alias annotation of an ATen op's first argument, from its schema; ``None`` where it has none.
 
-    ``Tensor(a!) self`` (written in place: ``.is_write``) or ``Tensor(a) self`` (the result
-    may be a view of it); a plain ``Tensor self`` is neither.
-
     >>> import torch
     >>> from unitscale.fx.nodes import first_argument_alias
     >>> aten = torch.ops.aten
@@ -239,10 +229,8 @@ def first_argument_alias(op: torch._ops.OpOverload) -> Any:
 
 
 def tensor_metadata(value: torch.Tensor) -> TensorMetadata:
-    """``meta["tensor_meta"]`` for a tensor: shape, dtype, ``requires_grad`` and stride.
-
-    :func:`torch.fx.passes.shape_prop._extract_tensor_metadata` also probes memory formats
-    and quantisation, which costs more than running a small node; no tool of ours reads them.
+    """``meta["tensor_meta"]`` for a tensor: shape, dtype, ``requires_grad`` and stride (fx's also probes
+    memory formats and quantisation, which no tool of ours reads, at more than a small node's cost).
 
     >>> import torch
     >>> from unitscale.fx.nodes import tensor_metadata

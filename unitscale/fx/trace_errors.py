@@ -1,11 +1,5 @@
-"""One place that turns a failed ``torch.fx`` trace into a :class:`~unitscale.errors.TraceError`.
-
-A symbolic trace fails deep inside torch (a proxy used in an ``if``, a tensor value read
-as a Python number); the user needs to know which line of *their* code did it. Every tool
-that traces (the tracers, scale tracking, stage partitioning) builds its error here, so
-each message has the same shape::
-
-    torch.fx could not trace <what> at <file>:<line> (`<code>`): <why>. <what to do>
+"""One place that turns a failed ``torch.fx`` trace into a :class:`~unitscale.errors.TraceError`
+naming the line of the user's code that did it; the frame helpers it reads that line with.
 """
 
 from __future__ import annotations
@@ -96,10 +90,7 @@ def user_line(frame: types.FrameType | None) -> str:
 
 
 def user_frame(exc: BaseException) -> str:
-    """``file:line (`code`)`` of the innermost frame outside torch and unitscale.
-
-    Looks through the exceptions ``exc`` was raised from, innermost first: a wrapped
-    trace failure keeps the user's line in its cause's traceback.
+    """``file:line (`code`)`` of the innermost frame outside torch and unitscale, in ``exc`` or its causes.
 
     >>> from unitscale.fx.trace_errors import user_frame
     >>> try:
@@ -117,9 +108,7 @@ def user_frame(exc: BaseException) -> str:
 
 
 def trace_error(what: str, failure: BaseException, advice: str) -> TraceError:
-    """The :class:`~unitscale.errors.TraceError` to raise when tracing ``what`` (as the user knows it) failed.
-
-    The message names ``failure``'s user line and innermost reason, then ``advice``.
+    """The ``TraceError`` for a failed trace of ``what``: ``failure``'s user line and innermost reason, then ``advice``.
 
     >>> from unitscale.fx.trace_errors import trace_error
     >>> try:

@@ -1,32 +1,9 @@
 """Custom ``torch.fx`` tracers that extend :class:`torch.fx.Tracer` through its hooks.
 
-Each tracer overrides documented hooks (``is_leaf_module``, ``call_module``,
-``create_node``, ``create_proxy``, ``create_arg``) and calls ``super()``, so tracers
-compose by multiple inheritance::
-
-    class MyTracer(TaggingTracer, ModulePathTracer, LeafTracer): ...
-
-Keyword arguments are passed along the chain, so ``MyTracer(leaf_types=(nn.Linear,),
-tag_fn=...)`` configures every part. Put :class:`TaggingTracer` first: its tag
-function then sees what the tracers after it recorded (``node.meta["module_path"]``).
-
-The hooks of :class:`torch.fx.Tracer`, in the order a trace calls them; each class below
-says which it overrides:
-
-.. code-block:: text
-
-    trace(root)
-        +-- create_args_for_root()       one placeholder per argument of forward
-        +-- root.forward(*proxies)       the user's code, run on proxies
-        |   +-- call_module(m, forward, args, kwargs)
-        |   |   +-- is_leaf_module(m, qualname)
-        |   |   |       True: one call_module node; False: forward(*args), recursing
-        |   +-- getattr(attr, value, cache)     a parameter or buffer read: get_attr
-        |   +-- create_proxy(kind, target, args, kwargs)
-        |       +-- create_arg(a)            constants and containers in args
-        |       +-- create_node(kind, target, args, kwargs, name, type_expr)
-        |       +-- proxy(node)
-        +-- create_node("output", ...)
+Each overrides a few hooks and calls ``super()``, so they compose by multiple inheritance
+(``class MyTracer(TaggingTracer, ModulePathTracer, LeafTracer)``), keyword arguments passed
+along the chain. Put :class:`TaggingTracer` first: its tag function then sees what the others
+recorded.
 """
 
 from __future__ import annotations
@@ -190,15 +167,11 @@ class _Tracer(fx.Tracer):
 
 
 class ModulePathTracer(_Tracer):
-    """Records, for every node, the qualified name of the module it came from.
+    """Records, for every node but the output, the qualified name of the module it came from (root ``""``).
 
-    The name is kept in ``tracer.node_to_originating_module[node]`` and in
-    ``node.meta["module_path"]``; the root module is ``""``. The ``output`` node
-    is not recorded. State lives on the instance and describes its latest trace.
-
-    Overrides ``trace`` (starts at the root path ``""``), ``call_module`` (sets
-    ``current_module_path`` around the call) and ``create_node``, which calls
-    ``record_origin``.
+    The name is kept in ``node.meta["module_path"]`` and, for the latest trace, in
+    ``tracer.node_to_originating_module[node]``. Overrides ``trace``, ``call_module`` and
+    ``create_node``, which calls ``record_origin``.
 
     >>> from torch import nn
     >>> from unitscale.fx import ModulePathTracer
@@ -244,15 +217,12 @@ class ModulePathTracer(_Tracer):
 class DeepTracer(_Tracer):
     """A tracer that recurses into every submodule, down to torch functions.
 
-    Callable arguments (a function passed to ``forward``, or to an op) become
-    placeholders; their values are kept in ``tracer.callable_args`` (placeholder
-    name -> callable), to be passed after the ordinary inputs when running.
-
-    Overrides ``trace``, ``is_leaf_module`` (``False`` for every module when
-    ``recurse_modules``) and ``create_arg`` (a callable argument becomes a placeholder).
+    A callable argument (a function passed to ``forward``, or to an op) becomes a placeholder;
+    ``tracer.callable_args`` maps its name to the callable, to pass after the inputs when
+    running. Overrides ``trace``, ``is_leaf_module`` and ``create_arg``.
 
     Args:
-        recurse_modules: trace into submodules (``False``: every submodule is a leaf).
+        recurse_modules: ``False``: every submodule is a leaf.
         autowrap_modules: modules whose functions stay single nodes (``None``: ``math``, ``einops``,
             ``unitscale.functional`` and any given to :func:`~unitscale.fx.register_autowrap_module`).
         autowrap_functions: extra functions kept as single nodes.
@@ -315,11 +285,10 @@ _FX_TRACER_INIT = inspect.signature(fx.Tracer.__init__)
 
 
 def check_autowrap(modules: Any, functions: Any, caller: str = "DeepTracer") -> None:
-    """Refuse autowrap arguments that are not tuples of Python modules and functions.
+    """Refuse autowrap arguments that are not tuples of Python modules and functions (``None`` modules: the defaults).
 
-    fx would fail on anything else deep in its patcher, or (in a tool that falls back to
-    another capture route when tracing fails) the failure would pass unnoticed. ``None``
-    modules means the registered defaults.
+    fx would fail on anything else deep in its patcher, or a tool that falls back to another
+    capture route would hide the failure.
 
     Raises:
         PredicateError: naming ``caller`` (the function the user called) and the argument.
@@ -359,8 +328,7 @@ def ask_module_predicate(
     make_it: str,
     must: str,
 ) -> bool | None:
-    """Call a user's ``predicate(module, qualname)``; a raise or a non-bool answer becomes a
-    :class:`~unitscale.errors.PredicateError` naming the module (``role`` names the predicate)."""
+    """Call a user's ``predicate(module, qualname)``; a raise or a non-bool answer is a ``PredicateError``."""
     where = f"module '{qualname}' ({type(module).__name__})"
     try:
         decision = predicate(module, qualname)
@@ -374,24 +342,14 @@ def ask_module_predicate(
 
 
 class LeafTracer(_Tracer):
-    """A tracer where the caller chooses which modules are leaves.
+    """A tracer where the caller chooses which modules stay one ``call_module`` node (leaves).
 
-    A leaf module stays one ``call_module`` node; any other module is traced
-    through. For each module the first rule that decides wins:
-
-    1. ``is_leaf(module, qualified_name)``: ``True`` (leaf), ``False`` (trace
-       through) or ``None`` (no opinion);
-    2. ``leaf_types``: instances of these types are leaves;
-    3. ``trace_types``: instances of these types are traced through;
-    4. otherwise ``torch.fx``'s default (``torch.nn`` modules are leaves).
-
-    Overrides ``is_leaf_module`` (the rules above, in order): override it in a subclass for
-    a rule that needs state, and call ``super()`` to keep the rules above.
+    For each module the first rule that decides wins: ``is_leaf(module, qualified_name)``
+    (``None``: no opinion), then ``leaf_types``, then ``trace_types`` (traced through), then
+    ``torch.fx``'s default (``torch.nn`` modules are leaves). A subclass may override
+    ``is_leaf_module`` for a rule that needs state, calling ``super()`` to keep these.
 
     Args:
-        leaf_types: module types kept as leaves.
-        trace_types: module types traced through.
-        is_leaf: a predicate ``(module, qualified_name) -> bool | None``.
         **kwargs: passed to the next tracer in the method resolution order.
 
     Raises:
@@ -400,17 +358,12 @@ class LeafTracer(_Tracer):
         PredicateError: ``is_leaf`` is not callable; when tracing, it raised or
             returned something other than ``True``, ``False`` or ``None``.
 
-    Tracing through ``nn.ReLU`` turns ``call_module`` into ``call_function``:
-
     >>> from torch import nn
     >>> from unitscale.fx import LeafTracer
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     >>> graph = LeafTracer(trace_types=(nn.ReLU,)).trace(model)
     >>> [(n.op, n.name) for n in graph.nodes][1:3]
     [('call_module', '_0'), ('call_function', 'relu')]
-    >>> graph = LeafTracer(is_leaf=lambda m, name: name != "0").trace(model)
-    >>> [n.op for n in graph.nodes]
-    ['placeholder', 'get_attr', 'get_attr', 'call_function', 'call_module', 'output']
     """
 
     def __init__(
@@ -466,13 +419,11 @@ class LeafTracer(_Tracer):
 class TaggingTracer(_Tracer):
     """Tags every node, the output included, with ``tag_fn(node)`` in ``node.meta[key]``, for later passes.
 
-    Overrides ``create_node``: the tag is written after ``super().create_node``, so it sees
-    what the tracers after this one in the MRO wrote.
+    Overrides ``create_node``, writing the tag after ``super().create_node``: it sees what the
+    tracers after this one in the MRO wrote.
 
     Args:
-        tag_fn: called on each new node; its result is the node's tag.
         default_tag: the tag used when ``tag_fn`` is ``None``.
-        key: the ``node.meta`` key the tag is stored under (default ``"tag"``).
         **kwargs: passed to the next tracer in the method resolution order.
 
     Raises:
@@ -485,9 +436,6 @@ class TaggingTracer(_Tracer):
     >>> graph = tracer.trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
     >>> [n.meta["tag"] for n in graph.nodes]
     ['PLACEHOLDER', 'CALL_MODULE', 'CALL_MODULE', 'OUTPUT']
-    >>> graph = TaggingTracer(default_tag="fp8").trace(nn.ReLU())
-    >>> {n.meta["tag"] for n in graph.nodes}
-    {'fp8'}
     """
 
     def __init__(
