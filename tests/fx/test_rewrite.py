@@ -409,6 +409,32 @@ def test_not_invertible_functions_raise_naming_the_op_and_node(f, message):
     assert isinstance(info.value, (UnitscaleError, ValueError))
 
 
+def test_an_alias_the_trace_misses_is_refused_not_inverted_wrongly():
+    def alias(x):
+        y = x * 2
+        z = y
+        y += 1  # changes the tensor z holds; torch.fx traces it as y + 1, unused
+        return z
+
+    y = torch.tensor([3.0, 5.0])
+    wrong = torch.fx.symbolic_trace(alias)(y / 2)  # what an inverse read off the trace would undo
+    assert not torch.equal(wrong, alias(y / 2))
+    with pytest.raises(
+        NotInvertibleError, match=r"node 'add' \(operator.add\) is computed from the input and never used"
+    ):
+        invert(alias)
+
+
+def test_an_unused_shape_is_no_reason_to_refuse():
+    def with_shape(x):
+        x.size()
+        x.dim()
+        return x * 2
+
+    y = torch.tensor([3.0, 5.0])
+    assert torch.equal(with_shape(invert(with_shape)(y)), y)
+
+
 def test_an_in_place_op_inverts_as_its_operator_does():
     def in_place(x):
         y = x * 2

@@ -139,8 +139,8 @@ def trace_exec_order(
         if example_inputs is None:
             if isinstance(e, TraceError):
                 raise TraceError(
-                    f"{e} Or pass example_inputs=... and trace_exec_order() captures the model with "
-                    "torch.export instead (unitscale.capture)."
+                    f"{e} Or pass example_inputs=... and trace_exec_order() records the model's ops as "
+                    "they run instead (unitscale.capture, route='eager')."
                 ) from e
             raise
         return capture_exec_order(capture(module, example_inputs, route="eager"))

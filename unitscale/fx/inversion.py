@@ -119,6 +119,10 @@ def _name(node: fx.Node) -> str:
     return str(node.target)
 
 
+#: what a function may compute from its input and not use: a shape, not a value
+_QUERIES = (getattr, "size", "dim", "numel")
+
+
 def _where(node: fx.Node) -> str:
     return f"node '{node.name}' ({_name(node)})"
 
@@ -238,6 +242,16 @@ class _Inverter:
                     later.replace_input_with(n.args[0], n)
                 stale.update(dict.fromkeys(varying, n))
             varying.add(n)
+        # torch.fx traces ``y += 1`` as ``y + 1``: where another name holds y (``z = y``), the
+        # trace drops the change z sees, leaving the add unused. Refuse rather than invert f without it.
+        if unused := [
+            n for n in nodes[:-1] if n in varying and not n.users and n.op != "placeholder" and n.target not in _QUERIES
+        ]:
+            raise NotInvertibleError(
+                f"cannot invert {self.label}: {_where(unused[0])} is computed from the input and never used. "
+                "torch.fx traces `y += 1` as `y + 1`, so another name for y (`z = y`) misses the change; "
+                "remove the unused value, or write the change as `y.add_(1)`"
+            )
         self.varying = varying
         out = output.args[0]
         if out not in varying:
@@ -334,7 +348,8 @@ def invert(fn_or_module: Callable[..., Any] | nn.Module) -> fx.GraphModule:
         NotInvertibleError: an op has no registered inverse (``relu``), combines two values
             computed from the input (``sin(x) * x``), ``f`` has several inputs or outputs,
             changes a tensor in place where the chain could miss it (through a view, or a
-            constant), has control flow that depends on the input, or has a constant operand
+            constant), computes a value from the input that it never uses (as ``z = y; y += 1;
+            return z`` traces), has control flow that depends on the input, or has a constant operand
             that loses the input or would make ``g`` return NaN (``x * 0``, ``x + nan``).
 
     >>> import torch
