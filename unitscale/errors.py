@@ -63,7 +63,7 @@ class UnitscaleError(Exception):
 
 
 class NotAModuleError(UnitscaleError, TypeError):
-    """An argument that must be a ``torch.nn.Module`` (for :func:`~unitscale.invert`, a module or function) is not one."""
+    """An argument that must be a ``torch.nn.Module`` (or, to :func:`~unitscale.invert`, a function) is not one."""
 
 
 class NotCallableError(UnitscaleError, TypeError):
