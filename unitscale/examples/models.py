@@ -82,17 +82,13 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """A small decoder-only transformer: token and position embeddings, ``n_layers``
-    pre-norm blocks with residuals, a final layer norm and a linear head.
+    """A small decoder-only transformer: token ids ``(batch, seq)`` to logits ``(batch, seq, vocab_size)``.
 
-    ``forward(idx)`` takes token ids of shape ``(batch, seq)`` and returns logits of
-    shape ``(batch, seq, vocab_size)``.
+    Token and position embeddings, ``n_layers`` pre-norm blocks with residuals, a final layer
+    norm and a linear head.
 
     Args:
-        vocab_size: number of tokens.
-        d_model: model width.
         n_layers: number of transformer blocks (``blocks.0`` ... ``blocks.{n-1}``).
-        n_heads: attention heads per block.
         seq_len: longest sequence the position embedding covers.
 
     >>> import torch

@@ -1,19 +1,7 @@
-"""A small decoder-only transformer family in two parametrisations: u-μP and standard (SP).
+"""A small decoder-only transformer in two parametrisations, u-μP and standard (SP), and its data.
 
-Both twins have the same architecture (token and position embeddings, pre-norm blocks of
-causal attention and a SwiGLU MLP, a final RMS norm, a linear readout) and take the width
-and depth as arguments, so a learning-rate sweep over widths can compare how the best
-learning rate moves. :class:`UmupGPT` is built from :mod:`unitscale.nn` modules
-(tagged parameters, residual weights from the depth rule) and trains with
-:mod:`unitscale.optim`; :class:`SPGPT` is plain torch (torch's default initialisation,
-``x + f(x)`` residuals, attention scaled by ``d_head**-0.5``) and trains with
-``torch.optim``.
-
->>> import torch
->>> from unitscale.examples import SPGPT, UmupGPT
->>> idx = torch.randint(0, 16, (2, 8))
->>> UmupGPT(16, width=32)(idx).shape, SPGPT(16, width=32)(idx).shape
-(torch.Size([2, 8, 16]), torch.Size([2, 8, 16]))
+Both twins have the same architecture and take the width and depth as arguments, so a
+learning-rate sweep over widths can compare how the best learning rate moves.
 """
 
 from __future__ import annotations
@@ -45,16 +33,12 @@ def _check_family(owner: str, vocab_size: int, width: int, depth: int, head_dim:
 class UmupGPT(nn.Module):
     """The u-μP twin: unit-scaled, tagged, residual branches weighted by :func:`~unitscale.scaling.residual_taus`.
 
-    Each block is a :class:`unitscale.nn.TransformerLayer` in its u-μP form (RMS norms,
-    SwiGLU, causal attention with scores ``attn_mult / d_head``, ``to_output_scale``
-    constraints, the reference library's u-μP default), held by a
-    :class:`unitscale.nn.TransformerStack`, which records the depth on every parameter.
+    Token and position embeddings, a :class:`unitscale.nn.TransformerStack` of u-μP layers (RMS
+    norms, SwiGLU, causal attention, ``to_output_scale`` constraints), an RMS norm and a readout;
+    train it with :mod:`unitscale.optim`.
 
     Args:
-        vocab_size: number of tokens.
-        width: model width (a multiple of ``head_dim``).
-        depth: number of transformer blocks.
-        head_dim: width of one attention head (heads = width / head_dim).
+        width: a multiple of ``head_dim``.
         max_len: longest sequence (learned positions).
         attn_mult: α_attn-softmax.
         ffn_mult: α_ffn-act.
@@ -138,11 +122,11 @@ class _SPBlock(nn.Module):
 class SPGPT(nn.Module):
     """The standard-parametrisation twin: same architecture as :class:`UmupGPT`, torch's defaults.
 
+    Plain torch (``x + f(x)`` residuals, attention scaled by ``d_head**-0.5``); train it with
+    ``torch.optim``.
+
     Args:
-        vocab_size: number of tokens.
-        width: model width (a multiple of ``head_dim``).
-        depth: number of transformer blocks.
-        head_dim: width of one attention head.
+        width: a multiple of ``head_dim``.
         max_len: longest sequence.
 
     Raises:
@@ -184,13 +168,8 @@ def markov_batches(
     width and learning rate of a sweep trains on the same tokens.
 
     Args:
-        source: the language.
-        batch: sequences per batch.
         seq_len: tokens per input sequence (targets are shifted by one).
         seed: seed of the first batch.
-
-    Returns:
-        The batch function.
 
     Raises:
         ConfigError: ``batch`` or ``seq_len`` is not a positive int, or ``seed`` is negative.

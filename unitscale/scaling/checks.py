@@ -51,11 +51,6 @@ def check_mult(owner: str, name: str, value: Any) -> float:
 
     Every α of u-μP is a positive factor: 0 switches a path off, a negative one flips it.
 
-    Args:
-        owner: the op or module the user called, for the message.
-        name: the argument's name, for the message.
-        value: the multiplier.
-
     >>> from unitscale.scaling.checks import check_mult
     >>> check_mult("Softmax", "mult", 2)
     2.0

@@ -16,13 +16,9 @@ _MARK = "_dynamo_marked_constant"
 
 
 def constant_result(fn: F) -> F:
-    """Mark ``fn`` so that TorchDynamo and ``torch.export`` call it once and keep its result.
+    """Mark ``fn`` so that TorchDynamo and ``torch.export`` call it once and keep its result; return it.
 
-    Args:
-        fn: a function of Python constants whose result never changes for the same arguments.
-
-    Returns:
-        ``fn`` itself, marked.
+    ``fn`` must be a function of Python constants whose result never changes for the same arguments.
 
     >>> from unitscale.scaling.constant import constant_result
     >>> @constant_result

@@ -1,21 +1,7 @@
 """u-μP parameter roles: what a parameter is, the width and depth its learning rate scales with.
 
-u-μP (Blake et al., "u-μP: The Unit-Scaled Maximal Update Parametrization", arXiv
-2407.17465, Section 4) gives every parameter a role, and the role fixes how its
-learning rate scales with the model's width and depth. The modules of
-:mod:`unitscale.nn` tag their parameters; :func:`tag` tags a parameter of your own
-model. The tag is a :class:`ParamRole` held by the parameter itself, so an optimiser
-that is handed ``model.parameters()`` can read it. It survives ``copy.deepcopy``,
-``pickle`` and ``torch.save``/``torch.load`` of the module (and any mix of them: a
-tagged parameter pickles as itself, not as a plain ``Parameter``), ``load_state_dict``
-into a model of :mod:`unitscale.nn` modules (``assign=True`` included) and
-``torch.compile`` (the compiled module holds the same parameters).
-
->>> import torch
->>> from unitscale.scaling import role_of, tag
->>> w = tag(torch.nn.Parameter(torch.randn(64, 32)), "weight", depth=4)
->>> role_of(w)
-ParamRole(role='weight', width=32, depth=4)
+The modules of :mod:`unitscale.nn` tag their parameters; :func:`tag` tags one of your own, and
+the optimisers of :mod:`unitscale.optim` read the tag from the parameter itself.
 """
 
 from __future__ import annotations
@@ -62,9 +48,8 @@ class ParamRole:
 class _RoleParameter(nn.Parameter):
     """A ``Parameter`` whose copies keep its attributes.
 
-    torch's ``Parameter.__deepcopy__`` drops a parameter's attributes, and its pickle
-    rebuilds a plain ``Parameter`` (attributes restored, class lost), whose next
-    ``deepcopy`` then drops them: both are overridden here.
+    torch's ``deepcopy`` of a parameter drops them, and its pickle rebuilds a plain ``Parameter``
+    whose next ``deepcopy`` drops them: both are overridden here.
     """
 
     def __deepcopy__(self, memo: dict[int, Any]) -> nn.Parameter:
@@ -103,23 +88,19 @@ def _default_width(role: str, shape: tuple[int, ...]) -> int:
 def tag(param: _P, role: str, width: int | None = None, depth: int | None = None) -> _P:
     """Tag ``param`` with a u-μP role, in place, and return it.
 
-    The learning-rate rules of :mod:`unitscale.optim` read the tag (u-μP, Section 4):
-    with Adam, a ``weight`` learns at ``lr * width**-0.5``, an ``embedding`` at
-    ``lr * width**-0.5`` (its fan-out: the paper's embedding rule, Section 4), a
-    ``readout``, ``bias`` or ``norm`` at ``lr``; a parameter with a ``depth`` at a
-    further ``depth**-0.5`` (the paper follows depth-μP there).
+    With the Adam of :mod:`unitscale.optim`, a ``weight`` or ``embedding`` learns at
+    ``lr * width**-0.5``, a ``readout``, ``bias`` or ``norm`` at ``lr``, and a parameter with a
+    ``depth`` at a further ``depth**-0.5``. The tag survives ``copy.deepcopy``, ``pickle``,
+    ``torch.save``/``torch.load``, ``load_state_dict`` into :mod:`unitscale.nn` modules
+    (``assign=True`` included) and ``torch.compile``.
 
     Args:
-        param: the parameter to tag.
         role: one of :data:`ROLES` (or ``"output"``, an alias of ``"readout"``).
         width: the width the rule reads (see :class:`ParamRole`); ``None`` reads it from the
             shape: ``shape[1:]``'s product for a weight or readout, ``shape[1]`` for an
             embedding, the element count for a bias or norm.
         depth: the number of residual blocks, for a parameter inside a depth-weighted
             residual branch; ``None`` otherwise.
-
-    Returns:
-        ``param`` itself, tagged.
 
     Raises:
         UnknownRoleError: ``role`` is not a u-μP role.
@@ -163,16 +144,9 @@ def role_of(param: object) -> ParamRole | None:
 def set_depth(module: nn.Module, depth: int) -> nn.Module:
     """Record ``depth`` (the number of residual blocks) on every tagged parameter of ``module``, in place.
 
-    Call it on the blocks of a residual stack weighted by :func:`residual_taus`: their
-    parameters then learn at a further ``depth**-0.5`` under the u-μP optimisers
-    (depth-μP's rule, which u-μP adopts, Section 4). Untagged parameters are left alone.
-
-    Args:
-        module: a module whose parameters sit inside residual branches.
-        depth: the number of residual blocks of the stack.
-
-    Returns:
-        ``module``.
+    Call it on the blocks of a residual stack weighted by :func:`residual_taus`: their parameters
+    then learn at a further ``depth**-0.5`` under the u-μP optimisers. Untagged parameters are
+    left alone. Returns ``module``.
 
     Raises:
         MultiplierError: ``depth`` is not an int >= 1.
@@ -193,19 +167,11 @@ def set_depth(module: nn.Module, depth: int) -> nn.Module:
 def residual_taus(blocks: int, residual_mult: float = 1.0, attn_ratio: float = 1.0) -> list[float]:
     """The residual weights of a transformer of ``blocks`` (attention, MLP) blocks: u-μP's depth rule.
 
-    u-μP, Appendix G: with the embedding first and attention and MLP branches
-    alternating, every attention branch contributes the same variance, every MLP
-    branch too; all attention branches together contribute ``α_res² · α_attn²``
-    (relative) and all MLP branches ``α_res²``, against the embedding's 1, where
-    ``α_attn`` is normalised so that ``(α_attn² + α_mlp²) / 2 = α_res²``. Each branch
-    therefore carries a share of the variance that falls as ``1 / depth`` (depth-μP's
-    ``1/sqrt(L)`` branch multiplier).
-
-    The values are in this library's convention (:func:`~unitscale.functional.residual_add`):
-    ``tau`` is the share of the output's variance the branch carries,
-    ``sqrt(tau)·branch + sqrt(1 - tau)·skip``. The reference library's
-    ``transformer_residual_scaling_rule`` returns the ratio ``t`` of branch to skip
-    weights instead; the two are related by ``tau = t² / (1 + t²)``.
+    u-μP, Appendix G: each branch carries a share of the variance that falls as ``1 / depth``.
+    Each ``tau`` is the share of the output's variance its branch carries, as in
+    :func:`~unitscale.functional.residual_add`; the reference library's
+    ``transformer_residual_scaling_rule`` returns the branch-to-skip ratio ``t`` instead, and
+    ``tau = t² / (1 + t²)``.
 
     Args:
         blocks: number of transformer blocks (each has two branches).

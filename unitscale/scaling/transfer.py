@@ -1,22 +1,7 @@
 """Checks that a parametrisation transfers across width: a coordinate check and a learning-rate sweep.
 
-μP's promise (and u-μP's, Blake et al., arXiv 2407.17465) is that nothing about
-training depends on the width except the cost: activations keep their scale as the
-width grows (checked by :func:`coord_check`, the "coordinate check" of Yang et al.,
-Tensor Programs V), and the best learning rate found on a narrow model is the best on
-a wide one (checked by :func:`lr_sweep`, which reports how far it moves, in octaves).
-
-Both take ``make_model(width) -> module`` and ``data(step) -> (inputs, targets)``; the
-loss is ``model.loss(inputs, targets)`` when the model has one, else cross-entropy of
-``model(inputs)`` against ``targets``.
-
->>> from unitscale.examples import MarkovSource, UmupGPT, markov_batches
->>> from unitscale.scaling import lr_sweep
->>> data = markov_batches(MarkovSource(8), batch=4, seq_len=8)
->>> model = lambda width: UmupGPT(8, width=width, depth=1)
->>> sweep = lr_sweep(model, [16, 32], [0.01, 0.1, 1.0], data, steps=3)
->>> sorted(sweep.best_lr) == [16, 32] and sweep.drift_octaves >= 0
-True
+Both train with ``model.loss(inputs, targets)`` when the model has one, else cross-entropy of
+``model(inputs)`` against ``targets``. Tutorial 10 (u-μP) shows both at work.
 """
 
 from __future__ import annotations
@@ -178,27 +163,18 @@ def coord_check(
 ) -> CoordCheck:
     """Std of every module's output at each width, at initialisation and after ``steps`` updates.
 
-    For each width: build the model (``torch.manual_seed(seed)`` first), record the std of
-    every submodule's floating-point output on batch 0, train ``steps`` steps on batches
-    ``0..steps-1``, record again on batch 0, and the std of the change (NaN where the
-    loss left float range: training stops there). Outputs of the layers of a stack are
-    one kind (``blocks.*.attn``): their stds are averaged (root mean square). Under u-μP
-    every hidden activation keeps its scale as the width grows; the readout's logits are
-    the exception by design (μP's ``1/fan_in`` multiplier makes them start near
-    ``fan_in**-0.5``; training grows them).
+    Each model is built after ``torch.manual_seed(seed)``, measured on batch 0 and trained on
+    batches ``0..steps-1``; where the loss leaves float range training stops and the stds after
+    are NaN. The layers of a stack are one kind (``blocks.*.attn``), their stds averaged (RMS).
+    Under u-μP the readout's logits are the one exception to width-independence, by design: they
+    start near ``fan_in**-0.5`` (μP's ``1/fan_in`` multiplier) and training grows them.
 
     Args:
-        make_model: ``width -> module``.
-        widths: the widths (distinct ints >= 1).
+        widths: distinct ints >= 1.
         data: ``step -> (inputs, targets)``, or one fixed batch.
-        steps: updates between the two measurements.
         optimizer: called as ``optimizer(model.parameters(), lr=lr)``; ``None``: :class:`unitscale.optim.Adam`.
-        lr: the learning rate.
         seed: the seed before each model is built.
         modules: ``(path, module) -> bool`` choosing the modules to record; ``None``: all.
-
-    Returns:
-        A :class:`CoordCheck`.
 
     Raises:
         NotCallableError: ``make_model`` or ``optimizer`` is not callable.
@@ -327,26 +303,22 @@ def lr_sweep(
 ) -> LRSweep:
     """Train each width at each learning rate for ``steps`` steps; the best lr per width and how far it moves.
 
-    Every run builds its model after ``torch.manual_seed(seed)`` and trains on the same
-    batches ``0..steps-1``. A run's loss is the mean training loss of its last ``tail``
-    steps (``None``: a fifth of the steps, at least 1), measured before each update; a run
-    whose loss becomes NaN or infinite stops and scores ``inf``. The best lr is the grid
-    point of lowest loss, so the drift is a whole number of grid steps: use a grid as fine
-    as the answer needs (half-octave steps resolve half an octave).
+    Every run builds its model after ``torch.manual_seed(seed)`` and trains on batches
+    ``0..steps-1``; a run whose loss becomes NaN or infinite stops and scores ``inf``. The best
+    lr is a grid point, so the drift is a whole number of grid steps: use a grid as fine as the
+    answer needs (half-octave steps resolve half an octave).
 
     Args:
         make_model: ``width -> module``; the int may be any size the model scales with, such
             as its depth (a depth-transfer check sweeps depths the same way).
-        widths: the widths (distinct ints >= 1), or depths.
-        lrs: the learning rates (3 or more distinct, finite numbers > 0).
+        widths: distinct ints >= 1 (or depths).
+        lrs: 3 or more distinct, finite numbers > 0.
         data: ``step -> (inputs, targets)``, or one fixed batch.
         steps: updates per run (>= 1).
         optimizer: called as ``optimizer(model.parameters(), lr=lr)``; ``None``: :class:`unitscale.optim.Adam`.
         seed: the seed before each model is built.
-        tail: how many final steps the reported loss averages.
-
-    Returns:
-        An :class:`LRSweep`.
+        tail: how many final steps the reported loss averages (the loss is measured before each
+            update); ``None``: a fifth of the steps, at least 1.
 
     Raises:
         SweepGridError: fewer than 3 learning rates, one that is not a finite number > 0, a repeat,
