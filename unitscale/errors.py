@@ -115,7 +115,7 @@ class UnknownScheduleError(UnitscaleError, ValueError):
 
 
 class UnknownConstraintError(UnitscaleError, ValueError):
-    """A constraint name is not one of ``unitscale.scaling.constraints``'."""
+    """A constraint name is not a key of ``unitscale.scaling.constraints.CONSTRAINTS``."""
 
 
 class FormatError(UnitscaleError, ValueError):
