@@ -1,11 +1,7 @@
-"""Graph transforms over a captured forward: the module that runs them, per input signature.
+"""The module that runs graph transforms over a captured forward, one graph per input signature.
 
-With example inputs (``example_inputs=``) the graph captured at once by
-:func:`unitscale.capture.capture` (an exported graph read as torch functions,
-:func:`unitscale.transforms.aten.to_torch_functions`) serves every call that differs from
-the example inputs only in the batch size (dimension 0, where the route left it free: always
-on ``fx``, on export when the model does not pin it); any other call, and every call without
-example inputs, is captured lazily with TorchDynamo, once per input signature.
+A graph captured with example inputs serves every call that differs from them only in the batch
+size (where the route left dimension 0 free); any other call is captured lazily with TorchDynamo.
 """
 
 from __future__ import annotations
@@ -143,28 +139,13 @@ class TransformedModule(nn.Module):
     Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
     ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and ``.to()``
     work as usual. Without example inputs, the graph is captured with TorchDynamo once per
-    input signature (shapes, dtypes, non-tensor values, training mode), eagerly: under
-    ``torch.compile`` a new signature breaks the graph once, so for ``fullgraph=True`` call
-    the module once eagerly first. With example inputs the graph is captured at once and
-    serves calls of any batch size (see ``unitscale.transforms.transformed_module``).
-
-    Hook map: a new behaviour is a transform given to :func:`apply_transform`, not a
-    subclass; the methods below are what runs a call.
-
-    .. code-block:: text
-
-        forward(*args, **kwargs)
-        +-- (inputs are fx proxies) the eager graph, else the latest, is replayed into the tracer
-        +-- the eager graph, if the call fits it (batch size aside)
-        +-- else key: every submodule's training flag, argument count, keyword names, each leaf's signature
-            +-- _capture(args, kwargs, leaves, key)     once per key
-            |   +-- dynamo_graph(module, ...)          (unitscale.capture)
-            |   +-- transform(graph_module) for each of transforms, in order
-            +-- captured.run(leaves)
+    input signature (shapes, dtypes, non-tensor values, each submodule's training flag),
+    eagerly: under ``torch.compile`` a new signature breaks the graph once, so for
+    ``fullgraph=True`` call the module once eagerly first. With example inputs the graph is
+    captured at once and serves calls of any batch size. A new behaviour is a transform given
+    to :func:`apply_transform`, not a subclass.
 
     Attributes:
-        module: the module whose forward is captured.
-        transforms: the graph transforms, applied in order.
         route: the capture route of the latest graph (``"fx"``, ``"export"``,
             ``"export-strict"``, ``"dynamo"``; ``None`` before any capture).
         reasons: why each route tried before ``route`` failed (eager capture).
@@ -179,8 +160,7 @@ class TransformedModule(nn.Module):
         loss_scales: the gradient factor of each unit-scaled loss in the graph (one factor
             shared by a graph's losses), one line each.
         scale_check: what :func:`unit_scale` measured along the latest graph, on the call
-            that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
-            ``None`` before the first capture and for other transforms).
+            that captured it (``None`` before the first capture and for other transforms).
 
     >>> import torch
     >>> from torch import nn
