@@ -1,11 +1,7 @@
-"""Gradient factors measured once and frozen: what batch norm's residual blocks need, kept static.
+"""Gradient factors measured once and frozen, for batch norm's gradient growth, which no scale can undo.
 
-Batch norm's input gradient grows as its input's per-channel variance shrinks, and inside a
-residual block no scale can undo that: a backward scale on the branch alone would turn the
-sum at the fork away from the true gradient, and batch norm cancels a scale given both ways.
-On a cut edge (the trunk) a backward scale multiplies every gradient upstream by one number.
-That number is measured by the first backward pass as ``1 / RMS`` of the gradient there and
-frozen in a buffer of :class:`GradScales`, saved with the model, so backward stays linear.
+Only on the trunk does a backward scale multiply every gradient upstream by one number: the first
+backward pass measures it (``1 / RMS``) into a buffer of :class:`GradScales`, so backward stays linear.
 """
 
 from __future__ import annotations
@@ -22,10 +18,9 @@ from unitscale.transforms._graph import _insert_after
 
 
 class GradScales(nn.Module):
-    """The frozen gradient factors of one unit-scaled model: one scalar buffer per place, 0 until measured.
+    """The frozen gradient factors of one model: a scalar buffer per ``<module path>_<ordinal>``, 0 until measured.
 
-    Keys name the place (``<module path>_<ordinal>``), shared by every graph of one model. Loading
-    a ``state_dict`` creates its buffers and sets ``loaded`` (the parameters are not re-initialised).
+    Loading a ``state_dict`` creates its buffers and sets ``loaded`` (the parameters are not re-initialised).
     """
 
     def __init__(self) -> None:
@@ -91,10 +86,7 @@ def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node
 
 
 def freeze_trunk_batch_norms(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int) -> list[fx.Node]:
-    """A batch norm on the trunk keeps its constraint and gets a frozen factor on its input; returns the nodes added.
-
-    Unconstrained, its input gradient's scale would be read from each batch's variances.
-    """
+    """A batch norm on the trunk keeps its constraint (else its gradient scale is each batch's) and a frozen factor."""
     added: list[fx.Node] = []
     ordinal = first
     for node in list(gm.graph.nodes):

@@ -1,9 +1,4 @@
-"""The ``torch.fx`` vocabulary the unit-scaling pass is written in.
-
-What a node runs and what kind of op that is; who reads a node and what made it, looking
-through reshapes and casts; which ops lie on the activation path, the stream and the trunk;
-what an op is called in a report (:func:`describe`); and the two edits every rule makes.
-"""
+"""The ``torch.fx`` vocabulary the unit-scaling pass is written in: op kinds, readers, paths, edits."""
 
 from __future__ import annotations
 
@@ -202,8 +197,7 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
 def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     """The graph inputs and the ops on the activation path that compute from them (not from parameters alone).
 
-    A value that holds no float tensor is left out: an input's size (``x.shape``), read again by
-    every later reshape, would otherwise jump over every op in between and take them off the trunk.
+    No value without a float tensor: ``x.shape``, read by every later reshape, would empty the trunk.
     """
     stream: set[fx.Node] = set()
     for node in graph.nodes:
@@ -219,8 +213,7 @@ def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
 def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
     """Ops every path from the inputs to the output goes through: no edge of the stream jumps over them.
 
-    Only a jump whose value shares an input with the op counts: a target passed to ``forward``
-    and read by the loss alone jumps over every op of the model but meets none of them.
+    Only a jump sharing an input with the op counts: a target read by the loss alone meets no op.
     """
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}

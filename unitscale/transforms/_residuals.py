@@ -1,13 +1,8 @@
 """The unit-scaling pass's rules for skip connections: in-place changes followed, residual adds paired.
 
-A residual add is an add where one operand is an ancestor of the other, or an add of two paths
-from one fork. ``tau`` is 0.01 when the branch holds attention; else the ``k``-th add of a chain
-(each add's skip the previous add, attention adds uncounted) gets ``tau = 1 / (k + 1)``, the
-running mean of the unit-scaling paper (Blake et al., arXiv 2303.11257), so every branch keeps
-its weight in the plain sum. A fixed 0.5 weighs the latest branch as much as the stream before
-it, and in eval mode batch norm amplifies a fresh sample's departure from its running
-statistics block by block (eval spread on fresh batches against training's: a small
-inverted-residual CNN, 1.9-3.6 against 1.4-1.6 with 0.5, 1.4-2.0 with the running mean).
+``tau`` is 0.01 when the branch holds attention, else ``1 / (k + 1)`` at the ``k``-th add of a chain
+(Blake et al.'s running mean): a fixed 0.5 lets batch norm in eval mode amplify a fresh sample's
+departure from its running statistics block by block.
 """
 
 from __future__ import annotations
@@ -29,10 +24,9 @@ _ATTENTION |= {U.scaled_dot_product_attention}
 
 
 def follow_in_place_changes(state: PassState) -> None:
-    """Make every read of a tensor after an op changed it in place read that op.
+    """Make every read of a tensor after an op changed it in place read that op (``skip = x; x += 1``).
 
-    After ``skip = x; x += 1`` the graph's reads of ``skip`` point at the node before the
-    change, where a residual split would give the skip its old value.
+    Else a residual split would give the skip its old value.
     """
     for node in list(state.graph.nodes):
         changed = node.args[0] if node.args else None
@@ -94,9 +88,7 @@ def _fork_join(
 ) -> list[fx.Node]:
     """``a + b`` where both paths start at one fork (ResNet's downsampling block): a residual pair there.
 
-    Else ``x``'s gradient would be the sum of two unit-std gradients at every such block. The
-    fork is the latest common ancestor on the stream whose every reader leads to one operand;
-    ``tau = 0.5`` keeps :func:`~unitscale.functional.add`'s forward. Returns the nodes changed and added.
+    Else the fork's gradient would be the sum of two unit-std gradients; returns the nodes changed and added.
     """
     if a not in stream or b not in stream:
         return []

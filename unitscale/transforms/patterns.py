@@ -1,14 +1,6 @@
-"""Fold composite ops that libraries write out by hand into one unit-scaled op.
+"""Fold RMS norms (``LlamaRMSNorm``, casts and all) and tanh GELUs (GPT-2's) written out by hand into twins.
 
-Run before residual adds are looked for (``x + 0.044715 * x**3`` inside GELU would
-otherwise look like one); the new node keeps the replaced node's meta:
-
-- RMS norm (``LlamaRMSNorm``, ``T5LayerNorm``):
-  ``w * (x * rsqrt(mean(x.pow(2), -1, keepdim=True) + eps))``, with ``.to(dtype)`` casts
-  anywhere on the way, becomes :func:`~unitscale.functional.rms_norm`;
-- tanh GELU (GPT-2's ``NewGELUActivation``):
-  ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3)))`` becomes
-  :func:`~unitscale.functional.gelu` with ``approximate="tanh"``.
+Run before residual adds are looked for: ``x + 0.044715 * x**3`` inside GELU would look like one.
 """
 
 from __future__ import annotations
