@@ -22,9 +22,6 @@ order, over one :class:`PassState` (the graph module and what the rules before f
     factors measured once and frozen;
 18. ``balance_gates``: squeeze-excitation gates;
 19. ``share_loss_scales``: one gradient factor for a graph's losses.
-
-After the last rule the pass lists the ops it left unscaled and re-initialises the parameters
-(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`); :func:`register_rule` adds a rule of yours.
 """
 
 from __future__ import annotations
@@ -102,15 +99,12 @@ def register_rule(
     """Add a rule of your own to the unit-scaling pass, before or after a named rule (else last).
 
     ``fn(state)`` changes ``state.gm.graph`` in place; a node it rewrites or adds belongs in
-    ``state.done`` (:meth:`PassState.retarget` puts it there), so later rules leave it and the
-    pass does not report it unscaled. Every :func:`~unitscale.transforms.unit_scale` made after
-    this runs it; one made before keeps its list.
+    ``state.done`` (:meth:`PassState.retarget` puts it there), else later rules rewrite it and
+    the pass reports it unscaled. A :func:`~unitscale.transforms.unit_scale` made before keeps its list.
 
     Args:
-        name: the rule's name, not one of :func:`rule_names`.
-        fn: the rule, ``PassState -> None``.
-        before: run just before this rule.
-        after: run just after this rule (give one of ``before`` and ``after``, or neither).
+        before: run just before this rule (give one of ``before`` and ``after``, or neither).
+        after: run just after this rule.
 
     Raises:
         NotCallableError: ``fn`` is not callable.

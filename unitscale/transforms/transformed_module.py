@@ -95,11 +95,7 @@ class _EagerGraph:
 
 
 class _ProxyInliner(fx.Interpreter):
-    """Replays a graph into the tracer that is tracing the caller, one node per node.
-
-    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled functions
-    (the generated code's globals, which a tracer's autowrapping does not patch).
-    """
+    """Replays a graph into the tracer tracing the caller: its forward's globals would be traced into."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm, garbage_collect_values=False)
@@ -205,8 +201,7 @@ class TransformedModule(nn.Module):
     def wrap(cls, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> TransformedModule:
         """A ``TransformedModule`` whose ``forward`` has the parameter names of ``module.forward``.
 
-        ``torch.fx`` reads the names from the class's ``forward``; with them the traced
-        placeholders are called ``x`` or ``idx`` rather than one ``*args``.
+        ``torch.fx`` then names the traced placeholders ``x`` or ``idx`` rather than one ``*args``.
 
         >>> import torch
         >>> from unitscale.transforms import TransformedModule
@@ -369,11 +364,7 @@ def _batch_free(gm: fx.GraphModule, route: str) -> bool:
 
 
 def _modes(module: nn.Module) -> tuple[Any, ...]:
-    """The training flag and hooks of every submodule, and the call's state: a graph is captured for one such mode.
-
-    ``model.train(); model.bn.eval()`` is a mode of its own; grad mode, inference mode and
-    autocast change the graph too (``unitscale.capture.toolkit.call_state``).
-    """
+    """Every submodule's training flag and hooks, and grad mode, inference mode and autocast: one graph per mode."""
     return (tuple((m.training, hook_key(m)) for m in module.modules()), call_state())
 
 
