@@ -88,13 +88,10 @@ def _is_pool(node: fx.Node) -> bool:
     if _reduced_dims(node) is None:
         return False
     made_by = _producer(node.args[0])
-    if isinstance(made_by, fx.Node) and (_member(_function_of(made_by), _SQUARES) or _is_square(made_by)):
+    square = _is(made_by, _MUL) and len(made_by.args) >= 2 and made_by.args[0] is made_by.args[1]
+    if isinstance(made_by, fx.Node) and (_member(_function_of(made_by), _SQUARES) or square):
         return False
     return not any(_member(_function_of(user), _STATISTIC_READERS) for user in node.users)
-
-
-def _is_square(node: fx.Node) -> bool:
-    return _is(node, _MUL) and len(node.args) >= 2 and node.args[0] is node.args[1]
 
 
 def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
@@ -182,10 +179,7 @@ def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
 
 
 def _stochastic_depth_leaf(node: fx.Node) -> float | None:
-    """``q**0.5`` for torchvision's ``stochastic_depth(x, p, mode, training=True)``, ``q = 1 - p``, else ``None``.
-
-    Known by name (a leaf call on the fx route): the library does not import torchvision.
-    """
+    """``(1 - p)**0.5`` for torchvision's ``stochastic_depth(x, p, mode, True)``, known by name, else ``None``."""
     fn = node.target if node.op == "call_function" else None
     name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
     if name != "torchvision.ops.stochastic_depth.stochastic_depth" or len(node.args) != 4:

@@ -176,11 +176,6 @@ ATEN_NEUTRAL: frozenset[Any] = frozenset(
 _CHECKS = {aten._assert_tensor_metadata.default}
 
 
-def _overwrites_a_shared_tensor(node: fx.Node) -> bool:
-    target = node.args[0]
-    return isinstance(target, fx.Node) and (len(target.users) > 1 or target.op == "get_attr")
-
-
 def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
     """Rewrite ``gm``'s aten ops of :data:`TORCH_LEVEL` into torch functions, in place; returns ``gm``.
 
@@ -208,7 +203,9 @@ def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
             rewrite = TORCH_LEVEL.get(node.target)
         except TypeError:  # an unhashable target
             continue
-        if rewrite is None or (node.target in _IN_PLACE and _overwrites_a_shared_tensor(node)):
+        overwritten = node.args[0] if node.target in _IN_PLACE else None
+        shared = isinstance(overwritten, fx.Node) and (len(overwritten.users) > 1 or overwritten.op == "get_attr")
+        if rewrite is None or shared:  # an in-place op whose tensor is read again, or a buffer, stays
             continue
         node.op, node.target, node.args, node.kwargs = rewrite(tuple(node.args), dict(node.kwargs))
     gm.graph.lint()

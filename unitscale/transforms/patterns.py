@@ -181,9 +181,5 @@ def fold_patterns(graph: fx.Graph) -> list[fx.Node]:
     ...     node.meta["example_value"] = torch.empty(2, 8) if node.name == "x" else torch.empty(8)
     >>> [n.target.__name__ for n in fold_patterns(gm.graph)]
     ['rms_norm']
-    >>> _ = gm.recompile()
-    >>> x, w = torch.randn(2, 8), torch.randn(8)
-    >>> torch.allclose(gm(x, w), rms(x, w), atol=1e-6)
-    True
     """
     return [*_fold_rms_norm(graph), *_fold_gelu_tanh(graph)]
