@@ -17,8 +17,6 @@ import torch.nn.functional as F
 from torch import fx
 
 import unitscale.functional as U
-from unitscale.transforms._frozen import freeze_grads_before_batch_norm_blocks
-from unitscale.transforms._frozen import freeze_trunk_batch_norms as _freeze_trunk_batch_norms
 from unitscale.transforms._graph import (
     _activation_path,
     _ancestors,
@@ -221,15 +219,3 @@ def rescale_max_pools_of_relus(state: PassState) -> None:
         if not (isinstance(source, fx.Node) and source.target is U.relu):
             continue
         state.done.add(_scale_after(node, 2**-0.5, 2**-0.5, "of_relu"))
-
-
-def freeze_before_batch_norm_blocks(state: PassState) -> None:
-    """Freeze a measured gradient factor on the trunk before each residual block holding batch norm (``_frozen.py``)."""
-    blocks = freeze_grads_before_batch_norm_blocks(state.gm, state.trunk, state.grad_scales)
-    state.done.update(blocks)
-    state.blocks = len(blocks)
-
-
-def freeze_trunk_batch_norms(state: PassState) -> None:
-    """Freeze a measured gradient factor before each batch norm on the trunk (see ``_frozen.py``)."""
-    state.done.update(_freeze_trunk_batch_norms(state.gm, state.trunk, state.grad_scales, state.blocks))

@@ -1,4 +1,4 @@
-"""Gradient factors measured once and frozen, for batch norm's gradient growth, which no scale can undo.
+"""The unit-scaling pass's rules that freeze gradient factors measured once, for batch norm's gradient growth.
 
 Only on the trunk does a backward scale multiply every gradient upstream by one number: the first
 backward pass measures it (``1 / RMS``) into a buffer of :class:`GradScales`, so backward stays linear.
@@ -7,7 +7,7 @@ backward pass measures it (``1 / RMS``) into a buffer of :class:`GradScales`, so
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
@@ -15,6 +15,9 @@ from torch import fx, nn
 import unitscale.functional as U
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.transforms._graph import _insert_after
+
+if TYPE_CHECKING:
+    from unitscale.transforms.pass_state import PassState
 
 
 class GradScales(nn.Module):
@@ -64,37 +67,33 @@ def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, re
     return scaled
 
 
-def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales) -> list[fx.Node]:
-    """A frozen gradient factor on the trunk before each residual block holding batch norm; returns the nodes added."""
-    added: list[fx.Node] = []
-    nodes = list(gm.graph.nodes)
+def freeze_before_batch_norm_blocks(state: PassState) -> None:
+    """Freeze a measured gradient factor on the trunk before each residual block holding batch norm."""
+    nodes = list(state.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    ordinal = 0
+    added: list[fx.Node] = []
     for split in [n for n in nodes if n.target is U.residual_split and n.args]:
         source = split.args[0]
         stream = source
-        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in trunk and stream.args:
+        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in state.trunk and stream.args:
             stream = stream.args[0]
-        if not (isinstance(source, fx.Node) and stream in trunk):
+        if not (isinstance(source, fx.Node) and stream in state.trunk):
             continue
-        block = itertools.takewhile(lambda n: n not in trunk, nodes[position[split] + 1 :])
-        if not any(n.target is U.batch_norm for n in block):
-            continue
-        added.append(freeze_grad_scale(gm, store, source, split, ordinal))
-        ordinal += 1
-    return added
+        block = itertools.takewhile(lambda n: n not in state.trunk, nodes[position[split] + 1 :])
+        if any(n.target is U.batch_norm for n in block):
+            added.append(freeze_grad_scale(state.gm, state.grad_scales, source, split, len(added)))
+    state.done.update(added)
+    state.blocks = len(added)
 
 
-def freeze_trunk_batch_norms(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int) -> list[fx.Node]:
+def freeze_trunk_batch_norms(state: PassState) -> None:
     """A batch norm on the trunk keeps its constraint (else its gradient scale is each batch's) and a frozen factor."""
-    added: list[fx.Node] = []
-    ordinal = first
-    for node in list(gm.graph.nodes):
-        if node.target is not U.batch_norm or node not in trunk or not node.args:
+    ordinal = state.blocks
+    for node in list(state.graph.nodes):
+        if node.target is not U.batch_norm or node not in state.trunk or not node.args:
             continue
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "constraint"}
         source = node.args[0]
         if isinstance(source, fx.Node):
-            added.append(freeze_grad_scale(gm, store, source, node, ordinal))
+            state.done.add(freeze_grad_scale(state.gm, state.grad_scales, source, node, ordinal))
             ordinal += 1
-    return added

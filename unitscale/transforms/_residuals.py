@@ -93,8 +93,7 @@ def _fork_join(
     if a not in stream or b not in stream:
         return []
     common = ancestors.get(a, set()) & ancestors.get(b, set()) & stream
-    # A node returning a tuple (multi-head attention with its weights, a GRU's output and
-    # state) is no fork: each side reads its own element. The getitem both sides read is.
+    # A node returning a tuple (attention and its weights, a GRU's state) is no fork; the getitem both sides read is.
     forks = [n for n in node.graph.nodes if n in common and isinstance(n.meta.get("example_value"), torch.Tensor)]
     if not forks or not _is_float_node(forks[-1]):
         return []
@@ -114,8 +113,7 @@ def _fork_join(
     body_b = {n for n in ancestors.get(b, set()) | {b} if fork in ancestors.get(n, set())}
     inside = body_a | body_b | {fork}
     if any(p in common and p not in inside for n in inside - {fork} for p in n.all_input_nodes):
-        # a path from upstream reaches a side around the fork (attention weights times
-        # the block's input): a split there would weight only part of that gradient
+        # a path from upstream reaches a side around the fork: a split would weight only part of it
         return []
     attention_a, attention_b = _holds_attention(body_a), _holds_attention(body_b)
     # The branch is the side with attention, else the longer one; the other is the skip.

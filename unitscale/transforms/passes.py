@@ -174,9 +174,7 @@ def unit_scale(
     Args:
         replace: extra or overriding replacements, ``{torch function: replacement}``.
         strict: ``True``: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
-        example_inputs: a tensor or tuple of positional inputs: capture now, by the
-            capture layer's routes.
-        example_kwargs: keyword inputs to capture with (``decoder_input_ids`` of T5).
+        example_inputs: a tensor or tuple of positional inputs: capture now, as :func:`apply_transform` does.
         route: ``"auto"`` (every graph route, in order), one route name or a tuple of
             them (needs ``example_inputs``).
         check: ``False`` skips the extra forward and backward pass of ``result.scale_check``
@@ -215,8 +213,7 @@ def unit_scale(
     _check_route_inputs(example_inputs, route)
     outer, inner, earlier = _unwrap(module)
     _check_batch_norm_momentum(inner)
-    # Unit scaling comes before any simulated format, in either order of calls: rounding a
-    # tensor before unit scaling would round values at the original initialisation's scale.
+    # Unit scaling comes first: rounding before it would round values at the original initialisation's scale.
     first_format = next((i for i, t in enumerate(earlier) if isinstance(t, _SimulateFormat)), len(earlier))
     scaling: GraphTransform = _UnitScale(replacements, strict, check)
     transforms = (*earlier[:first_format], scaling, *earlier[first_format:])

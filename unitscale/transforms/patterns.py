@@ -108,8 +108,7 @@ def _fold_rms_norm(graph: fx.Graph) -> list[fx.Node]:
                         final, weight = user, w
                         pattern.append(user)
                         break
-        # Llama's norm upcasts its input, normalises, casts back, then applies its gain (a bf16
-        # model): the fold normalises in the upcast dtype, gain included, and casts back once
+        # Llama's norm (bf16) applies its gain after casting back: the fold casts back once, at the end
         upcast, result = _dtype_of(x), _dtype_of(final)
         cast_back = upcast is not None and result is not None and upcast != result
         if cast_back and isinstance(weight, fx.Node) and _dtype_of(weight) not in (None, upcast):

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from unitscale.errors import NotCallableError, RuleError
-from unitscale.transforms import _cnn_rules, _kept, _losses, _op_rules, _residuals
+from unitscale.transforms import _cnn_rules, _frozen, _kept, _losses, _op_rules, _residuals
 from unitscale.transforms._graph import _activation_path, _ancestors, _stream, _trunk
 from unitscale.transforms.pass_state import PassState
 
@@ -70,8 +70,8 @@ _RULES: list[Rule] = [
         _cnn_rules.rescale_relus_after_residuals,
         _cnn_rules.scale_global_pools,
         _cnn_rules.rescale_max_pools_of_relus,
-        _cnn_rules.freeze_before_batch_norm_blocks,
-        _cnn_rules.freeze_trunk_batch_norms,
+        _frozen.freeze_before_batch_norm_blocks,
+        _frozen.freeze_trunk_batch_norms,
         _cnn_rules.balance_gates,
         _losses.share_loss_scales,
     )

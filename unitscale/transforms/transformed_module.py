@@ -145,16 +145,12 @@ class TransformedModule(nn.Module):
         route: the capture route of the latest graph (``"fx"``, ``"export"``,
             ``"export-strict"``, ``"dynamo"``; ``None`` before any capture).
         reasons: why each route tried before ``route`` failed (eager capture).
-        unscaled_ops: ops :func:`unit_scale` left as they were, one line each, naming
-            the op, its node, its module path and source line.
-        kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
-            of unit-scaled operands (rotary embeddings, products of activations), one
-            ``"<op>: <reason>"`` line each.
-        unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
-            inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
-            ``"<first op>: <n> op(s) left whole"`` line each.
-        loss_scales: the gradient factor of each unit-scaled loss in the graph (one factor
-            shared by a graph's losses), one line each.
+        unscaled_ops: ops :func:`unit_scale` left as they were, one line each (op, node, module, source line).
+        kept_ops: ops :func:`unit_scale` kept because they keep unit scale (rotary embeddings,
+            products of activations), one ``"<op>: <reason>"`` line each.
+        unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an inlined
+            ``vmap``) :func:`unit_scale` left whole, one ``"<first op>: <n> op(s) left whole"`` line each.
+        loss_scales: the gradient factor of each unit-scaled loss (shared by a graph's losses), one line each.
         scale_check: what :func:`unit_scale` measured along the latest graph, on the call
             that captured it (``None`` before the first capture and for other transforms).
 
@@ -173,8 +169,7 @@ class TransformedModule(nn.Module):
         self.module = module
         self.training = module.training  # a model wrapped in eval mode is captured in eval mode
         self.transforms = tuple(transforms)
-        # unit_scale's frozen gradient factors are the wrapper's: saved in its state_dict, and out of
-        # reach of the capture's restore of the model's own buffers
+        # unit_scale's frozen gradient factors are the wrapper's: out of reach of the capture's buffer restore
         for transform in self.transforms:
             state = getattr(transform, "grad_scales", None)
             if isinstance(state, nn.Module):
@@ -227,8 +222,7 @@ class TransformedModule(nn.Module):
         mode = _modes(self.module)
         eager = self._eager
         if eager is not None and eager.key[0] != mode and self._eager_spec is not None:
-            # Another mode (train()/eval(), no_grad, a hook added): the example inputs are captured
-            # again, by the same routes, in this mode; a model only those routes take keeps working.
+            # Another mode (train()/eval(), no_grad, a hook): captured again by the same routes, as the model may need
             eager = self._eager_for_mode(mode)
         if eager is not None and eager.key == _eager_key(mode, args, kwargs, leaves, eager.batch_free):
             return eager.run(args, kwargs)

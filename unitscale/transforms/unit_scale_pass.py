@@ -33,8 +33,7 @@ from unitscale.transforms._kept import region_lines
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "describe", "unit_init_"]
 
-#: ``node.meta`` key of an op kept as it was because it keeps unit scale as a whole (a rotary
-#: embedding's products, whose sum has the std of ``x``): the reason, for the std check.
+#: ``node.meta`` key of an op kept as it was because it keeps unit scale as a whole: the reason.
 KEPT_KEY = "unitscale_kept"
 
 
