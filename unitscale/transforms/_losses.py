@@ -1,7 +1,4 @@
-"""The unit-scaling pass's rule for losses: one gradient factor for the losses of a graph.
-
-With their own factors, a sum of losses would have a gradient pointing away from the true one.
-"""
+"""The unit-scaling pass's rule for losses: one gradient factor, so a sum of losses keeps the true direction."""
 
 from __future__ import annotations
 

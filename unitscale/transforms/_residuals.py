@@ -24,10 +24,7 @@ _ATTENTION |= {U.scaled_dot_product_attention}
 
 
 def follow_in_place_changes(state: PassState) -> None:
-    """Make every read of a tensor after an op changed it in place read that op (``skip = x; x += 1``).
-
-    Else a residual split would give the skip its old value.
-    """
+    """Make every read after an in-place change (``skip = x; x += 1``) read the change, as a residual split must."""
     for node in list(state.graph.nodes):
         changed = node.args[0] if node.args else None
         if not (isinstance(changed, fx.Node) and _is_float_node(changed) and changes_in_place(node)):

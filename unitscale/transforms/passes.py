@@ -162,10 +162,10 @@ def unit_scale(
     ``result.grad_scales`` (buffers, saved in ``state_dict``), so backward stays linear.
 
     Ops left as they were are logged on the ``unitscale.transforms.passes`` logger. Each capture
-    runs the new graph once more, forward and backward, on the capturing call's inputs (batch
-    norm's statistics and the random number generator put back), into ``result.scale_check``;
-    when that is off unit scale (outside [0.5, 2]) its summary is logged on the
-    ``unitscale.transforms.transformed_module`` logger: a report, not an error.
+    runs the new graph once more, forward and backward, on the capturing call's inputs (buffers and
+    random number generator put back), into ``result.scale_check``; when that is off unit scale
+    (outside [0.5, 2]) its summary is logged on the ``unitscale.transforms.transformed_module``
+    logger: a report, not an error.
 
     Applied to a :class:`TransformedModule`, unit scaling runs before any :func:`simulate_format`
     among its transforms, so ``unit_scale(simulate_fp8(m))`` computes what

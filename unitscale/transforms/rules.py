@@ -9,11 +9,9 @@ order, over one :class:`PassState` (the graph module and what the rules before f
 4. ``fold_written_out_ops``: a hand-written RMS norm or tanh GELU becomes its twin;
 5. ``analyse``: the graph's ancestors, activation path, stream and trunk;
 6. ``keep_rotary_embeddings`` and 7. ``keep_soft_caps``: ops that keep unit scale as a whole;
-8. ``residual_adds``: an add whose operand is an ancestor of the other (or two paths from
-   one fork) becomes a ``residual_split`` / ``residual_add`` pair;
+8. ``residual_adds``: a residual add becomes a ``residual_split`` / ``residual_add`` pair;
 9. ``unconstrain_folded_on_trunk``: a folded twin on the trunk scales each direction alone;
-10. ``swap_ops``: adds, products of activations, mean pools, layer scales, then every op of
-    :data:`unitscale.functional.torch_map` become their twins;
+10. ``swap_ops``: adds, products, pools, layer scales, then :data:`~unitscale.functional.torch_map`;
 11. ``drop_constant_factors``: ``x * c`` where the op after it sets the scale;
 12. ``constrain_before_batch_norms``, 13. ``rescale_relus_after_residuals``,
     14. ``scale_global_pools`` and 15. ``rescale_max_pools_of_relus``: the scales of

@@ -132,14 +132,12 @@ class _ProxyInliner(fx.Interpreter):
 class TransformedModule(nn.Module):
     """A module whose forward runs ``module``'s captured graph after ``transforms``.
 
-    Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
     ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and ``.to()``
     work as usual. Without example inputs, the graph is captured with TorchDynamo once per
     input signature (shapes, dtypes, non-tensor values, each submodule's training flag),
     eagerly: under ``torch.compile`` a new signature breaks the graph once, so for
     ``fullgraph=True`` call the module once eagerly first. With example inputs the graph is
-    captured at once and serves calls of any batch size. A new behaviour is a transform given
-    to :func:`apply_transform`, not a subclass.
+    captured at once and serves calls of any batch size. Extend it with :func:`apply_transform`, not a subclass.
 
     Attributes:
         route: the capture route of the latest graph (``"fx"``, ``"export"``,
