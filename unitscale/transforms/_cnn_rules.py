@@ -1,8 +1,4 @@
-"""The unit-scaling pass's rules for convolutional networks, whose ops' inputs are often not ``N(0, 1)``.
-
-Batch norm undoes a forward scale and grows the gradient, a ReLU's output has a mean, a max pool
-keeps what a ReLU would drop: after the twins are in place, these rules rewrite around them.
-"""
+"""The unit-scaling pass's rules for convolutional networks, whose ops' inputs are often not ``N(0, 1)``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The unit-scaling pass's rules that swap ops for their twins: replacements, folds, twins, constants.
-
-A twin gets ``constraint=None`` on the trunk alone (Blake et al.'s cut edges): there a mismatch of
-its two scales multiplies every upstream gradient by one number.
-"""
+"""The unit-scaling pass's rules that swap ops for their twins, unconstrained on the trunk (cut edges) alone."""
 
 from __future__ import annotations
 
@@ -163,10 +159,7 @@ def _keep_mask(mask: Any) -> tuple[float, list[fx.Node]] | None:
 
 
 def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
-    """``x * mask``, ``mask = bernoulli(q) / c``, is scaled by ``c / q**0.5`` both ways: unit std in training.
-
-    Else batch norm's running variances keep training's width, and eval mode shrinks block by block.
-    """
+    """``x * bernoulli(q) / c`` is scaled by ``c / q**0.5`` both ways, else eval-mode batch norms shrink the stream."""
     found = [m for m in map(_keep_mask, node.args) if m is not None] if _is(node, _MUL) else []
     leaf = _stochastic_depth_leaf(node)
     if leaf is not None:
