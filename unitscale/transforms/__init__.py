@@ -1,24 +1,16 @@
 """Graph transforms over the capture layer's graphs: unit scaling and simulated number formats.
 
-``unit_scale`` measures the std along each graph it makes (:class:`ScaleCheck`), and names
-the ops that move a model off unit scale (:class:`OffScale`).
-
-Captured lazily with TorchDynamo on the first call, or at once by
-:func:`unitscale.capture.capture`'s routes with ``example_inputs=``. They nest:
-``simulate_fp8(unit_scale(model))`` captures once and runs both.
+Captured lazily with TorchDynamo on the first call, or at once by :func:`unitscale.capture.capture`'s
+routes with ``example_inputs=``. They nest: ``simulate_fp8(unit_scale(model))`` captures once and
+runs both. ``unit_scale`` is an ordered list of named rules over one :class:`PassState`
+(:func:`register_rule` adds one of yours), and measures the std along each graph it makes
+(:class:`ScaleCheck`, :class:`OffScale`).
 
 >>> import torch
 >>> from unitscale.transforms import unit_scale
 >>> model = unit_scale(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()))
 >>> round(model(torch.randn(512, 64)).std().item(), 1)
 1.0
-
-``unit_scale`` is an ordered list of named rules over one :class:`PassState`, run in
-order; :func:`register_rule` adds one of yours, :func:`unregister_rule` takes it out:
-
->>> from unitscale.transforms import rule_names
->>> rule_names()[-3:]
-['freeze_trunk_batch_norms', 'balance_gates', 'share_loss_scales']
 """
 
 from unitscale.transforms.pass_state import PassState

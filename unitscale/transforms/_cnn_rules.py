@@ -1,10 +1,4 @@
-"""The unit-scaling pass's rules for convolutional networks: scales for the inputs they really get.
-
-A unit-scaled op assumes its inputs are ``N(0, 1)``, and in a convolutional network several
-are not: batch norm undoes any forward scale before it, a ReLU's output has a mean, a max
-pool keeps what a ReLU would drop, and batch norm grows the gradient in a way no scale
-inside a residual block can undo. After the twins are in place, these rules rewrite around them.
-"""
+"""The unit-scaling pass's rules for convolutional networks, whose ops' inputs are often not ``N(0, 1)``."""
 
 from __future__ import annotations
 
@@ -19,8 +13,6 @@ import torch.nn.functional as F
 from torch import fx
 
 import unitscale.functional as U
-from unitscale.transforms._frozen import freeze_grads_before_batch_norm_blocks
-from unitscale.transforms._frozen import freeze_trunk_batch_norms as _freeze_trunk_batch_norms
 from unitscale.transforms._graph import (
     _activation_path,
     _ancestors,
@@ -38,8 +30,7 @@ _MATMULS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d}
 def constrain_before_batch_norms(state: PassState) -> None:
     """A matmul or convolution off the trunk that only batch norm reads takes its input-gradient scale both ways.
 
-    Batch norm undoes the forward scale before it; a mean of the two scales would grow a
-    stride-2 convolution's gradient by ``(fan_in / count)**0.25``, 1.19, at every downsampling.
+    Batch norm undoes the forward scale; a mean of the two would grow the gradient at every downsampling.
     """
     for node in state.graph.nodes:
         if not (node.op == "call_function" and _member(node.target, _MATMULS)) or "constraint" in node.kwargs:
@@ -63,13 +54,10 @@ def _global_window(node: fx.Node, value: torch.Tensor, before: torch.Tensor) -> 
 
 
 def scale_global_pools(state: PassState) -> None:
-    """Scale an average pool to one value per channel for its input's mean.
+    """Scale an average pool to one value per channel for its input's mean: ``(r**2 + 1/k)**-0.5`` forward.
 
-    Over ``k`` zero-mean values the pool's scales are ``k**0.5`` forward and ``k`` backward. Off
-    the trunk (a squeeze-excitation block) it takes its forward scale both ways: a geometric
-    mean misses both by ``k**0.25`` and the gate after it saturates. After an activation whose
-    output has a mean ``r`` times its std (0.68 for ReLU) the pooled value has mean square
-    ``r**2 + 1/k``, so the forward scale is ``(r**2 + 1/k)**-0.5``, not ``k**0.5``.
+    ``r`` is the activation's mean over its std (0.68 for ReLU), ``k`` the window; off the trunk (a
+    squeeze-excitation block) the forward scale goes both ways, else the gate after it saturates.
     """
     for node in list(state.graph.nodes):
         if not (node.op == "call_function" and _member(node.target, _POOLS)):
@@ -119,11 +107,8 @@ def _ratio(fn: Callable[..., Any]) -> float:
 def _post_residual_relu(tau: float) -> tuple[float, float]:
     """Forward and backward scales of a ReLU after ``residual_add(branch, skip, tau)`` whose skip is such a ReLU.
 
-    The skip is the previous block's ReLU output, whose mean is not 0; the sum is taken as
-    Gaussian, and a ReLU of ``N(mu, sigma**2)`` has mean ``mu Phi(a) + sigma phi(a)``, mean
-    square ``(mu**2 + sigma**2) Phi(a) + mu sigma phi(a)`` (``a = mu / sigma``) and passes a
-    share ``Phi(a)`` of its gradient. Iterated to the fixed point (at ``tau = 0.5``, 72% of the
-    inputs are positive, not half): ``1 / RMS`` forward and ``Phi(a)**-0.5`` backward.
+    The skip's mean is not 0: a ReLU of the (Gaussian) sum, iterated to the fixed point, passes
+    more than half its inputs (72% at ``tau = 0.5``); ``1 / RMS`` forward, ``Phi(a)**-0.5`` backward.
     """
     mean, forward, share = 0.564, 2**0.5, 0.5  # start from a ReLU of N(0, 1) at unit RMS
     for _ in range(60):
@@ -137,10 +122,9 @@ def _post_residual_relu(tau: float) -> tuple[float, float]:
 
 
 def rescale_relus_after_residuals(state: PassState) -> None:
-    """Give a ReLU after a residual add whose skip is a ReLU the scales of its input (:func:`_post_residual_relu`).
+    """Make a ReLU after a residual add whose skip is a ReLU torch's, then scale it (:func:`_post_residual_relu`).
 
-    The ReLU becomes torch's and one :func:`~unitscale.functional.scale`: both scales on the
-    trunk, else their geometric mean both ways.
+    Both scales on the trunk, else their geometric mean both ways.
     """
     rewritten: set[fx.Node] = set()
     for node in list(state.graph.nodes):
@@ -163,21 +147,18 @@ def rescale_relus_after_residuals(state: PassState) -> None:
             forward = backward = (forward * backward) ** 0.5
         node.target, node.kwargs = F.relu, {}
         rescaled = _scale_after(node, forward, backward, "after_residual")
-        # An average pool after it takes a plain ReLU's mean-to-std ratio (0.68), not the fixed
-        # point's (0.98): that one assumes every skip is such a ReLU, and measured on ResNet,
-        # RegNet and BotNet it undershoots the pooled scale by a factor of 2.
+        # a pool after it takes a plain ReLU's ratio (0.68), not the fixed point's (0.98): measured
+        # on ResNet, RegNet and BotNet, the latter undershoots the pooled scale by a factor of 2
         rescaled.meta[_MEAN_TO_STD_KEY] = _ratio(F.relu)
         rewritten.update({node, rescaled})
         state.done.update({node, rescaled})
 
 
 def balance_gates(state: PassState) -> None:
-    """Scale a gate's gradient by its copies where the gate's branch undoes it.
+    """Unconstrain a gate's product where its ``k**-0.5`` gradient scale holds, else keep its constraint.
 
-    Unconstrained, the gate's summed gradient is scaled by ``k**-0.5``, true only where the
-    operands' gradients do not meet upstream (no common input), or where the gate's branch
-    starts at a global average pool over the ``k`` positions and is entered and left there
-    alone: the pool then gets ``k**0.5`` backward. Elsewhere the product keeps its constraint.
+    It holds where the operands' gradients do not meet upstream, or where the gate's branch alone
+    starts at a global average pool over the ``k`` positions, which then gets ``k**0.5`` backward.
     """
     graph = state.graph
     muls = [n for n in graph.nodes if n.target is U.mul and len(n.args) == 2]
@@ -234,15 +215,3 @@ def rescale_max_pools_of_relus(state: PassState) -> None:
         if not (isinstance(source, fx.Node) and source.target is U.relu):
             continue
         state.done.add(_scale_after(node, 2**-0.5, 2**-0.5, "of_relu"))
-
-
-def freeze_before_batch_norm_blocks(state: PassState) -> None:
-    """Freeze a measured gradient factor on the trunk before each residual block holding batch norm (``_frozen.py``)."""
-    blocks = freeze_grads_before_batch_norm_blocks(state.gm, state.trunk, state.grad_scales)
-    state.done.update(blocks)
-    state.blocks = len(blocks)
-
-
-def freeze_trunk_batch_norms(state: PassState) -> None:
-    """Freeze a measured gradient factor before each batch norm on the trunk (see ``_frozen.py``)."""
-    state.done.update(_freeze_trunk_batch_norms(state.gm, state.trunk, state.grad_scales, state.blocks))

@@ -1,17 +1,13 @@
-"""Gradient factors measured once and frozen: what batch norm's residual blocks need, kept static.
+"""The unit-scaling pass's rules that freeze gradient factors measured once, for batch norm's gradient growth.
 
-Batch norm's input gradient grows as its input's per-channel variance shrinks, and inside a
-residual block no scale can undo that: a backward scale on the branch alone would turn the
-sum at the fork away from the true gradient, and batch norm cancels a scale given both ways.
-On a cut edge (the trunk) a backward scale multiplies every gradient upstream by one number.
-That number is measured by the first backward pass as ``1 / RMS`` of the gradient there and
-frozen in a buffer of :class:`GradScales`, saved with the model, so backward stays linear.
+Only on the trunk does a backward scale multiply every gradient upstream by one number: the first
+backward pass measures it (``1 / RMS``) into a buffer of :class:`GradScales`, so backward stays linear.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx, nn
@@ -20,12 +16,14 @@ import unitscale.functional as U
 from unitscale.fx.nodes import MODULE_PATH_KEY
 from unitscale.transforms._graph import _insert_after
 
+if TYPE_CHECKING:
+    from unitscale.transforms.pass_state import PassState
+
 
 class GradScales(nn.Module):
-    """The frozen gradient factors of one unit-scaled model: one scalar buffer per place, 0 until measured.
+    """The frozen gradient factors of one model: a scalar buffer per ``<module path>_<ordinal>``, 0 until measured.
 
-    Keys name the place (``<module path>_<ordinal>``), shared by every graph of one model. Loading
-    a ``state_dict`` creates its buffers and sets ``loaded`` (the parameters are not re-initialised).
+    Loading a ``state_dict`` creates its buffers and sets ``loaded`` (the parameters are not re-initialised).
     """
 
     def __init__(self) -> None:
@@ -69,40 +67,33 @@ def freeze_grad_scale(gm: fx.GraphModule, store: GradScales, source: fx.Node, re
     return scaled
 
 
-def freeze_grads_before_batch_norm_blocks(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales) -> list[fx.Node]:
-    """A frozen gradient factor on the trunk before each residual block holding batch norm; returns the nodes added."""
-    added: list[fx.Node] = []
-    nodes = list(gm.graph.nodes)
+def freeze_before_batch_norm_blocks(state: PassState) -> None:
+    """Freeze a measured gradient factor on the trunk before each residual block holding batch norm."""
+    nodes = list(state.graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
-    ordinal = 0
+    added: list[fx.Node] = []
     for split in [n for n in nodes if n.target is U.residual_split and n.args]:
         source = split.args[0]
         stream = source
-        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in trunk and stream.args:
+        while isinstance(stream, fx.Node) and stream.target is U.scale and stream not in state.trunk and stream.args:
             stream = stream.args[0]
-        if not (isinstance(source, fx.Node) and stream in trunk):
+        if not (isinstance(source, fx.Node) and stream in state.trunk):
             continue
-        block = itertools.takewhile(lambda n: n not in trunk, nodes[position[split] + 1 :])
-        if not any(n.target is U.batch_norm for n in block):
-            continue
-        added.append(freeze_grad_scale(gm, store, source, split, ordinal))
-        ordinal += 1
-    return added
+        block = itertools.takewhile(lambda n: n not in state.trunk, nodes[position[split] + 1 :])
+        if any(n.target is U.batch_norm for n in block):
+            added.append(freeze_grad_scale(state.gm, state.grad_scales, source, split, len(added)))
+    state.done.update(added)
+    state.blocks = len(added)
 
 
-def freeze_trunk_batch_norms(gm: fx.GraphModule, trunk: set[fx.Node], store: GradScales, first: int) -> list[fx.Node]:
-    """A batch norm on the trunk keeps its constraint and gets a frozen factor on its input; returns the nodes added.
-
-    Unconstrained, its input gradient's scale would be read from each batch's variances.
-    """
-    added: list[fx.Node] = []
-    ordinal = first
-    for node in list(gm.graph.nodes):
-        if node.target is not U.batch_norm or node not in trunk or not node.args:
+def freeze_trunk_batch_norms(state: PassState) -> None:
+    """A batch norm on the trunk keeps its constraint (else its gradient scale is each batch's) and a frozen factor."""
+    ordinal = state.blocks
+    for node in list(state.graph.nodes):
+        if node.target is not U.batch_norm or node not in state.trunk or not node.args:
             continue
         node.kwargs = {k: v for k, v in node.kwargs.items() if k != "constraint"}
         source = node.args[0]
         if isinstance(source, fx.Node):
-            added.append(freeze_grad_scale(gm, store, source, node, ordinal))
+            state.done.add(freeze_grad_scale(state.gm, state.grad_scales, source, node, ordinal))
             ordinal += 1
-    return added

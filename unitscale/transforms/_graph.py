@@ -1,9 +1,4 @@
-"""The ``torch.fx`` vocabulary the unit-scaling pass is written in.
-
-What a node runs and what kind of op that is; who reads a node and what made it, looking
-through reshapes and casts; which ops lie on the activation path, the stream and the trunk;
-what an op is called in a report (:func:`describe`); and the two edits every rule makes.
-"""
+"""The ``torch.fx`` vocabulary the unit-scaling pass is written in: op kinds, readers, paths, edits."""
 
 from __future__ import annotations
 
@@ -129,23 +124,18 @@ def _argument_name(user: fx.Node, node: fx.Node) -> str | None:
     return next((name for name, value in bound.arguments.items() if value is node), None)
 
 
-def _aten_neutral(fn: Any) -> bool:
-    """An aten op that only moves data, named by its overload or by its packet (``aten.slice``)."""
-    if isinstance(fn, torch._ops.OpOverloadPacket):
-        return any(_member(getattr(fn, name), ATEN_NEUTRAL) for name in fn.overloads())
-    return _member(fn, ATEN_NEUTRAL)
-
-
 def _is_neutral(node: fx.Node) -> bool:
-    if node.op == "call_method" and node.target in SCALE_NEUTRAL_METHODS or _is_view_attribute(node):
-        return True
-    return node.op == "call_function" and (_member(node.target, SCALE_NEUTRAL_FUNCTIONS) or _aten_neutral(node.target))
-
-
-def _is_view_attribute(node: fx.Node) -> bool:
-    """``getattr(w, "T")``: how fx and Dynamo write ``w.T``."""
-    call = node.op == "call_function" and node.target is getattr
-    return call and len(node.args) == 2 and node.args[1] in VIEW_ATTRIBUTES
+    """Whether ``node`` only reshapes, casts, views or moves data, keeping its input's scale."""
+    fn = node.target
+    if node.op == "call_method":
+        return fn in SCALE_NEUTRAL_METHODS
+    if node.op != "call_function":
+        return False
+    if fn is getattr:  # how fx and Dynamo write ``w.T``
+        return len(node.args) == 2 and node.args[1] in VIEW_ATTRIBUTES
+    if isinstance(fn, torch._ops.OpOverloadPacket):  # an aten op named by its packet (``aten.slice``)
+        return any(_member(getattr(fn, name), ATEN_NEUTRAL) for name in fn.overloads())
+    return _member(fn, SCALE_NEUTRAL_FUNCTIONS) or _member(fn, ATEN_NEUTRAL)
 
 
 def _consumers(node: fx.Node) -> list[tuple[fx.Node, fx.Node]]:
@@ -200,11 +190,7 @@ def _activation_path(gm: fx.GraphModule) -> set[fx.Node]:
 
 
 def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """The graph inputs and the ops on the activation path that compute from them (not from parameters alone).
-
-    A value that holds no float tensor is left out: an input's size (``x.shape``), read again by
-    every later reshape, would otherwise jump over every op in between and take them off the trunk.
-    """
+    """The graph inputs and the live ops computing float tensors from them (``x.shape`` would empty the trunk)."""
     stream: set[fx.Node] = set()
     for node in graph.nodes:
         if node.op == "placeholder" or (
@@ -217,11 +203,7 @@ def _stream(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
 
 
 def _trunk(graph: fx.Graph, live: set[fx.Node]) -> set[fx.Node]:
-    """Ops every path from the inputs to the output goes through: no edge of the stream jumps over them.
-
-    Only a jump whose value shares an input with the op counts: a target passed to ``forward``
-    and read by the loss alone jumps over every op of the model but meets none of them.
-    """
+    """Ops every input-to-output path goes through: no edge of the stream sharing an input with them jumps over."""
     nodes = list(graph.nodes)
     position = {node: i for i, node in enumerate(nodes)}
     from_input = _stream(graph, live)

@@ -35,8 +35,7 @@ def leave_regions_whole(state: PassState) -> None:
 def _whole_regions(graph: fx.Graph) -> dict[fx.Node, set[fx.Node]]:
     """Each region the pass leaves whole (a higher-order op, an inlined ``vmap``): its first node -> its nodes.
 
-    The body defines what the op computes (scaling a scan's ``+`` changes the recurrence), and
-    runs under transforms that unit-scaled ops, autograd Functions, cannot run under.
+    Its body defines what it computes, under transforms that autograd Functions cannot run under.
     """
     regions: dict[fx.Node, set[fx.Node]] = {}
     depth, head = 0, None

@@ -1,9 +1,4 @@
-"""The unit-scaling pass's rule for losses: one gradient factor for the losses of a graph.
-
-Two unit-scaled losses added with their own factors would weigh each other's gradients by
-them, and the sum's gradient would point elsewhere than the true one (cosine 0.9990 for 10
-classes, batch 64).
-"""
+"""The unit-scaling pass's rule for losses: one gradient factor, so a sum of losses keeps the true direction."""
 
 from __future__ import annotations
 
@@ -42,10 +37,7 @@ def _own_factor(node: fx.Node) -> float | None:
 
 
 def share_loss_scales(state: PassState) -> None:
-    """Give the graph's losses one gradient factor (the caller may add them); report each in ``gm.meta["loss_scales"]``.
-
-    A loss given its own ``grad_scale`` keeps it, and then so do the others.
-    """
+    """One gradient factor for a graph's losses, unless one has its own ``grad_scale``; each in ``gm.meta``."""
     losses = [n for n in state.graph.nodes if n.op == "call_function" and n.target in _LOSSES]
     own = [_own_factor(n) for n in losses]
     shared = None

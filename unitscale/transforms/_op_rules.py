@@ -1,11 +1,4 @@
-"""The unit-scaling pass's rules that swap ops for their twins: replacements, folds, twins, constants.
-
-A twin gets ``constraint=None`` on the trunk alone: where every path from the inputs to the
-output passes through the op, a mismatch of its two scales multiplies every upstream gradient
-by one number, so the two directions may be scaled independently (Blake et al.'s cut edges).
-Some ops need more than :data:`unitscale.functional.torch_map` to be told apart from ops that
-look the same: pools from statistics, layer scales, gates and random keep masks (see each rule).
-"""
+"""The unit-scaling pass's rules that swap ops for their twins, unconstrained on the trunk (cut edges) alone."""
 
 from __future__ import annotations
 
@@ -91,13 +84,10 @@ def _is_pool(node: fx.Node) -> bool:
     if _reduced_dims(node) is None:
         return False
     made_by = _producer(node.args[0])
-    if isinstance(made_by, fx.Node) and (_member(_function_of(made_by), _SQUARES) or _is_square(made_by)):
+    square = _is(made_by, _MUL) and len(made_by.args) >= 2 and made_by.args[0] is made_by.args[1]
+    if isinstance(made_by, fx.Node) and (_member(_function_of(made_by), _SQUARES) or square):
         return False
     return not any(_member(_function_of(user), _STATISTIC_READERS) for user in node.users)
-
-
-def _is_square(node: fx.Node) -> bool:
-    return _is(node, _MUL) and len(node.args) >= 2 and node.args[0] is node.args[1]
 
 
 def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node]) -> tuple[fx.Node, fx.Node] | None:
@@ -117,10 +107,9 @@ def _layer_scale_operands(gm: fx.GraphModule, node: fx.Node, stream: set[fx.Node
 
 
 def _scale_add(state: PassState, node: fx.Node) -> bool:
-    """An add of two float tensors becomes :func:`~unitscale.functional.add` (every add is claimed).
+    """An add of two float tensors, or of a tensor and a number, becomes :func:`~unitscale.functional.add`.
 
     A broadcast one keeps ``gmean`` where its operands meet upstream (a GRU's ``out + h[-1]``).
-    A tensor plus a number becomes ``add`` too, as in the reference; Gemma's ``1 + w`` stays.
     """
     if not _is(node, _ADD):
         return False
@@ -170,12 +159,7 @@ def _keep_mask(mask: Any) -> tuple[float, list[fx.Node]] | None:
 
 
 def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
-    """``x * mask``, ``mask = bernoulli(q) / c``, is scaled by ``c / q**0.5`` both ways: unit std in training.
-
-    Unscaled, stochastic depth widens the stream in training only, batch norm's running
-    variances keep that width, and in eval mode every batch norm after it normalises fresh
-    inputs below unit std, compounding block by block.
-    """
+    """``x * bernoulli(q) / c`` is scaled by ``c / q**0.5`` both ways, else eval-mode batch norms shrink the stream."""
     found = [m for m in map(_keep_mask, node.args) if m is not None] if _is(node, _MUL) else []
     leaf = _stochastic_depth_leaf(node)
     if leaf is not None:
@@ -188,10 +172,7 @@ def _scale_random_mask(state: PassState, node: fx.Node) -> bool:
 
 
 def _stochastic_depth_leaf(node: fx.Node) -> float | None:
-    """``q**0.5`` for torchvision's ``stochastic_depth(x, p, mode, training=True)``, ``q = 1 - p``, else ``None``.
-
-    A leaf call on the fx route (``torch.fx.wrap``); known by name: the library does not import torchvision.
-    """
+    """``(1 - p)**0.5`` for torchvision's ``stochastic_depth(x, p, mode, True)``, known by name, else ``None``."""
     fn = node.target if node.op == "call_function" else None
     name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
     if name != "torchvision.ops.stochastic_depth.stochastic_depth" or len(node.args) != 4:
@@ -250,10 +231,7 @@ def _batch_count(node: fx.Node) -> dict[str, fx.Node]:
 
 
 def swap_ops(state: PassState) -> None:
-    """Swap each open op for its twin: adds, random masks, products, pools, layer scales, then ``torch_map``.
-
-    The first claim that takes an op wins; one walk, so an op sees the ops before it swapped.
-    """
+    """Swap each open op for its twin: adds, random masks, products, pools, layer scales, then ``torch_map``."""
     claims = (_scale_add, _scale_random_mask, _scale_product, _scale_pool, _scale_layer_scale, _swap_twin)
     for node in list(state.graph.nodes):
         if state.is_open(node):
@@ -267,10 +245,8 @@ _HOMOGENEOUS: set[Any] = {U.linear, U.matmul, U.addmm, U.conv2d, U.layer_norm, U
 def drop_constant_factors(state: PassState) -> None:
     """Turn ``x * c`` into ``sign(c) * x`` where unit scaling already sets the scale the constant sets.
 
-    Where only linear layers and norms read the product (T5's ``d_model ** -0.5``), where it
-    is the graph's output (Cohere's ``logits * 0.0625``), or where ``x`` is a unit-scaled
-    matmul over ``d`` elements and ``c = d**-0.5`` (attention written out: the twin already
-    divides by ``d**0.5``). Elsewhere the constant changes what is computed and stays.
+    That is where only linear layers and norms read it (T5's ``d_model ** -0.5``), at the output
+    (Cohere's ``logits * 0.0625``), or after a unit-scaled matmul over ``d`` with ``c = d**-0.5``.
     """
     for node in list(state.graph.nodes):
         found = _constant_factor(node) if node in state.live else None

@@ -1,13 +1,8 @@
 """The unit-scaling pass's rules for skip connections: in-place changes followed, residual adds paired.
 
-A residual add is an add where one operand is an ancestor of the other, or an add of two paths
-from one fork. ``tau`` is 0.01 when the branch holds attention; else the ``k``-th add of a chain
-(each add's skip the previous add, attention adds uncounted) gets ``tau = 1 / (k + 1)``, the
-running mean of the unit-scaling paper (Blake et al., arXiv 2303.11257), so every branch keeps
-its weight in the plain sum. A fixed 0.5 weighs the latest branch as much as the stream before
-it, and in eval mode batch norm amplifies a fresh sample's departure from its running
-statistics block by block (eval spread on fresh batches against training's: a small
-inverted-residual CNN, 1.9-3.6 against 1.4-1.6 with 0.5, 1.4-2.0 with the running mean).
+``tau`` is 0.01 when the branch holds attention, else ``1 / (k + 1)`` at the ``k``-th add of a chain
+(Blake et al.'s running mean): a fixed 0.5 lets batch norm in eval mode amplify a fresh sample's
+departure from its running statistics block by block.
 """
 
 from __future__ import annotations
@@ -29,11 +24,7 @@ _ATTENTION |= {U.scaled_dot_product_attention}
 
 
 def follow_in_place_changes(state: PassState) -> None:
-    """Make every read of a tensor after an op changed it in place read that op.
-
-    After ``skip = x; x += 1`` the graph's reads of ``skip`` point at the node before the
-    change, where a residual split would give the skip its old value.
-    """
+    """Make every read after an in-place change (``skip = x; x += 1``) read the change, as a residual split must."""
     for node in list(state.graph.nodes):
         changed = node.args[0] if node.args else None
         if not (isinstance(changed, fx.Node) and _is_float_node(changed) and changes_in_place(node)):
@@ -94,15 +85,12 @@ def _fork_join(
 ) -> list[fx.Node]:
     """``a + b`` where both paths start at one fork (ResNet's downsampling block): a residual pair there.
 
-    Else ``x``'s gradient would be the sum of two unit-std gradients at every such block. The
-    fork is the latest common ancestor on the stream whose every reader leads to one operand;
-    ``tau = 0.5`` keeps :func:`~unitscale.functional.add`'s forward. Returns the nodes changed and added.
+    Else the fork's gradient would be the sum of two unit-std gradients; returns the nodes changed and added.
     """
     if a not in stream or b not in stream:
         return []
     common = ancestors.get(a, set()) & ancestors.get(b, set()) & stream
-    # A node returning a tuple (multi-head attention with its weights, a GRU's output and
-    # state) is no fork: each side reads its own element. The getitem both sides read is.
+    # A node returning a tuple (attention and its weights, a GRU's state) is no fork; the getitem both sides read is.
     forks = [n for n in node.graph.nodes if n in common and isinstance(n.meta.get("example_value"), torch.Tensor)]
     if not forks or not _is_float_node(forks[-1]):
         return []
@@ -122,8 +110,7 @@ def _fork_join(
     body_b = {n for n in ancestors.get(b, set()) | {b} if fork in ancestors.get(n, set())}
     inside = body_a | body_b | {fork}
     if any(p in common and p not in inside for n in inside - {fork} for p in n.all_input_nodes):
-        # a path from upstream reaches a side around the fork (attention weights times
-        # the block's input): a split there would weight only part of that gradient
+        # a path from upstream reaches a side around the fork: a split would weight only part of it
         return []
     attention_a, attention_b = _holds_attention(body_a), _holds_attention(body_b)
     # The branch is the side with attention, else the longer one; the other is the skip.

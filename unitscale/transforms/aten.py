@@ -1,16 +1,8 @@
-"""Read an exported (aten-level) graph as torch functions, so the passes see one vocabulary.
+"""Read an exported (aten-level) graph as torch functions (``F.linear``), the passes' one vocabulary.
 
-``torch.export`` graphs name ops as aten overloads (``aten.linear.default``); the
-unit-scaling pass, its patterns and :func:`unitscale.transforms.simulate_format` are written
-against the torch functions users call (``F.linear``), as :data:`unitscale.functional.torch_map`
-is. The training IR keeps the high-level ops, so the rewrite is a table (:data:`TORCH_LEVEL`),
-not a pattern search; ops outside it stay, those that only move data (:data:`ATEN_NEUTRAL`)
-scale-neutral.
-
-Export's dtype checks (``aten._assert_tensor_metadata``) are dropped: as second readers of a
-tensor they would hide patterns whose inner values must have one reader. In-place ops become
-out-of-place only when nothing else reads the tensor they overwrite and it is not a buffer
-(batch norm's ``num_batches_tracked.add_(1)`` must still count).
+The training IR keeps the high-level ops, so the rewrite is a table (:data:`TORCH_LEVEL`). Export's
+dtype checks are dropped (as second readers they would hide patterns); an in-place op becomes
+out-of-place only if nothing else reads what it overwrites and that is no buffer (a batch count).
 """
 
 from __future__ import annotations
@@ -184,11 +176,6 @@ ATEN_NEUTRAL: frozenset[Any] = frozenset(
 _CHECKS = {aten._assert_tensor_metadata.default}
 
 
-def _overwrites_a_shared_tensor(node: fx.Node) -> bool:
-    target = node.args[0]
-    return isinstance(target, fx.Node) and (len(target.users) > 1 or target.op == "get_attr")
-
-
 def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
     """Rewrite ``gm``'s aten ops of :data:`TORCH_LEVEL` into torch functions, in place; returns ``gm``.
 
@@ -216,7 +203,9 @@ def to_torch_functions(gm: fx.GraphModule) -> fx.GraphModule:
             rewrite = TORCH_LEVEL.get(node.target)
         except TypeError:  # an unhashable target
             continue
-        if rewrite is None or (node.target in _IN_PLACE and _overwrites_a_shared_tensor(node)):
+        overwritten = node.args[0] if node.target in _IN_PLACE else None
+        shared = isinstance(overwritten, fx.Node) and (len(overwritten.users) > 1 or overwritten.op == "get_attr")
+        if rewrite is None or shared:  # an in-place op whose tensor is read again, or a buffer, stays
             continue
         node.op, node.target, node.args, node.kwargs = rewrite(tuple(node.args), dict(node.kwargs))
     gm.graph.lint()

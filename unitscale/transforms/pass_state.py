@@ -24,8 +24,7 @@ class PassState:
         grad_scales: the model's frozen gradient factors (buffers, saved with the model).
         regions: each region left whole (a higher-order op, an inlined ``vmap``): first node -> nodes.
         frozen: the nodes of those regions; no rule touches them.
-        done: the nodes rules rewrote or added: later rules leave them, and they are not
-            reported as unscaled.
+        done: the nodes rules rewrote or added: later rules leave them, unreported.
         kept: nodes kept as they are because they keep unit scale, with the reason.
         folded: the twins ``fold_written_out_ops`` made.
         ancestors: each node's ancestors (the ``analyse`` rule: the graph as it was then).

@@ -53,22 +53,17 @@ def apply_transform(
     them), and carries an ``example_value`` and the capture layer's ``module_path``,
     ``module_type`` and ``source`` in each node's meta. Without ``example_inputs`` the graph is
     TorchDynamo's, captured on the first call per input signature; with them it is captured
-    now by :func:`unitscale.capture.capture` (``fx`` traced flat, ``torch.export``, strict
-    export, TorchDynamo: the first that takes the model, or the ``route`` forced), and
-    ``result.route`` says which. Applied to a :class:`TransformedModule`, the transform runs
-    after its transforms, on shared parameters, captured with its example inputs again.
+    now by the first route of :func:`unitscale.capture.capture` that takes the model (or the
+    ``route`` forced), and ``result.route`` says which. Applied to a :class:`TransformedModule`,
+    the transform runs after its transforms, on shared parameters, captured with its example
+    inputs again; ``module`` itself is not changed.
 
     Args:
         module: any module TorchDynamo (or, with example inputs, any capture route)
             can capture in one graph.
-        transform: ``GraphModule -> GraphModule``.
         example_inputs: a tensor or tuple of positional inputs: capture now.
-        example_kwargs: keyword inputs to capture with.
         route: ``"auto"`` (every graph route, in order), a route name or a tuple of
             them (needs ``example_inputs``).
-
-    Returns:
-        The wrapped module (``module`` itself is not changed).
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
@@ -155,62 +150,35 @@ def unit_scale(
 ) -> TransformedModule:
     """Unit-scale a model: swap every torch op for its unit-scaled twin in its captured graph.
 
-    The forward is captured as :func:`apply_transform` captures it: with TorchDynamo on the
-    first call (once per input signature), or now with ``example_inputs`` by the first route of
-    :func:`unitscale.capture.capture` that takes the model (``result.route`` says which; the
-    graph serves calls of other batch sizes), whether the model is written with modules or
-    functional calls. The pass is an ordered list of named rules
-    (:func:`~unitscale.transforms.rule_names`; :func:`~unitscale.transforms.register_rule` adds
-    one of yours). In short: ``replace`` first, then :data:`unitscale.functional.torch_map`;
-    residual adds become :func:`~unitscale.functional.residual_split` /
-    :func:`~unitscale.functional.residual_add` (``tau`` 0.01 for attention branches, else the
-    plain sum's weights, ``1 / (k + 1)`` at the ``k``-th add of a chain); other adds become
-    unconstrained :func:`~unitscale.functional.add`; ops on the trunk (every input-to-output
-    path goes through them) are unconstrained. Ops written out by hand (``LlamaRMSNorm``, GPT-2's
-    tanh GELU) are folded into their twins; a constant factor that only linear layers and norms
-    read is dropped; ops off the activation path (position tables, masks) are left alone; an
-    in-place change (``skip = x; x += 1``) is seen by every later read.
+    The forward is captured as :func:`apply_transform` captures it. The pass is an ordered list
+    of named rules (:func:`~unitscale.transforms.rule_names`, :func:`~unitscale.transforms.register_rule`);
+    tutorials 7a and 7b show what it does to residual adds, hand-written ops and batch norm.
 
     Parameters are an independent copy of ``module``'s (``module`` is not changed),
     re-initialised on the first call by the role the graph gives them (weights and embeddings
     ``N(0, 1)``, biases 0, norm gains 1, batch-norm running statistics 0 and 1), only where
     every op that reads them was unit-scaled; a ``state_dict`` loaded before the first call is kept.
+    Batch norm's gradient growth is measured by the first backward pass and frozen in
+    ``result.grad_scales`` (buffers, saved in ``state_dict``), so backward stays linear.
 
-    Every scale is a constant during training: batch norm's gradient growth, which no shape
-    gives, is measured once by the first backward pass and frozen in ``result.grad_scales``
-    (buffers, saved in ``state_dict``, reused by later graphs), so backward stays linear
-    (micro-batches add up to their batch). The losses of one graph share one gradient factor
-    (``result.loss_scales``), so a sum of them has the true gradient's direction.
+    Ops left as they were are logged on the ``unitscale.transforms.passes`` logger. Each capture
+    runs the new graph once more, forward and backward, on the capturing call's inputs (buffers and
+    random number generator put back), into ``result.scale_check``; when that is off unit scale
+    (outside [0.5, 2]) its summary is logged on the ``unitscale.transforms.transformed_module``
+    logger: a report, not an error.
 
-    Ops left as they were (not mapped, not scale-neutral like reshapes) are logged on the
-    ``unitscale.transforms.passes`` logger; ``result.unscaled_ops``, ``result.kept_ops`` and
-    ``result.unscaled_regions`` list what the pass left (see :class:`TransformedModule`). Each
-    capture runs the new graph once more, forward and backward, on the capturing call's inputs
-    (batch norm's statistics and the random number generator put back), into
-    ``result.scale_check`` (a :class:`~unitscale.transforms.ScaleCheck`); when the output or the
-    input gradient is off unit scale (outside [0.5, 2]) its summary is logged on the
-    ``unitscale.transforms.transformed_module`` logger: a report, not an error.
-
-    Applied to a :class:`TransformedModule`, unit scaling runs after its transforms but before
-    any :func:`simulate_format` / :func:`simulate_fp8` among them, so ``unit_scale(simulate_fp8(m))``
-    computes what ``simulate_fp8(unit_scale(m))`` does. The wrapper starts in the mode of
-    ``module``; each combination of its submodules' training flags gets its own captured graph.
+    Applied to a :class:`TransformedModule`, unit scaling runs before any :func:`simulate_format`
+    among its transforms, so ``unit_scale(simulate_fp8(m))`` computes what
+    ``simulate_fp8(unit_scale(m))`` does. The wrapper starts in the mode of ``module``.
 
     Args:
-        module: the model.
         replace: extra or overriding replacements, ``{torch function: replacement}``.
         strict: ``True``: raise :class:`~unitscale.errors.UnscaledOpsError` instead of logging.
-        example_inputs: a tensor or tuple of positional inputs: capture now, by the
-            capture layer's routes.
-        example_kwargs: keyword inputs to capture with (``decoder_input_ids`` of T5).
+        example_inputs: a tensor or tuple of positional inputs: capture now, as :func:`apply_transform` does.
         route: ``"auto"`` (every graph route, in order), one route name or a tuple of
             them (needs ``example_inputs``).
-        check: measure the std along each new graph (``result.scale_check``); ``False``
-            skips that extra forward and backward pass (and the memory its gradients take).
-
-    Returns:
-        A :class:`TransformedModule`; the capture (and the check) happens on its first
-        call, or now with ``example_inputs``.
+        check: ``False`` skips the extra forward and backward pass of ``result.scale_check``
+            (and the memory its gradients take).
 
     Raises:
         NotAModuleError: ``module`` is not an ``nn.Module``.
@@ -245,8 +213,7 @@ def unit_scale(
     _check_route_inputs(example_inputs, route)
     outer, inner, earlier = _unwrap(module)
     _check_batch_norm_momentum(inner)
-    # Unit scaling comes before any simulated format, in either order of calls: rounding a
-    # tensor before unit scaling would round values at the original initialisation's scale.
+    # Unit scaling comes first: rounding before it would round values at the original initialisation's scale.
     first_format = next((i for i, t in enumerate(earlier) if isinstance(t, _SimulateFormat)), len(earlier))
     scaling: GraphTransform = _UnitScale(replacements, strict, check)
     transforms = (*earlier[:first_format], scaling, *earlier[first_format:])
@@ -350,11 +317,7 @@ def simulate_format(
     back into it to ``bwd_format``. Parameters are shared with ``module``; nests with :func:`unit_scale`.
 
     Args:
-        module: the model (or a :class:`TransformedModule`).
-        fwd_format: format of forward tensors.
-        bwd_format: format of gradients.
         example_inputs: capture now, as :func:`apply_transform` does.
-        example_kwargs: keyword inputs to capture with.
         route: the capture routes to try (needs ``example_inputs``).
 
     Raises:
@@ -362,8 +325,7 @@ def simulate_format(
         FormatError: a format is not an :class:`~unitscale.formats.FPFormat`.
 
     Warns:
-        NothingQuantisedWarning: (at capture) the graph has no matmul-like op with a float
-            operand: nothing is rounded, and the model runs in full precision as it was.
+        NothingQuantisedWarning: (at capture) the graph has no matmul-like op with a float operand.
 
     >>> import torch
     >>> from unitscale.transforms import simulate_format

@@ -9,11 +9,9 @@ order, over one :class:`PassState` (the graph module and what the rules before f
 4. ``fold_written_out_ops``: a hand-written RMS norm or tanh GELU becomes its twin;
 5. ``analyse``: the graph's ancestors, activation path, stream and trunk;
 6. ``keep_rotary_embeddings`` and 7. ``keep_soft_caps``: ops that keep unit scale as a whole;
-8. ``residual_adds``: an add whose operand is an ancestor of the other (or two paths from
-   one fork) becomes a ``residual_split`` / ``residual_add`` pair;
+8. ``residual_adds``: a residual add becomes a ``residual_split`` / ``residual_add`` pair;
 9. ``unconstrain_folded_on_trunk``: a folded twin on the trunk scales each direction alone;
-10. ``swap_ops``: adds, products of activations, mean pools, layer scales, then every op of
-    :data:`unitscale.functional.torch_map` become their twins;
+10. ``swap_ops``: adds, products, pools, layer scales, then :data:`~unitscale.functional.torch_map`;
 11. ``drop_constant_factors``: ``x * c`` where the op after it sets the scale;
 12. ``constrain_before_batch_norms``, 13. ``rescale_relus_after_residuals``,
     14. ``scale_global_pools`` and 15. ``rescale_max_pools_of_relus``: the scales of
@@ -22,9 +20,6 @@ order, over one :class:`PassState` (the graph module and what the rules before f
     factors measured once and frozen;
 18. ``balance_gates``: squeeze-excitation gates;
 19. ``share_loss_scales``: one gradient factor for a graph's losses.
-
-After the last rule the pass lists the ops it left unscaled and re-initialises the parameters
-(:func:`~unitscale.transforms.unit_scale_pass.unit_init_`); :func:`register_rule` adds a rule of yours.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from unitscale.errors import NotCallableError, RuleError
-from unitscale.transforms import _cnn_rules, _kept, _losses, _op_rules, _residuals
+from unitscale.transforms import _cnn_rules, _frozen, _kept, _losses, _op_rules, _residuals
 from unitscale.transforms._graph import _activation_path, _ancestors, _stream, _trunk
 from unitscale.transforms.pass_state import PassState
 
@@ -73,8 +68,8 @@ _RULES: list[Rule] = [
         _cnn_rules.rescale_relus_after_residuals,
         _cnn_rules.scale_global_pools,
         _cnn_rules.rescale_max_pools_of_relus,
-        _cnn_rules.freeze_before_batch_norm_blocks,
-        _cnn_rules.freeze_trunk_batch_norms,
+        _frozen.freeze_before_batch_norm_blocks,
+        _frozen.freeze_trunk_batch_norms,
         _cnn_rules.balance_gates,
         _losses.share_loss_scales,
     )
@@ -102,15 +97,12 @@ def register_rule(
     """Add a rule of your own to the unit-scaling pass, before or after a named rule (else last).
 
     ``fn(state)`` changes ``state.gm.graph`` in place; a node it rewrites or adds belongs in
-    ``state.done`` (:meth:`PassState.retarget` puts it there), so later rules leave it and the
-    pass does not report it unscaled. Every :func:`~unitscale.transforms.unit_scale` made after
-    this runs it; one made before keeps its list.
+    ``state.done`` (:meth:`PassState.retarget` puts it there), else later rules rewrite it and
+    the pass reports it unscaled. A :func:`~unitscale.transforms.unit_scale` made before keeps its list.
 
     Args:
-        name: the rule's name, not one of :func:`rule_names`.
-        fn: the rule, ``PassState -> None``.
-        before: run just before this rule.
-        after: run just after this rule (give one of ``before`` and ``after``, or neither).
+        before: run just before this rule (give one of ``before`` and ``after``, or neither).
+        after: run just after this rule.
 
     Raises:
         NotCallableError: ``fn`` is not callable.

@@ -1,11 +1,8 @@
 """Is a unit-scaled graph at unit scale? Measure the std along it, and name the ops that move it off.
 
-An op *breaks* unit scale when its output leaves the band while its main input was inside it
-(forward), or its input's gradient leaves the band while the gradients arriving from its
-readers were inside it (backward). Only the activation stream counts (the graph inputs and
-the ops that compute from them), and not as moving the forward scale an op only batch norm
-reads (batch norm undoes its scale) nor the parts of an op ``unit_scale`` kept whole (a rotary
-embedding's products). A tensor of one element (a loss) has no spread: its std shows NaN.
+An op *breaks* unit scale when its output (forward) or its input's gradient (backward) leaves the
+band that its input, or the gradient arriving, was inside. Only the activation stream counts, not
+an op only batch norm reads nor one ``unit_scale`` kept; a tensor of one element shows NaN.
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ class ScaleCheck:
             ids, at the first activations computed from them (the embeddings).
         breaks: the ops that moved a tensor off unit scale, in graph order (forward first).
         drift: where the output or the input gradient is off unit scale, the ops that moved
-            it most that way (up to 5 per direction, largest first), whether or not one of
-            them left the band alone: many ops of a factor 1.2 each take a gradient off too.
+            it most that way (up to 5 per direction, largest first), even if none left the band.
         stds: ``(node, forward std, gradient std)`` for every activation, in graph order
             (``nan`` where there is no gradient, and for a tensor of one element).
         band: the band held, ``BAND``, (0.5, 2).
@@ -158,22 +154,16 @@ def check_scale(
     outputs: list[int] | None = None,
     backward: bool = True,
 ) -> ScaleCheck:
-    """Run ``gm`` on ``inputs`` forward and backward, and measure the std along it.
+    """Run ``gm`` on ``inputs`` (one per placeholder) forward and backward, and measure the std along it.
 
-    Parameters' ``.grad`` are left alone (the gradients are taken at the activations
-    only); the caller keeps buffers and the random number generator if it must (batch
-    norm in training mode updates its running statistics, dropout draws).
+    Parameters' ``.grad`` are left alone; buffers and the random number generator are not (batch
+    norm in training mode updates its running statistics, dropout draws): keep them if you must.
 
     Args:
-        gm: a graph whose placeholders take ``inputs``.
-        inputs: one value per placeholder.
-        band: the std band to hold.
         outputs: the positions, among the graph's output leaves, of the model's outputs
-            (``None``: all). TorchDynamo's graphs also return values the model stores
-            (a cache filled in eval mode), which are not the model's output.
-        backward: measure the backward pass too. ``False`` for a graph captured under
-            ``torch.no_grad()``, which may hold ops with no derivative (``nn.TransformerEncoder``'s
-            fast path): its input-gradient std is ``nan``.
+            (``None``: all); TorchDynamo's graphs also return values the model stores.
+        backward: ``False`` for a graph captured under ``torch.no_grad()``, which may hold ops
+            with no derivative: its input-gradient std is then ``nan``.
 
     >>> import torch
     >>> from torch import fx

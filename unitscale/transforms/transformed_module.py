@@ -1,11 +1,7 @@
-"""Graph transforms over a captured forward: the module that runs them, per input signature.
+"""The module that runs graph transforms over a captured forward, one graph per input signature.
 
-With example inputs (``example_inputs=``) the graph captured at once by
-:func:`unitscale.capture.capture` (an exported graph read as torch functions,
-:func:`unitscale.transforms.aten.to_torch_functions`) serves every call that differs from
-the example inputs only in the batch size (dimension 0, where the route left it free: always
-on ``fx``, on export when the model does not pin it); any other call, and every call without
-example inputs, is captured lazily with TorchDynamo, once per input signature.
+A graph captured with example inputs serves every call that differs from them only in the batch
+size (where the route left dimension 0 free); any other call is captured lazily with TorchDynamo.
 """
 
 from __future__ import annotations
@@ -99,11 +95,7 @@ class _EagerGraph:
 
 
 class _ProxyInliner(fx.Interpreter):
-    """Replays a graph into the tracer that is tracing the caller, one node per node.
-
-    Calling the graph's forward under ``torch.fx`` would trace into the unit-scaled functions
-    (the generated code's globals, which a tracer's autowrapping does not patch).
-    """
+    """Replays a graph into the tracer tracing the caller: its forward's globals would be traced into."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm, garbage_collect_values=False)
@@ -140,47 +132,25 @@ class _ProxyInliner(fx.Interpreter):
 class TransformedModule(nn.Module):
     """A module whose forward runs ``module``'s captured graph after ``transforms``.
 
-    Built by :func:`apply_transform`, :func:`unit_scale` and :func:`simulate_format`;
     ``module`` is a registered submodule, so parameters, ``train()``/``eval()`` and ``.to()``
     work as usual. Without example inputs, the graph is captured with TorchDynamo once per
-    input signature (shapes, dtypes, non-tensor values, training mode), eagerly: under
-    ``torch.compile`` a new signature breaks the graph once, so for ``fullgraph=True`` call
-    the module once eagerly first. With example inputs the graph is captured at once and
-    serves calls of any batch size (see ``unitscale.transforms.transformed_module``).
-
-    Hook map: a new behaviour is a transform given to :func:`apply_transform`, not a
-    subclass; the methods below are what runs a call.
-
-    .. code-block:: text
-
-        forward(*args, **kwargs)
-        +-- (inputs are fx proxies) the eager graph, else the latest, is replayed into the tracer
-        +-- the eager graph, if the call fits it (batch size aside)
-        +-- else key: every submodule's training flag, argument count, keyword names, each leaf's signature
-            +-- _capture(args, kwargs, leaves, key)     once per key
-            |   +-- dynamo_graph(module, ...)          (unitscale.capture)
-            |   +-- transform(graph_module) for each of transforms, in order
-            +-- captured.run(leaves)
+    input signature (shapes, dtypes, non-tensor values, each submodule's training flag),
+    eagerly: under ``torch.compile`` a new signature breaks the graph once, so for
+    ``fullgraph=True`` call the module once eagerly first. With example inputs the graph is
+    captured at once and serves calls of any batch size. Extend it with :func:`apply_transform`, not a subclass.
 
     Attributes:
-        module: the module whose forward is captured.
-        transforms: the graph transforms, applied in order.
         route: the capture route of the latest graph (``"fx"``, ``"export"``,
             ``"export-strict"``, ``"dynamo"``; ``None`` before any capture).
         reasons: why each route tried before ``route`` failed (eager capture).
-        unscaled_ops: ops :func:`unit_scale` left as they were, one line each, naming
-            the op, its node, its module path and source line.
-        kept_ops: ops :func:`unit_scale` left as they were because they keep the scale
-            of unit-scaled operands (rotary embeddings, products of activations), one
-            ``"<op>: <reason>"`` line each.
-        unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an
-            inlined ``vmap``) whose bodies :func:`unit_scale` left whole, one
-            ``"<first op>: <n> op(s) left whole"`` line each.
-        loss_scales: the gradient factor of each unit-scaled loss in the graph (one factor
-            shared by a graph's losses), one line each.
+        unscaled_ops: ops :func:`unit_scale` left as they were, one line each (op, node, module, source line).
+        kept_ops: ops :func:`unit_scale` kept because they keep unit scale (rotary embeddings,
+            products of activations), one ``"<op>: <reason>"`` line each.
+        unscaled_regions: higher-order ops (``cond``, ``while_loop``, ``map``, scans, an inlined
+            ``vmap``) :func:`unit_scale` left whole, one ``"<first op>: <n> op(s) left whole"`` line each.
+        loss_scales: the gradient factor of each unit-scaled loss (shared by a graph's losses), one line each.
         scale_check: what :func:`unit_scale` measured along the latest graph, on the call
-            that captured it (:class:`~unitscale.transforms.scale_check.ScaleCheck`;
-            ``None`` before the first capture and for other transforms).
+            that captured it (``None`` before the first capture and for other transforms).
 
     >>> import torch
     >>> from torch import nn
@@ -197,8 +167,7 @@ class TransformedModule(nn.Module):
         self.module = module
         self.training = module.training  # a model wrapped in eval mode is captured in eval mode
         self.transforms = tuple(transforms)
-        # unit_scale's frozen gradient factors are the wrapper's: saved in its state_dict, and out of
-        # reach of the capture's restore of the model's own buffers
+        # unit_scale's frozen gradient factors are the wrapper's: out of reach of the capture's buffer restore
         for transform in self.transforms:
             state = getattr(transform, "grad_scales", None)
             if isinstance(state, nn.Module):
@@ -225,8 +194,7 @@ class TransformedModule(nn.Module):
     def wrap(cls, module: nn.Module, transforms: tuple[GraphTransform, ...]) -> TransformedModule:
         """A ``TransformedModule`` whose ``forward`` has the parameter names of ``module.forward``.
 
-        ``torch.fx`` reads the names from the class's ``forward``; with them the traced
-        placeholders are called ``x`` or ``idx`` rather than one ``*args``.
+        ``torch.fx`` then names the traced placeholders ``x`` or ``idx`` rather than one ``*args``.
 
         >>> import torch
         >>> from unitscale.transforms import TransformedModule
@@ -252,8 +220,7 @@ class TransformedModule(nn.Module):
         mode = _modes(self.module)
         eager = self._eager
         if eager is not None and eager.key[0] != mode and self._eager_spec is not None:
-            # Another mode (train()/eval(), no_grad, a hook added): the example inputs are captured
-            # again, by the same routes, in this mode; a model only those routes take keeps working.
+            # Another mode (train()/eval(), no_grad, a hook): captured again by the same routes, as the model may need
             eager = self._eager_for_mode(mode)
         if eager is not None and eager.key == _eager_key(mode, args, kwargs, leaves, eager.batch_free):
             return eager.run(args, kwargs)
@@ -389,11 +356,7 @@ def _batch_free(gm: fx.GraphModule, route: str) -> bool:
 
 
 def _modes(module: nn.Module) -> tuple[Any, ...]:
-    """The training flag and hooks of every submodule, and the call's state: a graph is captured for one such mode.
-
-    ``model.train(); model.bn.eval()`` is a mode of its own; grad mode, inference mode and
-    autocast change the graph too (``unitscale.capture.toolkit.call_state``).
-    """
+    """Every submodule's training flag and hooks, and grad mode, inference mode and autocast: one graph per mode."""
     return (tuple((m.training, hook_key(m)) for m in module.modules()), call_state())
 
 

@@ -1,14 +1,7 @@
 """The graph pass behind :func:`unitscale.unit_scale`: the loop over :mod:`unitscale.transforms.rules`' list.
 
-After the rules, :class:`UnitScalePass` lists in ``graph_module.meta`` the ops kept because they
-keep the scale of unit-scaled operands (``"kept_ops"``), the regions left whole
-(``"unscaled_regions"``) and the ops on the activation path left as they were, other than ones
-that move data without changing its scale or produce no float tensor (``"unscaled_ops"``).
-
-The rules live by topic: skip connections in ``_residuals.py``; replacements, twins, pools and
-constants in ``_op_rules.py``; what is kept or left whole in ``_kept.py``; batch norm, pools,
-post-activation ReLUs and squeeze-excitation gates in ``_cnn_rules.py`` (and ``_frozen.py``);
-losses in ``_losses.py``; the questions every rule asks of the graph in ``_graph.py``.
+After the rules it lists in ``graph_module.meta`` what it kept (``"kept_ops"``), left whole
+(``"unscaled_regions"``) and left as it was on the activation path (``"unscaled_ops"``).
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ from unitscale.transforms._kept import region_lines
 
 __all__ = ["KEPT_KEY", "UnitScalePass", "describe", "unit_init_"]
 
-#: ``node.meta`` key of an op kept as it was because it keeps unit scale as a whole (a rotary
-#: embedding's products, whose sum has the std of ``x``): the reason, for the std check.
+#: ``node.meta`` key of an op kept as it was because it keeps unit scale as a whole: the reason.
 KEPT_KEY = "unitscale_kept"
 
 
@@ -54,12 +46,10 @@ def unit_init_(gm: fx.GraphModule) -> None:
     """Re-initialise the parameters that feed unit-scaled ops, by the role the graph gives them.
 
     A parameter passed as ``bias`` or added to a tensor is zeroed, the ``weight`` of a norm set
-    to 1, every other drawn from ``N(0, 1)``: ``self.b1`` in a functional model is a bias as
-    much as ``nn.Linear.bias`` is. A parameter that an op left unscaled reads keeps its values.
+    to 1, every other drawn from ``N(0, 1)``; one that an op left unscaled reads keeps its values.
     A unit-scaled batch norm's running statistics are reset to mean 0 and variance 1, its count
-    of batches to 0. Each re-initialised parameter is tagged with the u-μP role :mod:`unitscale.nn`
-    gives it (``bias``, ``norm``, ``embedding``, else ``weight``, a last linear layer too), so
-    the unit-scaled model trains with :mod:`unitscale.optim`.
+    of batches to 0. Each is tagged with its u-μP role (``bias``, ``norm``, ``embedding``, else
+    ``weight``, a last linear layer too), so the model trains with :mod:`unitscale.optim`.
 
     >>> import torch
     >>> from torch import fx
@@ -110,7 +100,7 @@ def unit_init_(gm: fx.GraphModule) -> None:
 class UnitScalePass:
     """Rewrites a captured graph into its unit-scaled form: each rule of the list as it was when made, in order.
 
-    Then it lists what it left, and on a model's first graph re-initialises its parameters (:func:`unit_init_`).
+    On a model's first graph it then re-initialises the parameters (:func:`unit_init_`).
     """
 
     __name__ = "unit_scale"
