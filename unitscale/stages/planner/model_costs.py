@@ -55,15 +55,10 @@ def chain_costs_for(
 ) -> ChainCosts:
     """Per-node :class:`~unitscale.stages.planner.ChainCosts` of a :class:`~unitscale.StagePlan`.
 
-    The plan's node costs are taken as measured on the whole batch of one step, so a
-    microbatch's forward time is the node cost times ``seconds_per_cost`` (1 for
-    ``cost="time"``; ``1 / FLOP rate`` for ``cost="flops"``) over ``num_microbatches``;
-    backward is ``backward`` times the forward, or a callable ``node -> seconds`` per
-    microbatch. Parameters take ``bytes_per_param`` each (16 for Adam with fp32 master
-    weights); each node keeps its output for the backward; a cut sends the
-    tensors that cross it. Activations and traffic are per microbatch (the example batch
-    split ``num_microbatches`` ways). ``action_overhead`` is the schedule's own seconds per
-    forward or backward of a stage (what ``run_pipeline`` measures as ``stage_costs.action_overhead``).
+    The node costs are taken as measured on the whole batch of one step: a microbatch's forward
+    is the node cost times ``seconds_per_cost`` over ``num_microbatches``, and its activations
+    and traffic are the example batch's split ``num_microbatches`` ways. Each node keeps its
+    output for the backward; a cut sends the tensors that cross it.
 
     >>> import torch
     >>> from torch import nn
