@@ -1,20 +1,9 @@
 """What a pipeline costs where it runs: each action's start and end, the message waits, the link.
 
-A prediction is only as good as the durations it is fed. Per-node timings taken in
-the planning process miss what the pipeline's own processes pay: autograd, the
-schedule's bookkeeping, a gloo thread, other work on the same cores. So each worker
-of :func:`~unitscale.run_pipeline` times every action of its stages and every wait on a
-message (:class:`ActionClock`), each step's start and end, and the link (:func:`measure_link`).
-What is left of a step is the schedule's bookkeeping (posting messages, splitting
-microbatches, the loss, merging outputs), per action. :func:`measured_costs` turns the
-records into per-stage :class:`~unitscale.stages.planner.ChainCosts`, which
-:func:`~unitscale.stages.planner.simulation.simulate_bounds` replays; :func:`measured_timeline`
-turns one step's records into a :class:`~unitscale.stages.planner.Timeline`.
-
->>> from unitscale.stages.runtime.measured import ActionClock
->>> clock = ActionClock()
->>> clock.actions, clock.waits
-([], [])
+Per-node timings taken while planning miss what the pipeline's own processes pay (autograd, the
+schedule's bookkeeping, a gloo thread, other work on the same cores), so each worker times its
+actions and message waits (:class:`ActionClock`) and the link (:func:`measure_link`);
+:func:`measured_costs` turns the records into costs the simulator replays.
 """
 
 from __future__ import annotations
