@@ -242,14 +242,10 @@ class Search:
     def _rank_terms(self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, rest: np.ndarray) -> np.ndarray:
         """For one stage per rank: a lower bound on the step from each placed stage's own rank.
 
-        Stage ``s`` (rank ``s``) starts after microbatch 0's forward reaches it (``H``) and its
-        last backward is followed by the backward of every stage before (``D``). It runs ``w``
-        forwards before its first backward (1F1B: ``min(m, p - s)``), which also waits for a
-        round trip through the later stages (``R``) after its microbatch's forward; the ``c``
-        backwards after its last forward include that forward's microbatch, which waits for
-        another. Between the first backward and the last forward lie ``m - w`` forwards and
-        ``m - c`` backwards. Under GPipe the first backward waits for the last forward's
-        round trip. ``R`` counts the stages not yet placed by their work alone.
+        Stage ``s`` starts after microbatch 0's forward reaches it and its last backward is
+        followed by the backward of every stage before; its ``w`` forwards before its first
+        backward and ``c`` backwards after its last forward each wait for a round trip ``R``
+        through the later stages (the stages not yet placed counted by their work alone).
         """
         j = forward.shape[1] - 1
         cut = comm[:, : j + 1]
@@ -277,12 +273,10 @@ class Search:
         the fill plus ``κ X`` (``X``: the time of the stages left, ``Σ_{s>j} c_s``).
 
         Rank ``s > j`` takes at least ``Σ_{j<s'<s} c_s' + m c_s`` after the fill, and under 1F1B
-        also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (its first and last backwards
-        wait for a round trip through the later stages; under GPipe ``m c_s + Σ_{s'>s} c_s'``).
-        ``κ`` is the least, over splits of ``X = 1``, of the largest of these: a matrix game
-        between the split and the bound, whose value any mixture of bounds bounds from below.
-        A few hundred rounds of multiplicative weights find a good mixture; the value returned
-        is that mixture's own guarantee, so it is a valid bound however far the rounds got.
+        also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (GPipe: ``m c_s + Σ_{s'>s} c_s'``).
+        ``κ``, the least over splits of ``X = 1`` of the largest of these, is a matrix game's value;
+        multiplicative weights find a mixture of bounds whose own guarantee is returned, a valid
+        bound however far the rounds got.
         """
         if j in self._shares:
             return self._shares[j]
@@ -320,11 +314,9 @@ class Search:
     ) -> np.ndarray:
         """Several stages per rank: the ranks of the later stages share the work left, ``m X``.
 
-        Rank ``r`` is busy from its first op (which starts after microbatch 0's forward reaches
-        that stage) to its last (which the backward of the stages before still follows): a base
-        ``H_r + m Σ(placed c on r) + D_r``, counting stages not yet placed as free, plus its share of
-        the rest. The step is at least the water level ``τ`` with ``Σ_r speed_r (τ - base_r)^+ = m X``,
-        the least over the ranks of lowest bases of ``(m X + Σ speed base) / Σ speed``.
+        Rank ``r`` is busy for a base ``H_r + m Σ(placed c on r) + D_r`` (fill, its placed work,
+        drain) plus its share of the rest: the step is at least the water level ``τ`` with
+        ``Σ_r speed_r (τ - base_r)^+ = m X``.
         """
         j = forward.shape[1] - 1
         rows, m = forward.shape[0], self.m

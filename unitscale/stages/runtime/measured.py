@@ -141,7 +141,6 @@ class RankRecord:
         steps: ``(start, end)`` of each timed step (start: leaving the barrier).
         output_bytes: stage -> bytes of one microbatch's output.
         latency: seconds per message (ping-pong), the same on every rank.
-        bandwidth: bytes per second (ping-pong).
     """
 
     actions: list[Action]
@@ -171,10 +170,8 @@ def _mean_by(actions: Sequence[Action], kind: str, stage: int) -> float:
 def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts:
     """Per-stage costs (one item per stage) from every rank's records: mean durations per stage and kind.
 
-    A stage's forward is the mean of its ``"F"`` actions; its backward the mean
-    ``"B"``, or ``"I"`` plus ``"W"`` for the zero-bubble schedules (their ratio sets
-    ``weight_grad_share``); each cut carries the bytes the stage before it sends; the
-    link is the ping-pong's; ``action_overhead`` is the ranks' mean bookkeeping per forward or backward.
+    A stage's backward is its mean ``"B"``, or ``"I"`` plus ``"W"`` (their ratio sets
+    ``weight_grad_share``); ``action_overhead`` is the ranks' mean bookkeeping per action.
 
     >>> from unitscale.stages.runtime.measured import RankRecord, measured_costs
     >>> actions0 = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 3.0, 5.0)]
