@@ -115,9 +115,9 @@ def calibrated(costs: ChainCosts, result: Any, costs_at: Callable[[int], ChainCo
     """Per-node ``costs`` scaled, stage by stage, to the durations a pipeline run measured.
 
     ``result`` is a :class:`~unitscale.stages.PipelineResult` of a plan of the same graph;
-    ``costs_at(m)`` gives the uncalibrated costs at its microbatch count. Each node's forward is
-    scaled by its stage's ``measured F_s / predicted F_s`` (a stage predicted free: the ratio of
-    the totals), its backward likewise; the link, bookkeeping and weight-gradient share become the measured ones.
+    ``costs_at(m)`` gives the uncalibrated costs at its microbatch count. Each node's forward and
+    backward are scaled by its stage's measured over predicted time (a stage predicted free: the
+    ratio of the totals); the link, bookkeeping and weight-gradient share become the measured ones.
 
     >>> import torch
     >>> from torch import nn

@@ -90,10 +90,9 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
       (torchtitan's and Megatron's default when the items are layers);
     * ``"equal cost"``: stage ``s`` ends at the item boundary nearest to ``(s + 1) / k`` of the
       total work (a split by hand from per-layer costs);
-    * ``"min-max"``: the contiguous split with the least largest stage
-      (``unitscale.stages.partitioner.search.optimal_bounds``);
+    * ``"min-max"``: the contiguous split with the least largest stage;
     * ``"balanced"``: among min-max splits, the one with the least sum of squared stage times
-      (``unitscale.stages.partitioner.search.balanced_bounds``; left out when its programme is too large).
+      (left out when its programme is too large).
 
     >>> from unitscale.stages.planner import rule_splits
     >>> from unitscale.stages.schedules import ChainCosts

@@ -59,7 +59,6 @@ def stage_examples(
     Args:
         stages: the chained stage modules (:meth:`~unitscale.StagePlan.stage_modules`).
         inputs: the model's (flat) inputs for the whole batch; tensors are split on dim 0.
-        num_microbatches: how many microbatches the batch is split into.
         training: run with autograd, so that which values need a gradient is known.
         who: the function the user called; given, a stage that cannot run on ``inputs`` raises
             :class:`~unitscale.errors.InputError` naming it, the inputs' shapes and ``expected``'s.

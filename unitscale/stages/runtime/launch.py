@@ -11,8 +11,6 @@ Save a plan where the model is (``plan.save("plan.pt")``), then in the script th
     rank = pipeline_stage("plan.pt", num_microbatches=4, schedule="1f1b", loss_fn=nn.MSELoss())
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     output = rank.step(x, target=y)  # the model's output on the last stage's rank, else None
-
-Which rank holds which stage: :func:`~unitscale.stages.runtime.placement`.
 """
 
 from __future__ import annotations
@@ -94,8 +92,7 @@ class RankPipeline:
     def step(self, *inputs: Any, target: Any = None, losses: list[Any] | None = None) -> Any:
         """One schedule step over the whole batch; every rank may pass the same ``inputs`` and ``target``.
 
-        Returns:
-            The model's output (its own structure) on the rank holding the last stage, else ``None``.
+        Returns the model's output (its own structure) on the rank holding the last stage, else ``None``.
         """
         args = inputs if self.is_first else ()
         kwargs: dict[str, Any] = {}
@@ -115,12 +112,8 @@ def build_rank(
     group: Any = None,
     examples: Mapping[int, StageExample] | None = None,
 ) -> RankPipeline:
-    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group.
-
-    With ``examples`` (stage index -> its inputs and outputs for one microbatch,
-    :func:`~unitscale.stages.runtime.boundaries.stage_examples`) the stages are built with their real shapes
-    and dtypes; without, torch infers them at the first step on uninitialised tensors.
-    """
+    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group;
+    with ``examples`` (:func:`~unitscale.stages.runtime.boundaries.stage_examples`) of their real shapes."""
     from torch.distributed.pipelining import PipelineStage  # lazy, as in torch_schedule_class
 
     indices = sorted(modules)

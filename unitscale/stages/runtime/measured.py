@@ -103,11 +103,9 @@ class ActionClock:
 def measure_link(rank: int, world: int, nbytes: int = 1 << 20, repeats: int = 7) -> tuple[float, float]:
     """Latency (s) and bandwidth (B/s) between ranks 0 and 1 by ping-pong, in a joined gloo group.
 
-    Every rank calls it; ranks other than 0 and 1 only wait. The latency is half the
-    shortest round trip of a 4-byte message; the bandwidth is ``nbytes`` over half the
-    shortest round trip of ``nbytes`` less the latency. The shortest, not the median:
-    on busy cores a round trip also waits for the scheduler, which the pipeline's
-    measured bookkeeping and durations already hold. One rank: ``(0.0, inf)``.
+    Every rank calls it; ranks other than 0 and 1 only wait. Half the shortest round trip, not
+    the median: on busy cores a round trip also waits for the scheduler, which the pipeline's
+    measured bookkeeping and durations already hold.
     """
     if world < 2:
         return 0.0, math.inf

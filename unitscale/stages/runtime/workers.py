@@ -98,12 +98,8 @@ def _first_line(text: str, limit: int) -> str:
 def diagnose(names: Sequence[str], failures: list[Failure], silent: dict[int, int], main_hint: str) -> PipelineError:
     """Blame the worker that failed first; its neighbours then fail on broken links.
 
-    Args:
-        names: each rank's name in messages (``"stage 1"``, ``"rank 0 (stages 0, 2)"``).
-        failures: the exceptions workers reported, with their times.
-        silent: rank -> exit code of workers that ended without a report (``os._exit``, a signal,
-            a crash in C): the cause when there is one, since the others only saw its links close.
-        main_hint: advice added when a worker died silently (it may have re-run an unguarded script).
+    ``silent`` (rank -> exit code of workers that ended without a report) comes first: the others
+    only saw its links close. ``main_hint`` is added then (it may have re-run an unguarded script).
     """
     ordered = [Failure(r, _exit_cause(code), 0.0) for r, code in sorted(silent.items())]
     ordered += sorted(failures, key=lambda f: f.when)
