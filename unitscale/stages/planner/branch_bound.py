@@ -46,8 +46,7 @@ class Search:
         self.pp, self.pa, self.held, self.q, self.comm = a.pp, a.pa, a.held, a.q, a.comm
         #: the schedule's bookkeeping, added to every forward and backward of every stage (not scaled by speed)
         self.overhead = float(a.costs.action_overhead)
-        #: a lower bound on what each stage not yet placed adds to the work left: two actions'
-        #: bookkeeping, counted at the slowest speed so that dividing by any speed stays below it
+        #: what each stage not yet placed adds at least: two actions' bookkeeping at the slowest speed
         self.unplaced_overhead = 2 * self.overhead * float(np.min(self.speed))
         #: bytes per rank (``inf``: no limit); :func:`least_rank_memory` lifts it for a while
         self.limit = math.inf if a.memory_limit is None else float(a.memory_limit)
@@ -55,7 +54,6 @@ class Search:
         # orders of whole forwards and backwards, one stage per rank, give a sharper water level: see _bound_rows
         self.chain = a.v == 1 and all(op.kind in ("F", "B") for o in orders for op in o)
         #: per rank, the forwards before its first backward and the backwards after its last forward
-        #: (1F1B: ``min(m, p - r)`` each; interleaved 1F1B with one stage per rank runs more)
         self.warmup = [next((i for i, op in enumerate(o) if op.kind != "F"), len(o)) for o in orders]
         self.cooldown = [next((i for i, op in enumerate(reversed(o)) if op.kind == "F"), len(o)) for o in orders]
         #: per rank, the stage of its first op (a forward) and the kind and stage of its last
@@ -67,8 +65,7 @@ class Search:
         )
         self.fits_after = self._fits_after()
         self._shares: dict[int, float] = {}
-        #: per cut, the window its position must lie in for a step within the incumbent, and per
-        #: stage the furthest end from each start (:meth:`narrow`); ``None``: every position
+        #: per cut, its window, and per stage the furthest end from each start (:meth:`narrow`)
         self.window: tuple[list[int], list[int], list[np.ndarray]] | None = None
         self.evaluated = 0  # plans and partial plans simulated
         self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)

@@ -1,9 +1,8 @@
 """Event-driven simulation of a pipeline schedule: step time, bubble, memory, timeline.
 
-Each rank runs its work in the schedule's order (:func:`~unitscale.stages.schedules.schedule_order`);
-a piece of work starts when its rank is free and its inputs have arrived (:func:`_program`). A
-value that changes rank arrives ``latency + bytes / bandwidth`` after it was made (sends do not
-block compute, links do not contend).
+Each rank runs its work in the schedule's order; a piece starts when its rank is free and its
+inputs have arrived (:func:`_program`), a value from another rank ``latency + bytes / bandwidth``
+after it was made (sends do not block compute, links do not contend).
 
 >>> from unitscale.stages.schedules import ChainCosts
 >>> from unitscale.stages.planner.simulation import simulate_bounds
@@ -97,10 +96,7 @@ class Timeline:
     @property
     def busy(self) -> list[float]:
         """Seconds of work per rank."""
-        busy = [0.0] * self.ranks
-        for b in self.blocks:
-            busy[b.rank] += b.end - b.start
-        return busy
+        return [sum((b.end - b.start for b in self.blocks if b.rank == r), 0.0) for r in range(self.ranks)]
 
     @property
     def bubble(self) -> float:
@@ -237,9 +233,7 @@ def simulate_bounds(
         math.fsum(costs.param_bytes[a:b]) + held[s] * math.fsum(costs.activation_bytes[a:b])
         for s, (a, b) in enumerate(stages)
     ]
-    rank_memory = [0.0] * ranks
-    for s, r in enumerate(placement):
-        rank_memory[r] += stage_memory[s]
+    rank_memory = [sum((q for s, q in enumerate(stage_memory) if placement[s] == r), 0.0) for r in range(ranks)]
     return Timeline(
         schedule=schedule,
         ranks=ranks,

@@ -1,6 +1,5 @@
 """What travels to the pipeline's workers: stages, loss and inputs pickled one by one, so that what
-cannot travel is named, and what names the caller's ``__main__`` is noticed (the workers then run
-the caller's script first, as ``multiprocessing``'s spawn does).
+cannot travel is named, and what names the caller's ``__main__`` is noticed (the workers then run it).
 
 A stage travels as its graph's nodes, not as ``torch.fx``'s pickle of a ``GraphModule``: that
 retraces on loading, running a higher-order op such as ``wrap_with_set_grad_enabled`` (a
