@@ -1,9 +1,8 @@
 """Pipeline stages: split a model into contiguous stages, the costliest as cheap as possible,
 and run them as a real pipeline on :mod:`torch.distributed.pipelining`.
 
-The names a user calls: :func:`partition` (split a model), :func:`plan_pipeline` (choose the
-split and microbatch count for a schedule), :func:`run_pipeline` and :func:`pipeline_stage` (run
-it). Their helpers live in the three parts that do the work: :mod:`unitscale.stages.partitioner`,
+The names a user calls: :func:`partition`, :func:`plan_pipeline`, :func:`run_pipeline` and
+:func:`pipeline_stage`; their helpers live in :mod:`unitscale.stages.partitioner`,
 :mod:`unitscale.stages.planner` and :mod:`unitscale.stages.runtime`.
 
 >>> import torch

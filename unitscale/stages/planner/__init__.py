@@ -1,11 +1,8 @@
 """The planner: the split and microbatch count with the least simulated step time.
 
-:func:`plan_pipeline` plans a captured model, :func:`plan_chain` a chain of numbers (a
-:class:`ChainPlan`); :func:`simulate` gives the step time and :class:`Timeline` of a split under a
-schedule, and :func:`rule_splits` the splits people use, which seed the search; they plan a
-:class:`ChainCosts` (per-item times, memory, traffic; from ``unitscale.stages.schedules``). Uses the
-partitioner and ``unitscale.stages.schedules``; the runtime uses it (for the timeline), never
-the reverse.
+:func:`plan_pipeline` plans a captured model, :func:`plan_chain` a chain of :class:`ChainCosts`;
+:func:`simulate` gives a split's step time and :class:`Timeline` under a schedule. Uses the
+partitioner; the runtime uses it (for the timeline), never the reverse.
 
 >>> from unitscale.stages.planner import ChainCosts, plan_chain
 >>> costs = ChainCosts.uniform([1.0, 1.0, 1.0, 1.0])

@@ -1,34 +1,9 @@
 """Branch and bound over the cuts of a chain, judged by the simulator itself (:class:`Search`).
 
-A partial plan fixes stages ``0..j``; a lower bound on every completion is the maximum of
-
-* the simulated step with the stages not yet placed taking no time (the simulator
-  itself, :func:`~unitscale.stages.planner.simulation.step_times`, many plans at once);
-* a water level: the work left, ``X``, runs on the ranks of the later stages;
-* with one stage per rank, for each placed stage ``s``: the fill ``H_s`` (microbatch 0's
-  forward reaching it), the drain ``D_s`` (the backward of every stage before it), and what
-  its rank must do in between: under 1F1B ``max(w F, F + R) + (m - w) c + max(w B, R + B)``
-  (``w = min(m, p - s)`` forwards before its first backward, which waits for microbatch 0's
-  round trip ``R`` through the later stages, as the last ``w`` backwards wait for microbatch
-  ``m - 1``'s), under GPipe ``m F + R + m B``;
-* with one stage per rank, for the later stages: rank ``s`` takes at least
-  ``Σ_{j<s'<s} c_s' + m c_s`` after the fill (over every split of their time ``X`` the least
-  largest such time is ``X / (1 - ((m - 1) / m)^L)``, ``L`` later stages, the ``c_s``
-  geometric), and under 1F1B also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (its
-  round trips): the least largest of all of these over the splits of ``X`` is the value of a
-  small matrix game, bounded from below by a mixture that multiplicative weights find.
-
-With one stage per rank (GPipe, 1F1B), the search also branches only inside windows: two of
-the per-rank bounds above, with each stage's memory, confine each cut to the positions a plan
-within the incumbent can use (:meth:`Search.narrow`, redone when the incumbent improves); with a
-memory limit this is where the limit enters the pruning, which the bounds above ignore.
-
-Best first, the search expands the partial plan of least bound and stops when that bound
-exceeds the best simulated plan: that bound is then the certificate of optimality. The bounds
-for several stages per rank are weaker (and have no windows), so large interleaved problems
-can spend the budget, which then stops the search with the best plan found and a certified gap.
-On devices of different speeds the windows are wider, and with a memory limit the search may
-spend its budget with a gap of several percent (``benchmarks/bench_stages.py`` measures both).
+Best first, the search expands the partial plan of least lower bound and stops when that bound
+exceeds the best simulated plan, which certifies it optimal. The bounds for several stages per
+rank are weaker, so large interleaved problems can spend the budget and stop with a certified
+gap (``benchmarks/bench_stages.py`` measures it); :func:`descend` then improves the plan held.
 """
 
 from __future__ import annotations
@@ -54,12 +29,12 @@ SEARCH_BUDGET = 50_000
 
 
 class Search:
-    """Branch and bound over the cuts, judged by the simulator itself (the module's docstring gives the bounds).
+    """Branch and bound over the cuts: a node fixes stages ``0..j-1``, its children stage ``j``.
 
-    A node fixes stages ``0..j-1``; its children fix stage ``j`` at every end that fits in memory
-    (and, where :meth:`narrow` has set windows, inside its cut's window and within reach of its
-    start). Children are bounded a batch at a time. It reads the problem's
-    :class:`~unitscale.stages.planner.chain_arrays.ChainArrays`, which the formula's ``Problem`` shares.
+    A partial plan's bound is the larger of the simulated step with the stages not yet placed
+    taking no time and the closed-form bounds of :meth:`_rank_terms`, :meth:`_later_share` and
+    :meth:`_water_level`; with one stage per rank :meth:`narrow` also confines each cut to a window
+    (where a memory limit enters the pruning).
     """
 
     def __init__(self, arrays: ChainArrays) -> None:
@@ -71,8 +46,7 @@ class Search:
         self.pp, self.pa, self.held, self.q, self.comm = a.pp, a.pa, a.held, a.q, a.comm
         #: the schedule's bookkeeping, added to every forward and backward of every stage (not scaled by speed)
         self.overhead = float(a.costs.action_overhead)
-        #: a lower bound on what each stage not yet placed adds to the work left: two actions'
-        #: bookkeeping, counted at the slowest speed so that dividing by any speed stays below it
+        #: what each stage not yet placed adds at least: two actions' bookkeeping at the slowest speed
         self.unplaced_overhead = 2 * self.overhead * float(np.min(self.speed))
         #: bytes per rank (``inf``: no limit); :func:`least_rank_memory` lifts it for a while
         self.limit = math.inf if a.memory_limit is None else float(a.memory_limit)
@@ -80,7 +54,6 @@ class Search:
         # orders of whole forwards and backwards, one stage per rank, give a sharper water level: see _bound_rows
         self.chain = a.v == 1 and all(op.kind in ("F", "B") for o in orders for op in o)
         #: per rank, the forwards before its first backward and the backwards after its last forward
-        #: (1F1B: ``min(m, p - r)`` each; interleaved 1F1B with one stage per rank runs more)
         self.warmup = [next((i for i, op in enumerate(o) if op.kind != "F"), len(o)) for o in orders]
         self.cooldown = [next((i for i, op in enumerate(reversed(o)) if op.kind == "F"), len(o)) for o in orders]
         #: per rank, the stage of its first op (a forward) and the kind and stage of its last
@@ -92,8 +65,7 @@ class Search:
         )
         self.fits_after = self._fits_after()
         self._shares: dict[int, float] = {}
-        #: per cut, the window its position must lie in for a step within the incumbent, and per
-        #: stage the furthest end from each start (:meth:`narrow`); ``None``: every position
+        #: per cut, its window, and per stage the furthest end from each start (:meth:`narrow`)
         self.window: tuple[list[int], list[int], list[np.ndarray]] | None = None
         self.evaluated = 0  # plans and partial plans simulated
         self.considered = 0  # children bounded (in closed form, and simulated where that cannot prune)
@@ -120,17 +92,12 @@ class Search:
         """Confine every cut to the positions a plan with step ``<= target`` can use (one stage per
         rank, 1F1B or GPipe); ``False`` when no position is left (no such plan).
 
-        Two of :meth:`_rank_terms`'s bounds hold for every complete plan and tie each stage's
-        time ``c_s`` to the time ``x_s = Σ_{s'<s} c_s'`` before it (``t``: the least message time):
-        ``x_s + m c_s + 2 s t`` (rank ``s`` is busy ``m c_s`` between the fill and the drain) and,
-        under 1F1B with ``m > w = p - s``, ``x_s + (m - w + 1) c_s + 2 (X - x_{s+1}) + 2 (k - 1) t``
-        (its first and last ``w`` backwards wait for a round trip; GPipe: ``x_s + m c_s + X - x_{s+1}
-        + 2 (k - 1) t``). With ``x_s`` at least the least time of any split before cut ``s`` and
-        ``X - x_{s+1}`` the least after cut ``s + 1`` (both over the windows found so far, and
-        exact on devices of one speed), each bound and the stage's memory cap cut ``s + 1`` by a
-        function of cut ``s`` (made never to fall by taking the furthest reach of any earlier start,
-        a relaxation). Sweeps forward (furthest reach) and backward (least start) until nothing
-        moves give intervals that every such plan respects; the search branches only inside them.
+        Two of :meth:`_rank_terms`'s bounds tie each stage's time ``c_s`` to the time
+        ``x_s = Σ_{s'<s} c_s'`` before it (``t``: the least message time): ``x_s + m c_s + 2 s t``
+        and, under 1F1B with ``m > w = p - s``, ``x_s + (m - w + 1) c_s + 2 (X - x_{s+1}) + 2 (k - 1) t``
+        (GPipe: ``x_s + m c_s + X - x_{s+1} + 2 (k - 1) t``). These and the memory cap bound cut
+        ``s + 1`` by cut ``s`` (:meth:`_reach`); sweeps forward and backward until nothing moves
+        give the windows.
         """
         if not self.chain or self.schedule not in ("gpipe", "1f1b"):
             return True
@@ -272,14 +239,10 @@ class Search:
     def _rank_terms(self, forward: np.ndarray, backward: np.ndarray, comm: np.ndarray, rest: np.ndarray) -> np.ndarray:
         """For one stage per rank: a lower bound on the step from each placed stage's own rank.
 
-        Stage ``s`` (rank ``s``) starts after microbatch 0's forward reaches it (``H``) and its
-        last backward is followed by the backward of every stage before (``D``). It runs ``w``
-        forwards before its first backward (1F1B: ``min(m, p - s)``), which also waits for a
-        round trip through the later stages (``R``) after its microbatch's forward; the ``c``
-        backwards after its last forward include that forward's microbatch, which waits for
-        another. Between the first backward and the last forward lie ``m - w`` forwards and
-        ``m - c`` backwards. Under GPipe the first backward waits for the last forward's
-        round trip. ``R`` counts the stages not yet placed by their work alone.
+        Stage ``s`` starts after microbatch 0's forward reaches it and its last backward is
+        followed by the backward of every stage before; its ``w`` forwards before its first
+        backward and ``c`` backwards after its last forward each wait for a round trip ``R``
+        through the later stages (the stages not yet placed counted by their work alone).
         """
         j = forward.shape[1] - 1
         cut = comm[:, : j + 1]
@@ -307,12 +270,10 @@ class Search:
         the fill plus ``κ X`` (``X``: the time of the stages left, ``Σ_{s>j} c_s``).
 
         Rank ``s > j`` takes at least ``Σ_{j<s'<s} c_s' + m c_s`` after the fill, and under 1F1B
-        also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (its first and last backwards
-        wait for a round trip through the later stages; under GPipe ``m c_s + Σ_{s'>s} c_s'``).
-        ``κ`` is the least, over splits of ``X = 1``, of the largest of these: a matrix game
-        between the split and the bound, whose value any mixture of bounds bounds from below.
-        A few hundred rounds of multiplicative weights find a good mixture; the value returned
-        is that mixture's own guarantee, so it is a valid bound however far the rounds got.
+        also ``Σ_{j<s'<s} c_s' + (m - w + 1) c_s + 2 Σ_{s'>s} c_s'`` (GPipe: ``m c_s + Σ_{s'>s} c_s'``).
+        ``κ``, the least over splits of ``X = 1`` of the largest of these, is a matrix game's value;
+        multiplicative weights find a mixture of bounds whose own guarantee is returned, a valid
+        bound however far the rounds got.
         """
         if j in self._shares:
             return self._shares[j]
@@ -350,11 +311,9 @@ class Search:
     ) -> np.ndarray:
         """Several stages per rank: the ranks of the later stages share the work left, ``m X``.
 
-        Rank ``r`` is busy from its first op (which starts after microbatch 0's forward reaches
-        that stage) to its last (which the backward of the stages before still follows): a base
-        ``H_r + m Σ(placed c on r) + D_r``, counting stages not yet placed as free, plus its share of
-        the rest. The step is at least the water level ``τ`` with ``Σ_r speed_r (τ - base_r)^+ = m X``,
-        the least over the ranks of lowest bases of ``(m X + Σ speed base) / Σ speed``.
+        Rank ``r`` is busy for a base ``H_r + m Σ(placed c on r) + D_r`` (fill, its placed work,
+        drain) plus its share of the rest: the step is at least the water level ``τ`` with
+        ``Σ_r speed_r (τ - base_r)^+ = m X``.
         """
         j = forward.shape[1] - 1
         rows, m = forward.shape[0], self.m
@@ -553,15 +512,11 @@ def descend(
     search: Search, starts: Sequence[Sequence[int]], rounds: int = 40, window: int = 64
 ) -> tuple[list[int], int]:
     """The best plan a local search reaches from any of ``starts`` (each must fit), and the index of
-    the start it came from. From each start it moves to the best neighbour while the simulated
-    step falls: a local optimum of a wider neighbourhood than :func:`polish`'s.
+    the start it came from; ties (within :data:`TIE`) go to the least sum of squared stage times.
 
-    A neighbour moves one cut anywhere between its neighbours (within ``window`` items), or
-    shifts a run of consecutive cuts by one or two items together. The run shifts are what one
-    cut at a time cannot do: on a chain of equal layers with one heavy end, the better plan often
-    differs from a worse one by every cut moving one layer, and each single move on the way
-    makes one stage hold a layer more. Ties (within :data:`TIE`) go to the least sum of squared
-    stage times.
+    A neighbour moves one cut (within ``window`` items), or shifts a run of consecutive cuts by one
+    or two items together: on equal layers with one heavy end, the better plan often differs by
+    every cut moving one layer, which no single move on the way improves.
     """
     k, n = search.k, search.n
     best_plan: list[int] | None = None
@@ -599,11 +554,9 @@ def least_rank_memory(search: Search, budget: int = 500) -> tuple[float, list[in
     """The least per-rank memory any plan needs, and such a plan; or, past ``budget`` partial
     plans, a lower bound on it and ``None``.
 
-    Best first over the cuts: a rank's memory only grows as stages are added, and the ranks
-    of the stages not yet placed share at least the parameters and the fewest activations in
-    flight of the items left, so a partial plan's priority (the larger of its worst rank and
-    that average) bounds every completion, and the first complete plan popped is optimal. A
-    partial plan ending where another ended with no rank holding less is dropped.
+    Best first: a partial plan's priority (its worst rank, or the average the later ranks must
+    share of what is left, if larger) bounds every completion, so the first complete plan popped
+    is optimal.
     """
     saved, search.limit = search.limit, math.inf
     saved_fits, search.fits_after = search.fits_after, search._fits_after()

@@ -1,15 +1,5 @@
-"""The arrays of one planning problem, computed once for the formula's programmes and the search.
-
-:class:`ChainArrays` lays a :class:`~unitscale.stages.schedules.ChainCosts` out on a
-schedule's placement. The formula's :class:`~unitscale.stages.planner.formula.Problem` and the branch
-and bound's :class:`~unitscale.stages.planner.branch_bound.Search` both read it, so the planner builds
-it once per plan; each keeps only what is its own (the formula's per-stage cap, the search's bounds).
-
->>> from unitscale.stages.planner.chain_arrays import ChainArrays
->>> from unitscale.stages.schedules import ChainCosts
->>> a = ChainArrays(ChainCosts.uniform([1.0] * 4), 2, "1f1b", 4, 1, None, None)
->>> a.pw.tolist()  # forward 1, backward 2 per item
-[0.0, 3.0, 6.0, 9.0, 12.0]
+"""The arrays of one planning problem (:class:`ChainArrays`), computed once per plan for the
+formula's programmes and the search, which both read them.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The step-time formula and its dynamic programmes: the planner's first incumbent, and GPipe's certificate.
 
-For a split into ``k = p v`` stages (``p`` ranks, ``v`` stages each) with stage times
-``c_s = (F_s + B_s) / speed`` and cut times ``t``, the formula is
+With stage times ``c_s = (F_s + B_s) / speed`` and cut times ``t``, the formula is
 ``T = (m - 1) v max_s c_s + κ (Σ_s c_s + 2 Σ t)``, ``κ = (v + p - 1) / (p v)``. For GPipe with a
 backward that is a fixed multiple of the forward it *is* the simulated step (the forward phase
-is a flow shop of ``m`` identical jobs, makespan ``Σ F_s + Σ t + (m - 1) max F_s``; the backward
-mirrors it); elsewhere it seeds the branch and bound (:mod:`unitscale.stages.planner.branch_bound`).
-:func:`formula_plan` minimises it exactly: for each bottleneck cap it finds the least
-``Σ c_s + 2 Σ t`` with every stage within the cap (:meth:`Problem.cheapest`, a programme over
-prefixes with range minima), walking down through the bottlenecks those plans realise.
+is a flow shop of ``m`` identical jobs; the backward mirrors it).
 
 >>> from unitscale.stages.planner.chain_arrays import ChainArrays
 >>> from unitscale.stages.planner.formula import Problem, formula_plan
@@ -222,7 +217,8 @@ def _least_float(holds: Callable[[float], bool], top: float) -> float:
 
 
 def formula_plan(problem: Problem, max_probes: int | None = None) -> tuple[list[int], float, float, int]:
-    """The plan minimising the step-time formula ``(m - 1) v max c_s + κ A``, that minimum,
+    """The plan minimising the step-time formula ``(m - 1) v max c_s + κ A`` (walking down the
+    bottleneck caps, each with its least ``A``: :meth:`Problem.cheapest`), that minimum,
     a lower bound certifying it, and the programmes run (raises ``NoFit``). With
     ``max_probes``, the best plan after that many programmes (the lower bound then certifies less)."""
     floor = problem.least_cap()

@@ -55,15 +55,10 @@ def chain_costs_for(
 ) -> ChainCosts:
     """Per-node :class:`~unitscale.stages.planner.ChainCosts` of a :class:`~unitscale.StagePlan`.
 
-    The plan's node costs are taken as measured on the whole batch of one step, so a
-    microbatch's forward time is the node cost times ``seconds_per_cost`` (1 for
-    ``cost="time"``; ``1 / FLOP rate`` for ``cost="flops"``) over ``num_microbatches``;
-    backward is ``backward`` times the forward, or a callable ``node -> seconds`` per
-    microbatch. Parameters take ``bytes_per_param`` each (16 for Adam with fp32 master
-    weights); each node keeps its output for the backward; a cut sends the
-    tensors that cross it. Activations and traffic are per microbatch (the example batch
-    split ``num_microbatches`` ways). ``action_overhead`` is the schedule's own seconds per
-    forward or backward of a stage (what ``run_pipeline`` measures as ``stage_costs.action_overhead``).
+    The node costs are taken as measured on the whole batch of one step: a microbatch's forward
+    is the node cost times ``seconds_per_cost`` over ``num_microbatches``, and its activations
+    and traffic are the example batch's split ``num_microbatches`` ways. Each node keeps its
+    output for the backward; a cut sends the tensors that cross it.
 
     >>> import torch
     >>> from torch import nn
@@ -120,11 +115,9 @@ def calibrated(costs: ChainCosts, result: Any, costs_at: Callable[[int], ChainCo
     """Per-node ``costs`` scaled, stage by stage, to the durations a pipeline run measured.
 
     ``result`` is a :class:`~unitscale.stages.PipelineResult` of a plan of the same graph;
-    ``costs_at(m)`` gives the uncalibrated costs at that run's microbatch count ``m``. Every
-    node of stage ``s`` of that run has its forward scaled by ``measured F_s / predicted F_s``
-    (its backward likewise); a stage the costs predict as free takes the ratio of the totals.
-    The link, the bookkeeping per action and the weight-gradient share of the backward (measured
-    by the zero-bubble schedules, else the default half) become the measured ones.
+    ``costs_at(m)`` gives the uncalibrated costs at its microbatch count. Each node's forward and
+    backward are scaled by its stage's measured over predicted time (a stage predicted free: the
+    ratio of the totals); the link, bookkeeping and weight-gradient share become the measured ones.
 
     >>> import torch
     >>> from torch import nn

@@ -1,37 +1,9 @@
 """Exact pipeline planning for a schedule: the split with the least simulated step time that fits in memory.
 
-What is minimised
------------------
-The step time that :func:`~unitscale.stages.simulate` predicts for the chosen schedule
-(GPipe, 1F1B, interleaved 1F1B, interleaved zero bubble, ZBV): stage ``s`` takes
-``F_s / speed`` and ``B_s / speed`` per microbatch on its rank, a cut costs
-``t = latency + bytes / bandwidth`` each way, and each rank runs its work in the
-schedule's order. A plan fits when every rank's stages together (parameters with
-gradients and optimiser state, plus the activations of the microbatches the schedule
-keeps in flight, :func:`~unitscale.stages.schedules.in_flight`) need at most
-``memory_limit`` bytes. Among plans whose step times agree within ``1e-9`` (relative),
-the one with the least sum of squared stage times ``Σ_s c_s²`` wins, with communication
-and device speeds too (``c_s = (F_s + B_s) / speed``).
-
-How
----
-The first incumbents are the optimum of a step-time formula (:mod:`unitscale.stages.planner.formula`),
-polished one cut at a time with the simulator, and the splits people use without a planner
-(:func:`~unitscale.stages.planner.rule_splits`: equal items per stage, equal work per stage,
-min-max, balanced); a branch and bound whose bounds are the simulator's own step with the stages
-not yet placed taking no time, raised by the work they must still do
-(:mod:`unitscale.stages.planner.branch_bound`), then proves the best of them optimal or improves
-it. For GPipe with a backward that is a fixed multiple of the forward, the formula's optimum is
-certified on its own. So the plan's simulated step is never longer than a rule's, whether or not the search finishes.
-
-Where the search does not finish (several stages per rank: its bounds there are a water level,
-often 10 to 20 % below the best step on 8 ranks, so its best-first order spends the budget on
-partial plans and reaches few complete ones), a local search
-(``descend`` in ``unitscale.stages.planner.branch_bound``: single cuts, and runs of cuts shifted
-together) improves the best plan held; ``optimal`` then stays ``False`` and ``lower_bound``
-says how far from optimal the plan can be. ``ChainPlan.origin`` names the incumbent the plan
-came from. A model becomes a chain of pieces (the runs of nodes no cut may split) with
-:mod:`unitscale.stages.planner.model_costs`.
+:func:`plan_chain` seeds a branch and bound (:mod:`unitscale.stages.planner.branch_bound`) with the
+optimum of a step-time formula (:mod:`unitscale.stages.planner.formula`) and the rules of
+:func:`rule_splits`, so its plan is never worse than a rule's; :func:`plan_pipeline` plans a model
+as a chain of pieces (:mod:`unitscale.stages.planner.model_costs`).
 
 >>> from unitscale.stages.planner import plan_chain
 >>> from unitscale.stages.schedules import ChainCosts
@@ -74,23 +46,18 @@ class ChainPlan:
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``.
         step_time: the simulated step time of this plan (:func:`~unitscale.stages.simulate`).
         lower_bound: a proven lower bound on the simulated step time of every plan that fits;
-            equal to ``step_time`` (up to rounding, and ties within ``1e-9`` relative) when the
-            search finished: the certificate of optimality.
+            equal to ``step_time`` (up to rounding) when the search finished.
         bottleneck: the largest per-microbatch stage time ``max_s (F_s + B_s) / speed``.
         stage_memory: bytes each stage needs.
         probes: dynamic programmes run for the first plans (the step-time formula's optimum).
         simulated: plans and partial plans whose step the search simulated.
         optimal: whether ``lower_bound`` proves ``step_time`` optimal (``False``: the search hit
-            its budget, and ``lower_bound`` bounds how far from optimal ``step_time`` can be; for
-            GPipe the formula's programme proves it, and a spent budget only cuts the tie-break short).
+            its budget; for GPipe the formula proves it, and a spent budget only cuts the tie-break short).
         rank_memory: bytes each rank needs (its stages together), the quantity ``memory_limit`` caps.
-        origin: where the plan came from: ``"search"`` (the branch and bound), ``"formula"``
-            (the step-time formula's optimum; ``"polished formula"`` after moving single cuts;
-            ``"least memory"`` when the formula's caps fit nothing), a rule of
-            :func:`~unitscale.stages.planner.rule_splits` (``"equal count"``, ``"equal cost"``,
-            ``"min-max"``, ``"balanced"``), or ``"local search from ..."`` (``descend`` in
-            ``unitscale.stages.planner.branch_bound``, after a search that did not finish). Names
-            joined by ``" / "`` gave the same split.
+        origin: where the plan came from: ``"search"``, ``"formula"`` (``"polished formula"``
+            after moving single cuts; ``"least memory"`` when the formula's caps fit nothing), a
+            rule of :func:`~unitscale.stages.planner.rule_splits`, or ``"local search from ..."``.
+            Names joined by ``" / "`` gave the same split.
     """
 
     bounds: list[int]
@@ -123,13 +90,9 @@ def rule_splits(costs: ChainCosts, num_stages: int) -> dict[str, list[int]]:
       (torchtitan's and Megatron's default when the items are layers);
     * ``"equal cost"``: stage ``s`` ends at the item boundary nearest to ``(s + 1) / k`` of the
       total work (a split by hand from per-layer costs);
-    * ``"min-max"``: the contiguous split with the least largest stage
-      (``unitscale.stages.partitioner.search.optimal_bounds``);
+    * ``"min-max"``: the contiguous split with the least largest stage;
     * ``"balanced"``: among min-max splits, the one with the least sum of squared stage times
-      (``unitscale.stages.partitioner.search.balanced_bounds``; left out when its programme is too large).
-
-    :func:`plan_chain` starts its search from all of them, so its plan's simulated step is never
-    longer than any of theirs.
+      (left out when its programme is too large).
 
     >>> from unitscale.stages.planner import rule_splits
     >>> from unitscale.stages.schedules import ChainCosts
@@ -169,31 +132,19 @@ def plan_chain(
 ) -> ChainPlan:
     """The split of a chain into ``ranks * stages_per_rank`` stages with the least simulated step time.
 
-    The step time is what :func:`~unitscale.stages.simulate` predicts for ``schedule``, and a plan
-    fits when every rank's stages together need at most ``memory_limit`` bytes; among plans with
-    the same step time (within ``1e-9`` relative) the least sum of squared stage times wins. A
-    branch and bound, seeded with the optimum of a step-time formula and the rules of
-    :func:`~unitscale.stages.planner.rule_splits` (so the plan is never worse than theirs under
-    this model), stops when no open branch can beat the best simulated plan: ``lower_bound`` is
-    then the certificate (for GPipe with a backward that is a fixed multiple of the forward, the
-    formula's optimum certifies itself). After ``search_budget`` simulated partial plans it stops,
-    a local search improves the best plans it holds, and the result has ``optimal=False`` (unless
-    that reached the bound) and a ``lower_bound`` below it (the gap is certified). The module's
-    docstring (``unitscale.stages.planner.planner``) says how, and lists the bounds.
+    A plan fits when every rank's stages together need at most ``memory_limit`` bytes; among plans
+    whose step times agree within ``1e-9`` (relative) the least sum of squared stage times wins.
+    When the search spends ``search_budget``, a local search improves the best plans it holds and,
+    unless that reaches the bound, the result has ``optimal=False`` and a ``lower_bound`` below its
+    step time (a certified gap).
 
     Args:
-        costs: per-item costs (:class:`~unitscale.stages.planner.ChainCosts`).
-        ranks: devices in the pipeline.
+        costs: per-item costs.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
-        num_microbatches: microbatches per step.
-        stages_per_rank: stages per rank (``v``).
         memory_limit: bytes per device, for all its stages (``None``: unlimited).
         device_speeds: relative speed of each rank (default all 1.0).
         search_budget: partial plans the branch and bound may simulate (and ten times as many
             it may bound in closed form) before it stops.
-
-    Returns:
-        A :class:`ChainPlan`.
 
     Raises:
         MemoryLimitError: no split fits ``memory_limit``; the message gives the least limit that works
@@ -240,7 +191,7 @@ def plan_chain(
 
     origin = named(chosen) or "search"
     if not finished:
-        # a local search from the best plans the unfinished search holds (see the module docstring)
+        # a local search from the best plans the unfinished search holds
         starts = [chosen, *(b for b in seeds.values() if list(b) != chosen and search.fits(b))]
         unique = list(dict.fromkeys(tuple(b) for b in starts))
         better, at = descend(search, [list(b) for b in unique])
@@ -266,10 +217,8 @@ def plan_chain(
 def _first_seeds(
     costs: ChainCosts, problem: Problem, search: Search, k: int, memory_limit: float | None
 ) -> tuple[dict[str, list[int]], int, float | None]:
-    """The formula's plan (and, where it is exact, the most even of its optima) or, when no plan
-    fits at ``memory_limit / v`` per stage, the least-memory plan, by name; the formula's
-    probe count, and its certified lower bound where the formula is exact (GPipe, proportional costs);
-    ``MemoryLimitError`` where no split fits."""
+    """The first incumbents by name (the formula's plan, or the least-memory plan when none fits
+    at ``memory_limit / v`` per stage), the probe count, and the formula's bound where it is exact."""
     schedule, num_microbatches, stages_per_rank = search.schedule, search.m, search.v
     seeds: dict[str, list[int]] = {}  # by where each came from (ChainPlan.origin)
     probes, certified = 0, None
@@ -326,28 +275,23 @@ def plan_pipeline(
 ) -> Any:
     """Split ``module`` for ``schedule`` on ``ranks`` devices with the least step time that fits in memory.
 
-    The model is captured and costed as :func:`~unitscale.partition` does; then
-    :func:`~unitscale.stages.planner.plan_chain` picks, over the pieces a cut may fall between, the split
-    with the least simulated step time that fits (a branch and bound with a lower-bound
-    certificate, exact unless its budget runs out). The plan keeps its costs (``plan.chain_costs``), so
-    :func:`~unitscale.stages.simulate` predicts its timeline.
+    The model is captured and costed as :func:`~unitscale.partition` does, then split by
+    :func:`~unitscale.stages.planner.plan_chain` over the pieces a cut may fall between. The plan
+    keeps its costs (``plan.chain_costs``), so :func:`~unitscale.stages.simulate` predicts its timeline.
 
     Args:
         module: the model, or a :class:`~unitscale.StagePlan` of it (``partition(model, 1, x, cost="time")``)
             whose graph, cut places and node costs are reused (``cost`` and ``boundary_depth``
             are then ignored), so that timing the nodes once serves many plans.
         example_inputs: a tensor or tuple, the whole batch of one step (split into microbatches).
-        ranks: devices in the pipeline.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
-        num_microbatches: microbatches per step.
         stages_per_rank: stages per rank (several for the interleaved schedules, 2 for ``"zbv"``).
         cost: node cost as in :func:`~unitscale.partition` (``"time"``: measured seconds).
         seconds_per_cost: seconds per unit of ``cost`` (default 1 for ``"time"``, ``1e-11`` otherwise,
             about 100 GFLOP/s for ``"flops"``).
         backward: backward time as a multiple of the forward, ``"time"`` (each node's backward
-            timed alone on the example batch, :func:`unitscale.stages.partitioner.backward_times`; with
-            ``cost="time"`` scaled by ``seconds_per_cost`` as the forward's timings are), or a
-            callable ``node -> seconds`` per microbatch.
+            timed alone on the example batch, scaled by ``seconds_per_cost`` as the forward's
+            timings are with ``cost="time"``), or a callable ``node -> seconds`` per microbatch.
         memory_limit: bytes per device (all its stages together), or ``None``.
         bytes_per_param: bytes per parameter for weights, gradients and optimiser state.
         bandwidth: bytes per second between ranks (``math.inf``: free).
@@ -358,11 +302,8 @@ def plan_pipeline(
         action_overhead: seconds the schedule itself spends per forward or backward of a stage
             (posting messages, the loss); ``run_pipeline`` measures it.
         calibration: a :class:`~unitscale.stages.PipelineResult` of an earlier run of a plan of
-            the same graph (``run_pipeline`` with ``loss_fn``). Each node's forward and backward
-            time is scaled by what the workers measured for the stage it ran in over what these
-            costs predict for it, and the link (``bandwidth``, ``latency``) and
-            ``action_overhead`` become the measured ones: a plan made from the pipeline's own
-            durations, as on the cluster it will run on.
+            the same graph (``run_pipeline`` with ``loss_fn``): node times are scaled to what the
+            workers measured per stage, and the link and ``action_overhead`` become the measured ones.
 
     Returns:
         The :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages, carrying the
@@ -385,10 +326,8 @@ def plan_pipeline(
     >>> plan = plan_pipeline(
     ...     model, x, 2, schedule="gpipe", num_microbatches=2, cost="params"
     ... )
-    >>> plan.stage_costs
-    [216.0, 216.0]
-    >>> plan.optimal, plan.step_time == plan.lower_bound  # the search's certificate
-    (True, True)
+    >>> plan.stage_costs, plan.optimal
+    ([216.0, 216.0], True)
     """
     check_schedule(schedule, ranks * stages_per_rank, stages_per_rank, num_microbatches)
     check_link(bandwidth, latency)

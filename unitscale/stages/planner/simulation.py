@@ -1,12 +1,8 @@
 """Event-driven simulation of a pipeline schedule: step time, bubble, memory, timeline.
 
-Each rank runs its work in the schedule's order (:func:`~unitscale.stages.schedules.schedule_order`,
-torch's own for the interleaved and zero-bubble schedules). A piece of work starts when its
-rank is free and its inputs have arrived: a forward needs the previous stage's forward of
-the same microbatch, a backward the next stage's backward and its own forward; a value
-that changes rank arrives ``latency + bytes / bandwidth`` after it was made (sends do not
-block compute, links do not contend). Times are exact for this model: it is a longest path
-through a fixed graph.
+Each rank runs its work in the schedule's order; a piece starts when its rank is free and its
+inputs have arrived (:func:`_program`), a value from another rank ``latency + bytes / bandwidth``
+after it was made (sends do not block compute, links do not contend).
 
 >>> from unitscale.stages.schedules import ChainCosts
 >>> from unitscale.stages.planner.simulation import simulate_bounds
@@ -81,15 +77,11 @@ class Timeline:
     """What :func:`~unitscale.stages.simulate` predicts for one training step.
 
     Attributes:
-        schedule: the schedule's name.
-        ranks: number of ranks (devices).
-        num_microbatches: microbatches per step.
         blocks: every piece of work, with start and end times.
         step_time: when the last backward ends.
         stage_memory: peak bytes per stage (parameters, gradients, optimiser state and
             the activations the schedule holds at once).
         rank_memory: peak bytes per rank (its stages together).
-        stage_ranks: the rank of each stage.
     """
 
     schedule: str
@@ -104,10 +96,7 @@ class Timeline:
     @property
     def busy(self) -> list[float]:
         """Seconds of work per rank."""
-        busy = [0.0] * self.ranks
-        for b in self.blocks:
-            busy[b.rank] += b.end - b.start
-        return busy
+        return [sum((b.end - b.start for b in self.blocks if b.rank == r), 0.0) for r in range(self.ranks)]
 
     @property
     def bubble(self) -> float:
@@ -125,16 +114,10 @@ class Timeline:
     def plot(self, ax: object | None = None, title: str | None = None, labels: bool = True) -> Figure:
         """Draw the timeline: one row per rank, one block per piece of work, labelled with its microbatch.
 
-        Forward blocks are blue, backward orange (input gradient orange, weight gradient
-        green for zero-bubble schedules); a darker shade marks later stages of a rank.
-
         Args:
             ax: matplotlib axes to draw on (default: a new figure 7.5 in wide).
             title: the axes' title (default: schedule, step time and bubble).
             labels: write the microbatch index in blocks wide enough to hold it.
-
-        Returns:
-            The figure.
         """
         # lazy: matplotlib.pyplot adds 1.9 s to `import unitscale` (python -X importtime); only plots need it
         import matplotlib.pyplot as plt
@@ -211,18 +194,11 @@ def simulate_bounds(
     stages_per_rank: int = 1,
     device_speeds: Sequence[float] | None = None,
 ) -> Timeline:
-    """Simulate one step of ``schedule`` for the stages ``bounds`` of a chain with ``costs``.
+    """The :class:`Timeline` of one step of ``schedule`` for the stages ``bounds`` of a chain with ``costs``.
 
     Args:
-        costs: per-item costs (:class:`~unitscale.stages.planner.ChainCosts`).
         bounds: stage ``s`` holds items ``bounds[s]:bounds[s + 1]``; ``ranks * stages_per_rank`` stages.
-        schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
-        num_microbatches: microbatches per step.
-        stages_per_rank: stages on each rank (1, or more for interleaved schedules; 2 for ``"zbv"``).
         device_speeds: relative speed of each rank (default all 1.0).
-
-    Returns:
-        The :class:`Timeline`.
 
     >>> from unitscale.stages.schedules import ChainCosts
     >>> from unitscale.stages.planner.simulation import simulate_bounds
@@ -257,9 +233,7 @@ def simulate_bounds(
         math.fsum(costs.param_bytes[a:b]) + held[s] * math.fsum(costs.activation_bytes[a:b])
         for s, (a, b) in enumerate(stages)
     ]
-    rank_memory = [0.0] * ranks
-    for s, r in enumerate(placement):
-        rank_memory[r] += stage_memory[s]
+    rank_memory = [sum((q for s, q in enumerate(stage_memory) if placement[s] == r), 0.0) for r in range(ranks)]
     return Timeline(
         schedule=schedule,
         ranks=ranks,
@@ -283,9 +257,7 @@ def simulate(
     """Predict one training step of ``plan`` under ``schedule``: step time, bubble, memory, timeline.
 
     Args:
-        plan: a :class:`~unitscale.StagePlan` with ``ranks * stages_per_rank`` stages.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
-        num_microbatches: microbatches per step.
         stages_per_rank: stages per rank (looped placement; a V for ``"zbv"``).
         device_speeds: relative speed of each rank (default all 1.0).
         costs: per-node costs (default: the plan's own ``plan.chain_costs`` from ``plan_pipeline``, else
@@ -319,9 +291,8 @@ def _program(schedule: str, ranks: int, stages_per_rank: int, num_microbatches: 
     dependency, ``(rank, kind, stage, microbatch, deps)`` with ``deps`` pairs ``(op index, cut or -1)``:
     the op waits for that op's end plus the time of the cut (``-1``: same rank, no message).
 
-    The dependency rule, written once: a forward needs the previous stage's forward of its
-    microbatch; a backward (or input-gradient ``I``) needs its own forward and the next stage's
-    gradient; a weight gradient ``W`` needs its own ``I``."""
+    A forward needs the previous stage's forward of its microbatch; a backward (or ``I``) its own
+    forward and the next stage's gradient; a weight gradient ``W`` its own ``I``."""
     orders = schedule_order(schedule, ranks, stages_per_rank, num_microbatches)
     placement = stage_ranks(schedule, ranks, stages_per_rank)
     last = ranks * stages_per_rank - 1
@@ -364,21 +335,16 @@ def step_times(
     comm: np.ndarray,
     weight_grad_share: float = 0.5,
 ) -> np.ndarray:
-    """Simulated step times of many plans at once (the same model as :func:`simulate_bounds`).
+    """Simulated ``(plans,)`` step times of many plans at once (the same model as :func:`simulate_bounds`).
+
+    The step time never falls when a duration grows (it is a longest path), so durations that
+    are lower bounds give a lower bound.
 
     Args:
-        schedule: the schedule's name.
-        ranks: ranks (``p``).
-        stages_per_rank: stages per rank (``v``).
-        num_microbatches: microbatches per step.
         forward: ``(plans, p * v)`` forward time of each stage on its rank (speed applied).
         backward: ``(plans, p * v)`` backward time of each stage on its rank.
         comm: ``(plans, p * v)``; ``comm[:, s]`` is the message time between stages ``s - 1`` and ``s``.
         weight_grad_share: the weight-gradient part of the backward (zero-bubble schedules).
-
-    Returns:
-        ``(plans,)`` step times. The step time never falls when a duration grows (it is a
-        longest path), so durations that are lower bounds give a lower bound.
 
     >>> import numpy as np
     >>> from unitscale.stages.planner.simulation import step_times

@@ -1,10 +1,8 @@
 """The runtime: a plan run as a real pipeline on :mod:`torch.distributed.pipelining`.
 
-:func:`run_pipeline` starts one worker process per rank (``python -m
-unitscale.stages.runtime.worker``) and returns a :class:`PipelineResult`; :func:`pipeline_stage`
-builds this rank's :class:`RankPipeline` from a saved plan in a script ``torchrun`` starts;
-:func:`placement` (from ``unitscale.stages.schedules``) says which rank holds which stage. The top
-room: it uses the partitioner (plans and plan files) and the planner (the simulated timeline).
+:func:`run_pipeline` starts one worker process per rank and returns a :class:`PipelineResult`;
+:func:`pipeline_stage` builds this rank's :class:`RankPipeline` in a script ``torchrun`` starts.
+The top room: it uses the partitioner (plans and plan files) and the planner (the timeline).
 
 >>> from unitscale.stages.runtime import RankPipeline
 >>> RankPipeline([], None, stage_indices=[1], num_stages=2).is_last

@@ -1,11 +1,8 @@
 """What crosses each stage boundary, for one microbatch: every stage's example inputs and outputs.
 
-A :class:`~torch.distributed.pipelining.PipelineStage` built without them infers them at the
-first step by running each later stage on *uninitialised* tensors of the shapes the stage
-before it sent: token ids or expert indices crossing a cut then index out of range inside the
-workers. Built with them (torch's static mode), every receive buffer has the real shape and
-dtype and no stage runs on made-up values. They are found by running the chained stages once,
-on the first microbatch of the real inputs, where the plan is (the caller's process).
+A :class:`~torch.distributed.pipelining.PipelineStage` built without them runs each later stage on
+*uninitialised* tensors to infer them, where token ids or expert indices crossing a cut index out
+of range; built with them, every receive buffer has the real shape and dtype.
 
 >>> import torch
 >>> from torch import nn
@@ -62,7 +59,6 @@ def stage_examples(
     Args:
         stages: the chained stage modules (:meth:`~unitscale.StagePlan.stage_modules`).
         inputs: the model's (flat) inputs for the whole batch; tensors are split on dim 0.
-        num_microbatches: how many microbatches the batch is split into.
         training: run with autograd, so that which values need a gradient is known.
         who: the function the user called; given, a stage that cannot run on ``inputs`` raises
             :class:`~unitscale.errors.InputError` naming it, the inputs' shapes and ``expected``'s.

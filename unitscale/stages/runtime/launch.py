@@ -11,11 +11,6 @@ Save a plan where the model is (``plan.save("plan.pt")``), then in the script th
     rank = pipeline_stage("plan.pt", num_microbatches=4, schedule="1f1b", loss_fn=nn.MSELoss())
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     output = rank.step(x, target=y)  # the model's output on the last stage's rank, else None
-
-Every rank may pass the whole batch: :meth:`RankPipeline.step` hands the inputs to the rank
-holding stage 0 and the target to the rank holding the last stage.
-
-Which rank holds which stage: :func:`~unitscale.stages.runtime.placement`.
 """
 
 from __future__ import annotations
@@ -70,9 +65,7 @@ class RankPipeline:
 
     Attributes:
         stages: this rank's :class:`~torch.distributed.pipelining.PipelineStage`\\ s, by stage index.
-        schedule: the ``torch.distributed.pipelining`` schedule over them.
         stage_indices: the plan's stage index of each of ``stages``.
-        num_stages: the plan's stage count.
         output_from_leaves: rebuilds the model's output structure from the last stage's leaves.
     """
 
@@ -99,8 +92,7 @@ class RankPipeline:
     def step(self, *inputs: Any, target: Any = None, losses: list[Any] | None = None) -> Any:
         """One schedule step over the whole batch; every rank may pass the same ``inputs`` and ``target``.
 
-        Returns:
-            The model's output (its own structure) on the rank holding the last stage, else ``None``.
+        Returns the model's output (its own structure) on the rank holding the last stage, else ``None``.
         """
         args = inputs if self.is_first else ()
         kwargs: dict[str, Any] = {}
@@ -120,12 +112,8 @@ def build_rank(
     group: Any = None,
     examples: Mapping[int, StageExample] | None = None,
 ) -> RankPipeline:
-    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group.
-
-    With ``examples`` (stage index -> its inputs and outputs for one microbatch,
-    :func:`~unitscale.stages.runtime.boundaries.stage_examples`) the stages are built with their real shapes
-    and dtypes; without, torch infers them at the first step on uninitialised tensors.
-    """
+    """``PipelineStage``\\ s for ``modules`` (stage index -> module) and their schedule, in a joined group;
+    with ``examples`` (:func:`~unitscale.stages.runtime.boundaries.stage_examples`) of their real shapes."""
     from torch.distributed.pipelining import PipelineStage  # lazy, as in torch_schedule_class
 
     indices = sorted(modules)
@@ -179,27 +167,23 @@ def pipeline_stage(
 ) -> RankPipeline:
     """This rank's pipeline stages and schedule, built from ``torchrun``'s environment.
 
-    Joins the default process group if the script has not (``backend`` defaults to
-    ``"nccl"`` with CUDA, else ``"gloo"``), loads the plan if given a path, keeps the
-    stages :func:`placement` gives this rank and builds the schedule. Needs ``RANK``,
-    ``WORLD_SIZE`` and ``LOCAL_RANK`` (``torchrun`` sets them) and ``WORLD_SIZE *
-    stages_per_rank == plan.num_stages``.
+    Joins the default process group if the script has not, and keeps the stages
+    :func:`placement` gives this rank. Needs ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``
+    (``torchrun`` sets them) and ``WORLD_SIZE * stages_per_rank == plan.num_stages``.
 
     Args:
         plan: a :class:`~unitscale.StagePlan`, a plan loaded by :meth:`~unitscale.StagePlan.load`,
             or the path :meth:`~unitscale.StagePlan.save` wrote.
-        num_microbatches: microbatches per step.
-        schedule: one of ``SCHEDULES``.
         loss_fn: ``loss_fn(output, target)`` for training (sees the model's own output structure);
             ``None`` for forward-only steps.
         stages_per_rank: stages on each rank (2 for ``"zbv"``; 2 or more for the interleaved schedules).
         device: where the stages run (default ``cuda:LOCAL_RANK`` with CUDA, else CPU).
-        backend: process-group backend when this call starts the group.
-        example_inputs: a batch like those ``step`` will get (a tensor or tuple): each stage is then
-            built with the real shapes and dtypes of what it receives and sends (needed where a
-            stage boundary carries integer or boolean tensors, such as token ids for a later
-            embedding). Without it, torch infers them at the first step by running each stage
-            on uninitialised tensors of the shapes the stage before sent.
+        backend: process-group backend when this call starts the group (default ``"nccl"`` on
+            CUDA, else ``"gloo"``).
+        example_inputs: a batch like those ``step`` will get: each stage is then built with the
+            real shapes and dtypes of what it receives and sends (needed where a boundary carries
+            integer or boolean tensors, such as token ids); without it, torch infers them at the
+            first step from uninitialised tensors.
         functions: for a path, the functions its graphs may call beyond the allow-list
             (as :meth:`~unitscale.StagePlan.load` takes them).
 

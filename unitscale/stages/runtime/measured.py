@@ -1,20 +1,9 @@
 """What a pipeline costs where it runs: each action's start and end, the message waits, the link.
 
-A prediction is only as good as the durations it is fed. Per-node timings taken in
-the planning process miss what the pipeline's own processes pay: autograd, the
-schedule's bookkeeping, a gloo thread, other work on the same cores. So each worker
-of :func:`~unitscale.run_pipeline` times every action of its stages and every wait on a
-message (:class:`ActionClock`), each step's start and end, and the link (:func:`measure_link`).
-What is left of a step is the schedule's bookkeeping (posting messages, splitting
-microbatches, the loss, merging outputs), per action. :func:`measured_costs` turns the
-records into per-stage :class:`~unitscale.stages.planner.ChainCosts`, which
-:func:`~unitscale.stages.planner.simulation.simulate_bounds` replays; :func:`measured_timeline`
-turns one step's records into a :class:`~unitscale.stages.planner.Timeline`.
-
->>> from unitscale.stages.runtime.measured import ActionClock
->>> clock = ActionClock()
->>> clock.actions, clock.waits
-([], [])
+Per-node timings taken while planning miss what the pipeline's own processes pay (autograd, the
+schedule's bookkeeping, a gloo thread, other work on the same cores), so each worker times its
+actions and message waits (:class:`ActionClock`) and the link (:func:`measure_link`);
+:func:`measured_costs` turns the records into costs the simulator replays.
 """
 
 from __future__ import annotations
@@ -114,11 +103,9 @@ class ActionClock:
 def measure_link(rank: int, world: int, nbytes: int = 1 << 20, repeats: int = 7) -> tuple[float, float]:
     """Latency (s) and bandwidth (B/s) between ranks 0 and 1 by ping-pong, in a joined gloo group.
 
-    Every rank calls it; ranks other than 0 and 1 only wait. The latency is half the
-    shortest round trip of a 4-byte message; the bandwidth is ``nbytes`` over half the
-    shortest round trip of ``nbytes`` less the latency. The shortest, not the median:
-    on busy cores a round trip also waits for the scheduler, which the pipeline's
-    measured bookkeeping and durations already hold. One rank: ``(0.0, inf)``.
+    Every rank calls it; ranks other than 0 and 1 only wait. Half the shortest round trip, not
+    the median: on busy cores a round trip also waits for the scheduler, which the pipeline's
+    measured bookkeeping and durations already hold.
     """
     if world < 2:
         return 0.0, math.inf
@@ -152,7 +139,6 @@ class RankRecord:
         steps: ``(start, end)`` of each timed step (start: leaving the barrier).
         output_bytes: stage -> bytes of one microbatch's output.
         latency: seconds per message (ping-pong), the same on every rank.
-        bandwidth: bytes per second (ping-pong).
     """
 
     actions: list[Action]
@@ -182,10 +168,8 @@ def _mean_by(actions: Sequence[Action], kind: str, stage: int) -> float:
 def measured_costs(records: Sequence[RankRecord], num_stages: int) -> ChainCosts:
     """Per-stage costs (one item per stage) from every rank's records: mean durations per stage and kind.
 
-    A stage's forward is the mean of its ``"F"`` actions; its backward the mean
-    ``"B"``, or ``"I"`` plus ``"W"`` for the zero-bubble schedules (their ratio sets
-    ``weight_grad_share``); each cut carries the bytes the stage before it sends; the
-    link is the ping-pong's; ``action_overhead`` is the ranks' mean bookkeeping per forward or backward.
+    A stage's backward is its mean ``"B"``, or ``"I"`` plus ``"W"`` (their ratio sets
+    ``weight_grad_share``); ``action_overhead`` is the ranks' mean bookkeeping per action.
 
     >>> from unitscale.stages.runtime.measured import RankRecord, measured_costs
     >>> actions0 = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 3.0, 5.0)]

@@ -1,15 +1,9 @@
 """What travels to the pipeline's workers: stages, loss and inputs pickled one by one, so that what
-cannot travel is named, and what names the caller's ``__main__`` is noticed.
+cannot travel is named, and what names the caller's ``__main__`` is noticed (the workers then run it).
 
-A worker is a fresh interpreter: it does not run the caller's script, so a script without an
-``if __name__ == "__main__":`` guard, a notebook and ``python -`` all work, unless what the
-workers get refers to something defined in the script; then the workers run the script first
-(as ``multiprocessing``'s spawn does), and it needs that guard.
-
-A stage travels as its graph's nodes, not as ``torch.fx``'s own pickle of a ``GraphModule``
-(its generated code, traced again on loading): that trace runs a higher-order op such as
-``wrap_with_set_grad_enabled`` (what ``torch.export`` makes of a ``torch.no_grad()`` block)
-instead of recording it, so the loaded stage computed gradients where the model computes none.
+A stage travels as its graph's nodes, not as ``torch.fx``'s pickle of a ``GraphModule``: that
+retraces on loading, running a higher-order op such as ``wrap_with_set_grad_enabled`` (a
+``torch.no_grad()`` block) instead of recording it, so the stage computed gradients it should not.
 """
 
 from __future__ import annotations

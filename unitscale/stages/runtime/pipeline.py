@@ -1,8 +1,5 @@
-"""Running a :class:`~unitscale.StagePlan` as a real pipeline on one machine: one process per rank.
-
-:func:`run_pipeline` checks its arguments (nothing starts on a bad one), pickles each rank's job
-(:mod:`unitscale.stages.runtime.pickling`), starts the workers (:mod:`unitscale.stages.runtime.workers`)
-and puts their results together (:class:`~unitscale.stages.PipelineResult`).
+"""Running a :class:`~unitscale.StagePlan` as a real pipeline on one machine: one process per rank
+(:func:`run_pipeline`).
 """
 
 from __future__ import annotations
@@ -77,46 +74,31 @@ def run_pipeline(
 ) -> Any:
     """Run ``plan``'s stages on ``torch.distributed.pipelining``, one CPU process per rank.
 
-    Inputs (and ``target``) are split into ``num_microbatches`` microbatches on
-    dim 0. Stages pass tensors only: a model whose output is a tuple, a dict or a
-    ``transformers`` ``ModelOutput`` has its output sent as flat leaves and rebuilt
-    here (and before ``loss_fn`` sees it), so the result has the model's own
-    structure. Without ``loss_fn`` this is a forward pass and returns the output; with
-    it, each microbatch's ``loss_fn(output, target)`` is back-propagated through
-    the pipeline (gradients scaled by ``1 / num_microbatches``, which matches a
-    mean-reduced loss over the whole batch).
+    Inputs (and ``target``) are split into ``num_microbatches`` microbatches on dim 0. Without
+    ``loss_fn`` this is a forward pass and returns the output, in the model's own structure (a
+    tuple, dict or ``ModelOutput`` travels as flat leaves); with it, each microbatch's
+    ``loss_fn(output, target)`` is back-propagated (gradients scaled by ``1 / num_microbatches``,
+    as for a mean-reduced loss over the whole batch).
 
-    The plan's ``num_stages`` stages run on ``num_stages // stages_per_rank`` ranks, placed as
-    :func:`~unitscale.stages.runtime.placement` says (looped for the interleaved schedules, a V for ``"zbv"``).
-
-    Workers are fresh interpreters (``python -m unitscale.stages.runtime.worker``) started by
-    torch's own launcher (:func:`torch.distributed.elastic.multiprocessing.start_processes`,
-    what ``torchrun`` uses) with the environment ``torchrun`` gives (``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); stages and job travel as pickled files. So it
-    works from a notebook, from stdin and from a script without an ``if __name__ ==
-    "__main__":`` guard. Only when the stages or ``loss_fn`` use a class or function
-    defined in the script itself do the workers run the script first (as
-    ``multiprocessing`` does), and then it needs that guard. A ``loss_fn`` must be
-    importable by the workers: a torch loss module, or a function in a module (not
-    one defined in a notebook).
+    Workers are fresh interpreters started by torch's launcher with ``torchrun``'s environment,
+    so it works from a notebook, from stdin and from an unguarded script; only when the stages or
+    ``loss_fn`` use a class or function defined in the script itself do the workers run the
+    script first, which then needs an ``if __name__ == "__main__":`` guard. ``loss_fn`` must be
+    importable by the workers (a torch loss module, or a function in a module, not a notebook).
 
     Args:
-        plan: the :class:`~unitscale.StagePlan` (its :meth:`~unitscale.StagePlan.stage_modules` are run).
-        inputs: a tensor or tuple of tensors, the model's inputs.
         num_microbatches: microbatch count (at most the batch size).
         schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved_1f1b"``, ``"interleaved_zero_bubble"`` or ``"zbv"``.
-        stages_per_rank: stages each rank holds (must divide ``plan.num_stages``).
+        stages_per_rank: stages each rank holds (must divide ``plan.num_stages``; placed as
+            :func:`~unitscale.stages.runtime.placement` says).
         loss_fn: ``loss_fn(output, target) -> scalar`` for a training step (picklable).
-        target: the targets for ``loss_fn``.
         timeout: seconds before a stuck run is abandoned (finite, > 0), counted from the
             moment every worker has joined the group (starting them has 60 s more).
         steps: timed steps (the result is the last one's; gradients are zeroed before each).
         warmup: untimed steps before them.
 
     Returns:
-        The output (forward only), or a :class:`PipelineResult` with ``output``, ``loss``,
-        ``grads`` (keyed as ``model.named_parameters()`` names them) and ``step_time`` when
-        ``loss_fn`` is given.
+        The output (forward only), or a :class:`PipelineResult` when ``loss_fn`` is given.
 
     Raises:
         InputError: inputs that are not tensors, have fewer rows than microbatches or
@@ -129,10 +111,9 @@ def run_pipeline(
             (as :meth:`~unitscale.StagePlan.verify` says).
         StageCountError: a ``stages_per_rank`` that does not divide the stages or fit the schedule.
         UnknownScheduleError: a schedule not named above.
-        PipelineError: something unpicklable, a worker that
-            failed or a timeout. The message's first line names the failing rank
-            and its cause (exception type and message, exit code or signal); the
-            worker's traceback follows.
+        PipelineError: something unpicklable, a worker that failed or a timeout. The message's
+            first line names the failing rank and its cause (exception type and message, exit
+            code or signal); the worker's traceback follows.
 
     >>> import torch
     >>> from torch import nn

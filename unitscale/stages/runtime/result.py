@@ -30,28 +30,18 @@ class PipelineResult:
     Attributes:
         output: the model output for the whole batch (microbatches concatenated).
         loss: mean of the per-microbatch losses.
-        grads: one gradient per parameter of the model, keyed as ``model.named_parameters()``
-            names it, summed over the stages that use the parameter. A tied weight (an
-            embedding and an output projection sharing one tensor) is one parameter: it
-            appears once, under its first name, with its whole gradient, the tensor's
-            ``.grad`` after ``loss.backward()`` on the model
-            (:meth:`~unitscale.StagePlan.gradient_key` maps a stage's name for it).
+        grads: one gradient per parameter, keyed as ``model.named_parameters()`` names it, summed
+            over the stages that use it; a tied weight appears once, under its first name, with
+            its whole gradient (:meth:`~unitscale.StagePlan.gradient_key` maps a stage's name for it).
         step_time: seconds per training step, the median over the timed steps of the
             slowest rank's time (each step starts on a barrier).
         stage_costs: what the workers measured, as :class:`~unitscale.stages.planner.ChainCosts` with
-            one item per stage: mean forward and backward seconds per microbatch, the bytes
-            each stage sends, the gloo link (ping-pong latency and bandwidth) and the
-            schedule's bookkeeping per action (see ``unitscale.stages.runtime.measured``).
+            one item per stage (durations, bytes sent, the gloo link and the bookkeeping per action).
         timeline: the measured :class:`~unitscale.stages.planner.Timeline` of the timed step whose time
-            is ``step_time`` (every action's start and end on its rank).
-        schedule: the schedule that ran.
-        num_microbatches: microbatches per step.
-        stages_per_rank: stages each rank held.
-        records: each rank's raw measurements (``unitscale.stages.runtime.measured.RankRecord``):
-            every timed action and message wait, the steps' starts and ends.
-        bounds: the node-index bounds of the plan's stages (``StagePlan.bounds``), so that the
-            measured durations can calibrate another plan of the graph
-            (``plan_pipeline(..., calibration=result)``).
+            is ``step_time``.
+        records: each rank's raw measurements (``unitscale.stages.runtime.measured.RankRecord``).
+        bounds: the node-index bounds of the plan's stages, so that the measured durations can
+            calibrate another plan of the graph (``plan_pipeline(..., calibration=result)``).
     """
 
     output: Any
@@ -67,10 +57,7 @@ class PipelineResult:
     bounds: list[int] | None = None
 
     def predicted(self, device_speeds: Sequence[float] | None = None) -> Timeline:
-        """The simulator's step for the durations measured in the workers (:attr:`stage_costs`).
-
-        The same simulator the planner uses (``simulate_bounds``), fed
-        with what the pipeline's own processes measured instead of a planning estimate:
+        """The simulator's step for the durations measured in the workers (:attr:`stage_costs`):
         how close its ``step_time`` comes to :attr:`step_time` tests the timing model.
 
         Raises:

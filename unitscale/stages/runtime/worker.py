@@ -1,10 +1,5 @@
 """A pipeline worker: ``python -m unitscale.stages.runtime.worker SCRATCH_DIR``, started by
-:func:`~unitscale.run_pipeline`.
-
-It reads its job, joins a gloo group on the caller's store, steps its stages and writes its
-result, or its exception with the time it happened, before it leaves the group (so that its
-neighbours, which then fail on the broken links, are blamed after it). ``SIGUSR1`` dumps its
-stack, so that a timed-out run can say where it is.
+:func:`~unitscale.run_pipeline`; it steps its stages and reports to a file in ``SCRATCH_DIR``.
 """
 
 from __future__ import annotations
@@ -143,7 +138,7 @@ def worker_main(scratch: str) -> None:
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = float(os.environ[TIMEOUT_ENV])
     dump = open(os.path.join(scratch, f"rank{rank}.stack"), "w")  # noqa: SIM115 - open until exit
-    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)
+    faulthandler.register(signal.SIGUSR1, file=dump, all_threads=False)  # where a timed-out run is
     main_path = os.environ.get(MAIN_ENV)
     if main_path:
         # outside the try: a failure here (an unguarded script calling run_pipeline again)

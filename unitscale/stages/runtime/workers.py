@@ -1,33 +1,10 @@
 """Starting the pipeline's worker processes with torch's launcher, and saying what went wrong.
 
-:func:`run_workers` starts one fresh interpreter per rank with torch's own launcher, the one
-``torchrun`` uses (:func:`torch.distributed.elastic.multiprocessing.start_processes`), which
-reports how each ended and stops them all when one fails. The caller holds the
-:class:`~torch.distributed.TCPStore` the workers join, on a port the OS picks, so no port is
-guessed and none outlives the call.
-
-What torch's launcher does not do, and this module adds (each small, with its reason):
-
-* **results**: a worker started as a program returns nothing to the launcher; each worker
-  writes its result (or its exception, with a sub-second timestamp) to a file in a scratch
-  directory, renamed into place (:class:`Results`);
-* **blame**: torch orders failures by the second their error file was written, and the
-  workers it stops itself count as failures too; here the worker whose exception came
-  first, or that died without a word, is named first, the others (whose links to it broke)
-  after it (:func:`diagnose`);
-* **timeouts**: torch waits or gives up without saying where the workers are; here each
-  unfinished worker is asked for its stack (``SIGUSR1``, registered with :mod:`faulthandler`
-  in the worker) and the one busy in the user's code is named before those waiting on a
-  neighbour (:func:`timeout_error`); starting the interpreters has its own allowance, so a
-  slow import is not counted against ``timeout``;
-* **the caller's death**: a worker whose caller is killed (``SIGKILL`` leaves no time to stop
-  anything) exits at once instead of waiting out its timeout: on Linux the kernel sends it
-  ``SIGKILL`` (``prctl(PR_SET_PDEATHSIG)``), elsewhere a thread watches its parent's pid;
-* **the caller's process**: the launcher installs handlers for ``SIGINT``/``SIGTERM`` in the
-  process that starts workers (it is written for ``torchrun``, which is that process); a
-  notebook's ``Ctrl-C`` must stay a ``KeyboardInterrupt``, so one during the run is raised as
-  one and the handlers are restored afterwards; the launcher's log lines (each worker it stops)
-  are silenced, since the :class:`~unitscale.errors.PipelineError` says it once.
+:func:`run_workers` starts one interpreter per rank with the launcher ``torchrun`` uses, on a
+:class:`~torch.distributed.TCPStore` the caller holds (port picked by the OS). It adds what the
+launcher lacks: results through files (:class:`Results`), blame for the worker that failed
+first (:func:`diagnose`), where a timed-out worker is (:func:`timeout_error`), and the caller's
+own signal handlers and ``Ctrl-C`` kept (:func:`_callers_process_kept`).
 """
 
 from __future__ import annotations
@@ -121,12 +98,8 @@ def _first_line(text: str, limit: int) -> str:
 def diagnose(names: Sequence[str], failures: list[Failure], silent: dict[int, int], main_hint: str) -> PipelineError:
     """Blame the worker that failed first; its neighbours then fail on broken links.
 
-    Args:
-        names: each rank's name in messages (``"stage 1"``, ``"rank 0 (stages 0, 2)"``).
-        failures: the exceptions workers reported, with their times.
-        silent: rank -> exit code of workers that ended without a report (``os._exit``, a signal,
-            a crash in C): the cause when there is one, since the others only saw its links close.
-        main_hint: advice added when a worker died silently (it may have re-run an unguarded script).
+    ``silent`` (rank -> exit code of workers that ended without a report) comes first: the others
+    only saw its links close. ``main_hint`` is added then (it may have re-run an unguarded script).
     """
     ordered = [Failure(r, _exit_cause(code), 0.0) for r, code in sorted(silent.items())]
     ordered += sorted(failures, key=lambda f: f.when)
