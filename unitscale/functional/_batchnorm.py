@@ -130,7 +130,7 @@ def _update_running_stats(
     momentum: float,
     count: Tensor | None,
 ) -> None:
-    """Torch's update (unbiased batch variance) at rate ``max(1 / count, momentum)``, or, without a count, 1 at reset."""
+    """Torch's update (unbiased batch variance) at rate ``max(1 / count, momentum)``; without a count, 1 at reset."""
     size = values.numel() / max(values.shape[1] if values.dim() > 1 else 1, 1)
     mean = values.mean(dim=dims)
     variance = values.var(dim=dims, unbiased=False) * (size / max(size - 1, 1))
