@@ -1,8 +1,9 @@
 """Unit-scaled ops (``import unitscale.functional as U``): unit-normal inputs give outputs and gradients of std 1.
 
 Each op is its torch twin (same signature, so a graph transform swaps them by :data:`torch_map`)
-with fixed scales, after Blake et al., "Unit Scaling" (arXiv 2303.11257): the output × ``fan_in**-0.5``
-and each input gradient × ``count**-0.5``, ``count`` being the terms summed into one of its elements.
+with fixed scales, after Blake et al., "Unit Scaling" (arXiv 2303.11257), that bring its output
+and each input gradient to unit std for unit-normal inputs: a matmul's output × ``fan_in**-0.5``,
+an input gradient × ``count**-0.5``, ``count`` being the terms summed into one of its elements.
 Ops whose two scales differ take ``constraint=``, which makes them one number so that input
 gradients are the true gradients of the scaled function (``None``: each direction on its own,
 true only on a cut edge; see :mod:`unitscale.scaling`). The gradients of weights, biases, gains

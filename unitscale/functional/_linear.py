@@ -292,8 +292,8 @@ def conv2d(
 
     A matmul over patches: output × ``fan_in**-0.5``, ``fan_in = C_in / groups * kh * kw``
     counting only the taps that read the input, not its zero padding (on average); the input
-    gradient × ``count**-0.5`` by the terms each element's sums (fewer when strided); weight
-    and bias gradients × ``(N * H_out * W_out)**-0.5``.
+    gradient × ``count**-0.5``, ``count`` the terms an element's gradient sums (fewer when
+    strided); weight and bias gradients × ``(N * H_out * W_out)**-0.5``.
 
     Args:
         {conv}

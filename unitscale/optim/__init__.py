@@ -7,8 +7,8 @@ module tags its parameters). Under Adam, ``weight`` × ``fan_in**-0.5``, ``embed
 stack of ``depth`` residual blocks (:class:`unitscale.nn.DepthSequential`) a further
 ``depth**-0.5``. Unit-scaled gradients make SGD's rules the same, except below a readout
 constrained ``to_output_scale``, whose gradients shrink like ``1 / width``: then ``weight`` and
-``embedding`` × ``width**0.5``, ``bias`` and ``norm`` × ``width`` (the reference library's
-``lr_scale_func_sgd``). Tutorial 10 teaches the rules.
+``embedding`` × ``width**0.5``, ``bias`` and ``norm`` × ``width``, ``readout`` × 1 (the
+reference library's ``lr_scale_func_sgd``). Tutorial 10 teaches the rules.
 
 Weight decay is independent of ``lr`` by default: each group's decay is divided by its own
 learning rate, so :class:`AdamW` and :class:`SGD` decay by ``weight_decay · p`` per update (a
