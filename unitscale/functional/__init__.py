@@ -1,21 +1,15 @@
 """Unit-scaled ops (``import unitscale.functional as U``): unit-normal inputs give outputs and gradients of std 1.
 
-Each op is its torch twin with fixed scales applied in the forward pass (to the
-output) and in the backward pass (to the input gradients), after Blake et al.,
-"Unit Scaling" (arXiv 2303.11257). Signatures mirror torch's, plus a
-``constraint=`` argument on ops whose forward and backward scales differ, so a
-graph transform can swap a torch function for its twin by target
-(:data:`torch_map`).
-
-Unit scaling changes the scales of gradients, never their directions: with a
-constraint, an op's input gradients are the true gradients of the scaled function
-it computed (see :mod:`unitscale.scaling` for ``constraint=None``).
-The gradients of weights, biases, norm gains and embedding tables are scaled on
-their own, by the number of terms each sums over: a parameter is a *cut edge*,
-whose gradient is a positive multiple of its true gradient because it is read by
-one op. A parameter read by several ops of different sizes (an embedding table
-tied to the readout, one layer applied to sequences of two lengths) gets the sum
-of differently scaled gradients, which is not: untie it, or scale its uses alike.
+Each op is its torch twin (same signature, so a graph transform swaps them by :data:`torch_map`)
+with fixed scales, after Blake et al., "Unit Scaling" (arXiv 2303.11257), that bring its output
+and each input gradient to unit std for unit-normal inputs: a matmul's output × ``fan_in**-0.5``,
+an input gradient × ``count**-0.5``, ``count`` being the terms summed into one of its elements.
+Ops whose two scales differ take ``constraint=``, which makes them one number so that input
+gradients are the true gradients of the scaled function (``None``: each direction on its own,
+true only on a cut edge; see :mod:`unitscale.scaling`). The gradients of weights, biases, gains
+and tables are scaled on their own by the terms each sums (the batch): a parameter read by one op
+is a cut edge. One read by ops of different sizes (an embedding tied to the readout) sums
+differently scaled gradients, which is not a true gradient: untie it, or scale its uses alike.
 
 >>> import torch
 >>> import unitscale.functional as U
@@ -23,15 +17,9 @@ of differently scaled gradients, which is not: untie it, or scale its uses alike
 >>> x, w = torch.randn(256, 512), torch.randn(128, 512)
 >>> round(U.linear(x, w, constraint=None).std().item(), 1)
 1.0
->>> round(torch.nn.functional.linear(x, w).std().item())
-23
-
-Only the ops are public names here: tracers keep every public callable of this
-module as a single graph node (it is registered with ``unitscale.fx.autowrap``
-below), and would otherwise patch an imported name (``Tensor``, ``Callable``) in
-the traced model's module too.
 """
 
+# Only the ops are public names: tracers autowrap every public callable here (see below).
 import sys as _sys
 
 from unitscale.functional._activations import gelu, hardtanh, relu, relu6, silu, silu_glu, softmax

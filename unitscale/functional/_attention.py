@@ -36,34 +36,16 @@ def scaled_dot_product_attention(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.scaled_dot_product_attention`.
 
-    Torch's attention (fused kernels kept) with fixed scales. Each output row is
-    an average of values with softmax weights ``w``, so its std is
-    ``sqrt(sum w**2)``: about ``sqrt(e / keys)`` for ``N(0, 1)`` scores, more for
-    the short rows of a causal mask. The output is scaled by the inverse of that
-    (averaged over rows). The gradients of ``query``, ``key`` and ``value`` are
-    scaled by one number, the one that makes the three together unit-std (the mean
-    of their expected variances 1; see ``unitscale.scaling.softmax_stats``), as a
-    fused QKV projection's gradient is: in self-attention the three are
-    projections of one input, where their gradients meet again, and separate scales
-    would make that input's gradient a mixture that is not the gradient of anything
-    (so the three are not each unit-std: at initialisation ``query`` and ``key`` get
-    far smaller gradients than ``value``). The constraint reconciles that number with
-    the output scale (``None``: each direction on its own). Dropout, grouped-query attention and a
-    custom ``scale`` are accounted for (for unit-std ``query`` and ``key`` the scores
-    have std ``scale * E**0.5``, and the softmax statistics are measured for that
-    spread: u-μP's ``scale = mult / E`` gives flatter weights at initialisation); a
-    custom ``attn_mask`` is not (the scales assume every key visible).
+    Fused kernels kept. Output × ``E[sum w**2]**-0.5`` over the softmax weights of a row (about
+    ``sqrt(keys / e)``, less for a causal mask's short rows). ``query``, ``key`` and ``value``
+    share one gradient scale that makes the three together unit-std (``query`` and ``key`` get
+    far less than ``value``): they are projections of one input in self-attention, where their
+    gradients meet, and separate scales would make its gradient no gradient at all. Dropout,
+    grouped-query attention and a custom ``scale`` (scores of std ``scale * E**0.5``) are
+    accounted for; a custom ``attn_mask`` is not (the scales assume every key visible).
 
     Args:
-        query: ``(..., L, E)``.
-        key: ``(..., S, E)``.
-        value: ``(..., S, Ev)``.
-        attn_mask, dropout_p, is_causal, scale, enable_gqa: as in torch (``dropout_p`` in ``[0, 1)``;
-            ``scale=None``: ``E**-0.5``, which makes the scores unit-std).
         {constraint}
-
-    Returns:
-        The attention output ``(..., L, Ev)``, scaled.
 
     Raises:
         InputError: ``dropout_p`` is not in ``[0, 1)``.
@@ -124,8 +106,7 @@ def _project(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v projections as torch's ``_in_projection_packed`` groups them: one matmul per distinct input.
 
-    Each distinct input gets one unit-scaled linear over the rows it feeds, so an input read by
-    several projections gets one backward scale for all of them (its gradient stays true).
+    So an input read by several projections gets one backward scale (its gradient stays true).
     """
     if len(weights) == 1:
         w, b = weights[0], biases[0]
@@ -172,40 +153,17 @@ def multi_head_attention_forward(
 ) -> tuple[Tensor, Tensor | None]:
     """Unit-scaled :func:`torch.nn.functional.multi_head_attention_forward` (:class:`torch.nn.MultiheadAttention`'s).
 
-    The same computation from unit-scaled parts: the q, k and v projections as
-    :func:`~unitscale.functional.linear` (one per distinct input, as torch groups them:
-    self-attention's packed ``in_proj_weight`` is one matmul), the heads' attention as
-    :func:`scaled_dot_product_attention` (whose q, k and v share one backward scale),
-    and the output projection as :func:`~unitscale.functional.linear`, biases added
-    unscaled. Masks are torch's (a boolean ``True`` masks a key out). With
-    ``need_weights=True`` the head-averaged attention weights are computed as torch does
-    and returned unscaled (they are probabilities), without dropout.
+    Built from :func:`linear` projections (one per distinct input, as torch groups them) and
+    :func:`scaled_dot_product_attention`. With ``need_weights=True`` the attention weights are
+    returned as torch computes them, unscaled and without dropout. Arguments as in torch;
+    ``bias_k``, ``bias_v``, ``static_k`` and ``static_v`` must be ``None`` and ``add_zero_attn``
+    ``False`` (not supported).
 
     Args:
-        query: ``(L, N, E)`` (or unbatched ``(L, E)``); the other arguments as in torch.
-        key, value: ``(S, N, E)``.
-        embed_dim_to_check: ``E``.
-        num_heads: heads; ``E`` must divide by it.
-        in_proj_weight: ``(3E, E)``, or ``None`` with ``use_separate_proj_weight``.
-        in_proj_bias: ``(3E,)`` or ``None``.
-        bias_k, bias_v: must be ``None`` (not supported).
-        add_zero_attn: must be ``False`` (not supported).
-        dropout_p: attention dropout, applied in training.
-        out_proj_weight: ``(E, E)``.
-        out_proj_bias: ``(E,)`` or ``None``.
-        training: apply dropout.
-        key_padding_mask: ``(N, S)``, as in torch.
-        need_weights: also return the attention weights.
-        attn_mask: ``(L, S)`` or ``(N * heads, L, S)``, as in torch.
-        use_separate_proj_weight: use ``q/k/v_proj_weight``.
-        q_proj_weight, k_proj_weight, v_proj_weight: ``(E, E)``, ``(E, kdim)``, ``(E, vdim)``.
-        static_k, static_v: must be ``None`` (not supported).
-        average_attn_weights: average the returned weights over heads.
-        is_causal: as in torch (a hint with ``attn_mask``).
         {constraint}
 
     Returns:
-        ``(attn_output, attn_weights)``, the output ``(L, N, E)`` unit-scaled.
+        ``(attn_output, attn_weights)``, the output unit-scaled.
 
     Raises:
         InputError: ``bias_k``, ``bias_v``, ``add_zero_attn``, ``static_k`` or ``static_v`` given;

@@ -1,24 +1,8 @@
 """Batch norm, unit-scaled: its affine gradients, and its input gradient, which its input's variance sets.
 
-Batch norm's output does not depend on its input's scale, ``BN(a * x) = BN(x)``; its input
-gradient does, as ``1 / a``: per channel it is ``(g - mean(g) - x_hat * mean(g * x_hat)) /
-sigma_c`` in training mode and ``g / sqrt(running_var_c)`` in eval mode. Unit-scaled
-activations are unit-scaled as a whole tensor, not per channel: after a ReLU (mean 0.56 at
-unit root-mean-square) each output channel of the next convolution has its own mean, and a
-per-channel variance near ``1 - 0.56**2 = 0.68``. So every batch norm multiplies the
-gradient by about ``1 / 0.68**0.5 = 1.21``, and 17 of them in a row (ResNet-18) by 19: the
-gradient explosion of batch-normalised networks at initialisation. The unit-scaling rule
-(Blake et al., arXiv 2303.11257, section 4: scale each op's backward so that a unit
-gradient in gives a unit gradient out) applied to batch norm is a backward scale of
-``mean_c(1 / var_c)**-0.5``, with the variances batch norm divides by: the batch's in
-training mode, the running ones in eval mode. It is one positive number per call, and it
-scales the backward alone: batch norm's output does not depend on its input's scale, so
-no forward scale could match it. That keeps gradients true only on a cut edge, where the
-input's gradient does not meet another path's upstream (the stem of a ResNet). Inside a
-residual branch the scaled gradient would meet the skip's unscaled one at the fork, and
-their sum would point elsewhere than the true gradient (in a ResNet-18, the other way).
-So the backward scale is opt-in, ``constraint=None``, as for the other ops with two
-scales; :func:`~unitscale.unit_scale` passes it where an op's two scales may differ.
+Batch norm's input gradient grows as its input's per-channel variance shrinks (about 1.21 per
+batch norm after a ReLU, 19 over a ResNet-18 at initialisation), and no forward scale can match
+a backward one, since its output ignores its input's scale: tutorial 7b tells the story.
 """
 
 from __future__ import annotations
@@ -71,50 +55,21 @@ def batch_norm(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.batch_norm`.
 
-    The output is normalised, so unit-std where the statistics it uses describe the
-    input. With ``constraint=None`` the input gradient is scaled by ``mean_c(1 / (var_c +
-    eps))**-0.5``, from the variances the forward divides by (the batch's in training mode
-    or without running statistics, the running ones in eval mode): batch norm's gradient
-    grows as its input's per-channel variance shrinks, and this undoes it (see the module
-    docstring). That scale is the backward's alone, so it keeps the gradient true only on
-    a cut edge. With a constraint (the default, or any name or callable a ``constraint=``
-    takes) both directions keep the forward's scale, 1: the backward scale depends on the
-    batch, and a forward scale computed from the batch would change the function whose
-    gradient is taken. The weight and bias gradients sum over ``N * H * W`` values per
-    channel and are scaled by its inverse square root, whatever the constraint.
+    Weight and bias gradients × ``(N * H * W)**-0.5``. The input gradient keeps scale 1
+    under a constraint (a scale from the batch would change the function); with
+    ``constraint=None`` it is × ``mean_c(1 / (var_c + eps))**-0.5``, from the variances the
+    forward divides by, which undoes batch norm's growth but is true only on a cut edge.
 
-    Running statistics: :func:`~unitscale.unit_scale` resets them to mean 0 and variance
-    1, the values torch starts from. Unit scaling sets every scale at initialisation, with
-    no data (Blake et al.): the statistics of the original model describe activations of
-    another scale, and the unit-scaled activations have, over the random initialisation,
-    expected per-channel mean 0 and mean square 1, but each channel its own mean (after a
-    ReLU, a spread of about 0.56). So the reset values stand for "no batch seen yet", and
-    are treated so. With ``num_batches_tracked`` (the module's count, this batch included:
-    torch's batch norm modules, and so every graph :func:`~unitscale.unit_scale` makes, add 1
-    before the call) the ``n``-th training batch updates them at rate ``max(1 / n,
-    momentum)``: the first ``1 / momentum`` batches are averaged cumulatively (torch's
-    ``momentum=None``), then the exponential average takes over, so a few training steps
-    leave statistics that stand for every batch seen, not mostly the first one, taken with
-    the initial weights. :func:`~unitscale.unit_scale` resets the count with the statistics.
-    Without it (the function called by hand), the first training batch replaces statistics at
-    their reset values and later ones update them with ``momentum``. In eval mode before any
-    training batch, the batch's own statistics normalise. The choices
-    are tensor ops (no ``.item()``), so a compiled model keeps one graph; in eval mode the
-    batch's mean and variance are computed on every call for that (one pass over the input).
-    The output is thus unit-std in training mode, and in eval mode before and after training.
-    Where the batch's statistics normalise in eval mode, the gradient goes through them,
-    as in training mode: it is the gradient of the function computed.
+    Running statistics at their reset values (mean 0, variance 1) mean "no batch seen": in eval
+    mode the batch's own statistics then normalise (and the gradient goes through them), and
+    the first training batches are averaged cumulatively, at rate ``max(1 / n, momentum)`` for
+    the ``n``-th; without a count the first training batch replaces them. The choices are tensor
+    ops, so a compiled model keeps one graph (eval mode computes the batch's statistics each call).
 
     Args:
-        input: ``(N, C, ...)``.
-        running_mean: per-channel mean, or ``None``.
-        running_var: per-channel variance, or ``None``.
-        weight: optional per-channel gain.
-        bias: optional per-channel bias.
         training: normalise with batch statistics (and update the running ones).
-        momentum, eps: as in torch.
-        constraint: ``None`` to scale the input gradient by the batch's variances (on a cut
-            edge only), else a constraint name or callable, which keeps 1 both ways.
+        constraint: ``None`` to scale the input gradient by the variances (on a cut edge only),
+            else a constraint name or callable, which keeps 1 both ways.
         num_batches_tracked: the module's count of training batches, this one included (read,
             not changed; a count below 1 reads as 1), or ``None``.
 
@@ -175,10 +130,7 @@ def _update_running_stats(
     momentum: float,
     count: Tensor | None,
 ) -> None:
-    """Torch's update (unbiased batch variance) at rate ``max(1 / count, momentum)``, or, without a count, 1 at reset.
-
-    See :func:`batch_norm`'s running statistics for why.
-    """
+    """Torch's update (unbiased batch variance) at rate ``max(1 / count, momentum)``; without a count, 1 at reset."""
     size = values.numel() / max(values.shape[1] if values.dim() > 1 else 1, 1)
     mean = values.mean(dim=dims)
     variance = values.var(dim=dims, unbiased=False) * (size / max(size - 1, 1))

@@ -16,20 +16,12 @@ if TYPE_CHECKING:
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.dropout`.
 
-    Torch's dropout divides the kept values by ``1 - p``, which raises the std to
-    ``(1 - p)**-0.5``; this one multiplies by ``(1 - p)**0.5`` on top, in both
-    passes, so values and gradients keep unit std. Its expectation is then
-    ``(1 - p)**0.5 * input``, and so is its value when not training (as torch's
-    eval-mode dropout returns its training expectation, and as ``unit_scaling`` does):
-    the layers after it were trained on that mean. Its std in eval is then ``(1 - p)**0.5``
-    times the training one, the same ratio as torch's (no fixed scale keeps both). With
-    ``inplace=True`` the result is ``input`` itself, changed in place.
+    Torch's result × ``(1 - p)**0.5`` in both passes, so values and gradients keep unit std.
+    When not training the value is its training expectation, ``(1 - p)**0.5 * input``, as
+    with torch (the layers after it were trained on that mean).
 
     Args:
-        input: any tensor.
         p: probability of zeroing an element, in ``[0, 1]``.
-        training: drop elements (``False``: multiply by ``(1 - p)**0.5``).
-        inplace: change ``input`` in place and return it, as in torch.
 
     Raises:
         InputError: ``p`` is not in ``[0, 1]``, or ``training`` is not a bool.
@@ -39,8 +31,6 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     >>> _ = torch.manual_seed(0)
     >>> round(dropout(torch.randn(10_000), p=0.5).std().item(), 1)
     1.0
-    >>> dropout(torch.ones(2), p=0.75, training=False).tolist()
-    [0.5, 0.5]
     """
     p = check_p("dropout", p)
     if not isinstance(training, bool):

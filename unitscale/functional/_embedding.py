@@ -24,15 +24,10 @@ def embedding(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.embedding`.
 
-    The output is rows of ``weight`` (unit-std if ``weight`` is ``N(0, 1)``). A
-    row's gradient sums the gradients of every lookup of it, about
-    ``lookups / vocab`` terms on average, so the weight gradient is scaled by
-    ``(lookups / vocab)**-0.5``.
+    The table's gradient × ``(lookups / vocab)**-0.5``: a row's sums its lookups.
 
     Args:
-        input: integer indices.
         weight: the embedding table ``(vocab, dim)``.
-        padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse: as in torch.
 
     >>> import torch
     >>> from unitscale.functional import embedding

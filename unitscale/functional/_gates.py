@@ -1,17 +1,8 @@
 """Gates and hard activations: sigmoid, hardsigmoid and hardswish, scaled by their Gaussian moments.
 
-A gate (a squeeze-excitation block's sigmoid, MobileNetV3's hardsigmoid) multiplies an
-activation: for a unit-scaled activation ``x`` and a gate ``g`` computed from another
-branch, ``x * g`` has root-mean-square ``RMS(g)``. So a gate is scaled to unit
-root-mean-square (not unit std: its mean, near 0.5, is most of its value), and the
-product keeps the activation's scale. Its backward only feeds the small branch that
-computes the gate, so by default the gate takes its forward scale both ways
-(``constraint="to_output_scale"``): the gradient stays the true gradient of the
-scaled function, and the gate's value, which the main path sees, is the one at unit scale.
-
-Every scale is a moment of the function or its derivative for ``x ~ N(0, 1)``: in closed
-form from the normal distribution's partial moments for the piecewise-polynomial hard
-functions, by quadrature for the sigmoid; ``tests/scaling/test_gates.py`` measures them.
+A gate multiplies an activation, and ``x * g`` has RMS ``RMS(g)``: so a gate is scaled to unit
+root-mean-square (its mean, near 0.5, is most of its value), and by default takes that forward
+scale both ways (``constraint="to_output_scale"``), keeping its gradient true.
 """
 
 from __future__ import annotations
@@ -67,13 +58,10 @@ def _sigmoid_moments() -> tuple[float, float]:
 def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled :func:`torch.sigmoid` (``nn.Sigmoid``, the gate of squeeze-excitation blocks).
 
-    Scaled to unit root-mean-square, the scale a gate passes on to the activation it
-    multiplies: output × ``1 / 0.5417`` (``E[sigmoid(x)**2]**-0.5`` for ``x ~ N(0, 1)``);
-    the input gradient's own scale would be ``1 / 0.2117`` (the RMS of ``sigmoid'``), and
-    the default constraint gives it the output's (see the module docstring).
+    Output × ``1 / 0.5417`` (to unit root-mean-square); the gradient's own scale would be
+    ``1 / 0.2117``.
 
     Args:
-        input: any tensor.
         {constraint}
 
     Raises:
@@ -93,12 +81,9 @@ def sigmoid(input: Tensor, constraint: ConstraintArg = "to_output_scale") -> Ten
 def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.hardsigmoid` (the gate of MobileNetV3's squeeze-excitation).
 
-    ``clamp(x / 6 + 1/2, 0, 1)``, scaled to unit root-mean-square as :func:`sigmoid` is:
-    output × ``1 / 0.5270``, from the normal distribution's partial moments on ``[-3, 3]``;
-    the derivative's own scale would be ``6 / P(|x| < 3)**0.5 = 6.008``.
+    Output × ``1 / 0.5270`` (to unit root-mean-square); the gradient's own scale would be 6.008.
 
     Args:
-        input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
 
@@ -119,13 +104,10 @@ def hardsigmoid(input: Tensor, inplace: bool = False, constraint: ConstraintArg 
 def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.hardswish` (MobileNetV3, LeViT): ``x * hardsigmoid(x)``.
 
-    An activation, not a gate, scaled as :func:`~unitscale.functional.silu` (which it
-    approximates) is: output × ``1 / 0.5516`` (its std) and input gradient ×
-    ``1 / 0.5989`` (the RMS of its derivative), both for ``x ~ N(0, 1)`` in closed form
-    from the normal distribution's partial moments.
+    An activation, not a gate, scaled as :func:`silu` is: output × ``1 / 0.5516``, input
+    gradient × ``1 / 0.5989``.
 
     Args:
-        input: any tensor.
         inplace: ignored (the scaled result is a new tensor); accepted because torch's modules pass it.
         {constraint}
 
@@ -146,23 +128,13 @@ def hardswish(input: Tensor, inplace: bool = False, constraint: ConstraintArg = 
 def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_scale") -> Tensor:
     """Unit-scaled product of two activations, one broadcast over the other (``x * gate``).
 
-    The forward is the plain product: a unit-scaled activation times a gate of unit
-    root-mean-square has unit root-mean-square. The backward sums the gradient of a
-    broadcast operand over every position it was broadcast to (a squeeze-excitation gate
-    of shape ``(N, C, 1, 1)`` over ``H * W`` pixels), which grows its std by the square
-    root of that count. With ``constraint=None`` each operand's gradient is scaled by
-    ``(output.numel() / operand.numel())**-0.5``, as a weight's gradient, summed over the
-    batch, is (Blake et al.); operands of the output's own shape are not scaled. That scale
-    is the backward's alone, so it keeps the gradient true only where the operands'
-    gradients do not meet upstream, or where the gate's branch undoes it (in a
-    squeeze-excitation block, :func:`~unitscale.unit_scale` gives the pool the inverse
-    backward scale). With a constraint (the default) the one scale it picks from the
-    forward's 1 and those backward scales applies both ways: ``to_output_scale`` is the
-    plain product and torch's gradient.
+    The forward is the plain product. A broadcast operand's gradient sums its copies; with
+    ``constraint=None`` it is × ``(output.numel() / operand.numel())**-0.5``, true only where
+    the operands' gradients do not meet upstream or the gate's branch undoes it (as
+    :func:`~unitscale.unit_scale` does for a squeeze-excitation pool). The default,
+    ``to_output_scale``, is the plain product with torch's gradient.
 
     Args:
-        input: a tensor.
-        other: a tensor broadcastable with ``input``.
         {constraint}
 
     Raises:
@@ -194,17 +166,10 @@ def mul(input: Tensor, other: Tensor, constraint: ConstraintArg = "to_output_sca
 def layer_scale(input: Tensor, weight: Tensor) -> Tensor:
     """Unit-scaled layer scale: ``input * weight``, a learned per-channel gain (ConvNeXt's, CaiT's ``gamma``).
 
-    The forward is the plain product, so a gain of 1 (what :func:`~unitscale.unit_scale`
-    initialises it to, as a norm's gain) keeps a unit-scaled input's scale; a gain of
-    ``1e-6`` would silence its branch, which unit scaling weights with its residual's
-    ``tau`` instead. The input's gradient is ``weight`` times the output's, unscaled. The
-    gain's gradient sums over the ``copies`` positions it is broadcast to (the batch and
-    the spatial or token dims) and is scaled by ``copies**-0.5``, as a weight's is
-    (Blake et al.): a parameter read by this one op is a cut edge, so that scale keeps
-    its gradient a positive multiple of the true one.
+    The plain product (:func:`~unitscale.unit_scale` initialises the gain to 1, leaving the
+    branch's weight to its residual's ``tau``); the gain's gradient × ``copies**-0.5``.
 
     Args:
-        input: a tensor.
         weight: the gain, broadcastable to ``input`` (``(C,)`` or ``(C, 1, 1)``).
 
     >>> import torch

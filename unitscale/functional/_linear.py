@@ -38,15 +38,10 @@ def _check_operands(op: str, left: Any, right: Any, right_name: str, right_dim: 
 def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.linear`.
 
-    For ``input (..., k)`` and ``weight (n, k)``: output × ``k**-0.5``, input
-    gradient × ``n**-0.5``, weight and bias gradients × ``batch**-0.5`` (``batch``:
-    the number of rows of ``input``). The constraint reconciles the output and
-    input-gradient scales; weight gradients never need it.
+    For ``input (..., k)`` and ``weight (n, k)``: output × ``k**-0.5``, input gradient ×
+    ``n**-0.5``, weight and bias gradients × ``batch**-0.5`` (the rows of ``input``).
 
     Args:
-        input: tensor of shape ``(..., in_features)``.
-        weight: tensor of shape ``(out_features, in_features)``.
-        bias: optional tensor of shape ``(out_features,)``.
         {constraint}
 
     Raises:
@@ -60,14 +55,6 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None, constraint
     >>> y.backward(torch.randn_like(y))
     >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
     (1.0, 1.0)
-
-    With the default ``gmean`` constraint both miss 1 by ``(256 / 64) ** 0.25``:
-
-    >>> x.grad = None
-    >>> y = linear(x, w)
-    >>> y.backward(torch.randn_like(y))
-    >>> round(y.std().item(), 1), round(x.grad.std().item(), 1)
-    (1.4, 0.7)
     """
     _check_operands("linear", input, weight, "weight", -1)
     return _linear(input, weight, bias, constraint, weight.shape[-1] ** -0.5)
@@ -98,22 +85,13 @@ def linear_readout(
 ) -> Tensor:
     """u-μP's readout (the last layer): output × ``mult / fan_in``, input gradient × ``fan_out**-0.5``.
 
-    μP scales the last layer by ``1 / fan_in`` rather than ``fan_in**-0.5`` so that,
-    as the width grows, the logits do not grow when the features the readout sees
-    become correlated with its weights during training (u-μP §4, the parametrization
-    table: the output weight's multiplier). At initialisation the logits are therefore small
-    (std ``mult * fan_in**-0.5``). The readout comes after the last residual add, so
-    by default (``constraint=None``) its input gradient is unit-scaled on its own:
-    every path to the loss goes through it, and the gradients upstream are all the
-    same positive multiple of the true ones. ``mult`` is u-μP's α_loss-softmax placed
-    here (the reference library puts it on the loss; in the forward pass the two
-    are the same number). A bias is added after the scaling, so its size does not
-    depend on the width.
+    μP's ``1 / fan_in`` keeps the logits from growing with width once features and weights
+    correlate (u-μP §4), so at initialisation they are small (std ``mult * fan_in**-0.5``).
+    Every path to the loss goes through the readout, so ``constraint=None`` (the default) keeps
+    gradients true. ``mult`` is u-μP's α_loss-softmax (here or on the loss, not both). A bias
+    is added after the scaling.
 
     Args:
-        input: ``(..., fan_in)``.
-        weight: ``(fan_out, fan_in)``.
-        bias: optional ``(fan_out,)``.
         {constraint}
         {mult}
 
@@ -146,15 +124,11 @@ def _matmul_dims(left: Tensor, right: Tensor) -> tuple[int, int]:
 def matmul(input: Tensor, other: Tensor, constraint: ConstraintArg = "gmean") -> Tensor:
     """Unit-scaled :func:`torch.matmul`.
 
-    For ``(m, k) @ (k, n)`` (with any batch dims): output × ``k**-0.5``; each
-    operand's gradient × ``count**-0.5``, where ``count`` is the number of terms
-    summed into each of its elements (``n`` for ``input``; ``m`` times the
-    broadcast batch for ``other``). The constraint reconciles all three, since
-    either operand may be an activation (use :func:`linear` for weights).
+    For ``(m, k) @ (k, n)``: output × ``k**-0.5``, ``input``'s gradient × ``n**-0.5``,
+    ``other``'s × ``(m * batch)**-0.5``. The constraint takes all three, as either operand
+    may be an activation (use :func:`linear` for weights).
 
     Args:
-        input: left operand.
-        other: right operand.
         {constraint}
 
     Raises:
@@ -192,17 +166,10 @@ def addmm(
 ) -> Tensor:
     """Unit-scaled :func:`torch.addmm`: ``beta * input + alpha * (mat1 @ mat2)``.
 
-    The form of GPT-2's ``Conv1D`` projections (``mat2`` is the weight, ``(in, out)``).
-    ``mat1 @ mat2`` is scaled as :func:`linear` with weight ``mat2.T``: output ×
-    ``k**-0.5``, ``mat1``'s gradient × ``n**-0.5``, ``mat2``'s × ``m**-0.5``; ``input``
-    (the bias) is added unscaled and its gradient, summed over the rows it is
-    broadcast to, × ``copies**-0.5``.
+    GPT-2's ``Conv1D`` form: ``mat1 @ mat2`` is scaled as :func:`linear` with weight
+    ``mat2.T``; ``input`` (the bias) is added unscaled, its gradient × ``copies**-0.5``.
 
     Args:
-        input: the added term, broadcastable to ``(m, n)``.
-        mat1: ``(m, k)``.
-        mat2: ``(k, n)``.
-        beta, alpha: multipliers of ``input`` and of the product, as in torch.
         {constraint}
 
     Raises:
@@ -226,12 +193,8 @@ def addmm(
 
 
 def _valid_taps(size: int, kernel: int, stride: int, padding: int | str, dilation: int) -> tuple[int, int]:
-    """``(taps on the input, output positions)`` along one axis: how many (output, kernel tap) pairs read the
-    input rather than its zero padding, and how many outputs there are.
-
-    Without padding every output reads all ``kernel`` taps; on a feature map not much wider
-    than the kernel (the 2x2 maps at the end of a ResNet on small images) most taps read padding.
-    """
+    """``(taps on the input, output positions)`` along one axis: the (output, kernel tap) pairs that read the
+    input rather than its zero padding (most of them on a map not much wider than the kernel)."""
     if padding == "same":
         pad, outputs = dilation * (kernel - 1) // 2, size
     else:
@@ -296,9 +259,6 @@ def conv1d(
     """Unit-scaled :func:`torch.nn.functional.conv1d`, scaled as :func:`conv2d` is (``fan_in = C_in / groups * k``).
 
     Args:
-        input: ``(N, C_in, L)`` (or unbatched ``(C_in, L)``).
-        weight: ``(C_out, C_in / groups, k)``.
-        bias: optional ``(C_out,)``.
         {conv}
         {constraint}
 
@@ -330,18 +290,12 @@ def conv2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.conv2d`.
 
-    A convolution is a matmul over patches: output × ``fan_in**-0.5`` with
-    ``fan_in = C_in / groups * kh * kw`` (counting only the taps that read the input,
-    not its zero padding, on average over the outputs); input gradient × ``count**-0.5``, where
-    ``count`` is the average number of terms summed into an input element's
-    gradient (``C_out / groups * kh * kw`` at stride 1 with "same" padding, fewer
-    when strided); weight and bias gradients × ``(N * H_out * W_out)**-0.5``. The
-    constraint reconciles the output and input-gradient scales, as for :func:`linear`.
+    A matmul over patches: output × ``fan_in**-0.5``, ``fan_in = C_in / groups * kh * kw``
+    counting only the taps that read the input, not its zero padding (on average); the input
+    gradient × ``count**-0.5``, ``count`` the terms an element's gradient sums (fewer when
+    strided); weight and bias gradients × ``(N * H_out * W_out)**-0.5``.
 
     Args:
-        input: ``(N, C_in, H, W)`` (or unbatched ``(C_in, H, W)``).
-        weight: ``(C_out, C_in / groups, kh, kw)``.
-        bias: optional ``(C_out,)``.
         {conv}
         {constraint}
 
@@ -375,20 +329,12 @@ def conv_transpose2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.conv_transpose2d`.
 
-    A transposed convolution is the backward of :func:`conv2d` with the same weight, so
-    the two swap scales: an output element sums ``fan_in = C_in / groups * T / (H_out *
-    W_out)`` terms and is scaled by ``fan_in**-0.5``; an input element's gradient sums
-    ``fan_out = C_out / groups * T / (H_in * W_in)`` terms and is scaled by
-    ``fan_out**-0.5``, where ``T`` counts the (input position, kernel tap) pairs that land
-    inside the output (the cropping of ``padding`` drops some). The weight's gradient sums
-    ``N * T / (kh * kw)`` terms per element, the bias's ``N * H_out * W_out``. The
-    constraint reconciles the output and input-gradient scales, as for :func:`linear`.
+    The backward of :func:`conv2d`, so the two swap scales: output × ``fan_in**-0.5``,
+    ``fan_in = C_in / groups * T / (H_out * W_out)``, and input gradient × ``fan_out**-0.5``,
+    ``fan_out = C_out / groups * T / (H_in * W_in)``, where ``T`` counts the (input position,
+    kernel tap) pairs inside the output (``padding`` crops some).
 
     Args:
-        input: ``(N, C_in, H_in, W_in)`` (or unbatched ``(C_in, H_in, W_in)``).
-        weight: ``(C_in, C_out / groups, kh, kw)``.
-        bias: optional ``(C_out,)``.
-        stride, padding, output_padding, groups, dilation: as in torch.
         {constraint}
 
     Raises:

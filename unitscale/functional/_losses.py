@@ -1,13 +1,9 @@
 """Losses whose value is torch's and whose gradient is unit-scaled.
 
-Each loss multiplies its input's gradient by one number fixed by shapes, its *gradient
-factor*, stated in its docstring and kept on the returned tensor as ``loss.grad_scale``.
-Two losses with different factors, added, weigh each other's gradients by them: the sum's
-gradient is not the true gradient's direction. Give the losses one factor
-(``grad_scale=``): ``ce = U.cross_entropy(out, y); mse = U.mse_loss(out, t,
-grad_scale=ce.grad_scale)``, and ``(ce + mse)`` backpropagates ``ce.grad_scale`` times the
-true gradient. :func:`~unitscale.unit_scale` does so by itself for losses inside a model
-whose values meet (``result.loss_scales`` says which factor each got).
+Each loss multiplies its input's gradient by one number fixed by shapes, kept as
+``loss.grad_scale``. Losses that are added must share it, or the sum's gradient is not the
+true gradient's direction: ``mse = U.mse_loss(out, t, grad_scale=ce.grad_scale)``.
+:func:`~unitscale.unit_scale` does so itself (``result.loss_scales`` says which factor each got).
 """
 
 from __future__ import annotations
@@ -44,25 +40,15 @@ def cross_entropy(
 ) -> Tensor:
     """Cross-entropy of ``mult * input`` whose loss value is torch's, with the logits' gradient scaled to unit std.
 
-    The loss keeps its meaning (the value equals
-    :func:`torch.nn.functional.cross_entropy`'s); only the backward pass changes:
-    the logits' gradient ``(softmax - onehot) / batch`` is multiplied by ``batch``
-    (for ``reduction="mean"``) and by the inverse of its std over ``n`` classes
-    for ``N(0, 1)`` logits, about ``sqrt(n)``. Parameter gradients are then a fixed
-    multiple of the true ones, which scale-invariant optimisers (Adam) ignore.
-    ``mult`` is u-μP's α_loss-softmax (Section 4; here or on
-    :func:`linear_readout`, not both): the loss is torch's of ``mult * input``, and
-    the gradient's std is taken for logits of std ``mult``.
+    The logits' gradient is × ``batch`` (for ``reduction="mean"``) and × the inverse of its
+    std for ``N(0, mult**2)`` logits over ``n`` classes, about ``sqrt(n)``: a fixed multiple
+    of the true gradient. ``mult`` is u-μP's α_loss-softmax (here or on :func:`linear_readout`,
+    not both). The batch count includes ignored targets.
 
     Args:
-        input: logits ``(batch, classes, ...)`` or ``(classes,)``.
-        target: class indices or class probabilities, as in torch.
-        weight, size_average, ignore_index, reduce, label_smoothing: as in torch (the batch count used
-            for the scale includes ignored targets; ``size_average`` and ``reduce`` are deprecated).
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         {mult}
-        grad_scale: the gradient factor to use instead (a positive number): give several
-            losses that are added one factor, so their sum's gradient keeps its direction.
+        grad_scale: the gradient factor to use instead (a positive number), to share one
+            among losses that are added.
 
     Raises:
         InputError: the shapes or dtypes do not fit.
@@ -114,20 +100,13 @@ def mse_loss(
 ) -> Tensor:
     """Mean squared error whose value is torch's, with the gradients scaled to unit std.
 
-    The gradient of ``sum((input - target)**2)`` is ``2 (input - target)``: std
-    ``8**0.5`` for independent unit-normal ``input`` and ``target``. Both gradients are
-    scaled by ``8**-0.5`` (times the element count for ``reduction="mean"``, whose
-    ``1 / count`` they undo), so they are unit-std, a fixed multiple of the true ones.
-    That gradient factor, ``count * 8**-0.5`` (``8**-0.5`` for ``"sum"``), a function of
-    shapes alone, is ``loss.grad_scale``.
+    Both gradients are × ``8**-0.5`` (``2 (input - target)`` has std ``8**0.5`` for unit-normal
+    operands), times the element count for ``reduction="mean"``.
 
     Args:
-        input: predictions.
-        target: targets, the same shape as ``input`` (no broadcasting, which torch only warns about).
-        size_average, reduce: deprecated, as in torch.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
-        grad_scale: the gradient factor to use instead (a positive number): give several
-            losses that are added one factor, so their sum's gradient keeps its direction.
+        target: the same shape as ``input`` (no broadcasting, which torch only warns about).
+        grad_scale: the gradient factor to use instead (a positive number), to share one
+            among losses that are added.
 
     Raises:
         InputError: ``input`` and ``target`` differ in shape, or ``grad_scale`` is not a

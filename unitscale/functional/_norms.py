@@ -24,15 +24,7 @@ def layer_norm(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.layer_norm`.
 
-    Layer norm's output and input gradient are already unit-std; its weight and
-    bias gradients sum over the batch, so they are scaled by ``batch**-0.5``.
-
-    Args:
-        input: tensor whose trailing dims are ``normalized_shape``.
-        normalized_shape: the trailing shape to normalise over.
-        weight: optional gain of shape ``normalized_shape``.
-        bias: optional bias of shape ``normalized_shape``.
-        eps: added to the variance, as in torch.
+    Its output and input gradient are already unit-std; weight and bias gradients × ``batch**-0.5``.
 
     >>> import torch
     >>> from unitscale.functional import layer_norm
@@ -64,14 +56,9 @@ def rms_norm(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.rms_norm` (and the ``LlamaRMSNorm``/``T5LayerNorm`` pattern).
 
-    RMS norm's output has unit root-mean-square, so unit std for zero-mean input,
-    and its input gradient is unit-std too; only the weight gradient, summed over
-    the batch, is scaled (by ``batch**-0.5``), as in :func:`layer_norm`.
+    Only the weight gradient is scaled, × ``batch**-0.5``, as in :func:`layer_norm`.
 
     Args:
-        input: tensor whose trailing dims are ``normalized_shape``.
-        normalized_shape: the trailing shape to normalise over.
-        weight: optional gain of shape ``normalized_shape``.
         eps: added to the mean square (``None``: the dtype's machine epsilon, as in torch).
 
     >>> import torch

@@ -40,16 +40,10 @@ def max_pool2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.max_pool2d`.
 
-    The largest of ``k = kh * kw`` values of ``N(0, 1)`` has mean well above 0 (1.49
-    for ``k = 9``), so, as for :func:`relu`, the output is scaled to unit
-    root-mean-square (``1 / 1.60`` for ``k = 9``, by quadrature), the moment the next
-    convolution passes on. Each output's gradient goes to one input, so an input's
-    gradient has RMS ``(outputs / inputs)**0.5``, and is scaled by the inverse.
+    The output is scaled to unit root-mean-square, as :func:`relu`'s is (× ``1 / 1.60`` for a
+    3x3 window), and the input gradient × ``(inputs / outputs)**0.5``. Indices come unscaled.
 
     Args:
-        input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        kernel_size, stride, padding, dilation, ceil_mode, return_indices: as in torch (``stride=None``:
-            the kernel size; the indices are returned unscaled).
         {constraint}
 
     Returns:
@@ -96,15 +90,11 @@ def avg_pool2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.avg_pool2d`.
 
-    The mean of ``k = kh * kw`` independent unit-std values has std ``k**-0.5``:
-    the output is scaled by ``k**0.5``, and each input gradient (a sum of ``cover``
-    output gradients divided by ``k``) by ``k / cover**0.5``. Spatially correlated
-    inputs come out above 1 (at most ``k**0.5`` for constant windows).
+    Output × ``k**0.5`` for a window of ``k`` values, and the input gradient (a sum of ``cover``
+    output gradients over ``k``) × ``k / cover**0.5``. Spatially correlated inputs come out
+    above 1 (at most ``k**0.5``).
 
     Args:
-        input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override: as in torch
-            (``stride=None``: the kernel size).
         {constraint}
 
     Raises:
@@ -129,12 +119,9 @@ def adaptive_avg_pool2d(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.adaptive_avg_pool2d`.
 
-    As :func:`avg_pool2d`, with the window ``(H / H_out) * (W / W_out)`` (the
-    whole feature map for ``output_size=1``, as at the end of a ResNet).
+    As :func:`avg_pool2d`, with the window ``(H / H_out) * (W / W_out)``.
 
     Args:
-        input: ``(N, C, H, W)`` or ``(C, H, W)``.
-        output_size: as in torch.
         {constraint}
 
     Raises:
@@ -163,19 +150,11 @@ def mean(
 ) -> Tensor:
     """Unit-scaled :meth:`torch.Tensor.mean`: a mean pool (``x.mean((2, 3))``, timm's global pool).
 
-    The mean of ``n`` independent unit-std values has std ``n**-0.5``, so the output is
-    scaled by ``n**0.5`` (``n``: the number of elements each output averages, the
-    product of the sizes of ``dim``; every element for ``dim=None``). In the backward
-    pass each input element gets exactly one output's gradient divided by ``n`` (std
-    ``1 / n``), so its gradient is scaled by ``n``: the rule of Blake et al. for a sum
-    over ``n`` terms (forward ``n**-0.5``, backward 1) composed with the division by
-    ``n``. With a constraint one scale serves both directions (``gmean``: ``n**0.75``).
-    Values with a mean come out above 1 (the mean is kept, not shrunk):
-    :func:`~unitscale.unit_scale` corrects for the mean of a ReLU or GELU it pools.
+    Output × ``n**0.5`` and input gradient × ``n``, ``n`` being the elements each output
+    averages. Values with a mean come out above 1: :func:`~unitscale.unit_scale` corrects
+    for the mean of a ReLU or GELU it pools.
 
     Args:
-        input: a tensor.
-        dim, keepdim, dtype: as in torch (``dim=None``: every dim).
         {constraint}
 
     Raises:

@@ -149,27 +149,16 @@ def lstm(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Unit-scaled :func:`torch.lstm` (what :class:`torch.nn.LSTM` calls).
 
-    Torch's kernel runs on weights scaled by their fan-in, ``W_ih / in**0.5`` and
-    ``W_hh / H**0.5`` (a deeper layer's ``W_ih`` also over ``h``'s RMS), so each gate's
-    pre-activation has unit variance from its input, plus the recurrent part. The output
-    sequence and ``h_n`` are scaled by the inverse of ``h``'s stationary root-mean-square
-    (0.19 here, 0.41 in :func:`gru`, 0.68 in :func:`rnn_tanh`, 1 in :func:`rnn_relu`: the
-    gates' Gaussian moments at the fixed point), both ways; ``h_0`` is read in those units
-    (divided by it), so ``h_n`` can be passed back as ``h_0``; ``c`` is torch's. The input's
-    gradient is brought to 1 by a scale from the gradient moments along the recurrence,
-    reconciled with the output scale by ``constraint``: with one, every gradient is the
-    true gradient of the scaled function; with ``None``, the input's is a positive multiple
-    of it. Each weight's and bias's gradient is scaled to unit std on its own (a cut edge:
-    each is read by this op alone); a bias's sums steps the recurrence correlates, so it
-    comes out above 1 (1.6 in one LSTM layer, 2 to 2.5 in the layers under it). A deeper
-    layer's output drifts above 1 too (1.2 at two layers, 1.3 at three): its input is
-    correlated along time, which the moments leave out.
+    Torch's kernel runs on weights scaled by their fan-in (``W_ih / in**0.5``, ``W_hh / H**0.5``).
+    The output and ``h_n`` are × ``1 / RMS(h)`` at the cell's fixed point, both ways (0.19 here,
+    0.41 in :func:`gru`, 0.68 in :func:`rnn_tanh`, 1 in :func:`rnn_relu`); ``h_0`` is read in
+    those units, so ``h_n`` can be passed back as ``h_0``; ``c`` is torch's. The input gradient
+    is brought to 1 from the gradient moments along the recurrence. Bias gradients come out
+    above 1 (1.6 to 2.5) and a deeper layer's output drifts to 1.2 or 1.3: the moments leave
+    out correlation along time.
 
     Args:
-        input: ``(T, N, in)``, or ``(N, T, in)`` with ``batch_first``.
-        hx: ``(h_0, c_0)``.
         params: per layer and direction ``w_ih, w_hh`` (and ``b_ih, b_hh`` with ``has_biases``).
-        has_biases, num_layers, dropout, train, bidirectional, batch_first: as in torch.
         {constraint}
 
     Returns:

@@ -62,20 +62,13 @@ def interpolate(
 ) -> Tensor:
     """Unit-scaled :func:`torch.nn.functional.interpolate`.
 
-    Interpolation is linear: ``y = W x`` with fixed weights ``W`` (``out x in``). For
-    independent unit-std inputs an output has variance ``sum_j W_ij**2``, and in the
-    backward pass an input's gradient ``sum_i W_ij**2``: on average ``||W||**2 / out``
-    and ``||W||**2 / in``. The output is scaled by ``(out / ||W||**2)**0.5`` and the
-    input gradient by ``(in / ||W||**2)**0.5``, with ``||W||**2`` read exactly from
-    torch's own interpolation of unit impulses, axis by axis (``scale_factor`` and
-    ``align_corners`` included). Nearest upsampling by 2 in each of two dims copies every
-    value (forward 1) and sums four gradients (backward ``1/2``); bilinear upsampling
-    averages neighbours (forward about 1.6). The constraint reconciles the two, as for
-    :func:`linear`. ``antialias=True`` is scaled as without it.
+    Interpolation is ``y = W x`` with fixed weights ``W`` (``out x in``): output ×
+    ``(out / ||W||**2)**0.5`` and input gradient × ``(in / ||W||**2)**0.5``, with ``||W||**2``
+    read exactly from torch's own interpolation of unit impulses. ``antialias=True`` is scaled
+    as without it.
 
     Args:
         input: ``(N, C, *spatial)`` with 1 to 3 spatial dims.
-        size, scale_factor, mode, align_corners, recompute_scale_factor, antialias: as in torch.
         {constraint}
 
     Raises:

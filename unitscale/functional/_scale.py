@@ -34,13 +34,7 @@ class _ScaleFwdBwd(_torch.autograd.Function):
 def scale(input: Tensor, fwd_scale: float, bwd_scale: float) -> Tensor:
     """Multiply ``input`` by ``fwd_scale`` in the forward pass and its gradient by ``bwd_scale`` in the backward pass.
 
-    The building block of every op here: with ``fwd_scale != bwd_scale`` the
-    gradient is deliberately not the true gradient of the forward function.
-
-    Args:
-        input: any floating-point tensor.
-        fwd_scale: factor applied to the value.
-        bwd_scale: factor applied to the gradient flowing back to ``input``.
+    With ``fwd_scale != bwd_scale`` the gradient is deliberately not the true gradient.
 
     >>> import torch
     >>> from unitscale.functional import scale
@@ -116,23 +110,14 @@ class _FrozenGradScale(_torch.autograd.Function):
 def frozen_grad_scale(input: Tensor, factor: Tensor) -> Tensor:
     """Identity in the forward pass; the gradient times ``factor`` in the backward pass, measured once.
 
-    ``factor`` is a one-element tensor (a buffer, saved with the model). Where it holds a
-    positive number, that number scales the gradient: a constant, so the backward pass stays
-    linear (separate ``backward()`` calls add up to one of the sum, micro-batches add up to the
-    batch, a loss times ``c`` gives gradients times ``c``). Where it holds 0 ("not measured"),
-    the first backward pass through it measures ``1 / RMS`` of the gradient it gets, writes it
-    into ``factor``, and uses it; every later pass reuses that number. Under ``torch.compile``
-    an unmeasured factor scales by 1 (call the model once eagerly first).
-    :func:`~unitscale.unit_scale` puts one on the trunk before each residual block that holds
-    batch norm (see ``unit_scale``), where batch norm's gradient growth cannot be undone by a
-    scale fixed by shapes alone.
+    A positive ``factor`` is a constant, so the backward pass stays linear (micro-batches add
+    up to the batch). A 0 ("not measured") is set by the first backward pass to ``1 / RMS`` of
+    the gradient it gets, and reused after; under ``torch.compile`` an unmeasured factor scales
+    by 1 (call the model once eagerly first). :func:`~unitscale.unit_scale` puts one before
+    each residual block holding batch norm, whose gradient growth no fixed scale undoes.
 
     Args:
-        input: any floating-point tensor.
-        factor: a one-element floating-point tensor: the backward factor, or 0 to measure it.
-
-    Returns:
-        ``input`` (a copy), whose gradient is scaled by ``factor``.
+        factor: a one-element floating-point tensor (a buffer, saved with the model).
 
     Raises:
         InputError: ``factor`` is not a one-element floating-point tensor.

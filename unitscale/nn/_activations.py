@@ -31,7 +31,6 @@ class GELU(_Multiplied, nn.GELU):
     """Unit-scaled :class:`torch.nn.GELU` of ``mult * x`` (divided by ``mult``): :func:`unitscale.functional.gelu`.
 
     Args:
-        approximate: ``"none"`` or ``"tanh"``, as in torch.
         {constraint}
         {mult}
 
@@ -60,7 +59,6 @@ class Softmax(_Multiplied, nn.Softmax):
     """Unit-scaled :class:`torch.nn.Softmax` of ``mult * x``: :func:`unitscale.functional.softmax`.
 
     Args:
-        dim: the dimension to normalise over.
         {constraint}
         {mult}
 
@@ -118,11 +116,10 @@ class SiLU(_Multiplied, nn.SiLU):
 class Dropout(nn.Dropout):
     """Unit-scaled :class:`torch.nn.Dropout`: kept values times ``(1 - p)**-0.5``; in eval mode ``(1 - p)**0.5 * x``.
 
-    Both modes have the same expectation, ``(1 - p)**0.5 * x`` (:func:`unitscale.functional.dropout`).
+    Both modes have the same expectation (:func:`unitscale.functional.dropout`).
 
     Args:
         p: probability of zeroing an element, in ``[0, 1]``.
-        inplace: as in torch (the returned tensor is the input, changed).
 
     Raises:
         InputError: ``p`` is not in ``[0, 1]``.

@@ -31,10 +31,8 @@ def _set_depth(owner: str, container: nn.Module, depth: int) -> None:
 class DepthModuleList(nn.ModuleList):
     """A :class:`torch.nn.ModuleList` of residual blocks that records its length as their parameters' depth.
 
-    Every parameter's role gets ``depth = len(self)`` (:func:`~unitscale.scaling.set_depth`),
-    so :mod:`unitscale.optim` scales its learning rate by ``depth**-0.5`` (depth-μP's
-    rule, which u-μP adopts: §4 and Appendix G). Blocks added after construction are
-    not counted.
+    :mod:`unitscale.optim` then scales their learning rates by ``depth**-0.5``. Blocks added
+    after construction are not counted.
 
     Args:
         modules: the blocks, built from :mod:`unitscale.nn` modules (tagged parameters).
@@ -79,15 +77,9 @@ class DepthSequential(nn.Sequential):
 class TransformerStack(DepthSequential):
     """``layers`` :class:`TransformerLayer` blocks whose residual weights follow u-μP's depth rule.
 
-    The taus come from :func:`~unitscale.scaling.residual_taus` (u-μP, Appendix G:
-    every attention branch adds the same share, every MLP branch too, and together
-    they weigh ``residual_mult`` against the embedding), and every parameter's
-    depth is ``layers``.
+    The taus come from :func:`~unitscale.scaling.residual_taus`; every parameter's depth is ``layers``.
 
     Args:
-        layers: number of transformer layers.
-        hidden_size: model width.
-        heads: attention heads.
         residual_mult: α_res.
         attn_ratio: α_res-attn-ratio.
         **kwargs: passed to each :class:`TransformerLayer` (``is_causal``, ``constraint``,
@@ -97,13 +89,10 @@ class TransformerStack(DepthSequential):
         InputError: a bad size or argument of the layers.
         MultiplierError: ``layers`` is not an int >= 1, or a multiplier is not a finite number > 0.
 
-    >>> import torch
     >>> from unitscale.nn import TransformerStack
     >>> stack = TransformerStack(2, 32, heads=2, is_causal=True)
     >>> [round(layer.attn_tau, 3) for layer in stack]
     [0.333, 0.2]
-    >>> stack(torch.randn(2, 8, 32)).shape
-    torch.Size([2, 8, 32])
     """
 
     def __init__(
@@ -127,16 +116,10 @@ class TransformerStack(DepthSequential):
 class TransformerDecoder(nn.Module):
     """A unit-scaled u-μP decoder-only transformer: embedding, :class:`TransformerStack`, RMS norm, readout.
 
-    A demonstration of the parts (no position embedding: causal attention alone
-    orders the tokens weakly), in the u-μP configuration: RMS norms, SwiGLU MLPs,
-    ``to_output_scale`` constraints (the reference library's u-μP default), the
-    depth rule for the residual weights, and the readout's ``1 / width`` multiplier.
+    A demonstration of the parts in the u-μP configuration (RMS norms, SwiGLU MLPs,
+    ``to_output_scale`` constraints), with no position embedding.
 
     Args:
-        vocab_size: number of tokens.
-        hidden_size: model width.
-        layers: number of transformer layers.
-        heads: attention heads.
         dropout_p: dropout on attention weights and branch outputs (while training).
         residual_mult: α_res.
         attn_ratio: α_res-attn-ratio.

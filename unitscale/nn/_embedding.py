@@ -13,14 +13,9 @@ from unitscale.scaling.parameter import tag
 class Embedding(RoleModule, nn.Embedding):
     """Unit-scaled :class:`torch.nn.Embedding`: table ``N(0, 1)`` with role ``"embedding"``, gradient unit-scaled.
 
-    Under Adam its learning rate scales as ``embedding_dim**-0.5``: u-μP's embedding
-    rule (§4, 'A new embedding LR rule'), where μP would keep it constant. The reference library
-    tags it ``"weight"`` and reads the same width (its fan-out) from its shape; here
-    the role says it.
+    Under Adam its learning rate scales as ``embedding_dim**-0.5`` (u-μP's embedding rule).
 
     Args:
-        num_embeddings: vocabulary size.
-        embedding_dim: size of each row.
         padding_idx: as in torch (that row starts at zero and gets no gradient).
 
     Raises:

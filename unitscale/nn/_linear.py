@@ -84,15 +84,9 @@ class _UnitConv(_UnitWeighted, nn.modules.conv._ConvNd):
 class Linear(_UnitWeighted, nn.Linear):
     """Unit-scaled :class:`torch.nn.Linear`: weight ``N(0, 1)`` with role ``"weight"``, no bias by default.
 
-    Forward × ``fan_in**-0.5``, input gradient × ``fan_out**-0.5`` (reconciled by
-    ``constraint``), weight gradient × ``batch**-0.5``: :func:`unitscale.functional.linear`.
-    The weight's role makes :mod:`unitscale.optim` give it u-μP's hidden-weight
-    learning rate (``lr * fan_in**-0.5`` under Adam: u-μP §4, the parametrization table); a bias
-    has role ``"bias"``.
+    Scaled as :func:`unitscale.functional.linear`; a bias has role ``"bias"``.
 
     Args:
-        in_features: size of each input row.
-        out_features: size of each output row.
         bias: add a learnable bias (initialised to zero).
         {constraint}
 
@@ -128,14 +122,9 @@ class Linear(_UnitWeighted, nn.Linear):
 class LinearReadout(Linear):
     """The u-μP readout (last layer): weight role ``"readout"``, forward × ``mult / fan_in``.
 
-    See :func:`unitscale.functional.linear_readout`: μP's ``1 / fan_in`` output
-    multiplier (u-μP §4, the parametrization table), unconstrained by default since every
-    gradient reaches the model through it. Under Adam its learning rate does not
-    scale with width (the readout rule of the same table).
+    Scaled as :func:`unitscale.functional.linear_readout`.
 
     Args:
-        in_features: fan-in (the model width).
-        out_features: the number of classes.
         bias: add a bias (zeros, role ``"bias"``).
         {constraint}
         {mult}
@@ -145,7 +134,6 @@ class LinearReadout(Linear):
         {constraint_errors}
         {mult_errors}
 
-    >>> import torch
     >>> from unitscale.nn import LinearReadout
     >>> from unitscale.scaling import role_of
     >>> role_of(LinearReadout(64, 10).weight).role
@@ -179,9 +167,6 @@ class Conv1d(_UnitConv, nn.Conv1d):
     other than ``"zeros"`` would add values the scales do not count).
 
     Args:
-        in_channels: input channels.
-        out_channels: output channels.
-        kernel_size: as in torch.
         {conv}
         bias: add a learnable bias (initialised to zero).
         {constraint}
@@ -207,9 +192,6 @@ class Conv2d(_UnitConv, nn.Conv2d):
     Scaled as :func:`unitscale.functional.conv2d`; zero padding only.
 
     Args:
-        in_channels: input channels.
-        out_channels: output channels.
-        kernel_size: as in torch.
         {conv}
         bias: add a learnable bias (initialised to zero).
         {constraint}
@@ -219,13 +201,10 @@ class Conv2d(_UnitConv, nn.Conv2d):
 
     >>> import torch
     >>> from unitscale.nn import Conv2d
-    >>> from unitscale.scaling import role_of
     >>> _ = torch.manual_seed(0)
     >>> conv = Conv2d(32, 32, 3, padding=1, constraint=None)
     >>> round(conv(torch.randn(8, 32, 16, 16)).std().item(), 1)
     1.0
-    >>> role_of(conv.weight).width
-    288
     """
 
     _op = staticmethod(U.conv2d)

@@ -16,8 +16,6 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
     The value is torch's; see :func:`unitscale.functional.cross_entropy`.
 
     Args:
-        weight, ignore_index, label_smoothing: as in torch.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
         {mult}
 
     Raises:
@@ -56,9 +54,6 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
 
 class MSELoss(nn.MSELoss):
     """:class:`torch.nn.MSELoss` whose gradients are unit-scaled: :func:`unitscale.functional.mse_loss`.
-
-    Args:
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
 
     >>> import torch
     >>> from unitscale.nn import MSELoss

@@ -12,14 +12,9 @@ from unitscale.scaling.parameter import tag
 class LayerNorm(RoleModule, nn.LayerNorm):
     """Unit-scaled :class:`torch.nn.LayerNorm`: gain 1 with role ``"norm"``, bias 0 with role ``"bias"``.
 
-    The affine gradients sum over the batch and are scaled by ``batch**-0.5``
-    (:func:`unitscale.functional.layer_norm`); under :mod:`unitscale.optim` both
-    learn at the global rate, whatever the width (u-μP §4, the parametrization table: vector-like
-    parameters).
+    Scaled as :func:`unitscale.functional.layer_norm`.
 
     Args:
-        normalized_shape: the trailing shape to normalise over.
-        eps: added to the variance.
         elementwise_affine: learn a gain (and bias).
         bias: learn a bias (with ``elementwise_affine``).
 
@@ -28,10 +23,8 @@ class LayerNorm(RoleModule, nn.LayerNorm):
     >>> from unitscale.scaling import role_of
     >>> norm = LayerNorm(8)
     >>> y = norm(torch.arange(16.0).reshape(2, 8))
-    >>> round(y.square().mean().item(), 3)
-    1.0
-    >>> role_of(norm.weight).role, role_of(norm.bias).role
-    ('norm', 'bias')
+    >>> round(y.square().mean().item(), 3), role_of(norm.weight).role
+    (1.0, 'norm')
     """
 
     def __init__(
@@ -55,9 +48,7 @@ class RMSNorm(RoleModule, nn.RMSNorm):
     """Unit-scaled :class:`torch.nn.RMSNorm`: gain 1 with role ``"norm"``, its gradient scaled to unit std.
 
     Args:
-        normalized_shape: the trailing shape to normalise over.
         eps: added to the mean square (``None``: the dtype's machine epsilon).
-        elementwise_affine: learn a gain.
 
     >>> import torch
     >>> from unitscale.nn import RMSNorm

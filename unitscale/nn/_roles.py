@@ -12,10 +12,8 @@ from unitscale.scaling.parameter import role_of, tag
 class RoleModule(nn.Module):
     """A module whose own parameters keep their u-μP role when a state dict is loaded into it.
 
-    ``load_state_dict(..., assign=True)`` replaces each parameter by a new ``Parameter``
-    around the loaded tensor, which has no role; the role each parameter had is put back.
-    (Without ``assign`` the tensors are copied into the tagged parameters, which keep it.)
-    A unit-scaled module of your own subclasses it first: ``class Mine(RoleModule, nn.Linear)``.
+    ``load_state_dict(..., assign=True)`` makes new, untagged parameters; their roles are put
+    back. A unit-scaled module of your own subclasses it first: ``class Mine(RoleModule, nn.Linear)``.
 
     >>> import torch
     >>> from unitscale.nn import Linear

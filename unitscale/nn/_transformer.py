@@ -21,7 +21,6 @@ class MLP(nn.Module):
     """Unit-scaled feed-forward block: ``Linear(d, e*d) -> GELU(mult) -> Linear(e*d, d)``.
 
     Args:
-        hidden_size: model width ``d``.
         expansion_factor: the inner width is ``expansion_factor * d``.
         {constraint}
         {mult}
@@ -54,22 +53,12 @@ class MLP(nn.Module):
 class SwiGLU(nn.Module):
     """Unit-scaled SwiGLU feed-forward block: ``down(silu_glu(up(x), gate(x), mult))`` (Llama's MLP).
 
-    ``mult`` is u-μP's α_ffn-act (u-μP §4, its α hyperparameters). ``up`` and ``gate`` read the
-    same input with the same shapes, so their backward scales are equal whatever
-    the constraint; :func:`unitscale.functional.silu_glu` scales its output alike in
-    both passes.
-
-    The default ``constraint=None`` mirrors the scales, as the reference's ``MLP`` does: ``up``
-    and ``gate`` scale their output by ``d**-0.5`` and their input gradient by ``(e d)**-0.5``,
-    ``down`` the other way round, so along every path from the input to the output the
-    forward scales and the backward scales multiply to the same number. Each op's input
-    gradient is then its true one times one factor shared by every path, the block's input
-    gradient is the true one, and outputs and every gradient are unit-scaled. A constraint
-    gives each projection one scale both ways instead (``gmean``: the output std falls to
-    ``(1 / e)**0.25``, and the up and gate weights' gradients to half).
+    ``mult`` is u-μP's α_ffn-act. The default ``constraint=None`` keeps the block's input
+    gradient true: ``up`` and ``gate`` scale by ``d**-0.5`` forward and ``(e d)**-0.5`` backward,
+    ``down`` the other way round, so every path multiplies to one number. A constraint gives
+    each projection one scale both ways instead (``gmean``: output std ``(1 / e)**0.25``).
 
     Args:
-        hidden_size: model width ``d``.
         expansion_factor: the inner width is ``expansion_factor * d`` (``e d``).
         {constraint}
         {mult}
@@ -84,12 +73,6 @@ class SwiGLU(nn.Module):
     >>> mlp = SwiGLU(64)
     >>> round(mlp(torch.randn(512, 64)).std().item(), 1)
     1.0
-
-    With ``gmean`` the two projections meet in a product: ``(64 / 256)**0.25``, twice,
-    and ``down`` gives one factor back:
-
-    >>> round(SwiGLU(64, constraint="gmean")(torch.randn(512, 64)).std().item(), 1)
-    0.7
     """
 
     def __init__(
@@ -110,20 +93,11 @@ class SwiGLU(nn.Module):
 class MHSA(_Multiplied):
     """Unit-scaled multi-head self-attention with u-μP's attention multiplier: fused QKV, attention, output.
 
-    The scores are ``mult * q·k / d_head`` (μP's ``1 / d_head`` rather than
-    ``d_head**-0.5``, u-μP §4, ``mult`` its α_attn-softmax), and
-    :func:`unitscale.functional.scaled_dot_product_attention` scales the result for
-    the flatter softmax that gives at initialisation; it scales the gradients of ``q``, ``k`` and
-    ``v``, projections of one input, by one number, so that input's gradient stays true whatever the constraint.
-
-    The attention scales assume keys and values independent; here both are
-    projections of the same tokens, so without causal masking the output carries
-    some real signal that the scaling amplifies.
+    The scores are ``mult * q·k / d_head`` (μP's ``1 / d_head``; ``mult`` is u-μP's
+    α_attn-softmax). The attention scales assume keys and values independent; here both are
+    projections of the same tokens, so without causal masking the scaling amplifies some signal.
 
     Args:
-        hidden_size: model width, divisible by ``heads``.
-        heads: number of attention heads.
-        is_causal: mask future positions.
         dropout_p: attention dropout probability (while training).
         {constraint}
         {mult}
@@ -187,28 +161,18 @@ class MHSA(_Multiplied):
 class TransformerLayer(nn.Module):
     """A unit-scaled pre-norm transformer layer with ``residual_split`` / ``residual_add`` residuals.
 
-    ``x -> x' = residual_add(MHSA(norm(r)), s, attn_tau)`` with ``r, s = residual_split(x, attn_tau)``,
-    then the same with the MLP and ``mlp_tau``. The defaults are a unit-scaled GPT-2
-    layer (layer norm, GELU MLP, the taus of Blake et al.); ``norm="rms_norm"``,
-    ``mlp="swiglu"`` and taus from :func:`~unitscale.scaling.residual_taus` (u-μP's
-    depth rule, Appendix G) give the u-μP Llama-style layer.
-
-    With ``constraint=None`` each op scales its two directions on its own, so a
-    branch's gradient reaches the residual stream scaled by another factor than the
-    skip's and their sum is not a true gradient (the reference library warns the
-    same): use a constraint inside residual branches.
+    The defaults are a unit-scaled GPT-2 layer; ``norm="rms_norm"``, ``mlp="swiglu"`` and taus
+    from :func:`~unitscale.scaling.residual_taus` give the u-μP Llama-style layer. With
+    ``constraint=None`` a branch's gradient reaches the residual stream scaled by another
+    factor than the skip's, so their sum is not a true gradient: use a constraint here.
 
     Args:
-        hidden_size: model width, divisible by ``heads``.
-        heads: number of attention heads.
-        is_causal: mask future positions.
         dropout_p: dropout on attention weights and on each branch's output (while training).
         attn_tau: share of the variance the attention branch adds (0.01 after Blake et al.).
         mlp_tau: share of the variance the MLP branch adds.
         {constraint}
         attn_mult: α_attn-softmax of u-μP (see :class:`MHSA`).
         mlp_mult: α_ffn-act of u-μP, the multiplier of the MLP's nonlinearity.
-        norm: ``"layer_norm"`` or ``"rms_norm"``.
         mlp: ``"gelu"`` (:class:`MLP`) or ``"swiglu"`` (:class:`SwiGLU`).
 
     Raises:

@@ -32,7 +32,6 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
     """The factor u-μP multiplies the global learning rate by for a parameter of this role.
 
     Args:
-        role: the parameter's :class:`~unitscale.scaling.ParamRole`.
         rule: one of :data:`RULES`.
 
     Raises:
@@ -42,8 +41,6 @@ def lr_scale(role: ParamRole, rule: str = "adam") -> float:
     >>> from unitscale.scaling import ParamRole
     >>> lr_scale(ParamRole("weight", width=1024, depth=4))
     0.015625
-    >>> lr_scale(ParamRole("weight", width=1024), rule="sgd_to_output_scale")
-    32.0
     """
     rule = _check_rule("lr_scale", rule)
     # Depth: depth-μP's 1/sqrt(depth) for Adam, adopted by u-μP (§4, Appendix G).
@@ -130,14 +127,10 @@ def lr_scales(model: nn.Module, rule: str = "adam", allow_untagged: bool = False
         rule: one of :data:`RULES`.
         allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
 
-    Returns:
-        ``{name: factor}`` in ``named_parameters`` order.
-
     Raises:
         UntaggedParameterError: a parameter has no role (and ``allow_untagged`` is false).
         InputError: ``rule`` is unknown.
 
-    >>> import torch
     >>> from unitscale.optim import lr_scales
     >>> from unitscale.nn import Embedding
     >>> lr_scales(Embedding(10, 16))
@@ -160,17 +153,14 @@ def param_groups(
 ) -> list[dict[str, Any]]:
     """Torch parameter groups carrying u-μP's per-parameter learning rates, for any optimiser.
 
-    Parameters sharing a factor (and the options of the group they came from) share a
-    group. Each group has ``lr`` (``lr`` times the factor, or the group's own ``lr`` times
-    it), ``weight_decay`` (divided by that ``lr`` when ``independent_weight_decay``) and
-    ``umup_scale`` (the factor, for inspection).
+    Parameters sharing a factor and a source group share a group, whose ``lr`` is the (group's)
+    ``lr`` times the factor, ``weight_decay`` is divided by that ``lr`` when
+    ``independent_weight_decay``, and ``umup_scale`` is the factor.
 
     Args:
-        params: a module, parameters, or torch-style parameter groups.
         lr: the global learning rate: a finite number > 0, or a one-element tensor (each group
             then holds a tensor of its own).
         weight_decay: the decay (>= 0).
-        independent_weight_decay: make the decay step independent of ``lr`` (see the module doc).
         rule: one of :data:`RULES`.
         allow_untagged: give untagged parameters the factor 1 with a warning instead of raising.
 
