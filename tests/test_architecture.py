@@ -15,6 +15,8 @@
    ``module_type``, ``source``), and fx's ``ModulePathTracer`` its ``module_path``.
 7. ``tests/<dir>`` mirrors a package, or is one of the folders :data:`TEST_DIRS_APART`.
 8. The top level holds as many names as ARCHITECTURE.md says.
+9. The library (``unitscale/**/*.py``, counted as ``wc -l`` counts) is no larger than
+   ARCHITECTURE.md says: new work pays for its lines.
 
 ``python tests/test_architecture.py`` prints what imports what inside the package, one module a
 line: the arrows ARCHITECTURE.md draws, read from the code.
@@ -448,6 +450,17 @@ def test_the_top_level_holds_as_many_names_as_the_page_says() -> None:
     match = re.search(r"The top level holds (\d+) names", (ROOT / "ARCHITECTURE.md").read_text())
     assert match, "ARCHITECTURE.md no longer says how many names the top level holds"
     assert len(unitscale.__all__) == int(match.group(1)), unitscale.__all__
+
+
+def test_the_library_is_no_larger_than_the_page_says() -> None:
+    match = re.search(r"The library is at most ([\d,]+) lines", (ROOT / "ARCHITECTURE.md").read_text())
+    assert match, "ARCHITECTURE.md no longer says how large the library may be"
+    bar = int(match.group(1).replace(",", ""))
+    lines = sum(p.read_bytes().count(b"\n") for p in (ROOT / "unitscale").rglob("*.py"))
+    assert lines <= bar, (
+        f"unitscale/**/*.py holds {lines:,} lines, over the {bar:,} ARCHITECTURE.md allows: cut what the "
+        "change repeats (duplicates --change), or say on that page why the bar moves"
+    )
 
 
 # -- the checks check: each rule, on a package made to break it ---------------------------------
