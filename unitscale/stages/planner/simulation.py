@@ -38,7 +38,7 @@ _FitLabel: type  # made by _fit_label, on first use: pickle (a figure's copy) lo
 
 @functools.cache
 def _fit_label() -> type:
-    """A block's label drawn only where its block, as drawn, is wider than it: a copy drawn narrower
+    """A block's label drawn only where its block, as drawn, holds it with room: a copy drawn narrower
     for a phone (``docs/_ext/figure_widths.py``) decides again. Made on first use, with matplotlib."""
     from matplotlib.text import Text  # lazy: as Timeline.plot's imports
 
@@ -49,7 +49,8 @@ def _fit_label() -> type:
 
         def draw(self, renderer: RendererBase) -> None:
             left, right = self.axes.transData.transform([(x, 0) for x in self.span])[:, 0]  # type: ignore[union-attr]
-            if self.get_window_extent(renderer).width + 4 < abs(right - left):
+            # half its width of the block's colour on each side: a number reads as its block's, not a neighbour's
+            if 2 * self.get_window_extent(renderer).width + 4 < abs(right - left):
                 super().draw(renderer)
 
     return _FitLabel
