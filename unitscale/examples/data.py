@@ -60,7 +60,7 @@ class MarkovSource:
 
     @property
     def entropy_rate(self) -> float:
-        """The entropy per token in nats: ``sum_ab pi(a, b) H(probs[a, b])``, ``pi`` the stationary pairs."""
+        """The entropy per token in nats, ``sum_ab pi(a, b) H(probs[a, b])`` with ``pi`` the stationary pairs."""
         row_entropy = -(self.probs * self.probs.clamp_min(1e-300).log()).sum(-1)
         return float((self.pair_probs * row_entropy).sum())
 
