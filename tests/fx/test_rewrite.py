@@ -425,6 +425,17 @@ def test_an_alias_the_trace_misses_is_refused_not_inverted_wrongly():
         invert(alias)
 
 
+def test_the_refusals_remedy_inverts_the_function_as_it_runs():
+    def alias(x):  # as the refusal above advises: the change written as y.add_(1)
+        y = x * 2
+        z = y
+        y.add_(1)
+        return z
+
+    y = torch.tensor([3.0, 5.0])
+    assert torch.equal(alias(invert(alias)(y)), y)
+
+
 def test_an_unused_shape_is_no_reason_to_refuse():
     def with_shape(x):
         x.size()
